@@ -1,0 +1,109 @@
+"""The dflash-sidecar wire protocol: the one module both the shim and the daemon use.
+
+Every message is one ZeroMQ frame holding one msgpack array whose first two items are the
+protocol version and the message kind. The full description, with the versioning rule, is in
+``docs/PROTOCOL.md``; this module is its executable form and must stay in step with it.
+
+Version 1 messages::
+
+    HELLO: [1, 1, sender, seq, info]
+    BATCH: [1, 2, sender, seq, role, worker, step, records_total, dropped, records]
+
+``sender`` is a random 63-bit id chosen per publisher (a forked child picks a new one), ``seq``
+numbers that sender's messages from 0 without gaps. ``records_total`` is the number of records
+the sender has handed to the transport so far, this batch included; with it the daemon counts
+every record lost in transit exactly, even though ZeroMQ's PUB socket drops silently.
+``dropped`` maps a reason to the sender's cumulative count of records it dropped itself.
+``records`` is a list of ``[kind, name, value]`` triples (see ``RecordKind``).
+
+This module imports nothing but the standard library and msgspec: the shim must stay light.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Final
+
+import msgspec
+
+PROTOCOL_VERSION: Final = 1
+"""The version this shim speaks. The daemon accepts every version listed in ``KNOWN_VERSIONS``."""
+
+KNOWN_VERSIONS: Final = frozenset({1})
+
+MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
+"""Largest frame the daemon accepts (ZeroMQ ``MAXMSGSIZE``); the shim splits batches below it."""
+
+MAX_RECORDS_PER_BATCH: Final = 4096
+"""The shim never puts more records than this in one message (keeps frames far below the cap)."""
+
+MAX_NAME_BYTES: Final = 128
+"""Longest metric name (UTF-8 bytes) the daemon accepts; longer names are rejected, not cut."""
+
+
+class MessageKind(enum.IntEnum):
+    """Second item of every message."""
+
+    HELLO = 1
+    BATCH = 2
+
+
+class RecordKind(enum.IntEnum):
+    """First item of every record triple ``[kind, name, value]``."""
+
+    TIMING = 1
+    """``name``: str; ``value``: duration in milliseconds (float, >= 0)."""
+    COUNT = 2
+    """``name``: str; ``value``: increment (int or float, >= 0)."""
+    GAUGE = 3
+    """``name``: str; ``value``: instantaneous value (float)."""
+    CATEGORY = 4
+    """``name``: str; ``value``: the category key (str or int), e.g. a hidden-state bucket id."""
+    SCALAR = 5
+    """``name``: str; ``value``: a GPU scalar resolved without synchronization (float)."""
+    PROFILE = 6
+    """``name``: the trainer step (int); ``value``: dict of profile name -> float.
+    Keys ending in ``_ms`` are timings in milliseconds, all others gauges."""
+
+
+class Hello(msgspec.Struct, array_like=False, omit_defaults=True):
+    """What a sender says about itself. Sent first and then every few seconds, so a daemon
+    started after the trainer learns it too. Unknown keys are ignored by the daemon."""
+
+    pid: int
+    host: str
+    role: str
+    worker: str
+    shim_version: str
+    protocol_version: int = PROTOCOL_VERSION
+    devices: list[int] = []
+    thread: str = ""
+    started_unix_s: float = 0.0
+    wandb_run_id: str | None = None
+    wandb_project: str | None = None
+    wandb_entity: str | None = None
+    wandb_mode: str | None = None
+
+
+def encode_hello(encoder: msgspec.msgpack.Encoder, sender: int, seq: int, hello: Hello) -> bytes:
+    """Encode a HELLO message. Raises ``TypeError`` only if ``hello`` holds unencodable values."""
+    return encoder.encode([PROTOCOL_VERSION, MessageKind.HELLO, sender, seq, hello])
+
+
+def encode_batch(
+    encoder: msgspec.msgpack.Encoder,
+    sender: int,
+    seq: int,
+    role: str,
+    worker: str,
+    step: int | None,
+    records_total: int,
+    dropped: dict[str, int],
+    records: list[Any],
+) -> bytes:
+    """Encode a BATCH message. Raises ``TypeError`` if a record holds a value msgpack cannot
+    carry and the encoder has no hook for it."""
+    return encoder.encode(
+        [PROTOCOL_VERSION, MessageKind.BATCH, sender, seq, role, worker, step, records_total,
+         dropped, records]
+    )
