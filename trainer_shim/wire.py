@@ -22,6 +22,8 @@ This module imports nothing but the standard library and msgspec: the shim must 
 from __future__ import annotations
 
 import enum
+import math
+from collections.abc import Mapping
 from typing import Any, Final
 
 import msgspec
@@ -64,9 +66,101 @@ class RecordKind(enum.IntEnum):
     PROFILE = 6
     """``name``: the trainer step (int); ``value``: dict of profile name -> float.
     Keys ending in ``_ms`` are timings in milliseconds, all others gauges."""
+    ALLOCATOR = 7
+    """``name``: CUDA device index (int); ``value``: ``[allocated, reserved, max_reserved]`` bytes
+    from the CUDA caching allocator's host-side counters."""
 
 
-class Hello(msgspec.Struct, array_like=False, omit_defaults=True):
+MAX_CATEGORY_KEY_CHARS: Final = 64
+"""Longest category key accepted (a str key; int keys are always fine)."""
+
+
+def name_problem(name: object) -> str | None:
+    """Why ``name`` is not a usable metric name, or None. A name is a str of 1 to
+    ``MAX_NAME_BYTES`` UTF-8 bytes without control characters; the daemon maps any other
+    character Prometheus does not allow to ``_``."""
+    if type(name) is not str:
+        return "bad_name"
+    if not name or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES or not name.isprintable():
+        return "bad_name"
+    return None
+
+
+def _is_number(value: object) -> bool:
+    return (type(value) is float or type(value) is int) and math.isfinite(value)
+
+
+def record_problem(kind: object, name: object, value: object) -> str | None:
+    """Why the record ``[kind, name, value]`` must be rejected (a drop reason), or None.
+    Reasons: ``unknown_kind``, ``bad_name``, ``invalid_value``."""
+    if kind == RecordKind.PROFILE:
+        if type(name) is not int or name < 0:
+            return "invalid_value"
+        if not isinstance(value, Mapping):
+            return "invalid_value"
+        return None
+    if kind == RecordKind.ALLOCATOR:
+        if type(name) is not int or name < 0:
+            return "invalid_value"
+        if type(value) is not list or len(value) != 3 or not all(
+            type(v) is int and v >= 0 for v in value
+        ):
+            return "invalid_value"
+        return None
+    if kind not in _NAMED_KINDS:
+        return "unknown_kind"
+    problem = name_problem(name)
+    if problem:
+        return problem
+    if kind == RecordKind.CATEGORY:
+        if type(value) is int or (
+            type(value) is str and 0 < len(value) <= MAX_CATEGORY_KEY_CHARS and value.isprintable()
+        ):
+            return None
+        return "invalid_value"
+    if not _is_number(value):
+        return "invalid_value"
+    if (kind == RecordKind.TIMING or kind == RecordKind.COUNT) and value < 0:
+        return "invalid_value"
+    return None
+
+
+def profile_entry_problem(key: object, value: object) -> str | None:
+    """Why one ``key: value`` entry of a PROFILE record must be skipped, or None."""
+    return name_problem(key) or (None if _is_number(value) else "invalid_value")
+
+
+def check_record(kind: int, name: object, value: object) -> None:
+    """Raise ``TypeError``/``ValueError`` describing what is wrong with a record (strict mode)."""
+    problem = record_problem(kind, name, value)
+    if problem == "bad_name":
+        raise TypeError(
+            f"telemetry: metric name {name!r} is unusable: it must be a str of 1 to "
+            f"{MAX_NAME_BYTES} bytes without control characters"
+        )
+    if problem:
+        raise ValueError(
+            f"telemetry: {RecordKind(kind).name.lower()} {name!r} got {value!r}: timings and "
+            "counts must be finite numbers >= 0, gauges finite numbers, categories a str or int"
+        )
+    if kind == RecordKind.PROFILE:
+        for key, entry in value.items():  # type: ignore[attr-defined]
+            if profile_entry_problem(key, entry):
+                raise ValueError(f"telemetry: profile entry {key!r}: {entry!r} is not a finite number")
+
+
+def check_name(name: object) -> None:
+    """Raise ``TypeError`` if ``name`` is not a usable metric name (strict mode)."""
+    if name_problem(name):
+        raise TypeError(f"telemetry: metric name {name!r} is unusable")
+
+
+_NAMED_KINDS: Final = frozenset(
+    {RecordKind.TIMING, RecordKind.COUNT, RecordKind.GAUGE, RecordKind.CATEGORY, RecordKind.SCALAR}
+)
+
+
+class Hello(msgspec.Struct):
     """What a sender says about itself. Sent first and then every few seconds, so a daemon
     started after the trainer learns it too. Unknown keys are ignored by the daemon."""
 
@@ -83,6 +177,7 @@ class Hello(msgspec.Struct, array_like=False, omit_defaults=True):
     wandb_project: str | None = None
     wandb_entity: str | None = None
     wandb_mode: str | None = None
+    wandb_primary: bool | None = None
 
 
 def encode_hello(encoder: msgspec.msgpack.Encoder, sender: int, seq: int, hello: Hello) -> bytes:

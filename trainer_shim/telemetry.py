@@ -1,0 +1,165 @@
+"""The trainer's two-line integration::
+
+    from trainer_shim import telemetry
+    telemetry.publish(step, profile)
+
+Module-level calls go to the process's default channel, created on first use from the
+environment: endpoint ``DFLASH_SIDECAR_ENDPOINT`` (see ``trainer_shim.endpoint``), role
+``DFLASH_ROLE`` (default ``trainer``), worker ``RANK``/``LOCAL_RANK`` or the thread name, strict
+mode ``DFLASH_TELEMETRY_STRICT``. ``configure()`` overrides them; worker threads that should be
+told apart take their own ``channel(role, worker)``.
+
+Once the default channel exists, the module's functions are rebound to its bound methods, so
+``telemetry.timing(...)`` costs one bounded deque append. (A name imported with
+``from trainer_shim.telemetry import timing`` keeps working, one call slower.)
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import Any
+
+from trainer_shim.channel import Channel, strict_from_env
+from trainer_shim.endpoint import default_endpoint
+from trainer_shim.publisher import Publisher, env_worker
+
+__all__ = [
+    "publish", "timing", "count", "gauge", "category", "timer", "scalar",
+    "configure", "channel", "flush", "close", "stats",
+]
+
+_lock = threading.Lock()
+_publisher: Publisher | None = None
+_default: Channel | None = None
+_defaults: dict[str, Any] = {}
+
+
+def configure(
+    endpoint: str | None = None,
+    role: str | None = None,
+    worker: str | None = None,
+    *,
+    devices: list[int] | None = None,
+    flush_interval_s: float = 0.1,
+    max_pending: int = 100_000,
+    strict: bool | None = None,
+    allocator_interval_s: float = 5.0,
+    wandb_run_id: str | None = None,
+) -> Channel:
+    """(Re)create the process's publisher and default channel; returns the default channel.
+    Unset arguments come from the environment. Raises ``ValueError`` for impossible settings
+    (this runs once at set-up, where failing loudly is right)."""
+    global _publisher, _default
+    with _lock:
+        old = _publisher
+        _publisher = Publisher(
+            endpoint or default_endpoint(),
+            flush_interval_s=flush_interval_s,
+            max_pending=max_pending,
+            strict=strict_from_env() if strict is None else strict,
+            allocator_interval_s=allocator_interval_s,
+            wandb_run_id=wandb_run_id,
+        )
+        _defaults.update(role=role, worker=worker, devices=devices)
+        _default = _publisher.channel(*_identity(role, worker), devices=devices or _env_devices())
+        _bind(_default)
+    if old is not None:
+        old.close()
+    return _default
+
+
+def channel(role: str | None = None, worker: str | None = None, devices: list[int] | None = None) -> Channel:
+    """A channel of the default publisher for one worker (e.g. one per worker thread)."""
+    _default_channel()
+    assert _publisher is not None
+    return _publisher.channel(*_identity(role, worker), devices=devices or _env_devices())
+
+
+def flush() -> None:
+    """Ask the flusher to send what is queued now (returns at once)."""
+    if _publisher is not None:
+        _publisher.flush()
+
+
+def close() -> None:
+    """Flush and close the default publisher (also done automatically at exit)."""
+    if _publisher is not None:
+        _publisher.close()
+
+
+def stats() -> dict[tuple[str, str], dict[str, Any]]:
+    """Per channel: records sent, drops by reason, records queued (see ``Publisher.stats``)."""
+    return _publisher.stats() if _publisher is not None else {}
+
+
+def _identity(role: str | None, worker: str | None) -> tuple[str, str]:
+    role = role or _defaults.get("role") or os.environ.get("DFLASH_ROLE") or "trainer"
+    worker = worker or _defaults.get("worker") or env_worker()
+    return str(role), str(worker)
+
+
+def _env_devices() -> list[int]:
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank is None or not local_rank.isdigit():
+        return []
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip().isdigit()]
+    index = int(local_rank)
+    return [int(visible[index])] if index < len(visible) else [index]
+
+
+def _default_channel() -> Channel:
+    if _default is None:
+        with _lock:
+            if _default is not None:
+                return _default
+        configure()
+    assert _default is not None
+    return _default
+
+
+def _bind(ch: Channel) -> None:
+    g = globals()
+    for name in ("publish", "timing", "count", "gauge", "category", "timer", "scalar"):
+        g[name] = getattr(ch, name)
+
+
+# Until the default channel exists, these create it, rebind the module and forward the call.
+
+def publish(step: int, profile: Mapping[str, float]) -> None:
+    """Publish the trainer's profile dict for ``step`` (``*_ms`` keys are timings)."""
+    _default_channel().publish(step, profile)
+
+
+def timing(name: str, ms: float) -> None:
+    """Record a duration in milliseconds."""
+    _default_channel().timing(name, ms)
+
+
+def count(name: str, n: float = 1) -> None:
+    """Add ``n`` to a counter."""
+    _default_channel().count(name, n)
+
+
+def gauge(name: str, value: float) -> None:
+    """Record a gauge value."""
+    _default_channel().gauge(name, value)
+
+
+def category(name: str, key: str | int) -> None:
+    """Record one categorical sample."""
+    _default_channel().category(name, key)
+
+
+def timer(name: str) -> AbstractContextManager[None]:
+    """Context manager timing its block (host wall time) as a timing in ms."""
+    return _default_channel().timer(name)
+
+
+def scalar(name: str, tensor: Any) -> None:
+    """Publish a GPU scalar without synchronizing (see ``trainer_shim.cuda_scalar``)."""
+    _default_channel().scalar(name, tensor)
+
+
