@@ -1,0 +1,227 @@
+"""Aggregation: records in, one ``WindowReport`` out per window.
+
+Single-threaded by design: the ingest thread calls ``ingest`` for every batch and ``roll`` at each
+window boundary, so no lock is needed and a scrape never waits on ingest (exporters only read the
+immutable reports). Every rejected record is counted by reason in the caller's dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.aggregation.names import counter_token, family_names, metric_token, timing_token
+from sidecar.aggregation.series import CategorySeries, CounterSeries, GaugeSeries, Series, TimingSeries
+from trainer_shim.wire import RecordKind, name_problem, profile_entry_problem
+
+TIMING, COUNT, GAUGE, CATEGORY, SCALAR, PROFILE, ALLOCATOR = (
+    int(RecordKind.TIMING), int(RecordKind.COUNT), int(RecordKind.GAUGE), int(RecordKind.CATEGORY),
+    int(RecordKind.SCALAR), int(RecordKind.PROFILE), int(RecordKind.ALLOCATOR),
+)
+_FACTORIES = {TIMING: TimingSeries, COUNT: CounterSeries, GAUGE: GaugeSeries,
+              CATEGORY: CategorySeries, SCALAR: GaugeSeries}
+_TOKENS = {TIMING: timing_token, COUNT: counter_token, GAUGE: metric_token,
+           CATEGORY: metric_token, SCALAR: metric_token}
+
+RESERVED_FAMILIES = ("dflash_trainer_step", "dflash_trainer_last_seen_timestamp_seconds")
+"""Families the daemon itself exports in the trainer namespace; trainer series may not claim them."""
+
+MAX_CACHED_REJECTIONS = 1024
+"""Per sender, how many distinct rejected names are remembered (beyond: re-checked each time)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesView:
+    """One series at the end of a window. ``kind`` is a ``RecordKind`` value (SCALAR for GPU
+    scalars); ``name`` is the sanitized token; ``window`` is None when the series had no data in
+    this window; ``cumulative`` holds what survives windows (timing count/sum_s, counter total,
+    gauge last, category totals)."""
+
+    kind: int
+    name: str
+    role: str
+    worker: str
+    window: dict[str, Any] | None
+    cumulative: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowReport:
+    """Everything aggregated in one window. ``steps``: latest trainer step per (role, worker).
+    ``allocator``: (role, worker, device) -> (allocated, reserved, max_reserved) bytes."""
+
+    end_unix_s: float
+    duration_s: float
+    series: tuple[SeriesView, ...]
+    steps: dict[tuple[str, str], int] = field(default_factory=dict)
+    allocator: dict[tuple[str, str, int], tuple[int, int, int]] = field(default_factory=dict)
+
+    def window_series(self, kind: int | None = None, name: str | None = None) -> Iterable[SeriesView]:
+        """Series with data in this window, optionally of one kind and name."""
+        for view in self.series:
+            if view.window is not None and (kind is None or view.kind == kind) and (name is None or view.name == name):
+                yield view
+
+    @property
+    def trainer_step(self) -> int | None:
+        """The highest step any sender published (the W&B x-axis), or None."""
+        return max(self.steps.values()) if self.steps else None
+
+
+class Aggregator:
+    """Holds every live series, bounded by ``max_series`` (the cardinality budget)."""
+
+    def __init__(self, max_series: int = 10_000, series_ttl_s: float = 3600.0) -> None:
+        self.max_series = max_series
+        self.series_ttl_s = series_ttl_s
+        self._series: dict[tuple[int, str, str, str], Series] = {}
+        self._raw_names: dict[tuple[int, str, str, str], str] = {}
+        self._family_owner: dict[str, tuple[int, str]] = {}
+        """Prometheus family name -> (kind, raw name) that owns it: one family, one meaning."""
+        for reserved in RESERVED_FAMILIES:
+            self._family_owner[reserved] = (-1, "")
+        self._last_active: dict[tuple[int, str, str, str], float] = {}
+        self._steps: dict[tuple[str, str], int] = {}
+        self._allocator: dict[tuple[str, str, int], tuple[int, int, int]] = {}
+        self.profile_entries_rejected: dict[str, int] = {}
+        self.generation = 0
+        """Bumped whenever series expire: senders' (kind, name) caches must then be cleared."""
+
+    def series_count(self) -> int:
+        return len(self._series)
+
+    # -- ingest ----------------------------------------------------------------------------------
+
+    def ingest(self, role: str, worker: str, cache: dict[Any, Any], records: list[Any],
+               rejected: dict[str, int]) -> int:
+        """Aggregate one batch of ``records`` from a sender labelled (role, worker). ``cache`` is
+        the sender's own (kind, name) -> series map. Returns the number accepted; rejections are
+        added to ``rejected`` by reason."""
+        accepted = 0
+        for rec in records:
+            if rec.__class__ is not list or len(rec) != 3:
+                rejected["malformed_record"] = rejected.get("malformed_record", 0) + 1
+                continue
+            kind, name, value = rec
+            if kind == PROFILE or kind == ALLOCATOR:
+                reason = self._special(kind, name, value, role, worker, cache)
+            else:
+                try:
+                    series = cache[kind, name]
+                except KeyError:
+                    series = self._resolve(kind, name, role, worker, cache)
+                except TypeError:
+                    series = "bad_name"
+                if series.__class__ is str:
+                    reason = series
+                elif series.add(value):
+                    accepted += 1
+                    continue
+                else:
+                    reason = "invalid_value"
+            if reason is None:
+                accepted += 1
+            else:
+                rejected[reason] = rejected.get(reason, 0) + 1
+        return accepted
+
+    def _resolve(self, kind: Any, name: Any, role: str, worker: str, cache: dict[Any, Any]) -> Series | str:
+        factory = _FACTORIES.get(kind) if kind.__class__ is int else None
+        if factory is None:
+            return "unknown_kind"
+        problem = name_problem(name)
+        token = _TOKENS[kind](name) if problem is None else ""
+        if problem is None and not token:
+            problem = "bad_name"
+        if problem is not None:
+            if len(cache) < MAX_CACHED_REJECTIONS:
+                cache[kind, name] = problem
+            return problem
+        key = (kind, token, role, worker)
+        series = self._series.get(key)
+        if series is None:
+            families = family_names(kind, token)
+            owners = {self._family_owner.get(f, (kind, name)) for f in families}
+            if owners != {(kind, name)}:
+                # Two raw names (or kinds) that map to one Prometheus family would corrupt it.
+                if len(cache) < MAX_CACHED_REJECTIONS:
+                    cache[kind, name] = "name_collision"
+                return "name_collision"
+            if len(self._series) >= self.max_series:
+                return "cardinality"  # not cached: room may free up when series expire
+            series = self._series[key] = factory()
+            self._raw_names[key] = name
+            for f in families:
+                self._family_owner[f] = (kind, name)
+        cache[kind, name] = series
+        return series
+
+    def _special(self, kind: int, name: Any, value: Any, role: str, worker: str,
+                 cache: dict[Any, Any]) -> str | None:
+        if kind == PROFILE:
+            if name.__class__ is not int or name < 0 or value.__class__ is not dict:
+                return "invalid_value"
+            key = (role, worker)
+            if name > self._steps.get(key, -1):
+                self._steps[key] = name
+            for entry, number in value.items():
+                self._profile_entry(entry, number, role, worker, cache)
+            return None
+        if (name.__class__ is not int or name < 0 or value.__class__ is not list or len(value) != 3
+                or not all(v.__class__ is int and v >= 0 for v in value)):
+            return "invalid_value"
+        self._allocator[role, worker, name] = (value[0], value[1], value[2])
+        return None
+
+    def _profile_entry(self, entry: Any, number: Any, role: str, worker: str, cache: dict[Any, Any]) -> None:
+        kind = TIMING if entry.__class__ is str and entry.endswith("_ms") else GAUGE
+        try:
+            series = cache[kind, entry]
+        except KeyError:
+            series = self._resolve(kind, entry, role, worker, cache)
+        except TypeError:
+            series = "bad_name"
+        if series.__class__ is str:
+            reason = series
+        elif series.add(number):
+            return
+        else:
+            reason = profile_entry_problem(entry, number) or "invalid_value"
+        self.profile_entries_rejected[reason] = self.profile_entries_rejected.get(reason, 0) + 1
+
+    # -- windows ---------------------------------------------------------------------------------
+
+    def roll(self, now_monotonic: float, end_unix_s: float, duration_s: float) -> WindowReport:
+        """Close the window: per-series statistics, cumulative values, expiry of series idle for
+        longer than ``series_ttl_s``."""
+        views = []
+        expired = []
+        for key, series in self._series.items():
+            kind, token, role, worker = key
+            if isinstance(series, CounterSeries):
+                had_data = series.window != 0.0
+                window: dict[str, Any] | None = series.roll(duration_s)
+                if not had_data:
+                    window = None
+                cumulative: dict[str, Any] = {"total": series.total}
+            elif isinstance(series, TimingSeries):
+                window = series.roll()
+                cumulative = {"count": series.total_count, "sum_s": series.total_sum_ms / 1000.0}
+            elif isinstance(series, GaugeSeries):
+                window = series.roll()
+                cumulative = {"last": series.last}
+            else:
+                window = series.roll()
+                cumulative = {"totals": dict(series.totals)}
+            if window is not None:
+                self._last_active[key] = now_monotonic
+            elif now_monotonic - self._last_active.setdefault(key, now_monotonic) > self.series_ttl_s:
+                expired.append(key)
+                continue
+            views.append(SeriesView(kind, token, role, worker, window, cumulative))
+        for key in expired:
+            del self._series[key], self._raw_names[key], self._last_active[key]
+        if expired:
+            self.generation += 1
+        return WindowReport(end_unix_s, duration_s, tuple(views), dict(self._steps), dict(self._allocator))

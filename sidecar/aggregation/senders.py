@@ -1,0 +1,163 @@
+"""Per-sender accounting: every record a shim handed to its transport is accepted, rejected,
+or counted as lost, exactly.
+
+For each sender, within one daemon life::
+
+    records_total (as the sender last reported) == before_join + lost_in_transit + received
+    received == accepted + sum(rejected)
+
+and the sender reports its own drops (``sender_dropped``), so that the trainer's calls equal
+``records_total + sum(sender_dropped)``. ``before_join`` is what a sender sent before this daemon
+saw its first message (a daemon started or restarted after the trainer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.sources.decode import BatchMessage, HelloMessage
+
+MAX_SENDERS = 4096
+SENDER_TTL_S = 600.0
+"""A sender silent this long is forgotten (its cumulative counts stay in the role totals)."""
+
+
+@dataclass(slots=True)
+class SenderState:
+    sender: int
+    role: str
+    worker: str
+    first_seen: float
+    last_seen: float
+    hello: dict[str, Any] | None = None
+    next_seq: int = 0
+    records_total: int = 0
+    received: int = 0
+    accepted: int = 0
+    before_join: int = 0
+    lost_in_transit: int = 0
+    messages_lost: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    sender_dropped: dict[str, int] = field(default_factory=dict)
+    cache: dict[Any, Any] = field(default_factory=dict)
+    seen_batch: bool = False
+
+    @property
+    def pid(self) -> int | None:
+        pid = (self.hello or {}).get("pid")
+        return pid if pid.__class__ is int else None
+
+
+@dataclass(slots=True)
+class LabelTotals:
+    """Cumulative counts per (role, worker) that outlive individual senders (for Prometheus)."""
+
+    accepted: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    last_seen_unix_s: float = 0.0
+
+    def add_dropped(self, reason: str, n: int) -> None:
+        if n > 0:
+            self.dropped[reason] = self.dropped.get(reason, 0) + n
+
+
+class SenderRegistry:
+    """Tracks senders and turns their sequence numbers and counters into exact loss counts."""
+
+    def __init__(self, max_senders: int = MAX_SENDERS, ttl_s: float = SENDER_TTL_S) -> None:
+        self.max_senders = max_senders
+        self.ttl_s = ttl_s
+        self.senders: dict[int, SenderState] = {}
+        self.totals: dict[tuple[str, str], LabelTotals] = {}
+        self.messages_dropped: dict[str, int] = {}
+
+    def __iter__(self) -> Iterator[SenderState]:
+        return iter(self.senders.values())
+
+    def drop_message(self, reason: str) -> None:
+        self.messages_dropped[reason] = self.messages_dropped.get(reason, 0) + 1
+
+    def _state(self, sender: int, role: str, worker: str, now: float) -> SenderState | None:
+        state = self.senders.get(sender)
+        if state is None:
+            if len(self.senders) >= self.max_senders:
+                return None
+            state = self.senders[sender] = SenderState(sender, role, worker, now, now)
+        return state
+
+    def on_hello(self, msg: HelloMessage, now: float) -> SenderState | None:
+        """Record a hello. Returns the sender's state, or None if refused (too many senders)."""
+        info = msg.info
+        role = info.get("role") if info.get("role").__class__ is str else "unknown"
+        worker = info.get("worker") if info.get("worker").__class__ is str else "unknown"
+        state = self._state(msg.sender, role, worker, now)
+        if state is None:
+            self.drop_message("too_many_senders")
+            return None
+        state.hello = info
+        state.last_seen = now
+        self._check_seq(state, msg.seq)
+        return state
+
+    def on_batch(self, msg: BatchMessage, now: float, now_unix: float) -> SenderState | None:
+        """Account a batch's header. Returns the state to aggregate into, or None if the batch
+        must be dropped (counted here)."""
+        state = self._state(msg.sender, msg.role, msg.worker, now)
+        if state is None:
+            self.drop_message("too_many_senders")
+            return None
+        n = len(msg.records)
+        previous = state.records_total if state.seen_batch else None
+        if previous is not None and msg.records_total - n < previous:
+            self.drop_message("bad_sequence")  # a replayed or forged counter: never count twice
+            return None
+        if (state.role, state.worker) != (msg.role, msg.worker):
+            state.role, state.worker = msg.role, msg.worker
+            state.cache.clear()
+        totals = self.totals.setdefault((msg.role, msg.worker), LabelTotals())
+        if previous is None:
+            state.before_join = msg.records_total - n
+            totals.add_dropped("before_join", state.before_join)
+        else:
+            gap = msg.records_total - n - previous
+            state.lost_in_transit += gap
+            totals.add_dropped("lost_in_transit", gap)
+        for reason, count in msg.dropped.items():
+            delta = count - state.sender_dropped.get(reason, 0)
+            if delta > 0:
+                totals.add_dropped("sender_" + reason, delta)
+                state.sender_dropped[reason] = count
+        state.seen_batch = True
+        state.records_total = msg.records_total
+        state.received += n
+        state.last_seen = now
+        totals.last_seen_unix_s = now_unix
+        self._check_seq(state, msg.seq)
+        return state
+
+    def account_ingest(self, state: SenderState, accepted: int, rejected: dict[str, int]) -> None:
+        """Add the aggregator's outcome for one batch of ``state``'s records."""
+        state.accepted += accepted
+        totals = self.totals[state.role, state.worker]
+        totals.accepted += accepted
+        for reason, count in rejected.items():
+            state.rejected[reason] = state.rejected.get(reason, 0) + count
+            totals.add_dropped(reason, count)
+
+    def _check_seq(self, state: SenderState, seq: int) -> None:
+        if seq > state.next_seq and state.next_seq > 0:
+            state.messages_lost += seq - state.next_seq
+        state.next_seq = max(state.next_seq, seq + 1)
+
+    def expire(self, now: float) -> int:
+        """Forget senders silent for longer than ``ttl_s``; returns how many."""
+        dead = [s for s, st in self.senders.items() if now - st.last_seen > self.ttl_s]
+        for sender in dead:
+            del self.senders[sender]
+        return len(dead)
+
+    def live(self, now: float, within_s: float = 30.0) -> list[SenderState]:
+        """Senders heard from in the last ``within_s`` seconds."""
+        return [st for st in self.senders.values() if now - st.last_seen <= within_s]

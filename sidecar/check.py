@@ -1,0 +1,87 @@
+"""``dflash-sidecar check``: what would stop a deployment, reported before it happens.
+
+Each check prints ``ok``/``FAIL``/``warn`` and a line saying what it found; the exit status is 1
+if any check failed. Secrets are never printed (only whether a W&B key is configured).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+
+from sidecar.config import Config
+from sidecar.sources.receiver import EndpointError, Receiver
+
+Result = tuple[str, str]
+
+
+def check_endpoints(cfg: Config) -> Result:
+    try:
+        Receiver(list(cfg.endpoint)).close()
+    except EndpointError as exc:
+        return "FAIL", str(exc)
+    return "ok", "can bind " + ", ".join(cfg.endpoint)
+
+
+def check_port(cfg: Config) -> Result:
+    host, _, port = cfg.prometheus_addr.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, int(port)))
+        except OSError as exc:
+            return "FAIL", f"cannot listen on {cfg.prometheus_addr}: {exc.strerror}"
+    exposure = "" if host in ("127.0.0.1", "::1", "localhost") else " (not loopback: reachable from the network)"
+    return ("ok" if not exposure else "warn"), f"can listen on {cfg.prometheus_addr}{exposure}"
+
+
+def check_nvml(cfg: Config) -> Result:
+    if not cfg.gpu_metrics:
+        return "ok", "GPU metrics disabled (--no-gpu-metrics)"
+    try:
+        from sidecar.sources.nvml import probe_nvml
+    except ImportError:
+        return "warn", "NVML source not available in this build"
+    ok, message = probe_nvml()
+    return ("ok" if ok else "warn"), message
+
+
+def check_wandb(cfg: Config) -> Result:
+    if not cfg.wandb_run:
+        return "ok", "W&B export disabled (no --wandb-run)"
+    mode = os.environ.get("WANDB_MODE", "")
+    if mode in ("offline", "disabled"):
+        return "ok", f"WANDB_MODE={mode}: logging to a local offline run for later sync"
+    has_key = bool(os.environ.get("WANDB_API_KEY")) or _netrc_has_wandb()
+    if not has_key:
+        return "FAIL", "no W&B credentials: set WANDB_API_KEY in the EnvironmentFile or run `wandb login`"
+    return "ok", f"W&B credentials present; will join run {cfg.wandb_run!r}"
+
+
+def _netrc_has_wandb() -> bool:
+    path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    try:
+        with open(path) as f:
+            return "api.wandb.ai" in f.read() or "wandb" in f.read()
+    except OSError:
+        return False
+
+
+CHECKS: tuple[tuple[str, Callable[[Config], Result]], ...] = (
+    ("endpoint", check_endpoints), ("prometheus", check_port), ("nvml", check_nvml), ("wandb", check_wandb),
+)
+
+
+def run_check(cfg: Config) -> int:
+    """Run every check, print one line each; 1 if any failed."""
+    failed = False
+    for name, fn in CHECKS:
+        try:
+            status, message = fn(cfg)
+        except Exception as exc:  # noqa: BLE001 - a check that crashes is a failed check
+            status, message = "FAIL", f"check crashed: {exc!r}"
+        failed |= status == "FAIL"
+        print(f"{status:>4}  {name:<10} {message}")
+    return 1 if failed else 0

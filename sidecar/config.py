@@ -1,0 +1,218 @@
+"""Settings: one declaration per option feeds the CLI, the TOML config file and the sample config.
+
+Precedence: built-in default < config file (``--config``) < command-line flag. Everything is
+validated at start-up (and on SIGHUP reload); ``ConfigError`` says what to fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer_shim.endpoint import default_endpoint
+
+
+class ConfigError(ValueError):
+    """An invalid option or config file; the message names the option and what to fix."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    """Key in the TOML file and field of ``Config``; the flag is ``--`` + name with dashes."""
+    help: str
+    kind: str = "value"
+    """``value``, ``list`` (flag repeatable, TOML array) or ``switch`` (``--no-<name>`` turns it off)."""
+    type: Callable[[str], Any] = str
+    default: Any = None
+    example: str | None = None
+    """Shown in the sample config instead of the default (for settings with a computed default)."""
+
+
+def _positive(kind: Callable[[str], Any], what: str) -> Callable[[Any], Any]:
+    def check(raw: Any) -> Any:
+        value = kind(raw)
+        if value <= 0:
+            raise ValueError(f"{what} must be > 0")
+        return value
+    return check
+
+
+def _addr(raw: Any) -> str:
+    host, sep, port = str(raw).rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:9478")
+    host = host.strip("[]")
+    if host not in ("", "localhost"):
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IP address (use 127.0.0.1, 0.0.0.0 or ::1)") from None
+    return str(raw)
+
+
+def _endpoint(raw: Any) -> str:
+    value = str(raw)
+    if value.startswith("ipc://") and len(value) > len("ipc://"):
+        return value
+    if value.startswith("tcp://"):
+        _addr(value[len("tcp://"):])
+        return value
+    raise ValueError("expected ipc:///path/to/socket or tcp://HOST:PORT")
+
+
+def _level(raw: Any) -> str:
+    value = str(raw).lower()
+    if value not in {"debug", "info", "warning", "error"}:
+        raise ValueError("expected one of debug, info, warning, error")
+    return value
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("wandb_run", "W&B run id to join (shared mode), or 'auto' to follow the run the trainer's "
+            "shim announces. Unset: no W&B export."),
+    Setting("wandb_project", "W&B project (default: $WANDB_PROJECT)."),
+    Setting("wandb_entity", "W&B entity (default: $WANDB_ENTITY)."),
+    Setting("endpoint", "ZeroMQ endpoint to bind for shims (repeatable): ipc:///path or tcp://127.0.0.1:PORT.",
+            kind="list", type=_endpoint, default=None, example="ipc:///run/dflash-sidecar/sidecar.sock"),
+    Setting("prometheus_addr", "Listen address of the Prometheus endpoint (HOST:PORT). Loopback by default.",
+            type=_addr, default="127.0.0.1:9478"),
+    Setting("prometheus_tls_cert", "PEM certificate: serve /metrics over TLS (needs prometheus_tls_key)."),
+    Setting("prometheus_tls_key", "PEM private key for prometheus_tls_cert."),
+    Setting("interval", "Aggregation window (seconds).", type=_positive(float, "interval"), default=10.0),
+    Setting("nvml_interval", "NVML polling period (seconds). Sub-second polling has cost throughput elsewhere.",
+            type=_positive(float, "nvml_interval"), default=1.0),
+    Setting("gpu_metrics", "Poll GPUs through NVML (--no-gpu-metrics turns it off).", kind="switch", default=True),
+    Setting("gpu_group", "Role to GPUs mapping NAME=IDS (repeatable), e.g. target=0-5, drafter=6,7. "
+            "Unset: discovered from the trainers' processes.", kind="list", default=[], example="target=0-5"),
+    Setting("max_series", "Cardinality budget: most distinct trainer series held.",
+            type=_positive(int, "max_series"), default=10_000),
+    Setting("wandb_queue", "Rows the W&B exporter may queue before dropping (counted).",
+            type=_positive(int, "wandb_queue"), default=256),
+    Setting("log_level", "debug, info, warning or error.", type=_level, default="info"),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Validated settings (see ``SETTINGS`` for each field's meaning)."""
+
+    wandb_run: str | None = None
+    wandb_project: str | None = None
+    wandb_entity: str | None = None
+    endpoint: tuple[str, ...] = field(default_factory=lambda: (default_endpoint(),))
+    prometheus_addr: str = "127.0.0.1:9478"
+    prometheus_tls_cert: str | None = None
+    prometheus_tls_key: str | None = None
+    interval: float = 10.0
+    nvml_interval: float = 1.0
+    gpu_metrics: bool = True
+    gpu_group: tuple[str, ...] = ()
+    max_series: int = 10_000
+    wandb_queue: int = 256
+    log_level: str = "info"
+    config_file: str | None = None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every setting as a flag. Defaults are suppressed so ``load`` can tell what was given."""
+    parser.add_argument("--config", dest="config_file", metavar="FILE", default=argparse.SUPPRESS,
+                        help="TOML config file; flags override it.")
+    for s in SETTINGS:
+        flag = "--" + s.name.replace("_", "-")
+        if s.kind == "switch":
+            parser.add_argument("--no-" + s.name.replace("_", "-"), dest=s.name, action="store_false",
+                                default=argparse.SUPPRESS, help=s.help)
+        elif s.kind == "list":
+            parser.add_argument(flag, dest=s.name, action="append", default=argparse.SUPPRESS, help=s.help)
+        else:
+            parser.add_argument(flag, dest=s.name, default=argparse.SUPPRESS, help=s.help)
+
+
+def load(cli: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> Config:
+    """Build a validated ``Config`` from parsed flags (and the config file they name).
+    Raises ``ConfigError``."""
+    values: dict[str, Any] = {}
+    path = cli.get("config_file")
+    if path:
+        values.update(read_file(path))
+    values.update({k: v for k, v in cli.items() if k != "config_file"})
+    return _validate(values, path)
+
+
+def read_file(path: str) -> dict[str, Any]:
+    """The settings in a TOML file. Raises ``ConfigError`` for an unreadable file, bad TOML or
+    an unknown key."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    known = {s.name for s in SETTINGS}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(sorted(known))}")
+    return data
+
+
+def _validate(values: Mapping[str, Any], path: str | None) -> Config:
+    out: dict[str, Any] = {"config_file": path}
+    for s in SETTINGS:
+        if s.name not in values:
+            continue
+        raw = values[s.name]
+        where = f"--{s.name.replace('_', '-')}" + (f" (or '{s.name}' in {path})" if path else "")
+        try:
+            if s.kind == "list":
+                items = raw if isinstance(raw, list) else [raw]
+                out[s.name] = tuple(s.type(item) for item in items)
+            elif s.kind == "switch":
+                if not isinstance(raw, bool):
+                    raise ValueError("expected true or false")
+                out[s.name] = raw
+            else:
+                out[s.name] = None if raw is None else s.type(raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"invalid {where}: {raw!r}: {exc}") from None
+    config = Config(**out)
+    if bool(config.prometheus_tls_cert) != bool(config.prometheus_tls_key):
+        raise ConfigError("--prometheus-tls-cert and --prometheus-tls-key must be given together")
+    for f in (config.prometheus_tls_cert, config.prometheus_tls_key):
+        if f and not os.access(f, os.R_OK):
+            raise ConfigError(f"cannot read TLS file {f}")
+    if not config.endpoint:
+        config = dataclasses.replace(config, endpoint=(default_endpoint(),))
+    return config
+
+
+def sample_toml() -> str:
+    """A config file listing every setting with its help and default (commented out)."""
+    lines = ["# dflash-sidecar configuration. Every setting, with its default; flags override this file.", ""]
+    for s in SETTINGS:
+        lines.append(f"# {s.help}")
+        value = s.example if s.example is not None else s.default
+        lines.append(f"# {s.name} = {_toml_value(value, s)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any, s: Setting) -> str:
+    if s.kind == "list":
+        items = [value] if isinstance(value, str) else list(value or [])
+        return "[" + ", ".join(f'"{v}"' for v in items) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return '""'
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return f'"{value}"'

@@ -1,0 +1,167 @@
+"""The daemon's lifecycle: wire sources -> aggregation -> exporters, then serve until SIGTERM.
+
+Create -> start -> run -> shutdown. ``start`` binds everything and fails fast with a clear error;
+``run`` notifies systemd and dispatches signals from the main thread (the handlers only enqueue
+them): SIGTERM/SIGINT -> final flush and exit, SIGHUP -> reload the config file. ``shutdown`` is
+idempotent and bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from sidecar import config as config_mod
+from sidecar import systemd
+from sidecar.config import Config, ConfigError
+from sidecar.exporters.console import ConsoleExporter
+from sidecar.exporters.prometheus import ExportState, serve
+from sidecar.ingest import IngestLoop, IngestReport
+from sidecar.selfstats import read_self
+from sidecar.sources.receiver import Receiver
+
+log = logging.getLogger("sidecar")
+
+SHUTDOWN_TIMEOUT_S = 4.0
+"""Total budget for the final flush on SIGTERM."""
+
+WindowConsumer = Callable[[IngestReport], None]
+
+
+class Daemon:
+    """One daemon instance. Not reusable after ``shutdown``."""
+
+    def __init__(self, config: Config, host: str | None = None,
+                 cli_overrides: dict[str, object] | None = None) -> None:
+        """``cli_overrides``: the flags given on the command line, which keep precedence over the
+        config file when it is reloaded."""
+        self.config = config
+        self._cli_overrides = dict(cli_overrides or {})
+        self.host = host or socket.gethostname()
+        self.state = ExportState(host=self.host, started_unix_s=time.time())
+        self.state.self_families = self._self_families
+        self.console = ConsoleExporter()
+        self.window_consumers: list[WindowConsumer] = [self.console.export]
+        self.ingest: IngestLoop | None = None
+        self._server = None
+        self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._stopped = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Bind the endpoints and the Prometheus port, start ingest. Raises
+        ``sources.receiver.EndpointError`` or ``OSError`` with a message saying what to fix."""
+        cfg = self.config
+        receiver = Receiver(list(cfg.endpoint))
+        try:
+            self._server, _ = serve(self.state, cfg.prometheus_addr, cfg.prometheus_tls_cert, cfg.prometheus_tls_key)
+        except OSError as exc:
+            receiver.close()
+            raise OSError(f"cannot serve Prometheus on {cfg.prometheus_addr}: {exc.strerror or exc}; "
+                          "choose another with --prometheus-addr") from None
+        self.ingest = IngestLoop(receiver, cfg.interval, self._on_window, max_series=cfg.max_series)
+        self.ingest.start()
+        log.info("dflash-sidecar started: endpoints %s, Prometheus on %s%s, window %.1fs",
+                 ", ".join(cfg.endpoint), cfg.prometheus_addr, " (TLS)" if cfg.prometheus_tls_cert else "",
+                 cfg.interval)
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; returns the exit status. Must run on the main thread."""
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda signum, _frame: self._signals.put(signum))
+        systemd.notify("READY=1\nSTATUS=serving")
+        while True:
+            try:
+                signum = self._signals.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if signum == signal.SIGHUP:
+                self.reload()
+                continue
+            log.info("dflash-sidecar: %s received, flushing and exiting", signal.Signals(signum).name)
+            self.shutdown()
+            return 0
+
+    def stop(self) -> None:
+        """Ask ``run`` to return (from any thread)."""
+        self._signals.put(signal.SIGTERM)
+
+    def reload(self) -> None:
+        """Re-read the config file. Settings that can change live do; the others are reported as
+        needing a restart. An invalid file is rejected and the running config kept."""
+        systemd.notify("RELOADING=1")
+        try:
+            if self.config.config_file is None:
+                log.info("dflash-sidecar: SIGHUP without --config: nothing to reload")
+                return
+            new = config_mod.load({"config_file": self.config.config_file, **self._cli_overrides})
+        except ConfigError as exc:
+            log.error("dflash-sidecar: reload rejected, keeping the running config: %s", exc)
+            return
+        finally:
+            systemd.notify("READY=1")
+        live = {"interval", "log_level"}
+        changed = {f for f in Config.__dataclass_fields__ if getattr(new, f) != getattr(self.config, f)}
+        if "interval" in changed and self.ingest is not None:
+            self.ingest.set_interval(new.interval)
+        if "log_level" in changed:
+            logging.getLogger("sidecar").setLevel(new.log_level.upper())
+        restart = sorted(changed - live)
+        self.config = new
+        log.info("dflash-sidecar: config reloaded (%s)%s", ", ".join(sorted(changed & live)) or "no live change",
+                 f"; needs a restart to apply: {', '.join(restart)}" if restart else "")
+
+    def shutdown(self) -> None:
+        """Final window flush, then stop everything. Idempotent, bounded by ``SHUTDOWN_TIMEOUT_S``."""
+        if self._stopped:
+            return
+        self._stopped = True
+        systemd.notify("STOPPING=1")
+        if self.ingest is not None:
+            self.ingest.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2)
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        log.info("dflash-sidecar stopped")
+
+    # -- window fan-out (ingest thread) ----------------------------------------------------------
+
+    def _on_window(self, report: IngestReport) -> None:
+        self.state.report = report
+        for consumer in self.window_consumers:
+            try:
+                consumer(report)
+            except Exception:  # noqa: BLE001 - one exporter must not stop the others
+                log.exception("sidecar: window consumer %r failed", consumer)
+
+    def _self_families(self) -> Iterable[Metric]:
+        stats = read_self()
+        host = [self.host]
+        cpu = CounterMetricFamily("dflash_sidecar_cpu_seconds", "CPU time used by the daemon (seconds).", labels=["host"])
+        cpu.add_metric(host, stats.cpu_seconds)
+        rss = GaugeMetricFamily("dflash_sidecar_resident_memory_bytes", "Daemon resident memory (bytes).", labels=["host"])
+        rss.add_metric(host, stats.rss_bytes)
+        threads = GaugeMetricFamily("dflash_sidecar_threads", "Daemon threads.", labels=["host"])
+        threads.add_metric(host, stats.threads)
+        fds = GaugeMetricFamily("dflash_sidecar_open_fds", "Daemon open file descriptors.", labels=["host"])
+        fds.add_metric(host, stats.open_fds)
+        families: list[Metric] = [cpu, rss, threads, fds]
+        ingest = self.ingest
+        if ingest is not None:
+            errors = CounterMetricFamily("dflash_sidecar_internal_errors", "Internal errors survived by ingest.",
+                                         labels=["host"])
+            errors.add_metric(host, ingest.internal_errors)
+            families.append(errors)
+            age = GaugeMetricFamily("dflash_sidecar_data_age_seconds",
+                                    "Age of the newest data from each source (seconds).", labels=["host", "source"])
+            if ingest.last_data_monotonic is not None:
+                age.add_metric(host + ["trainer"], time.monotonic() - ingest.last_data_monotonic)
+            families.append(age)
+        return families

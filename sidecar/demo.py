@@ -1,0 +1,174 @@
+"""``dflash-sidecar demo``: the daemon plus a simulated DFlash pipeline, no GPU needed.
+
+Target workers (threads) load a batch, run a "forward pass" and pack hidden states into a bounded
+queue; drafter workers take batches from it and run forward/backward/optimizer. Every worker
+publishes through the real shim over the real socket, with the metric names the pipeline insight
+reads (docs/METRICS.md). ``--bottleneck`` makes one part slow so the effect can be seen:
+
+- ``none``: balanced; ``target``: slow target forward; ``drafter``: slow drafter step;
+- ``queue``: slow hidden-state packing/transfer with a tiny queue; ``host``: slow data loading;
+- ``straggler``: one drafter worker twice as slow as the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+from sidecar.config import Config
+
+log = logging.getLogger("sidecar")
+
+BOTTLENECKS = ("none", "target", "drafter", "queue", "host", "straggler")
+
+
+@dataclass(frozen=True)
+class PipelineTimings:
+    """Milliseconds per batch for each phase (scaled-down DFlash step times)."""
+
+    data_ms: float = 4.0
+    target_forward_ms: float = 30.0
+    pack_ms: float = 3.0
+    drafter_forward_ms: float = 10.0
+    drafter_backward_ms: float = 18.0
+    optimizer_ms: float = 4.0
+    queue_capacity: int = 8
+    straggler_factor: float = 1.0
+
+    @classmethod
+    def for_bottleneck(cls, kind: str) -> PipelineTimings:
+        """Phase times that make ``kind`` the limiting part (``none``: balanced)."""
+        return {
+            "none": cls(),
+            "target": cls(target_forward_ms=80.0),
+            "drafter": cls(drafter_forward_ms=25.0, drafter_backward_ms=50.0, optimizer_ms=10.0),
+            "queue": cls(pack_ms=45.0, queue_capacity=1),
+            "host": cls(data_ms=60.0),
+            "straggler": cls(straggler_factor=2.5),
+        }[kind]
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bottleneck", choices=BOTTLENECKS, default="none",
+                        help="make one part of the simulated pipeline the bottleneck")
+    parser.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until Ctrl-C)")
+    parser.add_argument("--targets", type=int, default=3, help="simulated target workers")
+    parser.add_argument("--drafters", type=int, default=2, help="simulated drafter workers")
+
+
+class SimulatedPipeline:
+    """Target and drafter worker threads joined by a bounded hidden-state queue."""
+
+    def __init__(self, timings: PipelineTimings, targets: int, drafters: int, endpoint: str, seed: int = 0) -> None:
+        from trainer_shim import telemetry
+
+        self.t = timings
+        self.targets = targets
+        self.drafters = drafters
+        self.queue: queue.Queue[tuple[int, int, int]] = queue.Queue(maxsize=timings.queue_capacity)
+        self.stop = threading.Event()
+        self.rng = random.Random(seed)
+        telemetry.configure(endpoint=endpoint, role="demo", worker="main", flush_interval_s=0.1)
+        self.telemetry = telemetry
+        self.threads: list[threading.Thread] = []
+        self.step = 0
+        self._step_lock = threading.Lock()
+
+    def _sleep_ms(self, ms: float) -> float:
+        """Sleep about ``ms`` (±10 % jitter); returns the time actually slept (ms)."""
+        start = time.perf_counter()
+        self.stop.wait(ms * self.rng.uniform(0.9, 1.1) / 1000.0)
+        return (time.perf_counter() - start) * 1000.0
+
+    def _target(self, index: int) -> None:
+        ch = self.telemetry.channel(role="target", worker=str(index))
+        t = self.t
+        while not self.stop.is_set():
+            ch.timing("data_wait_ms", self._sleep_ms(t.data_ms))
+            ch.timing("forward_ms", self._sleep_ms(t.target_forward_ms))
+            ch.timing("pack_ms", self._sleep_ms(t.pack_ms))
+            tokens = self.rng.choice((2048, 4096, 8192))
+            start = time.perf_counter()
+            while not self.stop.is_set():
+                try:
+                    self.queue.put((tokens, int(tokens * self.rng.uniform(0.3, 0.6)), self.rng.randrange(4)), timeout=0.05)
+                    break
+                except queue.Full:
+                    continue
+            ch.timing("queue_put_wait_ms", (time.perf_counter() - start) * 1000.0)
+            ch.count("batches")
+            ch.count("tokens", tokens)
+            ch.gauge("queue_depth", self.queue.qsize())
+            ch.gauge("queue_capacity", t.queue_capacity)
+
+    def _drafter(self, index: int) -> None:
+        ch = self.telemetry.channel(role="drafter", worker=str(index))
+        t = self.t
+        slow = t.straggler_factor if index == 0 else 1.0
+        while not self.stop.is_set():
+            start = time.perf_counter()
+            try:
+                tokens, loss_tokens, bucket = self.queue.get(timeout=0.05)
+            except queue.Empty:
+                ch.timing("queue_wait_ms", (time.perf_counter() - start) * 1000.0)
+                continue
+            wait = (time.perf_counter() - start) * 1000.0
+            fwd = self._sleep_ms(t.drafter_forward_ms * slow)
+            bwd = self._sleep_ms(t.drafter_backward_ms * slow)
+            opt = self._sleep_ms(t.optimizer_ms * slow)
+            with self._step_lock:
+                self.step += 1
+                step = self.step
+            ch.publish(step, {"queue_wait_ms": wait, "forward_ms": fwd, "backward_ms": bwd,
+                              "optimizer_ms": opt, "batch_tokens": tokens,
+                              "loss_token_fraction": loss_tokens / tokens})
+            ch.count("batches")
+            ch.count("tokens", tokens)
+            ch.count("loss_tokens", loss_tokens)
+            ch.category("bucket", bucket)
+            ch.gauge("prefetch_depth", min(self.queue.qsize(), 2))
+            ch.scalar("loss", 2.0 / (1.0 + step / 500.0))
+
+    def start(self) -> None:
+        for i in range(self.targets):
+            self.threads.append(threading.Thread(target=self._target, args=(i,), name=f"target-{i}", daemon=True))
+        for i in range(self.drafters):
+            self.threads.append(threading.Thread(target=self._drafter, args=(i,), name=f"drafter-{i}", daemon=True))
+        for th in self.threads:
+            th.start()
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        for th in self.threads:
+            th.join(timeout=1.0)
+        self.telemetry.flush()
+
+
+def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
+    """Run the daemon and the simulated pipeline until ``--duration`` passes or SIGTERM/Ctrl-C."""
+    from sidecar.daemon import Daemon
+    from sidecar.sources.receiver import EndpointError
+
+    daemon = Daemon(cfg)
+    try:
+        daemon.start()
+    except (EndpointError, OSError) as exc:
+        log.error("dflash-sidecar demo: %s", exc)
+        return 1
+    pipeline = SimulatedPipeline(PipelineTimings.for_bottleneck(ns.bottleneck), ns.targets, ns.drafters,
+                                 cfg.endpoint[0])
+    pipeline.start()
+    log.info("demo: simulated pipeline with %d target and %d drafter workers, bottleneck=%s; "
+             "metrics on http://%s/metrics", ns.targets, ns.drafters, ns.bottleneck, cfg.prometheus_addr)
+    if ns.duration > 0:
+        threading.Timer(ns.duration, daemon.stop).start()
+    try:
+        return daemon.run()
+    finally:
+        pipeline.shutdown()
+        daemon.shutdown()

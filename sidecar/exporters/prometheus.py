@@ -1,0 +1,182 @@
+"""Prometheus exporter: a scrape-time collector over the latest immutable window report.
+
+A scrape never calls NVML and never waits on ingest: it reads references that other threads
+swap atomically. Families are built fresh on every scrape, so a series that disappears (an
+expired worker, a lost GPU) is simply absent from the next scrape. Names follow Prometheus
+conventions: ``dflash_`` prefix, base units (seconds, bytes), ``_total`` on counters, HELP on
+every family, labels from the fixed set (host, gpu, group, role, worker) plus ``reason``/``key``
+where a family needs one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+
+from sidecar.aggregation.aggregator import CATEGORY, COUNT, GAUGE, SCALAR, TIMING
+from sidecar.aggregation.names import family_names
+from sidecar.ingest import IngestReport
+
+log = logging.getLogger("sidecar")
+
+FamilySource = Callable[[], Iterable[Metric]]
+
+
+@dataclass
+class ExportState:
+    """What exporters read. ``report`` is replaced (never mutated) once per window."""
+
+    host: str
+    started_unix_s: float
+    report: IngestReport | None = None
+    extra_sources: list[FamilySource] = field(default_factory=list)
+    self_families: FamilySource | None = None
+
+
+class SidecarCollector(Collector):
+    """Renders ``ExportState`` on each scrape. Errors in one source drop that source's families
+    (logged once), never the scrape."""
+
+    def __init__(self, state: ExportState) -> None:
+        self.state = state
+        self._failed: set[str] = set()
+
+    def collect(self) -> Iterable[Metric]:
+        state = self.state
+        report = state.report  # one read: the whole scrape sees one window
+        start = GaugeMetricFamily("dflash_sidecar_start_time_seconds",
+                                  "Unix time the daemon started (a change means a restart).", labels=["host"])
+        start.add_metric([state.host], state.started_unix_s)
+        yield start
+        sources: list[tuple[str, FamilySource]] = []
+        if report is not None:
+            sources.append(("trainer", lambda: trainer_families(report, state.host)))
+            sources.append(("accounting", lambda: accounting_families(report, state.host)))
+        if state.self_families is not None:
+            sources.append(("self", state.self_families))
+        sources.extend((getattr(s, "__name__", repr(s)), s) for s in state.extra_sources)
+        for name, source in sources:
+            try:
+                yield from list(source())
+            except Exception:  # noqa: BLE001 - degrade the scrape, never fail it
+                if name not in self._failed:
+                    self._failed.add(name)
+                    log.exception("sidecar: metric source %s failed; its series are omitted", name)
+
+
+def trainer_families(report: IngestReport, host: str) -> list[Metric]:
+    """Families for the trainer's own series (timings, counters, gauges, scalars, categories)."""
+    families: dict[str, Metric] = {}
+    labels = ["host", "role", "worker"]
+
+    def family(name: str, factory: Callable[..., Metric], doc: str, extra: list[str] | None = None) -> Any:
+        fam = families.get(name)
+        if fam is None:
+            fam = families[name] = factory(name, doc, labels=labels + (extra or []))
+        return fam
+
+    for view in report.window.series:
+        base = [host, view.role, view.worker]
+        names = family_names(view.kind, view.name)
+        if view.kind == TIMING:
+            fam = family(names[0], SummaryMetricFamily,
+                         f"Trainer timing '{view.name}' (seconds); quantiles over the last window.")
+            window = view.window
+            quantiles = ([("0.5", window["p50"] / 1000.0), ("0.95", window["p95"] / 1000.0),
+                          ("1", window["max"] / 1000.0)] if window else [])
+            fam.add_metric(base, count_value=view.cumulative["count"], sum_value=view.cumulative["sum_s"])
+            for q, v in quantiles:
+                fam.samples.append(Sample(fam.name, dict(zip(labels, base)) | {"quantile": q}, v))
+        elif view.kind == COUNT:
+            family(names[0], CounterMetricFamily,
+                   f"Trainer counter '{view.name}' (cumulative since the daemon started)."
+                   ).add_metric(base, view.cumulative["total"])
+        elif view.kind in (GAUGE, SCALAR):
+            last = view.cumulative["last"]
+            if isinstance(last, float) and math.isnan(last):
+                continue
+            family(names[0], GaugeMetricFamily,
+                   f"Trainer {'gauge' if view.kind == GAUGE else 'GPU scalar'} '{view.name}' (last value)."
+                   ).add_metric(base, last)
+        elif view.kind == CATEGORY:
+            fam = family(names[0], CounterMetricFamily,
+                         f"Samples of category '{view.name}' per key.", ["key"])
+            for key, count in view.cumulative["totals"].items():
+                fam.add_metric(base + [key], count)
+            if view.window:
+                family(names[1], GaugeMetricFamily,
+                       f"Shannon entropy (bits) of category '{view.name}' over the last window."
+                       ).add_metric(base, view.window["entropy_bits"])
+    steps = GaugeMetricFamily("dflash_trainer_step", "Latest trainer step published.", labels=labels)
+    for (role, worker), step in report.window.steps.items():
+        steps.add_metric([host, role, worker], step)
+    families[steps.name] = steps
+    alloc = {k: GaugeMetricFamily(f"dflash_cuda_allocator_{k}_bytes",
+                                  f"CUDA caching allocator: {k.replace('_', ' ')} (bytes, host-side counter).",
+                                  labels=["host", "gpu", "role", "worker"])
+             for k in ("allocated", "reserved", "max_reserved")}
+    for (role, worker, device), values in report.window.allocator.items():
+        for fam, value in zip(alloc.values(), values):
+            fam.add_metric([host, str(device), role, worker], value)
+    families.update((f.name, f) for f in alloc.values())
+    return list(families.values())
+
+
+def accounting_families(report: IngestReport, host: str) -> list[Metric]:
+    """Ingest accounting: accepted and dropped records by reason, senders, messages dropped."""
+    accepted = CounterMetricFamily("dflash_sidecar_records_accepted",
+                                   "Records aggregated, per sender role and worker.", labels=["host", "role", "worker"])
+    dropped = CounterMetricFamily("dflash_sidecar_records_dropped",
+                                  "Records lost or rejected, by reason (sender_* reasons are the shim's own drops).",
+                                  labels=["host", "role", "worker", "reason"])
+    last_seen = GaugeMetricFamily("dflash_trainer_last_seen_timestamp_seconds",
+                                  "Unix time of the last message from this role/worker.", labels=["host", "role", "worker"])
+    for (role, worker), totals in report.totals.items():
+        accepted.add_metric([host, role, worker], totals.accepted)
+        for reason, n in totals.dropped.items():
+            dropped.add_metric([host, role, worker, reason], n)
+        last_seen.add_metric([host, role, worker], totals.last_seen_unix_s)
+    messages = CounterMetricFamily("dflash_sidecar_messages_dropped",
+                                   "Whole messages dropped before their records could be counted, by reason.",
+                                   labels=["host", "reason"])
+    for reason, n in report.messages_dropped.items():
+        messages.add_metric([host, reason], n)
+    entries = CounterMetricFamily("dflash_sidecar_profile_entries_rejected",
+                                  "Entries of profile dicts skipped, by reason.", labels=["host", "reason"])
+    for reason, n in report.profile_entries_rejected.items():
+        entries.add_metric([host, reason], n)
+    senders = GaugeMetricFamily("dflash_sidecar_senders", "Senders known (heard from recently).", labels=["host"])
+    senders.add_metric([host], len(report.senders))
+    series = GaugeMetricFamily("dflash_sidecar_series", "Distinct trainer series held (cardinality budget use).",
+                               labels=["host"])
+    series.add_metric([host], report.series)
+    frames = CounterMetricFamily("dflash_sidecar_frames_received", "ZeroMQ frames received.", labels=["host"])
+    frames.add_metric([host], report.frames)
+    nbytes = CounterMetricFamily("dflash_sidecar_received_bytes", "Bytes received from shims.", labels=["host"])
+    nbytes.add_metric([host], report.bytes)
+    disc = CounterMetricFamily("dflash_sidecar_disconnects",
+                               "Shim connections closed (including ZeroMQ closing one for an oversized frame).",
+                               labels=["host"])
+    disc.add_metric([host], report.disconnects)
+    return [accepted, dropped, last_seen, messages, entries, senders, series, frames, nbytes, disc]
+
+
+def serve(state: ExportState, addr: str, certfile: str | None = None, keyfile: str | None = None) -> tuple[Any, threading.Thread]:
+    """Serve ``/metrics`` on ``addr`` ("host:port") from a private registry. Raises ``OSError``
+    if the port cannot be bound and ``ssl.SSLError`` for a bad certificate."""
+    host, _, port = addr.rpartition(":")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SidecarCollector(state))
+    server, thread = start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry,
+                                       certfile=certfile, keyfile=keyfile)
+    return server, thread
+

@@ -1,0 +1,177 @@
+"""The ingest thread: receiver -> decode -> sender accounting -> aggregation -> window reports.
+
+One thread owns the socket, the registry and the aggregator, so none of them needs a lock. At
+each window boundary it rolls the aggregator and hands an immutable ``IngestReport`` to
+``on_window``, which must not block (exporters queue or swap references). Nothing a client sends
+can raise out of this loop: bad frames and records are counted by reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.aggregation.aggregator import Aggregator, WindowReport
+from sidecar.aggregation.senders import LabelTotals, SenderRegistry, SenderState
+from sidecar.sources.decode import BatchMessage, DecodeError, decode
+from sidecar.sources.receiver import Receiver
+
+log = logging.getLogger("sidecar")
+
+
+@dataclass(frozen=True, slots=True)
+class SenderView:
+    """A sender as exporters see it (copied at the window boundary)."""
+
+    sender: int
+    role: str
+    worker: str
+    pid: int | None
+    hello: dict[str, Any] | None
+    last_seen_age_s: float
+    records_total: int
+    received: int
+    accepted: int
+    before_join: int
+    lost_in_transit: int
+    messages_lost: int
+    rejected: dict[str, int]
+    sender_dropped: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class IngestReport:
+    """One window: the aggregates plus the accounting, all immutable copies."""
+
+    window: WindowReport
+    senders: tuple[SenderView, ...]
+    totals: dict[tuple[str, str], LabelTotals]
+    messages_dropped: dict[str, int]
+    profile_entries_rejected: dict[str, int]
+    frames: int
+    bytes: int
+    disconnects: int
+    series: int
+    records_accepted_in_window: int
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class IngestLoop:
+    """Runs the receive/aggregate loop on its own thread."""
+
+    def __init__(
+        self,
+        receiver: Receiver,
+        interval_s: float,
+        on_window: Callable[[IngestReport], None],
+        on_hello: Callable[[SenderState], None] | None = None,
+        max_series: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.receiver = receiver
+        self.interval_s = interval_s
+        self.on_window = on_window
+        self.on_hello = on_hello
+        self.aggregator = Aggregator(max_series=max_series)
+        self.registry = SenderRegistry()
+        self.clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._generation = 0
+        self._accepted_in_window = 0
+        self.last_data_monotonic: float | None = None
+        self.internal_errors = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="sidecar-ingest", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout_s: float = 3.0) -> None:
+        """Stop after a final window roll (so the last partial window is exported). Idempotent."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    def set_interval(self, interval_s: float) -> None:
+        """Takes effect from the next window (config reload)."""
+        self.interval_s = interval_s
+
+    def _run(self) -> None:
+        window_start = self.clock()
+        try:
+            while not self._stop.is_set():
+                deadline = window_start + self.interval_s
+                timeout_ms = max(0, int((deadline - self.clock()) * 1000))
+                for frame in self.receiver.poll(min(timeout_ms, 200)):
+                    self.handle_frame(frame)
+                now = self.clock()
+                if now >= deadline:
+                    self._roll(now, now - window_start)
+                    window_start = now
+            now = self.clock()
+            for frame in self.receiver.poll(0):  # what already arrived belongs to the last window
+                self.handle_frame(frame)
+            self._roll(now, max(now - window_start, 1e-9))
+        finally:
+            self.receiver.close()
+
+    def handle_frame(self, frame: bytes) -> None:
+        """Decode, account and aggregate one frame. Never raises."""
+        registry = self.registry
+        try:
+            msg = decode(frame)
+        except DecodeError as exc:
+            registry.drop_message(exc.reason)
+            return
+        now = self.clock()
+        try:
+            if isinstance(msg, BatchMessage):
+                state = registry.on_batch(msg, now, time.time())
+                if state is None:
+                    return
+                if self.aggregator.generation != self._generation:
+                    self._generation = self.aggregator.generation
+                    for s in registry:
+                        s.cache.clear()
+                rejected: dict[str, int] = {}
+                accepted = self.aggregator.ingest(state.role, state.worker, state.cache, msg.records, rejected)
+                registry.account_ingest(state, accepted, rejected)
+                self._accepted_in_window += accepted
+                self.last_data_monotonic = now
+            else:
+                state = registry.on_hello(msg, now)
+                if state is not None and self.on_hello is not None:
+                    self.on_hello(state)
+        except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on
+            self.internal_errors += 1
+            registry.drop_message("internal_error")
+            if self.internal_errors == 1:
+                log.exception("sidecar: internal error while ingesting (counted, continuing): %r", exc)
+
+    def _roll(self, now: float, duration_s: float) -> None:
+        window = self.aggregator.roll(now, time.time(), duration_s)
+        self.registry.expire(now)
+        registry = self.registry
+        senders = tuple(
+            SenderView(s.sender, s.role, s.worker, s.pid, s.hello, now - s.last_seen, s.records_total,
+                       s.received, s.accepted, s.before_join, s.lost_in_transit, s.messages_lost,
+                       dict(s.rejected), dict(s.sender_dropped))
+            for s in registry
+        )
+        totals = {k: LabelTotals(v.accepted, dict(v.dropped), v.last_seen_unix_s) for k, v in registry.totals.items()}
+        stats = self.receiver.stats
+        report = IngestReport(
+            window, senders, totals, dict(registry.messages_dropped),
+            dict(self.aggregator.profile_entries_rejected), stats.frames, stats.bytes,
+            stats.disconnects, self.aggregator.series_count(), self._accepted_in_window,
+        )
+        self._accepted_in_window = 0
+        try:
+            self.on_window(report)
+        except Exception:  # noqa: BLE001
+            self.internal_errors += 1
+            log.exception("sidecar: window consumer failed (continuing)")

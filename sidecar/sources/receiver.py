@@ -1,0 +1,154 @@
+"""The daemon's only contact with ZeroMQ: a bound SUB socket that trainers' shims connect to.
+
+The stable side binds: the daemon binds, shims connect, either may start first. An ipc endpoint
+is guarded by an exclusive ``flock`` on ``<socket path>.lock``: ZeroMQ would let a second daemon
+bind the same path and silently steal the socket from the first, so a second daemon refuses to
+start instead. A stale socket file left by a killed daemon is removed (the lock proves nobody
+owns it). The socket directory is created private (0700) unless it already exists (systemd's
+``RuntimeDirectory=`` sets its own mode).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from dataclasses import dataclass
+
+import zmq
+
+from trainer_shim.wire import MAX_MESSAGE_BYTES
+
+log = logging.getLogger("sidecar")
+
+RECV_HWM = 100_000
+"""Messages ZeroMQ may queue for the daemon before the publishers' side starts dropping."""
+
+
+class EndpointError(Exception):
+    """The endpoint cannot be used; the message says what to fix."""
+
+
+@dataclass
+class ReceiverStats:
+    frames: int = 0
+    bytes: int = 0
+    disconnects: int = 0
+
+
+class Receiver:
+    """Binds every endpoint on one SUB socket. Use from one thread only (the ingest thread),
+    except ``close`` which the same thread calls on its way out."""
+
+    def __init__(self, endpoints: list[str]) -> None:
+        self.endpoints = list(endpoints)
+        self.stats = ReceiverStats()
+        self._closed = False
+        self._locks: list[int] = []
+        self._ipc_paths: list[str] = []
+        self._ctx = zmq.Context(io_threads=1)
+        self._sock = self._ctx.socket(zmq.SUB)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self._sock.setsockopt(zmq.RCVHWM, RECV_HWM)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            for endpoint in self.endpoints:
+                self._bind(endpoint)
+        except BaseException:
+            self.close()
+            raise
+
+    def _bind(self, endpoint: str) -> None:
+        if endpoint.startswith("ipc://"):
+            self._guard_ipc(endpoint[len("ipc://"):])
+        try:
+            self._sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            raise EndpointError(f"cannot bind {endpoint}: {exc.strerror}. Is another daemon "
+                                "using it? Choose another with --endpoint.") from None
+        if endpoint.startswith("ipc://"):
+            os.chmod(endpoint[len("ipc://"):], 0o660)
+
+    def _guard_ipc(self, path: str) -> None:
+        directory = os.path.dirname(path) or "."
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise EndpointError(f"cannot create the socket directory {directory}: {exc.strerror}") from None
+        lock_path = path + ".lock"
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise EndpointError(f"cannot open {lock_path}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            holder = _read_pid(lock_path)
+            raise EndpointError(
+                f"another dflash-sidecar{f' (pid {holder})' if holder else ''} already serves "
+                f"ipc://{path}; stop it first or give this one another --endpoint") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._locks.append(fd)
+        if os.path.exists(path):
+            os.unlink(path)  # stale: whoever bound it no longer holds the lock
+        self._ipc_paths.append(path)
+
+    def poll(self, timeout_ms: int) -> list[bytes]:
+        """Frames received within ``timeout_ms`` (all that are queued, at most 1000)."""
+        frames: list[bytes] = []
+        sock = self._sock
+        if not sock.poll(timeout_ms):
+            self._drain_monitor()
+            return frames
+        for _ in range(1000):
+            try:
+                frames.append(sock.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        self.stats.frames += len(frames)
+        self.stats.bytes += sum(map(len, frames))
+        self._drain_monitor()
+        return frames
+
+    def _drain_monitor(self) -> None:
+        while True:
+            try:
+                self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.stats.disconnects += 1
+
+    def close(self) -> None:
+        """Close the socket, remove ipc socket files we own and release their locks. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self._monitor.close(linger=0)
+        self._sock.close(linger=0)
+        self._ctx.term()
+        for path in self._ipc_paths:
+            for p in (path, path + ".lock"):
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
+        self._ipc_paths.clear()
+        for fd in self._locks:
+            os.close(fd)
+        self._locks.clear()
+
+
+def _read_pid(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip() or 0) or None
+    except (OSError, ValueError):
+        return None
