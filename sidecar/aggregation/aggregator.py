@@ -154,6 +154,10 @@ class Aggregator:
             self._raw_names[key] = name
             for f in families:
                 self._family_owner[f] = (kind, name)
+        elif self._raw_names[key] != name:
+            if len(cache) < MAX_CACHED_REJECTIONS:
+                cache[kind, name] = "name_collision"
+            return "name_collision"
         cache[kind, name] = series
         return series
 

@@ -1,0 +1,152 @@
+"""Aggregation units: series statistics, quantile bounds, names, cardinality, accounting."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import numpy as np
+import pytest
+
+from sidecar.aggregation.aggregator import COUNT, GAUGE, TIMING, Aggregator
+from sidecar.aggregation.names import counter_token, family_names, metric_token, timing_token
+from sidecar.aggregation.senders import SenderRegistry
+from sidecar.aggregation.series import CategorySeries, entropy_bits
+from sidecar.aggregation.sketch import EXACT_LIMIT, RANK_ERROR, QuantileBuffer
+from sidecar.sources.decode import BatchMessage, DecodeError, decode
+from trainer_shim import wire
+
+enc = msgspec.msgpack.Encoder()
+
+
+def test_small_windows_have_exact_quantiles() -> None:
+    buf = QuantileBuffer()
+    for v in range(1, 101):
+        buf.append(float(v))
+    stats = buf.close_window()
+    assert stats == {"count": 100.0, "sum": 5050.0, "max": 100.0, "p50": 50.0, "p95": 95.0, "exact": 1.0,
+                     "mean": 50.5}
+    assert buf.close_window() is None  # the next window starts empty
+
+
+def test_large_windows_stay_within_the_stated_rank_error() -> None:
+    rng = np.random.default_rng(7)
+    values = rng.lognormal(mean=2.0, sigma=0.7, size=EXACT_LIMIT * 3 + 17)
+    buf = QuantileBuffer()
+    for v in values.tolist():
+        buf.append(v)
+    stats = buf.close_window()
+    assert stats is not None and stats["exact"] == 0.0
+    assert stats["count"] == values.size and stats["max"] == values.max()
+    assert stats["sum"] == pytest.approx(values.sum())
+    ordered = np.sort(values)
+    for q in ("p50", "p95"):
+        rank = np.searchsorted(ordered, stats[q]) / values.size
+        assert abs(rank - float(q[1:]) / 100) <= RANK_ERROR
+
+
+def test_entropy_and_category_overflow() -> None:
+    assert entropy_bits([5, 5, 5, 5]) == pytest.approx(2.0)
+    assert entropy_bits([7]) == 0.0 and entropy_bits([]) == 0.0
+    series = CategorySeries()
+    for key in range(70):
+        assert series.add(key)
+    assert not series.add(1.5) and not series.add("") and not series.add(None)
+    stats = series.roll()
+    assert stats is not None and stats["count"] == 70 and len(stats["distribution"]) == 65  # 64 keys + _other
+    assert series.totals["_other"] == 6
+
+
+def test_name_tokens() -> None:
+    assert metric_token("drafter/fwd.time") == "drafter_fwd_time"
+    assert timing_token("forward_ms") == "forward" and timing_token("_ms") == "ms"
+    assert counter_token("tokens_total") == "tokens"
+    assert family_names(TIMING, "forward") == ("dflash_trainer_forward_seconds",)
+
+
+def _ingest(agg: Aggregator, records: list, role: str = "r", worker: str = "w", cache: dict | None = None):
+    rejected: dict[str, int] = {}
+    accepted = agg.ingest(role, worker, {} if cache is None else cache, records, rejected)
+    return accepted, rejected
+
+
+def test_values_are_validated_per_kind() -> None:
+    agg = Aggregator()
+    records = [[TIMING, "t", 1.0], [TIMING, "t", -1.0], [TIMING, "t", math.nan], [TIMING, "t", True],
+               [COUNT, "c", 3], [COUNT, "c", -3], [GAUGE, "g", math.inf], [GAUGE, "g", "7"], [GAUGE, "g", -2.5],
+               [99, "x", 1.0], [GAUGE, ["list"], 1.0], [GAUGE, "a\nb", 1.0], "junk", [1, 2],
+               [wire.RecordKind.PROFILE, 5, {"step_ms": 3.0, "bad": "x", "": 1.0}],
+               [wire.RecordKind.PROFILE, -1, {}], [wire.RecordKind.ALLOCATOR, 0, [1, 2, 3]],
+               [wire.RecordKind.ALLOCATOR, 0, [1, 2]]]
+    accepted, rejected = _ingest(agg, records)
+    assert accepted == 5
+    assert rejected == {"invalid_value": 8, "unknown_kind": 1, "bad_name": 2, "malformed_record": 2}
+    assert accepted + sum(rejected.values()) == len(records)
+    assert agg.profile_entries_rejected == {"invalid_value": 1, "bad_name": 1}
+    report = agg.roll(1.0, 0.0, 2.0)
+    by_name = {v.name: v for v in report.series}
+    assert by_name["c"].window == {"delta": 3.0, "rate": 1.5, "total": 3.0}
+    assert by_name["g"].window["last"] == -2.5
+    assert by_name["step"].window["count"] == 1.0  # the profile's step_ms timing
+    assert report.steps == {("r", "w"): 5} and report.allocator == {("r", "w", 0): (1, 2, 3)}
+
+
+def test_cardinality_budget_and_name_collisions() -> None:
+    agg = Aggregator(max_series=3)
+    records = [[GAUGE, f"g{i}", 1.0] for i in range(5)]
+    accepted, rejected = _ingest(agg, records)
+    assert accepted == 3 and rejected == {"cardinality": 2}
+    agg = Aggregator()
+    accepted, rejected = _ingest(agg, [[GAUGE, "a.b", 1.0], [GAUGE, "a_b", 2.0], [COUNT, "a_b", 1],
+                                       [GAUGE, "step", 1.0]])
+    # "a_b" sanitizes onto the same family as "a.b"; a counter may not share a gauge's family;
+    # "step" would clash with the daemon's own dflash_trainer_step.
+    assert accepted == 1 and rejected == {"name_collision": 3}
+
+
+def test_idle_series_expire_and_free_the_budget() -> None:
+    agg = Aggregator(max_series=1, series_ttl_s=10)
+    assert _ingest(agg, [[GAUGE, "a", 1.0]]) == (1, {})
+    agg.roll(0.0, 0.0, 1.0)
+    agg.roll(5.0, 0.0, 1.0)
+    assert agg.series_count() == 1
+    agg.roll(20.0, 0.0, 1.0)
+    assert agg.series_count() == 0 and agg.generation == 1
+    assert _ingest(agg, [[GAUGE, "b", 1.0]]) == (1, {})
+
+
+def _batch(seq: int, records_total: int, n: int, dropped: dict[str, int] | None = None) -> BatchMessage:
+    frame = wire.encode_batch(enc, 7, seq, "drafter", "0", None, records_total, dropped or {},
+                              [[GAUGE, "g", 1.0]] * n)
+    msg = decode(frame)
+    assert isinstance(msg, BatchMessage)
+    return msg
+
+
+def test_sender_accounting_counts_every_gap() -> None:
+    reg = SenderRegistry()
+    state = reg.on_batch(_batch(3, 100, 10), 0.0, 0.0)   # joined late: 90 records before us
+    assert state is not None and state.before_join == 90
+    reg.on_batch(_batch(4, 110, 10), 0.0, 0.0)
+    reg.on_batch(_batch(7, 150, 10), 0.0, 0.0)           # 30 records in 2 messages lost in transit
+    assert state.lost_in_transit == 30 and state.messages_lost == 2
+    reg.on_batch(_batch(8, 160, 10, {"buffer_full": 5}), 0.0, 0.0)
+    assert state.before_join + state.lost_in_transit + state.received == state.records_total == 160
+    assert reg.totals["drafter", "0"].dropped == {"before_join": 90, "lost_in_transit": 30, "sender_buffer_full": 5}
+    assert reg.on_batch(_batch(9, 120, 10), 0.0, 0.0) is None  # a counter going backwards is refused
+    assert reg.messages_dropped == {"bad_sequence": 1}
+
+
+@pytest.mark.parametrize("frame, reason", [
+    (b"", "malformed"), (b"\xc1", "malformed"), (enc.encode({"a": 1}), "malformed"),
+    (enc.encode([2, 2, 1]), "unknown_version"), (enc.encode([1, 9]), "malformed"),
+    (enc.encode([1, 2, 1, 0, "r", "w", None, 0, {}, [[1, "x", 1.0]]]), "malformed"),  # more records than total
+    (enc.encode([1, 2, -1, 0, "r", "w", None, 1, {}, []]), "malformed"),
+    (enc.encode([1, 2, 1, 0, "r" * 100, "w", None, 1, {}, []]), "malformed"),
+    (b"\x91" * 10_000 + b"\x01", "malformed"),  # 10,000 nested arrays
+    (b"\x00" * (wire.MAX_MESSAGE_BYTES + 1), "oversized"),
+])
+def test_bad_frames_are_named(frame: bytes, reason: str) -> None:
+    with pytest.raises(DecodeError) as err:
+        decode(frame)
+    assert err.value.reason == reason

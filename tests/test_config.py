@@ -1,0 +1,61 @@
+"""Settings: precedence, validation messages, and the shipped sample config."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from sidecar import config
+from sidecar.config import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _flags(*argv: str) -> dict[str, object]:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    return vars(parser.parse_args(list(argv)))
+
+
+def test_flags_override_the_file_which_overrides_defaults(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('interval = 5.0\nprometheus_addr = "0.0.0.0:9000"\ngpu_group = ["target=0-5", "drafter=6,7"]\n')
+    cfg = config.load(_flags("--config", str(f), "--interval", "2", "--no-gpu-metrics"))
+    assert cfg.interval == 2.0 and cfg.prometheus_addr == "0.0.0.0:9000" and not cfg.gpu_metrics
+    assert cfg.gpu_group == ("target=0-5", "drafter=6,7") and cfg.nvml_interval == 1.0
+    assert cfg.config_file == str(f)
+
+
+def test_defaults_without_anything() -> None:
+    cfg = config.load({}, environ={})
+    assert cfg.prometheus_addr == "127.0.0.1:9478" and cfg.interval == 10.0 and cfg.wandb_run is None
+    assert len(cfg.endpoint) == 1 and cfg.endpoint[0].startswith("ipc://")
+
+
+@pytest.mark.parametrize("toml, message", [
+    ("interval = 'soon'", "invalid --interval"),
+    ("gpu_metrics = 'yes'", "expected true or false"),
+    ("endpoint = ['tcp://example.com:1']", "is not an IP address"),
+    ("log_level = 'loud'", "expected one of debug"),
+])
+def test_file_errors_name_the_setting_and_the_fix(tmp_path: Path, toml: str, message: str) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(toml + "\n")
+    with pytest.raises(ConfigError, match=message) as err:
+        config.load({"config_file": str(f)})
+    assert str(f) in str(err.value)
+
+
+def test_the_sample_config_lists_every_setting_and_is_the_shipped_one() -> None:
+    sample = config.sample_toml()
+    for setting in config.SETTINGS:
+        assert f"# {setting.name} = " in sample
+    assert (ROOT / "deploy" / "config.toml").read_text() == sample + "\n", \
+        "regenerate with: dflash-sidecar sample-config > deploy/config.toml"
+    # uncommented, the sample is itself a valid config
+    import tomllib
+    values = tomllib.loads("\n".join(line[2:] for line in sample.splitlines() if line.startswith("# ") and " = " in line))
+    values = {k: v for k, v in values.items() if v != ""}
+    assert config._validate(values, "sample").interval == 10.0
