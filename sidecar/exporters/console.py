@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from sidecar.aggregation.aggregator import COUNT
 from sidecar.ingest import IngestReport
 
 log = logging.getLogger("sidecar")
@@ -31,9 +30,6 @@ class ConsoleExporter:
                  f"{rate:,.0f} rec/s", f"{new_drops} dropped"]
         if window.trainer_step is not None:
             parts.append(f"step {window.trainer_step}")
-        tokens = sum(v.window["rate"] for v in window.window_series(COUNT, "tokens") if v.window)
-        if tokens:
-            parts.append(f"{tokens:,.0f} tokens/s")
         for hook in self.hooks:
             text = hook(report)
             if text:
