@@ -105,6 +105,18 @@ def _child(scenario: str, wandb_dir: str) -> dict[str, Any]:
         return {"worst_submit_s": worst, "submitted": submitted, "before": before,
                 "after": _plain(ex.stats()), "shutdown_s": shutdown_s, "alive": alive}
 
+    if scenario == "shared-unreachable":
+        ex = WandbExporter(WandbConfig(run="auto", dir=wandb_dir), host="box1")
+        ex.start()
+        ex.on_trainer_hello("trainer-xyz", "proj", "ent", "shared", True)
+        until(lambda: ex.stats().state.value == "error")
+        queued = [ex.submit({"x": 1.0}, i) for i in range(3)]
+        error = _plain(ex.stats())
+        t0 = time.monotonic()
+        ex.shutdown(timeout_s=2)
+        return {"error": error, "queued": queued, "shutdown_s": time.monotonic() - t0,
+                "after": _plain(ex.stats())}
+
     raise ValueError(scenario)
 
 
@@ -248,6 +260,32 @@ def test_stalled_wandb_service_never_blocks_submit_and_shutdown_is_bounded(
     assert result["alive"] == [], "the stalled wandb-core was left behind"
     assert "did not answer within the shutdown timeout" in err
     assert total_s < 60  # the child's exit did not hang on wandb's exit hooks
+
+
+def test_shared_join_is_attempted_as_a_shared_writer_and_failure_is_retried(
+        tmp_path: pathlib.Path) -> None:
+    """Shared mode needs the server: against an unreachable one the join fails, is retried
+    with back-off, rows wait in the queue, and the attempt's local transaction log shows how
+    wandb was asked to join (the trainer's id, shared mode, a label)."""
+    import wandb_records
+    env = {"WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_API_KEY": FAKE_KEY,
+           "WANDB_INIT_TIMEOUT": "2", **TRAINER_ENV}
+    result, out, err = run_child("shared-unreachable", tmp_path, env)
+    error = result["error"]
+    assert error["trainer_run_id"] == "trainer-xyz" and "retrying" in error["reason"]
+    assert error["last_error"] and "127.0.0.1:9" in error["last_error"]
+    assert result["queued"] == [True, True, True] and error["queue_depth"] == 3
+    assert result["shutdown_s"] < 10
+    assert result["after"]["rows_dropped"] == {"shutdown": 3}
+    runs = [wandb_records.of_type(p, "run") for p in tmp_path.rglob("run-trainer-xyz.wandb")
+            if "latest-run" not in p.parts]
+    assert runs, "no transaction log of the join attempt"
+    (run,) = runs[0]
+    assert (run.run_id, run.project, run.entity) == ("trainer-xyz", "proj", "ent")
+    assert run.telemetry.feature.shared_mode and run.telemetry.feature.user_provided_label
+    assert not run.telemetry.feature.resumed and not run.resumed and not run.resume
+    assert run.run_group == "" and run.job_type == ""  # inherited WANDB_RUN_GROUP dropped
+    assert FAKE_KEY not in out and FAKE_KEY not in err
 
 
 if __name__ == "__main__":
