@@ -158,3 +158,18 @@ def test_submit_while_waiting_for_the_first_hello_then_refused_drops_them() -> N
     wait_for(lambda: ex.stats().rows_dropped.get("refused", 0) == 3)
     assert ex.stats().queue_depth == 0
     ex.shutdown(1)
+
+
+def test_wandb_is_imported_only_by_a_started_enabled_exporter() -> None:
+    import subprocess
+    import sys
+    code = (
+        "import sys, logging\n"
+        "from sidecar.exporters.wandb_exporter import WandbConfig, WandbExporter\n"
+        "ex = WandbExporter(WandbConfig(run=None), host='h')\n"
+        "ex.start(); ex.submit({'a': 1.0}, 1); ex.shutdown()\n"
+        "assert 'wandb' not in sys.modules, 'wandb imported'\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
+                   env=dict(os.environ, PYTHONPATH=root))

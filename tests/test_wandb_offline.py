@@ -182,7 +182,8 @@ def roundtrip(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, .
     yield result, out, err, tmp
 
 
-def test_rows_land_under_sidecar_prefix_on_the_trainer_step_axis(roundtrip) -> None:  # type: ignore[no-untyped-def]
+def test_rows_land_under_sidecar_prefix_on_the_trainer_step_axis(
+        roundtrip: tuple[Any, ...]) -> None:
     import wandb_records
     result, _, _, tmp = roundtrip
     assert result["stats"]["rows_logged"] == 7 and result["stats"]["values_skipped"] == 5
@@ -204,7 +205,8 @@ def test_rows_land_under_sidecar_prefix_on_the_trainer_step_axis(roundtrip) -> N
         ("sidecar/trainer_step", "", ""), ("", "sidecar/*", "sidecar/trainer_step")]
 
 
-def test_offline_run_is_the_daemons_own_grouped_with_the_trainer_run(roundtrip) -> None:  # type: ignore[no-untyped-def]
+def test_offline_run_is_the_daemons_own_grouped_with_the_trainer_run(
+        roundtrip: tuple[Any, ...]) -> None:
     import wandb_records
     result, _, _, tmp = roundtrip
     path = wandb_records.find_run_file(tmp, result["run_id"])
@@ -218,7 +220,7 @@ def test_offline_run_is_the_daemons_own_grouped_with_the_trainer_run(roundtrip) 
     assert wandb_records.of_type(path, "exit"), "the own offline run was closed"
 
 
-def test_api_key_never_appears_in_logs_or_files(roundtrip) -> None:  # type: ignore[no-untyped-def]
+def test_api_key_never_appears_in_logs_or_files(roundtrip: tuple[Any, ...]) -> None:
     _, out, err, tmp = roundtrip
     assert "credentials=WANDB_API_KEY" in err  # the source is logged, never the key
     assert FAKE_KEY not in out and FAKE_KEY not in err
