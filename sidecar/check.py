@@ -11,6 +11,7 @@ import socket
 from collections.abc import Callable
 
 from sidecar.config import Config
+from sidecar.exporters.wandb_join import credential_source
 from sidecar.sources.receiver import EndpointError, Receiver
 
 Result = tuple[str, str]
@@ -53,20 +54,11 @@ def check_wandb(cfg: Config) -> Result:
         return "ok", "W&B export disabled (no --wandb-run)"
     mode = os.environ.get("WANDB_MODE", "")
     if mode in ("offline", "disabled"):
-        return "ok", f"WANDB_MODE={mode}: logging to a local offline run for later sync"
-    has_key = bool(os.environ.get("WANDB_API_KEY")) or _netrc_has_wandb()
-    if not has_key:
+        return "ok", f"WANDB_MODE={mode}: logging to a local offline run for a later `wandb sync`"
+    source = credential_source(os.environ)
+    if source is None:
         return "FAIL", "no W&B credentials: set WANDB_API_KEY in the EnvironmentFile or run `wandb login`"
-    return "ok", f"W&B credentials present; will join run {cfg.wandb_run!r}"
-
-
-def _netrc_has_wandb() -> bool:
-    path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
-    try:
-        with open(path) as f:
-            return "api.wandb.ai" in f.read() or "wandb" in f.read()
-    except OSError:
-        return False
+    return "ok", f"W&B credentials from {source}; will join run {cfg.wandb_run!r} in shared mode"
 
 
 CHECKS: tuple[tuple[str, Callable[[Config], Result]], ...] = (

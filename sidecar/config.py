@@ -189,6 +189,10 @@ def _validate(values: Mapping[str, Any], path: str | None) -> Config:
     for f in (config.prometheus_tls_cert, config.prometheus_tls_key):
         if f and not os.access(f, os.R_OK):
             raise ConfigError(f"cannot read TLS file {f}")
+    if config.wandb_run is not None:
+        run = config.wandb_run
+        if not run.strip() or any(c in run for c in "/ \t"):
+            raise ConfigError(f"invalid --wandb-run: {run!r}: expected a W&B run id or 'auto'")
     if not config.endpoint:
         config = dataclasses.replace(config, endpoint=(default_endpoint(),))
     return config

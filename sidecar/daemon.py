@@ -21,7 +21,10 @@ from sidecar import config as config_mod
 from sidecar import systemd
 from sidecar.config import Config, ConfigError
 from sidecar.exporters.console import ConsoleExporter
+from sidecar.aggregation.senders import SenderState
 from sidecar.exporters.prometheus import ExportState, serve
+from sidecar.exporters.rows import accounting_row, trainer_row
+from sidecar.exporters.wandb_exporter import WandbConfig, WandbExporter
 from sidecar.ingest import IngestLoop, IngestReport
 from sidecar.selfstats import read_self
 from sidecar.sources.receiver import Receiver
@@ -29,7 +32,8 @@ from sidecar.sources.receiver import Receiver
 log = logging.getLogger("sidecar")
 
 SHUTDOWN_TIMEOUT_S = 4.0
-"""Total budget for the final flush on SIGTERM."""
+"""Budget for the final window flush and W&B's final upload on SIGTERM (W&B may take up to
+1.5 s more to tear down a stalled service)."""
 
 WindowConsumer = Callable[[IngestReport], None]
 
@@ -48,6 +52,14 @@ class Daemon:
         self.state.self_families = self._self_families
         self.console = ConsoleExporter()
         self.window_consumers: list[WindowConsumer] = [self.console.export]
+        self.hello_consumers: list[Callable[[SenderState], None]] = []
+        self.row_builders: list[Callable[[IngestReport], dict[str, float]]] = [trainer_row, accounting_row]
+        self.wandb: WandbExporter | None = None
+        if config.wandb_run:
+            self.wandb = WandbExporter(wandb_config(config), host=self.host)
+            self.window_consumers.append(self._submit_wandb)
+            self.hello_consumers.append(self._hello_to_wandb)
+            self.state.extra_sources.append(self._wandb_families)
         self.ingest: IngestLoop | None = None
         self._server = None
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -66,8 +78,11 @@ class Daemon:
             receiver.close()
             raise OSError(f"cannot serve Prometheus on {cfg.prometheus_addr}: {exc.strerror or exc}; "
                           "choose another with --prometheus-addr") from None
-        self.ingest = IngestLoop(receiver, cfg.interval, self._on_window, max_series=cfg.max_series)
+        self.ingest = IngestLoop(receiver, cfg.interval, self._on_window, on_hello=self._on_hello,
+                                 max_series=cfg.max_series)
         self.ingest.start()
+        if self.wandb is not None:
+            self.wandb.start()
         log.info("dflash-sidecar started: endpoints %s, Prometheus on %s%s, window %.1fs",
                  ", ".join(cfg.endpoint), cfg.prometheus_addr, " (TLS)" if cfg.prometheus_tls_cert else "",
                  cfg.interval)
@@ -126,6 +141,8 @@ class Daemon:
         systemd.notify("STOPPING=1")
         if self.ingest is not None:
             self.ingest.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2)
+        if self.wandb is not None:
+            self.wandb.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -140,6 +157,44 @@ class Daemon:
                 consumer(report)
             except Exception:  # noqa: BLE001 - one exporter must not stop the others
                 log.exception("sidecar: window consumer %r failed", consumer)
+
+    def _on_hello(self, sender: SenderState) -> None:
+        for consumer in self.hello_consumers:
+            try:
+                consumer(sender)
+            except Exception:  # noqa: BLE001
+                log.exception("sidecar: hello consumer %r failed", consumer)
+
+    def _hello_to_wandb(self, sender: SenderState) -> None:
+        assert self.wandb is not None
+        h = sender.hello or {}
+        self.wandb.on_trainer_hello(h.get("wandb_run_id"), h.get("wandb_project"), h.get("wandb_entity"),
+                                    h.get("wandb_mode"), h.get("wandb_primary"))
+
+    def _submit_wandb(self, report: IngestReport) -> None:
+        assert self.wandb is not None
+        row: dict[str, float] = {}
+        for build in self.row_builders:
+            row.update(build(report))
+        self.wandb.submit(row, report.window.trainer_step)
+
+    def _wandb_families(self) -> Iterable[Metric]:
+        assert self.wandb is not None
+        stats = self.wandb.stats()
+        host = [self.host]
+        depth = GaugeMetricFamily("dflash_sidecar_wandb_queue_depth", "Rows waiting for W&B.", labels=["host"])
+        depth.add_metric(host, stats.queue_depth)
+        logged = CounterMetricFamily("dflash_sidecar_wandb_rows_logged", "Rows logged to W&B.", labels=["host"])
+        logged.add_metric(host, stats.rows_logged)
+        dropped = CounterMetricFamily("dflash_sidecar_wandb_dropped", "Rows not logged to W&B, by reason.",
+                                      labels=["host", "reason"])
+        for reason, n in stats.rows_dropped.items():
+            dropped.add_metric(host + [reason], n)
+        state = GaugeMetricFamily("dflash_sidecar_wandb_state", "W&B exporter state (1 for the current one).",
+                                  labels=["host", "state"])
+        for member in type(stats.state):
+            state.add_metric(host + [member.value], 1.0 if member == stats.state else 0.0)
+        return [depth, logged, dropped, state]
 
     def _self_families(self) -> Iterable[Metric]:
         stats = read_self()
@@ -165,3 +220,9 @@ class Daemon:
                 age.add_metric(host + ["trainer"], time.monotonic() - ingest.last_data_monotonic)
             families.append(age)
         return families
+
+
+def wandb_config(config: Config) -> WandbConfig:
+    """The W&B exporter's settings from the daemon's."""
+    return WandbConfig(run=config.wandb_run, project=config.wandb_project, entity=config.wandb_entity,
+                       queue_size=config.wandb_queue, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S / 2)

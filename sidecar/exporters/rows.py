@@ -1,0 +1,61 @@
+"""Flat rows for W&B: one ``dict[str, float]`` per window (the W&B exporter adds ``sidecar/``).
+
+Keys: ``trainer/<role>/<worker>/<name>/<stat>`` for the trainer's series (timings in ms, as the
+trainer sent them; counter rates per second), ``self/...`` for the daemon's own accounting. Only
+series with data in the window appear, so a row never repeats stale values.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sidecar.aggregation.aggregator import CATEGORY, COUNT, GAUGE, SCALAR, TIMING
+from sidecar.ingest import IngestReport
+
+
+def trainer_row(report: IngestReport) -> dict[str, float]:
+    """The trainer series of one window."""
+    row: dict[str, float] = {}
+    for view in report.window.window_series():
+        window = view.window
+        assert window is not None
+        prefix = f"trainer/{view.role}/{view.worker}/{view.name}"
+        if view.kind == TIMING:
+            for stat in ("mean", "p50", "p95", "max"):
+                row[f"{prefix}/{stat}_ms"] = window[stat]
+            row[f"{prefix}/count"] = window["count"]
+        elif view.kind == COUNT:
+            row[f"{prefix}/rate"] = window["rate"]
+            row[f"{prefix}/total"] = window["total"]
+        elif view.kind in (GAUGE, SCALAR):
+            row[prefix] = window["last"]
+            for stat in ("mean", "min", "max"):
+                row[f"{prefix}/{stat}"] = window[stat]
+        elif view.kind == CATEGORY:
+            row[f"{prefix}/entropy_bits"] = window["entropy_bits"]
+    for (role, worker, device), (allocated, reserved, max_reserved) in report.window.allocator.items():
+        prefix = f"trainer/{role}/{worker}/cuda{device}"
+        row[f"{prefix}/allocated_bytes"] = allocated
+        row[f"{prefix}/reserved_bytes"] = reserved
+        row[f"{prefix}/max_reserved_bytes"] = max_reserved
+    return {k: v for k, v in row.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+
+
+def accounting_row(report: IngestReport) -> dict[str, float]:
+    """The daemon's ingest accounting (cumulative counts and this window's rate)."""
+    row: dict[str, float] = {
+        "self/records_per_s": report.records_accepted_in_window / report.window.duration_s
+        if report.window.duration_s > 0 else 0.0,
+        "self/senders": float(len(report.senders)),
+        "self/series": float(report.series),
+    }
+    dropped: dict[str, int] = {}
+    for totals in report.totals.values():
+        for reason, n in totals.dropped.items():
+            dropped[reason] = dropped.get(reason, 0) + n
+    row["self/records_accepted"] = float(sum(t.accepted for t in report.totals.values()))
+    for reason, n in sorted(dropped.items()):
+        row[f"self/records_dropped/{reason}"] = float(n)
+    for reason, n in sorted(report.messages_dropped.items()):
+        row[f"self/messages_dropped/{reason}"] = float(n)
+    return row
