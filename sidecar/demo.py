@@ -166,7 +166,9 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
     log.info("demo: simulated pipeline with %d target and %d drafter workers, bottleneck=%s; "
              "metrics on http://%s/metrics", ns.targets, ns.drafters, ns.bottleneck, cfg.prometheus_addr)
     if ns.duration > 0:
-        threading.Timer(ns.duration, daemon.stop).start()
+        timer = threading.Timer(ns.duration, daemon.stop)
+        timer.daemon = True  # SIGTERM before the duration ends must not wait for it
+        timer.start()
     try:
         return daemon.run()
     finally:
