@@ -173,9 +173,10 @@ class Daemon:
 
     def _submit_wandb(self, report: IngestReport) -> None:
         assert self.wandb is not None
+        # Keys carry the host: in a run shared by several nodes each node's sidecar writes its own.
         row: dict[str, float] = {}
         for build in self.row_builders:
-            row.update(build(report))
+            row.update((f"{self.host}/{key}", value) for key, value in build(report).items())
         self.wandb.submit(row, report.window.trainer_step)
 
     def _wandb_families(self) -> Iterable[Metric]:
