@@ -19,9 +19,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from sidecar import config as config_mod
 from sidecar import systemd
+from sidecar.aggregation.insight import EXTRAS_KEY, GpuFacts, compute_insight
+from sidecar.aggregation.verdict import InsightSettings
 from sidecar.config import Config, ConfigError
 from sidecar.exporters.console import ConsoleExporter
+from sidecar.exporters.console_insight import insight_part
 from sidecar.exporters.prometheus import ExportState, serve
+from sidecar.exporters.prometheus_insight import InsightSource
 from sidecar.ingest import IngestLoop, IngestReport
 from sidecar.selfstats import read_self
 from sidecar.sources.receiver import Receiver
@@ -47,6 +51,12 @@ class Daemon:
         self.state = ExportState(host=self.host, started_unix_s=time.time())
         self.state.self_families = self._self_families
         self.console = ConsoleExporter()
+        self.console.hooks.append(insight_part)
+        self.insight = InsightSource(self.host)
+        self.state.extra_sources.append(self.insight)
+        self.gpu_facts: Callable[[], GpuFacts | None] | None = None
+        """Per-GPU facts for the insight (throttle reasons, GPU roles); wired to the NVML source."""
+        self.insight_failures = 0
         self.window_consumers: list[WindowConsumer] = [self.console.export]
         self.ingest: IngestLoop | None = None
         self._server = None
@@ -107,7 +117,7 @@ class Daemon:
             return
         finally:
             systemd.notify("READY=1")
-        live = {"interval", "log_level"}
+        live = {"interval", "log_level"} | {f for f in Config.__dataclass_fields__ if f.startswith("insight_")}
         changed = {f for f in Config.__dataclass_fields__ if getattr(new, f) != getattr(self.config, f)}
         if "interval" in changed and self.ingest is not None:
             self.ingest.set_interval(new.interval)
@@ -134,12 +144,27 @@ class Daemon:
     # -- window fan-out (ingest thread) ----------------------------------------------------------
 
     def _on_window(self, report: IngestReport) -> None:
+        self._attach_insight(report)
         self.state.report = report
         for consumer in self.window_consumers:
             try:
                 consumer(report)
             except Exception:  # noqa: BLE001 - one exporter must not stop the others
                 log.exception("sidecar: window consumer %r failed", consumer)
+
+    def _attach_insight(self, report: IngestReport) -> None:
+        """Compute the window's pipeline insight once, before any exporter sees the report: it goes
+        into ``report.extras`` (console, W&B) and to the Prometheus source."""
+        try:
+            facts = self.gpu_facts() if self.gpu_facts is not None else None
+            insight = compute_insight(report, InsightSettings.from_config(self.config), facts)
+        except Exception:  # noqa: BLE001 - the insight must never stop the raw exports
+            self.insight_failures += 1
+            if self.insight_failures == 1:
+                log.exception("sidecar: pipeline insight failed (counted, logged once)")
+            return
+        report.extras[EXTRAS_KEY] = insight
+        self.insight.insight = insight
 
     def _self_families(self) -> Iterable[Metric]:
         stats = read_self()
