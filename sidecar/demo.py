@@ -24,6 +24,8 @@ from sidecar.config import Config
 
 log = logging.getLogger("sidecar")
 
+PREFETCH = 2
+"""Batches a drafter would prefetch (the demo reports the queue's head as its prefetch buffer)."""
 BOTTLENECKS = ("none", "target", "drafter", "queue", "host", "straggler")
 
 
@@ -34,8 +36,8 @@ class PipelineTimings:
     data_ms: float = 4.0
     target_forward_ms: float = 30.0
     pack_ms: float = 3.0
-    drafter_forward_ms: float = 10.0
-    drafter_backward_ms: float = 18.0
+    drafter_forward_ms: float = 8.0
+    drafter_backward_ms: float = 14.0
     optimizer_ms: float = 4.0
     queue_capacity: int = 8
     straggler_factor: float = 1.0
@@ -46,7 +48,7 @@ class PipelineTimings:
         return {
             "none": cls(),
             "target": cls(target_forward_ms=80.0),
-            "drafter": cls(drafter_forward_ms=25.0, drafter_backward_ms=50.0, optimizer_ms=10.0),
+            "drafter": cls(drafter_forward_ms=20.0, drafter_backward_ms=40.0, optimizer_ms=8.0),
             "queue": cls(pack_ms=45.0, queue_capacity=1),
             "host": cls(data_ms=60.0),
             "straggler": cls(straggler_factor=2.5),
@@ -131,7 +133,8 @@ class SimulatedPipeline:
             ch.count("tokens", tokens)
             ch.count("loss_tokens", loss_tokens)
             ch.category("bucket", bucket)
-            ch.gauge("prefetch_depth", min(self.queue.qsize(), 2))
+            ch.gauge("prefetch_depth", min(self.queue.qsize(), PREFETCH))
+            ch.gauge("prefetch_capacity", PREFETCH)
             ch.scalar("loss", 2.0 / (1.0 + step / 500.0))
 
     def start(self) -> None:
