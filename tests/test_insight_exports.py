@@ -161,3 +161,23 @@ def test_top_shows_verdict_queue_and_roles() -> None:
     out = console.export_text()
     assert "bottleneck: straggler" in out and "queue fill 100%" in out
     assert "pipeline roles" in out and "queue_put_wait" in out and "yes" in out
+
+
+def test_thresholds_come_from_flags_and_reload_live(tmp_path) -> None:
+    from sidecar.cli import build_parser
+
+    ns = build_parser().parse_args(["run", "--insight-starved-ratio", "0.2", "--insight-throttle-reasons", "x"])
+    assert config_mod.load({k: v for k, v in vars(ns).items() if k in Config.__dataclass_fields__}
+                           ).insight_throttle_reasons == ("x",)
+    path = tmp_path / "sidecar.toml"
+    path.write_text("insight_starved_ratio = 0.2\n")
+    daemon = Daemon(config_mod.load({"config_file": str(path)}), host="box")
+    rep = pipeline({"forward": 80}, {"queue_wait": 15, "forward": 10, "backward": 20})  # ready deficit 1/3
+    daemon._on_window(rep)
+    assert daemon.insight.insight is not None and daemon.insight.insight.verdict.name == "target-bound"
+    path.write_text("insight_starved_ratio = 0.5\n")
+    daemon.reload()
+    assert daemon.config.insight_starved_ratio == 0.5
+    rep = pipeline({"forward": 80}, {"queue_wait": 15, "forward": 10, "backward": 20})
+    daemon._on_window(rep)
+    assert daemon.insight.insight.verdict.name == "balanced"
