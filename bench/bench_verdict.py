@@ -3,6 +3,7 @@ compare the per-window verdict (read from the console line) with the injected bo
 
     python bench/bench_verdict.py --duration 120            # writes bench/RESULTS_VERDICT.md
     python bench/bench_verdict.py --duration 8 --no-write   # a quick look
+    python bench/bench_verdict.py --duration 60 --cpu-hogs 2 --append   # under CPU contention
 
 Each bottleneck runs in its own ``dflash-sidecar demo`` process (all in parallel unless
 ``--serial``), with NVML off. The first ``--warmup`` windows and partial windows (the flush at
@@ -12,6 +13,7 @@ shutdown) are not scored. ``tests/test_insight_demo.py`` runs the short form of 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import platform
 import re
@@ -65,6 +67,38 @@ def evaluate(bottlenecks: list[str], duration_s: float, interval_s: float = 1.0,
             return {b: scored(w, interval_s, warmup) for b, w in zip(bottlenecks, results, strict=True)}
 
 
+def _hog(stop: multiprocessing.synchronize.Event) -> None:
+    while not stop.is_set():
+        sum(range(10_000))
+
+
+def with_cpu_hogs(n: int, fn):  # type: ignore[no-untyped-def]
+    """Run ``fn()`` while ``n`` processes spin on the CPU (contention like a busy training host)."""
+    stop = multiprocessing.Event()
+    hogs = [multiprocessing.Process(target=_hog, args=(stop,), daemon=True) for _ in range(n)]
+    for h in hogs:
+        h.start()
+    try:
+        return fn()
+    finally:
+        stop.set()
+        for h in hogs:
+            h.join(5)
+
+
+def evidence_ranges(windows: list[tuple[float, str, str]]) -> dict[str, tuple[float, float, float]]:
+    """Evidence name -> (min, median, max) over the windows."""
+    values: dict[str, list[float]] = {}
+    for _, _, text in windows:
+        for key, _, value in (part.partition("=") for part in text.split()):
+            try:
+                number = float(value.rstrip(","))
+            except ValueError:
+                continue
+            values.setdefault(key, []).append(number)
+    return {k: (min(v), sorted(v)[len(v) // 2], max(v)) for k, v in values.items()}
+
+
 def confusion(results: dict[str, list[tuple[float, str, str]]]) -> dict[str, Counter[str]]:
     return {b: Counter(v for _, v, _ in windows) for b, windows in results.items()}
 
@@ -74,10 +108,11 @@ def accuracy(counts: Counter[str], bottleneck: str) -> float:
     return counts[EXPECTED[bottleneck]] / total if total else 0.0
 
 
-def markdown(results: dict[str, list[tuple[float, str, str]]], command: str, elapsed_s: float) -> str:
+def markdown(results: dict[str, list[tuple[float, str, str]]], command: str, elapsed_s: float,
+             title: str = "# Bottleneck verdict: confusion matrix") -> str:
     matrix = confusion(results)
     cols = [v for v in VERDICTS if any(m[v] for m in matrix.values()) or v in EXPECTED.values()]
-    lines = ["# Bottleneck verdict: confusion matrix", "",
+    lines = [title, "",
              f"Command: `{command}`", "",
              f"Machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.platform()}; "
              f"{time.strftime('%Y-%m-%d')}; wall time {elapsed_s:.0f} s (all bottlenecks in parallel unless "
@@ -96,6 +131,14 @@ def markdown(results: dict[str, list[tuple[float, str, str]]], command: str, ela
               "`throttled` needs GPU facts (active NVML clock-event reasons) that the demo cannot produce "
               "without a GPU; it is evaluated by unit tests with synthetic GPU facts "
               "(`tests/test_insight_verdict.py`) until the NVML source feeds the insight.", ""]
+    lines += ["Evidence over the scored windows (min / median / max): how far each deciding number stays "
+              "from its threshold (defaults: wait signals 0.15, cause shares 0.25, straggler score 0.7).", "",
+              "| injected | evidence |", "| --- | --- |"]
+    for b, windows in results.items():
+        ranges = evidence_ranges(windows)
+        lines.append(f"| {b} | " + "; ".join(f"{k} {lo:.2f} / {mid:.2f} / {hi:.2f}"
+                                             for k, (lo, mid, hi) in ranges.items()) + " |")
+    lines.append("")
     wrong = [(b, w) for b, windows in results.items() for w in windows if w[1] != EXPECTED[b]]
     if wrong:
         lines += ["Misjudged windows (injected: verdict (evidence)):", ""]
@@ -112,14 +155,21 @@ def main() -> int:
     parser.add_argument("--serial", action="store_true", help="one bottleneck at a time")
     parser.add_argument("--bottleneck", action="append", choices=list(EXPECTED), help="default: all")
     parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS_VERDICT.md"))
+    parser.add_argument("--cpu-hogs", type=int, default=0, help="processes spinning on the CPU meanwhile")
+    parser.add_argument("--append", action="store_true", help="append to --out instead of replacing it")
     parser.add_argument("--no-write", action="store_true", help="print only")
     ns = parser.parse_args()
     start = time.monotonic()
-    results = evaluate(ns.bottleneck or list(EXPECTED), ns.duration, ns.interval, ns.warmup, ns.serial)
+    results = with_cpu_hogs(ns.cpu_hogs, lambda: evaluate(ns.bottleneck or list(EXPECTED), ns.duration,
+                                                          ns.interval, ns.warmup, ns.serial))
     command = "python " + " ".join(["bench/bench_verdict.py", *sys.argv[1:]])
-    text = markdown(results, command, time.monotonic() - start)
+    title = "# Bottleneck verdict: confusion matrix" if not ns.append else (
+        f"## With {ns.cpu_hogs} CPU-spinning processes" if ns.cpu_hogs else "## Another run")
+    text = markdown(results, command, time.monotonic() - start, title)
     print(text)
     if not ns.no_write:
+        if ns.append and Path(ns.out).exists():
+            text = Path(ns.out).read_text() + "\n" + text
         Path(ns.out).write_text(text)
     ok = all(accuracy(c, b) >= 0.95 for b, c in confusion(results).items())
     return 0 if ok else 1

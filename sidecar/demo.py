@@ -31,26 +31,29 @@ BOTTLENECKS = ("none", "target", "drafter", "queue", "host", "straggler")
 
 @dataclass(frozen=True)
 class PipelineTimings:
-    """Milliseconds per batch for each phase (scaled-down DFlash step times)."""
+    """Milliseconds per batch for each phase (scaled-down DFlash step times; long enough that
+    thread wake-up latency on a loaded host stays small against them)."""
 
-    data_ms: float = 4.0
-    target_forward_ms: float = 30.0
-    pack_ms: float = 3.0
-    drafter_forward_ms: float = 8.0
-    drafter_backward_ms: float = 14.0
-    optimizer_ms: float = 4.0
+    data_ms: float = 8.0
+    target_forward_ms: float = 60.0
+    pack_ms: float = 6.0
+    drafter_forward_ms: float = 16.0
+    drafter_backward_ms: float = 26.0
+    optimizer_ms: float = 8.0
     queue_capacity: int = 8
     straggler_factor: float = 1.0
 
     @classmethod
     def for_bottleneck(cls, kind: str) -> PipelineTimings:
-        """Phase times that make ``kind`` the limiting part (``none``: balanced)."""
+        """Phase times that make ``kind`` the limiting part. ``none``: the targets (3 workers x
+        74 ms per batch) are about 1 % ahead of the drafters (2 x 50 ms), a tuned run: the queue
+        stays full and neither side waits for long."""
         return {
             "none": cls(),
-            "target": cls(target_forward_ms=80.0),
-            "drafter": cls(drafter_forward_ms=20.0, drafter_backward_ms=40.0, optimizer_ms=8.0),
-            "queue": cls(pack_ms=45.0, queue_capacity=1),
-            "host": cls(data_ms=60.0),
+            "target": cls(target_forward_ms=160.0),
+            "drafter": cls(drafter_forward_ms=40.0, drafter_backward_ms=80.0, optimizer_ms=16.0),
+            "queue": cls(pack_ms=90.0, queue_capacity=1),
+            "host": cls(data_ms=120.0),
             "straggler": cls(straggler_factor=2.5),
         }[kind]
 

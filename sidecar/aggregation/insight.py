@@ -234,13 +234,15 @@ def _role_insight(role: str, members: dict[str, _Worker], workers: list[WorkerIn
 def _time_share(members: dict[str, _Worker], duration: float) -> dict[str, float]:
     """Phase -> share of wall time, averaged over the role's workers. Each phase is the window's
     sum of that timing over ``duration``; ``other`` is what no phase covers. A worker's shares
-    are scaled down when their sum exceeds 1 (a step that began in the previous window)."""
+    are scaled down when their sum exceeds 1 (a step that began in the previous window). A phase
+    the worker has published before but not in this window counts 0 (e.g. no wait at all)."""
     if duration <= 0 or not members:
         return {}
     totals: dict[str, float] = defaultdict(float)
     any_timing = False
     for w in members.values():
         sums = {p: s for p in PHASES if (s := w.timing_sum_ms(p)) is not None}
+        sums.update((p, 0.0) for p in PHASES if p not in sums and (TIMING, p) in w.stale)
         any_timing = any_timing or bool(sums)
         covered = sum(sums.values()) / (duration * 1000.0)
         scale = 1.0 / covered if covered > 1.0 else 1.0
