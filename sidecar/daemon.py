@@ -19,12 +19,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from sidecar import config as config_mod
 from sidecar import systemd
+from sidecar.aggregation.insight import EXTRAS_KEY, GpuFacts, compute_insight
+from sidecar.aggregation.verdict import InsightSettings
 from sidecar.config import Config, ConfigError
 from sidecar.exporters.console import ConsoleExporter
 from sidecar.aggregation.senders import SenderState
+from sidecar.exporters.console_insight import insight_part
+from sidecar.exporters.insight_row import insight_row
 from sidecar.exporters.prometheus import ExportState, serve
 from sidecar.exporters.rows import accounting_row, trainer_row
 from sidecar.exporters.wandb_exporter import WandbConfig, WandbExporter
+from sidecar.exporters.prometheus_insight import InsightSource
 from sidecar.ingest import IngestLoop, IngestReport
 from sidecar.selfstats import read_self
 from sidecar.sources.receiver import Receiver
@@ -51,9 +56,16 @@ class Daemon:
         self.state = ExportState(host=self.host, started_unix_s=time.time())
         self.state.self_families = self._self_families
         self.console = ConsoleExporter()
+        self.console.hooks.append(insight_part)
+        self.insight = InsightSource(self.host)
+        self.state.extra_sources.append(self.insight)
+        self.gpu_facts: Callable[[], GpuFacts | None] | None = None
+        """Per-GPU facts for the insight (throttle reasons, GPU roles); wired to the NVML source."""
+        self.insight_failures = 0
         self.window_consumers: list[WindowConsumer] = [self.console.export]
         self.hello_consumers: list[Callable[[SenderState], None]] = []
-        self.row_builders: list[Callable[[IngestReport], dict[str, float]]] = [trainer_row, accounting_row]
+        self.row_builders: list[Callable[[IngestReport], dict[str, float]]] = [
+            trainer_row, accounting_row, _insight_row]
         self.wandb: WandbExporter | None = None
         if config.wandb_run:
             self.wandb = WandbExporter(wandb_config(config), host=self.host)
@@ -122,7 +134,7 @@ class Daemon:
             return
         finally:
             systemd.notify("READY=1")
-        live = {"interval", "log_level"}
+        live = {"interval", "log_level"} | {f for f in Config.__dataclass_fields__ if f.startswith("insight_")}
         changed = {f for f in Config.__dataclass_fields__ if getattr(new, f) != getattr(self.config, f)}
         if "interval" in changed and self.ingest is not None:
             self.ingest.set_interval(new.interval)
@@ -151,6 +163,7 @@ class Daemon:
     # -- window fan-out (ingest thread) ----------------------------------------------------------
 
     def _on_window(self, report: IngestReport) -> None:
+        self._attach_insight(report)
         self.state.report = report
         for consumer in self.window_consumers:
             try:
@@ -196,6 +209,19 @@ class Daemon:
         for member in type(stats.state):
             state.add_metric(host + [member.value], 1.0 if member == stats.state else 0.0)
         return [depth, logged, dropped, state]
+    def _attach_insight(self, report: IngestReport) -> None:
+        """Compute the window's pipeline insight once, before any exporter sees the report: it goes
+        into ``report.extras`` (console, W&B) and to the Prometheus source."""
+        try:
+            facts = self.gpu_facts() if self.gpu_facts is not None else None
+            insight = compute_insight(report, InsightSettings.from_config(self.config), facts)
+        except Exception:  # noqa: BLE001 - the insight must never stop the raw exports
+            self.insight_failures += 1
+            if self.insight_failures == 1:
+                log.exception("sidecar: pipeline insight failed (counted, logged once)")
+            return
+        report.extras[EXTRAS_KEY] = insight
+        self.insight.insight = insight
 
     def _self_families(self) -> Iterable[Metric]:
         stats = read_self()
@@ -227,3 +253,8 @@ def wandb_config(config: Config) -> WandbConfig:
     """The W&B exporter's settings from the daemon's."""
     return WandbConfig(run=config.wandb_run, project=config.wandb_project, entity=config.wandb_entity,
                        queue_size=config.wandb_queue, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S / 2)
+
+
+def _insight_row(report: IngestReport) -> dict[str, float]:
+    insight = report.extras.get(EXTRAS_KEY)
+    return insight_row(insight) if insight is not None else {}
