@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from insight_synth import category, counter, gauge, pipeline, report
+from tests.insight_synth import category, counter, gauge, pipeline, report
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sidecar import config as config_mod

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from insight_synth import category, counter, gauge, pipeline, report, timing, worker
+from tests.insight_synth import category, counter, gauge, pipeline, report, timing, worker
 
 from sidecar.aggregation.insight import OTHER, compute_insight
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from insight_synth import gauge, pipeline, report, worker
+from tests.insight_synth import gauge, pipeline, report, worker
 
 from sidecar.aggregation.insight import GpuFacts, compute_insight
 from sidecar.aggregation.verdict import VERDICT_CODES, InsightSettings, Verdict
