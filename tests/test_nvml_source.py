@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -79,6 +80,7 @@ def test_values_are_mapped_to_base_units(fake_nvml: FakeNvml, nvml_source: Facto
 def test_batched_field_values_keep_calls_per_gpu_low(fake_nvml: FakeNvml, nvml_source: Factory) -> None:
     fake_nvml.set(devices=8)
     power_calls = fake_nvml.call_count("nvmlDeviceGetPowerUsage")
+    process_calls = fake_nvml.call_count("nvmlDeviceGetComputeRunningProcesses_v3")
     source = nvml_source()
     snapshot = polls_after(source, 4)
     assert len(snapshot.gpus) == 8
@@ -87,7 +89,7 @@ def test_batched_field_values_keep_calls_per_gpu_low(fake_nvml: FakeNvml, nvml_s
     assert snapshot.nvml_calls <= 9 * 8 + 1
     assert all(g.power_watts == pytest.approx(300.0) for g in snapshot.gpus)
     assert fake_nvml.call_count("nvmlDeviceGetPowerUsage") == power_calls  # power came from the batch
-    assert fake_nvml.call_count("nvmlDeviceGetComputeRunningProcesses_v3") == 0  # no trainer pids yet
+    assert fake_nvml.call_count("nvmlDeviceGetComputeRunningProcesses_v3") == process_calls  # no trainer pids yet
 
 
 def test_unsupported_values_are_absent_not_zero(fake_nvml: FakeNvml, nvml_source: Factory) -> None:
@@ -349,3 +351,15 @@ def test_nvml_runs_on_the_poller_thread_only(fake_nvml: FakeNvml, nvml_source: F
     source.latest()
     source.shutdown()
     assert threads == {"nvml-poller"}
+
+
+def test_pynvml_is_used_by_one_module_only() -> None:
+    from fake_nvml.fixtures import REPO_ROOT
+
+    users = sorted(
+        str(path.relative_to(REPO_ROOT))
+        for folder in ("sidecar", "trainer_shim", "bench")
+        for path in (REPO_ROOT / folder).rglob("*.py")
+        if re.search(r"^\s*(import|from)\s+pynvml\b", path.read_text(), re.MULTILINE)
+    )
+    assert users == ["sidecar/sources/nvml_driver.py"]

@@ -159,10 +159,13 @@ class NvmlSource:
 
     def _set_state(self, state: NvmlState, reason: str = "") -> None:
         with self._lock:
+            if state is not NvmlState.UNAVAILABLE:
+                self._since = None
+            elif self._state is not NvmlState.UNAVAILABLE:
+                self._since = self._clock()  # the first failure, not the latest retry
             if self._state is not NvmlState.STOPPED:
                 self._state = state
             self._reason = reason
-            self._since = self._clock() if state is NvmlState.UNAVAILABLE else None
 
     def _run(self) -> None:
         initialized = False

@@ -31,6 +31,7 @@ _VALUE_ATTRIBUTES = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal"
 
 # Error codes (nvml.h nvmlReturn_t; part of the ABI, so numbers are safe fallbacks).
 SUCCESS = 0
+INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
 TIMEOUT = 10
 LIBRARY_NOT_FOUND = 12
@@ -40,8 +41,9 @@ IN_USE = 19
 INSUFFICIENT_RESOURCES = 23
 ARGUMENT_VERSION_MISMATCH = 25
 
-# Codes that mean "this GPU or driver cannot give this value", not "this read failed".
-_UNSUPPORTED_CODES = frozenset({NOT_SUPPORTED, ARGUMENT_VERSION_MISMATCH, 2})  # 2: INVALID_ARGUMENT
+# Codes that mean "this GPU or driver cannot give this value", not "this read failed". An old
+# driver answers a field id it does not know with INVALID_ARGUMENT.
+_UNSUPPORTED_CODES = frozenset({NOT_SUPPORTED, ARGUMENT_VERSION_MISMATCH, INVALID_ARGUMENT})
 
 
 def constant(name: str, fallback: int) -> int:
