@@ -24,14 +24,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from fake_nvml import FakeNvml, build_fake_nvml  # noqa: E402
+sys.path.insert(0, str(ROOT))
 
 from sidecar.sources.nvml import NvmlSource  # noqa: E402
 from sidecar.sources.nvml_driver import NvmlDriver, Outcome  # noqa: E402
+from tests.fake_nvml import FakeNvml, build_fake_nvml  # noqa: E402
 
 GPUS = 8
 
@@ -82,7 +82,7 @@ def bench_naive(polls: int) -> tuple[list[float], float]:
     driver = NvmlDriver(logging.getLogger("bench"))
     driver.load(None)  # the fake is already loaded in this process
     handles = [driver.try_call("nvmlDeviceGetHandleByIndex", i)[1] for i in range(GPUS)]
-    calls: list[Callable[[object], object]] = [
+    calls: list[Callable[[Any], tuple[Outcome, Any]]] = [
         lambda h: driver.try_call("nvmlDeviceGetUtilizationRates", h),
         lambda h: driver.try_call("nvmlDeviceGetMemoryInfo", h),
         lambda h: driver.try_call("nvmlDeviceGetTemperature", h, 0),

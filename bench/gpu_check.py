@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sidecar.sources.gpu_model import GpuReading, GpuSnapshot  # noqa: E402
-from sidecar.sources.nvml import NvmlSource, probe_nvml  # noqa: E402
+from sidecar.sources.gpu_model import GpuReading, GpuSnapshot
+from sidecar.sources.nvml import NvmlSource, probe_nvml
 
 MIB = 1024.0 * 1024.0
 
@@ -97,7 +97,7 @@ def query_smi(binary: str, fields: list[str]) -> dict[int, dict[str, str]]:
     rows: dict[int, dict[str, str]] = {}
     for line in result.stdout.strip().splitlines():
         values = [v.strip() for v in line.split(",")]
-        rows[int(values[0])] = dict(zip(fields, values[1:]))
+        rows[int(values[0])] = dict(zip(fields, values[1:], strict=False))
     return rows
 
 
@@ -108,6 +108,12 @@ def _number(text: str | None, hex_mask: bool) -> float | None:
         return float(int(text, 16)) if hex_mask else float(text)
     except ValueError:
         return None
+
+
+def _show(value: float | None, hex_mask: bool) -> str:
+    if value is None:
+        return "-"
+    return f"{int(value):#x}" if hex_mask else f"{value:.6g}"
 
 
 def compare(snapshot: GpuSnapshot, smi: dict[int, dict[str, str]], chosen: dict[str, str]) -> tuple[list[str], int]:
@@ -129,8 +135,8 @@ def compare(snapshot: GpuSnapshot, smi: dict[int, dict[str, str]], chosen: dict[
                 ok = abs(mine - theirs) <= max(field.abs_tol, field.rel_tol * abs(theirs))
                 verdict = "yes" if ok else "NO"
                 mismatches += 0 if ok else 1
-            show = (lambda v: "-" if v is None else (f"{int(v):#x}" if field.hex_mask else f"{v:.6g}"))
-            lines.append(f"  {field.label:30} {show(mine):>16} {show(theirs):>16}  {verdict:5}  {name or '(none)'}")
+            shown = [_show(v, field.hex_mask) for v in (mine, theirs)]
+            lines.append(f"  {field.label:30} {shown[0]:>16} {shown[1]:>16}  {verdict:5}  {name or '(none)'}")
         for label, attribute in SIDECAR_ONLY:
             value = getattr(reading, attribute)
             text = "-" if value is None else (value.value if hasattr(value, "value") else f"{value:.6g}")
@@ -186,8 +192,9 @@ def main() -> int:
     if not smi:
         print("nvidia-smi gave no readings: the sidecar's values are shown without comparison")
     durations.sort()
+    p99 = durations[int(0.99 * (len(durations) - 1))]
     print(f"\nNVML cost per poll, {len(snapshot.gpus)} GPU(s), {len(durations)} polls at {args.interval:g} s: "
-          f"median {statistics.median(durations) * 1e3:.3f} ms, p99 {durations[int(0.99 * (len(durations) - 1))] * 1e3:.3f} ms, "
+          f"median {statistics.median(durations) * 1e3:.3f} ms, p99 {p99 * 1e3:.3f} ms, "
           f"max {durations[-1] * 1e3:.3f} ms; {statistics.mean(calls):.1f} NVML calls per poll; "
           f"poller CPU {cpu * 1e3:.3f} ms per poll; errors: {dict(status.errors) or 'none'}")
     if not smi:

@@ -8,8 +8,6 @@ import subprocess
 from collections.abc import Callable, Iterator
 
 import pytest
-from fake_nvml import FakeNvml
-from fake_nvml.fixtures import fake_nvml, fake_nvml_library, nvml_source, wait_until  # noqa: F401
 from prometheus_client.core import CollectorRegistry, Metric
 from prometheus_client.exposition import generate_latest
 
@@ -25,6 +23,10 @@ from sidecar.sources.gpu_model import (
     ProfilingState,
 )
 from sidecar.sources.nvml import NvmlSource
+from tests.fake_nvml import FakeNvml
+from tests.fake_nvml.helpers import wait_until
+
+pytest_plugins = ["tests.fake_nvml.fixtures"]
 
 GIB = 1024**3
 ALLOWED_LABELS = {"host", "gpu", "group", "role", "worker", "reason", "type", "pid"}

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_nvml import FakeNvml
-from fake_nvml.fixtures import REPO_ROOT, library_or_skip
+
+from tests.fake_nvml import FakeNvml
+from tests.fake_nvml.helpers import REPO_ROOT, library_or_skip
 
 SCRIPT = REPO_ROOT / "bench" / "gpu_check.py"
 GIB = 1024**3

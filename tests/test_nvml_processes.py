@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from fake_nvml import FakeNvml
-from fake_nvml.fixtures import library_or_skip, run_child
+
+from tests.fake_nvml import FakeNvml
+from tests.fake_nvml.helpers import library_or_skip, run_child
 
 GIB = 1024**3
 

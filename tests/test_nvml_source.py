@@ -10,12 +10,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fake_nvml import UNSUPPORTED, FakeNvml
-from fake_nvml.fixtures import fake_nvml, fake_nvml_library, nvml_source, wait_until  # noqa: F401
 
 from sidecar.aggregation.gpu_groups import GpuGroups, aggregate_groups
 from sidecar.sources.gpu_model import GpuProcess, GpuSnapshot, NvmlState, ProfilingState
 from sidecar.sources.nvml import NvmlSource, probe_nvml
+from tests.fake_nvml import UNSUPPORTED, FakeNvml
+from tests.fake_nvml.helpers import wait_until
+
+pytest_plugins = ["tests.fake_nvml.fixtures"]
 
 GIB = 1024**3
 Factory = Callable[..., NvmlSource]
@@ -354,7 +356,7 @@ def test_nvml_runs_on_the_poller_thread_only(fake_nvml: FakeNvml, nvml_source: F
 
 
 def test_pynvml_is_used_by_one_module_only() -> None:
-    from fake_nvml.fixtures import REPO_ROOT
+    from tests.fake_nvml.helpers import REPO_ROOT
 
     users = sorted(
         str(path.relative_to(REPO_ROOT))

@@ -10,7 +10,7 @@ does not report has no sample at all (never a fake 0). Names use base units and 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -34,7 +34,8 @@ class GpuMetric:
 
 GPU_METRICS: tuple[GpuMetric, ...] = (
     GpuMetric("utilization_ratio", "dflash_gpu_utilization_ratio",
-              "Fraction of the last sample period in which a kernel was running (NVML GPU utilization).", "utilization"),
+              "Fraction of the last sample period in which a kernel was running (NVML GPU utilization).",
+              "utilization"),
     GpuMetric("memory_utilization_ratio", "dflash_gpu_memory_utilization_ratio",
               "Fraction of the last sample period in which device memory was read or written.", "memory_utilization"),
     GpuMetric("memory_used_bytes", "dflash_gpu_memory_used_bytes", "Device memory allocated, in bytes.",
@@ -102,7 +103,8 @@ def gpu_metric_families(snapshot: GpuSnapshot | None, status: NvmlStatus, groups
     return [family for family in families if family.samples]
 
 
-def _gauge(name: str, help_text: str, labels: list[str], samples: Iterable[tuple[list[str], float]]) -> GaugeMetricFamily:
+def _gauge(name: str, help_text: str, labels: list[str], samples: Iterable[tuple[list[str], float]]
+           ) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, help_text, labels=labels)
     for label_values, value in samples:
         family.add_metric(label_values, value)
@@ -140,10 +142,11 @@ def _health_families(snapshot: GpuSnapshot | None, status: NvmlStatus, host: str
     return families
 
 
-def _table_families(table: tuple[GpuMetric, ...], readings: list[GpuReading], host: str) -> list[Metric]:
+def _table_families(table: tuple[GpuMetric, ...], readings: Sequence[GpuReading], host: str) -> list[Metric]:
     families: list[Metric] = []
     for metric in table:
-        samples = [([host, str(r.index)], float(v)) for r in readings if (v := getattr(r, metric.attribute)) is not None]
+        samples = [([host, str(r.index)], float(v))
+                   for r in readings if (v := getattr(r, metric.attribute)) is not None]
         build = _counter if metric.counter else _gauge
         families.append(build(metric.name, metric.help, ["host", "gpu"], samples))
     return families

@@ -25,7 +25,7 @@ from typing import Any
 try:
     import pynvml
 except ImportError:  # the daemon still runs without GPU metrics
-    pynvml = None  # type: ignore[assignment]
+    pynvml = None
 
 _VALUE_ATTRIBUTES = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
@@ -235,7 +235,9 @@ class NvmlDriver:
         results: list[tuple[int, float | None, int]] = []
         for item in values:
             code = int(item.nvmlReturn)
-            value = getattr(item.value, _VALUE_ATTRIBUTES.get(int(item.valueType), "ullVal")) if code == SUCCESS else None
+            value = None
+            if code == SUCCESS:
+                value = getattr(item.value, _VALUE_ATTRIBUTES.get(int(item.valueType), "ullVal"))
             results.append((code, value, int(item.timestamp)))
         return Outcome.OK, results
 

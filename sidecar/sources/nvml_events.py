@@ -8,6 +8,7 @@ raised after registration are seen: the counts start at 0 when the source starts
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -59,10 +60,8 @@ class XidWatcher:
                 data = self._driver.call_raw("nvmlEventSetWait", self._event_set, 0, label="nvmlEventSetWait_v2")
             except NvmlCallError as exc:
                 if exc.code != TIMEOUT:
-                    try:
+                    with contextlib.suppress(GpuLostError):  # a GPU fell off; its own poll reports it
                         self._driver.classify(exc, None)
-                    except GpuLostError:
-                        pass  # a GPU fell off; its own poll reports it
                 return
             if data.eventType & XID_EVENT:
                 self._deliver(self._gpu_by_handle.get(self._driver.handle_key(data.device)), int(data.eventData))

@@ -64,8 +64,10 @@ class Call:
 
 
 UTILIZATION = (Call("nvmlDeviceGetUtilizationRates"),)
-MEMORY = (Call("nvmlDeviceGetMemoryInfo", (MEMORY_V2,), "nvmlDeviceGetMemoryInfo_v2"), Call("nvmlDeviceGetMemoryInfo"))
-TEMPERATURE = (Call("nvmlDeviceGetTemperatureV", (TEMPERATURE_GPU,)), Call("nvmlDeviceGetTemperature", (TEMPERATURE_GPU,)))
+MEMORY = (Call("nvmlDeviceGetMemoryInfo", (MEMORY_V2,), "nvmlDeviceGetMemoryInfo_v2"),
+          Call("nvmlDeviceGetMemoryInfo"))
+TEMPERATURE = (Call("nvmlDeviceGetTemperatureV", (TEMPERATURE_GPU,)),
+               Call("nvmlDeviceGetTemperature", (TEMPERATURE_GPU,)))
 SM_CLOCK = (Call("nvmlDeviceGetClockInfo", (CLOCK_SM,), "nvmlDeviceGetClockInfo(SM)"),)
 MEM_CLOCK = (Call("nvmlDeviceGetClockInfo", (CLOCK_MEM,), "nvmlDeviceGetClockInfo(MEM)"),)
 CLOCK_EVENTS = (Call("nvmlDeviceGetCurrentClocksEventReasons"), Call("nvmlDeviceGetCurrentClocksThrottleReasons"))
@@ -196,10 +198,14 @@ class GpuReader:
         """Batched field values: ``{field id: (value in NVML units, timestamp in seconds)}``."""
         values: dict[int, tuple[float, float]] = {}
         if self._fields:
-            outcome, results = self._driver.field_values(self.handle, self._fields, self.index)
+            requested = list(self._fields)
+            outcome, results = self._driver.field_values(self.handle, requested, self.index)
             if outcome in (Outcome.MISSING, Outcome.UNSUPPORTED):
-                self._drop_fields(list(self._fields))
-            for field_id, (code, value, timestamp_us) in zip(list(self._fields), results):
+                self._drop_fields(requested)
+            if outcome is not Outcome.OK:
+                results = []
+                requested = []
+            for field_id, (code, value, timestamp_us) in zip(requested, results, strict=True):
                 if code == SUCCESS and value is not None:
                     values[field_id] = (value, timestamp_us / 1e6 if timestamp_us > 0 else now)
                     continue
@@ -236,8 +242,8 @@ class GpuReader:
         for process in running:
             identity = trainer.get(int(process.pid))
             if identity is not None:
-                used = process.usedGpuMemory
-                found.append(GpuProcess(int(process.pid), identity[0], identity[1], None if used is None else int(used)))
+                used = None if process.usedGpuMemory is None else int(process.usedGpuMemory)
+                found.append(GpuProcess(int(process.pid), identity[0], identity[1], used))
         return tuple(sorted(found, key=lambda p: p.pid))
 
 

@@ -3,7 +3,7 @@
 For tests that need a process where NVML was never loaded (no library, the old-driver
 variant through ``LD_LIBRARY_PATH``). Usage::
 
-    python -m fake_nvml.child [--library PATH] [--polls N] [--trainer JSON]
+    python -m tests.fake_nvml.child [--library PATH] [--polls N] [--trainer JSON]
 """
 
 from __future__ import annotations

@@ -1,43 +1,26 @@
-"""Pytest fixtures for the fake NVML driver. Import the ones a test module uses::
+"""Pytest fixtures for the fake NVML driver. A test module enables them with::
 
-    from fake_nvml.fixtures import fake_nvml, fake_nvml_library, nvml_source  # noqa: F401
+    pytest_plugins = ["tests.fake_nvml.fixtures"]
 
 In-process tests load the "full" variant into the test process: pynvml keeps the first
 library it loads for the life of the process, so variants and "no library" run in a child
-process (``run_child``). Without ``$FAKE_NVML_CONTROL`` the fake answers nvmlInit with
-NVML_ERROR_LIBRARY_NOT_FOUND, so later tests in the same process see a host without NVML.
+process (``helpers.run_child``). Without ``$FAKE_NVML_CONTROL`` the fake answers
+nvmlInit with NVML_ERROR_LIBRARY_NOT_FOUND, so later tests in the same process see a host
+without NVML.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
-from fake_nvml.build import FakeNvmlUnavailable, Variant, build_fake_nvml
-from fake_nvml.control import FakeNvml
-
-TESTS_DIR = Path(__file__).resolve().parent.parent
-REPO_ROOT = TESTS_DIR.parent
-T = TypeVar("T")
-
-
-def library_or_skip(variant: Variant = "full") -> Path:
-    """Build the fake driver; skip the test if gcc or nvml.h is missing (fail under CI=true)."""
-    try:
-        return build_fake_nvml(variant)
-    except FakeNvmlUnavailable as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"fake NVML driver cannot be built: {exc} (CI=true: install gcc and nvidia-nvml-dev)")
-        pytest.skip(f"fake NVML driver cannot be built: {exc}")
+from .control import FakeNvml
+from .helpers import library_or_skip
 
 
 @pytest.fixture(scope="session")
@@ -80,26 +63,3 @@ def nvml_source(fake_nvml: FakeNvml) -> Iterator[Callable[..., Any]]:
     while any(t.name == "nvml-poller" and t.is_alive() for t in threading.enumerate()):
         assert time.monotonic() < deadline, "an NVML poller thread did not finish"
         time.sleep(0.02)
-
-
-def wait_until(predicate: Callable[[], T], timeout_s: float = 5.0, what: str = "condition") -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
-
-
-def run_child(env: dict[str, str], *args: str, timeout_s: float = 30.0) -> dict[str, Any]:
-    """Run ``fake_nvml.child`` in a fresh interpreter and return its JSON report."""
-    child_env = {k: v for k, v in os.environ.items() if k not in ("FAKE_NVML_CONTROL", "LD_LIBRARY_PATH")}
-    child_env.update(env)
-    child_env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(TESTS_DIR)])
-    result = subprocess.run([sys.executable, "-m", "fake_nvml.child", *args], cwd=REPO_ROOT, env=child_env,
-                            capture_output=True, text=True, timeout=timeout_s, check=False)
-    assert result.returncode == 0, f"child failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
-    return json.loads(result.stdout)
