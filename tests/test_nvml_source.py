@@ -367,3 +367,27 @@ def test_pynvml_is_used_by_one_module_only() -> None:
         if re.search(r"^\s*(import|from)\s+pynvml\b", path.read_text(), re.MULTILINE)
     )
     assert users == ["sidecar/sources/nvml_driver.py"]
+
+
+def test_an_unexpected_error_in_one_poll_is_counted_and_polling_goes_on(
+        fake_nvml: FakeNvml, nvml_source: Factory, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from sidecar.sources import nvml_gpu
+
+    caplog.set_level(logging.ERROR, logger="sidecar.nvml")
+    real_read = nvml_gpu.GpuReader.read
+    reads = {"n": 0}
+
+    def flaky(self: Any, trainer: Any, now: float) -> Any:
+        reads["n"] += 1
+        if reads["n"] in (3, 6):
+            raise RuntimeError("a bug")
+        return real_read(self, trainer, now)
+
+    monkeypatch.setattr(nvml_gpu.GpuReader, "read", flaky)
+    source = nvml_source()
+    wait_until(lambda: source.status().error_count("internal_error") == 2, what="two failed polls")
+    polls = source.status().polls_total
+    wait_until(lambda: source.status().polls_total > polls + 2, what="polling to go on")
+    assert source.status().state is NvmlState.AVAILABLE
+    assert sum("NVML poll failed" in r.getMessage() for r in caplog.records) == 1

@@ -87,6 +87,7 @@ class NvmlSource:
         self._readers: list[GpuReader] = []
         self._xids: XidWatcher | None = None
         self._driver_version = ""
+        self._loaded = False
 
     # ------------------------------------------------------------------ public API
 
@@ -168,17 +169,14 @@ class NvmlSource:
             self._reason = reason
 
     def _run(self) -> None:
-        initialized = False
         try:
-            initialized = self._initialize()
-            if initialized:
+            if self._initialize():
                 self._poll_loop()
-        except Exception:  # a bug must not kill the daemon; say so once and stop polling
+        except Exception:  # a bug must not take the daemon down: say so and stop polling
             self._log.exception("NVML poller failed; GPU metrics stop")
             self._set_state(NvmlState.UNAVAILABLE, "internal error in the NVML poller (see the log)")
         finally:
-            if initialized:
-                self._teardown()
+            self._teardown()
 
     def _initialize(self) -> bool:
         delay = self._init_retry_s
@@ -186,6 +184,7 @@ class NvmlSource:
         while not self._stop.is_set():
             try:
                 self._driver_version = self._driver.load(self.library_path)
+                self._loaded = True
             except NvmlUnavailableError as exc:
                 self._set_state(NvmlState.UNAVAILABLE, exc.reason)
                 if exc.permanent:
@@ -201,6 +200,7 @@ class NvmlSource:
             if self._discover():
                 return True
             self._driver.shutdown()
+            self._loaded = False
             self._set_state(NvmlState.UNAVAILABLE, "cannot enumerate GPUs (nvmlDeviceGetCount failed)")
             self._stop.wait(delay)
             delay = min(delay * 2, self._max_backoff_s)
@@ -228,12 +228,12 @@ class NvmlSource:
 
     def _open_gpu(self, index: int) -> GpuReader:
         driver = self._driver
+        uuid = name = ""
+        gpm: GpmSampler | None = None
         try:
             outcome, handle = driver.try_call("nvmlDeviceGetHandleByIndex", index, gpu=index)
             if outcome is not Outcome.OK:
                 handle = None
-            uuid = name = ""
-            gpm = None
             if handle is not None:
                 uuid = str(driver.try_call("nvmlDeviceGetUUID", handle, gpu=index)[1] or "")
                 name = str(driver.try_call("nvmlDeviceGetName", handle, gpu=index)[1] or "")
@@ -242,6 +242,8 @@ class NvmlSource:
         except GpuLostError:
             driver.count_error("gpu_is_lost")
             self._log.error("GPU %d is lost at start (NVML_ERROR_GPU_IS_LOST); it is reported down", index)
+            if gpm is not None:
+                gpm.close()
             handle, gpm = None, None
         if handle is None:
             return GpuReader(driver, index, None, "", "", self._log, None)
@@ -249,8 +251,15 @@ class NvmlSource:
 
     def _poll_loop(self) -> None:
         next_at = self._clock()
+        failures: set[str] = set()
         while not self._stop.is_set():
-            self._poll_once()
+            try:
+                self._poll_once()
+            except Exception as exc:  # one bad poll must not end polling: count it, log each kind once
+                self._driver.count_error("internal_error")
+                if type(exc).__name__ not in failures:
+                    failures.add(type(exc).__name__)
+                    self._log.exception("NVML poll failed (logged once per kind; counted as internal_error)")
             next_at += self.interval_s
             now = self._clock()
             if next_at < now:
@@ -274,11 +283,14 @@ class NvmlSource:
                 self._state = NvmlState.AVAILABLE
 
     def _teardown(self) -> None:
+        if not self._loaded:
+            return
         for reader in self._readers:
             reader.close()
         if self._xids is not None:
             self._xids.close()
         self._driver.shutdown()
+        self._loaded = False
 
 
 def probe_nvml(library_path: str | None = None, timeout_s: float = 5.0) -> tuple[bool, str]:
