@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.aggregation.gpu_groups import GpuGroups
 from trainer_shim.endpoint import default_endpoint
 
 
@@ -231,6 +232,10 @@ def _validate(values: Mapping[str, Any], path: str | None) -> Config:
     for f in (config.prometheus_tls_cert, config.prometheus_tls_key):
         if f and not os.access(f, os.R_OK):
             raise ConfigError(f"cannot read TLS file {f}")
+    try:
+        GpuGroups.parse(config.gpu_group)
+    except ValueError as exc:
+        raise ConfigError(f"invalid --gpu-group: {exc}") from None
     if config.wandb_run is not None:
         run = config.wandb_run
         if not run.strip() or any(c in run for c in "/ \t"):

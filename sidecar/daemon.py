@@ -23,12 +23,14 @@ from sidecar.aggregation.insight import EXTRAS_KEY, GpuFacts, compute_insight
 from sidecar.aggregation.verdict import InsightSettings
 from sidecar.config import Config, ConfigError
 from sidecar.exporters.console import ConsoleExporter
+from sidecar.aggregation.gpu_groups import GpuGroups
 from sidecar.aggregation.senders import SenderState
 from sidecar.exporters.console_insight import insight_part
 from sidecar.exporters.insight_row import insight_row
 from sidecar.exporters.prometheus import ExportState, serve
 from sidecar.exporters.rows import accounting_row, trainer_row
 from sidecar.exporters.wandb_exporter import WandbConfig, WandbExporter
+from sidecar.gpus import GpuTelemetry
 from sidecar.exporters.prometheus_insight import InsightSource
 from sidecar.ingest import IngestLoop, IngestReport
 from sidecar.selfstats import read_self
@@ -72,6 +74,12 @@ class Daemon:
             self.window_consumers.append(self._submit_wandb)
             self.hello_consumers.append(self._hello_to_wandb)
             self.state.extra_sources.append(self._wandb_families)
+        self.gpus = GpuTelemetry(config.gpu_metrics, config.nvml_interval, GpuGroups.parse(config.gpu_group), self.host)
+        self.state.extra_sources.append(self.gpus.families)
+        self.gpu_facts = self.gpus.facts
+        self.hello_consumers.append(self.gpus.on_hello)
+        self.window_consumers.append(self.gpus.on_window)
+        self.row_builders.append(self.gpus.wandb_row)
         self.ingest: IngestLoop | None = None
         self._server = None
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -93,6 +101,7 @@ class Daemon:
         self.ingest = IngestLoop(receiver, cfg.interval, self._on_window, on_hello=self._on_hello,
                                  max_series=cfg.max_series)
         self.ingest.start()
+        self.gpus.start()
         if self.wandb is not None:
             self.wandb.start()
         log.info("dflash-sidecar started: endpoints %s, Prometheus on %s%s, window %.1fs",
@@ -153,6 +162,7 @@ class Daemon:
         systemd.notify("STOPPING=1")
         if self.ingest is not None:
             self.ingest.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2)
+        self.gpus.shutdown()
         if self.wandb is not None:
             self.wandb.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2)
         if self._server is not None:

@@ -69,11 +69,11 @@ def python_env() -> dict[str, str]:
     return env
 
 
-def start_daemon(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def start_daemon(args: list[str], log: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """``python -m sidecar ARGS`` from this checkout, stdout/stderr to ``log``."""
     with open(log, "wb") as out:
         return subprocess.Popen([sys.executable, "-m", "sidecar", *args], stdout=out, stderr=subprocess.STDOUT,
-                                env=python_env(), cwd=log.parent)
+                                env={**python_env(), **(extra_env or {})}, cwd=log.parent)
 
 
 def stop(procs: Iterable[subprocess.Popen[bytes]]) -> None:
