@@ -230,3 +230,14 @@ def test_import_is_light_and_never_imports_torch_or_wandb(ep: str) -> None:
     assert proc.returncode == 0, proc.stderr
     assert lines(proc)[0]["heavy"] == []
 
+
+
+def test_gpu_check_dry_run_on_cpu() -> None:
+    """``bench/gpu_check.py`` without CUDA: the same loop on CPU, every shim call, exit 0."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--steps", "6",
+                           "--repeats", "1", "--dim", "64"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "CPU dry run" in proc.stdout
+    assert "scalar values match" in proc.stdout
