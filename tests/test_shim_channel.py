@@ -46,12 +46,12 @@ def test_each_call_queues_one_record_in_wire_layout() -> None:
         pass
     ch.append_allocator(0, 1, 2, 3)
     records = ch.drain()
-    assert [tuple(r[:2]) for r in records[:-2]] == [
-        (K.TIMING, "step_ms"), (K.COUNT, "tokens"), (K.COUNT, "batches"), (K.GAUGE, "queue_depth"),
-        (K.CATEGORY, "bucket"), (K.CATEGORY, "bucket"), (K.PROFILE, 5), (K.SCALAR, "lr"),
+    assert [tuple(r[:2]) for r in records[:-2]] == [  # profile snapshots come first
+        (K.PROFILE, 5), (K.TIMING, "step_ms"), (K.COUNT, "tokens"), (K.COUNT, "batches"),
+        (K.GAUGE, "queue_depth"), (K.CATEGORY, "bucket"), (K.CATEGORY, "bucket"), (K.SCALAR, "lr"),
     ]
-    assert records[1][2] == 4096 and records[2][2] == 1
-    assert records[6][2] == {"forward_ms": 1.0, "loss": 2.0}
+    assert records[2][2] == 4096 and records[3][2] == 1
+    assert records[0][2] == {"forward_ms": 1.0, "loss": 2.0}
     kind, name, ms = records[-2]
     assert (kind, name) == (K.TIMING, "block") and 0 <= ms < 60_000
     assert records[-1] == (K.ALLOCATOR, 0, [1, 2, 3])
@@ -74,13 +74,14 @@ def test_bound_overflow_is_counted_not_queued() -> None:
     ch = make(cap=10)
     for i in range(25):
         ch.gauge("g", float(i))
-    ch.publish(1, {"a": 1.0})
     ch.scalar("s", 1.0)
     with ch.timer("t"):
         pass
-    assert ch.pending() == 10
-    assert len(ch.drain()) == 10
-    assert ch.dropped == {"buffer_full": 18}
+    for i in range(12):  # publish snapshots have their own bound
+        ch.publish(i, {"a": 1.0})
+    assert ch.pending() == 20
+    assert len(ch.drain()) == 20
+    assert ch.dropped == {"buffer_full": 19}
     ch.gauge("g", 1.0)  # room again
     assert ch.pending() == 1
 
@@ -427,3 +428,16 @@ def test_publisher_rejects_impossible_settings_only() -> None:
     with pytest.raises(ValueError):
         Publisher("ipc:///nowhere", max_pending=0)
     Publisher("not an endpoint").close()  # a bad endpoint is a run-time, counted problem
+
+
+def test_queued_records_are_not_tracked_by_the_garbage_collector() -> None:
+    """A backlog of GC-tracked containers makes every collection in the trainer slower and,
+    surviving into older generations, triggers full collections; numbers stay untracked."""
+    import gc
+
+    ch = make(cap=10_000)
+    for i in range(100):
+        ch.publish(i, {"forward_ms": 1.0, "loss": 0.5})
+    gc.collect()
+    assert not any(gc.is_tracked(snapshot) for snapshot in ch._pq)
+    assert ch.drain()[0] == (K.PROFILE, 0, {"forward_ms": 1.0, "loss": 0.5})

@@ -344,8 +344,10 @@ def test_bad_arguments_end_to_end(ep: str, receivers, publishers) -> None:  # ty
     book = one_ledger(rx)
     assert book.consistent() and book.received == stats["records_total"] == calls - 4
     problems = [wire.record_problem(*rec) for rec in book.records]
-    assert problems == ["invalid_value"] * 6 + ["bad_name"] + ["invalid_value"] * 4 + [None]
-    assert book.records[5] == [RecordKind.GAUGE, "g", None]  # the CUDA-like value was never read
+    # profile snapshots first, then the other records in call order
+    assert book.records[0] == [RecordKind.PROFILE, "not a step", {"a": 1.0}]
+    assert problems == ["invalid_value"] * 7 + ["bad_name"] + ["invalid_value"] * 3 + [None]
+    assert book.records[6] == [RecordKind.GAUGE, "g", None]  # the CUDA-like value was never read
     assert book.records[-1] == [RecordKind.GAUGE, "ok", 1.0]
 
 

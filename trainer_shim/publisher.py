@@ -103,7 +103,8 @@ class Publisher:
         wandb_run_id: str | None = None,
     ) -> None:
         """``flush_interval_s``: how often the flusher sends (seconds). ``max_pending``: records
-        each channel may queue before further records are dropped and counted (``buffer_full``).
+        each channel may queue (and, separately, ``publish`` snapshots) before further ones are
+        dropped and counted (``buffer_full``).
         ``allocator_interval_s``: CUDA allocator sampling period, 0 disables it. Raises
         ``ValueError`` for a non-positive interval or ``max_pending``; never for the endpoint (a
         bad endpoint is counted at run time as ``transport_error``)."""
