@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -286,8 +287,17 @@ def bench_dogstatsd(states: tuple[str, ...], n_b2b: int, n_spaced: int, repeats:
                         client = DogStatsd(host="127.0.0.1", port=port, **kwargs)
                         rows.append(measure(lib, kind, state, mode, stmt, client, n, repeats,
                                             settle=client.flush))
-                        client.stop(timeout=2)
+                        close_dogstatsd(client)
     return rows
+
+
+def close_dogstatsd(client: Any) -> None:
+    """Stop a client and its flush thread. ``stop()`` alone leaves the flush thread running
+    (datadog 0.56 sets the flags without the setters that stop it), which would bill its
+    wake-ups to every later measurement as background CPU."""
+    client.disable_aggregation()
+    client.disable_buffering = True  # stops the flush thread once both are off
+    client.stop(timeout=2)
 
 
 def bench_prometheus(n_b2b: int, n_spaced: int, repeats: int) -> list[Row]:
@@ -399,17 +409,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"timer overhead subtracted: b2b {timer_overhead(False, n_b2b)[0]:.0f} ns, "
           f"spaced {timer_overhead(True, n_spaced)[0]:.0f} ns", flush=True)
     rows: list[Row] = []
+    states = tuple(x for x in args.states or STATES if x in STATES)
     with tempfile.TemporaryDirectory(prefix="dfs-bench-", dir="/tmp") as workdir:
-        if "shim" in only:
-            rows += bench_shim(tuple(args.states or SHIM_STATES), n_b2b, n_spaced, workdir, repeats)
-        if "dogstatsd" in only:
-            rows += bench_dogstatsd(tuple(x for x in args.states or STATES if x in STATES), n_other_b2b, n_other_spaced, repeats)
-        if "statsd" in only:
-            rows += bench_statsd(tuple(x for x in args.states or STATES if x in STATES), n_other_b2b, n_other_spaced, repeats)
-        if "prometheus" in only:
-            rows += bench_prometheus(n_other_b2b, n_other_spaced, repeats)
-        if "wandb" in only:
-            rows += bench_wandb(n_wandb, workdir)
+        sections: list[tuple[str, Callable[[], list[Row]]]] = [
+            ("shim", lambda: bench_shim(tuple(args.states or SHIM_STATES), n_b2b, n_spaced, workdir, repeats)),
+            ("dogstatsd", lambda: bench_dogstatsd(states, n_other_b2b, n_other_spaced, repeats)),
+            ("statsd", lambda: bench_statsd(states, n_other_b2b, n_other_spaced, repeats)),
+            ("prometheus", lambda: bench_prometheus(n_other_b2b, n_other_spaced, repeats)),
+            ("wandb", lambda: bench_wandb(n_wandb, workdir)),
+        ]
+        for name, section in sections:
+            if name not in only:
+                continue
+            before = {t.ident for t in threading.enumerate()}
+            rows += section()
+            time.sleep(0.5)
+            left = [t.name for t in threading.enumerate() if t.ident not in before]
+            if left:  # they would count as background CPU in every later row
+                print(f"WARNING: {name} left threads running: {left}", flush=True)
     print(f"load average at end: {os.getloadavg()}")
     print()
     print(summary(rows))
