@@ -215,20 +215,25 @@ def test_production_mode_never_raises_and_logs_once(ep: str, receivers) -> None:
     assert stats["dropped"] == {"bad_argument": 3} and stats["records_total"] == 9
 
 
-def test_import_is_light_and_never_imports_torch_or_wandb(ep: str) -> None:
+def test_import_is_light_and_starts_one_thread(ep: str, receivers) -> None:  # type: ignore[no-untyped-def]
+    receivers(ep)
     proc = run_shim("""
         telemetry.publish(1, {"a_ms": 1.0})
         telemetry.timing("t", 1.0); telemetry.count("c"); telemetry.gauge("g", 1.0)
         telemetry.category("k", 1); telemetry.scalar("s", 1.0)
         with telemetry.timer("x"):
             pass
+        for i in range(20_000):  # frames over 64 KiB: pyzmq's zero-copy path has its own thread
+            telemetry.gauge("hidden_state_queue_depth", float(i))
         telemetry.flush(wait_s=20)
         heavy = sorted(m for m in ("torch", "wandb", "numpy", "sidecar", "trainer_shim.cuda_scalar")
                        if m in sys.modules)
-        print(json.dumps({"heavy": heavy}))
+        threads = sorted(t.name for t in threading.enumerate())
+        print(json.dumps({"heavy": heavy, "threads": threads}))
     """, ep)
     assert proc.returncode == 0, proc.stderr
     assert lines(proc)[0]["heavy"] == []
+    assert lines(proc)[0]["threads"] == ["MainThread", "trainer-shim-flusher"]
 
 
 

@@ -87,9 +87,11 @@ class Transport:
         return self.subscribers > 0
 
     def send(self, frame: bytes) -> bool:
-        """Queue one frame without blocking. False if ZeroMQ refused it (the caller counts it)."""
+        """Queue one frame without blocking. False if ZeroMQ refused it (the caller counts it).
+        Always copied: pyzmq's zero-copy path (frames over 64 KiB) starts a garbage-collector
+        thread that wakes for every such frame, more than one memcpy of the frame costs."""
         try:
-            self._sock.send(frame, zmq.NOBLOCK, copy=False)
+            self._sock.send(frame, zmq.NOBLOCK, copy=True)
             return True
         except zmq.ZMQError:
             return False
