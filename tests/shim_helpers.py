@@ -83,6 +83,8 @@ def _serve(endpoint: str, out: str | None, stalled: bool) -> int:
                 line, pending = pending.split(b"\n", 1)
                 cmd = line.strip().decode()
                 if cmd == "quit":
+                    if not stalled:  # what is already on its way is still received
+                        _drain(sock, sink)
                     sock.close(0)
                     ctx.term()
                     return 0
@@ -96,6 +98,17 @@ def _serve(endpoint: str, out: str | None, stalled: bool) -> int:
     sock.close(0)
     ctx.term()
     return 0
+
+
+def _drain(sock: Any, sink: Any, quiet_ms: int = 100, limit_s: float = 2.0) -> None:
+    """Read until nothing arrived for ``quiet_ms`` (at most ``limit_s``)."""
+    import zmq
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and sock.poll(quiet_ms, zmq.POLLIN):
+        frame = sock.recv()
+        if sink is not None:
+            sink.write(_HEADER.pack(len(frame)) + frame)
 
 
 def _say(word: str) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shim_helpers import ROOT, ReceiverProcess, ledgers
+from shim_helpers import ROOT, ReceiverProcess, ledgers, wait_until
 
 EXIT_BOUND_S = 30.0
 """A shim process must be gone well within this even with the receiver stalled or absent."""
@@ -79,6 +79,7 @@ def test_last_batch_goes_out_at_exit(ep: str, receivers) -> None:  # type: ignor
         telemetry.publish(1000, {"loss": 0.5})
     """, ep)
     assert proc.returncode == 0, proc.stderr
+    wait_until(lambda: sum(b.received for b in ledgers(rx.messages()).values()) >= 1001)
     rx.stop()
     (book,) = ledgers(rx.messages()).values()
     assert book.received == book.last_total == 1001 and book.baseline == 0 and book.consistent()
@@ -148,7 +149,7 @@ def test_forked_child_is_a_new_sender(ep: str, receivers) -> None:  # type: igno
             assert telemetry.stats()[("trainer", "0")]["pending"] == 0
             for i in range(30):
                 telemetry.count("child", 1)
-            telemetry.flush(wait_s=20)
+            telemetry.close()  # sends, and lingers until ZeroMQ has written it
             dump("child")
             os._exit(0)  # like a multiprocessing worker: no atexit
         _, status = os.waitpid(pid, 0)
@@ -166,6 +167,7 @@ def test_forked_child_is_a_new_sender(ep: str, receivers) -> None:  # type: igno
     assert child["sender"] != parent["sender"]
     assert child["records_total"] == 30 and child["dropped"] == {} and child["pending"] == 0
     assert parent["records_total"] == 170 and parent["dropped"] == {}
+    wait_until(lambda: sum(b.received for b in ledgers(rx.messages()).values()) >= 200)
     rx.stop()
     books = ledgers(rx.messages())
     cb, pb = books[child["sender"]], books[parent["sender"]]

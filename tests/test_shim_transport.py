@@ -171,9 +171,9 @@ def test_receiver_that_stops_reading(ep: str, receivers, publishers,  # type: ig
     rx.stall()
     monkeypatch.setattr(wire, "MAX_RECORDS_PER_BATCH", 1)  # one message per record: fill the pipe
     calls = 1
-    for i in range(20_000):
+    for i in range(60_000):  # about 10,000 small messages fit in the queues and kernel buffers here
         ch.gauge("g", float(i))
-    calls += 20_000
+    calls += 60_000
     assert pub.flush(wait_s=60)
     rx.resume()
     monkeypatch.setattr(wire, "MAX_RECORDS_PER_BATCH", 4096)
@@ -219,6 +219,7 @@ def test_receiver_restarted_mid_stream(ep: str, receivers, publishers) -> None: 
     pub.close()
     (stats,) = pub.stats().values()
     assert accounted(stats) == calls and stats["pending"] == 0
+    wait_until(received_up_to(second, ch.sender, stats["records_total"]))
     a, b = one_ledger(first), one_ledger(second)
     assert a.consistent() and b.consistent()
     assert b.hellos, "the restarted receiver is greeted again"

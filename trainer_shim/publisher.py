@@ -165,9 +165,10 @@ class Publisher:
     def flush(self, wait_s: float = 0.0) -> bool:
         """Ask the flusher to send what is queued now. Returns at once unless ``wait_s`` > 0:
         then waits at most ``wait_s`` seconds for a flush that started after this call to drain
-        every channel (sent, or dropped and counted), and returns whether it did (e.g. before
-        ``os._exit`` in a forked worker). Right after the socket is created a flush may wait up
-        to ``CONNECT_GRACE_S`` for the daemon's subscription."""
+        every channel (sent, or dropped and counted), and returns whether it did. "Sent" means
+        handed to ZeroMQ, whose I/O thread writes it shortly after: before ``os._exit`` use
+        ``close()``, which lingers until the data is written. Right after the socket is created
+        a flush may wait up to ``CONNECT_GRACE_S`` for the daemon's subscription."""
         with self._cycle:
             target = self._cycles_started + 1
         self._wake.set()
