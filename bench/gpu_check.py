@@ -259,7 +259,8 @@ def throughput(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tens
         for shim in (False, True):
             runs[shim].append(args.steps / timed(device, model, opt, x, y, args.steps, shim=shim))
     base, with_shim = statistics.median(runs[False]), statistics.median(runs[True])
-    print(f"throughput (median of {args.repeats} runs of {args.steps} steps, dim {args.dim}, "
+    label = "throughput" if device.type == "cuda" else "throughput (CPU dry run: not a measurement)"
+    print(f"{label} (median of {args.repeats} runs of {args.steps} steps, dim {args.dim}, "
           f"batch {args.batch}): without shim {base:.1f} steps/s, with shim {with_shim:.1f} steps/s "
           f"({(with_shim / base - 1) * 100:+.2f} %)")
     print(f"  runs without: {', '.join(f'{r:.1f}' for r in runs[False])}; "
