@@ -308,15 +308,18 @@ def _check_number(kind: int, name: object, value: object, non_negative: bool = F
     """Strict mode: a real number (int, float, a numpy scalar; not bool), finite, and >= 0 for
     timings and counts."""
     _check_name(name)
-    what = RecordKind(kind).name.lower()
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         hint = " (use telemetry.scalar(name, tensor) for tensors)" if hasattr(value, "numel") else ""
-        raise TypeError(f"telemetry: {what} {name!r}: the value must be a real number, not "
+        raise TypeError(f"telemetry: {_what(kind)} {name!r}: the value must be a real number, not "
                         f"{type(value).__name__}{hint}")
     if not math.isfinite(value):
-        raise ValueError(f"telemetry: {what} {name!r}: the value must be finite, got {value!r}")
+        raise ValueError(f"telemetry: {_what(kind)} {name!r}: the value must be finite, got {value!r}")
     if non_negative and value < 0:
-        raise ValueError(f"telemetry: {what} {name!r}: the value must be >= 0, got {value!r}")
+        raise ValueError(f"telemetry: {_what(kind)} {name!r}: the value must be >= 0, got {value!r}")
+
+
+def _what(kind: int) -> str:
+    return RecordKind(kind).name.lower()
 
 
 def strict_from_env(environ: Mapping[str, str] = os.environ) -> bool:
