@@ -106,6 +106,7 @@ class FakeBackend:
         self.free_slots = [FakeSlot(self.log, i, "float32") for i in range(slots)]
         self.free_events: list[FakeEvent] = []
         self.events_made = 0
+        self.events: list[FakeEvent] = []  # every event ever made
 
     def current_stream(self, tensor: Any) -> FakeStream:
         self.log.append(("current_stream",))
@@ -129,6 +130,7 @@ class FakeBackend:
         else:
             event = FakeEvent(self.log, self.events_made)
             self.events_made += 1
+            self.events.append(event)
         self.log.append(("new_event", event.ident))
         return event
 
@@ -274,7 +276,7 @@ def test_channel_scalar_goes_through_the_resolver_thread(monkeypatch: pytest.Mon
     assert ch.pending() == 0  # nothing until the copy completes
     wait_until(lambda: backend.log.names().count("event.query") >= 2)
     assert ch.pending() == 0
-    resolver._in_flight[0].event.done = True
+    backend.events[0].done = True  # (the resolver thread may hold the item right now)
     wait_until(lambda: ch.pending() == 1)
     assert ch.drain() == [(RecordKind.SCALAR, "grad_norm", 0.125)]
 
@@ -301,3 +303,25 @@ def test_torch_backend_pools_on_cpu_build() -> None:
     assert backend.torch is torch
     if not torch.cuda.is_available():
         pytest.skip("pinned memory and events need CUDA (bench/gpu_check.py covers them)")
+
+
+def test_torch_backend_pools_events_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An event is only ever recorded again on a stream of the device it was first used on
+    (CUDA refuses to record an event on another device's stream)."""
+    import sys
+    import types
+
+    class Event:
+        pass
+
+    fake = types.ModuleType("torch")
+    fake.cuda = types.SimpleNamespace(Event=Event)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    backend = cuda_scalar.TorchBackend()
+    s0, s1 = types.SimpleNamespace(device="cuda:0"), types.SimpleNamespace(device="cuda:1")
+    e0, e1 = backend.new_event(s0), backend.new_event(s1)
+    assert e0 is not e1
+    backend.release_event(e0)
+    backend.release_event(e1)
+    assert backend.new_event(s1) is e1 and backend.new_event(s0) is e0
+    assert backend.new_event(s0) not in (e0, e1)  # pool empty again: a new one

@@ -83,6 +83,7 @@ class TorchBackend:
         self.torch = sys.modules["torch"]
         self._free: dict[Any, list[Any]] = {}
         self._events: dict[Any, list[Any]] = {}
+        self._event_device: dict[Any, Any] = {}  # event -> the device whose pool it belongs to
         self._lock = threading.Lock()
 
     def current_stream(self, tensor: Any) -> Any:
@@ -107,11 +108,15 @@ class TorchBackend:
     def new_event(self, stream: Any) -> Any:
         with self._lock:
             pool = self._events.setdefault(stream.device, [])
-            return pool.pop() if pool else self.torch.cuda.Event()
+            if pool:
+                return pool.pop()
+            event = self.torch.cuda.Event()
+            self._event_device[event] = stream.device
+            return event
 
     def release_event(self, event: Any) -> None:
         with self._lock:
-            self._events.setdefault(event.device, []).append(event)
+            self._events[self._event_device[event]].append(event)
 
 
 class ScalarResolver:
