@@ -6,7 +6,7 @@ Side by side: the same poller with 8 trainer pids to match (adds the process que
 naive loop that reads the same values with one NVML call per value (no field batching).
 
 The fake answers a call in about a microsecond; a real driver needs an ioctl per call (tens of
-microseconds), so on real GPUs the call count dominates: see bench/gpu_check.py for real
+microseconds), so on real GPUs the call count dominates: see bench/gpu_check_nvml.py for real
 hardware. Target (SPEC §7): <= 5 ms per poll of 8 GPUs.
 
     python bench/bench_nvml.py [--polls 500] [--interval 0.01]

@@ -126,10 +126,11 @@ PUBLISHER = textwrap.dedent("""
     spec = json.loads(sys.argv[1])
     ch = telemetry.configure(endpoint=spec["endpoint"], role=spec["role"], worker=spec["worker"],
                              flush_interval_s=0.02)
-    deadline = time.monotonic() + 15
-    while ch.seq == 0 and time.monotonic() < deadline:   # wait until the daemon subscribed (hello sent)
-        telemetry.flush(); time.sleep(0.02)
     calls = 0
+    deadline = time.monotonic() + 15
+    while ch.records_total == 0 and time.monotonic() < deadline:  # until a record reached a live daemon
+        ch.gauge("warmup", 1.0); calls += 1
+        telemetry.flush(wait_s=1.0)
     for i in range(spec["n"]):
         ch.count("tokens", 10); ch.timing("forward_ms", 1.0 + i % 5); ch.gauge("queue_depth", i % 8)
         ch.category("bucket", i % 3)

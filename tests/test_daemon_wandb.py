@@ -20,14 +20,16 @@ TRAINER = textwrap.dedent("""
     from trainer_shim import telemetry
     run = wandb.init(project="dflash", mode="offline", dir=sys.argv[2])
     ch = telemetry.configure(endpoint=sys.argv[1], role="drafter", worker="0", flush_interval_s=0.02)
-    while ch.seq == 0:
-        telemetry.flush(); time.sleep(0.02)
+    warmups = 0
+    while ch.records_total == 0:  # until a record reached the live daemon
+        ch.gauge("warmup", 1.0); warmups += 1
+        telemetry.flush(wait_s=1.0)
     for step in range(1, 41):
         ch.publish(step, {"forward_ms": 10.0, "loss_token_fraction": 0.25})
         ch.count("tokens", 1000)
         time.sleep(0.02)
     telemetry.flush(); time.sleep(0.5)
-    print(json.dumps({"run_id": run.id}))
+    print(json.dumps({"run_id": run.id, "warmups": warmups}))
     run.finish()
 """)
 
@@ -42,7 +44,8 @@ def test_windows_reach_wandb_on_the_trainer_step_axis(tmp_path: Path) -> None:
     try:
         out = subprocess.run([sys.executable, "-c", TRAINER, d.endpoint, str(tmp_path)], capture_output=True,
                              text=True, env=env(WANDB_SILENT="true"), timeout=120, check=True)
-        trainer_run = json.loads(out.stdout.strip().splitlines()[-1])["run_id"]
+        trainer = json.loads(out.stdout.strip().splitlines()[-1])
+        trainer_run = trainer["run_id"]
         wait_for(lambda: (d.value("dflash_sidecar_wandb_rows_logged_total") or 0) >= 3, timeout_s=60,
                  what="rows logged to W&B")
         assert d.value("dflash_sidecar_wandb_state", state="offline") == 1.0
@@ -61,6 +64,7 @@ def test_windows_reach_wandb_on_the_trainer_step_axis(tmp_path: Path) -> None:
     forward = [r for r in rows if "sidecar/trainer/drafter/0/forward/p50_ms" in r]
     assert forward and all(r["sidecar/trainer/drafter/0/forward/p50_ms"] == 10.0 for r in forward)
     assert sum(r.get("sidecar/trainer/drafter/0/tokens/rate", 0) > 0 for r in rows) >= 1
-    assert max(r.get("sidecar/self/records_accepted", 0) for r in rows) == 80  # 40 profiles + 40 counts
+    # 40 profiles + 40 counts + the warm-up gauges
+    assert max(r.get("sidecar/self/records_accepted", 0) for r in rows) == 80 + trainer["warmups"]
     metrics = wandb_records.of_type(files[0], "metric")
     assert ("", "sidecar/*", "sidecar/trainer_step") in [(m.name, m.glob_name, m.step_metric) for m in metrics]

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py without a GPU: the no-NVML message, and the comparison against a stub
+"""bench/gpu_check_nvml.py without a GPU: the no-NVML message, and the comparison against a stub
 nvidia-smi on the fake driver (so the script is known to work before it meets real hardware)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from tests.fake_nvml import FakeNvml
 from tests.fake_nvml.helpers import REPO_ROOT, library_or_skip
 
-SCRIPT = REPO_ROOT / "bench" / "gpu_check.py"
+SCRIPT = REPO_ROOT / "bench" / "gpu_check_nvml.py"
 GIB = 1024**3
 
 STUB = '''

@@ -25,6 +25,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
+from collections.abc import Collection
 from typing import Any, Protocol
 
 log = logging.getLogger("trainer_shim")
@@ -46,11 +47,23 @@ class _Sink(Protocol):
 class CudaBackend(Protocol):
     """What the resolver needs from torch; a fake implements it in the unit tests."""
 
-    def current_stream(self, tensor: Any) -> Any: ...
-    def capturing(self, tensor: Any) -> bool: ...
-    def pinned_slot(self, dtype: Any) -> Any: ...
-    def release_slot(self, slot: Any) -> None: ...
-    def new_event(self) -> Any: ...
+    def current_stream(self, tensor: Any) -> Any:
+        """The caller's current stream on ``tensor``'s device."""
+
+    def capturing(self, tensor: Any) -> bool:
+        """True while a CUDA graph is being captured on the current stream."""
+
+    def pinned_slot(self, dtype: Any) -> Any:
+        """A free 0-dim pinned host tensor of ``dtype``, or None when all are in use."""
+
+    def release_slot(self, slot: Any) -> None:
+        """Return a slot whose copy has completed and whose value was read."""
+
+    def new_event(self, stream: Any) -> Any:
+        """A free CUDA event usable on ``stream``'s device."""
+
+    def release_event(self, event: Any) -> None:
+        """Return an event that has completed."""
 
 
 @dataclass(slots=True)
@@ -63,19 +76,22 @@ class _InFlight:
 
 
 class TorchBackend:
-    """The real backend: pools of pinned slots per dtype and of CUDA events."""
+    """The real backend: pools of pinned slots per dtype and of CUDA events per device. The
+    first scalar of a dtype allocates its pinned block once (``SLOTS_PER_DTYPE`` slots)."""
 
     def __init__(self) -> None:
         self.torch = sys.modules["torch"]
         self._free: dict[Any, list[Any]] = {}
-        self._events: list[Any] = []
+        self._events: dict[Any, list[Any]] = {}
+        self._event_device: dict[Any, Any] = {}  # event -> the device whose pool it belongs to
         self._lock = threading.Lock()
 
     def current_stream(self, tensor: Any) -> Any:
         return self.torch.cuda.current_stream(tensor.device)
 
     def capturing(self, tensor: Any) -> bool:
-        return bool(self.torch.cuda.is_current_stream_capturing())
+        with self.torch.cuda.device(tensor.device):
+            return bool(self.torch.cuda.is_current_stream_capturing())
 
     def pinned_slot(self, dtype: Any) -> Any:
         with self._lock:
@@ -89,21 +105,29 @@ class TorchBackend:
         with self._lock:
             self._free[slot.dtype].append(slot)
 
-    def new_event(self) -> Any:
+    def new_event(self, stream: Any) -> Any:
         with self._lock:
-            return self._events.pop() if self._events else self.torch.cuda.Event()
+            pool = self._events.setdefault(stream.device, [])
+            if pool:
+                return pool.pop()
+            event = self.torch.cuda.Event()
+            self._event_device[event] = stream.device
+            return event
 
     def release_event(self, event: Any) -> None:
         with self._lock:
-            self._events.append(event)
+            self._events[self._event_device[event]].append(event)
 
 
 class ScalarResolver:
     """Enqueues the copies (caller's thread) and publishes completed values (own thread)."""
 
-    def __init__(self, backend: CudaBackend, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+    def __init__(self, backend: CudaBackend, max_in_flight: int = MAX_IN_FLIGHT,
+                 autostart: bool = True) -> None:
+        """``autostart=False`` leaves polling to explicit ``resolve_ready()`` calls (tests)."""
         self.backend = backend
         self.max_in_flight = max_in_flight
+        self.autostart = autostart
         self._in_flight: collections.deque[_InFlight] = collections.deque()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -111,7 +135,8 @@ class ScalarResolver:
 
     def submit(self, sink: _Sink, name: str, tensor: Any) -> None:
         """Enqueue the asynchronous copy of ``tensor`` (one element) for publication as ``name``.
-        Never synchronizes; drops and counts instead of failing."""
+        Never synchronizes; drops and counts instead of failing (``bad_argument``,
+        ``scalar_backlog``, ``graph_capture``, ``scalar_error``)."""
         if tensor.numel() != 1:
             sink._count_dropped("bad_argument")
             return
@@ -127,32 +152,64 @@ class ScalarResolver:
         if slot is None:
             sink._count_dropped("scalar_backlog")
             return
-        stream = backend.current_stream(src)
-        src.record_stream(stream)
-        slot.copy_(src, non_blocking=True)
-        event = backend.new_event()
-        event.record(stream)
+        try:
+            stream = backend.current_stream(src)
+            # Order matters: the allocator must know about the use on `stream` before the copy
+            # is enqueued there, and the event must follow the copy on the same stream.
+            src.record_stream(stream)
+            slot.copy_(src, non_blocking=True)
+            event = backend.new_event(stream)
+            event.record(stream)
+        except Exception:
+            # The copy may or may not be enqueued: never reuse this slot (a leak of a few bytes
+            # beats a slot overwritten by a late copy).
+            sink._count_dropped("scalar_error")
+            return
         self._in_flight.append(_InFlight(sink, name, slot, event, src))
-        if self._thread is None:
+        if self._thread is None and self.autostart:
             self._start()
         self._wake.set()
 
     def resolve_ready(self) -> int:
-        """Publish every value whose copy has completed; returns how many. Non-blocking."""
+        """Publish every value whose copy has completed; returns how many. Non-blocking: it
+        only calls ``event.query()``."""
         done = 0
         for _ in range(len(self._in_flight)):
-            item = self._in_flight.popleft()
-            if not item.event.query():
+            try:
+                item = self._in_flight.popleft()
+            except IndexError:  # another caller (close) took it
+                break
+            try:
+                ready = item.event.query()
+            except Exception:  # noqa: BLE001 - a CUDA error: drop this value, keep going
+                item.sink._count_dropped("scalar_error")
+                continue
+            if not ready:
                 self._in_flight.append(item)  # keep waiting; order among streams is not FIFO
                 continue
-            value = item.slot.item()
+            value = item.slot.item()  # pinned host memory: a plain read
             item.sink._append_resolved(item.name, value)
             self.backend.release_slot(item.slot)
-            release_event = getattr(self.backend, "release_event", None)
-            if release_event is not None:
-                release_event(item.event)
+            self.backend.release_event(item.event)
             done += 1
         return done
+
+    def abandon_pending(self, sinks: Collection[Any] | None = None) -> int:
+        """Count every value still waiting for its copy (for one of ``sinks``, default all) as
+        dropped (``scalar_unresolved``): used at close, which must not wait for the GPU. Their
+        slots are not reused. Returns how many."""
+        n = 0
+        for _ in range(len(self._in_flight)):
+            try:
+                item = self._in_flight.popleft()
+            except IndexError:
+                break
+            if sinks is not None and item.sink not in sinks:
+                self._in_flight.append(item)
+                continue
+            item.sink._count_dropped("scalar_unresolved")
+            n += 1
+        return n
 
     def in_flight(self) -> int:
         return len(self._in_flight)
@@ -181,12 +238,18 @@ _resolver_lock = threading.Lock()
 
 
 def resolver() -> ScalarResolver:
-    """The process-wide resolver, created on first use."""
+    """The process-wide resolver, created on first use (raises ``KeyError`` if torch was never
+    imported, which ``Channel.scalar`` counts as ``bad_argument``)."""
     global _resolver
     if _resolver is None:
         with _resolver_lock:
             if _resolver is None:
                 _resolver = ScalarResolver(TorchBackend())
+    return _resolver
+
+
+def current() -> ScalarResolver | None:
+    """The resolver if one was created, without creating it."""
     return _resolver
 
 

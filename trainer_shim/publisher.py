@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import atexit
 import logging
+import operator
 import os
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -34,20 +36,30 @@ HEARTBEAT_S = 2.0
 idle trainer from a dead one and learns the sender's drop counts."""
 
 HELLO_REFRESH_S = 5.0
-"""How often the flusher checks whether the hello changed (e.g. the trainer started a W&B run)."""
+"""Each channel repeats its hello this often, and the flusher checks this often whether the hello
+changed (e.g. the trainer started a W&B run); a changed hello goes out at once."""
+
+CONNECT_GRACE_S = 0.5
+"""After the socket is created, records wait this long for a subscriber before they are dropped
+as ``no_receiver``: connecting and subscribing take a few milliseconds even when the daemon is up."""
+
+_MAX_STEP = 2**63 - 1
 
 _LIVE: weakref.WeakSet[Publisher] = weakref.WeakSet()
 
 
 def _coerce(obj: Any) -> Any:
-    """msgspec encode hook for values that are not plain numbers: numpy scalars and CPU tensors
-    become floats; a CUDA tensor is never touched (that would synchronize) and, like anything
-    else unconvertible, becomes None, which the daemon rejects and counts as ``invalid_value``."""
-    if getattr(obj, "is_cuda", False):
-        _warn_once("cuda", "telemetry: a CUDA tensor was passed as a plain value and dropped "
-                   "(it would synchronize the GPU); use telemetry.scalar(name, tensor)")
+    """msgspec encode hook for values that are not plain numbers: numpy scalars and 1-element CPU
+    tensors become ints or floats; a CUDA tensor is never touched (that would synchronize) and,
+    like anything else unconvertible, becomes None, which the daemon rejects and counts as
+    ``invalid_value``."""
+    if getattr(obj, "is_cuda", False) or getattr(getattr(obj, "device", None), "type", "cpu") != "cpu":
+        _warn_once("device", "telemetry: a tensor on a device was passed as a plain value and "
+                   "dropped (reading it would synchronize); use telemetry.scalar(name, tensor)")
         return None
     try:
+        if hasattr(obj, "__index__") and not hasattr(obj, "numel"):
+            return operator.index(obj)
         return float(obj)
     except Exception:  # noqa: BLE001
         _warn_once(type(obj).__name__, f"telemetry: a {type(obj).__name__} is not a number and "
@@ -64,6 +76,20 @@ def _warn_once(key: str, message: str) -> None:
         log.warning(message)
 
 
+def _header_step(step: object) -> int | None:
+    """The last published step if it is a usable int, else None: a bad ``step`` argument must
+    never make the whole batch undecodable."""
+    if type(step) is int:
+        return step if 0 <= step <= _MAX_STEP else None
+    if step is None or isinstance(step, bool):
+        return None
+    try:
+        value = operator.index(step)  # numpy integers
+    except Exception:  # noqa: BLE001
+        return None
+    return value if 0 <= value <= _MAX_STEP else None
+
+
 class Publisher:
     """Publishes the records of any number of channels to one endpoint."""
 
@@ -77,9 +103,12 @@ class Publisher:
         wandb_run_id: str | None = None,
     ) -> None:
         """``flush_interval_s``: how often the flusher sends (seconds). ``max_pending``: records
-        each channel may queue before further records are dropped and counted (``buffer_full``).
-        ``allocator_interval_s``: CUDA allocator sampling period, 0 disables it."""
-        if flush_interval_s <= 0:
+        each channel may queue (and, separately, ``publish`` snapshots) before further ones are
+        dropped and counted (``buffer_full``).
+        ``allocator_interval_s``: CUDA allocator sampling period, 0 disables it. Raises
+        ``ValueError`` for a non-positive interval or ``max_pending``; never for the endpoint (a
+        bad endpoint is counted at run time as ``transport_error``)."""
+        if not flush_interval_s > 0:
             raise ValueError("flush_interval_s must be > 0")
         if max_pending < 1:
             raise ValueError("max_pending must be >= 1")
@@ -94,24 +123,31 @@ class Publisher:
         self._allocator = AllocatorSampler(allocator_interval_s)
         self._encoder = msgspec.msgpack.Encoder(enc_hook=_coerce)
         self._channels: dict[tuple[str, str], Channel] = {}
+        self._accounted = 0
         self._init_threading()
         _LIVE.add(self)
 
     def _init_threading(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._cycle = threading.Condition(threading.Lock())
+        self._cycles_started = 0
+        self._cycles_done = 0
         self._stopping = False
         self._closed = False
+        self._linger_ms = EXIT_LINGER_MS
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._wandb: tuple[Any, ...] = ()
         self._next_hello_check = 0.0
         self._transport: Transport | None = None
+        self._transport_since = 0.0
 
     # -- public API ------------------------------------------------------------------------------
 
     def channel(self, role: str, worker: str, devices: list[int] | None = None) -> Channel:
-        """The channel for ``(role, worker)``, created on first use (starts the flusher)."""
+        """The channel for ``(role, worker)``, created on first use (starts the flusher; the
+        socket is only created once there is something to send)."""
         key = (role, worker)
         ch = self._channels.get(key)
         if ch is not None:
@@ -126,23 +162,44 @@ class Publisher:
                 self._start_flusher()
         return ch
 
-    def flush(self) -> None:
-        """Ask the flusher to send now. Returns at once."""
+    def flush(self, wait_s: float = 0.0) -> bool:
+        """Ask the flusher to send what is queued now. Returns at once unless ``wait_s`` > 0:
+        then waits at most ``wait_s`` seconds for a flush that started after this call to drain
+        every channel (sent, or dropped and counted), and returns whether it did. "Sent" means
+        handed to ZeroMQ, whose I/O thread writes it shortly after: before ``os._exit`` use
+        ``close()``, which lingers until the data is written. Right after the socket is created
+        a flush may wait up to ``CONNECT_GRACE_S`` for the daemon's subscription."""
+        with self._cycle:
+            target = self._cycles_started + 1
         self._wake.set()
+        if wait_s <= 0 or self._thread is None:
+            return False
+        deadline = time.monotonic() + wait_s
+        with self._cycle:
+            while self._cycles_done < target:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._thread is None or not self._thread.is_alive():
+                    return False
+                self._cycle.wait(remaining)
+        return True
 
     def close(self, linger_ms: int = EXIT_LINGER_MS) -> None:
-        """Send what is queued and close, waiting at most about ``linger_ms`` plus a short grace.
-        Idempotent; records published afterwards are dropped."""
+        """Send what is queued and close, waiting at most about twice ``linger_ms`` plus a short
+        grace: up to ``linger_ms`` for a subscriber if none is connected yet, then up to
+        ``linger_ms`` for unsent frames. Idempotent; records published afterwards stay queued
+        (bounded by ``max_pending``) and are never sent. Scalars whose GPU copy has not completed
+        are counted as dropped (``scalar_unresolved``): close never waits for the GPU."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._stopping = True
             self._linger_ms = linger_ms
             thread = self._thread
+        self._settle_scalars()
+        self._stopping = True
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=linger_ms / 1000 + 1.0)
+            thread.join(timeout=2 * linger_ms / 1000 + 1.0)
 
     def stats(self) -> dict[tuple[str, str], dict[str, Any]]:
         """Per channel: sender id, messages and records sent, drops by reason, records queued."""
@@ -159,36 +216,60 @@ class Publisher:
         self._thread.start()
 
     def _run(self) -> None:
+        transport: Transport | None = None
+        broken = False  # the transport cannot be created: drain and count, never retry
+        drained = True
+        while True:
+            # While records wait for the first subscription, look again soon.
+            self._wake.wait(self.flush_interval_s if drained else min(self.flush_interval_s, 0.02))
+            self._wake.clear()
+            stopping = self._stopping
+            with self._cycle:
+                self._cycles_started += 1
+            drained = True
+            try:
+                if transport is None and not broken and any(
+                    ch.pending() for ch in self._channels.values()
+                ):
+                    transport = self._connect()
+                    broken = transport is None
+                if broken:
+                    self._drop_all("transport_error")
+                elif transport is not None:
+                    if stopping and transport.subscribers == 0:
+                        transport.wait_for_subscriber(self._linger_ms)
+                    drained = self._flush_once(transport, time.monotonic(), final=stopping)
+            except Exception as exc:  # noqa: BLE001 - never let the flusher die
+                self._internal_error("flush failed", exc)
+            finally:
+                if drained:
+                    with self._cycle:
+                        self._cycles_done = self._cycles_started
+                        self._cycle.notify_all()
+            if stopping:
+                if transport is not None:
+                    transport.close(linger_ms=self._linger_ms)
+                return
+
+    def _connect(self) -> Transport | None:
         try:
             transport = Transport(self.endpoint)
         except Exception as exc:  # noqa: BLE001 - e.g. a malformed endpoint
-            self._internal_error("cannot create the transport", exc)
-            self._drop_forever()
-            return
+            self._internal_error(f"cannot connect to {self.endpoint!r}", exc)
+            return None
         self._transport = transport
-        while True:
-            self._wake.wait(self.flush_interval_s)
-            self._wake.clear()
-            stopping = self._stopping
-            try:
-                self._flush_once(transport, time.monotonic())
-            except Exception as exc:  # noqa: BLE001 - never let the flusher die
-                self._internal_error("flush failed", exc)
-            if stopping:
-                transport.close(linger_ms=getattr(self, "_linger_ms", EXIT_LINGER_MS))
-                return
+        self._transport_since = time.monotonic()
+        return transport
 
-    def _drop_forever(self) -> None:
-        """Without a transport, keep draining so memory stays bounded; count everything."""
-        while not self._stopping:
-            self._wake.wait(self.flush_interval_s)
-            self._wake.clear()
-            for ch in self._channels.values():
-                n = len(ch.drain())
-                if n:
-                    ch.dropped["transport_error"] = ch.dropped.get("transport_error", 0) + n
+    def _drop_all(self, reason: str) -> None:
+        """Drain every channel and count its records as dropped for ``reason``."""
+        for ch in self._channels.values():
+            n = len(ch.drain())
+            if n:
+                ch._count_dropped(reason, n)
 
-    def _flush_once(self, transport: Transport, now: float) -> None:
+    def _flush_once(self, transport: Transport, now: float, final: bool = False) -> bool:
+        """One flush cycle; returns False when the records were left queued (connect grace)."""
         if transport.poll_subscriptions():
             for ch in self._channels.values():
                 ch.hello_due = True
@@ -196,22 +277,43 @@ class Publisher:
             self._next_hello_check = now + HELLO_REFRESH_S
             self._refresh_wandb()
         channels = self._channels
-        if channels and self._allocator.due(now):
-            self._allocator.sample(next(iter(channels.values())))
         live = transport.subscribers > 0
+        if not live and not final and now - self._transport_since < CONNECT_GRACE_S:
+            return False  # just connected: let the records wait for the subscription
+        if channels and self._allocator.due(now):
+            try:
+                self._allocator.sample(next(iter(channels.values())), now)
+            except Exception as exc:  # noqa: BLE001
+                self._internal_error("allocator sampling failed", exc)
         for ch in channels.values():
-            records = ch.drain()
+            self._flush_channel(transport, ch, now, live)
+        return True
+
+    def _flush_channel(self, transport: Transport, ch: Channel, now: float, live: bool) -> None:
+        """Drain one channel and account for every record drained: sent (``records_total``) or
+        dropped by reason, also when something unexpected fails."""
+        records = ch.drain()
+        self._accounted = 0
+        try:
             if not live:
                 if records:
-                    ch.dropped["no_receiver"] = ch.dropped.get("no_receiver", 0) + len(records)
-                continue
-            if ch.hello_due:
-                self._send_hello(transport, ch)
+                    ch._count_dropped("no_receiver", len(records))
+                    self._accounted = len(records)
+                return
+            if ch.hello_due or now - ch.last_hello_monotonic >= HELLO_REFRESH_S:
+                self._send_hello(transport, ch, now)
             if records or now - ch.last_sent_monotonic >= HEARTBEAT_S:
-                self._send_records(transport, ch, records, now)
+                step = wire.MAX_RECORDS_PER_BATCH
+                for start in range(0, max(len(records), 1), step):
+                    self._send_chunk(transport, ch, records[start:start + step], now)
+        except Exception as exc:  # noqa: BLE001
+            self._internal_error("sending failed", exc)
+            lost = len(records) - self._accounted
+            if lost > 0:
+                ch._count_dropped("internal_error", lost)
 
-    def _send_hello(self, transport: Transport, ch: Channel) -> None:
-        run_id, project, entity, mode, primary = self._wandb or (self.wandb_run_id, None, None, None, None)
+    def _send_hello(self, transport: Transport, ch: Channel, now: float) -> None:
+        run_id, project, entity, mode, primary = self._wandb or (None, None, None, None, None)
         hello = wire.Hello(
             pid=os.getpid(), host=self.host, role=ch.role, worker=ch.worker,
             shim_version=__version__, devices=ch.devices,
@@ -219,29 +321,53 @@ class Publisher:
             wandb_run_id=run_id or self.wandb_run_id, wandb_project=project,
             wandb_entity=entity, wandb_mode=mode, wandb_primary=primary,
         )
-        if transport.send(wire.encode_hello(self._encoder, ch.sender, ch.seq, hello)):
+        try:
+            frame = wire.encode_hello(self._encoder, ch.sender, ch.seq, hello)
+        except Exception as exc:  # noqa: BLE001 - e.g. odd devices: say hello without them
+            self._internal_error("cannot encode the hello", exc)
+            return
+        if transport.send(frame):
             ch.seq += 1
             ch.hello_due = False
+            ch.last_hello_monotonic = now
 
-    def _send_records(self, transport: Transport, ch: Channel, records: list[Any], now: float) -> None:
-        step = wire.MAX_RECORDS_PER_BATCH
-        for start in range(0, max(len(records), 1), step):
-            chunk = records[start:start + step]
-            try:
-                frame = self._encode(ch, chunk)
-            except (TypeError, ValueError, OverflowError):
-                chunk = self._encodable(chunk, ch)
-                frame = self._encode(ch, chunk)
-            if transport.send(frame):
-                ch.seq += 1
-                ch.records_total += len(chunk)
-                ch.last_sent_monotonic = now
-            else:
-                ch.dropped["transport_error"] = ch.dropped.get("transport_error", 0) + len(chunk)
+    def _send_chunk(self, transport: Transport, ch: Channel, chunk: list[Any], now: float) -> None:
+        """Encode and send ``chunk`` as one BATCH (or several when the frame would exceed
+        ``wire.MAX_MESSAGE_BYTES``). Accounts every record; never raises."""
+        frame = self._encode(ch, chunk)
+        if frame is None:
+            chunk = self._encodable(chunk, ch)
+            frame = self._encode(ch, chunk)
+            if frame is None:  # the header itself: cannot happen with a sanitized step
+                ch._count_dropped("unencodable", len(chunk))
+                self._accounted += len(chunk)
+                return
+        if len(frame) > wire.MAX_MESSAGE_BYTES:
+            if len(chunk) == 1:
+                ch._count_dropped("oversized")
+                self._accounted += 1
+                _warn_once("oversized", f"telemetry: dropped a record of {len(frame)} bytes "
+                           f"(the daemon accepts messages up to {wire.MAX_MESSAGE_BYTES})")
+                return
+            half = len(chunk) // 2
+            self._send_chunk(transport, ch, chunk[:half], now)
+            self._send_chunk(transport, ch, chunk[half:], now)
+            return
+        if transport.send(frame):
+            ch.seq += 1
+            ch.records_total += len(chunk)
+            ch.last_sent_monotonic = now
+        else:
+            ch._count_dropped("transport_error", len(chunk))
+        self._accounted += len(chunk)
 
-    def _encode(self, ch: Channel, chunk: list[Any]) -> bytes:
-        return wire.encode_batch(self._encoder, ch.sender, ch.seq, ch.role, ch.worker, ch.step,
-                                 ch.records_total + len(chunk), ch.dropped, chunk)
+    def _encode(self, ch: Channel, chunk: list[Any]) -> bytes | None:
+        try:
+            return wire.encode_batch(self._encoder, ch.sender, ch.seq, ch.role, ch.worker,
+                                     _header_step(ch.step), ch.records_total + len(chunk),
+                                     ch.dropped, chunk)
+        except Exception:  # noqa: BLE001 - TypeError, OverflowError, RecursionError...
+            return None
 
     def _encodable(self, chunk: list[Any], ch: Channel) -> list[Any]:
         """Slow path after a failed encode: keep the records that encode on their own."""
@@ -250,9 +376,11 @@ class Publisher:
             try:
                 self._encoder.encode(rec)
                 good.append(rec)
-            except (TypeError, ValueError, OverflowError):
-                ch.dropped["unencodable"] = ch.dropped.get("unencodable", 0) + 1
-                _warn_once("unencodable", f"telemetry: dropped a record msgpack cannot carry: {rec!r:.200}")
+            except Exception:  # noqa: BLE001
+                ch._count_dropped("unencodable")
+                self._accounted += 1
+                _warn_once("unencodable", f"telemetry: dropped a record msgpack cannot carry: "
+                           f"{_safe_repr(rec)}")
         return good
 
     def _refresh_wandb(self) -> None:
@@ -262,6 +390,18 @@ class Publisher:
             for ch in self._channels.values():
                 ch.hello_due = True
 
+    def _settle_scalars(self) -> None:
+        """Publish the GPU scalars whose copies completed; count the others as dropped."""
+        module = sys.modules.get("trainer_shim.cuda_scalar")
+        resolver = module.current() if module is not None else None
+        if resolver is None:
+            return
+        try:
+            resolver.resolve_ready()
+            resolver.abandon_pending(set(self._channels.values()))
+        except Exception as exc:  # noqa: BLE001
+            self._internal_error("settling GPU scalars failed", exc)
+
     def _internal_error(self, what: str, exc: BaseException) -> None:
         self.internal_errors += 1
         _warn_once("internal:" + what, f"trainer_shim: {what}: {exc!r} (counted; the trainer is unaffected)")
@@ -269,7 +409,8 @@ class Publisher:
     # -- process lifecycle -----------------------------------------------------------------------
 
     def _after_fork_in_child(self) -> None:
-        """The child must not reuse the parent's socket, thread or records."""
+        """The child must not reuse the parent's socket, thread or records. Its flusher starts
+        again, but it connects only once the child publishes something."""
         had_thread = self._thread is not None
         closed = self._closed
         if self._transport is not None:
@@ -280,6 +421,13 @@ class Publisher:
             ch.reset()
         if had_thread and not closed and self._channels:
             self._start_flusher()
+
+
+def _safe_repr(obj: object) -> str:
+    try:
+        return f"{obj!r:.200}"
+    except Exception:  # noqa: BLE001
+        return f"<{type(obj).__name__}>"
 
 
 def _after_fork_in_child() -> None:

@@ -52,23 +52,39 @@ def configure(
     """(Re)create the process's publisher and default channel; returns the default channel.
     Unset arguments come from the environment. Raises ``ValueError`` for impossible settings
     (this runs once at set-up, where failing loudly is right)."""
-    global _publisher, _default
     with _lock:
-        old = _publisher
-        _publisher = Publisher(
-            endpoint or default_endpoint(),
-            flush_interval_s=flush_interval_s,
-            max_pending=max_pending,
-            strict=strict_from_env() if strict is None else strict,
-            allocator_interval_s=allocator_interval_s,
-            wandb_run_id=wandb_run_id,
-        )
-        _defaults.update(role=role, worker=worker, devices=devices)
-        _default = _publisher.channel(*_identity(role, worker), devices=devices or _env_devices())
-        _bind(_default)
+        old, ch = _configure_locked(endpoint, role, worker, devices, flush_interval_s, max_pending,
+                                    strict, allocator_interval_s, wandb_run_id)
     if old is not None:
         old.close()
-    return _default
+    return ch
+
+
+def _configure_locked(
+    endpoint: str | None,
+    role: str | None,
+    worker: str | None,
+    devices: list[int] | None,
+    flush_interval_s: float,
+    max_pending: int,
+    strict: bool | None,
+    allocator_interval_s: float,
+    wandb_run_id: str | None,
+) -> tuple[Publisher | None, Channel]:
+    global _publisher, _default
+    publisher = Publisher(
+        endpoint or default_endpoint(),
+        flush_interval_s=flush_interval_s,
+        max_pending=max_pending,
+        strict=strict_from_env() if strict is None else strict,
+        allocator_interval_s=allocator_interval_s,
+        wandb_run_id=wandb_run_id,
+    )
+    old, _publisher = _publisher, publisher
+    _defaults.update(role=role, worker=worker, devices=devices)
+    _default = publisher.channel(*_identity(role, worker), devices=devices or _env_devices())
+    _bind(_default)
+    return old, _default
 
 
 def channel(role: str | None = None, worker: str | None = None, devices: list[int] | None = None) -> Channel:
@@ -78,10 +94,12 @@ def channel(role: str | None = None, worker: str | None = None, devices: list[in
     return _publisher.channel(*_identity(role, worker), devices=devices or _env_devices())
 
 
-def flush() -> None:
-    """Ask the flusher to send what is queued now (returns at once)."""
+def flush(wait_s: float = 0.0) -> bool:
+    """Ask the flusher to send what is queued now. Returns at once, or with ``wait_s`` > 0 waits
+    up to that many seconds for the flush to complete and returns whether it did."""
     if _publisher is not None:
-        _publisher.flush()
+        return _publisher.flush(wait_s)
+    return False
 
 
 def close() -> None:
@@ -111,13 +129,13 @@ def _env_devices() -> list[int]:
 
 
 def _default_channel() -> Channel:
-    if _default is None:
-        with _lock:
-            if _default is not None:
-                return _default
-        configure()
-    assert _default is not None
-    return _default
+    ch = _default
+    if ch is None:
+        with _lock:  # one default publisher even if several threads make the first call at once
+            ch = _default
+            if ch is None:
+                _, ch = _configure_locked(None, None, None, None, 0.1, 100_000, None, 5.0, None)
+    return ch
 
 
 def _bind(ch: Channel) -> None:
