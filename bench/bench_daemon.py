@@ -151,9 +151,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def code_root() -> str:
+    """The checkout whose ``sidecar`` this process imports (PYTHONPATH picks it): the daemon and
+    the publishers run the same code, so a before/after comparison needs only PYTHONPATH."""
+    import sidecar
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(sidecar.__file__)))
+
+
 def env_with_root() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = os.pathsep.join([code_root(), ROOT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
 
 
@@ -177,7 +185,7 @@ class Daemon:
                "--endpoint", self.endpoint, "--prometheus-addr", f"127.0.0.1:{self.port}",
                "--log-level", "warning", *(extra or [])]
         self.log = open(os.path.join(workdir, "daemon.log"), "w")
-        self.proc = subprocess.Popen(cmd, env=env_with_root(), stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, env=env_with_root(), stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
         self.pinning = pin(self.proc.pid, DAEMON_CORE)
         deadline = time.monotonic() + 20
         while True:
@@ -623,12 +631,22 @@ SERIES_KINDS = [1] * 50 + [2] * 50 + [3] * 80 + [4] * 20
 """200 names per worker: 50 timings, 50 counters, 80 gauges, 20 categories (4 keys each)."""
 
 
+def series_workload(workers: int, names: int) -> tuple[list[Sender], Any]:
+    """``workers`` senders and a function giving one batch of ``names`` names (two records each)."""
+    rng = random.Random(3)
+    senders = [Sender(rng.getrandbits(62), "target" if w < 38 else "drafter", f"w{w:02d}") for w in range(workers)]
+    kinds = [(k, f"metric_{i:03d}" + ("_ms" if k == 1 else "")) for i, k in enumerate(SERIES_KINDS[:names])]
+
+    def batch() -> list[list[Any]]:
+        return [[k, n, (rng.randint(0, 3) if k == 4 else rng.uniform(0.1, 100.0))] for k, n in kinds for _ in range(2)]
+
+    return senders, batch
+
+
 def series_main(args: argparse.Namespace) -> int:
     """50 senders x 200 names, one batch per sender every ``period`` seconds until stdin closes."""
-    rng = random.Random(3)
-    senders = [Sender(rng.getrandbits(62), "target" if w < 38 else "drafter", f"w{w:02d}") for w in range(args.workers)]
+    senders, batch = series_workload(args.workers, args.names)
     enc = msgspec.msgpack.Encoder()
-    names = [(k, f"metric_{i:03d}" + ("_ms" if k == 1 else "")) for i, k in enumerate(SERIES_KINDS[: args.names])]
     ctx = zmq.Context(io_threads=1)
     sock = ctx.socket(zmq.XPUB)
     sock.setsockopt(zmq.LINGER, 0)
@@ -640,7 +658,7 @@ def series_main(args: argparse.Namespace) -> int:
     rounds = 0
     while True:
         for s in senders:
-            records = [[k, n, (rng.randint(0, 3) if k == 4 else rng.uniform(0.1, 100.0))] for k, n in names for _ in range(2)]
+            records = batch()
             sock.send(s.frame(enc, records, len(records)))
         rounds += 1
         if select.select([sys.stdin], [], [], args.period)[0]:
@@ -650,24 +668,55 @@ def series_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench_scrape_once(scrapes: int) -> dict[str, Any]:
-    with running_daemon(1.0) as daemon:
-        proc = spawn("_series", ["--endpoint", daemon.endpoint, "--workers", "50", "--names", "200", "--period", "1.0"])
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+"""What Prometheus 2.42 (Debian 12) sends; with it, prometheus_client answers in OpenMetrics."""
+
+
+def scrape(url: str, prometheus: bool) -> tuple[float, bytes]:
+    """One GET: (seconds until the whole body was read, decompressed body). ``prometheus``: with
+    Prometheus's Accept and Accept-Encoding: gzip headers; else a plain GET (like curl)."""
+    headers = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"} if prometheus else {}
+    t = time.perf_counter()
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as resp:
+        body = resp.read()
+        elapsed = time.perf_counter() - t
+        if resp.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+    return elapsed, body
+
+
+def _frames_received(body: bytes) -> bytes:
+    """The frames counter's line: it changes at every window (the publisher sends twice a window)."""
+    i = body.rfind(b"dflash_sidecar_frames_received")
+    return body[i:body.find(b"\n", i)]
+
+
+def bench_scrape_once(scrapes: int, interval: float) -> dict[str, Any]:
+    """A daemon holding 10,000 series. Each window: one scrape (alternately plain and
+    Prometheus-like), the first since the window rolled (cold: a new report to render), then
+    one more plain scrape at once (warm: same report)."""
+    with running_daemon(interval) as daemon:
+        proc = spawn("_series", ["--endpoint", daemon.endpoint, "--workers", "50", "--names", "200",
+                                 "--period", str(interval / 2)])
         try:
             read_json_line(proc)
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 60
             while accounting(daemon.metrics())["series"] < 10_000 and time.monotonic() < deadline:
                 time.sleep(0.5)
-            time.sleep(1.5)  # a full window with data in every series
-            timings: dict[str, list[float]] = {"plain": [], "gzip": []}
+            time.sleep(interval * 1.5)  # a full window with data in every series
+            timings: dict[str, list[float]] = {"plain": [], "prometheus": [], "warm": []}
+            last = b""
             body = b""
-            for i in range(scrapes):
-                for mode in ("plain", "gzip"):
-                    t = time.perf_counter()
-                    data = http_get(daemon.url, gz=mode == "gzip")
-                    timings[mode].append(time.perf_counter() - t)
-                    body = data if mode == "plain" else body
-                time.sleep(0.1)
+            for i in range(2 * scrapes):
+                time.sleep(interval * 1.05)
+                mode = "plain" if i % 2 == 0 else "prometheus"
+                elapsed, data = scrape(daemon.url, mode == "prometheus")
+                frames = _frames_received(data)
+                timings[mode if frames != last else "warm"].append(elapsed)
+                last = frames
+                body = data if mode == "plain" else body
+                timings["warm"].append(scrape(daemon.url, False)[0])
         finally:
             if proc.stdin:
                 proc.stdin.close()
@@ -682,17 +731,62 @@ def bench_scrape_once(scrapes: int) -> dict[str, Any]:
     else:
         lint = {"rc": None, "output": "promtool not installed"}
     return {"series": acct["series"], "samples": samples, "bytes": len(body),
-            "plain_ms": [t * 1000 for t in timings["plain"]], "gzip_ms": [t * 1000 for t in timings["gzip"]],
-            "promtool": lint}
+            **{f"{k}_ms": [t * 1000 for t in v] for k, v in timings.items()}, "promtool": lint}
+
+
+def scrape_render_cpu(repeats: int) -> dict[str, float]:
+    """In this process (CPU time, insensitive to other load): what one cold scrape of 10,000
+    series costs to render and compress, by the served page when this code has one, and by
+    prometheus_client from the same collector (what the daemon served before)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+
+    from sidecar.exporters import prometheus as prom
+    from sidecar.ingest import IngestLoop
+
+    class _Stats:
+        frames = bytes = disconnects = 0
+
+    receiver = _NoReceiver()
+    receiver.stats = _Stats()  # type: ignore[assignment]
+    reports: list[Any] = []
+    loop = IngestLoop(receiver, 1.0, reports.append)  # type: ignore[arg-type]
+    senders, batch = series_workload(50, 200)
+    enc = msgspec.msgpack.Encoder()
+    for s in senders:
+        records = batch()
+        loop.handle_frame(s.frame(enc, records, len(records)))
+    loop._roll(time.monotonic(), 1.0)
+    state = prom.ExportState(host="bench", started_unix_s=time.time(), report=reports[-1])
+    collector = prom.SidecarCollector(state)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    cases = {"prometheus_client text": lambda: generate_latest(registry),
+             "prometheus_client OpenMetrics + gzip 9": lambda: gzip.compress(openmetrics_latest(registry))}
+    if hasattr(prom, "MetricsPage"):
+        level = getattr(prom, "GZIP_LEVEL", 9)
+        cases["served page, cold"] = lambda: prom.MetricsPage(collector).render()
+        cases[f"served page, cold + gzip {level}"] = lambda: gzip.compress(prom.MetricsPage(collector).render(), level)
+    out = {}
+    for name, fn in cases.items():
+        times = []
+        for _ in range(repeats):
+            t = time.thread_time()
+            fn()
+            times.append(time.thread_time() - t)
+        out[name] = statistics.median(times) * 1000
+    return out
 
 
 def bench_scrape(quick: bool, repeats: int) -> list[dict[str, Any]]:
-    runs = [bench_scrape_once(20 if quick else 50) for _ in range(repeats)]
-    row = dict(runs[-1])
-    for mode in ("plain", "gzip"):
-        row[f"{mode}_median"] = statistics.median(statistics.median(r[f"{mode}_ms"]) for r in runs)
-        row[f"{mode}_p99"] = statistics.median(pctl(r[f"{mode}_ms"], 99) for r in runs)
-        row[f"{mode}_max"] = max(max(r[f"{mode}_ms"]) for r in runs)
+    render = scrape_render_cpu(5 if quick else 15)
+    runs = [bench_scrape_once(10 if quick else 25, 1.0) for _ in range(repeats)]
+    row = dict(runs[-1], render_cpu_ms=render)
+    for mode in ("plain", "prometheus", "warm"):
+        values = [v for r in runs for v in r[f"{mode}_ms"]]
+        row[f"{mode}_n"] = len(values)
+        row[f"{mode}_median"] = statistics.median(values) if values else float("nan")
+        row[f"{mode}_p99"] = pctl(values, 99) if values else float("nan")
         row.pop(f"{mode}_ms")
     row["runs"] = len(runs)
     row["promtool_all_clean"] = all(r["promtool"]["rc"] == 0 and not r["promtool"]["output"] for r in runs)
@@ -731,14 +825,17 @@ def report(results: dict[str, list[dict[str, Any]]]) -> str:
                        f"| {r['idle_share'] * 100:.2f} | {r['rss_median_mb']:.0f} / {r['peak_rss_mb']:.0f} "
                        f"| {r['sent']:,} | {r['accepted']:,} | {r['dropped']} | {r['all_balanced']} | {r['shares']} |")
     if "scrape" in results:
-        out.append("\n## 3. GET /metrics with 10,000 series (ms)\n")
-        out.append("| series | samples | bytes | plain median | plain p99 | gzip median | gzip p99 | max "
-                   "| promtool clean | runs |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        out.append("\n## 3. GET /metrics with 10,000 series (ms, until the whole body is read)\n")
+        out.append("| series | samples | bytes | cold plain median / p99 (n) | cold Prometheus-like median / p99 (n) "
+                   "| warm median / p99 (n) | promtool clean | runs |")
+        out.append("|---|---|---|---|---|---|---|---|")
         for r in results["scrape"]:
-            out.append(f"| {r['series']:,} | {r['samples']:,} | {r['bytes']:,} | {r['plain_median']:.1f} "
-                       f"| {r['plain_p99']:.1f} | {r['gzip_median']:.1f} | {r['gzip_p99']:.1f} "
-                       f"| {max(r['plain_max'], r['gzip_max']):.1f} | {r['promtool_all_clean']} | {r['runs']} |")
+            cells = " | ".join(f"{r[m + '_median']:.1f} / {r[m + '_p99']:.1f} ({r[m + '_n']})"
+                               for m in ("plain", "prometheus", "warm"))
+            out.append(f"| {r['series']:,} | {r['samples']:,} | {r['bytes']:,} | {cells} "
+                       f"| {r['promtool_all_clean']} | {r['runs']} |")
+            out.append("\nRender CPU of one cold scrape, in process (ms, median): "
+                       + "; ".join(f"{k} {v:.1f}" for k, v in r["render_cpu_ms"].items()))
     return "\n".join(out)
 
 
@@ -770,8 +867,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+    rev = subprocess.run(["git", "-C", code_root(), "describe", "--always", "--dirty"], capture_output=True,
+                         text=True).stdout.strip() or "not a git checkout"
     print(f"<!-- {time.strftime('%Y-%m-%d %H:%M')} | {os.uname().nodename} | {os.cpu_count()} cores | "
-          f"Python {sys.version.split()[0]} | {'quick' if args.quick else 'full'} | repeats {repeats} -->")
+          f"Python {sys.version.split()[0]} | code {code_root()} ({rev}) | {'quick' if args.quick else 'full'} "
+          f"| repeats {repeats} -->")
     print(report(results))
     return 0
 
