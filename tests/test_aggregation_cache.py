@@ -1,0 +1,52 @@
+"""The per-sender cache of the aggregator's hot path: same outcome on the first and every later
+batch, whatever arrives in which order (profile entries and direct records share series)."""
+
+from __future__ import annotations
+
+import math
+
+from sidecar.aggregation.aggregator import GAUGE, PROFILE, TIMING, Aggregator
+
+
+def _ingest(agg: Aggregator, cache: dict, records: list) -> tuple[int, dict[str, int]]:
+    rejected: dict[str, int] = {}
+    return agg.ingest("r", "w", cache, records, rejected), rejected
+
+
+def _window(agg: Aggregator, kind: int, token: str) -> dict:
+    report = agg.roll(0.0, 0.0, 1.0)
+    return next(v.window for v in report.series if v.kind == kind and v.name == token)
+
+
+def test_profile_entries_and_direct_records_share_a_series() -> None:
+    agg, cache = Aggregator(), {}
+    for _ in range(2):  # the second batch runs from the cache
+        assert _ingest(agg, cache, [[PROFILE, 1, {"fwd_ms": 2.0, "loss": 1.5}], [TIMING, "fwd_ms", 4.0],
+                                    [GAUGE, "loss", 0.5]]) == (3, {})
+    assert _window(agg, TIMING, "fwd")["count"] == 4.0
+    agg2, cache2 = Aggregator(), {}
+    assert _ingest(agg2, cache2, [[TIMING, "fwd_ms", 4.0], [PROFILE, 1, {"fwd_ms": 2.0}]]) == (2, {})
+    assert _window(agg2, TIMING, "fwd")["count"] == 2.0
+
+
+def test_rejected_profile_entries_are_counted_the_same_from_the_cache() -> None:
+    agg, cache = Aggregator(), {}
+    profile = {"": 1.0, "x" * 300: 1.0, 5: 2.0, "neg_ms": -1.0, "nan": math.nan, "ok": 1.0}
+    for n in (1, 2):
+        assert _ingest(agg, cache, [[PROFILE, n, profile]]) == (1, {})
+        assert agg.profile_entries_rejected == {"bad_name": 3 * n, "invalid_value": 2 * n}
+
+
+def test_a_profile_step_is_never_taken_for_a_cached_entry() -> None:
+    agg, cache = Aggregator(), {}
+    _ingest(agg, cache, [[PROFILE, 1, {7: 1.0}]])  # int key: a bad name, cached under (PROFILE, 7)
+    assert _ingest(agg, cache, [[PROFILE, 7, {"loss": 1.0}]]) == (1, {})
+    assert agg.roll(0.0, 0.0, 1.0).steps == {("r", "w"): 7}
+
+
+def test_cardinality_refusals_are_not_cached() -> None:
+    agg, cache = Aggregator(max_series=1), {}
+    assert _ingest(agg, cache, [[PROFILE, 1, {"a": 1.0, "b": 2.0}]]) == (1, {})
+    assert agg.profile_entries_rejected == {"cardinality": 1}
+    assert (PROFILE, "b") not in cache and (GAUGE, "b") not in cache
+    assert _ingest(agg, cache, [[GAUGE, "b", 1.0]]) == (0, {"cardinality": 1})
