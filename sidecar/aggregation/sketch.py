@@ -12,6 +12,8 @@ sum, mean and max are always exact.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from datasketches import kll_doubles_sketch
 
@@ -19,6 +21,15 @@ EXACT_LIMIT = 65_536
 KLL_K = 200
 RANK_ERROR = kll_doubles_sketch.get_normalized_rank_error(KLL_K, False)
 QUANTILES = (0.5, 0.95)
+
+
+def inverted_cdf_rank(n: int, q: float) -> int:
+    """The index in ``n`` sorted values of quantile ``q`` by numpy's ``inverted_cdf`` method (its
+    arithmetic, step for step): ``np.quantile(a, q, method="inverted_cdf") == sorted(a)[rank]``.
+    A sort and two look-ups cost a few µs where ``np.quantile`` takes ~40 µs a series."""
+    index = n * q - 1
+    previous = math.floor(index)
+    return max(0, previous if index == previous else previous + 1)
 
 
 class QuantileBuffer:
@@ -69,9 +80,11 @@ class QuantileBuffer:
             if not self.window:
                 return None
             arr = np.asarray(self.window, dtype=np.float64)
-            q = np.quantile(arr, QUANTILES, method="inverted_cdf")
-            stats = {"count": float(arr.size), "sum": float(arr.sum()), "max": float(arr.max()),
-                     "p50": float(q[0]), "p95": float(q[1]), "exact": 1.0}
+            stats = {"count": float(arr.size), "sum": float(arr.sum()), "max": float(arr.max())}
+            arr.sort()  # after the sum: numpy's pairwise sum depends on the order
+            n = arr.size
+            stats.update(p50=float(arr[inverted_cdf_rank(n, QUANTILES[0])]),
+                         p95=float(arr[inverted_cdf_rank(n, QUANTILES[1])]), exact=1.0)
         else:
             self.fold()
             assert self._sketch is not None

@@ -1,11 +1,15 @@
-"""The per-sender cache of the aggregator's hot path: same outcome on the first and every later
-batch, whatever arrives in which order (profile entries and direct records share series)."""
+"""The aggregator's fast paths give what the straightforward code gave: the per-sender cache
+(same outcome on the first and every later batch, whatever arrives in which order; profile
+entries and direct records share series) and exact window quantiles without np.quantile."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from sidecar.aggregation.aggregator import GAUGE, PROFILE, TIMING, Aggregator
+from sidecar.aggregation.sketch import QUANTILES, QuantileBuffer, inverted_cdf_rank
 
 
 def _ingest(agg: Aggregator, cache: dict, records: list) -> tuple[int, dict[str, int]]:
@@ -50,3 +54,20 @@ def test_cardinality_refusals_are_not_cached() -> None:
     assert agg.profile_entries_rejected == {"cardinality": 1}
     assert (PROFILE, "b") not in cache and (GAUGE, "b") not in cache
     assert _ingest(agg, cache, [[GAUGE, "b", 1.0]]) == (0, {"cardinality": 1})
+
+
+def test_exact_window_quantiles_equal_numpy_inverted_cdf() -> None:
+    rng = np.random.default_rng(4)
+    for n in [1, 2, 3, 4, 5, 19, 20, 21, 99, 100, 101, 1000, 4099]:
+        for values in (rng.lognormal(1.0, 1.0, n), rng.integers(0, 5, n).astype(float), np.arange(n, 0, -1.0)):
+            buf = QuantileBuffer()
+            for v in values.tolist():
+                buf.append(v)
+            stats = buf.close_window()
+            assert stats is not None
+            expected = np.quantile(values, QUANTILES, method="inverted_cdf")
+            assert (stats["p50"], stats["p95"]) == (float(expected[0]), float(expected[1])), n
+            assert stats["sum"] == float(values.sum()) and stats["max"] == float(values.max())
+    for n in range(1, 300):
+        for q in (0.5, 0.95, 0.01, 0.99, 1.0):
+            assert sorted(range(n))[inverted_cdf_rank(n, q)] == np.quantile(np.arange(n), q, method="inverted_cdf")
