@@ -129,3 +129,22 @@ def test_served_page_plain_and_gzip(tmp_path) -> None:  # noqa: ANN001
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_new_window_is_prepared_only_while_something_scrapes() -> None:
+    now = [1000.0]
+    first = _report([[("target", "0", [[2, "tokens", 1]])]])
+    state = ExportState(host="h", started_unix_s=0.0, report=first)
+    page = MetricsPage(SidecarCollector(state), clock=lambda: now[0])
+    page.prepare()
+    assert page._cached[0] is None  # never scraped: nothing rendered
+    page.render()
+    second = _report([[("target", "0", [[2, "tokens", 2]])]])
+    state.report = second
+    now[0] += 30.0
+    page.prepare()
+    assert page._cached[0] is second
+    state.report = first
+    now[0] += 3600.0  # nobody scraped for an hour
+    page.prepare()
+    assert page._cached[0] is second

@@ -9,8 +9,9 @@ where a family needs one.
 
 ``SidecarCollector`` is the reference: registries (and tests) read it as any collector. The
 served page (``MetricsPage``) is the same text, faster: the report's part, which holds every
-trainer series, is rendered by ``exposition.render_trainer`` once per window and kept; only the
-small families that change between windows (self-telemetry, GPUs, W&B) are rendered per scrape.
+trainer series, is rendered by ``exposition.render_trainer`` once per window and kept (while
+something scrapes, the server thread renders it ahead, between requests); only the small
+families that change between windows (self-telemetry, GPUs, W&B) are rendered per scrape.
 It is always the text format 0.0.4 (Prometheus accepts it whatever it asks for first; OpenMetrics
 would add nothing here and costs half as much again to render), gzipped at level 1 when asked.
 """
@@ -23,6 +24,7 @@ import math
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from socketserver import ThreadingMixIn
@@ -206,24 +208,39 @@ class MetricsPage:
     """The served page: what ``generate_latest`` gives for ``SidecarCollector``, rendered fast.
     Safe to call from concurrent scrape threads."""
 
-    def __init__(self, collector: SidecarCollector) -> None:
+    def __init__(self, collector: SidecarCollector, clock: Callable[[], float] = time.monotonic) -> None:
         self.collector = collector
+        self.clock = clock
         self._cached: tuple[IngestReport | None, str] = (None, "")
+        self._last_scrape: float | None = None
 
     def render(self) -> bytes:
+        """The whole page (a scrape)."""
+        self._last_scrape = self.clock()
         collector = self.collector
         state = collector.state
         report = state.report  # one read: the whole scrape sees one window
         parts = [ex.render_metrics([start_family(state)])]
         if report is not None:
-            cached_report, text = self._cached
-            if cached_report is not report:
-                text = self._report_text(report, state.host)
-                self._cached = (report, text)
-            parts.append(text)
+            parts.append(self._text_of(report))
         parts.append(ex.render_metrics([m for name, source in collector.dynamic_sources()
                                         for m in collector.guarded(name, source)]))
         return "".join(parts).encode()
+
+    def prepare(self) -> None:
+        """Render a new window's report now, if someone scraped within ``PREPARE_AFTER_SCRAPE_S``,
+        so that the next scrape finds it ready. The server calls this between requests."""
+        report = self.collector.state.report
+        last = self._last_scrape
+        if report is not None and last is not None and self.clock() - last <= PREPARE_AFTER_SCRAPE_S:
+            self._text_of(report)
+
+    def _text_of(self, report: IngestReport) -> str:
+        cached_report, text = self._cached
+        if cached_report is not report:
+            text = self._report_text(report, self.collector.state.host)
+            self._cached = (report, text)
+        return text
 
     def _report_text(self, report: IngestReport, host: str) -> str:
         """The text of ``report_sources``: trainer series by the fast renderer, the rest by
@@ -269,8 +286,21 @@ def metrics_app(page: MetricsPage, registry: CollectorRegistry) -> Callable[...,
     return app
 
 
+PREPARE_AFTER_SCRAPE_S = 600.0
+"""While something scrapes (at least once in this many seconds), each window's report is rendered
+ahead of the next scrape; with no scraper, nothing is rendered."""
+
+
 class _Server(ThreadingMixIn, WSGIServer):
+    """Thread per request; between requests (at least every 0.5 s, ``serve_forever``'s poll),
+    ``service_actions`` prepares the page of a new window."""
+
     daemon_threads = True
+    page: MetricsPage | None = None
+
+    def service_actions(self) -> None:
+        if self.page is not None:
+            self.page.prepare()
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -290,8 +320,10 @@ def serve(state: ExportState, addr: str, certfile: str | None = None,
     family, _, _, _, sockaddr = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM,
                                                    flags=socket.AI_PASSIVE)[0]
     server_class = type("SidecarHTTPServer", (_Server,), {"address_family": family})
-    server = make_server(sockaddr[0], int(port), metrics_app(MetricsPage(collector), registry), server_class,
+    page = MetricsPage(collector)
+    server = make_server(sockaddr[0], int(port), metrics_app(page, registry), server_class,
                          handler_class=_QuietHandler)
+    server.page = page
     if certfile and keyfile:
         try:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
