@@ -1,28 +1,33 @@
 """Daemon-side benchmark (issue 3, SPEC §7): ingest throughput, cost at a realistic rate, scrape latency.
 
-Run from the repository root (Python 3.11, the project's virtual environment)::
+Run from the repository root with the project's virtual environment (Python 3.11)::
 
-    PYTHONPATH=. python bench/bench_daemon.py            # full run (about 10 minutes)
-    PYTHONPATH=. python bench/bench_daemon.py --quick    # a shorter run of everything
+    PYTHONPATH=. python bench/bench_daemon.py            # everything (about 15 minutes)
+    PYTHONPATH=. python bench/bench_daemon.py --quick    # shorter runs, fewer repeats (~4 min)
     PYTHONPATH=. python bench/bench_daemon.py --only inproc,scrape
+
+The daemon and the load processes run the ``sidecar`` this process imports, so pointing
+PYTHONPATH at another checkout benchmarks that code with this script (before/after).
 
 What it measures, each repeated and reported as the median of the runs:
 
 1. Ingest throughput on one core, every loss counted.
    (a) ``inproc``: ``IngestLoop.handle_frame`` on pre-encoded frames (a realistic mix of timings,
        counters, gauges, categories and profile dicts, 20 names, 8 senders, 1 record in 1000
-       invalid), in this process pinned to one core; next to it the floor (msgspec decode only)
-       and what a user would otherwise write (``prometheus_client`` children, one per series).
+       invalid), this process pinned to one core; beside it the floor (msgspec decode only) and
+       what a user would otherwise write (``prometheus_client`` children, one per series).
    (b) ``e2e``: a real daemon process (``python -m sidecar run``, the console script's entry
-       point) pinned to core 0, real publisher processes on core 1 firing pre-encoded batches
-       through an XPUB socket as fast as they can; then ``sent == accepted + dropped (by reason)``
-       is checked exactly from ``/metrics``, and records/s and daemon CPU per record reported.
+       point) pinned to core 0, two publisher processes on core 1 firing pre-encoded batches
+       through XPUB sockets as fast as they can; ``sent == accepted + dropped (by reason)`` is
+       checked exactly from ``/metrics``; records/s from the daemon's own per-window lines, CPU
+       per record from /proc/<pid>/stat (all its threads).
 2. ``paced``: daemon CPU share and RSS while the real ``trainer_shim`` (8 channels, one process)
-   publishes 5,000 records/s, with ``--no-gpu-metrics`` (NVML lives on another branch).
-3. ``scrape``: ``GET /metrics`` latency with 10,000 series (50 workers x 200 names), plain and
-   gzip, and ``promtool check metrics`` on the exposition.
+   publishes 5,000 records/s, with ``--no-gpu-metrics``.
+3. ``scrape``: ``GET /metrics`` latency with 10,000 series (50 workers x 200 names), the first
+   scrape after each window roll (cold) and a second one (warm), plain and with Prometheus's
+   headers; ``promtool check metrics`` on the exposition; render CPU in process.
 
-Hidden subcommands ``_publish``, ``_shim`` and ``_series`` are the publisher processes.
+The load processes are in ``daemon_load.py``, the process plumbing in ``daemon_proc.py``.
 """
 
 from __future__ import annotations
@@ -32,252 +37,20 @@ import gzip
 import json
 import os
 import random
-import re
 import select
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-import zmq
 
-from trainer_shim import wire
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-PAGE = os.sysconf("SC_PAGE_SIZE")
-DAEMON_CORE, CLIENT_CORE = 0, 1
-
-# -- the workload: a realistic record mix ----------------------------------------------------------
-
-TIMINGS = ["step_ms", "forward_ms", "backward_ms", "optimizer_ms", "data_wait_ms", "queue_wait_ms"]
-COUNTERS = ["tokens", "batches", "samples", "loss_tokens"]
-GAUGES = ["queue_fill", "lr", "batch_tokens", "prefetch_fill", "ready_deficit"]
-CATEGORIES = ["bucket", "seq_len_bin"]
-PROFILE = {"step_ms": 41.0, "forward_ms": 12.0, "backward_ms": 24.0, "data_ms": 0.4,
-           "loss": 2.1, "grad_norm": 0.9, "tokens_per_s": 14000.0, "lr": 1e-4}
-"""20 distinct names in all (profile keys overlap the timings/gauges above)."""
-INVALID_EVERY = 1000
-"""One record in this many is a NaN gauge: the daemon must reject it as ``invalid_value``."""
-
-
-def make_records(rng: random.Random, n: int, offset: int = 0) -> list[list[Any]]:
-    """``n`` records: 40 % timings, 20 % counters, 20 % gauges, 15 % categories, 5 % profile dicts.
-    Record number ``offset + i`` is invalid when divisible by ``INVALID_EVERY``."""
-    out: list[list[Any]] = []
-    for i in range(n):
-        if (offset + i) % INVALID_EVERY == INVALID_EVERY - 1:
-            out.append([3, "queue_fill", float("nan")])
-            continue
-        r = rng.random()
-        if r < 0.40:
-            out.append([1, rng.choice(TIMINGS), rng.lognormvariate(2.0, 0.8)])
-        elif r < 0.60:
-            out.append([2, rng.choice(COUNTERS), rng.randint(1, 4096)])
-        elif r < 0.80:
-            out.append([3, rng.choice(GAUGES), rng.random()])
-        elif r < 0.95:
-            out.append([4, rng.choice(CATEGORIES), rng.randint(0, 15)])
-        else:
-            out.append([6, rng.randint(0, 1 << 20), {k: v * rng.uniform(0.8, 1.2) for k, v in PROFILE.items()}])
-    return out
-
-
-@dataclass
-class Sender:
-    """One simulated sender: its identity and wire counters."""
-
-    sender: int
-    role: str
-    worker: str
-    seq: int = 0
-    records_total: int = 0
-
-    def frame(self, enc: msgspec.msgpack.Encoder, payload: Any, n: int) -> bytes:
-        """Encode one BATCH of ``n`` records (``payload``: a list or a pre-encoded ``msgspec.Raw``)."""
-        self.records_total += n
-        frame = wire.encode_batch(enc, self.sender, self.seq, self.role, self.worker, None,
-                                  self.records_total, {}, payload)
-        self.seq += 1
-        return frame
-
-
-def make_senders(rng: random.Random, n: int, tag: str) -> list[Sender]:
-    return [Sender(rng.getrandbits(62), "target" if i % 4 else "drafter", f"{tag}{i}") for i in range(n)]
-
-
-# -- process helpers -----------------------------------------------------------------------------
-
-def pin(pid: int, core: int) -> str:
-    """Pin ``pid`` to ``core`` when the machine has two cores or more; returns what was done."""
-    if (os.cpu_count() or 1) < 2:
-        return "not pinned (one core)"
-    os.sched_setaffinity(pid, {core})
-    return f"core {core}"
-
-
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of every thread of ``pid`` (seconds), from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S
-
-
-def proc_rss(pid: int) -> tuple[int, int]:
-    """(VmRSS, VmHWM) of ``pid`` in bytes."""
-    rss = hwm = 0
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) * 1024
-            elif line.startswith("VmHWM:"):
-                hwm = int(line.split()[1]) * 1024
-    return rss, hwm
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def code_root() -> str:
-    """The checkout whose ``sidecar`` this process imports (PYTHONPATH picks it): the daemon and
-    the publishers run the same code, so a before/after comparison needs only PYTHONPATH."""
-    import sidecar
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(sidecar.__file__)))
-
-
-def env_with_root() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([code_root(), ROOT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return env
-
-
-def http_get(url: str, gz: bool = False, timeout: float = 10.0) -> bytes:
-    req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"} if gz else {})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        body = resp.read()
-        if resp.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-    return body
-
-
-class Daemon:
-    """A real daemon process, pinned to ``DAEMON_CORE``."""
-
-    def __init__(self, workdir: str, interval: float, extra: list[str] | None = None) -> None:
-        self.endpoint = f"ipc://{workdir}/sidecar.sock"
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/metrics"
-        cmd = [sys.executable, "-m", "sidecar", "run", "--no-gpu-metrics", "--interval", str(interval),
-               "--endpoint", self.endpoint, "--prometheus-addr", f"127.0.0.1:{self.port}",
-               "--log-level", "warning", *(extra or [])]
-        self.log = open(os.path.join(workdir, "daemon.log"), "w")
-        self.proc = subprocess.Popen(cmd, env=env_with_root(), stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
-        self.pinning = pin(self.proc.pid, DAEMON_CORE)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                http_get(self.url, timeout=1.0)
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"daemon did not start (see {self.log.name})") from None
-                time.sleep(0.05)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def metrics(self) -> str:
-        return http_get(self.url).decode()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
-@contextmanager
-def running_daemon(interval: float, extra: list[str] | None = None) -> Iterator[Daemon]:
-    workdir = tempfile.mkdtemp(prefix="dbench-")
-    daemon = Daemon(workdir, interval, extra)
-    try:
-        yield daemon
-    finally:
-        daemon.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def accounting(text: str) -> dict[str, Any]:
-    """Accepted and dropped-by-reason totals (all roles/workers) from an exposition."""
-    accepted = 0.0
-    dropped: dict[str, float] = {}
-    messages: dict[str, float] = {}
-    series = 0.0
-    for line in text.splitlines():
-        if line.startswith("dflash_sidecar_records_accepted_total{"):
-            accepted += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("dflash_sidecar_records_dropped_total{"):
-            reason = line.split('reason="', 1)[1].split('"', 1)[0]
-            dropped[reason] = dropped.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
-        elif line.startswith("dflash_sidecar_messages_dropped_total{"):
-            reason = line.split('reason="', 1)[1].split('"', 1)[0]
-            messages[reason] = messages.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
-        elif line.startswith("dflash_sidecar_series{"):
-            series = float(line.rsplit(" ", 1)[1])
-    return {"accepted": int(accepted), "dropped": {k: int(v) for k, v in dropped.items()},
-            "messages_dropped": {k: int(v) for k, v in messages.items()}, "series": int(series)}
-
-
-def wait_accounted(daemon: Daemon, sent: int, timeout_s: float) -> dict[str, Any]:
-    """Poll /metrics until accepted + dropped == sent (or the timeout); returns the last figures."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        acct = accounting(daemon.metrics())
-        if acct["accepted"] + sum(acct["dropped"].values()) >= sent or time.monotonic() > deadline:
-            return acct
-        time.sleep(0.5)
-
-
-def spawn(role: str, args: list[str]) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), role, *args], env=env_with_root(),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    pin(proc.pid, CLIENT_CORE)
-    return proc
-
-
-def read_json_line(proc: subprocess.Popen[str], timeout_s: float = 60.0) -> dict[str, Any]:
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
-    line = proc.stdout.readline() if ready else ""
-    if not line:
-        raise RuntimeError(f"{proc.args[2]} process gave no answer (rc {proc.poll()})")
-    return json.loads(line)
-
-
-def pctl(values: list[float], q: float) -> float:
-    """Nearest-rank percentile ``q`` (0..100) of ``values``."""
-    s = sorted(values)
-    return s[max(0, min(len(s) - 1, int(round(q / 100 * len(s) + 0.5)) - 1))]
-
+from daemon_load import make_records, make_senders, series_workload
+from daemon_proc import (DAEMON_CORE, accounting, code_root, pctl, pin, proc_cpu_s, proc_rss, read_json_line,
+                         running_daemon, spawn, wait_accounted, window_rates)
 
 # -- 1a: in-process ingest -----------------------------------------------------------------------
 
@@ -409,73 +182,11 @@ def bench_inproc(quick: bool, repeats: int) -> list[dict[str, Any]]:
 
 # -- 1b: end to end, flooded ---------------------------------------------------------------------
 
-def publisher_main(args: argparse.Namespace) -> int:
-    """Connect an XPUB socket, wait for the daemon's subscription and for ``go`` on stdin, then
-    send ``records`` records in pre-encoded batches as fast as possible; then keep sending empty
-    heartbeat batches (carrying the final ``records_total``) until stdin closes. With ``--nodrop``
-    the socket refuses (EAGAIN) at its high-water mark and the publisher retries, so nothing is
-    lost; without, ZeroMQ drops at the mark, as it does for the shim."""
-    rng = random.Random(args.seed)
-    senders = make_senders(rng, args.senders, f"p{args.seed}-")
-    enc = msgspec.msgpack.Encoder()
-    payloads = [msgspec.Raw(enc.encode(make_records(rng, args.batch, i * args.batch))) for i in range(16)]
-    ctx = zmq.Context(io_threads=1)
-    sock = ctx.socket(zmq.XPUB)
-    sock.setsockopt(zmq.SNDHWM, args.hwm)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.XPUB_NODROP, int(args.nodrop))
-    sock.connect(args.endpoint)
-    if not sock.poll(20_000):
-        print(json.dumps({"error": "no subscriber"}), flush=True)
-        return 1
-    sock.recv()
-    print(json.dumps({"ready": True}), flush=True)
-    sys.stdin.readline()
-    waits = 0
-    t0 = time.time()
-    for i in range(max(1, args.records // args.batch)):
-        frame = senders[i % len(senders)].frame(enc, payloads[i % len(payloads)], args.batch)
-        while True:
-            try:
-                sock.send(frame, zmq.NOBLOCK)
-                break
-            except zmq.Again:  # only with --nodrop: wait for room, never lose the frame
-                waits += 1
-                time.sleep(0.0005)
-    t1 = time.time()
-    print(json.dumps({"t0": t0, "t1": t1, "hwm_waits": waits,
-                      "sent": sum(s.records_total for s in senders)}), flush=True)
-    while not select.select([sys.stdin], [], [], 0.2)[0]:
-        for s in senders:
-            try:
-                sock.send(s.frame(enc, [], 0), zmq.NOBLOCK)
-            except zmq.Again:
-                pass
-    sock.close(0)
-    ctx.term()
-    return 0
-
-
-_WINDOW_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*window ([\d.]+)s \| \d+ senders \| ([\d,]+) rec/s")
-
-
-def window_rates(log_path: str) -> list[tuple[float, float, float]]:
-    """(start, end, records/s) of each window from the daemon's console lines (wall clock)."""
-    out = []
-    with open(log_path) as f:
-        for line in f:
-            m = _WINDOW_LINE.match(line)
-            if m:
-                end = time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) + int(m[2]) / 1000
-                out.append((end - float(m[3]), end, float(m[4].replace(",", ""))))
-    return out
-
-
 def bench_e2e_once(batch: int, records: int, publishers: int, nodrop: bool) -> dict[str, Any]:
     """One flood: ``publishers`` processes send ``records`` records in all; the daemon's own
     per-window console lines give the records/s it aggregated; /proc gives its CPU time."""
     with running_daemon(1.0, ["--log-level", "info"]) as daemon:
-        procs = [spawn("_publish", ["--endpoint", daemon.endpoint, "--seed", str(100 + i), "--senders", "4",
+        procs = [spawn("publish", ["--endpoint", daemon.endpoint, "--seed", str(100 + i), "--senders", "4",
                                     "--batch", str(batch), "--records", str(records // publishers), "--hwm", "1000"]
                        + (["--nodrop"] if nodrop else []))
                  for i in range(publishers)]
@@ -518,7 +229,9 @@ def bench_e2e_once(batch: int, records: int, publishers: int, nodrop: bool) -> d
     return {"batch": batch, "mode": "nodrop" if nodrop else "drop", "sent": sent, "accepted": acct["accepted"],
             "dropped": acct["dropped"], "messages_dropped": acct["messages_dropped"],
             "balanced": acct["accepted"] + sum(acct["dropped"].values()) == sent and not acct["messages_dropped"],
-            "windows": len(rates), "rps": statistics.median(rates) if rates else float("nan"),
+            "windows": len(rates),
+            # too short a run for a full window: records over the whole busy time (pessimistic)
+            "rps": statistics.median(rates) if rates else acct["accepted"] / max(busy_until - t_go, 1e-9),
             "busy_s": busy_until - t_go, "send_s": sent_s, "cpu_s": used,
             "cpu_ns": used / max(acct["accepted"], 1) * 1e9,
             "peak_rss_mb": peak / 2**20, "hwm_waits": sum(d["hwm_waits"] for d in done), "pinning": daemon.pinning}
@@ -539,57 +252,13 @@ def bench_e2e(quick: bool, repeats: int) -> list[dict[str, Any]]:
 
 # -- 2: a realistic rate through the real shim ---------------------------------------------------
 
-def shim_main(args: argparse.Namespace) -> int:
-    """The real trainer_shim: 8 channels (6 target, 2 drafter workers) publishing ``rate``
-    records/s in 10 ms ticks for ``seconds``; prints the shim's stats at the end."""
-    from trainer_shim import telemetry
-
-    telemetry.configure(endpoint=args.endpoint, role="target", worker="0", allocator_interval_s=0)
-    channels = [telemetry.channel("target" if w < 6 else "drafter", str(w)) for w in range(8)]
-    rng = random.Random(7)
-    per_tick = args.rate / 100
-    print(json.dumps({"ready": True}), flush=True)
-    start = time.monotonic()
-    due = 0.0
-    tick = 0
-    step = 0
-    while True:
-        now = time.monotonic() - start
-        if now >= args.seconds:
-            break
-        due += per_tick
-        while due >= 1:
-            due -= 1
-            ch = channels[rng.randrange(8)]
-            r = rng.random()
-            if r < 0.40:
-                ch.timing(rng.choice(TIMINGS), rng.lognormvariate(2.0, 0.8))
-            elif r < 0.60:
-                ch.count(rng.choice(COUNTERS), rng.randint(1, 4096))
-            elif r < 0.80:
-                ch.gauge(rng.choice(GAUGES), rng.random())
-            elif r < 0.95:
-                ch.category(rng.choice(CATEGORIES), rng.randint(0, 15))
-            else:
-                step += 1
-                ch.publish(step, {k: v * rng.uniform(0.8, 1.2) for k, v in PROFILE.items()})
-        tick += 1
-        time.sleep(max(0.0, tick * 0.01 - (time.monotonic() - start)))
-    telemetry.close()  # flushes what is queued: the counts below are final
-    stats = telemetry.stats()
-    print(json.dumps({"records_total": sum(s["records_total"] for s in stats.values()),
-                      "dropped": {r: sum(s["dropped"].get(r, 0) for s in stats.values())
-                                  for r in {r for s in stats.values() for r in s["dropped"]}}}), flush=True)
-    return 0
-
-
 def bench_paced_once(seconds: float, idle_s: float, rate: int, interval: float) -> dict[str, Any]:
     with running_daemon(interval) as daemon:
         time.sleep(1.0)
         c0, t0 = proc_cpu_s(daemon.pid), time.monotonic()
         time.sleep(idle_s)
         idle_share = (proc_cpu_s(daemon.pid) - c0) / (time.monotonic() - t0)
-        shim = spawn("_shim", ["--endpoint", daemon.endpoint, "--rate", str(rate), "--seconds", str(seconds)])
+        shim = spawn("shim", ["--endpoint", daemon.endpoint, "--rate", str(rate), "--seconds", str(seconds)])
         read_json_line(shim)
         warmup = min(3.0, seconds / 5)
         time.sleep(warmup)
@@ -627,47 +296,6 @@ def bench_paced(quick: bool, repeats: int) -> list[dict[str, Any]]:
 
 # -- 3: scrape latency with 10,000 series --------------------------------------------------------
 
-SERIES_KINDS = [1] * 50 + [2] * 50 + [3] * 80 + [4] * 20
-"""200 names per worker: 50 timings, 50 counters, 80 gauges, 20 categories (4 keys each)."""
-
-
-def series_workload(workers: int, names: int) -> tuple[list[Sender], Any]:
-    """``workers`` senders and a function giving one batch of ``names`` names (two records each)."""
-    rng = random.Random(3)
-    senders = [Sender(rng.getrandbits(62), "target" if w < 38 else "drafter", f"w{w:02d}") for w in range(workers)]
-    kinds = [(k, f"metric_{i:03d}" + ("_ms" if k == 1 else "")) for i, k in enumerate(SERIES_KINDS[:names])]
-
-    def batch() -> list[list[Any]]:
-        return [[k, n, (rng.randint(0, 3) if k == 4 else rng.uniform(0.1, 100.0))] for k, n in kinds for _ in range(2)]
-
-    return senders, batch
-
-
-def series_main(args: argparse.Namespace) -> int:
-    """50 senders x 200 names, one batch per sender every ``period`` seconds until stdin closes."""
-    senders, batch = series_workload(args.workers, args.names)
-    enc = msgspec.msgpack.Encoder()
-    ctx = zmq.Context(io_threads=1)
-    sock = ctx.socket(zmq.XPUB)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(args.endpoint)
-    if not sock.poll(20_000):
-        return 1
-    sock.recv()
-    print(json.dumps({"ready": True}), flush=True)
-    rounds = 0
-    while True:
-        for s in senders:
-            records = batch()
-            sock.send(s.frame(enc, records, len(records)))
-        rounds += 1
-        if select.select([sys.stdin], [], [], args.period)[0]:
-            break
-    sock.close(0)
-    ctx.term()
-    return 0
-
-
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
                      "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
 """What Prometheus 2.42 (Debian 12) sends; with it, prometheus_client answers in OpenMetrics."""
@@ -694,10 +322,10 @@ def _frames_received(body: bytes) -> bytes:
 
 def bench_scrape_once(scrapes: int, interval: float) -> dict[str, Any]:
     """A daemon holding 10,000 series. Each window: one scrape (alternately plain and
-    Prometheus-like), the first since the window rolled (cold: a new report to render), then
-    one more plain scrape at once (warm: same report)."""
+    Prometheus-like), the first since the window rolled (a new report, which the daemon may or
+    may not have rendered ahead yet), then one more plain scrape at once (same report)."""
     with running_daemon(interval) as daemon:
-        proc = spawn("_series", ["--endpoint", daemon.endpoint, "--workers", "50", "--names", "200",
+        proc = spawn("series", ["--endpoint", daemon.endpoint, "--workers", "50", "--names", "200",
                                  "--period", str(interval / 2)])
         try:
             read_json_line(proc)
@@ -765,8 +393,12 @@ def scrape_render_cpu(repeats: int) -> dict[str, float]:
              "prometheus_client OpenMetrics + gzip 9": lambda: gzip.compress(openmetrics_latest(registry))}
     if hasattr(prom, "MetricsPage"):
         level = getattr(prom, "GZIP_LEVEL", 9)
-        cases["served page, cold"] = lambda: prom.MetricsPage(collector).render()
-        cases[f"served page, cold + gzip {level}"] = lambda: gzip.compress(prom.MetricsPage(collector).render(), level)
+        cases["served page, not prepared"] = lambda: prom.MetricsPage(collector).render()
+        cases[f"served page, not prepared + gzip {level}"] = lambda: gzip.compress(prom.MetricsPage(collector).render(),
+                                                                                  level)
+        prepared = prom.MetricsPage(collector)
+        prepared.render()
+        cases[f"served page, prepared + gzip {level}"] = lambda: gzip.compress(prepared.render(), level)
     out = {}
     for name, fn in cases.items():
         times = []
@@ -826,52 +458,45 @@ def report(results: dict[str, list[dict[str, Any]]]) -> str:
                        f"| {r['sent']:,} | {r['accepted']:,} | {r['dropped']} | {r['all_balanced']} | {r['shares']} |")
     if "scrape" in results:
         out.append("\n## 3. GET /metrics with 10,000 series (ms, until the whole body is read)\n")
-        out.append("| series | samples | bytes | cold plain median / p99 (n) | cold Prometheus-like median / p99 (n) "
-                   "| warm median / p99 (n) | promtool clean | runs |")
+        out.append("| series | samples | bytes | first of a window, plain: median / p99 (n) "
+                   "| first of a window, Prometheus-like | second in the window, plain | promtool clean | runs |")
         out.append("|---|---|---|---|---|---|---|---|")
         for r in results["scrape"]:
             cells = " | ".join(f"{r[m + '_median']:.1f} / {r[m + '_p99']:.1f} ({r[m + '_n']})"
                                for m in ("plain", "prometheus", "warm"))
             out.append(f"| {r['series']:,} | {r['samples']:,} | {r['bytes']:,} | {cells} "
                        f"| {r['promtool_all_clean']} | {r['runs']} |")
-            out.append("\nRender CPU of one cold scrape, in process (ms, median): "
+            out.append("\nRender CPU of one scrape of a new report, in process (ms, median): "
                        + "; ".join(f"{k} {v:.1f}" for k, v in r["render_cpu_ms"].items()))
     return "\n".join(out)
 
 
+DEFAULT_REPEATS = {"inproc": 5, "e2e": 3, "paced": 3, "scrape": 3}
+QUICK_REPEATS = {"inproc": 2, "e2e": 1, "paced": 1, "scrape": 1}
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0].startswith("_"):
-        sub = argparse.ArgumentParser()
-        for flag, kind in (("--endpoint", str), ("--seed", int), ("--senders", int), ("--batch", int),
-                           ("--records", int), ("--hwm", int), ("--rate", int), ("--seconds", float),
-                           ("--workers", int), ("--names", int), ("--period", float)):
-            sub.add_argument(flag, type=kind)
-        sub.add_argument("--nodrop", action="store_true")
-        args = sub.parse_args(argv[1:])
-        return {"_publish": publisher_main, "_shim": shim_main, "_series": series_main}[argv[0]](args)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter runs, fewer repeats")
     parser.add_argument("--only", default="inproc,e2e,paced,scrape", help="comma-separated benchmarks")
-    parser.add_argument("--repeats", type=int, default=None, help="runs per benchmark (default 5, quick 2)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help=f"runs per benchmark (default {DEFAULT_REPEATS}, quick {QUICK_REPEATS})")
     parser.add_argument("--json", default=None, help="also write the raw results here")
     args = parser.parse_args(argv)
-    repeats = args.repeats or (2 if args.quick else 5)
     benches = {"inproc": bench_inproc, "e2e": bench_e2e, "paced": bench_paced, "scrape": bench_scrape}
     results: dict[str, list[dict[str, Any]]] = {}
     for name in args.only.split(","):
-        reps = repeats if name in ("inproc", "e2e") else max(1, (repeats + 1) // 2) if not args.quick else 1
+        reps = args.repeats or (QUICK_REPEATS if args.quick else DEFAULT_REPEATS)[name]
         t = time.monotonic()
         results[name] = benches[name](args.quick, reps)
-        print(f"[{name}: {time.monotonic() - t:.0f} s]", file=sys.stderr, flush=True)
+        print(f"[{name}: {reps} runs, {time.monotonic() - t:.0f} s]", file=sys.stderr, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     rev = subprocess.run(["git", "-C", code_root(), "describe", "--always", "--dirty"], capture_output=True,
                          text=True).stdout.strip() or "not a git checkout"
     print(f"<!-- {time.strftime('%Y-%m-%d %H:%M')} | {os.uname().nodename} | {os.cpu_count()} cores | "
-          f"Python {sys.version.split()[0]} | code {code_root()} ({rev}) | {'quick' if args.quick else 'full'} "
-          f"| repeats {repeats} -->")
+          f"Python {sys.version.split()[0]} | code {code_root()} ({rev}) | {'quick' if args.quick else 'full'} -->")
     print(report(results))
     return 0
 
