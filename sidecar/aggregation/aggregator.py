@@ -7,7 +7,7 @@ immutable reports). Every rejected record is counted by reason in the caller's d
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,9 @@ _TOKENS = {TIMING: timing_token, COUNT: counter_token, GAUGE: metric_token,
 
 RESERVED_FAMILIES = ("dflash_trainer_step", "dflash_trainer_last_seen_timestamp_seconds")
 """Families the daemon itself exports in the trainer namespace; trainer series may not claim them."""
+
+Adder = Callable[[Any], bool]
+"""A series' bound ``add``: True if the value was taken, False if it is invalid."""
 
 MAX_CACHED_REJECTIONS = 1024
 """Per sender, how many distinct rejected names are remembered (beyond: re-checked each time)."""
@@ -96,8 +99,9 @@ class Aggregator:
     def ingest(self, role: str, worker: str, cache: dict[Any, Any], records: list[Any],
                rejected: dict[str, int]) -> int:
         """Aggregate one batch of ``records`` from a sender labelled (role, worker). ``cache`` is
-        the sender's own (kind, name) -> series map. Returns the number accepted; rejections are
-        added to ``rejected`` by reason."""
+        the sender's own map from (kind, name) to the series' bound ``add`` (or to the reason such
+        records are refused); profile entries are under (PROFILE, key). Returns the number
+        accepted; rejections are added to ``rejected`` by reason."""
         accepted = 0
         for rec in records:
             if rec.__class__ is not list or len(rec) != 3:
@@ -108,14 +112,14 @@ class Aggregator:
                 reason = self._special(kind, name, value, role, worker, cache)
             else:
                 try:
-                    series = cache[kind, name]
+                    add = cache[kind, name]
                 except KeyError:
-                    series = self._resolve(kind, name, role, worker, cache)
+                    add = self._resolve(kind, name, role, worker, cache)
                 except TypeError:
-                    series = "bad_name"
-                if series.__class__ is str:
-                    reason = series
-                elif series.add(value):
+                    add = "bad_name"
+                if add.__class__ is str:
+                    reason = add
+                elif add(value):
                     accepted += 1
                     continue
                 else:
@@ -126,7 +130,10 @@ class Aggregator:
                 rejected[reason] = rejected.get(reason, 0) + 1
         return accepted
 
-    def _resolve(self, kind: Any, name: Any, role: str, worker: str, cache: dict[Any, Any]) -> Series | str:
+    def _resolve(self, kind: Any, name: Any, role: str, worker: str, cache: dict[Any, Any]) -> Adder | str:
+        """The ``add`` of the series for (kind, name) from this sender, created if need be, or
+        the reason its records are refused; cached in ``cache`` (rejections only up to a bound,
+        and never ``cardinality``: room may free up)."""
         factory = _FACTORIES.get(kind) if kind.__class__ is int else None
         if factory is None:
             return "unknown_kind"
@@ -158,8 +165,8 @@ class Aggregator:
             if len(cache) < MAX_CACHED_REJECTIONS:
                 cache[kind, name] = "name_collision"
             return "name_collision"
-        cache[kind, name] = series
-        return series
+        cache[kind, name] = add = series.add
+        return add
 
     def _special(self, kind: int, name: Any, value: Any, role: str, worker: str,
                  cache: dict[Any, Any]) -> str | None:
@@ -169,8 +176,7 @@ class Aggregator:
             key = (role, worker)
             if name > self._steps.get(key, -1):
                 self._steps[key] = name
-            for entry, number in value.items():
-                self._profile_entry(entry, number, role, worker, cache)
+            self._profile(value, role, worker, cache)
             return None
         if (name.__class__ is not int or name < 0 or value.__class__ is not list or len(value) != 3
                 or not all(v.__class__ is int and v >= 0 for v in value)):
@@ -178,21 +184,31 @@ class Aggregator:
         self._allocator[role, worker, name] = (value[0], value[1], value[2])
         return None
 
-    def _profile_entry(self, entry: Any, number: Any, role: str, worker: str, cache: dict[Any, Any]) -> None:
+    def _profile(self, profile: dict[Any, Any], role: str, worker: str, cache: dict[Any, Any]) -> None:
+        """A profile dict's entries: ``*_ms`` keys are timings, the others gauges. The sender's
+        cache maps (PROFILE, key) to the entry's series, so the kind is decided once per key."""
+        rejected = self.profile_entries_rejected
+        for entry, number in profile.items():
+            try:
+                add = cache[PROFILE, entry]
+            except KeyError:
+                add = self._resolve_entry(entry, role, worker, cache)
+            except TypeError:
+                add = "bad_name"
+            if add.__class__ is str:
+                reason = add
+            elif add(number):
+                continue
+            else:
+                reason = profile_entry_problem(entry, number) or "invalid_value"
+            rejected[reason] = rejected.get(reason, 0) + 1
+
+    def _resolve_entry(self, entry: Any, role: str, worker: str, cache: dict[Any, Any]) -> Adder | str:
         kind = TIMING if entry.__class__ is str and entry.endswith("_ms") else GAUGE
-        try:
-            series = cache[kind, entry]
-        except KeyError:
-            series = self._resolve(kind, entry, role, worker, cache)
-        except TypeError:
-            series = "bad_name"
-        if series.__class__ is str:
-            reason = series
-        elif series.add(number):
-            return
-        else:
-            reason = profile_entry_problem(entry, number) or "invalid_value"
-        self.profile_entries_rejected[reason] = self.profile_entries_rejected.get(reason, 0) + 1
+        add = self._resolve(kind, entry, role, worker, cache)
+        if add.__class__ is not str or (add != "cardinality" and len(cache) < MAX_CACHED_REJECTIONS):
+            cache[PROFILE, entry] = add
+        return add
 
     # -- windows ---------------------------------------------------------------------------------
 

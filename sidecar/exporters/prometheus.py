@@ -6,24 +6,41 @@ expired worker, a lost GPU) is simply absent from the next scrape. Names follow 
 conventions: ``dflash_`` prefix, base units (seconds, bytes), ``_total`` on counters, HELP on
 every family, labels from the fixed set (host, gpu, group, role, worker) plus ``reason``/``key``
 where a family needs one.
+
+``SidecarCollector`` is the reference: registries (and tests) read it as any collector. The
+served page (``MetricsPage``) is the same text, faster: the report's part, which holds every
+trainer series, is rendered by ``exposition.render_trainer`` once per window and kept (while
+something scrapes, the server thread renders it ahead, between requests); only the small
+families that change between windows (self-telemetry, GPUs, W&B) are rendered per scrape.
+It is always the text format 0.0.4 (Prometheus accepts it whatever it asks for first; OpenMetrics
+would add nothing here and costs half as much again to render), gzipped at level 1 when asked.
 """
 
 from __future__ import annotations
 
+import gzip
 import logging
 import math
+import socket
+import ssl
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
 from typing import Any
+from urllib.parse import parse_qs
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.exposition import gzip_accepted
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from sidecar.aggregation.aggregator import CATEGORY, COUNT, GAUGE, SCALAR, TIMING
 from sidecar.aggregation.names import family_names
+from sidecar.exporters import exposition as ex
 from sidecar.ingest import IngestReport
 
 log = logging.getLogger("sidecar")
@@ -53,24 +70,44 @@ class SidecarCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         state = self.state
         report = state.report  # one read: the whole scrape sees one window
-        start = GaugeMetricFamily("dflash_sidecar_start_time_seconds",
-                                  "Unix time the daemon started (a change means a restart).", labels=["host"])
-        start.add_metric([state.host], state.started_unix_s)
-        yield start
+        yield start_family(state)
+        for name, source in report_sources(report, state.host) + self.dynamic_sources():
+            yield from self.guarded(name, source)
+
+    def dynamic_sources(self) -> list[tuple[str, FamilySource]]:
+        """Sources whose families change between windows (self-telemetry, extra sources)."""
+        state = self.state
         sources: list[tuple[str, FamilySource]] = []
-        if report is not None:
-            sources.append(("trainer", lambda: trainer_families(report, state.host)))
-            sources.append(("accounting", lambda: accounting_families(report, state.host)))
         if state.self_families is not None:
             sources.append(("self", state.self_families))
         sources.extend((getattr(s, "__name__", repr(s)), s) for s in state.extra_sources)
-        for name, source in sources:
-            try:
-                yield from list(source())
-            except Exception:  # noqa: BLE001 - degrade the scrape, never fail it
-                if name not in self._failed:
-                    self._failed.add(name)
-                    log.exception("sidecar: metric source %s failed; its series are omitted", name)
+        return sources
+
+    def guarded(self, name: str, source: Callable[[], Any], empty: Any = ()) -> Any:
+        """``source()`` materialized (a list of families, or text), or ``empty`` if it failed."""
+        try:
+            result = source()
+            return result if isinstance(result, str) else list(result)
+        except Exception:  # noqa: BLE001 - degrade the scrape, never fail it
+            if name not in self._failed:
+                self._failed.add(name)
+                log.exception("sidecar: metric source %s failed; its series are omitted", name)
+            return empty
+
+
+def start_family(state: ExportState) -> Metric:
+    start = GaugeMetricFamily("dflash_sidecar_start_time_seconds",
+                              "Unix time the daemon started (a change means a restart).", labels=["host"])
+    start.add_metric([state.host], state.started_unix_s)
+    return start
+
+
+def report_sources(report: IngestReport | None, host: str) -> list[tuple[str, FamilySource]]:
+    """Sources that depend on the window report alone (and so change once per window)."""
+    if report is None:
+        return []
+    return [("trainer", lambda: trainer_families(report, host)),
+            ("accounting", lambda: accounting_families(report, host))]
 
 
 def trainer_families(report: IngestReport, host: str) -> list[Metric]:
@@ -89,7 +126,7 @@ def trainer_families(report: IngestReport, host: str) -> list[Metric]:
         names = family_names(view.kind, view.name)
         if view.kind == TIMING:
             fam = family(names[0], SummaryMetricFamily,
-                         f"Trainer timing '{view.name}' (seconds); quantiles over the last window.")
+                         ex.TIMING_HELP.format(view.name))
             window = view.window
             quantiles = ([("0.5", window["p50"] / 1000.0), ("0.95", window["p95"] / 1000.0),
                           ("1", window["max"] / 1000.0)] if window else [])
@@ -98,32 +135,29 @@ def trainer_families(report: IngestReport, host: str) -> list[Metric]:
                 fam.samples.append(Sample(fam.name, dict(zip(labels, base)) | {"quantile": q}, v))
         elif view.kind == COUNT:
             family(names[0], CounterMetricFamily,
-                   f"Trainer counter '{view.name}' (cumulative since the daemon started)."
-                   ).add_metric(base, view.cumulative["total"])
+                   ex.COUNTER_HELP.format(view.name)).add_metric(base, view.cumulative["total"])
         elif view.kind in (GAUGE, SCALAR):
             last = view.cumulative["last"]
             if isinstance(last, float) and math.isnan(last):
                 continue
             family(names[0], GaugeMetricFamily,
-                   f"Trainer {'gauge' if view.kind == GAUGE else 'GPU scalar'} '{view.name}' (last value)."
-                   ).add_metric(base, last)
+                   (ex.GAUGE_HELP if view.kind == GAUGE else ex.SCALAR_HELP).format(view.name)).add_metric(base, last)
         elif view.kind == CATEGORY:
             fam = family(names[0], CounterMetricFamily,
-                         f"Samples of category '{view.name}' per key.", ["key"])
+                         ex.CATEGORY_HELP.format(view.name), ["key"])
             for key, count in view.cumulative["totals"].items():
                 fam.add_metric(base + [key], count)
             if view.window:
                 family(names[1], GaugeMetricFamily,
-                       f"Shannon entropy (bits) of category '{view.name}' over the last window."
-                       ).add_metric(base, view.window["entropy_bits"])
-    steps = GaugeMetricFamily("dflash_trainer_step", "Latest trainer step published.", labels=labels)
+                       ex.ENTROPY_HELP.format(view.name)).add_metric(base, view.window["entropy_bits"])
+    steps = GaugeMetricFamily("dflash_trainer_step", ex.STEP_HELP, labels=labels)
     for (role, worker), step in report.window.steps.items():
         steps.add_metric([host, role, worker], step)
     families[steps.name] = steps
     alloc = {k: GaugeMetricFamily(f"dflash_cuda_allocator_{k}_bytes",
-                                  f"CUDA caching allocator: {k.replace('_', ' ')} (bytes, host-side counter).",
+                                  ex.ALLOCATOR_HELP.format(k.replace("_", " ")),
                                   labels=["host", "gpu", "role", "worker"])
-             for k in ("allocated", "reserved", "max_reserved")}
+             for k in ex.ALLOCATOR_KINDS}
     for (role, worker, device), values in report.window.allocator.items():
         for fam, value in zip(alloc.values(), values):
             fam.add_metric([host, str(device), role, worker], value)
@@ -170,13 +204,134 @@ def accounting_families(report: IngestReport, host: str) -> list[Metric]:
     return [accepted, dropped, last_seen, messages, entries, senders, series, frames, nbytes, disc]
 
 
-def serve(state: ExportState, addr: str, certfile: str | None = None, keyfile: str | None = None) -> tuple[Any, threading.Thread]:
-    """Serve ``/metrics`` on ``addr`` ("host:port") from a private registry. Raises ``OSError``
-    if the port cannot be bound and ``ssl.SSLError`` for a bad certificate."""
-    host, _, port = addr.rpartition(":")
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SidecarCollector(state))
-    server, thread = start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry,
-                                       certfile=certfile, keyfile=keyfile)
-    return server, thread
+class MetricsPage:
+    """The served page: what ``generate_latest`` gives for ``SidecarCollector``, rendered fast.
+    Safe to call from concurrent scrape threads."""
 
+    def __init__(self, collector: SidecarCollector, clock: Callable[[], float] = time.monotonic) -> None:
+        self.collector = collector
+        self.clock = clock
+        self._cached: tuple[IngestReport | None, str] = (None, "")
+        self._last_scrape: float | None = None
+
+    def render(self) -> bytes:
+        """The whole page (a scrape)."""
+        self._last_scrape = self.clock()
+        collector = self.collector
+        state = collector.state
+        report = state.report  # one read: the whole scrape sees one window
+        parts = [ex.render_metrics([start_family(state)])]
+        if report is not None:
+            parts.append(self._text_of(report))
+        parts.append(ex.render_metrics([m for name, source in collector.dynamic_sources()
+                                        for m in collector.guarded(name, source)]))
+        return "".join(parts).encode()
+
+    def prepare(self) -> None:
+        """Render a new window's report now, if someone scraped within ``PREPARE_AFTER_SCRAPE_S``,
+        so that the next scrape finds it ready. The server calls this between requests."""
+        report = self.collector.state.report
+        last = self._last_scrape
+        if report is not None and last is not None and self.clock() - last <= PREPARE_AFTER_SCRAPE_S:
+            self._text_of(report)
+
+    def _text_of(self, report: IngestReport) -> str:
+        cached_report, text = self._cached
+        if cached_report is not report:
+            text = self._report_text(report, self.collector.state.host)
+            self._cached = (report, text)
+        return text
+
+    def _report_text(self, report: IngestReport, host: str) -> str:
+        """The text of ``report_sources``: trainer series by the fast renderer, the rest by
+        prometheus_client."""
+        guarded = self.collector.guarded
+        parts = []
+        for name, source in report_sources(report, host):
+            if name == "trainer":
+                parts.append(guarded(name, lambda: ex.render_trainer(report, host), ""))
+            else:
+                parts.append(ex.render_metrics(guarded(name, source)))
+        return "".join(parts)
+
+
+GZIP_LEVEL = 1
+"""Fast: 2 MB of exposition (10,000 series) in about 9 ms to 280 kB; level 9 takes 80 ms."""
+
+
+def metrics_app(page: MetricsPage, registry: CollectorRegistry) -> Callable[..., list[bytes]]:
+    """A WSGI app serving ``page`` on every path, as prometheus_client's does; a scrape filtered
+    with ``name[]`` is rare and is answered by prometheus_client from ``registry``."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        method = environ["REQUEST_METHOD"]
+        if method == "OPTIONS":
+            start_response("200 OK", [("Allow", "OPTIONS,GET")])
+            return [b""]
+        if method != "GET":
+            start_response("405 Method Not Allowed", [("Allow", "OPTIONS,GET")])
+            return [f"# HTTP 405 Method Not Allowed: {method}; use OPTIONS or GET\n".encode()]
+        if environ.get("PATH_INFO") == "/favicon.ico":
+            start_response("200 OK", [])
+            return [b""]
+        names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
+        output = generate_latest(registry.restricted_registry(names)) if names else page.render()
+        headers = [("Content-Type", ex.CONTENT_TYPE)]
+        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+            output = gzip.compress(output, compresslevel=GZIP_LEVEL)
+            headers.append(("Content-Encoding", "gzip"))
+        start_response("200 OK", headers)
+        return [output]
+
+    return app
+
+
+PREPARE_AFTER_SCRAPE_S = 600.0
+"""While something scrapes (at least once in this many seconds), each window's report is rendered
+ahead of the next scrape; with no scraper, nothing is rendered."""
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    """Thread per request; between requests (at least every 0.5 s, ``serve_forever``'s poll),
+    ``service_actions`` prepares the page of a new window."""
+
+    daemon_threads = True
+    page: MetricsPage | None = None
+
+    def service_actions(self) -> None:
+        if self.page is not None:
+            self.page.prepare()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        """No per-request logging."""
+
+
+def serve(state: ExportState, addr: str, certfile: str | None = None,
+          keyfile: str | None = None) -> tuple[WSGIServer, threading.Thread]:
+    """Serve ``/metrics`` on ``addr`` ("host:port", IPv6 in brackets) on a thread per request.
+    Raises ``OSError`` if the port cannot be bound and ``ssl.SSLError`` for a bad certificate."""
+    host, _, port = addr.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    collector = SidecarCollector(state)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM,
+                                                   flags=socket.AI_PASSIVE)[0]
+    server_class = type("SidecarHTTPServer", (_Server,), {"address_family": family})
+    page = MetricsPage(collector)
+    server = make_server(sockaddr[0], int(port), metrics_app(page, registry), server_class,
+                         handler_class=_QuietHandler)
+    server.page = page
+    if certfile and keyfile:
+        try:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(certfile=certfile, keyfile=keyfile)
+        except BaseException:
+            server.server_close()
+            raise
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, name="sidecar-prometheus", daemon=True)
+    thread.start()
+    return server, thread

@@ -24,6 +24,9 @@ log = logging.getLogger("sidecar")
 RECV_HWM = 100_000
 """Messages ZeroMQ may queue for the daemon before the publishers' side starts dropping."""
 
+MAX_FRAMES_PER_POLL = 1000
+"""Frames one ``poll`` hands over at most (the ingest loop checks its window between frames)."""
+
 
 class EndpointError(Exception):
     """The endpoint cannot be used; the message says what to fix."""
@@ -53,6 +56,9 @@ class Receiver:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SUBSCRIBE, b"")
         self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._poller = zmq.Poller()  # one poller for both sockets, kept: Socket.poll builds one a call
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
         try:
             for endpoint in self.endpoints:
                 self._bind(endpoint)
@@ -98,20 +104,21 @@ class Receiver:
         self._ipc_paths.append(path)
 
     def poll(self, timeout_ms: int) -> list[bytes]:
-        """Frames received within ``timeout_ms`` (all that are queued, at most 1000)."""
+        """Frames received within ``timeout_ms`` (all that are queued, at most
+        ``MAX_FRAMES_PER_POLL``). One wait covers the frames and the disconnect monitor."""
         frames: list[bytes] = []
-        sock = self._sock
-        if not sock.poll(timeout_ms):
-            self._drain_monitor()
-            return frames
-        for _ in range(1000):
+        ready = dict(self._poller.poll(timeout_ms))
+        if self._sock in ready:
+            recv = self._sock.recv
             try:
-                frames.append(sock.recv(zmq.NOBLOCK))
+                for _ in range(MAX_FRAMES_PER_POLL):
+                    frames.append(recv(zmq.NOBLOCK))
             except zmq.Again:
-                break
-        self.stats.frames += len(frames)
-        self.stats.bytes += sum(map(len, frames))
-        self._drain_monitor()
+                pass
+            self.stats.frames += len(frames)
+            self.stats.bytes += sum(map(len, frames))
+        if self._monitor in ready:
+            self._drain_monitor()
         return frames
 
     def _drain_monitor(self) -> None:

@@ -1,0 +1,507 @@
+"""Daemon-side benchmark (issue 3, SPEC §7): ingest throughput, cost at a realistic rate, scrape latency.
+
+Run from the repository root with the project's virtual environment (Python 3.11)::
+
+    PYTHONPATH=. python bench/bench_daemon.py            # everything (about 15 minutes)
+    PYTHONPATH=. python bench/bench_daemon.py --quick    # shorter runs, fewer repeats (~4 min)
+    PYTHONPATH=. python bench/bench_daemon.py --only inproc,scrape
+
+The daemon and the load processes run the ``sidecar`` this process imports, so pointing
+PYTHONPATH at another checkout benchmarks that code with this script (before/after).
+
+What it measures, each repeated and reported as the median of the runs:
+
+1. Ingest throughput on one core, every loss counted.
+   (a) ``inproc``: ``IngestLoop.handle_frame`` on pre-encoded frames (a realistic mix of timings,
+       counters, gauges, categories and profile dicts, 20 names, 8 senders, 1 record in 1000
+       invalid), this process pinned to one core; beside it the floor (msgspec decode only) and
+       what a user would otherwise write (``prometheus_client`` children, one per series).
+   (b) ``e2e``: a real daemon process (``python -m sidecar run``, the console script's entry
+       point) pinned to core 0, two publisher processes on core 1 firing pre-encoded batches
+       through XPUB sockets as fast as they can; ``sent == accepted + dropped (by reason)`` is
+       checked exactly from ``/metrics``; records/s from the daemon's own per-window lines, CPU
+       per record from /proc/<pid>/stat (all its threads).
+2. ``paced``: daemon CPU share and RSS while the real ``trainer_shim`` (8 channels, one process)
+   publishes 5,000 records/s, with ``--no-gpu-metrics``.
+3. ``scrape``: ``GET /metrics`` latency with 10,000 series (50 workers x 200 names), the first
+   scrape after each window roll (cold) and a second one (warm), plain and with Prometheus's
+   headers; ``promtool check metrics`` on the exposition; render CPU in process.
+
+The load processes are in ``daemon_load.py``, the process plumbing in ``daemon_proc.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import select
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+import msgspec
+
+from daemon_load import make_records, make_senders, series_workload
+from daemon_proc import (DAEMON_CORE, accounting, code_root, pctl, pin, proc_cpu_s, proc_rss, read_json_line,
+                         running_daemon, spawn, wait_accounted, window_rates)
+
+# -- 1a: in-process ingest -----------------------------------------------------------------------
+
+class _NoReceiver:
+    stats = None
+
+
+def make_frames(batch: int, n_records: int, seed: int = 1) -> tuple[list[bytes], int]:
+    rng = random.Random(seed)
+    senders = make_senders(rng, 8, "w")
+    enc = msgspec.msgpack.Encoder()
+    frames = []
+    for i in range(max(1, n_records // batch)):
+        records = make_records(rng, batch, i * batch)
+        frames.append(senders[i % len(senders)].frame(enc, records, batch))
+    return frames, sum(s.records_total for s in senders)
+
+
+def run_handle_frame(frames: list[bytes]) -> tuple[float, dict[str, Any]]:
+    """CPU seconds to ingest ``frames`` into a fresh ``IngestLoop`` (plus one window roll), and
+    its accounting."""
+    from sidecar.ingest import IngestLoop
+
+    loop = IngestLoop(_NoReceiver(), 10.0, lambda report: None)  # type: ignore[arg-type]
+    handle = loop.handle_frame
+    t0 = time.thread_time()
+    for frame in frames:
+        handle(frame)
+    loop.aggregator.roll(time.monotonic(), time.time(), 1.0)
+    cpu = time.thread_time() - t0
+    totals = loop.registry.totals.values()
+    dropped: dict[str, int] = {}
+    for t in totals:
+        for reason, n in t.dropped.items():
+            dropped[reason] = dropped.get(reason, 0) + n
+    return cpu, {"accepted": sum(t.accepted for t in totals), "dropped": dropped,
+                 "messages_dropped": dict(loop.registry.messages_dropped)}
+
+
+def run_decode_only(frames: list[bytes]) -> float:
+    dec = msgspec.msgpack.Decoder()
+    t0 = time.thread_time()
+    for frame in frames:
+        dec.decode(frame)
+    return time.thread_time() - t0
+
+
+def run_prometheus_client(frames: list[bytes]) -> float:
+    """What a user would otherwise write: decode, then one prometheus_client child per series
+    (Summary for timings, Counter, Gauge, a Counter per category key), children cached."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Summary
+
+    reg = CollectorRegistry()
+    labels = ["role", "worker"]
+    fams: dict[tuple[int, str], Any] = {}
+    children: dict[tuple[Any, ...], Any] = {}
+    dec = msgspec.msgpack.Decoder()
+
+    def child(kind: int, name: str, role: str, worker: str, key: Any = None) -> Any:
+        fam = fams.get((kind, name))
+        if fam is None:
+            token = "bench_" + name
+            if kind == 1:
+                fam = Summary(token + "_seconds", name, labels, registry=reg)
+            elif kind == 2:
+                fam = Counter(token, name, labels, registry=reg)
+            elif kind == 4:
+                fam = Counter(token + "_samples", name, labels + ["key"], registry=reg)
+            else:
+                fam = Gauge(token, name, labels, registry=reg)
+            fams[kind, name] = fam
+        return fam.labels(role, worker, str(key)) if kind == 4 else fam.labels(role, worker)
+
+    t0 = time.thread_time()
+    for frame in frames:
+        msg = dec.decode(frame)
+        role, worker = msg[4], msg[5]
+        for kind, name, value in msg[9]:
+            if kind == 6:
+                for k, v in value.items():
+                    kk = 1 if k.endswith("_ms") else 3
+                    c = children.get((kk, k, role, worker)) or children.setdefault((kk, k, role, worker), child(kk, k, role, worker))
+                    c.observe(v / 1000) if kk == 1 else c.set(v)
+                continue
+            key = (kind, name, role, worker, value if kind == 4 else None)
+            c = children.get(key)
+            if c is None:
+                c = children[key] = child(kind, name, role, worker, value)
+            if kind == 1:
+                c.observe(value / 1000)
+            elif kind == 2:
+                c.inc(value)
+            elif kind == 4:
+                c.inc()
+            elif value == value:
+                c.set(value)
+    return time.thread_time() - t0
+
+
+def bench_inproc(quick: bool, repeats: int) -> list[dict[str, Any]]:
+    n_records = 200_000 if quick else 1_000_000
+    rows = []
+    saved = os.sched_getaffinity(0)
+    pinning = pin(0, DAEMON_CORE)
+    try:
+        for batch in (20, 500, 4096):
+            frames, sent = make_frames(batch, n_records)
+            ours, floor, prom, checks = [], [], [], []
+            for _ in range(repeats):
+                cpu, acct = run_handle_frame(frames)
+                ours.append(cpu)
+                checks.append(acct)
+                floor.append(run_decode_only(frames))
+                prom.append(run_prometheus_client(frames))
+            acct = checks[-1]
+            balanced = all(c["accepted"] + sum(c["dropped"].values()) == sent and not c["messages_dropped"]
+                           for c in checks)
+            rows.append({"batch": batch, "records": sent, "pinning": pinning,
+                         "sidecar_ns": statistics.median(ours) / sent * 1e9,
+                         "sidecar_rps": sent / statistics.median(ours),
+                         "decode_ns": statistics.median(floor) / sent * 1e9,
+                         "prom_ns": statistics.median(prom) / sent * 1e9,
+                         "accepted": acct["accepted"], "dropped": acct["dropped"], "balanced": balanced,
+                         "runs": repeats})
+    finally:
+        os.sched_setaffinity(0, saved)
+    return rows
+
+
+# -- 1b: end to end, flooded ---------------------------------------------------------------------
+
+def bench_e2e_once(batch: int, records: int, publishers: int, nodrop: bool) -> dict[str, Any]:
+    """One flood: ``publishers`` processes send ``records`` records in all; the daemon's own
+    per-window console lines give the records/s it aggregated; /proc gives its CPU time."""
+    with running_daemon(1.0, ["--log-level", "info"]) as daemon:
+        procs = [spawn("publish", ["--endpoint", daemon.endpoint, "--seed", str(100 + i), "--senders", "4",
+                                    "--batch", str(batch), "--records", str(records // publishers), "--hwm", "1000"]
+                       + (["--nodrop"] if nodrop else []))
+                 for i in range(publishers)]
+        try:
+            for p in procs:
+                read_json_line(p)
+            cpu = [(time.time(), proc_cpu_s(daemon.pid))]
+            for p in procs:
+                assert p.stdin is not None
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            done: list[dict[str, Any]] = []
+            acct: dict[str, Any] = {}
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+                cpu.append((time.time(), proc_cpu_s(daemon.pid)))
+                for p in procs[len(done):len(done) + 1]:
+                    assert p.stdout is not None
+                    if select.select([p.stdout], [], [], 0)[0]:
+                        done.append(read_json_line(p))
+                if len(done) == len(procs) and len(cpu) % 5 == 0:
+                    sent = sum(d["sent"] for d in done)
+                    acct = accounting(daemon.metrics())
+                    if acct["accepted"] + sum(acct["dropped"].values()) >= sent:
+                        break
+            _, peak = proc_rss(daemon.pid)
+        finally:
+            for p in procs:
+                if p.stdin:
+                    p.stdin.close()
+                p.wait(10)
+        windows = [w for w in window_rates(daemon.log.name) if w[1] > cpu[0][0] and w[2] > 0]
+    t_go = cpu[0][0]
+    # full windows: begun after "go", and not the last active one (its records ran out mid-window)
+    rates = [r for start, _, r in windows[:-1] if start >= t_go]
+    busy_until = windows[-1][1] if windows else time.time()
+    used = next((c for t, c in cpu if t >= busy_until), cpu[-1][1]) - cpu[0][1]
+    sent_s = max(d["t1"] for d in done) - t_go
+    return {"batch": batch, "mode": "nodrop" if nodrop else "drop", "sent": sent, "accepted": acct["accepted"],
+            "dropped": acct["dropped"], "messages_dropped": acct["messages_dropped"],
+            "balanced": acct["accepted"] + sum(acct["dropped"].values()) == sent and not acct["messages_dropped"],
+            "windows": len(rates),
+            # too short a run for a full window: records over the whole busy time (pessimistic)
+            "rps": statistics.median(rates) if rates else acct["accepted"] / max(busy_until - t_go, 1e-9),
+            "busy_s": busy_until - t_go, "send_s": sent_s, "cpu_s": used,
+            "cpu_ns": used / max(acct["accepted"], 1) * 1e9,
+            "peak_rss_mb": peak / 2**20, "hwm_waits": sum(d["hwm_waits"] for d in done), "pinning": daemon.pinning}
+
+
+def bench_e2e(quick: bool, repeats: int) -> list[dict[str, Any]]:
+    rows = []
+    for batch, nodrop, records in ((500, True, 10_000_000), (20, True, 4_000_000), (500, False, 10_000_000)):
+        records = records // (2 if quick else 1)
+        runs = [bench_e2e_once(batch, records, 2, nodrop) for _ in range(repeats)]
+        med = sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
+        rows.append(dict(med, runs=len(runs), all_balanced=all(r["balanced"] for r in runs),
+                         rps_all=[round(r["rps"]) for r in runs],
+                         cpu_ns_median=statistics.median(r["cpu_ns"] for r in runs),
+                         peak_rss_max=max(r["peak_rss_mb"] for r in runs)))
+    return rows
+
+
+# -- 2: a realistic rate through the real shim ---------------------------------------------------
+
+def bench_paced_once(seconds: float, idle_s: float, rate: int, interval: float) -> dict[str, Any]:
+    with running_daemon(interval) as daemon:
+        time.sleep(1.0)
+        c0, t0 = proc_cpu_s(daemon.pid), time.monotonic()
+        time.sleep(idle_s)
+        idle_share = (proc_cpu_s(daemon.pid) - c0) / (time.monotonic() - t0)
+        shim = spawn("shim", ["--endpoint", daemon.endpoint, "--rate", str(rate), "--seconds", str(seconds)])
+        read_json_line(shim)
+        warmup = min(3.0, seconds / 5)
+        time.sleep(warmup)
+        c0, t0 = proc_cpu_s(daemon.pid), time.monotonic()
+        rss_samples = []
+        next_scrape = t0 + 15.0  # Prometheus's default scrape interval
+        while time.monotonic() - t0 < seconds - warmup - 1.0:
+            time.sleep(0.5)
+            rss_samples.append(proc_rss(daemon.pid)[0])
+            if time.monotonic() >= next_scrape:
+                daemon.metrics()
+                next_scrape += 15.0
+        share = (proc_cpu_s(daemon.pid) - c0) / (time.monotonic() - t0)
+        result = read_json_line(shim, seconds + 30)
+        shim.wait(10)
+        sent = result["records_total"]
+        acct = wait_accounted(daemon, sent, interval * 2 + 5)
+        transit = {k: v for k, v in acct["dropped"].items() if not k.startswith("sender_")}
+        _, peak = proc_rss(daemon.pid)
+    return {"rate": rate, "seconds": seconds, "interval": interval, "cpu_share": share, "idle_share": idle_share,
+            "rss_mb": statistics.median(rss_samples) / 2**20, "peak_rss_mb": peak / 2**20,
+            "sent": sent, "accepted": acct["accepted"], "dropped": acct["dropped"],
+            "shim_dropped": result["dropped"],
+            "balanced": acct["accepted"] + sum(transit.values()) == sent}
+
+
+def bench_paced(quick: bool, repeats: int) -> list[dict[str, Any]]:
+    seconds, idle_s = (15.0, 5.0) if quick else (60.0, 10.0)
+    runs = [bench_paced_once(seconds, idle_s, 5000, 10.0) for _ in range(repeats)]
+    med = sorted(runs, key=lambda r: r["cpu_share"])[len(runs) // 2]
+    return [dict(med, runs=len(runs), shares=[round(r["cpu_share"] * 100, 3) for r in runs],
+                 rss_median_mb=statistics.median(r["rss_mb"] for r in runs),
+                 all_balanced=all(r["balanced"] for r in runs))]
+
+
+# -- 3: scrape latency with 10,000 series --------------------------------------------------------
+
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+"""What Prometheus 2.42 (Debian 12) sends; with it, prometheus_client answers in OpenMetrics."""
+
+
+def scrape(url: str, prometheus: bool) -> tuple[float, bytes]:
+    """One GET: (seconds until the whole body was read, decompressed body). ``prometheus``: with
+    Prometheus's Accept and Accept-Encoding: gzip headers; else a plain GET (like curl)."""
+    headers = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"} if prometheus else {}
+    t = time.perf_counter()
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as resp:
+        body = resp.read()
+        elapsed = time.perf_counter() - t
+        if resp.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+    return elapsed, body
+
+
+def _frames_received(body: bytes) -> bytes:
+    """The frames counter's line: it changes at every window (the publisher sends twice a window)."""
+    i = body.rfind(b"dflash_sidecar_frames_received")
+    return body[i:body.find(b"\n", i)]
+
+
+def bench_scrape_once(scrapes: int, interval: float) -> dict[str, Any]:
+    """A daemon holding 10,000 series. Each window: one scrape (alternately plain and
+    Prometheus-like), the first since the window rolled (a new report, which the daemon may or
+    may not have rendered ahead yet), then one more plain scrape at once (same report)."""
+    with running_daemon(interval) as daemon:
+        proc = spawn("series", ["--endpoint", daemon.endpoint, "--workers", "50", "--names", "200",
+                                 "--period", str(interval / 2)])
+        try:
+            read_json_line(proc)
+            deadline = time.monotonic() + 60
+            while accounting(daemon.metrics())["series"] < 10_000 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            time.sleep(interval * 1.5)  # a full window with data in every series
+            timings: dict[str, list[float]] = {"plain": [], "prometheus": [], "warm": []}
+            last = b""
+            body = b""
+            for i in range(2 * scrapes):
+                time.sleep(interval * 1.05)
+                mode = "plain" if i % 2 == 0 else "prometheus"
+                elapsed, data = scrape(daemon.url, mode == "prometheus")
+                frames = _frames_received(data)
+                timings[mode if frames != last else "warm"].append(elapsed)
+                last = frames
+                body = data if mode == "plain" else body
+                timings["warm"].append(scrape(daemon.url, False)[0])
+        finally:
+            if proc.stdin:
+                proc.stdin.close()
+            proc.wait(10)
+    text = body.decode()
+    acct = accounting(text)
+    samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    promtool = shutil.which("promtool")
+    if promtool:
+        check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True)
+        lint = {"rc": check.returncode, "output": (check.stdout + check.stderr).decode().strip()}
+    else:
+        lint = {"rc": None, "output": "promtool not installed"}
+    return {"series": acct["series"], "samples": samples, "bytes": len(body),
+            **{f"{k}_ms": [t * 1000 for t in v] for k, v in timings.items()}, "promtool": lint}
+
+
+def scrape_render_cpu(repeats: int) -> dict[str, float]:
+    """In this process (CPU time, insensitive to other load): what one cold scrape of 10,000
+    series costs to render and compress, by the served page when this code has one, and by
+    prometheus_client from the same collector (what the daemon served before)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+
+    from sidecar.exporters import prometheus as prom
+    from sidecar.ingest import IngestLoop
+
+    class _Stats:
+        frames = bytes = disconnects = 0
+
+    receiver = _NoReceiver()
+    receiver.stats = _Stats()  # type: ignore[assignment]
+    reports: list[Any] = []
+    loop = IngestLoop(receiver, 1.0, reports.append)  # type: ignore[arg-type]
+    senders, batch = series_workload(50, 200)
+    enc = msgspec.msgpack.Encoder()
+    for s in senders:
+        records = batch()
+        loop.handle_frame(s.frame(enc, records, len(records)))
+    loop._roll(time.monotonic(), 1.0)
+    state = prom.ExportState(host="bench", started_unix_s=time.time(), report=reports[-1])
+    collector = prom.SidecarCollector(state)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    cases = {"prometheus_client text": lambda: generate_latest(registry),
+             "prometheus_client OpenMetrics + gzip 9": lambda: gzip.compress(openmetrics_latest(registry))}
+    if hasattr(prom, "MetricsPage"):
+        level = getattr(prom, "GZIP_LEVEL", 9)
+        cases["served page, not prepared"] = lambda: prom.MetricsPage(collector).render()
+        cases[f"served page, not prepared + gzip {level}"] = lambda: gzip.compress(prom.MetricsPage(collector).render(),
+                                                                                  level)
+        prepared = prom.MetricsPage(collector)
+        prepared.render()
+        cases[f"served page, prepared + gzip {level}"] = lambda: gzip.compress(prepared.render(), level)
+    out = {}
+    for name, fn in cases.items():
+        times = []
+        for _ in range(repeats):
+            t = time.thread_time()
+            fn()
+            times.append(time.thread_time() - t)
+        out[name] = statistics.median(times) * 1000
+    return out
+
+
+def bench_scrape(quick: bool, repeats: int) -> list[dict[str, Any]]:
+    render = scrape_render_cpu(5 if quick else 15)
+    runs = [bench_scrape_once(10 if quick else 25, 1.0) for _ in range(repeats)]
+    row = dict(runs[-1], render_cpu_ms=render)
+    for mode in ("plain", "prometheus", "warm"):
+        values = [v for r in runs for v in r[f"{mode}_ms"]]
+        row[f"{mode}_n"] = len(values)
+        row[f"{mode}_median"] = statistics.median(values) if values else float("nan")
+        row[f"{mode}_p99"] = pctl(values, 99) if values else float("nan")
+        row[f"{mode}_over_50ms"] = sum(v > 50 for v in values)
+        row.pop(f"{mode}_ms")
+    row["runs"] = len(runs)
+    row["promtool_all_clean"] = all(r["promtool"]["rc"] == 0 and not r["promtool"]["output"] for r in runs)
+    return [row]
+
+
+# -- report --------------------------------------------------------------------------------------
+
+def report(results: dict[str, list[dict[str, Any]]]) -> str:
+    out = []
+    if "inproc" in results:
+        out.append("## 1a. In-process ingest, one core (ns per record, median)\n")
+        out.append("| batch | records | sidecar handle_frame | = records/s | decode only (floor) "
+                   "| prometheus_client children | accounting balanced | dropped |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for r in results["inproc"]:
+            out.append(f"| {r['batch']} | {r['records']:,} | {r['sidecar_ns']:.0f} | {r['sidecar_rps']:,.0f} "
+                       f"| {r['decode_ns']:.0f} | {r['prom_ns']:.0f} | {r['balanced']} | {r['dropped']} |")
+    if "e2e" in results:
+        out.append("\n## 1b. End to end: daemon process on one core, flooded by 2 publisher processes\n")
+        out.append("| batch | at HWM | records/s aggregated (median window) | daemon CPU ns/rec (all threads) "
+                   "| sent | accepted | dropped (reason) | balanced | send / busy s | peak RSS MB | runs (rec/s) |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in results["e2e"]:
+            rate = f"{r['rps']:,.0f}" if r["windows"] else "n/a (under one window)"
+            out.append(f"| {r['batch']} | {'wait' if r['mode'] == 'nodrop' else 'drop'} | {rate} "
+                       f"| {r['cpu_ns_median']:.0f} | {r['sent']:,} | {r['accepted']:,} | {r['dropped']} "
+                       f"| {r['all_balanced']} | {r['send_s']:.1f} / {r['busy_s']:.1f} | {r['peak_rss_max']:.0f} "
+                       f"| {r['rps_all']} |")
+    if "paced" in results:
+        out.append("\n## 2. 5,000 records/s through the real trainer_shim (--no-gpu-metrics)\n")
+        out.append("| seconds | window | daemon CPU (% of a core) | idle CPU % | RSS MB (median / peak) "
+                   "| sent | accepted | dropped | balanced | runs (CPU %) |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        for r in results["paced"]:
+            out.append(f"| {r['seconds']:.0f} | {r['interval']:.0f} s | {r['cpu_share'] * 100:.2f} "
+                       f"| {r['idle_share'] * 100:.2f} | {r['rss_median_mb']:.0f} / {r['peak_rss_mb']:.0f} "
+                       f"| {r['sent']:,} | {r['accepted']:,} | {r['dropped']} | {r['all_balanced']} | {r['shares']} |")
+    if "scrape" in results:
+        out.append("\n## 3. GET /metrics with 10,000 series (ms, until the whole body is read)\n")
+        out.append("| series | samples | bytes | first of a window, plain: median / p99 (n, over 50 ms) "
+                   "| first of a window, Prometheus-like | second in the window, plain | promtool clean | runs |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for r in results["scrape"]:
+            cells = " | ".join(f"{r[m + '_median']:.1f} / {r[m + '_p99']:.1f} ({r[m + '_n']}, "
+                               f"{r[m + '_over_50ms']} over 50 ms)" for m in ("plain", "prometheus", "warm"))
+            out.append(f"| {r['series']:,} | {r['samples']:,} | {r['bytes']:,} | {cells} "
+                       f"| {r['promtool_all_clean']} | {r['runs']} |")
+            out.append("\nRender CPU of one scrape of a new report, in process (ms, median): "
+                       + "; ".join(f"{k} {v:.1f}" for k, v in r["render_cpu_ms"].items()))
+    return "\n".join(out)
+
+
+DEFAULT_REPEATS = {"inproc": 5, "e2e": 3, "paced": 3, "scrape": 3}
+QUICK_REPEATS = {"inproc": 2, "e2e": 1, "paced": 1, "scrape": 1}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="shorter runs, fewer repeats")
+    parser.add_argument("--only", default="inproc,e2e,paced,scrape", help="comma-separated benchmarks")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help=f"runs per benchmark (default {DEFAULT_REPEATS}, quick {QUICK_REPEATS})")
+    parser.add_argument("--json", default=None, help="also write the raw results here")
+    args = parser.parse_args(argv)
+    benches = {"inproc": bench_inproc, "e2e": bench_e2e, "paced": bench_paced, "scrape": bench_scrape}
+    results: dict[str, list[dict[str, Any]]] = {}
+    for name in args.only.split(","):
+        reps = args.repeats or (QUICK_REPEATS if args.quick else DEFAULT_REPEATS)[name]
+        t = time.monotonic()
+        results[name] = benches[name](args.quick, reps)
+        print(f"[{name}: {reps} runs, {time.monotonic() - t:.0f} s]", file=sys.stderr, flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    rev = subprocess.run(["git", "-C", code_root(), "describe", "--always", "--dirty"], capture_output=True,
+                         text=True).stdout.strip() or "not a git checkout"
+    print(f"<!-- {time.strftime('%Y-%m-%d %H:%M')} | {os.uname().nodename} | {os.cpu_count()} cores | "
+          f"Python {sys.version.split()[0]} | code {code_root()} ({rev}) | {'quick' if args.quick else 'full'} -->")
+    print(report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

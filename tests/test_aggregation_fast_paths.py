@@ -1,0 +1,73 @@
+"""The aggregator's fast paths give what the straightforward code gave: the per-sender cache
+(same outcome on the first and every later batch, whatever arrives in which order; profile
+entries and direct records share series) and exact window quantiles without np.quantile."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sidecar.aggregation.aggregator import GAUGE, PROFILE, TIMING, Aggregator
+from sidecar.aggregation.sketch import QUANTILES, QuantileBuffer, inverted_cdf_rank
+
+
+def _ingest(agg: Aggregator, cache: dict, records: list) -> tuple[int, dict[str, int]]:
+    rejected: dict[str, int] = {}
+    return agg.ingest("r", "w", cache, records, rejected), rejected
+
+
+def _window(agg: Aggregator, kind: int, token: str) -> dict:
+    report = agg.roll(0.0, 0.0, 1.0)
+    return next(v.window for v in report.series if v.kind == kind and v.name == token)
+
+
+def test_profile_entries_and_direct_records_share_a_series() -> None:
+    agg, cache = Aggregator(), {}
+    for _ in range(2):  # the second batch runs from the cache
+        assert _ingest(agg, cache, [[PROFILE, 1, {"fwd_ms": 2.0, "loss": 1.5}], [TIMING, "fwd_ms", 4.0],
+                                    [GAUGE, "loss", 0.5]]) == (3, {})
+    assert _window(agg, TIMING, "fwd")["count"] == 4.0
+    agg2, cache2 = Aggregator(), {}
+    assert _ingest(agg2, cache2, [[TIMING, "fwd_ms", 4.0], [PROFILE, 1, {"fwd_ms": 2.0}]]) == (2, {})
+    assert _window(agg2, TIMING, "fwd")["count"] == 2.0
+
+
+def test_rejected_profile_entries_are_counted_the_same_from_the_cache() -> None:
+    agg, cache = Aggregator(), {}
+    profile = {"": 1.0, "x" * 300: 1.0, 5: 2.0, "neg_ms": -1.0, "nan": math.nan, "ok": 1.0}
+    for n in (1, 2):
+        assert _ingest(agg, cache, [[PROFILE, n, profile]]) == (1, {})
+        assert agg.profile_entries_rejected == {"bad_name": 3 * n, "invalid_value": 2 * n}
+
+
+def test_a_profile_step_is_never_taken_for_a_cached_entry() -> None:
+    agg, cache = Aggregator(), {}
+    _ingest(agg, cache, [[PROFILE, 1, {7: 1.0}]])  # int key: a bad name, cached under (PROFILE, 7)
+    assert _ingest(agg, cache, [[PROFILE, 7, {"loss": 1.0}]]) == (1, {})
+    assert agg.roll(0.0, 0.0, 1.0).steps == {("r", "w"): 7}
+
+
+def test_cardinality_refusals_are_not_cached() -> None:
+    agg, cache = Aggregator(max_series=1), {}
+    assert _ingest(agg, cache, [[PROFILE, 1, {"a": 1.0, "b": 2.0}]]) == (1, {})
+    assert agg.profile_entries_rejected == {"cardinality": 1}
+    assert (PROFILE, "b") not in cache and (GAUGE, "b") not in cache
+    assert _ingest(agg, cache, [[GAUGE, "b", 1.0]]) == (0, {"cardinality": 1})
+
+
+def test_exact_window_quantiles_equal_numpy_inverted_cdf() -> None:
+    rng = np.random.default_rng(4)
+    for n in [1, 2, 3, 4, 5, 19, 20, 21, 99, 100, 101, 1000, 4099]:
+        for values in (rng.lognormal(1.0, 1.0, n), rng.integers(0, 5, n).astype(float), np.arange(n, 0, -1.0)):
+            buf = QuantileBuffer()
+            for v in values.tolist():
+                buf.append(v)
+            stats = buf.close_window()
+            assert stats is not None
+            expected = np.quantile(values, QUANTILES, method="inverted_cdf")
+            assert (stats["p50"], stats["p95"]) == (float(expected[0]), float(expected[1])), n
+            assert stats["sum"] == float(values.sum()) and stats["max"] == float(values.max())
+    for n in range(1, 300):
+        for q in (0.5, 0.95, 0.01, 0.99, 1.0):
+            assert sorted(range(n))[inverted_cdf_rank(n, q)] == np.quantile(np.arange(n), q, method="inverted_cdf")

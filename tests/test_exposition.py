@@ -1,0 +1,150 @@
+"""The served /metrics page is, byte for byte, what prometheus_client renders for the collector."""
+
+from __future__ import annotations
+
+import gzip
+import math
+import random
+import urllib.request
+
+import msgspec
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.utils import floatToGoString
+
+from sidecar.exporters import exposition
+from sidecar.exporters.prometheus import ExportState, MetricsPage, SidecarCollector, serve
+from sidecar.ingest import IngestLoop, IngestReport
+from tests.daemon_harness import free_port
+from trainer_shim import wire
+
+enc = msgspec.msgpack.Encoder()
+
+
+class _Receiver:
+    class stats:  # noqa: N801 - a stand-in for ReceiverStats
+        frames = bytes = disconnects = 0
+
+
+def _report(windows: list[list[tuple[str, str, list]]]) -> IngestReport:
+    """Ingest each window's batches ((role, worker, records)) and roll; the last report."""
+    reports: list[IngestReport] = []
+    loop = IngestLoop(_Receiver(), 1.0, reports.append)  # type: ignore[arg-type]
+    senders: dict[tuple[str, str], list[int]] = {}
+    for batches in windows:
+        for role, worker, records in batches:
+            sender, seq, total = senders.setdefault((role, worker), [len(senders) + 1, 0, 0])
+            senders[role, worker] = [sender, seq + 1, total + len(records)]
+            loop.handle_frame(wire.encode_batch(enc, sender, seq, role, worker, None, total + len(records), {},
+                                                records))
+        loop._roll(0.0, 1.0)
+    return reports[-1]
+
+
+def _every_kind(rng: random.Random) -> list:
+    return ([[1, "forward_ms", rng.uniform(0, 50)] for _ in range(20)]
+            + [[1, "huge_ms", 3.0e9], [2, "tokens", 4096], [2, "x_total_total", 1], [2, "x", 2], [2, "big", 1.5e7],
+               [3, "queue_fill", -0.25], [3, "nan_only", math.nan], [3, "small", 1e-9], [5, "loss", 2.5],
+               [4, "bucket", 3], [4, "bucket", 'quo"te\\d'], [4, "empty_cat", ""],
+               [6, 12, {"step_ms": 41.0, "grad_norm": 0.9}], [7, 0, [10, 2**33, 2**40]]])
+
+
+def _page_and_reference(report: IngestReport, extra: list | None = None) -> tuple[bytes, bytes]:
+    state = ExportState(host='h"o\\st', started_unix_s=1.5e9, report=report)
+    if extra is not None:
+        state.extra_sources.append(lambda: extra)
+    collector = SidecarCollector(state)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return MetricsPage(collector).render(), generate_latest(registry)
+
+
+def test_page_equals_generate_latest_for_every_kind_and_edge_case() -> None:
+    rng = random.Random(5)
+    first = [("target", "0", _every_kind(rng)), ('dr"af\\ter', "w\n1", _every_kind(rng))]
+    second = [("target", "0", [[2, "tokens", 1], [1, "forward_ms", 1.0]])]  # others: no window data
+    gpu = GaugeMetricFamily("dflash_gpu_power_watts", "Power.", labels=["host", "gpu"])
+    gpu.add_metric(["h", "0"], 312.5)
+    for report in (_report([first]), _report([first, second])):
+        page, reference = _page_and_reference(report, [gpu])
+        assert page == reference
+        assert b"dflash_trainer_forward_seconds_count" in page and b"dflash_cuda_allocator_reserved_bytes" in page
+
+
+def test_page_equals_generate_latest_with_many_series() -> None:
+    rng = random.Random(9)
+    batches = [(("target", "drafter")[w % 2], f"w{w}",
+                [[k, f"m{i}" + ("_ms" if k == 1 else ""), rng.randint(0, 3) if k == 4 else rng.uniform(0, 2e6)]
+                 for i, k in enumerate([1, 2, 3, 4, 5] * 8) for _ in range(3)]) for w in range(12)]
+    page, reference = _page_and_reference(_report([batches]))
+    assert page == reference
+
+
+def test_report_text_is_rendered_once_per_window() -> None:
+    report = _report([[("target", "0", _every_kind(random.Random(1)))]])
+    collector = SidecarCollector(ExportState(host="h", started_unix_s=0.0, report=report))
+    page = MetricsPage(collector)
+    first = page.render()
+    cached = page._cached[1]
+    assert page.render() == first and page._cached[1] is cached
+
+
+def test_a_failing_source_is_omitted_not_the_scrape() -> None:
+    def broken() -> list:
+        raise RuntimeError("boom")
+
+    state = ExportState(host="h", started_unix_s=0.0, report=_report([[("t", "0", [[2, "tokens", 1]])]]))
+    state.extra_sources.append(broken)
+    page = MetricsPage(SidecarCollector(state)).render()
+    assert b"dflash_trainer_tokens_total" in page and b"dflash_sidecar_start_time_seconds" in page
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, 1.0, 999999.5, 1e6, 123456789.0, 2.0**53, 1e22, -1e22, 1e-300,
+                                   math.inf, -math.inf, math.nan, 7, 2**40])
+def test_go_float_matches_prometheus_client(value: float) -> None:
+    assert exposition.go_float(value) == floatToGoString(value)
+
+
+def test_served_page_plain_and_gzip(tmp_path) -> None:  # noqa: ANN001
+    report = _report([[("target", "0", _every_kind(random.Random(2)))]])
+    state = ExportState(host="h", started_unix_s=0.0, report=report)
+    port = free_port()
+    server, _ = serve(state, f"127.0.0.1:{port}")
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            plain = resp.read()
+            assert resp.headers["Content-Type"] == exposition.CONTENT_TYPE
+        req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert resp.headers["Content-Encoding"] == "gzip"
+            assert gzip.decompress(resp.read()) == plain
+        assert b"dflash_trainer_forward_seconds_count" in plain
+        with urllib.request.urlopen(url + "?name[]=dflash_trainer_tokens_total", timeout=10) as resp:
+            filtered = resp.read()  # answered by prometheus_client, as before
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(SidecarCollector(state))
+        assert filtered == generate_latest(registry.restricted_registry(["dflash_trainer_tokens_total"]))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_new_window_is_prepared_only_while_something_scrapes() -> None:
+    now = [1000.0]
+    first = _report([[("target", "0", [[2, "tokens", 1]])]])
+    state = ExportState(host="h", started_unix_s=0.0, report=first)
+    page = MetricsPage(SidecarCollector(state), clock=lambda: now[0])
+    page.prepare()
+    assert page._cached[0] is None  # never scraped: nothing rendered
+    page.render()
+    second = _report([[("target", "0", [[2, "tokens", 2]])]])
+    state.report = second
+    now[0] += 30.0
+    page.prepare()
+    assert page._cached[0] is second
+    state.report = first
+    now[0] += 3600.0  # nobody scraped for an hour
+    page.prepare()
+    assert page._cached[0] is second
