@@ -102,6 +102,13 @@ def test_cardinality_budget_and_name_collisions() -> None:
     # "a_b" sanitizes onto the same family as "a.b"; a counter may not share a gauge's family;
     # "step" would clash with the daemon's own dflash_trainer_step.
     assert accepted == 1 and rejected == {"name_collision": 3}
+    # names whose families or samples would repeat on the page: counter x exposes x_total, a
+    # summary exposes _count and _sum
+    for first, second in [([COUNT, "x", 1], [COUNT, "x_total_total", 1]), ([COUNT, "x", 1], [GAUGE, "x_total", 1.0]),
+                          ([TIMING, "x_ms", 1.0], [GAUGE, "x_seconds_count", 1.0]),
+                          ([GAUGE, "x_total", 1.0], [COUNT, "x", 1])]:
+        accepted, rejected = _ingest(Aggregator(), [first, second])
+        assert accepted == 1 and rejected == {"name_collision": 1}, (first, second)
 
 
 def test_idle_series_expire_and_free_the_budget() -> None:
@@ -113,6 +120,13 @@ def test_idle_series_expire_and_free_the_budget() -> None:
     agg.roll(20.0, 0.0, 1.0)
     assert agg.series_count() == 0 and agg.generation == 1
     assert _ingest(agg, [[GAUGE, "b", 1.0]]) == (1, {})
+    assert _ingest(Aggregator(), [[GAUGE, "a.x", 1.0]])[0] == 1
+    # once "a" expired, its family is free for another raw name
+    agg = Aggregator(series_ttl_s=10)
+    _ingest(agg, [[GAUGE, "a.x", 1.0]])
+    agg.roll(0.0, 0.0, 1.0)
+    agg.roll(20.0, 0.0, 1.0)
+    assert _ingest(agg, [[GAUGE, "a_x", 1.0]]) == (1, {})
 
 
 def _batch(seq: int, records_total: int, n: int, dropped: dict[str, int] | None = None) -> BatchMessage:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.aggregation.names import counter_token, family_names, metric_token, timing_token
+from sidecar.aggregation.names import claimed_names, counter_token, metric_token, timing_token
 from sidecar.aggregation.series import CategorySeries, CounterSeries, GaugeSeries, Series, TimingSeries
 from trainer_shim.wire import RecordKind, name_problem, profile_entry_problem
 
@@ -24,7 +24,8 @@ _FACTORIES = {TIMING: TimingSeries, COUNT: CounterSeries, GAUGE: GaugeSeries,
 _TOKENS = {TIMING: timing_token, COUNT: counter_token, GAUGE: metric_token,
            CATEGORY: metric_token, SCALAR: metric_token}
 
-RESERVED_FAMILIES = ("dflash_trainer_step", "dflash_trainer_last_seen_timestamp_seconds")
+RESERVED_FAMILIES = ("dflash_trainer_step", "dflash_trainer_last_seen_timestamp_seconds",
+                     "dflash_trainer_last_seen_timestamp")
 """Families the daemon itself exports in the trainer namespace; trainer series may not claim them."""
 
 Adder = Callable[[Any], bool]
@@ -148,7 +149,7 @@ class Aggregator:
         key = (kind, token, role, worker)
         series = self._series.get(key)
         if series is None:
-            families = family_names(kind, token)
+            families = claimed_names(kind, token)
             owners = {self._family_owner.get(f, (kind, name)) for f in families}
             if owners != {(kind, name)}:
                 # Two raw names (or kinds) that map to one Prometheus family would corrupt it.
@@ -244,4 +245,8 @@ class Aggregator:
             del self._series[key], self._raw_names[key], self._last_active[key]
         if expired:
             self.generation += 1
+            self._family_owner = {f: owner for f, owner in self._family_owner.items() if owner[0] == -1}
+            for (kind, token, _, _), raw in self._raw_names.items():
+                for f in claimed_names(kind, token):
+                    self._family_owner[f] = (kind, raw)
         return WindowReport(end_unix_s, duration_s, tuple(views), dict(self._steps), dict(self._allocator))

@@ -24,10 +24,10 @@ def timing_token(name: str) -> str:
 
 
 def counter_token(name: str) -> str:
-    """As ``metric_token``, without a trailing ``_total`` (the exporter appends it)."""
+    """As ``metric_token``, without trailing ``_total``s (the exporter appends one)."""
     token = metric_token(name)
-    if token.endswith("_total") and len(token) > len("_total"):
-        return token[: -len("_total")]
+    while token.endswith("_total") and len(token) > len("_total"):
+        token = token[: -len("_total")]
     return token
 
 
@@ -44,6 +44,20 @@ def family_names(kind: int, token: str) -> tuple[str, ...]:
     if kind == 4:  # CATEGORY
         return (base + "_samples", base + "_entropy")
     return (base,)  # COUNT (exported as base_total), GAUGE, SCALAR
+
+
+_SAMPLE_SUFFIXES = {1: ("_count", "_sum"), 2: ("_total",), 4: ("_total",)}
+"""Sample names a family adds to its own name, by kind: summary (TIMING), counter (COUNT), and
+the counter of a CATEGORY (its first family)."""
+
+
+def claimed_names(kind: int, token: str) -> tuple[str, ...]:
+    """Every name a series' families and samples occupy in the exposition. Two series of
+    different kinds or raw names must claim disjoint sets, or the page would carry a family (or
+    sample) name twice and Prometheus would reject the whole scrape."""
+    families = family_names(kind, token)
+    extra = tuple(families[0] + suffix for suffix in _SAMPLE_SUFFIXES.get(kind, ()))
+    return families + extra
 
 
 def label_value(value: object) -> str | None:

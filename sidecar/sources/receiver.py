@@ -21,8 +21,11 @@ from trainer_shim.wire import MAX_MESSAGE_BYTES
 
 log = logging.getLogger("sidecar")
 
-RECV_HWM = 100_000
-"""Messages ZeroMQ may queue for the daemon before the publishers' side starts dropping."""
+RECV_HWM = 10_000
+"""Frames ZeroMQ may queue per connection for the daemon before the publisher's side drops
+(counted by the daemon as ``lost_in_transit``). A shim sends a frame per channel per flush
+(10 a second), so this is minutes of backlog for a trainer, while a flood of large frames stays
+bounded (100,000 let a flood hold about 330 MB)."""
 
 MAX_FRAMES_PER_POLL = 1000
 """Frames one ``poll`` hands over at most (the ingest loop checks its window between frames)."""
