@@ -24,6 +24,10 @@ log = logging.getLogger("sidecar")
 RECV_HWM = 100_000
 """Messages ZeroMQ may queue for the daemon before the publishers' side starts dropping."""
 
+POLL_MAX_BYTES = 8 * 1024 * 1024
+"""``poll`` stops taking frames out of ZeroMQ's queue once it holds this many bytes: a flood of
+4 MiB frames is then copied into the daemon a few at a time, not 1000 at a time (4 GiB)."""
+
 
 class EndpointError(Exception):
     """The endpoint cannot be used; the message says what to fix."""
@@ -98,19 +102,25 @@ class Receiver:
         self._ipc_paths.append(path)
 
     def poll(self, timeout_ms: int) -> list[bytes]:
-        """Frames received within ``timeout_ms`` (all that are queued, at most 1000)."""
+        """Frames received within ``timeout_ms`` (all that are queued, at most 1000 frames or
+        about ``POLL_MAX_BYTES``)."""
         frames: list[bytes] = []
         sock = self._sock
         if not sock.poll(timeout_ms):
             self._drain_monitor()
             return frames
+        nbytes = 0
         for _ in range(1000):
             try:
-                frames.append(sock.recv(zmq.NOBLOCK))
+                frame = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
+            frames.append(frame)
+            nbytes += len(frame)
+            if nbytes >= POLL_MAX_BYTES:
+                break
         self.stats.frames += len(frames)
-        self.stats.bytes += sum(map(len, frames))
+        self.stats.bytes += nbytes
         self._drain_monitor()
         return frames
 
