@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import stat
 from dataclasses import dataclass
 
 import zmq
@@ -81,9 +82,11 @@ class Receiver:
             os.makedirs(directory, mode=0o700, exist_ok=True)
         except OSError as exc:
             raise EndpointError(f"cannot create the socket directory {directory}: {exc.strerror}") from None
+        _check_directory(directory)
         lock_path = path + ".lock"
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            # O_NOFOLLOW: a symlink planted at the lock path must not make us truncate its target.
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise EndpointError(f"cannot open {lock_path}: {exc.strerror}") from None
         try:
@@ -154,6 +157,28 @@ class Receiver:
         for fd in self._locks:
             os.close(fd)
         self._locks.clear()
+
+
+def _check_directory(directory: str) -> None:
+    """Refuse a socket directory another user controls. If someone else owns it (for example
+    pre-created ``/tmp/dflash-sidecar-<uid>``), or may write to it without the sticky bit, they
+    could replace the socket (and receive the trainers' telemetry) or plant symlinks the daemon
+    would follow. Raises ``EndpointError`` saying what to fix."""
+    try:
+        st = os.lstat(directory)
+    except OSError as exc:
+        raise EndpointError(f"cannot inspect the socket directory {directory}: {exc.strerror}") from None
+    problem = None
+    if stat.S_ISLNK(st.st_mode):
+        problem = "is a symbolic link"
+    elif st.st_uid not in (os.geteuid(), 0):
+        problem = f"is owned by uid {st.st_uid}, not by this user ({os.geteuid()}) or root"
+    elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        problem = f"is writable by other users (mode {stat.S_IMODE(st.st_mode):04o}) without the sticky bit"
+    if problem:
+        raise EndpointError(f"refusing the socket directory {directory}: it {problem}, so another user could "
+                            "replace the socket. Remove it (the daemon recreates it private) or give --endpoint "
+                            "a path in a directory only this user can write")
 
 
 def _read_pid(path: str) -> int | None:
