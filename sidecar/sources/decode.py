@@ -53,6 +53,8 @@ _hello_fields = msgspec.msgpack.Decoder(Annotated[dict[str, msgspec.Raw], Meta(m
 _hello_value = msgspec.msgpack.Decoder(_HelloValue)
 
 _MAX_INT = 2**63 - 1
+_V1_BATCH_PREFIX = bytes([0x9A, 1, MessageKind.BATCH])
+"""A 10-item array, version 1, kind BATCH: how the shim's encoder starts every batch."""
 
 
 class DecodeError(Exception):
@@ -93,7 +95,11 @@ def decode(frame: bytes | memoryview) -> Message:
         raise DecodeError("oversized")
     try:
         msg = _batch_v1.decode(frame)
-    except Exception:  # not a well-formed v1 batch: classify it below
+    except msgspec.ValidationError as exc:
+        if bytes(frame[:3]) == _V1_BATCH_PREFIX and str(exc).endswith("`$[9]`") and "length" in str(exc):
+            raise DecodeError("oversized") from None  # too many records: known before decoding them
+        msg = None  # not a well-formed v1 batch: classify it below
+    except Exception:  # noqa: BLE001 - invalid msgpack, absurd nesting: classified below
         msg = None
     if msg is not None and msg[0].__class__ is int and msg[0] == 1 and msg[1].__class__ is int \
             and msg[1] == MessageKind.BATCH:
