@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.aggregation.gpu_groups import GpuGroups
 from trainer_shim.endpoint import default_endpoint
 
 
@@ -74,6 +75,15 @@ def _level(raw: Any) -> str:
     return value
 
 
+def _ratio(what: str) -> Callable[[Any], float]:
+    def check(raw: Any) -> float:
+        value = float(raw)
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{what} must be a ratio between 0 and 1")
+        return value
+    return check
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("wandb_run", "W&B run id to join (shared mode), or 'auto' to follow the run the trainer's "
             "shim announces. Unset: no W&B export."),
@@ -96,6 +106,28 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("wandb_queue", "Rows the W&B exporter may queue before dropping (counted).",
             type=_positive(int, "wandb_queue"), default=256),
     Setting("log_level", "debug, info, warning or error.", type=_level, default="info"),
+    # Pipeline insight (docs/METRICS.md): role names and bottleneck-verdict thresholds (ratios 0-1).
+    Setting("insight_target_role", "Role name of the target workers (those that fill the hidden-state queue).",
+            default="target"),
+    Setting("insight_drafter_role", "Role name of the drafter workers (those that drain the hidden-state queue).",
+            default="drafter"),
+    Setting("insight_starved_ratio", "Verdict: drafters starve (the supply side limits) when they spend at least "
+            "this share of wall time waiting on an empty queue (the ready deficit).",
+            type=_ratio("insight_starved_ratio"), default=0.15),
+    Setting("insight_backpressure_ratio", "Verdict: drafters limit (drafter-bound) when targets spend at least "
+            "this share of wall time blocked on a full queue.", type=_ratio("insight_backpressure_ratio"),
+            default=0.15),
+    Setting("insight_queue_full_ratio", "Verdict: drafter-bound when the queue is at least this full and targets "
+            "publish no queue_put_wait timing.", type=_ratio("insight_queue_full_ratio"), default=0.9),
+    Setting("insight_host_wait_ratio", "Verdict: host-bound when the limiting role waits on the host data loader "
+            "(data_wait) for at least this share of wall time.", type=_ratio("insight_host_wait_ratio"), default=0.25),
+    Setting("insight_handoff_ratio", "Verdict: queue-starved when drafters starve and targets spend at least this "
+            "share of wall time packing hidden states (pack).", type=_ratio("insight_handoff_ratio"), default=0.25),
+    Setting("insight_straggler_score", "Verdict: a worker whose score (best median busy time per batch of its "
+            "role / its own) is below this is a straggler.", type=_ratio("insight_straggler_score"), default=0.7),
+    Setting("insight_throttle_reasons", "Verdict: NVML clock-event reasons that count as throttling (repeatable).",
+            kind="list", default=["hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                                  "hw_power_brake_slowdown", "board_limit", "reliability"]),
 )
 
 
@@ -118,6 +150,17 @@ class Config:
     wandb_queue: int = 256
     log_level: str = "info"
     config_file: str | None = None
+    insight_target_role: str = "target"
+    insight_drafter_role: str = "drafter"
+    insight_starved_ratio: float = 0.15
+    insight_backpressure_ratio: float = 0.15
+    insight_queue_full_ratio: float = 0.9
+    insight_host_wait_ratio: float = 0.25
+    insight_handoff_ratio: float = 0.25
+    insight_straggler_score: float = 0.7
+    insight_throttle_reasons: tuple[str, ...] = (
+        "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "board_limit",
+        "reliability")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -189,6 +232,10 @@ def _validate(values: Mapping[str, Any], path: str | None) -> Config:
     for f in (config.prometheus_tls_cert, config.prometheus_tls_key):
         if f and not os.access(f, os.R_OK):
             raise ConfigError(f"cannot read TLS file {f}")
+    try:
+        GpuGroups.parse(config.gpu_group)
+    except ValueError as exc:
+        raise ConfigError(f"invalid --gpu-group: {exc}") from None
     if config.wandb_run is not None:
         run = config.wandb_run
         if not run.strip() or any(c in run for c in "/ \t"):

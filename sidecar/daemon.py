@@ -19,12 +19,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from sidecar import config as config_mod
 from sidecar import systemd
+from sidecar.aggregation.insight import EXTRAS_KEY, GpuFacts, compute_insight
+from sidecar.aggregation.verdict import InsightSettings
 from sidecar.config import Config, ConfigError
 from sidecar.exporters.console import ConsoleExporter
+from sidecar.aggregation.gpu_groups import GpuGroups
 from sidecar.aggregation.senders import SenderState
+from sidecar.exporters.console_insight import insight_part
+from sidecar.exporters.insight_row import insight_row
 from sidecar.exporters.prometheus import ExportState, serve
 from sidecar.exporters.rows import accounting_row, trainer_row
 from sidecar.exporters.wandb_exporter import WandbConfig, WandbExporter
+from sidecar.gpus import GpuTelemetry
+from sidecar.exporters.prometheus_insight import InsightSource
 from sidecar.ingest import IngestLoop, IngestReport
 from sidecar.selfstats import read_self
 from sidecar.sources.receiver import Receiver
@@ -51,15 +58,28 @@ class Daemon:
         self.state = ExportState(host=self.host, started_unix_s=time.time())
         self.state.self_families = self._self_families
         self.console = ConsoleExporter()
+        self.console.hooks.append(insight_part)
+        self.insight = InsightSource(self.host)
+        self.state.extra_sources.append(self.insight)
+        self.gpu_facts: Callable[[], GpuFacts | None] | None = None
+        """Per-GPU facts for the insight (throttle reasons, GPU roles); wired to the NVML source."""
+        self.insight_failures = 0
         self.window_consumers: list[WindowConsumer] = [self.console.export]
         self.hello_consumers: list[Callable[[SenderState], None]] = []
-        self.row_builders: list[Callable[[IngestReport], dict[str, float]]] = [trainer_row, accounting_row]
+        self.row_builders: list[Callable[[IngestReport], dict[str, float]]] = [
+            trainer_row, accounting_row, _insight_row]
         self.wandb: WandbExporter | None = None
         if config.wandb_run:
             self.wandb = WandbExporter(wandb_config(config), host=self.host)
             self.window_consumers.append(self._submit_wandb)
             self.hello_consumers.append(self._hello_to_wandb)
             self.state.extra_sources.append(self._wandb_families)
+        self.gpus = GpuTelemetry(config.gpu_metrics, config.nvml_interval, GpuGroups.parse(config.gpu_group), self.host)
+        self.state.extra_sources.append(self.gpus.families)
+        self.gpu_facts = self.gpus.facts
+        self.hello_consumers.append(self.gpus.on_hello)
+        self.window_consumers.append(self.gpus.on_window)
+        self.row_builders.append(self.gpus.wandb_row)
         self.ingest: IngestLoop | None = None
         self._server = None
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -81,6 +101,7 @@ class Daemon:
         self.ingest = IngestLoop(receiver, cfg.interval, self._on_window, on_hello=self._on_hello,
                                  max_series=cfg.max_series)
         self.ingest.start()
+        self.gpus.start()
         if self.wandb is not None:
             self.wandb.start()
         log.info("dflash-sidecar started: endpoints %s, Prometheus on %s%s, window %.1fs",
@@ -122,7 +143,7 @@ class Daemon:
             return
         finally:
             systemd.notify("READY=1")
-        live = {"interval", "log_level"}
+        live = {"interval", "log_level"} | {f for f in Config.__dataclass_fields__ if f.startswith("insight_")}
         changed = {f for f in Config.__dataclass_fields__ if getattr(new, f) != getattr(self.config, f)}
         if "interval" in changed and self.ingest is not None:
             self.ingest.set_interval(new.interval)
@@ -141,6 +162,7 @@ class Daemon:
         systemd.notify("STOPPING=1")
         if self.ingest is not None:
             self.ingest.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2)
+        self.gpus.shutdown()
         if self.wandb is not None:
             self.wandb.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2)
         if self._server is not None:
@@ -151,6 +173,7 @@ class Daemon:
     # -- window fan-out (ingest thread) ----------------------------------------------------------
 
     def _on_window(self, report: IngestReport) -> None:
+        self._attach_insight(report)
         self.state.report = report
         for consumer in self.window_consumers:
             try:
@@ -173,9 +196,10 @@ class Daemon:
 
     def _submit_wandb(self, report: IngestReport) -> None:
         assert self.wandb is not None
+        # Keys carry the host: in a run shared by several nodes each node's sidecar writes its own.
         row: dict[str, float] = {}
         for build in self.row_builders:
-            row.update(build(report))
+            row.update((f"{self.host}/{key}", value) for key, value in build(report).items())
         self.wandb.submit(row, report.window.trainer_step)
 
     def _wandb_families(self) -> Iterable[Metric]:
@@ -195,6 +219,19 @@ class Daemon:
         for member in type(stats.state):
             state.add_metric(host + [member.value], 1.0 if member == stats.state else 0.0)
         return [depth, logged, dropped, state]
+    def _attach_insight(self, report: IngestReport) -> None:
+        """Compute the window's pipeline insight once, before any exporter sees the report: it goes
+        into ``report.extras`` (console, W&B) and to the Prometheus source."""
+        try:
+            facts = self.gpu_facts() if self.gpu_facts is not None else None
+            insight = compute_insight(report, InsightSettings.from_config(self.config), facts)
+        except Exception:  # noqa: BLE001 - the insight must never stop the raw exports
+            self.insight_failures += 1
+            if self.insight_failures == 1:
+                log.exception("sidecar: pipeline insight failed (counted, logged once)")
+            return
+        report.extras[EXTRAS_KEY] = insight
+        self.insight.insight = insight
 
     def _self_families(self) -> Iterable[Metric]:
         stats = read_self()
@@ -226,3 +263,8 @@ def wandb_config(config: Config) -> WandbConfig:
     """The W&B exporter's settings from the daemon's."""
     return WandbConfig(run=config.wandb_run, project=config.wandb_project, entity=config.wandb_entity,
                        queue_size=config.wandb_queue, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S / 2)
+
+
+def _insight_row(report: IngestReport) -> dict[str, float]:
+    insight = report.extras.get(EXTRAS_KEY)
+    return insight_row(insight) if insight is not None else {}

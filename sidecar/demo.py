@@ -24,31 +24,36 @@ from sidecar.config import Config
 
 log = logging.getLogger("sidecar")
 
+PREFETCH = 2
+"""Batches a drafter would prefetch (the demo reports the queue's head as its prefetch buffer)."""
 BOTTLENECKS = ("none", "target", "drafter", "queue", "host", "straggler")
 
 
 @dataclass(frozen=True)
 class PipelineTimings:
-    """Milliseconds per batch for each phase (scaled-down DFlash step times)."""
+    """Milliseconds per batch for each phase (scaled-down DFlash step times; long enough that
+    thread wake-up latency on a loaded host stays small against them)."""
 
-    data_ms: float = 4.0
-    target_forward_ms: float = 30.0
-    pack_ms: float = 3.0
-    drafter_forward_ms: float = 10.0
-    drafter_backward_ms: float = 18.0
-    optimizer_ms: float = 4.0
+    data_ms: float = 8.0
+    target_forward_ms: float = 60.0
+    pack_ms: float = 6.0
+    drafter_forward_ms: float = 16.0
+    drafter_backward_ms: float = 26.0
+    optimizer_ms: float = 8.0
     queue_capacity: int = 8
     straggler_factor: float = 1.0
 
     @classmethod
     def for_bottleneck(cls, kind: str) -> PipelineTimings:
-        """Phase times that make ``kind`` the limiting part (``none``: balanced)."""
+        """Phase times that make ``kind`` the limiting part. ``none``: the targets (3 workers x
+        74 ms per batch) are about 1 % ahead of the drafters (2 x 50 ms), a tuned run: the queue
+        stays full and neither side waits for long."""
         return {
             "none": cls(),
-            "target": cls(target_forward_ms=80.0),
-            "drafter": cls(drafter_forward_ms=25.0, drafter_backward_ms=50.0, optimizer_ms=10.0),
-            "queue": cls(pack_ms=45.0, queue_capacity=1),
-            "host": cls(data_ms=60.0),
+            "target": cls(target_forward_ms=160.0),
+            "drafter": cls(drafter_forward_ms=40.0, drafter_backward_ms=80.0, optimizer_ms=16.0),
+            "queue": cls(pack_ms=90.0, queue_capacity=1),
+            "host": cls(data_ms=120.0),
             "straggler": cls(straggler_factor=2.5),
         }[kind]
 
@@ -131,7 +136,8 @@ class SimulatedPipeline:
             ch.count("tokens", tokens)
             ch.count("loss_tokens", loss_tokens)
             ch.category("bucket", bucket)
-            ch.gauge("prefetch_depth", min(self.queue.qsize(), 2))
+            ch.gauge("prefetch_depth", min(self.queue.qsize(), PREFETCH))
+            ch.gauge("prefetch_capacity", PREFETCH)
             ch.scalar("loss", 2.0 / (1.0 + step / 500.0))
 
     def start(self) -> None:
@@ -166,7 +172,9 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
     log.info("demo: simulated pipeline with %d target and %d drafter workers, bottleneck=%s; "
              "metrics on http://%s/metrics", ns.targets, ns.drafters, ns.bottleneck, cfg.prometheus_addr)
     if ns.duration > 0:
-        threading.Timer(ns.duration, daemon.stop).start()
+        timer = threading.Timer(ns.duration, daemon.stop)
+        timer.daemon = True  # SIGTERM before the duration ends must not wait for it
+        timer.start()
     try:
         return daemon.run()
     finally:

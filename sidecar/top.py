@@ -11,7 +11,7 @@ import urllib.request
 from collections import defaultdict
 
 from prometheus_client.parser import text_string_to_metric_families
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 
@@ -28,7 +28,7 @@ def scrape(url: str, timeout_s: float = 2.0) -> dict[str, list[tuple[dict[str, s
 
 
 def render(samples: dict[str, list[tuple[dict[str, str], float]]]) -> Group:
-    """One frame: trainer timings per role/worker, GPUs, accounting."""
+    """One frame: pipeline insight, trainer timings per role/worker, GPUs, accounting."""
     timings = Table(title="trainer timings (last window, ms)", expand=True)
     for col in ("role", "worker", "timing", "p50", "p95", "max"):
         timings.add_column(col)
@@ -59,11 +59,57 @@ def render(samples: dict[str, list[tuple[dict[str, str], float]]]) -> Group:
         acct.add_row(f"accepted {labels.get('role')}/{labels.get('worker')}", f"{value:,.0f}")
     for labels, value in samples.get("dflash_sidecar_records_dropped_total", []):
         acct.add_row(f"dropped {labels.get('role')}/{labels.get('worker')} {labels.get('reason')}", f"{value:,.0f}")
-    parts = [timings, gpus, acct]
+    return Group(*pipeline_parts(samples), timings, gpus, acct)
+
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+_NAN = float("nan")
+
+
+def _one(samples: Samples, name: str) -> float:
+    items = samples.get("dflash_pipeline_" + name)
+    return items[0][1] if items else _NAN
+
+
+def pipeline_parts(samples: Samples) -> list[RenderableType]:
+    """The pipeline insight: verdict, queue health, roles (rates, time shares), workers. Empty
+    before the daemon's first window."""
     verdict = [labels.get("verdict") for labels, v in samples.get("dflash_pipeline_bottleneck", []) if v == 1]
-    if verdict:
-        parts.insert(0, f"[bold]bottleneck: {verdict[0]}[/bold]")
-    return Group(*parts)
+    if not verdict:
+        return []
+    style = "green" if verdict[0] == "balanced" else "yellow" if verdict[0] == "unknown" else "bold red"
+    queue = (f"queue fill {_one(samples, 'queue_fill_ratio'):.0%} · ready deficit "
+             f"{_one(samples, 'ready_deficit_ratio'):.0%} · target:drafter batches "
+             f"{_one(samples, 'target_drafter_batch_ratio'):.2f} · prefetch fill "
+             f"{_one(samples, 'prefetch_fill_ratio'):.0%}"
+             f" · {_one(samples, 'batch_tokens_mean'):,.0f} tokens/batch · loss tokens "
+             f"{_one(samples, 'loss_token_ratio'):.0%} · bucket entropy {_one(samples, 'bucket_entropy'):.2f} bits")
+    roles = Table(title="pipeline roles (last window)", expand=True)
+    for col in ("role", "tokens/s", "batches/s", "rate CV", "time share"):
+        roles.add_column(col)
+    by_role: dict[str, dict[str, float]] = defaultdict(dict)
+    for key, name in (("tokens", "tokens_per_second"), ("batches", "batches_per_second"), ("cv", "rate_cv_ratio")):
+        for labels, value in samples.get("dflash_pipeline_" + name, []):
+            by_role[labels.get("role", "")][key] = value
+    shares: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for labels, value in samples.get("dflash_pipeline_time_share_ratio", []):
+        shares[labels.get("role", "")].append((value, labels.get("phase", "")))
+    for role, v in sorted(by_role.items()):
+        top = " ".join(f"{phase} {share:.0%}" for share, phase in sorted(shares[role], reverse=True)[:4])
+        roles.add_row(role, f"{v.get('tokens', _NAN):,.0f}", f"{v.get('batches', _NAN):.1f}",
+                      f"{v.get('cv', _NAN):.2f}", top)
+    workers = Table(title="pipeline workers", expand=True)
+    for col in ("role", "worker", "batches/s", "score", "straggler"):
+        workers.add_column(col)
+    by_worker: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    for key, name in (("rate", "worker_batches_per_second"), ("score", "worker_score_ratio"),
+                      ("straggler", "straggler")):
+        for labels, value in samples.get("dflash_pipeline_" + name, []):
+            by_worker[labels.get("role", ""), labels.get("worker", "")][key] = value
+    for (role, worker), v in sorted(by_worker.items()):
+        workers.add_row(role, worker, f"{v.get('rate', _NAN):.1f}", f"{v.get('score', _NAN):.2f}",
+                        "[bold red]yes[/bold red]" if v.get("straggler") == 1 else "")
+    return [f"[{style}]bottleneck: {verdict[0]}[/{style}]", queue, roles, workers]
 
 
 def run_top(url: str, refresh_s: float, once: bool) -> int:

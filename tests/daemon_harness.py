@@ -52,12 +52,14 @@ class DaemonProc:
     """``python -m sidecar`` in a subprocess, stderr captured to a file."""
 
     def __init__(self, tmp: Path, *args: str, endpoint: str | None = None, port: int | None = None,
-                 interval: float | None = 0.5, extra_env: dict[str, str] | None = None, wait: bool = True) -> None:
+                 interval: float | None = 0.5, extra_env: dict[str, str] | None = None, wait: bool = True,
+                 gpu: bool = False) -> None:
         self.port = port or free_port()
         self.endpoint = endpoint or f"ipc://{tmp}/sidecar.sock"
         self.log_path = tmp / f"daemon-{self.port}.log"
-        cmd = [sys.executable, "-m", "sidecar", "run", "--no-gpu-metrics",
-               "--prometheus-addr", f"127.0.0.1:{self.port}", *args]
+        cmd = [sys.executable, "-m", "sidecar", "run", "--prometheus-addr", f"127.0.0.1:{self.port}", *args]
+        if not gpu:
+            cmd.append("--no-gpu-metrics")
         if interval is not None:
             cmd += ["--interval", str(interval)]
         if endpoint is not False:

@@ -1,0 +1,179 @@
+"""Bottleneck-verdict accuracy: drive ``dflash-sidecar demo --bottleneck X`` for every X and
+compare the per-window verdict (read from the console line) with the injected bottleneck.
+
+    python bench/bench_verdict.py --duration 120            # writes bench/RESULTS_VERDICT.md
+    python bench/bench_verdict.py --duration 8 --no-write   # a quick look
+    python bench/bench_verdict.py --duration 60 --cpu-hogs 2 --append   # under CPU contention
+
+Each bottleneck runs in its own ``dflash-sidecar demo`` process (all in parallel unless
+``--serial``), with NVML off. The first ``--warmup`` windows and partial windows (the flush at
+shutdown) are not scored. ``tests/test_insight_demo.py`` runs the short form of this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPECTED = {"none": "balanced", "target": "target-bound", "drafter": "drafter-bound", "queue": "queue-starved",
+            "host": "host-bound", "straggler": "straggler"}
+VERDICTS = ("balanced", "target-bound", "drafter-bound", "queue-starved", "host-bound", "throttled", "straggler",
+            "unknown")
+LINE = re.compile(r"window (?P<dur>[\d.]+)s \|.*\| verdict (?P<verdict>[a-z-]+)(?: \((?P<evidence>[^)]*)\))?")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_one(bottleneck: str, duration_s: float, interval_s: float, workdir: str) -> list[tuple[float, str, str]]:
+    """Run one demo; returns (window seconds, verdict, evidence) for every window it logged."""
+    cmd = [sys.executable, "-m", "sidecar", "demo", "--bottleneck", bottleneck, "--interval", str(interval_s),
+           "--duration", str(duration_s), "--no-gpu-metrics", "--endpoint", f"ipc://{workdir}/{bottleneck}.sock",
+           "--prometheus-addr", f"127.0.0.1:{free_port()}"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=duration_s + 60, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"demo --bottleneck {bottleneck} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+    matches = [m for m in map(LINE.search, proc.stderr.splitlines()) if m]
+    return [(float(m["dur"]), m["verdict"], m["evidence"] or "") for m in matches]
+
+
+def scored(windows: list[tuple[float, str, str]], interval_s: float, warmup: int) -> list[tuple[float, str, str]]:
+    """The windows that count: after ``warmup`` windows, full-length only."""
+    return [w for w in windows[warmup:] if w[0] >= 0.5 * interval_s]
+
+
+def evaluate(bottlenecks: list[str], duration_s: float, interval_s: float = 1.0, warmup: int = 1,
+             serial: bool = False) -> dict[str, list[tuple[float, str, str]]]:
+    """Injected bottleneck -> its scored windows."""
+    with tempfile.TemporaryDirectory(prefix="dflash-verdict-") as workdir:
+        with ThreadPoolExecutor(max_workers=1 if serial else len(bottlenecks)) as pool:
+            results = pool.map(lambda b: run_one(b, duration_s, interval_s, workdir), bottlenecks)
+            return {b: scored(w, interval_s, warmup) for b, w in zip(bottlenecks, results, strict=True)}
+
+
+def _hog(stop: multiprocessing.synchronize.Event) -> None:
+    while not stop.is_set():
+        sum(range(10_000))
+
+
+def with_cpu_hogs(n: int, fn):  # type: ignore[no-untyped-def]
+    """Run ``fn()`` while ``n`` processes spin on the CPU (contention like a busy training host)."""
+    stop = multiprocessing.Event()
+    hogs = [multiprocessing.Process(target=_hog, args=(stop,), daemon=True) for _ in range(n)]
+    for h in hogs:
+        h.start()
+    try:
+        return fn()
+    finally:
+        stop.set()
+        for h in hogs:
+            h.join(5)
+
+
+def evidence_ranges(windows: list[tuple[float, str, str]]) -> dict[str, tuple[float, float, float]]:
+    """Evidence name -> (min, median, max) over the windows."""
+    values: dict[str, list[float]] = {}
+    for _, _, text in windows:
+        for key, _, value in (part.partition("=") for part in text.split()):
+            try:
+                number = float(value.rstrip(","))
+            except ValueError:
+                continue
+            values.setdefault(key, []).append(number)
+    return {k: (min(v), sorted(v)[len(v) // 2], max(v)) for k, v in values.items()}
+
+
+def confusion(results: dict[str, list[tuple[float, str, str]]]) -> dict[str, Counter[str]]:
+    return {b: Counter(v for _, v, _ in windows) for b, windows in results.items()}
+
+
+def accuracy(counts: Counter[str], bottleneck: str) -> float:
+    total = sum(counts.values())
+    return counts[EXPECTED[bottleneck]] / total if total else 0.0
+
+
+def markdown(results: dict[str, list[tuple[float, str, str]]], command: str, elapsed_s: float,
+             title: str = "# Bottleneck verdict: confusion matrix") -> str:
+    matrix = confusion(results)
+    cols = [v for v in VERDICTS if any(m[v] for m in matrix.values()) or v in EXPECTED.values()]
+    lines = [title, "",
+             f"Command: `{command}`", "",
+             f"Machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.platform()}; "
+             f"{time.strftime('%Y-%m-%d')}; wall time {elapsed_s:.0f} s (all bottlenecks in parallel unless "
+             "`--serial`, so the machine is loaded on purpose).", "",
+             "Rows: injected bottleneck (`dflash-sidecar demo --bottleneck X`, 1 s windows, NVML off). Columns: "
+             "the verdict of each window after the first (warm-up) one; the partial window flushed at "
+             "shutdown is not scored.", "",
+             "| injected \\ verdict | " + " | ".join(cols) + " | windows | correct |",
+             "| --- | " + " | ".join("---:" for _ in cols) + " | ---: | ---: |"]
+    for b, counts in matrix.items():
+        lines.append(f"| {b} (expect {EXPECTED[b]}) | " + " | ".join(str(counts[c]) for c in cols)
+                     + f" | {sum(counts.values())} | {accuracy(counts, b):.1%} |")
+    total = sum(sum(c.values()) for c in matrix.values())
+    right = sum(c[EXPECTED[b]] for b, c in matrix.items())
+    lines += ["", f"Overall: {right}/{total} windows correct ({right / total if total else 0:.1%}).", "",
+              "`throttled` needs GPU facts (active NVML clock-event reasons) that the demo cannot produce "
+              "without a GPU; it is evaluated by unit tests with synthetic GPU facts "
+              "(`tests/test_insight_verdict.py`) until the NVML source feeds the insight.", ""]
+    lines += ["Evidence over the scored windows (min / median / max): how far each deciding number stays "
+              "from its threshold (defaults: wait signals 0.15, cause shares 0.25, straggler score 0.7).", "",
+              "| injected | evidence |", "| --- | --- |"]
+    for b, windows in results.items():
+        ranges = evidence_ranges(windows)
+        lines.append(f"| {b} | " + "; ".join(f"{k} {lo:.2f} / {mid:.2f} / {hi:.2f}"
+                                             for k, (lo, mid, hi) in ranges.items()) + " |")
+    lines.append("")
+    wrong = [(b, w) for b, windows in results.items() for w in windows if w[1] != EXPECTED[b]]
+    if wrong:
+        lines += ["Misjudged windows (injected: verdict (evidence)):", ""]
+        lines += [f"- {b}: {v} ({e})" for b, (_, v, e) in wrong[:20]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=120.0, help="seconds per bottleneck")
+    parser.add_argument("--interval", type=float, default=1.0, help="window seconds")
+    parser.add_argument("--warmup", type=int, default=1, help="windows not scored at the start")
+    parser.add_argument("--serial", action="store_true", help="one bottleneck at a time")
+    parser.add_argument("--bottleneck", action="append", choices=list(EXPECTED), help="default: all")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS_VERDICT.md"))
+    parser.add_argument("--cpu-hogs", type=int, default=0, help="processes spinning on the CPU meanwhile")
+    parser.add_argument("--append", action="store_true", help="append to --out instead of replacing it")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    ns = parser.parse_args()
+    start = time.monotonic()
+    results = with_cpu_hogs(ns.cpu_hogs, lambda: evaluate(ns.bottleneck or list(EXPECTED), ns.duration,
+                                                          ns.interval, ns.warmup, ns.serial))
+    command = "python " + " ".join(["bench/bench_verdict.py", *sys.argv[1:]])
+    title = "# Bottleneck verdict: confusion matrix" if not ns.append else (
+        f"## With {ns.cpu_hogs} CPU-spinning processes" if ns.cpu_hogs else "## Another run")
+    text = markdown(results, command, time.monotonic() - start, title)
+    print(text)
+    if not ns.no_write:
+        if ns.append and Path(ns.out).exists():
+            text = Path(ns.out).read_text() + "\n" + text
+        Path(ns.out).write_text(text)
+    ok = all(accuracy(c, b) >= 0.95 for b, c in confusion(results).items())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""GPU groups: which GPUs serve which role, and per-group aggregates.
+
+Groups come from ``--gpu-group NAME=IDS`` (``target=0-5``, ``drafter=6,7``, ``a=0-3,8``), or,
+when none is given, are discovered from the trainer processes found on each GPU (matched by
+pid to the shims' hellos): a GPU belongs to the role of the trainer process using the most
+memory on it. Aggregates are computed over the group's GPUs that are up and report the value.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sidecar.sources.gpu_model import GpuReading, GpuSnapshot
+
+MAX_GPU_INDEX = 1023
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuGroupSpec:
+    """One configured group: a name and NVML GPU indices (sorted, unique)."""
+
+    name: str
+    gpus: tuple[int, ...]
+
+
+def parse_gpu_ids(text: str) -> tuple[int, ...]:
+    """Parse ``"0-5"``, ``"6,7"`` or ``"0-3,6"`` into sorted unique indices.
+
+    Raises ``ValueError`` for empty parts, non-integers, negative or too large indices,
+    reversed ranges and repeated indices.
+    """
+    ids: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            raise ValueError(f"empty GPU id in {text!r}")
+        low_text, dash, high_text = part.partition("-")
+        try:
+            low = int(low_text)
+            high = int(high_text) if dash else low
+        except ValueError:
+            raise ValueError(f"GPU ids must be integers or ranges like 0-5, got {part!r}") from None
+        if low < 0 or high > MAX_GPU_INDEX:
+            raise ValueError(f"GPU ids must be between 0 and {MAX_GPU_INDEX}, got {part!r}")
+        if high < low:
+            raise ValueError(f"GPU range {part!r} runs backwards")
+        ids.extend(range(low, high + 1))
+    repeated = sorted(i for i, n in Counter(ids).items() if n > 1)
+    if repeated:
+        raise ValueError(f"GPU id(s) {repeated} listed twice in {text!r}")
+    return tuple(sorted(ids))
+
+
+def parse_group_spec(text: str) -> GpuGroupSpec:
+    """Parse one ``NAME=IDS`` spec. Raises ``ValueError`` with the reason and the bad input."""
+    name, equals, ids = text.partition("=")
+    name = name.strip()
+    if not equals:
+        raise ValueError(f"GPU group must look like NAME=IDS (e.g. target=0-5), got {text!r}")
+    if not _NAME.match(name):
+        raise ValueError(f"GPU group name must be 1-64 of letters, digits, _ . - starting with a letter or _, "
+                         f"got {name!r}")
+    if not ids.strip():
+        raise ValueError(f"GPU group {name!r} lists no GPUs")
+    return GpuGroupSpec(name, parse_gpu_ids(ids))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuGroups:
+    """The configured groups; empty means "discover from the trainer processes"."""
+
+    specs: tuple[GpuGroupSpec, ...] = ()
+
+    @classmethod
+    def parse(cls, texts: Iterable[str]) -> GpuGroups:
+        """Parse ``--gpu-group`` values. Raises ``ValueError`` for a bad spec, a repeated group
+        name, or a GPU in two groups."""
+        specs: list[GpuGroupSpec] = []
+        owner: dict[int, str] = {}
+        for text in texts:
+            spec = parse_group_spec(text)
+            if any(s.name == spec.name for s in specs):
+                raise ValueError(f"GPU group {spec.name!r} is given twice")
+            for gpu in spec.gpus:
+                if gpu in owner:
+                    raise ValueError(f"GPU {gpu} is in both group {owner[gpu]!r} and group {spec.name!r}")
+                owner[gpu] = spec.name
+            specs.append(spec)
+        return cls(tuple(specs))
+
+    @property
+    def discovered(self) -> bool:
+        """True when groups are discovered from trainer processes (no explicit spec)."""
+        return not self.specs
+
+    def resolve(self, snapshot: GpuSnapshot | None) -> dict[str, tuple[int, ...]]:
+        """Group name -> GPU indices for this snapshot (explicit specs, else discovery)."""
+        if self.specs:
+            return {spec.name: spec.gpus for spec in self.specs}
+        return discover_groups(snapshot)
+
+    def unknown_gpus(self, snapshot: GpuSnapshot) -> tuple[int, ...]:
+        """Configured GPU indices this host does not have (worth one warning)."""
+        present = {g.index for g in snapshot.gpus}
+        return tuple(sorted({i for s in self.specs for i in s.gpus} - present))
+
+
+def discover_groups(snapshot: GpuSnapshot | None) -> dict[str, tuple[int, ...]]:
+    """Role -> GPUs, from the trainer processes on each GPU (the role using most memory wins)."""
+    groups: dict[str, list[int]] = {}
+    for reading in snapshot.gpus if snapshot is not None else ():
+        memory_by_role: dict[str, int] = {}
+        for process in reading.processes:
+            memory_by_role[process.role] = memory_by_role.get(process.role, 0) + (process.memory_bytes or 0)
+        if memory_by_role:
+            role = min(memory_by_role, key=lambda r: (-memory_by_role[r], r))
+            groups.setdefault(role, []).append(reading.index)
+    return {role: tuple(sorted(gpus)) for role, gpus in sorted(groups.items())}
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAggregate:
+    """Aggregates of one group over its GPUs that are up; a value is None when no GPU has it."""
+
+    name: str
+    gpus: tuple[int, ...]
+    gpus_up: int
+    utilization_mean_ratio: float | None
+    power_total_watts: float | None
+    temperature_max_celsius: float | None
+    memory_free_min_bytes: int | None
+
+
+def aggregate_groups(snapshot: GpuSnapshot | None, groups: GpuGroups) -> tuple[GroupAggregate, ...]:
+    """One ``GroupAggregate`` per group, in name order."""
+    if snapshot is None:
+        return ()
+    by_index = {g.index: g for g in snapshot.gpus}
+    result = []
+    for name, indices in sorted(groups.resolve(snapshot).items()):
+        up = [by_index[i] for i in indices if i in by_index and by_index[i].up]
+        utilization = _present(up, "utilization_ratio")
+        power = _present(up, "power_watts")
+        temperature = _present(up, "temperature_celsius")
+        free = _present(up, "memory_free_bytes")
+        result.append(GroupAggregate(
+            name=name,
+            gpus=indices,
+            gpus_up=len(up),
+            utilization_mean_ratio=sum(utilization) / len(utilization) if utilization else None,
+            power_total_watts=sum(power) if power else None,
+            temperature_max_celsius=max(temperature) if temperature else None,
+            memory_free_min_bytes=int(min(free)) if free else None,
+        ))
+    return tuple(result)
+
+
+def _present(readings: list[GpuReading], attribute: str) -> list[float]:
+    values = (getattr(r, attribute) for r in readings)
+    return [v for v in values if v is not None]

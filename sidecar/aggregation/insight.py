@@ -1,0 +1,320 @@
+"""Pipeline insight: one window's aggregates in, "why are the GPUs idle?" out.
+
+Pure computation (no I/O, no clock, no locks): ``compute_insight(report, settings, gpus)`` turns
+an ``IngestReport`` (plus, optionally, per-GPU facts from NVML) into a frozen ``PipelineInsight``:
+throughput per role and worker, hidden-state queue health, worker balance, batch composition,
+the time breakdown per role and the bottleneck verdict (``sidecar.aggregation.verdict``).
+
+It reads the trainer metric-name conventions documented in docs/METRICS.md (timings arrive
+sanitized with their ``_ms`` unit stripped). A value the trainer does not publish is ``None``
+(absent from every export), never a fake zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.aggregation.aggregator import CATEGORY, COUNT, GAUGE, TIMING, SeriesView
+from sidecar.aggregation.series import entropy_bits
+from sidecar.aggregation.verdict import InsightSettings, RoleFacts, Verdict, decide
+from sidecar.ingest import IngestReport
+
+WAIT_PHASES = ("data_wait", "queue_wait", "queue_put_wait")
+"""Timings that are waiting: for the host data loader, for the hidden-state queue (empty), for
+room in the queue (full)."""
+BUSY_PHASES = ("forward", "backward", "optimizer", "pack")
+"""Timings that are work: the compute of one batch (a worker's busy time per batch)."""
+PHASES = WAIT_PHASES + BUSY_PHASES
+OTHER = "other"
+"""Wall time not covered by any phase timing (Python overhead, logging, untracked work)."""
+
+EXTRAS_KEY = "pipeline_insight"
+"""Key of the ``PipelineInsight`` in ``IngestReport.extras`` once the daemon has computed it."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """What the insight needs from the GPUs (from the NVML source): the clock-event (throttle)
+    reasons active on each GPU, and which role (GPU group) each GPU serves. GPU ids are strings
+    (NVML indices as text); a GPU missing from ``roles`` has an unknown role."""
+
+    clock_events: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    roles: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInsight:
+    """One worker in one window. Rates per second; ``busy_ms`` is the median busy time per batch
+    (sum of the p50s of its work phases, ms); ``score`` is its performance relative to the best
+    worker of its role (0-1, 1 = best); ``straggler`` when the score is below the threshold."""
+
+    role: str
+    worker: str
+    batches_per_s: float
+    tokens_per_s: float
+    busy_ms: float | None
+    score: float | None
+    straggler: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RoleInsight:
+    """One role in one window. ``time_share``: phase -> share of the role's wall time (mean over
+    its workers, 0-1, including ``other``); empty when the role publishes no phase timing.
+    ``rate_cv``: coefficient of variation of its workers' batch rates (None below 2 workers)."""
+
+    role: str
+    workers: int
+    batches_per_s: float
+    tokens_per_s: float
+    rate_cv: float | None
+    time_share: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineInsight:
+    """The derived pipeline metrics of one window and the verdict. Ratios are 0-1 (the batch
+    ratio excepted), ``None`` when the trainer does not publish what they need."""
+
+    end_unix_s: float
+    duration_s: float
+    roles: dict[str, RoleInsight]
+    workers: tuple[WorkerInsight, ...]
+    queue_fill: float | None
+    ready_deficit: float | None
+    target_drafter_batch_ratio: float | None
+    prefetch_fill: float | None
+    batch_tokens_mean: float | None
+    loss_token_ratio: float | None
+    bucket_entropy_bits: float | None
+    throttled_gpus: dict[str, tuple[str, ...]]
+    verdict: Verdict
+
+    def role(self, name: str) -> RoleInsight | None:
+        return self.roles.get(name)
+
+
+class _Worker:
+    """The series of one (role, worker) in a window, by (kind, name)."""
+
+    __slots__ = ("views", "stale")
+
+    def __init__(self) -> None:
+        self.views: dict[tuple[int, str], SeriesView] = {}
+        self.stale: dict[tuple[int, str], SeriesView] = {}
+        """Series without data this window (for values published once, e.g. a capacity)."""
+
+    def window(self, kind: int, name: str) -> dict[str, Any] | None:
+        view = self.views.get((kind, name))
+        return view.window if view is not None else None
+
+    def counter(self, name: str, key: str = "delta") -> float:
+        w = self.window(COUNT, name)
+        return float(w[key]) if w else 0.0
+
+    def timing_sum_ms(self, name: str) -> float | None:
+        w = self.window(TIMING, name)
+        return float(w["sum"]) if w else None
+
+    def gauge_last(self, name: str) -> float | None:
+        view = self.views.get((GAUGE, name)) or self.stale.get((GAUGE, name))
+        value = view.cumulative.get("last") if view is not None else None
+        return None if value is None or math.isnan(value) else float(value)
+
+
+def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
+    roles: dict[str, dict[str, _Worker]] = defaultdict(dict)
+    stale: list[SeriesView] = []
+    for view in series:
+        if view.window is None:
+            stale.append(view)
+            continue
+        workers = roles[view.role]
+        w = workers.get(view.worker)
+        if w is None:
+            w = workers[view.worker] = _Worker()
+        w.views[view.kind, view.name] = view
+    for view in stale:
+        w = roles.get(view.role, {}).get(view.worker)
+        if w is not None:
+            w.stale[view.kind, view.name] = view
+    return dict(roles)
+
+
+def compute_insight(report: IngestReport, settings: InsightSettings | None = None,
+                    gpus: GpuFacts | None = None) -> PipelineInsight:
+    """The insight for ``report``'s window. Never raises on odd input: missing series give
+    ``None`` metrics and, without pipeline data, the verdict ``unknown``."""
+    settings = settings or InsightSettings()
+    window = report.window
+    duration = window.duration_s
+    roles_data = _group(window.series)
+    roles: dict[str, RoleInsight] = {}
+    workers: list[WorkerInsight] = []
+    for role, members in sorted(roles_data.items()):
+        role_workers = _worker_insights(role, members, duration, settings.straggler_score)
+        workers.extend(role_workers)
+        roles[role] = _role_insight(role, members, role_workers, duration)
+    target = roles_data.get(settings.target_role, {})
+    drafter = roles_data.get(settings.drafter_role, {})
+    t_rate = roles[settings.target_role].batches_per_s if settings.target_role in roles else None
+    d_rate = roles[settings.drafter_role].batches_per_s if settings.drafter_role in roles else None
+    drafter_role = roles.get(settings.drafter_role)
+    ready_deficit = drafter_role.time_share.get("queue_wait") if drafter_role else None
+    composition = drafter or target
+    throttled = throttled_gpus(gpus, settings.throttle_reasons)
+    facts = {r: RoleFacts(r, ri.time_share, tuple(w for w in workers if w.role == r)) for r, ri in roles.items()}
+    queue_fill = _fill(list(target.values()) + list(drafter.values()), "queue_depth", "queue_capacity")
+    verdict = decide(facts, duration, ready_deficit, queue_fill, throttled, gpus.roles if gpus else {}, settings)
+    return PipelineInsight(
+        end_unix_s=window.end_unix_s,
+        duration_s=duration,
+        roles=roles,
+        workers=tuple(workers),
+        queue_fill=queue_fill,
+        ready_deficit=ready_deficit,
+        target_drafter_batch_ratio=t_rate / d_rate if t_rate is not None and d_rate else None,
+        prefetch_fill=_fill(list(drafter.values()), "prefetch_depth", "prefetch_capacity"),
+        batch_tokens_mean=_batch_tokens(composition),
+        loss_token_ratio=_loss_ratio(composition),
+        bucket_entropy_bits=_bucket_entropy(composition),
+        throttled_gpus=throttled,
+        verdict=verdict,
+    )
+
+
+def _worker_insights(role: str, members: dict[str, _Worker], duration: float,
+                     straggler_score: float) -> list[WorkerInsight]:
+    """Per-worker rates and relative scores. The score compares median busy time per batch
+    (best / own) when every worker of the role reports work phases, else batch rates
+    (own / best): a worker that is slow at its own work, not one that waits for input."""
+    rates = {name: w.counter("batches", "rate") for name, w in members.items()}
+    busy = {name: _busy_ms(w) for name, w in members.items()}
+    scores: dict[str, float | None] = dict.fromkeys(members)
+    if len(members) >= 2:
+        if all(b is not None and b > 0 for b in busy.values()):
+            best = min(b for b in busy.values() if b is not None)
+            scores = {n: best / b for n, b in busy.items() if b is not None}
+        elif max(rates.values()) > 0:
+            best_rate = max(rates.values())
+            scores = {n: r / best_rate for n, r in rates.items()}
+    out = []
+    for name in sorted(members, key=_worker_key):
+        score = scores.get(name)
+        out.append(WorkerInsight(role, name, rates[name], members[name].counter("tokens", "rate"),
+                                 busy[name], score, score is not None and score < straggler_score))
+    return out
+
+
+def _worker_key(name: str) -> tuple[int, int | str]:
+    return (0, int(name)) if name.isdigit() else (1, name)
+
+
+def _busy_ms(w: _Worker) -> float | None:
+    p50s = [float(win["p50"]) for phase in BUSY_PHASES if (win := w.window(TIMING, phase))]
+    return sum(p50s) if p50s else None
+
+
+def _role_insight(role: str, members: dict[str, _Worker], workers: list[WorkerInsight],
+                  duration: float) -> RoleInsight:
+    rates = [w.batches_per_s for w in workers]
+    cv = None
+    if len(rates) >= 2:
+        mean = sum(rates) / len(rates)
+        if mean > 0:
+            cv = math.sqrt(sum((r - mean) ** 2 for r in rates) / len(rates)) / mean
+    return RoleInsight(role, len(members), sum(rates), sum(w.tokens_per_s for w in workers), cv,
+                       _time_share(members, duration))
+
+
+def _time_share(members: dict[str, _Worker], duration: float) -> dict[str, float]:
+    """Phase -> share of wall time, averaged over the role's workers. Each phase is the window's
+    sum of that timing over ``duration``; ``other`` is what no phase covers. A worker's shares
+    are scaled down when their sum exceeds 1 (a step that began in the previous window). A phase
+    the worker has published before but not in this window counts 0 (e.g. no wait at all)."""
+    if duration <= 0 or not members:
+        return {}
+    totals: dict[str, float] = defaultdict(float)
+    any_timing = False
+    for w in members.values():
+        sums = {p: s for p in PHASES if (s := w.timing_sum_ms(p)) is not None}
+        sums.update((p, 0.0) for p in PHASES if p not in sums and (TIMING, p) in w.stale)
+        any_timing = any_timing or bool(sums)
+        covered = sum(sums.values()) / (duration * 1000.0)
+        scale = 1.0 / covered if covered > 1.0 else 1.0
+        for phase, s in sums.items():
+            totals[phase] += s / (duration * 1000.0) * scale
+        totals[OTHER] += max(0.0, 1.0 - covered * scale)
+    if not any_timing:
+        return {}
+    n = len(members)
+    return {phase: value / n for phase, value in totals.items()}
+
+
+def _fill(members: list[_Worker], depth: str, capacity: str) -> float | None:
+    """Mean over workers of (window mean of gauge ``depth``) / (last ``capacity``), 0-1."""
+    ratios = []
+    for w in members:
+        win = w.window(GAUGE, depth)
+        cap = w.gauge_last(capacity)
+        if win and cap and cap > 0:
+            ratios.append(min(1.0, max(0.0, float(win["mean"]) / cap)))
+    return sum(ratios) / len(ratios) if ratios else None
+
+
+def _batch_tokens(members: dict[str, _Worker]) -> float | None:
+    """Mean total tokens per batch: the ``batch_tokens`` gauge (count-weighted), else the
+    ``tokens``/``batches`` counters."""
+    n = total = 0.0
+    for w in members.values():
+        win = w.window(GAUGE, "batch_tokens")
+        if win:
+            n += win["count"]
+            total += win["mean"] * win["count"]
+    if n:
+        return total / n
+    batches = sum(w.counter("batches") for w in members.values())
+    return sum(w.counter("tokens") for w in members.values()) / batches if batches else None
+
+
+def _loss_ratio(members: dict[str, _Worker]) -> float | None:
+    """Share of tokens that carry loss: ``loss_tokens``/``tokens`` counters, else the
+    ``loss_token_fraction`` gauge (count-weighted mean)."""
+    tokens = sum(w.counter("tokens") for w in members.values())
+    loss = sum(w.counter("loss_tokens") for w in members.values())
+    if tokens > 0 and any(w.window(COUNT, "loss_tokens") for w in members.values()):
+        return min(1.0, loss / tokens)
+    n = total = 0.0
+    for w in members.values():
+        win = w.window(GAUGE, "loss_token_fraction")
+        if win:
+            n += win["count"]
+            total += win["mean"] * win["count"]
+    return total / n if n else None
+
+
+def _bucket_entropy(members: dict[str, _Worker]) -> float | None:
+    """Shannon entropy (bits) of the ``bucket`` category merged over the role's workers."""
+    counts: dict[str, float] = defaultdict(float)
+    for w in members.values():
+        win = w.window(CATEGORY, "bucket")
+        if win:
+            for key, share in win["distribution"].items():
+                counts[key] += share * win["count"]
+    return entropy_bits(counts.values()) if counts else None
+
+
+def throttled_gpus(gpus: GpuFacts | None, reasons: frozenset[str]) -> dict[str, tuple[str, ...]]:
+    """GPU -> the active clock-event reasons that count as throttling (sorted); only GPUs with one."""
+    if gpus is None:
+        return {}
+    out = {}
+    for gpu, active in gpus.clock_events.items():
+        hit = sorted(set(active) & reasons)
+        if hit:
+            out[str(gpu)] = tuple(hit)
+    return dict(sorted(out.items(), key=lambda kv: _worker_key(kv[0])))

@@ -1,0 +1,213 @@
+"""Prometheus metric families for the NVML source, built fresh at every scrape.
+
+``gpu_metric_families`` is a pure function of the latest snapshot, the source status and the
+groups: it never calls NVML and never waits, so the daemon's scrape-time collector can call it
+directly. A GPU that is down keeps only ``dflash_gpu_up 0`` and its XID series; a value a GPU
+does not report has no sample at all (never a fake 0). Names use base units and the
+``dflash_`` prefix; labels are ``host`` and ``gpu`` / ``group`` plus ``reason``, ``type``,
+``pid``, ``role``, ``worker`` where a family needs them. The full list is in ``docs/NVML.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from sidecar.aggregation.gpu_groups import GpuGroups, aggregate_groups
+from sidecar.sources.gpu_model import GpuReading, GpuSnapshot, NvmlState, NvmlStatus, ProfilingState
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMetric:
+    """One per-GPU value: where it is in ``GpuReading`` and how it is exported."""
+
+    attribute: str
+    name: str
+    """Prometheus family name (a counter's ``_total`` is added by the exposition)."""
+    help: str
+    wandb_key: str
+    """Key under ``gpu/<index>/`` in W&B rows."""
+    counter: bool = False
+
+
+GPU_METRICS: tuple[GpuMetric, ...] = (
+    GpuMetric("utilization_ratio", "dflash_gpu_utilization_ratio",
+              "Fraction of the last sample period in which a kernel was running (NVML GPU utilization).",
+              "utilization"),
+    GpuMetric("memory_utilization_ratio", "dflash_gpu_memory_utilization_ratio",
+              "Fraction of the last sample period in which device memory was read or written.", "memory_utilization"),
+    GpuMetric("memory_used_bytes", "dflash_gpu_memory_used_bytes", "Device memory allocated, in bytes.",
+              "memory_used_bytes"),
+    GpuMetric("memory_free_bytes", "dflash_gpu_memory_free_bytes", "Device memory free, in bytes.",
+              "memory_free_bytes"),
+    GpuMetric("memory_total_bytes", "dflash_gpu_memory_total_bytes", "Device memory in total, in bytes.",
+              "memory_total_bytes"),
+    GpuMetric("power_watts", "dflash_gpu_power_watts", "Power draw, in watts.", "power_watts"),
+    GpuMetric("power_limit_watts", "dflash_gpu_power_limit_watts", "Enforced power limit, in watts.",
+              "power_limit_watts"),
+    GpuMetric("energy_joules", "dflash_gpu_energy_joules", "Energy used since the driver was loaded, in joules.",
+              "energy_joules", counter=True),
+    GpuMetric("temperature_celsius", "dflash_gpu_temperature_celsius", "GPU die temperature, in degrees Celsius.",
+              "temperature_celsius"),
+    GpuMetric("memory_temperature_celsius", "dflash_gpu_memory_temperature_celsius",
+              "Device memory (HBM) temperature, in degrees Celsius.", "memory_temperature_celsius"),
+    GpuMetric("sm_clock_hertz", "dflash_gpu_sm_clock_hertz", "Current SM clock, in hertz.", "sm_clock_hertz"),
+    GpuMetric("memory_clock_hertz", "dflash_gpu_memory_clock_hertz", "Current memory clock, in hertz.",
+              "memory_clock_hertz"),
+    GpuMetric("pcie_rx_bytes_per_second", "dflash_gpu_pcie_rx_bytes_per_second",
+              "PCIe bytes received by the GPU per second over the last poll interval.", "pcie_rx_bytes_per_second"),
+    GpuMetric("pcie_tx_bytes_per_second", "dflash_gpu_pcie_tx_bytes_per_second",
+              "PCIe bytes sent by the GPU per second over the last poll interval.", "pcie_tx_bytes_per_second"),
+    GpuMetric("sm_activity_ratio", "dflash_gpu_sm_activity_ratio",
+              "GPM: fraction of SMs busy over the last interval (Hopper and newer).", "sm_activity"),
+    GpuMetric("sm_occupancy_ratio", "dflash_gpu_sm_occupancy_ratio",
+              "GPM: resident warps over the theoretical maximum (Hopper and newer).", "sm_occupancy"),
+    GpuMetric("tensor_activity_ratio", "dflash_gpu_tensor_activity_ratio",
+              "GPM: fraction of time any tensor pipe was active (Hopper and newer).", "tensor_activity"),
+    GpuMetric("dram_bandwidth_ratio", "dflash_gpu_dram_bandwidth_ratio",
+              "GPM: DRAM bandwidth used over the theoretical maximum (Hopper and newer).", "dram_bandwidth"),
+    GpuMetric("nvlink_rx_bytes_per_second", "dflash_gpu_nvlink_rx_bytes_per_second",
+              "GPM: NVLink bytes received per second, all links (Hopper and newer).", "nvlink_rx_bytes_per_second"),
+    GpuMetric("nvlink_tx_bytes_per_second", "dflash_gpu_nvlink_tx_bytes_per_second",
+              "GPM: NVLink bytes sent per second, all links (Hopper and newer).", "nvlink_tx_bytes_per_second"),
+)
+
+XID_METRICS: tuple[GpuMetric, ...] = (
+    GpuMetric("xid_errors_total", "dflash_gpu_xid_errors", "XID error events seen since the sidecar started.",
+              "xid_errors", counter=True),
+    GpuMetric("last_xid", "dflash_gpu_last_xid", "Code of the most recent XID error event.", "last_xid"),
+)
+
+
+def gpu_metric_families(snapshot: GpuSnapshot | None, status: NvmlStatus, groups: GpuGroups, host: str,
+                        now_monotonic_s: float) -> list[Metric]:
+    """All NVML families for one scrape. Empty when the source is disabled."""
+    if status.state is NvmlState.DISABLED:
+        return []
+    families = _health_families(snapshot, status, host, now_monotonic_s)
+    if snapshot is None:
+        return [family for family in families if family.samples]
+    readings = snapshot.gpus
+    up = [r for r in readings if r.up]
+    families.append(_gauge("dflash_gpu_up", "1 if the GPU answers NVML, 0 once it is lost.", ["host", "gpu"],
+                           (([host, str(r.index)], 1.0 if r.up else 0.0) for r in readings)))
+    families.extend(_table_families(GPU_METRICS, up, host))
+    families.extend(_table_families(XID_METRICS, readings, host))
+    families.extend(_clock_event_families(up, host))
+    families.extend(_ecc_families(up, host))
+    families.extend(_process_families(up, host))
+    families.extend(_profiling_families(up, host))
+    families.extend(_group_families(snapshot, groups, host))
+    return [family for family in families if family.samples]
+
+
+def _gauge(name: str, help_text: str, labels: list[str], samples: Iterable[tuple[list[str], float]]
+           ) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, help_text, labels=labels)
+    for label_values, value in samples:
+        family.add_metric(label_values, value)
+    return family
+
+
+def _counter(name: str, help_text: str, labels: list[str], samples: Iterable[tuple[list[str], float]]
+             ) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, help_text, labels=labels)
+    for label_values, value in samples:
+        family.add_metric(label_values, value)
+    return family
+
+
+def _health_families(snapshot: GpuSnapshot | None, status: NvmlStatus, host: str, now: float) -> list[Metric]:
+    labels = ["host"]
+    families: list[Metric] = [
+        _gauge("dflash_nvml_up", "1 while the NVML source polls normally (0: unavailable, stalled or stopped).",
+               labels, [([host], 1.0 if status.state is NvmlState.AVAILABLE else 0.0)]),
+        _gauge("dflash_nvml_stalled", "1 while an NVML call has been hanging longer than the stall threshold.",
+               labels, [([host], 1.0 if status.state is NvmlState.STALLED else 0.0)]),
+        _counter("dflash_nvml_polls", "NVML polls completed.", labels, [([host], float(status.polls_total))]),
+        _counter("dflash_nvml_errors", "NVML errors by reason (gpu_is_lost, stalled_call, unknown, ...).",
+                 ["host", "reason"], (([host, reason], float(n)) for reason, n in status.errors)),
+    ]
+    if snapshot is not None:
+        families += [
+            _gauge("dflash_nvml_data_age_seconds", "Age of the newest GPU data, in seconds.", labels,
+                   [([host], max(0.0, now - snapshot.taken_monotonic_s))]),
+            _gauge("dflash_nvml_poll_duration_seconds", "Duration of the last NVML poll, in seconds.", labels,
+                   [([host], snapshot.poll_duration_s)]),
+            _gauge("dflash_nvml_poll_calls", "NVML calls made by the last poll.", labels,
+                   [([host], float(snapshot.nvml_calls))]),
+        ]
+    return families
+
+
+def _table_families(table: tuple[GpuMetric, ...], readings: Sequence[GpuReading], host: str) -> list[Metric]:
+    families: list[Metric] = []
+    for metric in table:
+        samples = [([host, str(r.index)], float(v))
+                   for r in readings if (v := getattr(r, metric.attribute)) is not None]
+        build = _counter if metric.counter else _gauge
+        families.append(build(metric.name, metric.help, ["host", "gpu"], samples))
+    return families
+
+
+def _clock_event_families(readings: list[GpuReading], host: str) -> list[Metric]:
+    samples = []
+    for reading in readings:
+        for reason, active in reading.clock_events() or ():
+            samples.append(([host, str(reading.index), reason], 1.0 if active else 0.0))
+    return [_gauge("dflash_gpu_clock_event_active",
+                   "1 while the clock-event (throttle) reason is holding the GPU clocks, else 0.",
+                   ["host", "gpu", "reason"], samples)]
+
+
+def _ecc_families(readings: list[GpuReading], host: str) -> list[Metric]:
+    samples = []
+    for reading in readings:
+        for kind, value in (("corrected", reading.ecc_corrected_total), ("uncorrected", reading.ecc_uncorrected_total)):
+            if value is not None:
+                samples.append(([host, str(reading.index), kind], float(value)))
+    return [_counter("dflash_gpu_ecc_errors", "ECC errors since the driver was loaded, by type (volatile counts).",
+                     ["host", "gpu", "type"], samples)]
+
+
+def _process_families(readings: list[GpuReading], host: str) -> list[Metric]:
+    samples = [([host, str(r.index), str(p.pid), p.role, p.worker], float(p.memory_bytes))
+               for r in readings for p in r.processes if p.memory_bytes is not None]
+    return [_gauge("dflash_gpu_process_memory_bytes", "GPU memory used by a trainer process, in bytes.",
+                   ["host", "gpu", "pid", "role", "worker"], samples)]
+
+
+def _profiling_families(readings: list[GpuReading], host: str) -> list[Metric]:
+    labels = ["host", "gpu"]
+    return [
+        _gauge("dflash_gpu_profiling_available", "1 while GPM profiling metrics are collected on the GPU.", labels,
+               (([host, str(r.index)], 1.0 if r.profiling is ProfilingState.ACTIVE else 0.0) for r in readings)),
+        _gauge("dflash_gpu_profiling_busy",
+               "1 while another profiler holds the GPU's profiling counters (the sidecar backs off).", labels,
+               (([host, str(r.index)], 1.0 if r.profiling is ProfilingState.BUSY else 0.0) for r in readings)),
+    ]
+
+
+def _group_families(snapshot: GpuSnapshot, groups: GpuGroups, host: str) -> list[Metric]:
+    aggregates = aggregate_groups(snapshot, groups)
+    labels = ["host", "group"]
+
+    def per_group(attribute: str) -> list[tuple[list[str], float]]:
+        return [([host, a.name], float(v)) for a in aggregates if (v := getattr(a, attribute)) is not None]
+
+    return [
+        _gauge("dflash_gpu_group_info", "1 for each GPU of a group (join on gpu to label GPU series by group).",
+               ["host", "gpu", "group"], (([host, str(i), a.name], 1.0) for a in aggregates for i in a.gpus)),
+        _gauge("dflash_group_gpus_up", "GPUs of the group that are up.", labels,
+               (([host, a.name], float(a.gpus_up)) for a in aggregates)),
+        _gauge("dflash_group_gpu_utilization_ratio", "Mean GPU utilization over the group's GPUs.", labels,
+               per_group("utilization_mean_ratio")),
+        _gauge("dflash_group_power_watts", "Total power draw of the group's GPUs, in watts.", labels,
+               per_group("power_total_watts")),
+        _gauge("dflash_group_temperature_max_celsius", "Hottest GPU die of the group, in degrees Celsius.", labels,
+               per_group("temperature_max_celsius")),
+        _gauge("dflash_group_memory_free_min_bytes", "Least free device memory among the group's GPUs, in bytes.",
+               labels, per_group("memory_free_min_bytes")),
+    ]

@@ -1,0 +1,100 @@
+"""Prometheus families of the pipeline insight (``dflash_pipeline_*``), built at scrape time.
+
+``insight_families(insight, host)`` renders one ``PipelineInsight``; the daemon registers
+``InsightSource`` in ``ExportState.extra_sources`` and swaps its ``insight`` reference once per
+window. Values the trainer does not publish are absent, never zero. docs/METRICS.md lists every
+family with its meaning and unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from sidecar.aggregation.insight import PipelineInsight
+from sidecar.aggregation.verdict import VERDICTS
+
+P = "dflash_pipeline_"
+
+
+class InsightSource:
+    """A ``FamilySource``: the families of the latest insight (none before the first window)."""
+
+    __name__ = "pipeline_insight"
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.insight: PipelineInsight | None = None
+        """Replaced (never mutated) by the ingest thread once per window."""
+
+    def __call__(self) -> Iterable[Metric]:
+        insight = self.insight
+        return insight_families(insight, self.host) if insight is not None else []
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(P + name, doc, labels=["host"] + labels)
+
+
+def insight_families(insight: PipelineInsight, host: str) -> list[Metric]:
+    """Every ``dflash_pipeline_*`` family for one window."""
+    h = [host]
+    verdict = _gauge("bottleneck", "Bottleneck verdict of the last window as a state set: 1 for the current "
+                     "verdict, 0 for the others.", ["verdict"])
+    for name in VERDICTS:
+        verdict.add_metric(h + [name], 1.0 if name == insight.verdict.name else 0.0)
+    families: list[Metric] = [verdict, *_role_families(insight, host), *_worker_families(insight, host)]
+    for name, doc, value in (
+        ("queue_fill_ratio", "Hidden-state queue fill: mean depth over capacity in the last window (0-1).",
+         insight.queue_fill),
+        ("ready_deficit_ratio", "Share of drafter wall time spent waiting on an empty hidden-state queue (0-1).",
+         insight.ready_deficit),
+        ("target_drafter_batch_ratio", "Target batches per drafter batch in the last window.",
+         insight.target_drafter_batch_ratio),
+        ("prefetch_fill_ratio", "Drafter prefetch buffer fill: mean depth over capacity (0-1).", insight.prefetch_fill),
+        ("batch_tokens_mean", "Mean total tokens per drafter batch in the last window (tokens).",
+         insight.batch_tokens_mean),
+        ("loss_token_ratio", "Share of tokens that carry loss in the last window (0-1).", insight.loss_token_ratio),
+        ("bucket_entropy", "Shannon entropy of the hidden-state bucket mix in the last window, in bits.",
+         insight.bucket_entropy_bits),
+    ):
+        if value is not None:
+            fam = _gauge(name, doc, [])
+            fam.add_metric(h, value)
+            families.append(fam)
+    return families
+
+
+def _role_families(insight: PipelineInsight, host: str) -> list[Metric]:
+    tokens = _gauge("tokens_per_second", "Tokens processed per second by the role's workers (last window).", ["role"])
+    batches = _gauge("batches_per_second", "Batches processed per second by the role's workers (last window).",
+                     ["role"])
+    cv = _gauge("rate_cv_ratio", "Coefficient of variation (std/mean) of the role's per-worker batch rates.", ["role"])
+    share = _gauge("time_share_ratio", "Share of the role's wall time per step phase, mean over its workers "
+                   "(0-1; 'other' is time no phase timing covers).", ["role", "phase"])
+    for role in insight.roles.values():
+        tokens.add_metric([host, role.role], role.tokens_per_s)
+        batches.add_metric([host, role.role], role.batches_per_s)
+        if role.rate_cv is not None:
+            cv.add_metric([host, role.role], role.rate_cv)
+        for phase, value in role.time_share.items():
+            share.add_metric([host, role.role, phase], value)
+    return [tokens, batches, cv, share]
+
+
+def _worker_families(insight: PipelineInsight, host: str) -> list[Metric]:
+    labels = ["role", "worker"]
+    batches = _gauge("worker_batches_per_second", "Batches per second of one worker (last window).", labels)
+    tokens = _gauge("worker_tokens_per_second", "Tokens per second of one worker (last window).", labels)
+    score = _gauge("worker_score_ratio", "Worker performance relative to the best worker of its role (0-1, 1 = "
+                   "best): best median busy time per batch over its own.", labels)
+    straggler = _gauge("straggler", "1 when the worker's score is below the straggler threshold, else 0.", labels)
+    for w in insight.workers:
+        key = [host, w.role, w.worker]
+        batches.add_metric(key, w.batches_per_s)
+        tokens.add_metric(key, w.tokens_per_s)
+        if w.score is not None:
+            score.add_metric(key, w.score)
+            straggler.add_metric(key, 1.0 if w.straggler else 0.0)
+    return [batches, tokens, score, straggler]

@@ -1,0 +1,184 @@
+"""Immutable data model of the NVML source: per-GPU readings, snapshots and source status.
+
+Every value is in base units (ratios 0-1, bytes, watts, joules, celsius, hertz, bytes per
+second). ``None`` always means "not available" (unsupported by this GPU or driver, or the read
+failed this poll), never zero. Objects are frozen and built once per poll, so the poller thread
+can hand them to readers (exporters, the daemon) without locks.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+# Bits of nvmlClocksEventReason* (nvml.h) with the names the exporters use. The values are
+# part of NVML's ABI; deprecated "throttle" names map to the same bits.
+CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
+    (0x001, "gpu_idle"),
+    (0x002, "applications_clocks_setting"),
+    (0x004, "sw_power_cap"),
+    (0x008, "hw_slowdown"),
+    (0x010, "sync_boost"),
+    (0x020, "sw_thermal_slowdown"),
+    (0x040, "hw_thermal_slowdown"),
+    (0x080, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+    (0x200, "board_limit"),
+    (0x400, "reliability"),
+)
+
+THROTTLE_REASONS: frozenset[str] = frozenset(
+    {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",
+     "board_limit", "reliability"}
+)
+"""Clock-event reasons that mean the GPU is held below the clocks it asked for (not idle/settings)."""
+
+
+class NvmlState(enum.Enum):
+    """Where the NVML source stands."""
+
+    DISABLED = "disabled"
+    """Never started (``--no-gpu-metrics``)."""
+    STARTING = "starting"
+    """Started; NVML not initialized yet."""
+    AVAILABLE = "available"
+    """Polling normally."""
+    UNAVAILABLE = "unavailable"
+    """No NVML (library missing, driver not loaded, ...); ``NvmlStatus.reason`` says why."""
+    STALLED = "stalled"
+    """An NVML call has been running far longer than a poll should; readers get the last data."""
+    STOPPED = "stopped"
+    """Shut down."""
+
+
+class ProfilingState(enum.Enum):
+    """State of the GPM profiling metrics on one GPU."""
+
+    UNSUPPORTED = "unsupported"
+    """No GPM on this GPU or driver (before Hopper, or an old driver)."""
+    ACTIVE = "active"
+    """Sampling; metrics appear once two samples exist."""
+    BUSY = "busy"
+    """Another profiler holds the counters; backing off and retrying later."""
+    ERROR = "error"
+    """GPM failed otherwise; retrying later."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A trainer process found on a GPU (matched by pid to a shim's hello)."""
+
+    pid: int
+    role: str
+    worker: str
+    memory_bytes: int | None
+    """GPU memory used by the process, bytes; None when the driver does not report it."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU's readings from one poll. A GPU that is ``up=False`` carries no values."""
+
+    index: int
+    """NVML device index (the order of ``nvidia-smi``, not ``CUDA_VISIBLE_DEVICES``)."""
+    uuid: str
+    name: str
+    up: bool = True
+    """False once the GPU is lost (``NVML_ERROR_GPU_IS_LOST``); it stays down until restart."""
+    utilization_ratio: float | None = None
+    """Fraction of the sample period during which a kernel ran (NVML "GPU utilization")."""
+    memory_utilization_ratio: float | None = None
+    """Fraction of the sample period during which device memory was read or written."""
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    """Enforced power limit."""
+    energy_joules: float | None = None
+    """Energy used since the driver was loaded (a counter)."""
+    temperature_celsius: float | None = None
+    memory_temperature_celsius: float | None = None
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    clock_event_mask: int | None = None
+    """Bit mask of active clock-event (throttle) reasons; see ``clock_events()``."""
+    pcie_rx_bytes_per_second: float | None = None
+    pcie_tx_bytes_per_second: float | None = None
+    ecc_corrected_total: int | None = None
+    """Single-bit (corrected) ECC errors since the driver was loaded."""
+    ecc_uncorrected_total: int | None = None
+    """Double-bit (uncorrected) ECC errors since the driver was loaded."""
+    xid_errors_total: int | None = None
+    """XID events seen since the source started; None when XID events are not available."""
+    last_xid: int | None = None
+    """Code of the most recent XID event, None before the first one."""
+    processes: tuple[GpuProcess, ...] = ()
+    profiling: ProfilingState = ProfilingState.UNSUPPORTED
+    sm_activity_ratio: float | None = None
+    """GPM: fraction of SMs busy, averaged over the interval."""
+    sm_occupancy_ratio: float | None = None
+    """GPM: resident warps / theoretical maximum."""
+    tensor_activity_ratio: float | None = None
+    """GPM: fraction of time the tensor pipes were active (any precision)."""
+    dram_bandwidth_ratio: float | None = None
+    """GPM: DRAM bandwidth used / theoretical maximum."""
+    nvlink_rx_bytes_per_second: float | None = None
+    nvlink_tx_bytes_per_second: float | None = None
+
+    def clock_events(self) -> tuple[tuple[str, bool], ...] | None:
+        """Every known clock-event reason with whether it is active, or None if not available."""
+        mask = self.clock_event_mask
+        if mask is None:
+            return None
+        return tuple((name, bool(mask & bit)) for bit, name in CLOCK_EVENT_REASONS)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSnapshot:
+    """All GPUs from one poll."""
+
+    taken_monotonic_s: float
+    """``time.monotonic()`` when the poll started: the age of the oldest value in it."""
+    poll_duration_s: float
+    nvml_calls: int
+    """NVML calls the poll made (a cost measure)."""
+    gpus: tuple[GpuReading, ...]
+    driver_version: str = ""
+
+    def gpu(self, index: int) -> GpuReading | None:
+        """The reading of GPU ``index``, or None if the snapshot has none."""
+        for reading in self.gpus:
+            if reading.index == index:
+                return reading
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlStatus:
+    """Health of the NVML source, safe to read at any time (``NvmlSource.status()``)."""
+
+    state: NvmlState
+    reason: str = ""
+    """Why the source is unavailable or stalled (human-readable)."""
+    since_monotonic_s: float | None = None
+    """When the current stall began (``STALLED``) or NVML was found unavailable."""
+    stalled_call: str | None = None
+    """The NVML function that is hanging, while ``STALLED``."""
+    last_poll_duration_s: float | None = None
+    last_poll_calls: int | None = None
+    polls_total: int = 0
+    errors: tuple[tuple[str, int], ...] = ()
+    """Cumulative NVML errors by reason (e.g. ``gpu_is_lost``, ``unknown``, ``stalled_call``), sorted."""
+    gpus_lost: tuple[int, ...] = ()
+    profiler_busy_gpus: tuple[int, ...] = ()
+    """GPUs whose GPM counters are held by another profiler right now."""
+
+    @property
+    def available(self) -> bool:
+        """True while polling normally (not stalled, not unavailable)."""
+        return self.state is NvmlState.AVAILABLE
+
+    def error_count(self, reason: str) -> int:
+        """Errors counted for ``reason`` (0 if none)."""
+        return dict(self.errors).get(reason, 0)

@@ -1,0 +1,255 @@
+"""Reads one GPU per poll through ``NvmlDriver`` and builds its ``GpuReading``.
+
+Per GPU and poll: one ``nvmlDeviceGetFieldValues`` batch (energy, power, power limit, memory
+temperature, PCIe byte counters, ECC totals) plus utilization, memory, temperature, two clocks
+and clock-event reasons; the running processes only while trainer pids are known; one or two
+GPM calls on Hopper+. A value the GPU or driver does not support is asked once and then left
+out (``None``) until restart; a versioned function missing from an old driver falls back to
+the older version (logged once by the driver).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.sources.gpu_model import GpuProcess, GpuReading, ProfilingState
+from sidecar.sources.nvml_driver import (
+    SUCCESS,
+    GpuLostError,
+    NvmlCallError,
+    NvmlDriver,
+    Outcome,
+    constant,
+)
+from sidecar.sources.nvml_gpm import GpmSampler
+
+MHZ = 1e6
+
+FIELD_ENERGY = constant("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 83)  # mJ
+FIELD_MEMORY_TEMP = constant("NVML_FI_DEV_MEMORY_TEMP", 82)  # C
+FIELD_POWER = constant("NVML_FI_DEV_POWER_INSTANT", 186)  # mW
+FIELD_POWER_LIMIT = constant("NVML_FI_DEV_POWER_CURRENT_LIMIT", 190)  # mW
+FIELD_PCIE_TX = constant("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 197)  # bytes, may wrap
+FIELD_PCIE_RX = constant("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 198)
+FIELD_ECC_CORRECTED = constant("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", 3)
+FIELD_ECC_UNCORRECTED = constant("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", 4)
+FIELDS: tuple[int, ...] = (FIELD_ENERGY, FIELD_MEMORY_TEMP, FIELD_POWER, FIELD_POWER_LIMIT, FIELD_PCIE_TX,
+                           FIELD_PCIE_RX, FIELD_ECC_CORRECTED, FIELD_ECC_UNCORRECTED)
+
+# Fields an older driver may lack, with the single-value function that gives the same number.
+# PCIe has no such fallback: nvmlDeviceGetPcieThroughput samples for 20 ms per call, which
+# would cost 320 ms per poll on 8 GPUs; GPM's PCIe metrics fill in on Hopper+.
+LEGACY_FUNCTIONS: dict[int, str] = {
+    FIELD_ENERGY: "nvmlDeviceGetTotalEnergyConsumption",
+    FIELD_POWER: "nvmlDeviceGetPowerUsage",
+    FIELD_POWER_LIMIT: "nvmlDeviceGetEnforcedPowerLimit",
+}
+
+TEMPERATURE_GPU = constant("NVML_TEMPERATURE_GPU", 0)
+CLOCK_SM = constant("NVML_CLOCK_SM", 1)
+CLOCK_MEM = constant("NVML_CLOCK_MEM", 2)
+MEMORY_V2 = constant("nvmlMemory_v2", 0x02000028)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One way to read a value: ``pynvml.<function>(handle, *args)``, named ``label`` in logs."""
+
+    function: str
+    args: tuple[Any, ...] = ()
+    label: str | None = None
+
+
+UTILIZATION = (Call("nvmlDeviceGetUtilizationRates"),)
+MEMORY = (Call("nvmlDeviceGetMemoryInfo", (MEMORY_V2,), "nvmlDeviceGetMemoryInfo_v2"),
+          Call("nvmlDeviceGetMemoryInfo"))
+TEMPERATURE = (Call("nvmlDeviceGetTemperatureV", (TEMPERATURE_GPU,)),
+               Call("nvmlDeviceGetTemperature", (TEMPERATURE_GPU,)))
+SM_CLOCK = (Call("nvmlDeviceGetClockInfo", (CLOCK_SM,), "nvmlDeviceGetClockInfo(SM)"),)
+MEM_CLOCK = (Call("nvmlDeviceGetClockInfo", (CLOCK_MEM,), "nvmlDeviceGetClockInfo(MEM)"),)
+CLOCK_EVENTS = (Call("nvmlDeviceGetCurrentClocksEventReasons"), Call("nvmlDeviceGetCurrentClocksThrottleReasons"))
+PROCESSES = (Call("nvmlDeviceGetComputeRunningProcesses_v3"), Call("nvmlDeviceGetComputeRunningProcesses_v2"))
+
+
+class GpuReader:
+    """Everything the poller remembers about one GPU; used by the poller thread only."""
+
+    def __init__(self, driver: NvmlDriver, index: int, handle: Any, uuid: str, name: str,
+                 log: logging.Logger, gpm: GpmSampler | None) -> None:
+        self.index = index
+        self.handle = handle
+        self.uuid = uuid
+        self.name = name
+        self.lost = handle is None
+        self.xid_errors_total: int | None = None
+        self.last_xid: int | None = None
+        self._driver = driver
+        self._log = log
+        self._gpm = gpm
+        self._choice: dict[str, int] = {}
+        self._fields: list[int] = list(FIELDS)
+        self._legacy: list[int] = []
+        self._counters: dict[int, tuple[int, float]] = {}
+
+    @property
+    def profiling(self) -> ProfilingState:
+        """Current GPM state of this GPU."""
+        return self._gpm.state if self._gpm is not None and not self.lost else ProfilingState.UNSUPPORTED
+
+    def record_xid(self, xid: int) -> None:
+        """Count one XID event (from ``XidWatcher``)."""
+        self.xid_errors_total = (self.xid_errors_total or 0) + 1
+        self.last_xid = xid
+
+    def read(self, trainer: Mapping[int, tuple[str, str]], now: float) -> GpuReading:
+        """This poll's reading; a lost GPU is marked down (and never asked again)."""
+        if not self.lost:
+            try:
+                return self._read(trainer, now)
+            except GpuLostError as exc:
+                self.lost = True
+                self._driver.count_error("gpu_is_lost")
+                self._log.error("GPU %d (%s) is lost: %s returned NVML_ERROR_GPU_IS_LOST; it is reported down "
+                                "until the daemon restarts", self.index, self.uuid, exc.function)
+                if self._gpm is not None:
+                    self._gpm.close()
+        return GpuReading(self.index, self.uuid, self.name, up=False,
+                          xid_errors_total=self.xid_errors_total, last_xid=self.last_xid)
+
+    def close(self) -> None:
+        """Release NVML resources held for this GPU."""
+        if self._gpm is not None:
+            self._gpm.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _read(self, trainer: Mapping[int, tuple[str, str]], now: float) -> GpuReading:
+        utilization = self._first("utilization", UTILIZATION)
+        memory = self._first("memory", MEMORY)
+        temperature = self._first("temperature", TEMPERATURE)
+        sm_clock = self._first("sm_clock", SM_CLOCK)
+        mem_clock = self._first("mem_clock", MEM_CLOCK)
+        clock_events = self._first("clock_events", CLOCK_EVENTS)
+        fields = self._read_fields(now)
+        processes = self._processes(trainer) if trainer else ()
+        gpm: dict[str, float | None] = {}
+        profiling = ProfilingState.UNSUPPORTED
+        if self._gpm is not None:
+            self._gpm.poll(now)
+            gpm, profiling = self._gpm.values, self._gpm.state
+        pcie_rx = self._rate(FIELD_PCIE_RX, fields)
+        pcie_tx = self._rate(FIELD_PCIE_TX, fields)
+        return GpuReading(
+            self.index, self.uuid, self.name,
+            utilization_ratio=None if utilization is None else utilization.gpu / 100.0,
+            memory_utilization_ratio=None if utilization is None else utilization.memory / 100.0,
+            memory_used_bytes=None if memory is None else int(memory.used),
+            memory_free_bytes=None if memory is None else int(memory.free),
+            memory_total_bytes=None if memory is None else int(memory.total),
+            power_watts=_scaled(fields.get(FIELD_POWER), 1e-3),
+            power_limit_watts=_scaled(fields.get(FIELD_POWER_LIMIT), 1e-3),
+            energy_joules=_scaled(fields.get(FIELD_ENERGY), 1e-3),
+            temperature_celsius=None if temperature is None else float(temperature),
+            memory_temperature_celsius=_scaled(fields.get(FIELD_MEMORY_TEMP), 1.0),
+            sm_clock_hertz=None if sm_clock is None else sm_clock * MHZ,
+            memory_clock_hertz=None if mem_clock is None else mem_clock * MHZ,
+            clock_event_mask=None if clock_events is None else int(clock_events),
+            pcie_rx_bytes_per_second=pcie_rx if pcie_rx is not None else gpm.get("pcie_rx_bytes_per_second"),
+            pcie_tx_bytes_per_second=pcie_tx if pcie_tx is not None else gpm.get("pcie_tx_bytes_per_second"),
+            ecc_corrected_total=_integer(fields.get(FIELD_ECC_CORRECTED)),
+            ecc_uncorrected_total=_integer(fields.get(FIELD_ECC_UNCORRECTED)),
+            xid_errors_total=self.xid_errors_total,
+            last_xid=self.last_xid,
+            processes=processes,
+            profiling=profiling,
+            sm_activity_ratio=gpm.get("sm_activity_ratio"),
+            sm_occupancy_ratio=gpm.get("sm_occupancy_ratio"),
+            tensor_activity_ratio=gpm.get("tensor_activity_ratio"),
+            dram_bandwidth_ratio=gpm.get("dram_bandwidth_ratio"),
+            nvlink_rx_bytes_per_second=gpm.get("nvlink_rx_bytes_per_second"),
+            nvlink_tx_bytes_per_second=gpm.get("nvlink_tx_bytes_per_second"),
+        )
+
+    def _first(self, key: str, calls: Sequence[Call]) -> Any:
+        """The value from the first of ``calls`` this GPU and driver support, or None.
+
+        Remembers which one worked; gives up on ``key`` for good when none is supported.
+        A transient error returns None without moving on to the next alternative.
+        """
+        start = self._choice.get(key, 0)
+        for position in range(start, len(calls)):
+            call = calls[position]
+            outcome, value = self._driver.try_call(call.function, self.handle, *call.args,
+                                                   gpu=self.index, label=call.label)
+            if outcome is Outcome.OK:
+                self._choice[key] = position
+                return value
+            if outcome is Outcome.ERROR:
+                return None
+        if start < len(calls):
+            self._log.debug("GPU %d: %s not available; not asked again", self.index, key)
+        self._choice[key] = len(calls)
+        return None
+
+    def _read_fields(self, now: float) -> dict[int, tuple[float, float]]:
+        """Batched field values: ``{field id: (value in NVML units, timestamp in seconds)}``."""
+        values: dict[int, tuple[float, float]] = {}
+        if self._fields:
+            requested = list(self._fields)
+            outcome, results = self._driver.field_values(self.handle, requested, self.index)
+            if outcome in (Outcome.MISSING, Outcome.UNSUPPORTED):
+                self._drop_fields(requested)
+            if outcome is not Outcome.OK:
+                results = []
+                requested = []
+            for field_id, (code, value, timestamp_us) in zip(requested, results, strict=True):
+                if code == SUCCESS and value is not None:
+                    values[field_id] = (value, timestamp_us / 1e6 if timestamp_us > 0 else now)
+                    continue
+                error = NvmlCallError(f"nvmlDeviceGetFieldValues[{field_id}]", code)
+                if self._driver.classify(error, self.index) in (Outcome.MISSING, Outcome.UNSUPPORTED):
+                    self._drop_fields([field_id])
+        for field_id in self._legacy:
+            value = self._first(f"legacy-{field_id}", (Call(LEGACY_FUNCTIONS[field_id]),))
+            if value is not None:
+                values[field_id] = (value, now)
+        return values
+
+    def _drop_fields(self, field_ids: list[int]) -> None:
+        for field_id in field_ids:
+            self._fields.remove(field_id)
+            if field_id in LEGACY_FUNCTIONS:
+                self._legacy.append(field_id)
+
+    def _rate(self, field_id: int, fields: Mapping[int, tuple[float, float]]) -> float | None:
+        """Per-second rate of a cumulative counter field since the previous poll."""
+        if field_id not in fields:
+            self._counters.pop(field_id, None)
+            return None
+        value, at = int(fields[field_id][0]), fields[field_id][1]
+        previous = self._counters.get(field_id)
+        self._counters[field_id] = (value, at)
+        if previous is None or at <= previous[1] or value < previous[0]:
+            return None  # first sample, clock went back, or the counter wrapped/reset
+        return (value - previous[0]) / (at - previous[1])
+
+    def _processes(self, trainer: Mapping[int, tuple[str, str]]) -> tuple[GpuProcess, ...]:
+        running = self._first("processes", PROCESSES) or ()
+        found = []
+        for process in running:
+            identity = trainer.get(int(process.pid))
+            if identity is not None:
+                used = None if process.usedGpuMemory is None else int(process.usedGpuMemory)
+                found.append(GpuProcess(int(process.pid), identity[0], identity[1], used))
+        return tuple(sorted(found, key=lambda p: p.pid))
+
+
+def _scaled(entry: tuple[float, float] | None, scale: float) -> float | None:
+    return None if entry is None else float(entry[0]) * scale
+
+
+def _integer(entry: tuple[float, float] | None) -> int | None:
+    return None if entry is None else int(entry[0])

@@ -1,0 +1,53 @@
+"""Helpers for tests that use the fake NVML driver (plain functions; fixtures are in ``fixtures.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from .build import FakeNvmlUnavailable, Variant, build_fake_nvml
+
+TESTS_DIR = Path(__file__).resolve().parent.parent
+REPO_ROOT = TESTS_DIR.parent
+T = TypeVar("T")
+
+
+def library_or_skip(variant: Variant = "full") -> Path:
+    """Build the fake driver; skip the test if gcc or nvml.h is missing (fail under CI=true)."""
+    try:
+        return build_fake_nvml(variant)
+    except FakeNvmlUnavailable as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"fake NVML driver cannot be built: {exc} (CI=true: install gcc and nvidia-nvml-dev)")
+        pytest.skip(f"fake NVML driver cannot be built: {exc}")
+
+
+def wait_until(predicate: Callable[[], T], timeout_s: float = 5.0, what: str = "condition") -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def run_child(env: dict[str, str], *args: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Run ``tests.fake_nvml.child`` in a fresh interpreter and return its JSON report."""
+    child_env = {k: v for k, v in os.environ.items() if k not in ("FAKE_NVML_CONTROL", "LD_LIBRARY_PATH")}
+    child_env.update(env)
+    child_env["PYTHONPATH"] = str(REPO_ROOT)
+    result = subprocess.run([sys.executable, "-m", "tests.fake_nvml.child", *args], cwd=REPO_ROOT, env=child_env,
+                            capture_output=True, text=True, timeout=timeout_s, check=False)
+    assert result.returncode == 0, f"child failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+    return json.loads(result.stdout)

@@ -1,0 +1,76 @@
+"""deploy/metric_names.txt agrees with what the daemon really exports: a scrape of `dflash-sidecar demo`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fake_nvml.control import FakeNvml
+from tests.fake_nvml.helpers import library_or_skip
+from tests.test_deploy_support import exposition_families, free_port, http_get, load_metric_names, start_daemon, stop
+
+PRESENT_NOW = {"daemon", "trainer", "nvml", "insight", "wandb"}
+"""Sources whose families a demo scrape must show (NVML through the fake driver, W&B offline)."""
+
+OCCASIONAL = {"dflash_nvml_errors_total"}
+"""Families that only appear once something goes wrong; checked by the NVML tests instead."""
+
+
+@pytest.fixture(scope="module")
+def demo_scrape(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The exposition of a running demo, with the fake NVML driver (GPM, ECC, XID, a throttle
+    reason, the demo's own process on GPU 0) and W&B in offline mode, once it shows every family
+    listed as exported."""
+    tmp = tmp_path_factory.mktemp("demo")
+    library = library_or_skip("full")
+    fake = FakeNvml(tmp / "nvml-control.txt", library, {"devices": 2})
+    fake.gpu("*", gpm_supported=1, gpm_sm_util=50, clock_reasons=0x8, ecc_sbe_volatile=1, ecc_dbe_volatile=0)
+    port = free_port()
+    expected = {n for n, (_, source) in load_metric_names().items() if source in PRESENT_NOW} - OCCASIONAL
+    # --duration 0 runs until SIGTERM
+    proc = start_daemon(["demo", "--duration", "0", "--interval", "1", "--nvml-interval", "0.2",
+                         "--wandb-run", "auto", "--endpoint", f"ipc://{tmp}/sidecar.sock",
+                         "--prometheus-addr", f"127.0.0.1:{port}"], tmp / "demo.log",
+                        extra_env={"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(fake.path),
+                                   "WANDB_MODE": "offline", "WANDB_DIR": str(tmp), "WANDB_SILENT": "true"})
+    fake.gpu(0, processes={proc.pid: 2**30})
+    text = ""
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            text = http_get(f"http://127.0.0.1:{port}/metrics") or ""
+            if "dflash_gpu_up" in text and "gpu.0.xids" not in fake.path.read_text():
+                fake.gpu(0, xids=[79])  # XIDs count once the source has registered for events
+            if expected <= exposition_families(text).keys():
+                break
+            time.sleep(0.5)
+    finally:
+        stop([proc])
+    assert text, f"the demo never answered; its log:\n{(tmp / 'demo.log').read_text()}"
+    return text
+
+
+def test_demo_exports_every_family_listed_as_exported_today(demo_scrape: str) -> None:
+    scraped = exposition_families(demo_scrape)
+    for name, (kind, source) in load_metric_names().items():
+        if source in PRESENT_NOW and name not in OCCASIONAL:
+            assert name in scraped, f"{name} ({source}) is listed in deploy/metric_names.txt but not exported"
+            assert scraped[name] == kind, f"{name}: listed as {kind}, exported as {scraped[name]}"
+
+
+def test_every_exported_family_is_listed(demo_scrape: str) -> None:
+    """A family the daemon adds (e.g. from the NVML, insight or W&B components) must be added to
+    deploy/metric_names.txt with its type before dashboards and rules can use it."""
+    listed = load_metric_names()
+    for name, kind in exposition_families(demo_scrape).items():
+        assert name in listed, f"{name} ({kind}) is exported but missing from deploy/metric_names.txt"
+        assert listed[name][0] == kind, f"{name}: listed as {listed[name][0]}, exported as {kind}"
+
+
+def test_every_sample_carries_host(demo_scrape: str) -> None:
+    """Rules and the dashboard aggregate by host: every daemon sample must have the label."""
+    for line in demo_scrape.splitlines():
+        if line and not line.startswith("#"):
+            assert 'host="' in line, line

@@ -1,0 +1,183 @@
+"""The insight in every output: Prometheus (promtool-clean), the W&B row, the console line,
+``top``, the settings, and the daemon's per-window wiring."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from tests.insight_synth import category, counter, gauge, pipeline, report
+from prometheus_client import CollectorRegistry, generate_latest
+
+from sidecar import config as config_mod
+from sidecar.aggregation.insight import EXTRAS_KEY, GpuFacts, PipelineInsight, compute_insight
+from sidecar.aggregation.verdict import VERDICTS, InsightSettings
+from sidecar.config import Config, ConfigError
+from sidecar.daemon import Daemon
+from sidecar.exporters.console import ConsoleExporter
+from sidecar.exporters.console_insight import insight_part
+from sidecar.exporters.insight_row import insight_row
+from sidecar.exporters.prometheus import ExportState, SidecarCollector
+from sidecar.exporters.prometheus_insight import InsightSource
+from sidecar.top import render
+
+TARGET = {"data_wait": 4, "forward": 30, "pack": 3, "queue_put_wait": 30}
+DRAFTER = {"queue_wait": 0.5, "forward": 20, "backward": 40, "optimizer": 8}
+
+
+def drafter_bound_report():
+    rep = pipeline(TARGET, DRAFTER, queue_fill=1.0)
+    extra = [counter("drafter", "0", "loss_tokens", 5000), category("drafter", "0", "bucket", {"0": 3, "1": 3}),
+             gauge("drafter", "0", "prefetch_depth", 1.0), gauge("drafter", "0", "prefetch_capacity", 2.0)]
+    return report(list(rep.window.series) + extra)
+
+
+def registry_for(state: ExportState) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SidecarCollector(state))
+    return registry
+
+
+def test_prometheus_families() -> None:
+    source = InsightSource("box")
+    assert list(source()) == []  # before the first window
+    source.insight = compute_insight(drafter_bound_report())
+    state = ExportState("box", 0.0, extra_sources=[source])
+    reg = registry_for(state)
+    get = reg.get_sample_value
+    for name in VERDICTS:
+        assert get("dflash_pipeline_bottleneck", {"host": "box", "verdict": name}) == (name == "drafter-bound")
+    assert get("dflash_pipeline_batches_per_second", {"host": "box", "role": "drafter"}) > 0
+    assert get("dflash_pipeline_tokens_per_second", {"host": "box", "role": "target"}) > 0
+    assert get("dflash_pipeline_worker_batches_per_second", {"host": "box", "role": "drafter", "worker": "1"}) > 0
+    assert get("dflash_pipeline_worker_score_ratio", {"host": "box", "role": "drafter", "worker": "1"}) == 1.0
+    assert get("dflash_pipeline_straggler", {"host": "box", "role": "drafter", "worker": "1"}) == 0.0
+    assert get("dflash_pipeline_rate_cv_ratio", {"host": "box", "role": "target"}) == 0.0
+    assert get("dflash_pipeline_queue_fill_ratio", {"host": "box"}) == 1.0
+    assert get("dflash_pipeline_prefetch_fill_ratio", {"host": "box"}) == 0.5
+    assert get("dflash_pipeline_bucket_entropy", {"host": "box"}) == 1.0
+    assert get("dflash_pipeline_time_share_ratio", {"host": "box", "role": "target", "phase": "queue_put_wait"}) > 0.4
+    for name in ("ready_deficit_ratio", "target_drafter_batch_ratio", "batch_tokens_mean", "loss_token_ratio"):
+        assert get("dflash_pipeline_" + name, {"host": "box"}) is not None, name
+
+
+def test_prometheus_omits_what_the_trainer_does_not_publish() -> None:
+    source = InsightSource("box")
+    source.insight = compute_insight(report([counter("drafter", "0", "batches", 3)]))
+    reg = registry_for(ExportState("box", 0.0, extra_sources=[source]))
+    assert reg.get_sample_value("dflash_pipeline_queue_fill_ratio", {"host": "box"}) is None
+    assert reg.get_sample_value("dflash_pipeline_bottleneck", {"host": "box", "verdict": "unknown"}) == 1.0
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_exposition_passes_promtool() -> None:
+    rep = drafter_bound_report()
+    source = InsightSource("box")
+    source.insight = compute_insight(rep, gpus=GpuFacts({"0": frozenset({"hw_slowdown"})}))
+    text = generate_latest(registry_for(ExportState("box", 0.0, report=rep, extra_sources=[source])))
+    assert b"dflash_pipeline_bottleneck{" in text
+    result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, timeout=30, check=False)
+    assert result.returncode == 0 and result.stdout == b"" and result.stderr == b"", result
+
+
+def test_wandb_row_is_flat_floats() -> None:
+    insight = compute_insight(drafter_bound_report())
+    row = insight_row(insight)
+    assert all(isinstance(k, str) and isinstance(v, float) for k, v in row.items())
+    assert row["pipeline/verdict_code"] == 3.0 and row["pipeline/bottleneck/drafter-bound"] == 1.0
+    assert row["pipeline/evidence/target.queue_put_wait"] == pytest.approx(30 / 67)
+    assert row["pipeline/tokens_per_s/drafter"] > 0 and row["pipeline/batches_per_s/target"] > 0
+    assert row["pipeline/time_share/drafter/backward"] > 0.5
+    assert row["pipeline/worker/drafter/0/score"] == pytest.approx(1.0)
+    assert row["pipeline/queue_fill"] == 1.0 and row["pipeline/bucket_entropy_bits"] == 1.0
+    assert "pipeline/rate_cv/target" in row and row["pipeline/throttled_gpus"] == 0.0
+    assert "pipeline/queue_fill" not in insight_row(compute_insight(report([])))
+
+
+def test_console_line_carries_verdict_and_evidence() -> None:
+    rep = drafter_bound_report()
+    console = ConsoleExporter()
+    console.hooks.append(insight_part)
+    assert "verdict" not in console.line(rep)  # no insight attached yet
+    rep.extras[EXTRAS_KEY] = compute_insight(rep)
+    line = console.line(rep)
+    assert "verdict drafter-bound (target.queue_put_wait=0.45 queue_fill=1.00" in line
+    assert "drafter " in line and "b/s" in line and "queue fill 1.00" in line
+
+
+def test_settings() -> None:
+    cfg = config_mod.load({})
+    assert InsightSettings.from_config(cfg) == InsightSettings()  # one set of defaults
+    cfg = config_mod.load({"insight_starved_ratio": "0.3", "insight_throttle_reasons": ["sw_power_cap"],
+                           "insight_drafter_role": "student"})
+    settings = InsightSettings.from_config(cfg)
+    assert settings.starved_ratio == 0.3 and settings.throttle_reasons == {"sw_power_cap"}
+    assert settings.drafter_role == "student"
+    with pytest.raises(ConfigError, match="insight_straggler_score"):
+        config_mod.load({"insight_straggler_score": "1.5"})
+    sample = config_mod.sample_toml()
+    assert "# insight_starved_ratio = 0.15" in sample and "insight_throttle_reasons" in sample
+
+
+def test_daemon_computes_the_insight_once_per_window() -> None:
+    daemon = Daemon(Config(), host="box")
+    daemon.gpu_facts = lambda: GpuFacts({"6": frozenset({"hw_thermal_slowdown"})}, {"6": "drafter"})
+    seen: list[PipelineInsight] = []
+    daemon.window_consumers.append(lambda r: seen.append(r.extras[EXTRAS_KEY]))
+    rep = drafter_bound_report()
+    daemon._on_window(rep)
+    assert seen and seen[0] is daemon.insight.insight and daemon.state.report is rep
+    assert seen[0].verdict.name == "throttled"
+    assert daemon.insight in daemon.state.extra_sources and insight_part in daemon.console.hooks
+
+
+def test_daemon_survives_a_failing_insight() -> None:
+    daemon = Daemon(Config(), host="box")
+
+    def broken() -> GpuFacts:
+        raise RuntimeError("nvml wedged")
+
+    daemon.gpu_facts = broken
+    rep = drafter_bound_report()
+    daemon._on_window(rep)
+    assert daemon.state.report is rep and EXTRAS_KEY not in rep.extras and daemon.insight_failures == 1
+
+
+def test_top_shows_verdict_queue_and_roles() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+    from rich.console import Console
+
+    source = InsightSource("box")
+    slow = {k: v * 3 for k, v in DRAFTER.items()}
+    source.insight = compute_insight(pipeline(TARGET, DRAFTER, queue_fill=1.0, drafter_override={"0": slow}))
+    text = generate_latest(registry_for(ExportState("box", 0.0, extra_sources=[source]))).decode()
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((s.labels, s.value))
+    console = Console(width=160, record=True)
+    console.print(render(samples))
+    out = console.export_text()
+    assert "bottleneck: straggler" in out and "queue fill 100%" in out
+    assert "pipeline roles" in out and "queue_put_wait" in out and "yes" in out
+
+
+def test_thresholds_come_from_flags_and_reload_live(tmp_path) -> None:
+    from sidecar.cli import build_parser
+
+    ns = build_parser().parse_args(["run", "--insight-starved-ratio", "0.2", "--insight-throttle-reasons", "x"])
+    assert config_mod.load({k: v for k, v in vars(ns).items() if k in Config.__dataclass_fields__}
+                           ).insight_throttle_reasons == ("x",)
+    path = tmp_path / "sidecar.toml"
+    path.write_text("insight_starved_ratio = 0.2\n")
+    daemon = Daemon(config_mod.load({"config_file": str(path)}), host="box")
+    rep = pipeline({"forward": 80}, {"queue_wait": 15, "forward": 10, "backward": 20})  # ready deficit 1/3
+    daemon._on_window(rep)
+    assert daemon.insight.insight is not None and daemon.insight.insight.verdict.name == "target-bound"
+    path.write_text("insight_starved_ratio = 0.5\n")
+    daemon.reload()
+    assert daemon.config.insight_starved_ratio == 0.5
+    rep = pipeline({"forward": 80}, {"queue_wait": 15, "forward": 10, "backward": 20})
+    daemon._on_window(rep)
+    assert daemon.insight.insight.verdict.name == "balanced"

@@ -1,0 +1,102 @@
+"""bench/gpu_check.py without a GPU: the no-NVML message, and the comparison against a stub
+nvidia-smi on the fake driver (so the script is known to work before it meets real hardware)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fake_nvml import FakeNvml
+from tests.fake_nvml.helpers import REPO_ROOT, library_or_skip
+
+SCRIPT = REPO_ROOT / "bench" / "gpu_check.py"
+GIB = 1024**3
+
+STUB = '''
+import sys
+HELP = """List of valid properties to query for the switch "--query-gpu":
+
+"index"
+Zero based index of the GPU.
+
+"utilization.gpu"
+"utilization.memory"
+"memory.total"
+"memory.used"
+"memory.free"
+"power.draw"
+"enforced.power.limit"
+"temperature.gpu"
+"temperature.memory"
+"clocks.current.sm" or "clocks.sm"
+"clocks.current.memory" or "clocks.mem"
+"clocks_event_reasons.active" or "clocks_throttle_reasons.active"
+"ecc.errors.corrected.volatile.total"
+"ecc.errors.uncorrected.volatile.total"
+"""
+GPUS = {
+    0: {"utilization.gpu": "55", "utilization.memory": "30", "memory.total": "81920", "memory.used": "10240",
+        "memory.free": "70656", "power.draw": "301.50", "enforced.power.limit": "700.00", "temperature.gpu": "45",
+        "temperature.memory": "50", "clocks.sm": "1980", "clocks.mem": "2619",
+        "clocks_event_reasons.active": "0x0000000000000004", "ecc.errors.corrected.volatile.total": "0",
+        "ecc.errors.uncorrected.volatile.total": "0"},
+}
+GPUS[1] = dict(GPUS[0], **{"power.draw": "150.00", "temperature.memory": "[N/A]"})
+if "--help-query-gpu" in sys.argv:
+    print(HELP)
+    sys.exit(0)
+fields = next(a for a in sys.argv if a.startswith("--query-gpu=")).split("=", 1)[1].split(",")
+for index, values in GPUS.items():
+    print(", ".join(str(index) if f == "index" else values.get(f, "[Not Supported]") for f in fields))
+'''
+
+
+def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    child_env = {k: v for k, v in os.environ.items() if k not in ("FAKE_NVML_CONTROL", "LD_LIBRARY_PATH")}
+    child_env.update(env)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO_ROOT, env=child_env, capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def _real_nvml_present() -> bool:
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(_real_nvml_present(), reason="this host has a real libnvidia-ml.so.1")
+def test_without_a_gpu_it_says_so(tmp_path: Path) -> None:
+    result = _run({"LD_LIBRARY_PATH": str(tmp_path)})
+    assert result.returncode == 2
+    assert "NVML unavailable" in result.stdout and "No usable NVIDIA GPU" in result.stderr
+
+
+def test_compares_with_nvidia_smi_and_reports_the_cost(tmp_path: Path) -> None:
+    library = library_or_skip("full")
+    control = FakeNvml(tmp_path / "control.txt", library, {"devices": 2})
+    control.gpu("*", clock_reasons=0x4, memory_total=80 * GIB, memory_used=10 * GIB, memory_reserved=GIB // 2)
+    control.gpu(1, temperature_memory="unsupported")
+    stub = tmp_path / "nvidia-smi"
+    stub.write_text(f"#!{sys.executable}\n{STUB}")
+    stub.chmod(0o755)
+    result = _run({"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(control.path)},
+                  "--seconds", "0.6", "--nvidia-smi", str(stub))
+    out = result.stdout
+    assert result.returncode == 1, out + result.stderr  # GPU 1's power differs
+    assert "2 GPU(s)" in out and "GPU 0  NVIDIA H100" in out
+    gpu0, gpu1 = out.split("GPU 1  ")[0], out.split("GPU 1  ")[1]
+    for label in ("utilization.gpu", "memory.total", "memory.used", "power.draw", "clocks.sm", "clock event"):
+        line = next(line for line in gpu0.splitlines() if label in line)
+        assert " yes " in line, line
+    assert "0x4" in next(line for line in gpu0.splitlines() if "clock event" in line)
+    assert " NO " in next(line for line in gpu1.splitlines() if "power.draw" in line)
+    assert " n/a " in next(line for line in gpu1.splitlines() if "temperature.memory" in line)
+    assert "NVML cost per poll, 2 GPU(s)" in out and "NVML calls per poll" in out
+    assert "1 value(s) differ" in out
