@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from tests.daemon_harness import ROOT, Samples, env
 
