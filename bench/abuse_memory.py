@@ -25,10 +25,10 @@ def main() -> int:
         finally:
             d.stop()
     mb = 1e6
-    print("| flood | frames | taken in (s) | RSS before | peak | after (MB) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| round | flood | frames | taken in (s) | RSS before | peak | after (MB) |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
-        print(f"| {r['flood']} | {r['frames']:,} | {r['seconds']} | {r['rss_before'] / mb:.0f} | "
+        print(f"| {r['round']} | {r['flood']} | {r['frames']:,} | {r['seconds']} | {r['rss_before'] / mb:.0f} | "
               f"{r['rss_peak'] / mb:.0f} | {r['rss_after'] / mb:.0f} |")
     print(f"\nmessages dropped by reason: {dropped}")
     return 0 if all(r["alive"] for r in results) else 1
