@@ -22,8 +22,9 @@ TABLE_FLOOD_RETAINED = 32 * MiB
 """Most a flood of small frames may leave behind (10,000 series from the name flood included)."""
 DECODE_SLACK = 64 * MiB
 """Beyond the bytes a flood of 4 MiB frames put in the daemon's queue: decoding one frame's worth."""
-SECOND_ROUND_GROWTH = 64 * MiB
-"""Most the second round of 4 MiB floods may add to what the first round left behind."""
+RATCHET_SLACK = 64 * MiB
+"""After the second round of 4 MiB floods, RSS may exceed the first round's highest peak by at
+most this: the allocator may keep part of a flood's heap, but a repeated flood reuses it."""
 
 
 @pytest.mark.timeout(300)
@@ -46,7 +47,8 @@ def test_no_flood_makes_the_daemon_allocate_without_bound(tmp_path: Path) -> Non
             assert r["rss_after"] - r["rss_before"] <= TABLE_FLOOD_RETAINED, r
     first = [r for r in results if r["round"] == 1]
     second = [r for r in results if r["round"] == 2]
-    assert second[-1]["rss_after"] - first[-1]["rss_after"] <= SECOND_ROUND_GROWTH, results
+    # a leak would add each round's 400 MB again; glibc's retained heap stays under the high-water mark
+    assert second[-1]["rss_after"] <= max(r["rss_peak"] for r in first) + RATCHET_SLACK, results
     dropped = {lab["reason"]: v for lab, v in samples["dflash_sidecar_messages_dropped_total"]}
     assert dropped["oversized"] >= 200 and dropped["malformed"] >= 400  # counted, by name (both rounds)
     assert dropped["too_many_labels"] > 0 and dropped["too_many_senders"] > 0
