@@ -11,7 +11,9 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import socket
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -128,13 +130,24 @@ def test_a_socket_directory_prepared_by_another_user_is_refused(tmp_path: Path, 
     trap.chmod(0o777)
     nobody = pwd.getpwnam("nobody")
     os.chown(trap, nobody.pw_uid, nobody.pw_gid)
-    d = DaemonProc(tmp_path, endpoint=False, extra_env=_daemon_env(runtime_dir), wait=False)
-    assert d.proc.wait(20) == 1
-    assert f"refusing the socket directory {trap}: it is owned by uid {nobody.pw_uid}" in d.log()
+    assert _refused(DaemonProc(tmp_path, endpoint=False, extra_env=_daemon_env(runtime_dir), wait=False),
+                    f"refusing the socket directory {trap}: it is owned by uid {nobody.pw_uid}")
     assert not (trap / "sidecar.sock").exists()
     os.chown(trap, 0, 0)  # ours now, but still writable by anyone
-    d = DaemonProc(tmp_path, endpoint=False, extra_env=_daemon_env(runtime_dir), wait=False)
-    assert d.proc.wait(20) == 1 and "writable by other users (mode 0777) without the sticky bit" in d.log()
+    assert _refused(DaemonProc(tmp_path, endpoint=False, extra_env=_daemon_env(runtime_dir), wait=False),
+                    "writable by other users (mode 0777) without the sticky bit")
+
+
+def _refused(d: DaemonProc, message: str) -> bool:
+    """The daemon exited 1 saying ``message``; a daemon that started anyway is killed."""
+    try:
+        code = d.proc.wait(20)
+    except subprocess.TimeoutExpired:
+        d.stop(signal.SIGKILL)
+        raise AssertionError(f"the daemon started instead of refusing:\n{d.log()}") from None
+    d.stop()
+    assert code == 1 and message in d.log(), d.log()
+    return True
 
 
 def test_a_symlink_planted_at_the_lock_path_is_not_followed(tmp_path: Path, runtime_dir: Path) -> None:
@@ -150,6 +163,7 @@ def test_a_symlink_planted_at_the_lock_path_is_not_followed(tmp_path: Path, runt
     nobody = pwd.getpwnam("nobody")
     os.lchown(lock, nobody.pw_uid, nobody.pw_gid)
     d = DaemonProc(tmp_path, endpoint=f"ipc://{shared}/sidecar.sock", wait=False)
-    assert d.proc.wait(20) == 1
-    assert f"cannot open {lock}" in d.log(), d.log()
-    assert victim.read_text() == "precious\n"
+    try:
+        assert _refused(d, f"cannot open {lock}")
+    finally:
+        assert victim.read_text() == "precious\n"
