@@ -34,6 +34,10 @@ Adder = Callable[[Any], bool]
 MAX_CACHED_REJECTIONS = 1024
 """Per sender, how many distinct rejected names are remembered (beyond: re-checked each time)."""
 
+MAX_ALLOCATOR_SERIES = 1024
+"""Distinct (role, worker, device) allocator samples held; a further one is refused as
+``cardinality`` (device indexes come from the client and are otherwise unbounded)."""
+
 
 @dataclass(frozen=True, slots=True)
 class SeriesView:
@@ -182,7 +186,10 @@ class Aggregator:
         if (name.__class__ is not int or name < 0 or value.__class__ is not list or len(value) != 3
                 or not all(v.__class__ is int and v >= 0 for v in value)):
             return "invalid_value"
-        self._allocator[role, worker, name] = (value[0], value[1], value[2])
+        key = (role, worker, name)
+        if key not in self._allocator and len(self._allocator) >= MAX_ALLOCATOR_SERIES:
+            return "cardinality"
+        self._allocator[key] = (value[0], value[1], value[2])
         return None
 
     def _profile(self, profile: dict[Any, Any], role: str, worker: str, cache: dict[Any, Any]) -> None:
@@ -245,8 +252,10 @@ class Aggregator:
             del self._series[key], self._raw_names[key], self._last_active[key]
         if expired:
             self.generation += 1
-            self._family_owner = {f: owner for f, owner in self._family_owner.items() if owner[0] == -1}
+            # Families only live series still use keep their owner (otherwise this map would
+            # grow with every name ever seen, and an expired name could never be reused).
+            self._family_owner = {reserved: (-1, "") for reserved in RESERVED_FAMILIES}
             for (kind, token, _, _), raw in self._raw_names.items():
-                for f in claimed_names(kind, token):
-                    self._family_owner[f] = (kind, raw)
+                for family in claimed_names(kind, token):
+                    self._family_owner[family] = (kind, raw)
         return WindowReport(end_unix_s, duration_s, tuple(views), dict(self._steps), dict(self._allocator))

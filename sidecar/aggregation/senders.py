@@ -20,6 +20,10 @@ from typing import Any
 from sidecar.sources.decode import BatchMessage, HelloMessage
 
 MAX_SENDERS = 4096
+MAX_LABEL_PAIRS = 1024
+"""Distinct (role, worker) pairs whose totals are kept (they never expire within a daemon life,
+so that exported counters stay monotonic); a batch under a further pair is dropped and counted
+(``messages_dropped{reason="too_many_labels"}``)."""
 SENDER_TTL_S = 600.0
 """A sender silent this long is forgotten (its cumulative counts stay in the role totals)."""
 
@@ -66,8 +70,10 @@ class LabelTotals:
 class SenderRegistry:
     """Tracks senders and turns their sequence numbers and counters into exact loss counts."""
 
-    def __init__(self, max_senders: int = MAX_SENDERS, ttl_s: float = SENDER_TTL_S) -> None:
+    def __init__(self, max_senders: int = MAX_SENDERS, ttl_s: float = SENDER_TTL_S,
+                 max_label_pairs: int = MAX_LABEL_PAIRS) -> None:
         self.max_senders = max_senders
+        self.max_label_pairs = max_label_pairs
         self.ttl_s = ttl_s
         self.senders: dict[int, SenderState] = {}
         self.totals: dict[tuple[str, str], LabelTotals] = {}
@@ -113,10 +119,15 @@ class SenderRegistry:
         if previous is not None and msg.records_total - n < previous:
             self.drop_message("bad_sequence")  # a replayed or forged counter: never count twice
             return None
+        totals = self.totals.get((msg.role, msg.worker))
+        if totals is None:
+            if len(self.totals) >= self.max_label_pairs:
+                self.drop_message("too_many_labels")  # a label-value flood: bounded, counted
+                return None
+            totals = self.totals[msg.role, msg.worker] = LabelTotals()
         if (state.role, state.worker) != (msg.role, msg.worker):
             state.role, state.worker = msg.role, msg.worker
             state.cache.clear()
-        totals = self.totals.setdefault((msg.role, msg.worker), LabelTotals())
         if previous is None:
             state.before_join = msg.records_total - n
             totals.add_dropped("before_join", state.before_join)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import stat
 from dataclasses import dataclass
 
 import zmq
@@ -29,6 +30,10 @@ bounded (100,000 let a flood hold about 330 MB)."""
 
 MAX_FRAMES_PER_POLL = 1000
 """Frames one ``poll`` hands over at most (the ingest loop checks its window between frames)."""
+
+POLL_MAX_BYTES = 8 * 1024 * 1024
+"""``poll`` stops taking frames out of ZeroMQ's queue once it holds this many bytes: a flood of
+4 MiB frames is then copied into the daemon a few at a time, not 1000 at a time (4 GiB)."""
 
 
 class EndpointError(Exception):
@@ -86,9 +91,11 @@ class Receiver:
             os.makedirs(directory, mode=0o700, exist_ok=True)
         except OSError as exc:
             raise EndpointError(f"cannot create the socket directory {directory}: {exc.strerror}") from None
+        _check_directory(directory)
         lock_path = path + ".lock"
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            # O_NOFOLLOW: a symlink planted at the lock path must not make us truncate its target.
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise EndpointError(f"cannot open {lock_path}: {exc.strerror}") from None
         try:
@@ -108,18 +115,24 @@ class Receiver:
 
     def poll(self, timeout_ms: int) -> list[bytes]:
         """Frames received within ``timeout_ms`` (all that are queued, at most
-        ``MAX_FRAMES_PER_POLL``). One wait covers the frames and the disconnect monitor."""
+        ``MAX_FRAMES_PER_POLL`` frames or about ``POLL_MAX_BYTES``). One wait covers the frames
+        and the disconnect monitor."""
         frames: list[bytes] = []
         ready = dict(self._poller.poll(timeout_ms))
         if self._sock in ready:
             recv = self._sock.recv
+            nbytes = 0
             try:
                 for _ in range(MAX_FRAMES_PER_POLL):
-                    frames.append(recv(zmq.NOBLOCK))
+                    frame = recv(zmq.NOBLOCK)
+                    frames.append(frame)
+                    nbytes += len(frame)
+                    if nbytes >= POLL_MAX_BYTES:
+                        break
             except zmq.Again:
                 pass
             self.stats.frames += len(frames)
-            self.stats.bytes += sum(map(len, frames))
+            self.stats.bytes += nbytes
         if self._monitor in ready:
             self._drain_monitor()
         return frames
@@ -154,6 +167,28 @@ class Receiver:
         for fd in self._locks:
             os.close(fd)
         self._locks.clear()
+
+
+def _check_directory(directory: str) -> None:
+    """Refuse a socket directory another user controls. If someone else owns it (for example
+    pre-created ``/tmp/dflash-sidecar-<uid>``), or may write to it without the sticky bit, they
+    could replace the socket (and receive the trainers' telemetry) or plant symlinks the daemon
+    would follow. Raises ``EndpointError`` saying what to fix."""
+    try:
+        st = os.lstat(directory)
+    except OSError as exc:
+        raise EndpointError(f"cannot inspect the socket directory {directory}: {exc.strerror}") from None
+    problem = None
+    if stat.S_ISLNK(st.st_mode):
+        problem = "is a symbolic link"
+    elif st.st_uid not in (os.geteuid(), 0):
+        problem = f"is owned by uid {st.st_uid}, not by this user ({os.geteuid()}) or root"
+    elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        problem = f"is writable by other users (mode {stat.S_IMODE(st.st_mode):04o}) without the sticky bit"
+    if problem:
+        raise EndpointError(f"refusing the socket directory {directory}: it {problem}, so another user could "
+                            "replace the socket. Remove it (the daemon recreates it private) or give --endpoint "
+                            "a path in a directory only this user can write")
 
 
 def _read_pid(path: str) -> int | None:

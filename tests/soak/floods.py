@@ -1,0 +1,178 @@
+"""Hostile clients that try to make the daemon allocate without bound, and the RSS they cost it.
+
+Each flood connects its own XPUB socket (``XPUB_NODROP``: every frame is handed to the daemon's
+queue, none is dropped on the client side), sends its frames, waits until the daemon has taken
+them all in (or closed the connection, for frames over the size limit), and reports the daemon's
+RSS before, at its peak (sampled every 20 ms) and after. ``tests/test_abuse_memory.py`` asserts
+the bounds; ``bench/abuse_memory.py`` prints the table recorded in ``bench/RESULTS_SOAK.md``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import msgspec
+import zmq
+
+from tests.daemon_harness import DaemonProc
+from tests.soak.procs import Sampler, rss_bytes
+from trainer_shim import wire
+
+_enc = msgspec.msgpack.Encoder()
+NEAR_LIMIT = wire.MAX_MESSAGE_BYTES - 64
+
+
+def _oversized(n: int) -> Iterator[bytes]:
+    for _ in range(n):
+        yield b"\x00" * (wire.MAX_MESSAGE_BYTES + 1)
+
+
+def _empty_arrays(n: int) -> Iterator[bytes]:
+    frame = (b"\x9a\x01\x02\x07\x00\xa1r\xa1w\xc0\xce\xff\xff\xff\xff\x80\xdd" + NEAR_LIMIT.to_bytes(4, "big")
+             + b"\x90" * NEAR_LIMIT)
+    for _ in range(n):
+        yield frame
+
+
+def _bloated_records(n: int) -> Iterator[bytes]:
+    # 4096 records (the most a batch may hold), each an array of 1000 empty arrays: the batch is
+    # refused record by record (each malformed_record), the slowest path through decode.
+    record = b"\xdc" + (1000).to_bytes(2, "big") + b"\x90" * 1000
+    for i in range(n):
+        yield (b"\x9a\x01\x02\xcd\x01\x00" + bytes([0xCD]) + i.to_bytes(2, "big") + b"\xa5flood\xa13\xc0"
+               + b"\xce" + (4096 * (i + 1)).to_bytes(4, "big") + b"\x80\xdc\x10\x00" + record * 4096)
+
+
+def _deep(n: int) -> Iterator[bytes]:
+    frame = b"\x91" * NEAR_LIMIT + b"\x00"
+    for _ in range(n):
+        yield frame
+
+
+def _huge_map(n: int) -> Iterator[bytes]:
+    frame = b"\xdf" + (NEAR_LIMIT // 2).to_bytes(4, "big") + b"\x00\xc0" * (NEAR_LIMIT // 2)
+    for _ in range(n):
+        yield frame
+
+
+def _hellos(n: int) -> Iterator[bytes]:
+    for i in range(n):
+        yield _enc.encode([1, 1, 10_000 + i, 0, {"pid": i, "role": "r", "worker": "w", "junk": "x" * (NEAR_LIMIT - 100)}])
+
+
+def _names(n: int) -> Iterator[bytes]:
+    per = 1000
+    for i in range(0, n, per):
+        yield _enc.encode([1, 2, 21, i // per, "flood", "0", None, i + per, {},
+                           [[3, f"name_{j}", 1.0] for j in range(i, i + per)]])
+
+
+def _labels(n: int) -> Iterator[bytes]:
+    for i in range(n):
+        yield _enc.encode([1, 2, 22, i, f"role{i}", f"worker{i}", i, i + 1, {}, [[2, "c", 1]]])
+
+
+def _devices(n: int) -> Iterator[bytes]:
+    per = 1000
+    for i in range(0, n, per):
+        yield _enc.encode([1, 2, 23, i // per, "flood", "1", None, i + per, {}, [[7, d, [1, 2, 3]] for d in range(i, i + per)]])
+
+
+def _senders(n: int) -> Iterator[bytes]:
+    for i in range(n):
+        yield _enc.encode([1, 2, 100_000 + i, 0, "flood", "2", None, 1, {}, [[2, "c", 1]]])
+
+
+@dataclass(frozen=True)
+class Flood:
+    name: str
+    frames: Callable[[int], Iterator[bytes]]
+    n: int
+    closes_connection: bool = False
+
+
+FLOODS = (
+    Flood("frames over 4 MiB", _oversized, 10, closes_connection=True),
+    Flood("4 MiB batches of empty arrays", _empty_arrays, 100),
+    Flood("4 MiB batches of 4096 bloated records", _bloated_records, 100),
+    Flood("4 MiB of nesting (deep)", _deep, 100),
+    Flood("4 MiB single maps (huge)", _huge_map, 100),
+    Flood("4 MiB hellos, distinct senders", _hellos, 100),
+    Flood("distinct metric names", _names, 100_000),
+    Flood("distinct (role, worker) values", _labels, 20_000),
+    Flood("distinct allocator devices", _devices, 20_000),
+    Flood("distinct sender ids", _senders, 20_000),
+)
+
+
+def _counter(d: DaemonProc, name: str) -> float:
+    return d.value(name) or 0.0
+
+
+def run_flood(d: DaemonProc, flood: Flood, timeout_s: float = 120.0) -> dict[str, object]:
+    """Send ``flood`` to ``d``; returns RSS before/peak/after (bytes), seconds, frames sent."""
+    pid = d.proc.pid
+    frames_before = _counter(d, "dflash_sidecar_frames_received_total")
+    disconnects_before = _counter(d, "dflash_sidecar_disconnects_total")
+    before = rss_bytes(pid)
+    sampler = Sampler(pid, period_s=0.02)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.XPUB_NODROP, 1)
+    pub.setsockopt(zmq.SNDTIMEO, 30_000)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.connect(d.endpoint)
+    start = time.monotonic()
+    sent = 0
+    try:
+        deadline = start + 20
+        while not pub.poll(100) and time.monotonic() < deadline:
+            pass
+        pub.recv()
+        for frame in flood.frames(flood.n):
+            if flood.closes_connection:  # the daemon drops the link for each: wait for it to be back
+                while pub.poll(0):
+                    pub.recv()
+            pub.send(frame, copy=False)
+            sent += 1
+            if flood.closes_connection:
+                _wait(lambda: _counter(d, "dflash_sidecar_disconnects_total") >= disconnects_before + sent, 20)
+        if flood.closes_connection:
+            done = True
+        else:
+            done = _wait(lambda: _counter(d, "dflash_sidecar_frames_received_total") >= frames_before + sent,
+                         timeout_s)
+        took = time.monotonic() - start
+    finally:
+        pub.close(0)
+        ctx.term()
+    time.sleep(0.5)
+    samples = [rss for _, rss, _ in sampler.stop()]
+    return {"flood": flood.name, "frames": sent, "taken_in": done, "seconds": round(took, 2),
+            "rss_before": before, "rss_peak": max(samples + [before]), "rss_after": rss_bytes(pid),
+            "alive": d.proc.poll() is None}
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def is_big(flood: Flood) -> bool:
+    """A flood of frames near the 4 MiB limit (as opposed to many small frames)."""
+    return "MiB" in flood.name
+
+
+def run_all(d: DaemonProc) -> list[dict[str, object]]:
+    """Every flood once, then the 4 MiB floods a second time (marked ``round`` 2): memory a
+    too-fast client made the daemon queue may stay in the allocator's heap, but must be reused,
+    not added to, when the same abuse comes again."""
+    first = [{**run_flood(d, flood), "round": 1} for flood in FLOODS]
+    again = [flood for flood in FLOODS if is_big(flood) and not flood.closes_connection]
+    return first + [{**run_flood(d, flood), "round": 2} for flood in again]

@@ -1,0 +1,79 @@
+"""No file descriptor or thread leak in the daemon across 100 client connect/disconnect cycles
+(real shim publishers, over ipc and tcp, closed cleanly), plus clients SIGKILLed mid-stream.
+Read from /proc/<pid>/fd and /proc/<pid>/task of the daemon."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_harness import DaemonProc, free_port, wait_for
+from tests.soak.procs import PublisherProc, open_fds, rss_bytes, thread_names
+from trainer_shim.publisher import Publisher
+
+CYCLES = 100
+KILLED = 10
+
+
+def _cycle(endpoint: str, worker: str) -> None:
+    """One client life: connect, say hello, send a batch, close."""
+    pub = Publisher(endpoint, flush_interval_s=0.005, allocator_interval_s=0)
+    ch = pub.channel("leak", worker)
+    deadline = time.monotonic() + 10
+    while ch.seq < 1 and time.monotonic() < deadline:  # the daemon subscribed: hello sent
+        time.sleep(0.002)
+    ch.count("c", 1)
+    while ch.records_total < 1 and time.monotonic() < deadline:  # and the batch
+        pub.flush()
+        time.sleep(0.002)
+    assert ch.records_total == 1, f"client {worker} never saw the daemon subscribe"
+    pub.close()
+
+
+def _kinds(fds: list[str]) -> Counter[str]:
+    return Counter(f.split(":")[0] if ":" in f else "file" for f in fds)
+
+
+@pytest.mark.timeout(240)
+def test_no_fd_or_thread_leak_across_client_cycles(tmp_path: Path) -> None:
+    tcp = f"tcp://127.0.0.1:{free_port()}"
+    d = DaemonProc(tmp_path, "--endpoint", tcp)
+    try:
+        pid = d.proc.pid
+        _cycle(d.endpoint, "warmup")  # first use of each path
+        _cycle(tcp, "warmup-tcp")
+        wait_for(lambda: d.value("dflash_sidecar_disconnects_total") == 2, what="warm-up disconnects")
+        fds0, threads0, rss0 = open_fds(pid), thread_names(pid), rss_bytes(pid)
+        for i in range(CYCLES):
+            _cycle(d.endpoint if i % 2 else tcp, str(i))
+        for i in range(KILLED):  # abrupt: the process dies with its socket open, mid-stream
+            p = PublisherProc(tmp_path, {"endpoint": d.endpoint if i % 2 else tcp, "role": "killed", "name": str(i),
+                                         "threads": 2, "rate": 2000})
+            try:  # connected and streaming: its records arrive
+                wait_for(lambda i=i: d.value("dflash_sidecar_records_accepted_total", role="killed", worker=f"{i}-0"),
+                         timeout_s=30, what=f"publisher {i} streaming")
+            finally:
+                p.kill()
+        expected = 2 + CYCLES + KILLED
+        wait_for(lambda: (d.value("dflash_sidecar_disconnects_total") or 0) >= expected, timeout_s=30,
+                 what=f"{expected} disconnects")
+        wait_for(lambda: d.value("dflash_sidecar_records_accepted_total", role="leak") == CYCLES + 2,
+                 what="every cycle's record")
+        settled = wait_for(lambda: (open_fds(pid) == fds0 and thread_names(pid) == threads0) or None,
+                           timeout_s=20, what="fds and threads back to the baseline")
+        assert settled
+        fds1, threads1, rss1 = open_fds(pid), thread_names(pid), rss_bytes(pid)
+    except AssertionError as exc:
+        if "fds0" not in locals():
+            raise
+        fds1, threads1 = open_fds(pid), thread_names(pid)
+        raise AssertionError(f"{exc}: fds {_kinds(fds0)} -> {_kinds(fds1)}; threads {threads0} -> {threads1}") from None
+    finally:
+        d.stop()
+    assert len(fds1) == len(fds0) and threads1 == threads0
+    assert rss1 - rss0 < 8 * 1024 * 1024  # 112 senders' state, no per-connection residue
+    print(f"fds {len(fds0)} -> {len(fds1)}, threads {len(threads0)} -> {len(threads1)}, "
+          f"RSS {rss0 / 1e6:.1f} -> {rss1 / 1e6:.1f} MB over {expected} connections")
