@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.waiting import wait_until
+
 ROOT = Path(__file__).resolve().parent.parent
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -157,11 +159,5 @@ def publish(endpoint: str, role: str, worker: str, n: int, bad: list[list[object
 
 
 def wait_for(predicate, timeout_s: float = 15.0, interval_s: float = 0.2, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+    """``tests.waiting.wait_until`` with this module's defaults."""
+    return wait_until(predicate, timeout_s, interval_s, what)

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
+from tests import waiting  # noqa: E402
 from trainer_shim import wire  # noqa: E402
 
 _HEADER = struct.Struct(">I")
@@ -288,16 +289,8 @@ def ledgers(messages: Iterable[Message]) -> dict[int, SenderLedger]:
 
 
 def wait_until(predicate: Any, timeout_s: float = 30.0, interval_s: float = 0.02) -> Any:
-    """Poll ``predicate`` until it returns something truthy; raise ``TimeoutError`` after
-    ``timeout_s`` (a liveness bound, never a performance threshold)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"condition not met within {timeout_s} s")
-        time.sleep(interval_s)
+    """``tests.waiting.wait_until`` with this module's defaults."""
+    return waiting.wait_until(predicate, timeout_s, interval_s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,12 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+
+from tests import waiting
 
 from .build import FakeNvmlUnavailable, Variant, build_fake_nvml
 
@@ -31,15 +32,8 @@ def library_or_skip(variant: Variant = "full") -> Path:
 
 
 def wait_until(predicate: Callable[[], T], timeout_s: float = 5.0, what: str = "condition") -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
+    """``tests.waiting.wait_until`` polling every 10 ms."""
+    return waiting.wait_until(predicate, timeout_s, 0.01, what)
 
 
 def run_child(env: dict[str, str], *args: str, timeout_s: float = 30.0) -> dict[str, Any]:
