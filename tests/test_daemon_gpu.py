@@ -3,14 +3,12 @@ the fake NVML driver by name through LD_LIBRARY_PATH, scripted while the daemon 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import DaemonProc, env, free_port, publish, wait_for
+from tests.daemon_harness import DaemonProc, publish, wait_for
 from tests.fake_nvml.control import FakeNvml
 from tests.fake_nvml.helpers import library_or_skip
 
@@ -55,20 +53,3 @@ def test_gpu_series_keep_answering_while_an_nvml_call_hangs(tmp_path: Path, fake
         wait_for(lambda: d.value("dflash_nvml_stalled") == 0.0, what="the stall to clear")
     finally:
         d.stop()
-
-
-def test_a_throttled_gpu_makes_the_verdict_throttled(tmp_path: Path, fake: FakeNvml) -> None:
-    fake.gpu(1, clock_reasons=0x8)  # hw_slowdown on the drafters' GPU
-    port = free_port()
-    log = tmp_path / "demo.log"
-    with open(log, "wb") as out:
-        demo = subprocess.Popen(
-            [sys.executable, "-m", "sidecar", "demo", "--duration", "8", "--interval", "1", "--nvml-interval", "0.2",
-             "--gpu-group", "target=0", "--gpu-group", "drafter=1", "--endpoint", f"ipc://{tmp_path}/s.sock",
-             "--prometheus-addr", f"127.0.0.1:{port}"], stdout=out, stderr=subprocess.STDOUT,
-            env=env(**_gpu_env(fake)))
-        assert demo.wait(60) == 0
-    verdicts = [line.split("verdict ")[1].split(" ")[0] for line in log.read_text().splitlines() if "verdict " in line]
-    scored = verdicts[2:-1]  # skip the warm-up windows and the final partial one
-    assert scored and all(v == "throttled" for v in scored), verdicts
-    assert "hw_slowdown" in log.read_text()
