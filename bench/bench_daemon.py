@@ -22,7 +22,10 @@ What it measures, each repeated and reported as the median of the runs:
        checked exactly from ``/metrics``; records/s from the daemon's own per-window lines, CPU
        per record from /proc/<pid>/stat (all its threads).
 2. ``paced``: daemon CPU share and RSS while the real ``trainer_shim`` (8 channels, one process)
-   publishes 5,000 records/s, with ``--no-gpu-metrics``.
+   publishes 5,000 records/s, side by side (runs interleaved): with ``--no-gpu-metrics``, and
+   with NVML at the default 1 s interval on 8 GPUs of the fake driver (tests/fake_nvml; GPM on,
+   the shim's process the one compute process on every GPU, so the per-process memory queries
+   run), the poll cost read from the daemon's own ``dflash_nvml_poll_duration_seconds``.
 3. ``scrape``: ``GET /metrics`` latency with 10,000 series (50 workers x 200 names), the first
    scrape after each window roll (cold) and a second one (warm), plain and with Prometheus's
    headers; ``promtool check metrics`` on the exposition; render CPU in process.
@@ -50,7 +53,7 @@ import msgspec
 
 from daemon_load import make_records, make_senders, series_workload
 from daemon_proc import (DAEMON_CORE, accounting, code_root, pctl, pin, proc_cpu_s, proc_rss, read_json_line,
-                         running_daemon, spawn, wait_accounted, window_rates)
+                         running_daemon, sample_values, spawn, train_on_every_gpu, wait_accounted, window_rates)
 
 # -- 1a: in-process ingest -----------------------------------------------------------------------
 
@@ -252,46 +255,83 @@ def bench_e2e(quick: bool, repeats: int) -> list[dict[str, Any]]:
 
 # -- 2: a realistic rate through the real shim ---------------------------------------------------
 
-def bench_paced_once(seconds: float, idle_s: float, rate: int, interval: float) -> dict[str, Any]:
-    with running_daemon(interval) as daemon:
+NVML_FAMILIES = ("dflash_nvml_poll_duration_seconds", "dflash_nvml_poll_calls", "dflash_nvml_polls_total",
+                 "dflash_gpu_up", "dflash_gpu_process_memory_bytes", "dflash_gpu_sm_activity_ratio",
+                 "dflash_nvml_errors_total")
+
+
+def _nvml_readings(text: str) -> dict[str, list[float]]:
+    return {name: sample_values(text, name) for name in NVML_FAMILIES}
+
+
+def bench_paced_once(seconds: float, idle_s: float, rate: int, interval: float, gpus: int) -> dict[str, Any]:
+    """One run at ``rate`` records/s; ``gpus`` > 0: NVML on that many fake GPUs (default
+    ``--nvml-interval``), the shim's process the one compute process on each, else
+    ``--no-gpu-metrics``. The daemon's own ``dflash_nvml_*`` gauges are read at every scrape."""
+    with running_daemon(interval, fake_gpus=gpus) as daemon:
         time.sleep(1.0)
         c0, t0 = proc_cpu_s(daemon.pid), time.monotonic()
         time.sleep(idle_s)
         idle_share = (proc_cpu_s(daemon.pid) - c0) / (time.monotonic() - t0)
         shim = spawn("shim", ["--endpoint", daemon.endpoint, "--rate", str(rate), "--seconds", str(seconds)])
+        if gpus:
+            train_on_every_gpu(daemon.fake, gpus, shim.pid)
         read_json_line(shim)
         warmup = min(3.0, seconds / 5)
         time.sleep(warmup)
         c0, t0 = proc_cpu_s(daemon.pid), time.monotonic()
         rss_samples = []
+        poll_ms: list[float] = []
         next_scrape = t0 + 15.0  # Prometheus's default scrape interval
         while time.monotonic() - t0 < seconds - warmup - 1.0:
             time.sleep(0.5)
             rss_samples.append(proc_rss(daemon.pid)[0])
             if time.monotonic() >= next_scrape:
-                daemon.metrics()
+                poll_ms += [v * 1000 for v in sample_values(daemon.metrics(), "dflash_nvml_poll_duration_seconds")]
                 next_scrape += 15.0
         share = (proc_cpu_s(daemon.pid) - c0) / (time.monotonic() - t0)
+        nvml = _nvml_readings(daemon.metrics())
+        poll_ms += [v * 1000 for v in nvml["dflash_nvml_poll_duration_seconds"]]
         result = read_json_line(shim, seconds + 30)
         shim.wait(10)
         sent = result["records_total"]
         acct = wait_accounted(daemon, sent, interval * 2 + 5)
         transit = {k: v for k, v in acct["dropped"].items() if not k.startswith("sender_")}
         _, peak = proc_rss(daemon.pid)
-    return {"rate": rate, "seconds": seconds, "interval": interval, "cpu_share": share, "idle_share": idle_share,
-            "rss_mb": statistics.median(rss_samples) / 2**20, "peak_rss_mb": peak / 2**20,
+    return {"gpus": gpus, "rate": rate, "seconds": seconds, "interval": interval, "cpu_share": share,
+            "idle_share": idle_share, "rss_mb": statistics.median(rss_samples) / 2**20, "peak_rss_mb": peak / 2**20,
             "sent": sent, "accepted": acct["accepted"], "dropped": acct["dropped"],
             "shim_dropped": result["dropped"],
-            "balanced": acct["accepted"] + sum(transit.values()) == sent}
+            "balanced": acct["accepted"] + sum(transit.values()) == sent,
+            "poll_ms": poll_ms,
+            "poll_calls": (nvml["dflash_nvml_poll_calls"] or [None])[0],
+            "polls_total": (nvml["dflash_nvml_polls_total"] or [0])[0],
+            "gpus_up": sum(nvml["dflash_gpu_up"]),
+            "gpus_with_gpm": len(nvml["dflash_gpu_sm_activity_ratio"]),
+            "process_series": len(nvml["dflash_gpu_process_memory_bytes"]),
+            "nvml_errors": sum(nvml["dflash_nvml_errors_total"])}
 
 
-def bench_paced(quick: bool, repeats: int) -> list[dict[str, Any]]:
+def bench_paced(quick: bool, repeats: int, gpus: int = 8) -> list[dict[str, Any]]:
+    """Side by side: ``--no-gpu-metrics`` and NVML on ``gpus`` fake GPUs (0: the first only),
+    interleaved run by run so that both see the same background load."""
     seconds, idle_s = (15.0, 5.0) if quick else (60.0, 10.0)
-    runs = [bench_paced_once(seconds, idle_s, 5000, 10.0) for _ in range(repeats)]
-    med = sorted(runs, key=lambda r: r["cpu_share"])[len(runs) // 2]
-    return [dict(med, runs=len(runs), shares=[round(r["cpu_share"] * 100, 3) for r in runs],
-                 rss_median_mb=statistics.median(r["rss_mb"] for r in runs),
-                 all_balanced=all(r["balanced"] for r in runs))]
+    variants = [0] + ([gpus] if gpus else [])
+    runs: dict[int, list[dict[str, Any]]] = {g: [] for g in variants}
+    for _ in range(repeats):
+        for g in variants:
+            runs[g].append(bench_paced_once(seconds, idle_s, 5000, 10.0, g))
+    rows = []
+    for g in variants:
+        med = sorted(runs[g], key=lambda r: r["cpu_share"])[len(runs[g]) // 2]
+        poll_ms = [v for r in runs[g] for v in r["poll_ms"]]
+        rows.append(dict(med, runs=len(runs[g]), shares=[round(r["cpu_share"] * 100, 3) for r in runs[g]],
+                         rss_median_mb=statistics.median(r["rss_mb"] for r in runs[g]),
+                         peak_rss_max_mb=max(r["peak_rss_mb"] for r in runs[g]),
+                         all_balanced=all(r["balanced"] for r in runs[g]),
+                         poll_ms_median=statistics.median(poll_ms) if poll_ms else None,
+                         poll_ms_max=max(poll_ms) if poll_ms else None, poll_samples=len(poll_ms)))
+    return rows
 
 
 # -- 3: scrape latency with 10,000 series --------------------------------------------------------
@@ -450,14 +490,20 @@ def report(results: dict[str, list[dict[str, Any]]]) -> str:
                        f"| {r['all_balanced']} | {r['send_s']:.1f} / {r['busy_s']:.1f} | {r['peak_rss_max']:.0f} "
                        f"| {r['rps_all']} |")
     if "paced" in results:
-        out.append("\n## 2. 5,000 records/s through the real trainer_shim (--no-gpu-metrics)\n")
-        out.append("| seconds | window | daemon CPU (% of a core) | idle CPU % | RSS MB (median / peak) "
-                   "| sent | accepted | dropped | balanced | runs (CPU %) |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        out.append("\n## 2. 5,000 records/s through the real trainer_shim, without and with NVML\n")
+        out.append("| NVML | daemon CPU (% of a core) | runs (CPU %) | idle CPU % | RSS MB (median / peak) "
+                   "| NVML poll ms (median / max, n) | calls/poll | GPUs up / GPM / process series "
+                   "| sent | accepted | dropped | balanced |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in results["paced"]:
-            out.append(f"| {r['seconds']:.0f} | {r['interval']:.0f} s | {r['cpu_share'] * 100:.2f} "
-                       f"| {r['idle_share'] * 100:.2f} | {r['rss_median_mb']:.0f} / {r['peak_rss_mb']:.0f} "
-                       f"| {r['sent']:,} | {r['accepted']:,} | {r['dropped']} | {r['all_balanced']} | {r['shares']} |")
+            nvml = f"{r['gpus']} fake GPUs, 1 s" if r["gpus"] else "--no-gpu-metrics"
+            poll = (f"{r['poll_ms_median']:.2f} / {r['poll_ms_max']:.2f} ({r['poll_samples']})"
+                    if r["poll_ms_median"] is not None else "-")
+            gpus = f"{r['gpus_up']:.0f} / {r['gpus_with_gpm']} / {r['process_series']}" if r["gpus"] else "-"
+            calls = f"{r['poll_calls']:.0f}" if r["poll_calls"] is not None else "-"
+            out.append(f"| {nvml} | {r['cpu_share'] * 100:.2f} | {r['shares']} | {r['idle_share'] * 100:.2f} "
+                       f"| {r['rss_median_mb']:.0f} / {r['peak_rss_max_mb']:.0f} | {poll} | {calls} | {gpus} "
+                       f"| {r['sent']:,} | {r['accepted']:,} | {r['dropped']} | {r['all_balanced']} |")
     if "scrape" in results:
         out.append("\n## 3. GET /metrics with 10,000 series (ms, until the whole body is read)\n")
         out.append("| series | samples | bytes | first of a window, plain: median / p99 (n, over 50 ms) "
@@ -484,13 +530,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None,
                         help=f"runs per benchmark (default {DEFAULT_REPEATS}, quick {QUICK_REPEATS})")
     parser.add_argument("--json", default=None, help="also write the raw results here")
+    parser.add_argument("--gpus", type=int, default=8,
+                        help="paced: fake GPUs for the NVML variant beside --no-gpu-metrics (0: without it)")
     args = parser.parse_args(argv)
     benches = {"inproc": bench_inproc, "e2e": bench_e2e, "paced": bench_paced, "scrape": bench_scrape}
     results: dict[str, list[dict[str, Any]]] = {}
     for name in args.only.split(","):
         reps = args.repeats or (QUICK_REPEATS if args.quick else DEFAULT_REPEATS)[name]
         t = time.monotonic()
-        results[name] = benches[name](args.quick, reps)
+        results[name] = (bench_paced(args.quick, reps, args.gpus) if name == "paced"
+                         else benches[name](args.quick, reps))
         print(f"[{name}: {reps} runs, {time.monotonic() - t:.0f} s]", file=sys.stderr, flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -82,17 +82,22 @@ def http_get(url: str, gz: bool = False, timeout: float = 10.0) -> bytes:
 
 
 class Daemon:
-    """A real daemon process, pinned to ``DAEMON_CORE``."""
+    """A real daemon process, pinned to ``DAEMON_CORE``. ``gpu_env``: with NVML (the daemon's
+    default ``--nvml-interval``), these variables added to its environment (the fake driver's);
+    None: ``--no-gpu-metrics``."""
 
-    def __init__(self, workdir: str, interval: float, extra: list[str] | None = None) -> None:
+    def __init__(self, workdir: str, interval: float, extra: list[str] | None = None,
+                 gpu_env: dict[str, str] | None = None) -> None:
         self.endpoint = f"ipc://{workdir}/sidecar.sock"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/metrics"
-        cmd = [sys.executable, "-m", "sidecar", "run", "--no-gpu-metrics", "--interval", str(interval),
-               "--endpoint", self.endpoint, "--prometheus-addr", f"127.0.0.1:{self.port}",
-               "--log-level", "warning", *(extra or [])]
+        cmd = [sys.executable, "-m", "sidecar", "run", *([] if gpu_env is not None else ["--no-gpu-metrics"]),
+               "--interval", str(interval), "--endpoint", self.endpoint,
+               "--prometheus-addr", f"127.0.0.1:{self.port}", "--log-level", "warning", *(extra or [])]
+        self.fake: Any = None
         self.log = open(os.path.join(workdir, "daemon.log"), "w")
-        self.proc = subprocess.Popen(cmd, env=env_with_root(), stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
+        self.proc = subprocess.Popen(cmd, env={**env_with_root(), **(gpu_env or {})}, stdout=self.log,
+                                     stderr=subprocess.STDOUT, cwd=workdir)
         self.pinning = pin(self.proc.pid, DAEMON_CORE)
         deadline = time.monotonic() + 20
         while True:
@@ -123,14 +128,55 @@ class Daemon:
 
 
 @contextmanager
-def running_daemon(interval: float, extra: list[str] | None = None) -> Iterator[Daemon]:
+def running_daemon(interval: float, extra: list[str] | None = None,
+                   fake_gpus: int = 0) -> Iterator[Daemon]:
+    """A daemon in a fresh directory. ``fake_gpus`` > 0: with NVML on that many GPUs of the fake
+    driver (tests/fake_nvml), scripted through ``daemon.fake`` (a ``FakeNvml``; else None)."""
     workdir = tempfile.mkdtemp(prefix="dbench-")
-    daemon = Daemon(workdir, interval, extra)
+    fake = fake_nvml(workdir, fake_gpus) if fake_gpus else None
+    gpu_env = None if fake is None else {"LD_LIBRARY_PATH": str(fake.library.parent),
+                                         "FAKE_NVML_CONTROL": str(fake.path)}
+    daemon = Daemon(workdir, interval, extra, gpu_env)
+    daemon.fake = fake
     try:
         yield daemon
     finally:
         daemon.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+GIB = 2**30
+
+
+def fake_nvml(workdir: str, gpus: int) -> Any:
+    """The fake NVML driver (built from tests/fake_nvml, cached) with a control file in
+    ``workdir``: ``gpus`` busy H100-like GPUs, GPM supported, values a training run shows."""
+    if ROOT not in sys.path:
+        sys.path.append(ROOT)  # after PYTHONPATH: the ``sidecar`` under test stays the one imported
+    from tests.fake_nvml import FakeNvml, build_fake_nvml
+
+    fake = FakeNvml(os.path.join(workdir, "nvml-control.txt"), build_fake_nvml("full"), {"devices": gpus})
+    fake.gpu("*", utilization_memory=48, memory_total=80 * GIB, temperature_memory=74, clock_sm_mhz=1755,
+             clock_mem_mhz=2619, clock_reasons=0, power_limit_mw=700_000, pcie_tx_bytes_per_s=3_000_000_000,
+             pcie_rx_bytes_per_s=5_000_000_000, gpm_supported=1, gpm_sm_util=85, gpm_sm_occupancy=42,
+             gpm_any_tensor_util=55, gpm_dram_bw_util=60, gpm_pcie_tx_mib_per_s=2900, gpm_pcie_rx_mib_per_s=4800,
+             gpm_nvlink_tx_mib_per_s=38_000, gpm_nvlink_rx_mib_per_s=38_000)
+    for i in range(gpus):
+        fake.gpu(i, utilization_gpu=88 + i % 8, memory_used=70 * GIB + i * 2**28, temperature_gpu=62 + i % 5,
+                 power_mw=540_000 + 5_000 * i)
+    return fake
+
+
+def train_on_every_gpu(fake: Any, gpus: int, pid: int) -> None:
+    """Make process ``pid`` the one compute process on every GPU (about 70 GiB each), so the
+    daemon's per-process memory queries run and match its hello."""
+    fake.set({f"gpu.{i}.processes": {pid: 70 * GIB + i * 2**28} for i in range(gpus)})
+
+
+def sample_values(text: str, name: str) -> list[float]:
+    """Values of every sample of ``name`` (any labels) in an exposition."""
+    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith(name + "{") or line.startswith(name + " ")]
 
 
 def accounting(text: str) -> dict[str, Any]:
