@@ -11,14 +11,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.shim_helpers import ROOT, ReceiverProcess, ledgers, wait_until
+from tests.shim_helpers import ROOT, ledgers, wait_until
 
 EXIT_BOUND_S = 30.0
 """A shim process must be gone well within this even with the receiver stalled or absent."""
@@ -30,6 +27,8 @@ def dump(label="stats"):
     stats = {"/".join(k): v for k, v in telemetry.stats().items()}
     print(json.dumps({label: stats, "pid": os.getpid()}), flush=True)
 """
+
+pytest_plugins = ["tests.shim_fixtures"]
 
 
 def run_shim(code: str, endpoint: str, env: dict[str, str] | None = None,
@@ -43,31 +42,6 @@ def run_shim(code: str, endpoint: str, env: dict[str, str] | None = None,
 
 def lines(proc: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-
-
-@pytest.fixture
-def workdir() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="dfs-", dir="/tmp") as d:
-        yield Path(d)
-
-
-@pytest.fixture
-def ep(workdir: Path) -> str:
-    return f"ipc://{workdir}/sidecar.sock"
-
-
-@pytest.fixture
-def receivers(workdir: Path) -> Iterator[Callable[..., ReceiverProcess]]:
-    started: list[ReceiverProcess] = []
-
-    def start(endpoint: str, stalled: bool = False) -> ReceiverProcess:
-        rx = ReceiverProcess(endpoint, workdir / f"{len(started)}.frames", stalled=stalled)
-        started.append(rx)
-        return rx
-
-    yield start
-    for rx in started:
-        rx.stop()
 
 
 def test_last_batch_goes_out_at_exit(ep: str, receivers) -> None:  # type: ignore[no-untyped-def]

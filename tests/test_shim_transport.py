@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import math
 import sys
-import tempfile
 import threading
 import time
 import types
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,34 +25,9 @@ from trainer_shim import __version__, publisher, telemetry, transport, wire
 from trainer_shim.publisher import Publisher
 from trainer_shim.wire import RecordKind
 
+pytest_plugins = ["tests.shim_fixtures"]
+
 FLUSH_S = 0.02
-
-
-@pytest.fixture
-def workdir() -> Iterator[Path]:
-    """A short directory: ipc paths must stay under ~100 bytes."""
-    with tempfile.TemporaryDirectory(prefix="dfs-", dir="/tmp") as d:
-        yield Path(d)
-
-
-@pytest.fixture
-def ep(workdir: Path) -> str:
-    return f"ipc://{workdir}/sidecar.sock"
-
-
-@pytest.fixture
-def receivers(workdir: Path) -> Iterator[Callable[..., ReceiverProcess]]:
-    started: list[ReceiverProcess] = []
-
-    def start(endpoint: str, stalled: bool = False, name: str | None = None) -> ReceiverProcess:
-        out = workdir / f"{name or len(started)}.frames"
-        rx = ReceiverProcess(endpoint, out, stalled=stalled)
-        started.append(rx)
-        return rx
-
-    yield start
-    for rx in started:
-        rx.stop()
 
 
 @pytest.fixture
