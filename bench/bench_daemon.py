@@ -404,12 +404,14 @@ def bench_scrape_once(scrapes: int, interval: float) -> dict[str, Any]:
 
 def scrape_render_cpu(repeats: int) -> dict[str, float]:
     """In this process (CPU time, insensitive to other load): what one cold scrape of 10,000
-    series costs to render and compress, by the served page when this code has one, and by
+    series costs to render and compress, by the served page, and by
     prometheus_client from the same collector (what the daemon served before)."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-    from sidecar.exporters import prometheus as prom
+    from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
+    from sidecar.exporters.prometheus.page import MetricsPage
+    from sidecar.exporters.prometheus.server import GZIP_LEVEL
     from sidecar.ingest import IngestLoop
 
     class _Stats:
@@ -425,20 +427,18 @@ def scrape_render_cpu(repeats: int) -> dict[str, float]:
         records = batch()
         loop.handle_frame(s.frame(enc, records, len(records)))
     loop._roll(time.monotonic(), 1.0)
-    state = prom.ExportState(host="bench", started_unix_s=time.time(), report=reports[-1])
-    collector = prom.SidecarCollector(state)
+    state = ExportState(host="bench", started_unix_s=time.time(), report=reports[-1])
+    collector = SidecarCollector(state)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     cases = {"prometheus_client text": lambda: generate_latest(registry),
              "prometheus_client OpenMetrics + gzip 9": lambda: gzip.compress(openmetrics_latest(registry))}
-    if hasattr(prom, "MetricsPage"):
-        level = getattr(prom, "GZIP_LEVEL", 9)
-        cases["served page, not prepared"] = lambda: prom.MetricsPage(collector).render()
-        cases[f"served page, not prepared + gzip {level}"] = lambda: gzip.compress(prom.MetricsPage(collector).render(),
-                                                                                  level)
-        prepared = prom.MetricsPage(collector)
-        prepared.render()
-        cases[f"served page, prepared + gzip {level}"] = lambda: gzip.compress(prepared.render(), level)
+    level = GZIP_LEVEL
+    cases["served page, not prepared"] = lambda: MetricsPage(collector).render()
+    cases[f"served page, not prepared + gzip {level}"] = lambda: gzip.compress(MetricsPage(collector).render(), level)
+    prepared = MetricsPage(collector)
+    prepared.render()
+    cases[f"served page, prepared + gzip {level}"] = lambda: gzip.compress(prepared.render(), level)
     out = {}
     for name, fn in cases.items():
         times = []

@@ -49,8 +49,7 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="bench-wandb-")
     os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=tmp)
 
-    from sidecar.exporters.wandb_exporter import (WandbConfig, WandbExporter,
-                                                  wandb_core_children)
+    from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter, wandb_core_children
 
     row = {f"gpu/{i % 8}/metric_{i}": float(i) for i in range(args.keys)}
     ex = WandbExporter(WandbConfig(run="bench-run", queue_size=args.rows * 2), host="bench")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sidecar.sources.gpu_model import GpuReading, GpuSnapshot
+from sidecar.model.gpu import GpuReading, GpuSnapshot
 from sidecar.sources.nvml import NvmlSource, probe_nvml
 
 MIB = 1024.0 * 1024.0

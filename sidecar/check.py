@@ -11,7 +11,7 @@ import socket
 from collections.abc import Callable
 
 from sidecar.config import Config
-from sidecar.exporters.wandb_join import credential_source
+from sidecar.exporters.wandb.join import credential_source
 from sidecar.sources.receiver import EndpointError, Receiver
 
 Result = tuple[str, str]

@@ -26,13 +26,15 @@ from sidecar.exporters.console import ConsoleExporter
 from sidecar.aggregation.gpu_groups import GpuGroups
 from sidecar.aggregation.senders import SenderState
 from sidecar.exporters.console_insight import insight_part
-from sidecar.exporters.insight_row import insight_row
-from sidecar.exporters.prometheus import ExportState, serve
-from sidecar.exporters.rows import accounting_row, trainer_row
-from sidecar.exporters.wandb_exporter import WandbConfig, WandbExporter
+from sidecar.exporters.wandb.insight_row import insight_row
+from sidecar.exporters.prometheus.collector import ExportState
+from sidecar.exporters.prometheus.server import serve
+from sidecar.exporters.wandb.rows import accounting_row, trainer_row
+from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
 from sidecar.gpus import GpuTelemetry
-from sidecar.exporters.prometheus_insight import InsightSource
-from sidecar.ingest import IngestLoop, IngestReport
+from sidecar.exporters.prometheus.insight import InsightSource
+from sidecar.ingest import IngestLoop
+from sidecar.model.window import IngestReport
 from sidecar.selfstats import read_self
 from sidecar.sources.receiver import Receiver
 

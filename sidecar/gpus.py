@@ -13,10 +13,10 @@ from prometheus_client.core import Metric
 from sidecar.aggregation.gpu_groups import GpuGroups
 from sidecar.aggregation.insight import GpuFacts
 from sidecar.aggregation.senders import SenderState
-from sidecar.exporters.gpu_rows import gpu_wandb_row
-from sidecar.exporters.prometheus_gpu import gpu_metric_families
-from sidecar.ingest import IngestReport
-from sidecar.sources.gpu_model import NvmlState, NvmlStatus
+from sidecar.exporters.wandb.gpu_rows import gpu_wandb_row
+from sidecar.exporters.prometheus.gpu import gpu_metric_families
+from sidecar.model.window import IngestReport
+from sidecar.model.gpu import NvmlState, NvmlStatus
 from sidecar.sources.nvml import NvmlSource
 
 log = logging.getLogger("sidecar")

@@ -12,11 +12,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
-from sidecar.aggregation.aggregator import Aggregator, WindowReport
-from sidecar.aggregation.senders import LabelTotals, SenderRegistry, SenderState
+from sidecar.aggregation.aggregator import Aggregator
+from sidecar.aggregation.senders import SenderRegistry, SenderState
+from sidecar.model.window import IngestReport, LabelTotals, SenderView
 from sidecar.sources.decode import BatchMessage, DecodeError, decode
 from sidecar.sources.receiver import MAX_FRAMES_PER_POLL, Receiver
 
@@ -27,43 +26,6 @@ COALESCE_S = 0.2
 next: shims flush about ten times a second, and taking their frames a few at a time instead of
 one wake-up each cut the daemon's CPU at 5,000 records/s by about a fifth. Waiting only when the
 queue was empty, it never slows a daemon that has a backlog."""
-
-
-@dataclass(frozen=True, slots=True)
-class SenderView:
-    """A sender as exporters see it (copied at the window boundary)."""
-
-    sender: int
-    role: str
-    worker: str
-    pid: int | None
-    hello: dict[str, Any] | None
-    last_seen_age_s: float
-    records_total: int
-    received: int
-    accepted: int
-    before_join: int
-    lost_in_transit: int
-    messages_lost: int
-    rejected: dict[str, int]
-    sender_dropped: dict[str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class IngestReport:
-    """One window: the aggregates plus the accounting, all immutable copies."""
-
-    window: WindowReport
-    senders: tuple[SenderView, ...]
-    totals: dict[tuple[str, str], LabelTotals]
-    messages_dropped: dict[str, int]
-    profile_entries_rejected: dict[str, int]
-    frames: int
-    bytes: int
-    disconnects: int
-    series: int
-    records_accepted_in_window: int
-    extras: dict[str, Any] = field(default_factory=dict)
 
 
 class IngestLoop:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sidecar.aggregation.aggregator import CATEGORY, COUNT, GAUGE, TIMING, SeriesView, WindowReport
+from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, SeriesView, WindowReport
 from sidecar.aggregation.series import entropy_bits
-from sidecar.ingest import IngestReport
+from sidecar.model.window import IngestReport
 
 
 def timing(role: str, worker: str, name: str, ms_per_batch: float, batches: int) -> SeriesView:

@@ -8,7 +8,8 @@ import math
 
 import numpy as np
 
-from sidecar.aggregation.aggregator import GAUGE, PROFILE, TIMING, Aggregator
+from sidecar.aggregation.aggregator import Aggregator
+from sidecar.model.window import GAUGE, PROFILE, TIMING
 from sidecar.aggregation.sketch import QUANTILES, QuantileBuffer, inverted_cdf_rank
 
 

@@ -13,9 +13,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from sidecar.exporters import exposition
-from sidecar.exporters.prometheus import ExportState, MetricsPage, SidecarCollector, serve
-from sidecar.ingest import IngestLoop, IngestReport
+from sidecar.exporters.prometheus import exposition
+from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
+from sidecar.exporters.prometheus.page import MetricsPage
+from sidecar.exporters.prometheus.server import serve
+from sidecar.ingest import IngestLoop
+from sidecar.model.window import IngestReport
 from tests.daemon_harness import free_port
 from trainer_shim import wire
 

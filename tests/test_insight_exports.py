@@ -17,9 +17,9 @@ from sidecar.config import Config, ConfigError
 from sidecar.daemon import Daemon
 from sidecar.exporters.console import ConsoleExporter
 from sidecar.exporters.console_insight import insight_part
-from sidecar.exporters.insight_row import insight_row
-from sidecar.exporters.prometheus import ExportState, SidecarCollector
-from sidecar.exporters.prometheus_insight import InsightSource
+from sidecar.exporters.wandb.insight_row import insight_row
+from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
+from sidecar.exporters.prometheus.insight import InsightSource
 from sidecar.top import render
 
 TARGET = {"data_wait": 4, "forward": 30, "pack": 3, "queue_put_wait": 30}

@@ -12,16 +12,9 @@ from prometheus_client.core import CollectorRegistry, Metric
 from prometheus_client.exposition import generate_latest
 
 from sidecar.aggregation.gpu_groups import GpuGroups
-from sidecar.exporters.gpu_rows import gpu_wandb_row
-from sidecar.exporters.prometheus_gpu import gpu_metric_families
-from sidecar.sources.gpu_model import (
-    GpuProcess,
-    GpuReading,
-    GpuSnapshot,
-    NvmlState,
-    NvmlStatus,
-    ProfilingState,
-)
+from sidecar.exporters.wandb.gpu_rows import gpu_wandb_row
+from sidecar.exporters.prometheus.gpu import gpu_metric_families
+from sidecar.model.gpu import GpuProcess, GpuReading, GpuSnapshot, NvmlState, NvmlStatus, ProfilingState
 from sidecar.sources.nvml import NvmlSource
 from tests.fake_nvml import FakeNvml
 from tests.fake_nvml.helpers import wait_until

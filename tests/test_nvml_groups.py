@@ -14,7 +14,7 @@ from sidecar.aggregation.gpu_groups import (
     parse_gpu_ids,
     parse_group_spec,
 )
-from sidecar.sources.gpu_model import GpuProcess, GpuReading, GpuSnapshot
+from sidecar.model.gpu import GpuProcess, GpuReading, GpuSnapshot
 
 GIB = 1024**3
 

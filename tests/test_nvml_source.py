@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sidecar.aggregation.gpu_groups import GpuGroups, aggregate_groups
-from sidecar.sources.gpu_model import GpuProcess, GpuSnapshot, NvmlState, ProfilingState
+from sidecar.model.gpu import GpuProcess, GpuSnapshot, NvmlState, ProfilingState
 from sidecar.sources.nvml import NvmlSource, probe_nvml
 from tests.fake_nvml import UNSUPPORTED, FakeNvml
 from tests.fake_nvml.helpers import wait_until

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sidecar.exporters.wandb_exporter import WandbConfig, WandbExporter, WandbState
+from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter, WandbState
 
 HOST = "box1"
 
@@ -165,7 +165,7 @@ def test_wandb_is_imported_only_by_a_started_enabled_exporter() -> None:
     import sys
     code = (
         "import sys, logging\n"
-        "from sidecar.exporters.wandb_exporter import WandbConfig, WandbExporter\n"
+        "from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter\n"
         "ex = WandbExporter(WandbConfig(run=None), host='h')\n"
         "ex.start(); ex.submit({'a': 1.0}, 1); ex.shutdown()\n"
         "assert 'wandb' not in sys.modules, 'wandb imported'\n"

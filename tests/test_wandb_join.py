@@ -1,4 +1,4 @@
-"""Join decisions, settings and environment cleaning (``sidecar.exporters.wandb_join``).
+"""Join decisions, settings and environment cleaning (``sidecar.exporters.wandb.join``).
 
 Pure functions, plus a check that real ``wandb.Settings`` accepts and means what we pass."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.exporters import wandb_join as join
-from sidecar.exporters.wandb_join import PlanKind, TrainerRun
+from sidecar.exporters.wandb import join
+from sidecar.exporters.wandb.join import PlanKind, TrainerRun
 
 HOST = "box1"
 

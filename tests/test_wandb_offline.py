@@ -38,8 +38,7 @@ TRAINER_ENV = {  # what a daemon started from the trainer's shell would inherit
 # ---- the child side ---------------------------------------------------------------------
 
 def _child(scenario: str, wandb_dir: str) -> dict[str, Any]:
-    from sidecar.exporters.wandb_exporter import (WandbConfig, WandbExporter,
-                                                  wandb_core_children)
+    from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter, wandb_core_children
     logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
                         format="%(asctime)s %(threadName)s %(name)s %(message)s")
 

@@ -7,18 +7,14 @@ immutable reports). Every rejected record is counted by reason in the caller's d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
-from sidecar.aggregation.names import claimed_names, counter_token, metric_token, timing_token
+from sidecar.model.names import claimed_names, counter_token, metric_token, timing_token
+from sidecar.model.window import ALLOCATOR, CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING, SeriesView, WindowReport
 from sidecar.aggregation.series import CategorySeries, CounterSeries, GaugeSeries, Series, TimingSeries
-from trainer_shim.wire import RecordKind, name_problem, profile_entry_problem
+from trainer_shim.wire import name_problem, profile_entry_problem
 
-TIMING, COUNT, GAUGE, CATEGORY, SCALAR, PROFILE, ALLOCATOR = (
-    int(RecordKind.TIMING), int(RecordKind.COUNT), int(RecordKind.GAUGE), int(RecordKind.CATEGORY),
-    int(RecordKind.SCALAR), int(RecordKind.PROFILE), int(RecordKind.ALLOCATOR),
-)
 _FACTORIES = {TIMING: TimingSeries, COUNT: CounterSeries, GAUGE: GaugeSeries,
               CATEGORY: CategorySeries, SCALAR: GaugeSeries}
 _TOKENS = {TIMING: timing_token, COUNT: counter_token, GAUGE: metric_token,
@@ -37,44 +33,6 @@ MAX_CACHED_REJECTIONS = 1024
 MAX_ALLOCATOR_SERIES = 1024
 """Distinct (role, worker, device) allocator samples held; a further one is refused as
 ``cardinality`` (device indexes come from the client and are otherwise unbounded)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SeriesView:
-    """One series at the end of a window. ``kind`` is a ``RecordKind`` value (SCALAR for GPU
-    scalars); ``name`` is the sanitized token; ``window`` is None when the series had no data in
-    this window; ``cumulative`` holds what survives windows (timing count/sum_s, counter total,
-    gauge last, category totals)."""
-
-    kind: int
-    name: str
-    role: str
-    worker: str
-    window: dict[str, Any] | None
-    cumulative: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class WindowReport:
-    """Everything aggregated in one window. ``steps``: latest trainer step per (role, worker).
-    ``allocator``: (role, worker, device) -> (allocated, reserved, max_reserved) bytes."""
-
-    end_unix_s: float
-    duration_s: float
-    series: tuple[SeriesView, ...]
-    steps: dict[tuple[str, str], int] = field(default_factory=dict)
-    allocator: dict[tuple[str, str, int], tuple[int, int, int]] = field(default_factory=dict)
-
-    def window_series(self, kind: int | None = None, name: str | None = None) -> Iterable[SeriesView]:
-        """Series with data in this window, optionally of one kind and name."""
-        for view in self.series:
-            if view.window is not None and (kind is None or view.kind == kind) and (name is None or view.name == name):
-                yield view
-
-    @property
-    def trainer_step(self) -> int | None:
-        """The highest step any sender published (the W&B x-axis), or None."""
-        return max(self.steps.values()) if self.steps else None
 
 
 class Aggregator:

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sidecar.sources.gpu_model import GpuReading, GpuSnapshot
+from sidecar.model.gpu import GpuReading, GpuSnapshot
 
 MAX_GPU_INDEX = 1023
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")

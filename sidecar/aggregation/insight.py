@@ -18,10 +18,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.aggregation.aggregator import CATEGORY, COUNT, GAUGE, TIMING, SeriesView
+from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, SeriesView
 from sidecar.aggregation.series import entropy_bits
 from sidecar.aggregation.verdict import InsightSettings, RoleFacts, Verdict, decide
-from sidecar.ingest import IngestReport
+from sidecar.model.window import IngestReport
 
 WAIT_PHASES = ("data_wait", "queue_wait", "queue_put_wait")
 """Timings that are waiting: for the host data loader, for the hidden-state queue (empty), for

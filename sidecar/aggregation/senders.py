@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.model.window import LabelTotals
 from sidecar.sources.decode import BatchMessage, HelloMessage
 
 MAX_SENDERS = 4096
@@ -52,19 +53,6 @@ class SenderState:
     def pid(self) -> int | None:
         pid = (self.hello or {}).get("pid")
         return pid if pid.__class__ is int else None
-
-
-@dataclass(slots=True)
-class LabelTotals:
-    """Cumulative counts per (role, worker) that outlive individual senders (for Prometheus)."""
-
-    accepted: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)
-    last_seen_unix_s: float = 0.0
-
-    def add_dropped(self, reason: str, n: int) -> None:
-        if n > 0:
-            self.dropped[reason] = self.dropped.get(reason, 0) + n
 
 
 class SenderRegistry:

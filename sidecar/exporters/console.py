@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from sidecar.ingest import IngestReport
+from sidecar.model.window import IngestReport
 
 log = logging.getLogger("sidecar")
 

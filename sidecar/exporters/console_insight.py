@@ -4,7 +4,7 @@ headline numbers (``ConsoleExporter.hooks`` entry)."""
 from __future__ import annotations
 
 from sidecar.aggregation.insight import EXTRAS_KEY, PipelineInsight
-from sidecar.ingest import IngestReport
+from sidecar.model.window import IngestReport
 
 
 def insight_part(report: IngestReport) -> str | None:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Union
 import msgspec
 from msgspec import Meta
 
-from sidecar.aggregation.names import label_value
+from sidecar.model.names import label_value
 from trainer_shim.wire import MAX_MESSAGE_BYTES, MAX_RECORDS_PER_BATCH, Hello, MessageKind
 
 # Typed decoders bound what one frame can make the daemon allocate: msgspec checks each array's

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sidecar.sources.gpu_model import GpuSnapshot, NvmlState, NvmlStatus, ProfilingState
+from sidecar.model.gpu import GpuSnapshot, NvmlState, NvmlStatus, ProfilingState
 from sidecar.sources.nvml_driver import GpuLostError, NvmlDriver, NvmlUnavailableError, Outcome
 from sidecar.sources.nvml_events import XidWatcher
 from sidecar.sources.nvml_gpm import GpmSampler

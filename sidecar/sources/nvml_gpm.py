@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sidecar.sources.gpu_model import ProfilingState
+from sidecar.model.gpu import ProfilingState
 from sidecar.sources.nvml_driver import IN_USE, INSUFFICIENT_RESOURCES, NvmlDriver, Outcome, constant
 
 MIN_SAMPLE_GAP_S = 0.1

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.sources.gpu_model import GpuProcess, GpuReading, ProfilingState
+from sidecar.model.gpu import GpuProcess, GpuReading, ProfilingState
 from sidecar.sources.nvml_driver import (
     SUCCESS,
     GpuLostError,

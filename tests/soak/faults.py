@@ -30,7 +30,7 @@ GIB = 2**30
 
 
 def wandb_available() -> bool:
-    return (ROOT / "sidecar" / "exporters" / "wandb_exporter.py").exists()
+    return (ROOT / "sidecar" / "exporters" / "wandb" / "exporter.py").exists()
 
 
 def nvml_available() -> bool:
@@ -38,7 +38,7 @@ def nvml_available() -> bool:
 
 
 def _wandb_children(pid: int) -> list[int]:
-    from sidecar.exporters.wandb_exporter import wandb_core_children
+    from sidecar.exporters.wandb.exporter import wandb_core_children
 
     return wandb_core_children(pid)
 

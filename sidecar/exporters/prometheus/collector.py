@@ -7,41 +7,25 @@ conventions: ``dflash_`` prefix, base units (seconds, bytes), ``_total`` on coun
 every family, labels from the fixed set (host, gpu, group, role, worker) plus ``reason``/``key``
 where a family needs one.
 
-``SidecarCollector`` is the reference: registries (and tests) read it as any collector. The
-served page (``MetricsPage``) is the same text, faster: the report's part, which holds every
-trainer series, is rendered by ``exposition.render_trainer`` once per window and kept (while
-something scrapes, the server thread renders it ahead, between requests); only the small
-families that change between windows (self-telemetry, GPUs, W&B) are rendered per scrape.
-It is always the text format 0.0.4 (Prometheus accepts it whatever it asks for first; OpenMetrics
-would add nothing here and costs half as much again to render), gzipped at level 1 when asked.
+``SidecarCollector`` is the reference: registries (and tests) read it as any collector; the
+served page (``page.MetricsPage``) is the same text, faster.
 """
 
 from __future__ import annotations
 
-import gzip
 import logging
 import math
-import socket
-import ssl
-import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from socketserver import ThreadingMixIn
 from typing import Any
-from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
-from prometheus_client.exposition import gzip_accepted
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from sidecar.aggregation.aggregator import CATEGORY, COUNT, GAUGE, SCALAR, TIMING
-from sidecar.aggregation.names import family_names
-from sidecar.exporters import exposition as ex
-from sidecar.ingest import IngestReport
+from sidecar.exporters.prometheus import exposition as ex
+from sidecar.model.names import family_names
+from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING, IngestReport
 
 log = logging.getLogger("sidecar")
 
@@ -202,136 +186,3 @@ def accounting_families(report: IngestReport, host: str) -> list[Metric]:
                                labels=["host"])
     disc.add_metric([host], report.disconnects)
     return [accepted, dropped, last_seen, messages, entries, senders, series, frames, nbytes, disc]
-
-
-class MetricsPage:
-    """The served page: what ``generate_latest`` gives for ``SidecarCollector``, rendered fast.
-    Safe to call from concurrent scrape threads."""
-
-    def __init__(self, collector: SidecarCollector, clock: Callable[[], float] = time.monotonic) -> None:
-        self.collector = collector
-        self.clock = clock
-        self._cached: tuple[IngestReport | None, str] = (None, "")
-        self._last_scrape: float | None = None
-
-    def render(self) -> bytes:
-        """The whole page (a scrape)."""
-        self._last_scrape = self.clock()
-        collector = self.collector
-        state = collector.state
-        report = state.report  # one read: the whole scrape sees one window
-        parts = [ex.render_metrics([start_family(state)])]
-        if report is not None:
-            parts.append(self._text_of(report))
-        parts.append(ex.render_metrics([m for name, source in collector.dynamic_sources()
-                                        for m in collector.guarded(name, source)]))
-        return "".join(parts).encode()
-
-    def prepare(self) -> None:
-        """Render a new window's report now, if someone scraped within ``PREPARE_AFTER_SCRAPE_S``,
-        so that the next scrape finds it ready. The server calls this between requests."""
-        report = self.collector.state.report
-        last = self._last_scrape
-        if report is not None and last is not None and self.clock() - last <= PREPARE_AFTER_SCRAPE_S:
-            self._text_of(report)
-
-    def _text_of(self, report: IngestReport) -> str:
-        cached_report, text = self._cached
-        if cached_report is not report:
-            text = self._report_text(report, self.collector.state.host)
-            self._cached = (report, text)
-        return text
-
-    def _report_text(self, report: IngestReport, host: str) -> str:
-        """The text of ``report_sources``: trainer series by the fast renderer, the rest by
-        prometheus_client."""
-        guarded = self.collector.guarded
-        parts = []
-        for name, source in report_sources(report, host):
-            if name == "trainer":
-                parts.append(guarded(name, lambda: ex.render_trainer(report, host), ""))
-            else:
-                parts.append(ex.render_metrics(guarded(name, source)))
-        return "".join(parts)
-
-
-GZIP_LEVEL = 1
-"""Fast: 2 MB of exposition (10,000 series) in about 9 ms to 280 kB; level 9 takes 80 ms."""
-
-
-def metrics_app(page: MetricsPage, registry: CollectorRegistry) -> Callable[..., list[bytes]]:
-    """A WSGI app serving ``page`` on every path, as prometheus_client's does; a scrape filtered
-    with ``name[]`` is rare and is answered by prometheus_client from ``registry``."""
-
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-        method = environ["REQUEST_METHOD"]
-        if method == "OPTIONS":
-            start_response("200 OK", [("Allow", "OPTIONS,GET")])
-            return [b""]
-        if method != "GET":
-            start_response("405 Method Not Allowed", [("Allow", "OPTIONS,GET")])
-            return [f"# HTTP 405 Method Not Allowed: {method}; use OPTIONS or GET\n".encode()]
-        if environ.get("PATH_INFO") == "/favicon.ico":
-            start_response("200 OK", [])
-            return [b""]
-        names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
-        output = generate_latest(registry.restricted_registry(names)) if names else page.render()
-        headers = [("Content-Type", ex.CONTENT_TYPE)]
-        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
-            output = gzip.compress(output, compresslevel=GZIP_LEVEL)
-            headers.append(("Content-Encoding", "gzip"))
-        start_response("200 OK", headers)
-        return [output]
-
-    return app
-
-
-PREPARE_AFTER_SCRAPE_S = 600.0
-"""While something scrapes (at least once in this many seconds), each window's report is rendered
-ahead of the next scrape; with no scraper, nothing is rendered."""
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    """Thread per request; between requests (at least every 0.5 s, ``serve_forever``'s poll),
-    ``service_actions`` prepares the page of a new window."""
-
-    daemon_threads = True
-    page: MetricsPage | None = None
-
-    def service_actions(self) -> None:
-        if self.page is not None:
-            self.page.prepare()
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
-        """No per-request logging."""
-
-
-def serve(state: ExportState, addr: str, certfile: str | None = None,
-          keyfile: str | None = None) -> tuple[WSGIServer, threading.Thread]:
-    """Serve ``/metrics`` on ``addr`` ("host:port", IPv6 in brackets) on a thread per request.
-    Raises ``OSError`` if the port cannot be bound and ``ssl.SSLError`` for a bad certificate."""
-    host, _, port = addr.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    collector = SidecarCollector(state)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    family, _, _, _, sockaddr = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM,
-                                                   flags=socket.AI_PASSIVE)[0]
-    server_class = type("SidecarHTTPServer", (_Server,), {"address_family": family})
-    page = MetricsPage(collector)
-    server = make_server(sockaddr[0], int(port), metrics_app(page, registry), server_class,
-                         handler_class=_QuietHandler)
-    server.page = page
-    if certfile and keyfile:
-        try:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(certfile=certfile, keyfile=keyfile)
-        except BaseException:
-            server.server_close()
-            raise
-        server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, name="sidecar-prometheus", daemon=True)
-    thread.start()
-    return server, thread

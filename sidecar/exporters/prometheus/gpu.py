@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sidecar.aggregation.gpu_groups import GpuGroups, aggregate_groups
-from sidecar.sources.gpu_model import GpuReading, GpuSnapshot, NvmlState, NvmlStatus, ProfilingState
+from sidecar.model.gpu import GpuReading, GpuSnapshot, NvmlState, NvmlStatus, ProfilingState
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from sidecar.aggregation.aggregator import CATEGORY, COUNT, GAUGE, SCALAR, TIMING
-from sidecar.ingest import IngestReport
+from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING
+from sidecar.model.window import IngestReport
 
 
 def trainer_row(report: IngestReport) -> dict[str, float]:

@@ -6,7 +6,7 @@ thread: the daemon starts fast and works without W&B. Everything the caller touc
 stated timeout, whatever W&B does; the wandb calls (which can block for seconds when the wandb
 service stalls) happen behind a bounded queue whose drops are counted by reason.
 
-How the run is chosen and why (shared mode, refusal, offline fallback): ``wandb_join``.
+How the run is chosen and why (shared mode, refusal, offline fallback): ``join``.
 Users' page: ``docs/WANDB.md``.
 """
 
@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
-from . import wandb_join as join
-from .wandb_join import Plan, PlanKind, TrainerRun
+from sidecar.exporters.wandb import join
+from sidecar.exporters.wandb.join import Plan, PlanKind, TrainerRun
 
 POLL_S: Final = 0.2
 """How often the idle exporter thread looks for a new target run (seconds)."""

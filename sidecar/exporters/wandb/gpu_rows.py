@@ -9,8 +9,8 @@ out of the row, never written as 0 or NaN.
 from __future__ import annotations
 
 from sidecar.aggregation.gpu_groups import GpuGroups, aggregate_groups
-from sidecar.exporters.prometheus_gpu import GPU_METRICS, XID_METRICS
-from sidecar.sources.gpu_model import GpuSnapshot, NvmlState, NvmlStatus, ProfilingState
+from sidecar.exporters.prometheus.gpu import GPU_METRICS, XID_METRICS
+from sidecar.model.gpu import GpuSnapshot, NvmlState, NvmlStatus, ProfilingState
 
 _GROUP_VALUES = (
     ("utilization_mean_ratio", "utilization"),

@@ -1,0 +1,107 @@
+"""The window: what the ingest thread hands every exporter once per window, immutable.
+
+``WindowReport`` holds the aggregates (one ``SeriesView`` per series); ``IngestReport`` adds the
+accounting (senders, totals per role/worker, drops by reason, receiver counters). Record kinds are
+``trainer_shim.wire.RecordKind`` values as plain ints (SCALAR for GPU scalars).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer_shim.wire import RecordKind
+
+TIMING, COUNT, GAUGE, CATEGORY, SCALAR, PROFILE, ALLOCATOR = (
+    int(RecordKind.TIMING), int(RecordKind.COUNT), int(RecordKind.GAUGE), int(RecordKind.CATEGORY),
+    int(RecordKind.SCALAR), int(RecordKind.PROFILE), int(RecordKind.ALLOCATOR),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesView:
+    """One series at the end of a window. ``kind`` is a ``RecordKind`` value (SCALAR for GPU
+    scalars); ``name`` is the sanitized token; ``window`` is None when the series had no data in
+    this window; ``cumulative`` holds what survives windows (timing count/sum_s, counter total,
+    gauge last, category totals)."""
+
+    kind: int
+    name: str
+    role: str
+    worker: str
+    window: dict[str, Any] | None
+    cumulative: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowReport:
+    """Everything aggregated in one window. ``steps``: latest trainer step per (role, worker).
+    ``allocator``: (role, worker, device) -> (allocated, reserved, max_reserved) bytes."""
+
+    end_unix_s: float
+    duration_s: float
+    series: tuple[SeriesView, ...]
+    steps: dict[tuple[str, str], int] = field(default_factory=dict)
+    allocator: dict[tuple[str, str, int], tuple[int, int, int]] = field(default_factory=dict)
+
+    def window_series(self, kind: int | None = None, name: str | None = None) -> Iterable[SeriesView]:
+        """Series with data in this window, optionally of one kind and name."""
+        for view in self.series:
+            if view.window is not None and (kind is None or view.kind == kind) and (name is None or view.name == name):
+                yield view
+
+    @property
+    def trainer_step(self) -> int | None:
+        """The highest step any sender published (the W&B x-axis), or None."""
+        return max(self.steps.values()) if self.steps else None
+
+
+@dataclass(slots=True)
+class LabelTotals:
+    """Cumulative counts per (role, worker) that outlive individual senders (for Prometheus)."""
+
+    accepted: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    last_seen_unix_s: float = 0.0
+
+    def add_dropped(self, reason: str, n: int) -> None:
+        if n > 0:
+            self.dropped[reason] = self.dropped.get(reason, 0) + n
+
+
+@dataclass(frozen=True, slots=True)
+class SenderView:
+    """A sender as exporters see it (copied at the window boundary)."""
+
+    sender: int
+    role: str
+    worker: str
+    pid: int | None
+    hello: dict[str, Any] | None
+    last_seen_age_s: float
+    records_total: int
+    received: int
+    accepted: int
+    before_join: int
+    lost_in_transit: int
+    messages_lost: int
+    rejected: dict[str, int]
+    sender_dropped: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class IngestReport:
+    """One window: the aggregates plus the accounting, all immutable copies."""
+
+    window: WindowReport
+    senders: tuple[SenderView, ...]
+    totals: dict[tuple[str, str], LabelTotals]
+    messages_dropped: dict[str, int]
+    profile_entries_rejected: dict[str, int]
+    frames: int
+    bytes: int
+    disconnects: int
+    series: int
+    records_accepted_in_window: int
+    extras: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""Processing: stages between decode and aggregation (the name-mapping stage goes here)."""
