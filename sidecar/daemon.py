@@ -8,34 +8,27 @@ idempotent and bounded.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import signal
 import socket
-import time
-from collections.abc import Callable, Iterable
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sidecar import config as config_mod
 from sidecar import systemd
-from sidecar.aggregation.insight import EXTRAS_KEY, GpuFacts, compute_insight
+from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups
+from sidecar.aggregation.insight import compute_insight
+from sidecar.aggregation.senders import SenderState
 from sidecar.aggregation.verdict import InsightSettings
 from sidecar.config import Config, ConfigError
+from sidecar.exporters.base import Exporter
 from sidecar.exporters.console import ConsoleExporter
-from sidecar.aggregation.gpu_groups import GpuGroups
-from sidecar.aggregation.senders import SenderState
-from sidecar.exporters.console_insight import insight_part
-from sidecar.exporters.wandb.insight_row import insight_row
-from sidecar.exporters.prometheus.collector import ExportState
-from sidecar.exporters.prometheus.server import serve
-from sidecar.exporters.wandb.rows import accounting_row, trainer_row
+from sidecar.exporters.prometheus.exporter import PrometheusExporter
 from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
-from sidecar.gpus import GpuTelemetry
-from sidecar.exporters.prometheus.insight import InsightSource
 from sidecar.ingest import IngestLoop
-from sidecar.model.window import IngestReport
-from sidecar.selfstats import read_self
+from sidecar.model.insight import PipelineInsight
+from sidecar.model.window import IngestHealth, IngestReport
+from sidecar.sources.nvml import NvmlSource
 from sidecar.sources.receiver import Receiver
 
 log = logging.getLogger("sidecar")
@@ -43,8 +36,6 @@ log = logging.getLogger("sidecar")
 SHUTDOWN_TIMEOUT_S = 4.0
 """Budget for the final window flush and W&B's final upload on SIGTERM (W&B may take up to
 1.5 s more to tear down a stalled service)."""
-
-WindowConsumer = Callable[[IngestReport], None]
 
 
 class Daemon:
@@ -57,55 +48,43 @@ class Daemon:
         self.config = config
         self._cli_overrides = dict(cli_overrides or {})
         self.host = host or socket.gethostname()
-        self.state = ExportState(host=self.host, started_unix_s=time.time())
-        self.state.self_families = self._self_families
-        self.console = ConsoleExporter()
-        self.console.hooks.append(insight_part)
-        self.insight = InsightSource(self.host)
-        self.state.extra_sources.append(self.insight)
-        self.gpu_facts: Callable[[], GpuFacts | None] | None = None
-        """Per-GPU facts for the insight (throttle reasons, GPU roles); wired to the NVML source."""
+        self.nvml = NvmlSource(interval_s=config.nvml_interval) if config.gpu_metrics else None
+        nvml = self.nvml
+        self.gpus = GpuAggregates(GpuGroups.parse(config.gpu_group), nvml.latest if nvml else None,
+                                  nvml.status if nvml else None)
         self.insight_failures = 0
-        self.window_consumers: list[WindowConsumer] = [self.console.export]
-        self.hello_consumers: list[Callable[[SenderState], None]] = []
-        self.row_builders: list[Callable[[IngestReport], dict[str, float]]] = [
-            trainer_row, accounting_row, _insight_row]
-        self.wandb: WandbExporter | None = None
-        if config.wandb_run:
-            self.wandb = WandbExporter(wandb_config(config), host=self.host)
-            self.window_consumers.append(self._submit_wandb)
-            self.hello_consumers.append(self._hello_to_wandb)
-            self.state.extra_sources.append(self._wandb_families)
-        self.gpus = GpuTelemetry(config.gpu_metrics, config.nvml_interval, GpuGroups.parse(config.gpu_group), self.host)
-        self.state.extra_sources.append(self.gpus.families)
-        self.gpu_facts = self.gpus.facts
-        self.hello_consumers.append(self.gpus.on_hello)
-        self.window_consumers.append(self.gpus.on_window)
-        self.row_builders.append(self.gpus.wandb_row)
+        self.wandb = WandbExporter(wandb_config(config), host=self.host) if config.wandb_run else None
+        self.prometheus = PrometheusExporter(
+            self.host, config.prometheus_addr, config.prometheus_tls_cert, config.prometheus_tls_key,
+            gpus=self.gpus.view, ingest=self._ingest_health, wandb=self.wandb.stats if self.wandb else None)
+        self.exporters: list[Exporter] = [ConsoleExporter(), self.prometheus]
+        """Every destination; each window goes to each, in this order."""
+        if self.wandb is not None:
+            self.exporters.append(self.wandb)
         self.ingest: IngestLoop | None = None
-        self._server = None
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._stopped = False
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Bind the endpoints and the Prometheus port, start ingest. Raises
-        ``sources.receiver.EndpointError`` or ``OSError`` with a message saying what to fix."""
+        """Bind the endpoints and the Prometheus port, start ingest, NVML and the exporters.
+        Raises ``sources.receiver.EndpointError`` or ``OSError`` with a message saying what to fix."""
         cfg = self.config
         receiver = Receiver(list(cfg.endpoint))
         try:
-            self._server, _ = serve(self.state, cfg.prometheus_addr, cfg.prometheus_tls_cert, cfg.prometheus_tls_key)
-        except OSError as exc:
+            self.prometheus.start()
+        except OSError:
             receiver.close()
-            raise OSError(f"cannot serve Prometheus on {cfg.prometheus_addr}: {exc.strerror or exc}; "
-                          "choose another with --prometheus-addr") from None
+            raise
         self.ingest = IngestLoop(receiver, cfg.interval, self._on_window, on_hello=self._on_hello,
                                  max_series=cfg.max_series)
         self.ingest.start()
-        self.gpus.start()
-        if self.wandb is not None:
-            self.wandb.start()
+        if self.nvml is not None:
+            self.nvml.start()
+        for exporter in self.exporters:
+            if exporter is not self.prometheus:
+                exporter.start()
         log.info("dflash-sidecar started: endpoints %s, Prometheus on %s%s, window %.1fs",
                  ", ".join(cfg.endpoint), cfg.prometheus_addr, " (TLS)" if cfg.prometheus_tls_cert else "",
                  cfg.interval)
@@ -164,109 +143,54 @@ class Daemon:
         systemd.notify("STOPPING=1")
         if self.ingest is not None:
             self.ingest.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2)
-        self.gpus.shutdown()
-        if self.wandb is not None:
-            self.wandb.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2)
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        if self.nvml is not None:
+            self.nvml.shutdown()
+        for exporter in self.exporters:  # Prometheus after W&B: it serves until the end
+            if exporter is not self.prometheus:
+                exporter.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2)
+        self.prometheus.shutdown()
         log.info("dflash-sidecar stopped")
 
     # -- window fan-out (ingest thread) ----------------------------------------------------------
 
     def _on_window(self, report: IngestReport) -> None:
-        self._attach_insight(report)
-        self.state.report = report
-        for consumer in self.window_consumers:
+        if self.nvml is not None:  # forget the pids of senders the registry has forgotten
+            self.nvml.attribute_trainers({s.pid: (s.role, s.worker) for s in report.senders if s.pid is not None},
+                                         complete=True)
+        window = dataclasses.replace(report, insight=self._insight(report),
+                                     gpu=self.gpus.view() if self.nvml is not None else None)
+        for exporter in self.exporters:
             try:
-                consumer(report)
+                exporter.consume(window)
             except Exception:  # noqa: BLE001 - one exporter must not stop the others
-                log.exception("sidecar: window consumer %r failed", consumer)
+                log.exception("sidecar: exporter %s failed on a window", exporter.name)
 
     def _on_hello(self, sender: SenderState) -> None:
-        for consumer in self.hello_consumers:
+        if self.nvml is not None and sender.pid is not None:
+            self.nvml.attribute_trainers({sender.pid: (sender.role, sender.worker)}, complete=False)
+        for exporter in self.exporters:
             try:
-                consumer(sender)
+                exporter.hello(sender.hello or {})
             except Exception:  # noqa: BLE001
-                log.exception("sidecar: hello consumer %r failed", consumer)
+                log.exception("sidecar: exporter %s failed on a hello", exporter.name)
 
-    def _hello_to_wandb(self, sender: SenderState) -> None:
-        assert self.wandb is not None
-        h = sender.hello or {}
-        self.wandb.on_trainer_hello(h.get("wandb_run_id"), h.get("wandb_project"), h.get("wandb_entity"),
-                                    h.get("wandb_mode"), h.get("wandb_primary"))
-
-    def _submit_wandb(self, report: IngestReport) -> None:
-        assert self.wandb is not None
-        # Keys carry the host: in a run shared by several nodes each node's sidecar writes its own.
-        row: dict[str, float] = {}
-        for build in self.row_builders:
-            row.update((f"{self.host}/{key}", value) for key, value in build(report).items())
-        self.wandb.submit(row, report.window.trainer_step)
-
-    def _wandb_families(self) -> Iterable[Metric]:
-        assert self.wandb is not None
-        stats = self.wandb.stats()
-        host = [self.host]
-        depth = GaugeMetricFamily("dflash_sidecar_wandb_queue_depth", "Rows waiting for W&B.", labels=["host"])
-        depth.add_metric(host, stats.queue_depth)
-        logged = CounterMetricFamily("dflash_sidecar_wandb_rows_logged", "Rows logged to W&B.", labels=["host"])
-        logged.add_metric(host, stats.rows_logged)
-        dropped = CounterMetricFamily("dflash_sidecar_wandb_dropped", "Rows not logged to W&B, by reason.",
-                                      labels=["host", "reason"])
-        for reason, n in stats.rows_dropped.items():
-            dropped.add_metric(host + [reason], n)
-        state = GaugeMetricFamily("dflash_sidecar_wandb_state", "W&B exporter state (1 for the current one).",
-                                  labels=["host", "state"])
-        for member in type(stats.state):
-            state.add_metric(host + [member.value], 1.0 if member == stats.state else 0.0)
-        return [depth, logged, dropped, state]
-    def _attach_insight(self, report: IngestReport) -> None:
-        """Compute the window's pipeline insight once, before any exporter sees the report: it goes
-        into ``report.extras`` (console, W&B) and to the Prometheus source."""
+    def _insight(self, report: IngestReport) -> PipelineInsight | None:
+        """The window's pipeline insight, or None (counted, logged once) if computing it failed:
+        the insight must never stop the raw exports."""
         try:
-            facts = self.gpu_facts() if self.gpu_facts is not None else None
-            insight = compute_insight(report, InsightSettings.from_config(self.config), facts)
-        except Exception:  # noqa: BLE001 - the insight must never stop the raw exports
+            return compute_insight(report.window, InsightSettings.from_config(self.config), self.gpus.facts())
+        except Exception:  # noqa: BLE001
             self.insight_failures += 1
             if self.insight_failures == 1:
                 log.exception("sidecar: pipeline insight failed (counted, logged once)")
-            return
-        report.extras[EXTRAS_KEY] = insight
-        self.insight.insight = insight
+            return None
 
-    def _self_families(self) -> Iterable[Metric]:
-        stats = read_self()
-        host = [self.host]
-        cpu = CounterMetricFamily("dflash_sidecar_cpu_seconds", "CPU time used by the daemon (seconds).", labels=["host"])
-        cpu.add_metric(host, stats.cpu_seconds)
-        rss = GaugeMetricFamily("dflash_sidecar_resident_memory_bytes", "Daemon resident memory (bytes).", labels=["host"])
-        rss.add_metric(host, stats.rss_bytes)
-        threads = GaugeMetricFamily("dflash_sidecar_threads", "Daemon threads.", labels=["host"])
-        threads.add_metric(host, stats.threads)
-        fds = GaugeMetricFamily("dflash_sidecar_open_fds", "Daemon open file descriptors.", labels=["host"])
-        fds.add_metric(host, stats.open_fds)
-        families: list[Metric] = [cpu, rss, threads, fds]
+    def _ingest_health(self) -> IngestHealth | None:
         ingest = self.ingest
-        if ingest is not None:
-            errors = CounterMetricFamily("dflash_sidecar_internal_errors", "Internal errors survived by ingest.",
-                                         labels=["host"])
-            errors.add_metric(host, ingest.internal_errors)
-            families.append(errors)
-            age = GaugeMetricFamily("dflash_sidecar_data_age_seconds",
-                                    "Age of the newest data from each source (seconds).", labels=["host", "source"])
-            if ingest.last_data_monotonic is not None:
-                age.add_metric(host + ["trainer"], time.monotonic() - ingest.last_data_monotonic)
-            families.append(age)
-        return families
+        return ingest.health() if ingest is not None else None
 
 
 def wandb_config(config: Config) -> WandbConfig:
     """The W&B exporter's settings from the daemon's."""
     return WandbConfig(run=config.wandb_run, project=config.wandb_project, entity=config.wandb_entity,
                        queue_size=config.wandb_queue, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S / 2)
-
-
-def _insight_row(report: IngestReport) -> dict[str, float]:
-    insight = report.extras.get(EXTRAS_KEY)
-    return insight_row(insight) if insight is not None else {}

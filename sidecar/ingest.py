@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.senders import SenderRegistry, SenderState
-from sidecar.model.window import IngestReport, LabelTotals, SenderView
+from sidecar.model.window import IngestHealth, IngestReport, LabelTotals, SenderView
 from sidecar.sources.decode import BatchMessage, DecodeError, decode
 from sidecar.sources.receiver import MAX_FRAMES_PER_POLL, Receiver
 
@@ -64,6 +64,11 @@ class IngestLoop:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
+
+    def health(self) -> IngestHealth:
+        """Internal errors survived and the age of the newest trainer data (any thread)."""
+        last = self.last_data_monotonic
+        return IngestHealth(self.internal_errors, None if last is None else self.clock() - last)
 
     def set_interval(self, interval_s: float) -> None:
         """Takes effect from the next window (config reload)."""

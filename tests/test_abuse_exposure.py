@@ -132,7 +132,7 @@ def test_prometheus_serves_tls_when_configured(tmp_path: Path) -> None:
 
         text = wait_for(fetch, timeout_s=30, what="metrics over https")
         assert "dflash_sidecar_start_time_seconds" in text
-        assert "(TLS)" in d.log()
+        wait_for(lambda: "(TLS)" in d.log(), timeout_s=30, what="the start-up line naming TLS")  # logged after bind
         with pytest.raises(urllib.error.URLError) as err:  # a client without that CA refuses the server
             urllib.request.urlopen(url, timeout=5, context=ssl.create_default_context())
         assert "CERTIFICATE_VERIFY_FAILED" in str(err.value)

@@ -10,7 +10,6 @@ import urllib.request
 import msgspec
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 
 from sidecar.exporters.prometheus import exposition
@@ -18,6 +17,7 @@ from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.prometheus.page import MetricsPage
 from sidecar.exporters.prometheus.server import serve
 from sidecar.ingest import IngestLoop
+from sidecar.model.gpu import GpuView, NvmlState, NvmlStatus
 from sidecar.model.window import IngestReport
 from tests.daemon_harness import free_port
 from trainer_shim import wire
@@ -53,10 +53,10 @@ def _every_kind(rng: random.Random) -> list:
                [6, 12, {"step_ms": 41.0, "grad_norm": 0.9}], [7, 0, [10, 2**33, 2**40]]])
 
 
-def _page_and_reference(report: IngestReport, extra: list | None = None) -> tuple[bytes, bytes]:
+def _page_and_reference(report: IngestReport, gpus: GpuView | None = None) -> tuple[bytes, bytes]:
     state = ExportState(host='h"o\\st', started_unix_s=1.5e9, report=report)
-    if extra is not None:
-        state.extra_sources.append(lambda: extra)
+    if gpus is not None:
+        state.gpus = lambda: gpus
     collector = SidecarCollector(state)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
@@ -67,11 +67,10 @@ def test_page_equals_generate_latest_for_every_kind_and_edge_case() -> None:
     rng = random.Random(5)
     first = [("target", "0", _every_kind(rng)), ('dr"af\\ter', "w\n1", _every_kind(rng))]
     second = [("target", "0", [[2, "tokens", 1], [1, "forward_ms", 1.0]])]  # others: no window data
-    gpu = GaugeMetricFamily("dflash_gpu_power_watts", "Power.", labels=["host", "gpu"])
-    gpu.add_metric(["h", "0"], 312.5)
+    gpus = GpuView(None, NvmlStatus(NvmlState.AVAILABLE, polls_total=3))  # no snapshot: no clock-dependent age
     for report in (_report([first]), _report([first, second])):
-        page, reference = _page_and_reference(report, [gpu])
-        assert page == reference
+        page, reference = _page_and_reference(report, gpus)
+        assert page == reference and b"dflash_nvml_polls_total{" in page
         assert b"dflash_trainer_forward_seconds_count" in page and b"dflash_cuda_allocator_reserved_bytes" in page
 
 
@@ -98,7 +97,7 @@ def test_a_failing_source_is_omitted_not_the_scrape() -> None:
         raise RuntimeError("boom")
 
     state = ExportState(host="h", started_unix_s=0.0, report=_report([[("t", "0", [[2, "tokens", 1]])]]))
-    state.extra_sources.append(broken)
+    state.gpus = broken
     page = MetricsPage(SidecarCollector(state)).render()
     assert b"dflash_trainer_tokens_total" in page and b"dflash_sidecar_start_time_seconds" in page
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 
@@ -11,15 +12,17 @@ from tests.insight_synth import category, counter, gauge, pipeline, report
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sidecar import config as config_mod
-from sidecar.aggregation.insight import EXTRAS_KEY, GpuFacts, PipelineInsight, compute_insight
-from sidecar.aggregation.verdict import VERDICTS, InsightSettings
+from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups
+from sidecar.aggregation.insight import compute_insight
+from sidecar.aggregation.verdict import InsightSettings
 from sidecar.config import Config, ConfigError
 from sidecar.daemon import Daemon
+from sidecar.exporters.base import Exporter
 from sidecar.exporters.console import ConsoleExporter
-from sidecar.exporters.console_insight import insight_part
-from sidecar.exporters.wandb.insight_row import insight_row
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
-from sidecar.exporters.prometheus.insight import InsightSource
+from sidecar.exporters.wandb.insight_row import insight_row
+from sidecar.model.insight import VERDICTS, GpuFacts
+from sidecar.model.window import IngestReport
 from sidecar.top import render
 
 TARGET = {"data_wait": 4, "forward": 30, "pack": 3, "queue_put_wait": 30}
@@ -33,6 +36,11 @@ def drafter_bound_report():
     return report(list(rep.window.series) + extra)
 
 
+def with_insight(rep: IngestReport, gpus: GpuFacts | None = None) -> IngestReport:
+    """``rep`` as the daemon hands it on: with its window's insight."""
+    return dataclasses.replace(rep, insight=compute_insight(rep.window, gpus=gpus))
+
+
 def registry_for(state: ExportState) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SidecarCollector(state))
@@ -40,11 +48,9 @@ def registry_for(state: ExportState) -> CollectorRegistry:
 
 
 def test_prometheus_families() -> None:
-    source = InsightSource("box")
-    assert list(source()) == []  # before the first window
-    source.insight = compute_insight(drafter_bound_report())
-    state = ExportState("box", 0.0, extra_sources=[source])
-    reg = registry_for(state)
+    assert registry_for(ExportState("box", 0.0)).get_sample_value(
+        "dflash_pipeline_bottleneck", {"host": "box", "verdict": "unknown"}) is None  # before the first window
+    reg = registry_for(ExportState("box", 0.0, report=with_insight(drafter_bound_report())))
     get = reg.get_sample_value
     for name in VERDICTS:
         assert get("dflash_pipeline_bottleneck", {"host": "box", "verdict": name}) == (name == "drafter-bound")
@@ -63,26 +69,22 @@ def test_prometheus_families() -> None:
 
 
 def test_prometheus_omits_what_the_trainer_does_not_publish() -> None:
-    source = InsightSource("box")
-    source.insight = compute_insight(report([counter("drafter", "0", "batches", 3)]))
-    reg = registry_for(ExportState("box", 0.0, extra_sources=[source]))
+    reg = registry_for(ExportState("box", 0.0, report=with_insight(report([counter("drafter", "0", "batches", 3)]))))
     assert reg.get_sample_value("dflash_pipeline_queue_fill_ratio", {"host": "box"}) is None
     assert reg.get_sample_value("dflash_pipeline_bottleneck", {"host": "box", "verdict": "unknown"}) == 1.0
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_exposition_passes_promtool() -> None:
-    rep = drafter_bound_report()
-    source = InsightSource("box")
-    source.insight = compute_insight(rep, gpus=GpuFacts({"0": frozenset({"hw_slowdown"})}))
-    text = generate_latest(registry_for(ExportState("box", 0.0, report=rep, extra_sources=[source])))
+    rep = with_insight(drafter_bound_report(), GpuFacts({"0": frozenset({"hw_slowdown"})}))
+    text = generate_latest(registry_for(ExportState("box", 0.0, report=rep)))
     assert b"dflash_pipeline_bottleneck{" in text
     result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, timeout=30, check=False)
     assert result.returncode == 0 and result.stdout == b"" and result.stderr == b"", result
 
 
 def test_wandb_row_is_flat_floats() -> None:
-    insight = compute_insight(drafter_bound_report())
+    insight = compute_insight(drafter_bound_report().window)
     row = insight_row(insight)
     assert all(isinstance(k, str) and isinstance(v, float) for k, v in row.items())
     assert row["pipeline/verdict_code"] == 3.0 and row["pipeline/bottleneck/drafter-bound"] == 1.0
@@ -92,16 +94,14 @@ def test_wandb_row_is_flat_floats() -> None:
     assert row["pipeline/worker/drafter/0/score"] == pytest.approx(1.0)
     assert row["pipeline/queue_fill"] == 1.0 and row["pipeline/bucket_entropy_bits"] == 1.0
     assert "pipeline/rate_cv/target" in row and row["pipeline/throttled_gpus"] == 0.0
-    assert "pipeline/queue_fill" not in insight_row(compute_insight(report([])))
+    assert "pipeline/queue_fill" not in insight_row(compute_insight(report([]).window))
 
 
 def test_console_line_carries_verdict_and_evidence() -> None:
     rep = drafter_bound_report()
     console = ConsoleExporter()
-    console.hooks.append(insight_part)
     assert "verdict" not in console.line(rep)  # no insight attached yet
-    rep.extras[EXTRAS_KEY] = compute_insight(rep)
-    line = console.line(rep)
+    line = console.line(with_insight(rep))
     assert "verdict drafter-bound (target.queue_put_wait=0.45 queue_fill=1.00" in line
     assert "drafter " in line and "b/s" in line and "queue fill 1.00" in line
 
@@ -120,38 +120,57 @@ def test_settings() -> None:
     assert "# insight_starved_ratio = 0.15" in sample and "insight_throttle_reasons" in sample
 
 
-def test_daemon_computes_the_insight_once_per_window() -> None:
+class Recorder(Exporter):
+    """An exporter that keeps every window it is given."""
+
+    def __init__(self) -> None:
+        self.windows: list[IngestReport] = []
+
+    def consume(self, window: IngestReport) -> None:
+        self.windows.append(window)
+
+
+def daemon_with_facts(facts) -> tuple[Daemon, Recorder]:
     daemon = Daemon(Config(), host="box")
-    daemon.gpu_facts = lambda: GpuFacts({"6": frozenset({"hw_thermal_slowdown"})}, {"6": "drafter"})
-    seen: list[PipelineInsight] = []
-    daemon.window_consumers.append(lambda r: seen.append(r.extras[EXTRAS_KEY]))
+    daemon.gpus = GpuAggregates(GpuGroups.parse(()))
+    daemon.gpus.facts = facts  # type: ignore[method-assign]
+    recorder = Recorder()
+    daemon.exporters.append(recorder)
+    return daemon, recorder
+
+
+def test_daemon_computes_the_insight_once_per_window() -> None:
+    daemon, recorder = daemon_with_facts(lambda: GpuFacts({"6": frozenset({"hw_thermal_slowdown"})}, {"6": "drafter"}))
     rep = drafter_bound_report()
     daemon._on_window(rep)
-    assert seen and seen[0] is daemon.insight.insight and daemon.state.report is rep
-    assert seen[0].verdict.name == "throttled"
-    assert daemon.insight in daemon.state.extra_sources and insight_part in daemon.console.hooks
+    [window] = recorder.windows
+    assert window.insight is not None and window.insight.verdict.name == "throttled"
+    assert rep.insight is None and window.window is rep.window  # the ingest's report is not mutated
+    assert daemon.prometheus.state.report is window  # every exporter gets the same window
+    text = generate_latest(registry_for(daemon.prometheus.state)).decode()
+    assert 'dflash_pipeline_bottleneck{host="box",verdict="throttled"} 1.0' in text
+    assert "verdict throttled" in ConsoleExporter().line(window)
 
 
 def test_daemon_survives_a_failing_insight() -> None:
-    daemon = Daemon(Config(), host="box")
-
     def broken() -> GpuFacts:
         raise RuntimeError("nvml wedged")
 
-    daemon.gpu_facts = broken
+    daemon, recorder = daemon_with_facts(broken)
     rep = drafter_bound_report()
     daemon._on_window(rep)
-    assert daemon.state.report is rep and EXTRAS_KEY not in rep.extras and daemon.insight_failures == 1
+    [window] = recorder.windows
+    assert window.insight is None and window.window is rep.window and daemon.insight_failures == 1
+    assert daemon.prometheus.state.report is window
 
 
 def test_top_shows_verdict_queue_and_roles() -> None:
     from prometheus_client.parser import text_string_to_metric_families
     from rich.console import Console
 
-    source = InsightSource("box")
     slow = {k: v * 3 for k, v in DRAFTER.items()}
-    source.insight = compute_insight(pipeline(TARGET, DRAFTER, queue_fill=1.0, drafter_override={"0": slow}))
-    text = generate_latest(registry_for(ExportState("box", 0.0, extra_sources=[source]))).decode()
+    rep = with_insight(pipeline(TARGET, DRAFTER, queue_fill=1.0, drafter_override={"0": slow}))
+    text = generate_latest(registry_for(ExportState("box", 0.0, report=rep))).decode()
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -172,12 +191,16 @@ def test_thresholds_come_from_flags_and_reload_live(tmp_path) -> None:
     path = tmp_path / "sidecar.toml"
     path.write_text("insight_starved_ratio = 0.2\n")
     daemon = Daemon(config_mod.load({"config_file": str(path)}), host="box")
+    recorder = Recorder()
+    daemon.exporters.append(recorder)
     rep = pipeline({"forward": 80}, {"queue_wait": 15, "forward": 10, "backward": 20})  # ready deficit 1/3
     daemon._on_window(rep)
-    assert daemon.insight.insight is not None and daemon.insight.insight.verdict.name == "target-bound"
+    insight = recorder.windows[-1].insight
+    assert insight is not None and insight.verdict.name == "target-bound"
     path.write_text("insight_starved_ratio = 0.5\n")
     daemon.reload()
     assert daemon.config.insight_starved_ratio == 0.5
     rep = pipeline({"forward": 80}, {"queue_wait": 15, "forward": 10, "backward": 20})
     daemon._on_window(rep)
-    assert daemon.insight.insight.verdict.name == "balanced"
+    insight = recorder.windows[-1].insight
+    assert insight is not None and insight.verdict.name == "balanced"

@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 from tests.insight_synth import gauge, pipeline, report, worker
 
-from sidecar.aggregation.insight import GpuFacts, compute_insight
-from sidecar.aggregation.verdict import VERDICT_CODES, InsightSettings, Verdict
+from sidecar.aggregation.insight import compute_insight
+from sidecar.aggregation.verdict import InsightSettings
+from sidecar.model.insight import VERDICT_CODES, GpuFacts, Verdict
 
 # ms per batch; shares follow from the cycle (e.g. target 4+30+3+3 = 40 ms: forward 0.75).
 TARGET = {"data_wait": 4, "forward": 30, "pack": 3, "queue_put_wait": 3}
@@ -16,7 +17,7 @@ DRAFTER = {"queue_wait": 1, "forward": 8, "backward": 14, "optimizer": 4}
 
 
 def verdict_of(rep, settings=None, gpus=None) -> Verdict:
-    return compute_insight(rep, settings, gpus).verdict
+    return compute_insight(rep.window, settings, gpus).verdict
 
 
 def evidence(v: Verdict) -> dict[str, float]:
@@ -97,7 +98,7 @@ def test_throttled_gpu_of_the_limiting_role() -> None:
     assert v.name == "throttled" and v.code == VERDICT_CODES["throttled"]
     assert evidence(v)["throttled_gpus"] == 1.0 and "gpu0:hw_thermal_slowdown" in v.detail
     assert "otherwise target-bound" in v.detail
-    assert compute_insight(rep, gpus=gpus).throttled_gpus == {"0": ("hw_thermal_slowdown",)}
+    assert compute_insight(rep.window, gpus=gpus).throttled_gpus == {"0": ("hw_thermal_slowdown",)}
 
 
 def test_throttled_gpu_of_another_role_does_not_decide() -> None:

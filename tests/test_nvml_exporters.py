@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.core import CollectorRegistry, Metric
 from prometheus_client.exposition import generate_latest
 
-from sidecar.aggregation.gpu_groups import GpuGroups
+from sidecar.aggregation.gpu_groups import GpuGroups, gpu_view
 from sidecar.exporters.wandb.gpu_rows import gpu_wandb_row
 from sidecar.exporters.prometheus.gpu import gpu_metric_families
 from sidecar.model.gpu import GpuProcess, GpuReading, GpuSnapshot, NvmlState, NvmlStatus, ProfilingState
@@ -76,7 +76,7 @@ GROUPS = GpuGroups.parse(["target=0,1", "drafter=2"])
 
 
 def test_families_values_labels_and_absence() -> None:
-    registry = _registry(lambda: gpu_metric_families(SNAPSHOT, STATUS, GROUPS, "node1", 103.5))
+    registry = _registry(lambda: gpu_metric_families(gpu_view(SNAPSHOT, STATUS, GROUPS), "node1", 103.5))
 
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, {"host": "node1", **labels})
@@ -118,7 +118,7 @@ def test_families_values_labels_and_absence() -> None:
 
 
 def test_every_family_has_help_base_units_and_allowed_labels() -> None:
-    families = gpu_metric_families(SNAPSHOT, STATUS, GROUPS, "node1", 103.5)
+    families = gpu_metric_families(gpu_view(SNAPSHOT, STATUS, GROUPS), "node1", 103.5)
     names = [f.name for f in families]
     assert len(names) == len(set(names))
     for family in families:
@@ -132,19 +132,19 @@ def test_exposition_passes_promtool() -> None:
     stalled = NvmlStatus(NvmlState.STALLED, polls_total=1, errors=(("stalled_call", 1),))
     for snapshot, status in ((SNAPSHOT, STATUS), (SNAPSHOT, stalled), (None, NvmlStatus(NvmlState.UNAVAILABLE))):
         _promtool_check(generate_latest(_registry(
-            lambda snapshot=snapshot, status=status: gpu_metric_families(snapshot, status, GROUPS, "h", 101.0))))
+            lambda snapshot=snapshot, status=status: gpu_metric_families(gpu_view(snapshot, status, GROUPS), "h", 101.0))))
 
 
 def test_disabled_and_unavailable_sources() -> None:
-    assert gpu_metric_families(None, NvmlStatus(NvmlState.DISABLED), GROUPS, "h", 0.0) == []
-    assert gpu_wandb_row(None, NvmlStatus(NvmlState.DISABLED), GROUPS, 0.0) == {}
-    families = gpu_metric_families(None, NvmlStatus(NvmlState.UNAVAILABLE, reason="no library"), GROUPS, "h", 0.0)
+    assert gpu_metric_families(gpu_view(None, NvmlStatus(NvmlState.DISABLED), GROUPS), "h", 0.0) == []
+    assert gpu_wandb_row(gpu_view(None, NvmlStatus(NvmlState.DISABLED), GROUPS), 0.0) == {}
+    families = gpu_metric_families(gpu_view(None, NvmlStatus(NvmlState.UNAVAILABLE, reason="no library"), GROUPS), "h", 0.0)
     assert {f.name for f in families} == {"dflash_nvml_up", "dflash_nvml_stalled", "dflash_nvml_polls"}
-    assert gpu_wandb_row(None, NvmlStatus(NvmlState.UNAVAILABLE), GROUPS, 0.0) == {"nvml/up": 0.0}
+    assert gpu_wandb_row(gpu_view(None, NvmlStatus(NvmlState.UNAVAILABLE), GROUPS), 0.0) == {"nvml/up": 0.0}
 
 
 def test_wandb_row_matches_the_families() -> None:
-    row = gpu_wandb_row(SNAPSHOT, STATUS, GROUPS, 103.5)
+    row = gpu_wandb_row(gpu_view(SNAPSHOT, STATUS, GROUPS), 103.5)
     assert row["nvml/up"] == 1.0 and row["nvml/data_age_seconds"] == pytest.approx(3.5)
     assert row["gpu/0/utilization"] == 0.5 and row["gpu/0/power_watts"] == 300.0
     assert row["gpu/0/energy_joules"] == 1e6 and row["gpu/0/sm_clock_hertz"] == 1.98e9
@@ -170,7 +170,7 @@ def test_live_source_scrape_is_promtool_clean_and_serves_the_last_values_while_s
                what="processes and GPM")
     groups = GpuGroups.parse(["target=0-5", "drafter=6,7"])
     clock = {"now": 0.0}
-    registry = _registry(lambda: gpu_metric_families(source.latest(), source.status(), groups, "node", clock["now"]))
+    registry = _registry(lambda: gpu_metric_families(gpu_view(source.latest(), source.status(), groups), "node", clock["now"]))
     clock["now"] = source.latest().taken_monotonic_s  # type: ignore[union-attr]
     exposition = generate_latest(registry)
     _promtool_check(exposition)

@@ -391,3 +391,15 @@ def test_an_unexpected_error_in_one_poll_is_counted_and_polling_goes_on(
     wait_until(lambda: source.status().polls_total > polls + 2, what="polling to go on")
     assert source.status().state is NvmlState.AVAILABLE
     assert sum("NVML poll failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_attribute_trainers_adds_on_hello_and_forgets_on_window() -> None:
+    source = NvmlSource(interval_s=1.0)  # never started: the mapping is plain state
+    source.attribute_trainers({1: ("target", "0")}, complete=False)
+    source.attribute_trainers({2: ("drafter", "1")}, complete=False)
+    assert source._trainer == {1: ("target", "0"), 2: ("drafter", "1")}
+    kept = source._trainer
+    source.attribute_trainers({2: ("drafter", "1"), 1: ("target", "0")}, complete=True)
+    assert source._trainer is kept  # nothing changed: the poller's mapping is left alone
+    source.attribute_trainers({2: ("drafter", "1")}, complete=True)  # sender 1 expired
+    assert source._trainer == {2: ("drafter", "1")}

@@ -1,4 +1,5 @@
-"""GPU groups: which GPUs serve which role, and per-group aggregates.
+"""GPU groups: which GPUs serve which role, per-group aggregates, and the GPU facts the other
+stages read (``GpuAggregates``: the exporters' ``GpuView``, the insight's ``GpuFacts``).
 
 Groups come from ``--gpu-group NAME=IDS`` (``target=0-5``, ``drafter=6,7``, ``a=0-3,8``), or,
 when none is given, are discovered from the trainer processes found on each GPU (matched by
@@ -8,12 +9,16 @@ memory on it. Aggregates are computed over the group's GPUs that are up and repo
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sidecar.model.gpu import GpuReading, GpuSnapshot
+from sidecar.model.gpu import NVML_DISABLED, GpuReading, GpuSnapshot, GpuView, GroupAggregate, NvmlStatus
+from sidecar.model.insight import GpuFacts
+
+log = logging.getLogger("sidecar")
 
 MAX_GPU_INDEX = 1023
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
@@ -122,19 +127,6 @@ def discover_groups(snapshot: GpuSnapshot | None) -> dict[str, tuple[int, ...]]:
     return {role: tuple(sorted(gpus)) for role, gpus in sorted(groups.items())}
 
 
-@dataclass(frozen=True, slots=True)
-class GroupAggregate:
-    """Aggregates of one group over its GPUs that are up; a value is None when no GPU has it."""
-
-    name: str
-    gpus: tuple[int, ...]
-    gpus_up: int
-    utilization_mean_ratio: float | None
-    power_total_watts: float | None
-    temperature_max_celsius: float | None
-    memory_free_min_bytes: int | None
-
-
 def aggregate_groups(snapshot: GpuSnapshot | None, groups: GpuGroups) -> tuple[GroupAggregate, ...]:
     """One ``GroupAggregate`` per group, in name order."""
     if snapshot is None:
@@ -162,3 +154,40 @@ def aggregate_groups(snapshot: GpuSnapshot | None, groups: GpuGroups) -> tuple[G
 def _present(readings: list[GpuReading], attribute: str) -> list[float]:
     values = (getattr(r, attribute) for r in readings)
     return [v for v in values if v is not None]
+
+
+def gpu_view(snapshot: GpuSnapshot | None, status: NvmlStatus, groups: GpuGroups) -> GpuView:
+    """What the exporters read of the GPUs: the snapshot, the status and the group aggregates."""
+    return GpuView(snapshot, status, aggregate_groups(snapshot, groups))
+
+
+class GpuAggregates:
+    """The GPU side as the other stages read it, from the NVML source's latest snapshot and status
+    (passed as callables, so this stage never imports the source; ``None``: GPU metrics are off).
+    Nothing here calls NVML: a read costs what the aggregation of one snapshot costs."""
+
+    def __init__(self, groups: GpuGroups, latest: Callable[[], GpuSnapshot | None] | None = None,
+                 status: Callable[[], NvmlStatus] | None = None) -> None:
+        self.groups = groups
+        self._latest = latest or (lambda: None)
+        self._status = status or (lambda: NVML_DISABLED)
+        self._warned_unknown = False
+
+    def view(self) -> GpuView:
+        """The GPUs now (for a scrape, or a window's W&B row)."""
+        return gpu_view(self._latest(), self._status(), self.groups)
+
+    def facts(self) -> GpuFacts | None:
+        """Active clock-event (throttle) reasons and the group of each GPU, for the insight; None
+        before the first snapshot or without NVML. Warns once about configured GPUs this host lacks."""
+        snapshot = self._latest()
+        if snapshot is None:
+            return None
+        if not self._warned_unknown and self.groups.specs and self.groups.unknown_gpus(snapshot):
+            self._warned_unknown = True
+            log.warning("sidecar: --gpu-group names GPUs this host does not have: %s",
+                        ", ".join(map(str, self.groups.unknown_gpus(snapshot))))
+        events = {str(r.index): frozenset(name for name, on in (r.clock_events() or ()) if on)
+                  for r in snapshot.gpus if r.up}
+        roles = {str(gpu): group for group, gpus in self.groups.resolve(snapshot).items() for gpu in gpus}
+        return GpuFacts(events, roles)

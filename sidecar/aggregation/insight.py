@@ -1,7 +1,8 @@
 """Pipeline insight: one window's aggregates in, "why are the GPUs idle?" out.
 
-Pure computation (no I/O, no clock, no locks): ``compute_insight(report, settings, gpus)`` turns
-an ``IngestReport`` (plus, optionally, per-GPU facts from NVML) into a frozen ``PipelineInsight``:
+Pure computation (no I/O, no clock, no locks): ``compute_insight(window, settings, gpus)`` turns
+a ``WindowReport`` (plus, optionally, per-GPU facts from NVML) into a frozen ``PipelineInsight``
+(``sidecar.model.insight``):
 throughput per role and worker, hidden-state queue health, worker balance, batch composition,
 the time breakdown per role and the bottleneck verdict (``sidecar.aggregation.verdict``).
 
@@ -14,14 +15,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
-from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, SeriesView
 from sidecar.aggregation.series import entropy_bits
-from sidecar.aggregation.verdict import InsightSettings, RoleFacts, Verdict, decide
-from sidecar.model.window import IngestReport
+from sidecar.aggregation.verdict import InsightSettings, RoleFacts, decide
+from sidecar.model.insight import GpuFacts, PipelineInsight, RoleInsight, WorkerInsight
+from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, SeriesView, WindowReport
 
 WAIT_PHASES = ("data_wait", "queue_wait", "queue_put_wait")
 """Timings that are waiting: for the host data loader, for the hidden-state queue (empty), for
@@ -32,70 +32,7 @@ PHASES = WAIT_PHASES + BUSY_PHASES
 OTHER = "other"
 """Wall time not covered by any phase timing (Python overhead, logging, untracked work)."""
 
-EXTRAS_KEY = "pipeline_insight"
-"""Key of the ``PipelineInsight`` in ``IngestReport.extras`` once the daemon has computed it."""
 
-
-@dataclass(frozen=True, slots=True)
-class GpuFacts:
-    """What the insight needs from the GPUs (from the NVML source): the clock-event (throttle)
-    reasons active on each GPU, and which role (GPU group) each GPU serves. GPU ids are strings
-    (NVML indices as text); a GPU missing from ``roles`` has an unknown role."""
-
-    clock_events: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    roles: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerInsight:
-    """One worker in one window. Rates per second; ``busy_ms`` is the median busy time per batch
-    (sum of the p50s of its work phases, ms); ``score`` is its performance relative to the best
-    worker of its role (0-1, 1 = best); ``straggler`` when the score is below the threshold."""
-
-    role: str
-    worker: str
-    batches_per_s: float
-    tokens_per_s: float
-    busy_ms: float | None
-    score: float | None
-    straggler: bool
-
-
-@dataclass(frozen=True, slots=True)
-class RoleInsight:
-    """One role in one window. ``time_share``: phase -> share of the role's wall time (mean over
-    its workers, 0-1, including ``other``); empty when the role publishes no phase timing.
-    ``rate_cv``: coefficient of variation of its workers' batch rates (None below 2 workers)."""
-
-    role: str
-    workers: int
-    batches_per_s: float
-    tokens_per_s: float
-    rate_cv: float | None
-    time_share: dict[str, float]
-
-
-@dataclass(frozen=True, slots=True)
-class PipelineInsight:
-    """The derived pipeline metrics of one window and the verdict. Ratios are 0-1 (the batch
-    ratio excepted), ``None`` when the trainer does not publish what they need."""
-
-    end_unix_s: float
-    duration_s: float
-    roles: dict[str, RoleInsight]
-    workers: tuple[WorkerInsight, ...]
-    queue_fill: float | None
-    ready_deficit: float | None
-    target_drafter_batch_ratio: float | None
-    prefetch_fill: float | None
-    batch_tokens_mean: float | None
-    loss_token_ratio: float | None
-    bucket_entropy_bits: float | None
-    throttled_gpus: dict[str, tuple[str, ...]]
-    verdict: Verdict
-
-    def role(self, name: str) -> RoleInsight | None:
-        return self.roles.get(name)
 
 
 class _Worker:
@@ -145,12 +82,11 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
     return dict(roles)
 
 
-def compute_insight(report: IngestReport, settings: InsightSettings | None = None,
+def compute_insight(window: WindowReport, settings: InsightSettings | None = None,
                     gpus: GpuFacts | None = None) -> PipelineInsight:
-    """The insight for ``report``'s window. Never raises on odd input: missing series give
-    ``None`` metrics and, without pipeline data, the verdict ``unknown``."""
+    """The insight for one window. Never raises on odd input: missing series give ``None``
+    metrics and, without pipeline data, the verdict ``unknown``."""
     settings = settings or InsightSettings()
-    window = report.window
     duration = window.duration_s
     roles_data = _group(window.series)
     roles: dict[str, RoleInsight] = {}

@@ -28,12 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-VERDICT_CODES: dict[str, int] = {
-    "unknown": 0, "balanced": 1, "target-bound": 2, "drafter-bound": 3, "queue-starved": 4,
-    "host-bound": 5, "throttled": 6, "straggler": 7,
-}
-"""Each verdict and its numeric code (the W&B ``pipeline/verdict_code``)."""
-VERDICTS = tuple(VERDICT_CODES)
+from sidecar.model.insight import Verdict
 
 MIN_WINDOW_S = 0.5
 """Windows shorter than this (the partial last window at shutdown) get ``unknown``."""
@@ -71,27 +66,6 @@ class InsightSettings:
         return cls(cfg.insight_target_role, cfg.insight_drafter_role, cfg.insight_starved_ratio,
                    cfg.insight_backpressure_ratio, cfg.insight_queue_full_ratio, cfg.insight_host_wait_ratio,
                    cfg.insight_handoff_ratio, cfg.insight_straggler_score, frozenset(cfg.insight_throttle_reasons))
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """A verdict with its evidence: (name, value) pairs, ratios 0-1, in deciding order;
-    ``detail`` names what the numbers cannot (the straggling worker, the throttled GPUs)."""
-
-    name: str
-    evidence: tuple[tuple[str, float], ...] = ()
-    detail: str = ""
-
-    @property
-    def code(self) -> int:
-        return VERDICT_CODES[self.name]
-
-    def text(self) -> str:
-        """``target-bound (ready_deficit=0.62 target.forward=0.91)``."""
-        parts = [f"{k}={v:.2f}" for k, v in self.evidence]
-        if self.detail:
-            parts.append(self.detail)
-        return f"{self.name} ({' '.join(parts)})" if parts else self.name
 
 
 class _WorkerLike(Protocol):

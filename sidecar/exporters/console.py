@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
+from sidecar.exporters.base import Exporter
+from sidecar.model.insight import PipelineInsight
 from sidecar.model.window import IngestReport
 
 log = logging.getLogger("sidecar")
 
-LineHook = Callable[[IngestReport], str | None]
 
+class ConsoleExporter(Exporter):
+    """Logs ``window <s> | senders | records/s | dropped | step | verdict ... | rates | queue``
+    each window."""
 
-class ConsoleExporter:
-    """Logs ``window <s> | senders | records/s | dropped | step | <hook parts>`` each window."""
+    name = "console"
 
     def __init__(self, logger: logging.Logger = log) -> None:
         self.log = logger
-        self.hooks: list[LineHook] = []
         self._dropped_before = 0
 
     def line(self, report: IngestReport) -> str:
@@ -30,11 +31,24 @@ class ConsoleExporter:
                  f"{rate:,.0f} rec/s", f"{new_drops} dropped"]
         if window.trainer_step is not None:
             parts.append(f"step {window.trainer_step}")
-        for hook in self.hooks:
-            text = hook(report)
-            if text:
-                parts.append(text)
+        if report.insight is not None:
+            parts.append(format_insight(report.insight))
         return " | ".join(parts)
 
-    def export(self, report: IngestReport) -> None:
-        self.log.info("%s", self.line(report))
+    def consume(self, window: IngestReport) -> None:
+        self.log.info("%s", self.line(window))
+
+
+def format_insight(insight: PipelineInsight) -> str:
+    """``verdict drafter-bound (target.queue_put_wait=0.64 queue_fill=0.97) | drafter 82.0 b/s ...``:
+    the verdict with its evidence, then the headline numbers."""
+    parts = [f"verdict {insight.verdict.text()}"]
+    rates = [f"{r.role} {r.batches_per_s:.1f} b/s" for r in insight.roles.values() if r.batches_per_s > 0]
+    if rates:
+        parts.append(", ".join(rates))
+    queue = [f"{label} {value:.2f}" for label, value in (("queue fill", insight.queue_fill),
+                                                          ("ready deficit", insight.ready_deficit))
+             if value is not None]
+    if queue:
+        parts.append(", ".join(queue))
+    return " | ".join(parts)

@@ -182,3 +182,92 @@ class NvmlStatus:
     def error_count(self, reason: str) -> int:
         """Errors counted for ``reason`` (0 if none)."""
         return dict(self.errors).get(reason, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAggregate:
+    """Aggregates of one group over its GPUs that are up; a value is None when no GPU has it."""
+
+    name: str
+    gpus: tuple[int, ...]
+    gpus_up: int
+    utilization_mean_ratio: float | None
+    power_total_watts: float | None
+    temperature_max_celsius: float | None
+    memory_free_min_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """The GPUs as exporters see them: the source's latest snapshot (None before the first poll
+    or without NVML), its status, and the GPU groups' aggregates over that snapshot."""
+
+    snapshot: GpuSnapshot | None
+    status: NvmlStatus
+    groups: tuple[GroupAggregate, ...] = ()
+
+
+NVML_DISABLED = NvmlStatus(NvmlState.DISABLED, "--no-gpu-metrics")
+"""The status of a daemon run with ``--no-gpu-metrics``."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMetric:
+    """One per-GPU value: where it is in ``GpuReading`` and how it is exported."""
+
+    attribute: str
+    name: str
+    """Prometheus family name (a counter's ``_total`` is added by the exposition)."""
+    help: str
+    wandb_key: str
+    """Key under ``gpu/<index>/`` in W&B rows."""
+    counter: bool = False
+
+
+GPU_METRICS: tuple[GpuMetric, ...] = (
+    GpuMetric("utilization_ratio", "dflash_gpu_utilization_ratio",
+              "Fraction of the last sample period in which a kernel was running (NVML GPU utilization).",
+              "utilization"),
+    GpuMetric("memory_utilization_ratio", "dflash_gpu_memory_utilization_ratio",
+              "Fraction of the last sample period in which device memory was read or written.", "memory_utilization"),
+    GpuMetric("memory_used_bytes", "dflash_gpu_memory_used_bytes", "Device memory allocated, in bytes.",
+              "memory_used_bytes"),
+    GpuMetric("memory_free_bytes", "dflash_gpu_memory_free_bytes", "Device memory free, in bytes.",
+              "memory_free_bytes"),
+    GpuMetric("memory_total_bytes", "dflash_gpu_memory_total_bytes", "Device memory in total, in bytes.",
+              "memory_total_bytes"),
+    GpuMetric("power_watts", "dflash_gpu_power_watts", "Power draw, in watts.", "power_watts"),
+    GpuMetric("power_limit_watts", "dflash_gpu_power_limit_watts", "Enforced power limit, in watts.",
+              "power_limit_watts"),
+    GpuMetric("energy_joules", "dflash_gpu_energy_joules", "Energy used since the driver was loaded, in joules.",
+              "energy_joules", counter=True),
+    GpuMetric("temperature_celsius", "dflash_gpu_temperature_celsius", "GPU die temperature, in degrees Celsius.",
+              "temperature_celsius"),
+    GpuMetric("memory_temperature_celsius", "dflash_gpu_memory_temperature_celsius",
+              "Device memory (HBM) temperature, in degrees Celsius.", "memory_temperature_celsius"),
+    GpuMetric("sm_clock_hertz", "dflash_gpu_sm_clock_hertz", "Current SM clock, in hertz.", "sm_clock_hertz"),
+    GpuMetric("memory_clock_hertz", "dflash_gpu_memory_clock_hertz", "Current memory clock, in hertz.",
+              "memory_clock_hertz"),
+    GpuMetric("pcie_rx_bytes_per_second", "dflash_gpu_pcie_rx_bytes_per_second",
+              "PCIe bytes received by the GPU per second over the last poll interval.", "pcie_rx_bytes_per_second"),
+    GpuMetric("pcie_tx_bytes_per_second", "dflash_gpu_pcie_tx_bytes_per_second",
+              "PCIe bytes sent by the GPU per second over the last poll interval.", "pcie_tx_bytes_per_second"),
+    GpuMetric("sm_activity_ratio", "dflash_gpu_sm_activity_ratio",
+              "GPM: fraction of SMs busy over the last interval (Hopper and newer).", "sm_activity"),
+    GpuMetric("sm_occupancy_ratio", "dflash_gpu_sm_occupancy_ratio",
+              "GPM: resident warps over the theoretical maximum (Hopper and newer).", "sm_occupancy"),
+    GpuMetric("tensor_activity_ratio", "dflash_gpu_tensor_activity_ratio",
+              "GPM: fraction of time any tensor pipe was active (Hopper and newer).", "tensor_activity"),
+    GpuMetric("dram_bandwidth_ratio", "dflash_gpu_dram_bandwidth_ratio",
+              "GPM: DRAM bandwidth used over the theoretical maximum (Hopper and newer).", "dram_bandwidth"),
+    GpuMetric("nvlink_rx_bytes_per_second", "dflash_gpu_nvlink_rx_bytes_per_second",
+              "GPM: NVLink bytes received per second, all links (Hopper and newer).", "nvlink_rx_bytes_per_second"),
+    GpuMetric("nvlink_tx_bytes_per_second", "dflash_gpu_nvlink_tx_bytes_per_second",
+              "GPM: NVLink bytes sent per second, all links (Hopper and newer).", "nvlink_tx_bytes_per_second"),
+)
+
+XID_METRICS: tuple[GpuMetric, ...] = (
+    GpuMetric("xid_errors_total", "dflash_gpu_xid_errors", "XID error events seen since the sidecar started.",
+              "xid_errors", counter=True),
+    GpuMetric("last_xid", "dflash_gpu_last_xid", "Code of the most recent XID error event.", "last_xid"),
+)

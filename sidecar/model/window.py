@@ -1,7 +1,8 @@
 """The window: what the ingest thread hands every exporter once per window, immutable.
 
 ``WindowReport`` holds the aggregates (one ``SeriesView`` per series); ``IngestReport`` adds the
-accounting (senders, totals per role/worker, drops by reason, receiver counters). Record kinds are
+accounting (senders, totals per role/worker, drops by reason, receiver counters) and, once the
+daemon has computed them, the window's pipeline insight and GPU view. Record kinds are
 ``trainer_shim.wire.RecordKind`` values as plain ints (SCALAR for GPU scalars).
 """
 
@@ -11,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.model.gpu import GpuView
+from sidecar.model.insight import PipelineInsight
 from trainer_shim.wire import RecordKind
 
 TIMING, COUNT, GAUGE, CATEGORY, SCALAR, PROFILE, ALLOCATOR = (
@@ -92,7 +95,10 @@ class SenderView:
 
 @dataclass(frozen=True, slots=True)
 class IngestReport:
-    """One window: the aggregates plus the accounting, all immutable copies."""
+    """One window: the aggregates plus the accounting, all immutable copies. The ingest thread
+    builds it without ``insight`` and ``gpu``; the daemon adds them (``dataclasses.replace``)
+    before any exporter sees the window. ``insight`` stays None if computing it failed;
+    ``gpu`` is None without GPU metrics."""
 
     window: WindowReport
     senders: tuple[SenderView, ...]
@@ -104,4 +110,15 @@ class IngestReport:
     disconnects: int
     series: int
     records_accepted_in_window: int
-    extras: dict[str, Any] = field(default_factory=dict)
+    insight: PipelineInsight | None = None
+    gpu: GpuView | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IngestHealth:
+    """The ingest thread's own health, read at scrape time."""
+
+    internal_errors: int
+    """Bugs survived (each counted, the frame dropped)."""
+    data_age_s: float | None
+    """Seconds since the newest trainer data was accepted; None before any."""

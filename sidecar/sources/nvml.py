@@ -130,6 +130,18 @@ class NvmlSource:
         """
         self._trainer = dict(procs)
 
+    def attribute_trainers(self, trainers: Mapping[int, tuple[str, str]], *, complete: bool) -> None:
+        """Feedback from the shims: attribute these trainer pids' GPU memory to ``(role, worker)``.
+
+        ``complete=False`` (a hello): add to or update the pids already known. ``complete=True``
+        (a window's live senders): exactly these, forgetting the pids of senders the registry
+        has forgotten. Does nothing when nothing changes (the poller keeps its mapping).
+        """
+        current = self._trainer
+        wanted = dict(trainers) if complete else {**current, **trainers}
+        if wanted != current:
+            self._trainer = wanted
+
     def status(self) -> NvmlStatus:
         """Health of the source. Never blocks on NVML."""
         with self._lock:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
@@ -24,8 +25,12 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from sidecar.exporters.prometheus import exposition as ex
+from sidecar.exporters.prometheus.gpu import gpu_metric_families
+from sidecar.exporters.prometheus.insight import insight_families
+from sidecar.exporters.prometheus.process import WandbStatsLike, self_families, wandb_families
+from sidecar.model.gpu import GpuView
 from sidecar.model.names import family_names
-from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING, IngestReport
+from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING, IngestHealth, IngestReport
 
 log = logging.getLogger("sidecar")
 
@@ -34,13 +39,19 @@ FamilySource = Callable[[], Iterable[Metric]]
 
 @dataclass
 class ExportState:
-    """What exporters read. ``report`` is replaced (never mutated) once per window."""
+    """What a scrape reads. ``report`` (the window, with its insight) is replaced, never mutated,
+    once per window; the readers are called at scrape time for what changes between windows:
+    the GPUs (their latest snapshot, not the window's), ingest health, the W&B exporter's stats.
+    A reader left None has no families; with ``ingest`` None, neither have the process's own
+    figures (self-telemetry is the daemon's: it passes a reader that returns None until ingest
+    runs)."""
 
     host: str
     started_unix_s: float
     report: IngestReport | None = None
-    extra_sources: list[FamilySource] = field(default_factory=list)
-    self_families: FamilySource | None = None
+    gpus: Callable[[], GpuView] | None = None
+    ingest: Callable[[], IngestHealth | None] | None = None
+    wandb: Callable[[], WandbStatsLike] | None = None
 
 
 class SidecarCollector(Collector):
@@ -59,12 +70,17 @@ class SidecarCollector(Collector):
             yield from self.guarded(name, source)
 
     def dynamic_sources(self) -> list[tuple[str, FamilySource]]:
-        """Sources whose families change between windows (self-telemetry, extra sources)."""
+        """Sources whose families change between windows (self-telemetry, W&B, GPUs)."""
         state = self.state
+        host = state.host
+        ingest, wandb, gpus = state.ingest, state.wandb, state.gpus
         sources: list[tuple[str, FamilySource]] = []
-        if state.self_families is not None:
-            sources.append(("self", state.self_families))
-        sources.extend((getattr(s, "__name__", repr(s)), s) for s in state.extra_sources)
+        if ingest is not None:
+            sources.append(("self", lambda: self_families(host, ingest())))
+        if wandb is not None:
+            sources.append(("wandb", lambda: wandb_families(host, wandb())))
+        if gpus is not None:
+            sources.append(("gpu", lambda: gpu_metric_families(gpus(), host, time.monotonic())))
         return sources
 
     def guarded(self, name: str, source: Callable[[], Any], empty: Any = ()) -> Any:
@@ -90,8 +106,12 @@ def report_sources(report: IngestReport | None, host: str) -> list[tuple[str, Fa
     """Sources that depend on the window report alone (and so change once per window)."""
     if report is None:
         return []
-    return [("trainer", lambda: trainer_families(report, host)),
-            ("accounting", lambda: accounting_families(report, host))]
+    sources: list[tuple[str, FamilySource]] = [("trainer", lambda: trainer_families(report, host)),
+                                               ("accounting", lambda: accounting_families(report, host))]
+    insight = report.insight
+    if insight is not None:
+        sources.append(("insight", lambda: insight_families(insight, host)))
+    return sources
 
 
 def trainer_families(report: IngestReport, host: str) -> list[Metric]:

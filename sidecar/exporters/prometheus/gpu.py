@@ -1,7 +1,7 @@
 """Prometheus metric families for the NVML source, built fresh at every scrape.
 
-``gpu_metric_families`` is a pure function of the latest snapshot, the source status and the
-groups: it never calls NVML and never waits, so the daemon's scrape-time collector can call it
+``gpu_metric_families`` is a pure function of a ``GpuView`` (the latest snapshot, the source
+status and the group aggregates): it never calls NVML and never waits, so the daemon's scrape-time collector can call it
 directly. A GPU that is down keeps only ``dflash_gpu_up 0`` and its XID series; a value a GPU
 does not report has no sample at all (never a fake 0). Names use base units and the
 ``dflash_`` prefix; labels are ``host`` and ``gpu`` / ``group`` plus ``reason``, ``type``,
@@ -11,79 +11,26 @@ does not report has no sample at all (never a fake 0). Names use base units and 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sidecar.aggregation.gpu_groups import GpuGroups, aggregate_groups
-from sidecar.model.gpu import GpuReading, GpuSnapshot, NvmlState, NvmlStatus, ProfilingState
-
-
-@dataclass(frozen=True, slots=True)
-class GpuMetric:
-    """One per-GPU value: where it is in ``GpuReading`` and how it is exported."""
-
-    attribute: str
-    name: str
-    """Prometheus family name (a counter's ``_total`` is added by the exposition)."""
-    help: str
-    wandb_key: str
-    """Key under ``gpu/<index>/`` in W&B rows."""
-    counter: bool = False
-
-
-GPU_METRICS: tuple[GpuMetric, ...] = (
-    GpuMetric("utilization_ratio", "dflash_gpu_utilization_ratio",
-              "Fraction of the last sample period in which a kernel was running (NVML GPU utilization).",
-              "utilization"),
-    GpuMetric("memory_utilization_ratio", "dflash_gpu_memory_utilization_ratio",
-              "Fraction of the last sample period in which device memory was read or written.", "memory_utilization"),
-    GpuMetric("memory_used_bytes", "dflash_gpu_memory_used_bytes", "Device memory allocated, in bytes.",
-              "memory_used_bytes"),
-    GpuMetric("memory_free_bytes", "dflash_gpu_memory_free_bytes", "Device memory free, in bytes.",
-              "memory_free_bytes"),
-    GpuMetric("memory_total_bytes", "dflash_gpu_memory_total_bytes", "Device memory in total, in bytes.",
-              "memory_total_bytes"),
-    GpuMetric("power_watts", "dflash_gpu_power_watts", "Power draw, in watts.", "power_watts"),
-    GpuMetric("power_limit_watts", "dflash_gpu_power_limit_watts", "Enforced power limit, in watts.",
-              "power_limit_watts"),
-    GpuMetric("energy_joules", "dflash_gpu_energy_joules", "Energy used since the driver was loaded, in joules.",
-              "energy_joules", counter=True),
-    GpuMetric("temperature_celsius", "dflash_gpu_temperature_celsius", "GPU die temperature, in degrees Celsius.",
-              "temperature_celsius"),
-    GpuMetric("memory_temperature_celsius", "dflash_gpu_memory_temperature_celsius",
-              "Device memory (HBM) temperature, in degrees Celsius.", "memory_temperature_celsius"),
-    GpuMetric("sm_clock_hertz", "dflash_gpu_sm_clock_hertz", "Current SM clock, in hertz.", "sm_clock_hertz"),
-    GpuMetric("memory_clock_hertz", "dflash_gpu_memory_clock_hertz", "Current memory clock, in hertz.",
-              "memory_clock_hertz"),
-    GpuMetric("pcie_rx_bytes_per_second", "dflash_gpu_pcie_rx_bytes_per_second",
-              "PCIe bytes received by the GPU per second over the last poll interval.", "pcie_rx_bytes_per_second"),
-    GpuMetric("pcie_tx_bytes_per_second", "dflash_gpu_pcie_tx_bytes_per_second",
-              "PCIe bytes sent by the GPU per second over the last poll interval.", "pcie_tx_bytes_per_second"),
-    GpuMetric("sm_activity_ratio", "dflash_gpu_sm_activity_ratio",
-              "GPM: fraction of SMs busy over the last interval (Hopper and newer).", "sm_activity"),
-    GpuMetric("sm_occupancy_ratio", "dflash_gpu_sm_occupancy_ratio",
-              "GPM: resident warps over the theoretical maximum (Hopper and newer).", "sm_occupancy"),
-    GpuMetric("tensor_activity_ratio", "dflash_gpu_tensor_activity_ratio",
-              "GPM: fraction of time any tensor pipe was active (Hopper and newer).", "tensor_activity"),
-    GpuMetric("dram_bandwidth_ratio", "dflash_gpu_dram_bandwidth_ratio",
-              "GPM: DRAM bandwidth used over the theoretical maximum (Hopper and newer).", "dram_bandwidth"),
-    GpuMetric("nvlink_rx_bytes_per_second", "dflash_gpu_nvlink_rx_bytes_per_second",
-              "GPM: NVLink bytes received per second, all links (Hopper and newer).", "nvlink_rx_bytes_per_second"),
-    GpuMetric("nvlink_tx_bytes_per_second", "dflash_gpu_nvlink_tx_bytes_per_second",
-              "GPM: NVLink bytes sent per second, all links (Hopper and newer).", "nvlink_tx_bytes_per_second"),
-)
-
-XID_METRICS: tuple[GpuMetric, ...] = (
-    GpuMetric("xid_errors_total", "dflash_gpu_xid_errors", "XID error events seen since the sidecar started.",
-              "xid_errors", counter=True),
-    GpuMetric("last_xid", "dflash_gpu_last_xid", "Code of the most recent XID error event.", "last_xid"),
+from sidecar.model.gpu import (
+    GPU_METRICS,
+    XID_METRICS,
+    GpuMetric,
+    GpuReading,
+    GpuSnapshot,
+    GpuView,
+    GroupAggregate,
+    NvmlState,
+    NvmlStatus,
+    ProfilingState,
 )
 
 
-def gpu_metric_families(snapshot: GpuSnapshot | None, status: NvmlStatus, groups: GpuGroups, host: str,
-                        now_monotonic_s: float) -> list[Metric]:
+def gpu_metric_families(view: GpuView, host: str, now_monotonic_s: float) -> list[Metric]:
     """All NVML families for one scrape. Empty when the source is disabled."""
+    snapshot, status = view.snapshot, view.status
     if status.state is NvmlState.DISABLED:
         return []
     families = _health_families(snapshot, status, host, now_monotonic_s)
@@ -99,7 +46,7 @@ def gpu_metric_families(snapshot: GpuSnapshot | None, status: NvmlStatus, groups
     families.extend(_ecc_families(up, host))
     families.extend(_process_families(up, host))
     families.extend(_profiling_families(up, host))
-    families.extend(_group_families(snapshot, groups, host))
+    families.extend(_group_families(view.groups, host))
     return [family for family in families if family.samples]
 
 
@@ -190,8 +137,7 @@ def _profiling_families(readings: list[GpuReading], host: str) -> list[Metric]:
     ]
 
 
-def _group_families(snapshot: GpuSnapshot, groups: GpuGroups, host: str) -> list[Metric]:
-    aggregates = aggregate_groups(snapshot, groups)
+def _group_families(aggregates: tuple[GroupAggregate, ...], host: str) -> list[Metric]:
     labels = ["host", "group"]
 
     def per_group(attribute: str) -> list[tuple[list[str], float]]:

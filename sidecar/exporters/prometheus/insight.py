@@ -1,36 +1,17 @@
 """Prometheus families of the pipeline insight (``dflash_pipeline_*``), built at scrape time.
 
-``insight_families(insight, host)`` renders one ``PipelineInsight``; the daemon registers
-``InsightSource`` in ``ExportState.extra_sources`` and swaps its ``insight`` reference once per
-window. Values the trainer does not publish are absent, never zero. docs/METRICS.md lists every
-family with its meaning and unit.
+``insight_families(insight, host)`` renders one ``PipelineInsight``: the window's
+(``IngestReport.insight``). Values the trainer does not publish are absent, never zero.
+docs/METRICS.md lists every family with its meaning and unit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from sidecar.aggregation.insight import PipelineInsight
-from sidecar.aggregation.verdict import VERDICTS
+from sidecar.model.insight import INSIGHT_VALUES, VERDICTS, PipelineInsight
 
 P = "dflash_pipeline_"
-
-
-class InsightSource:
-    """A ``FamilySource``: the families of the latest insight (none before the first window)."""
-
-    __name__ = "pipeline_insight"
-
-    def __init__(self, host: str) -> None:
-        self.host = host
-        self.insight: PipelineInsight | None = None
-        """Replaced (never mutated) by the ingest thread once per window."""
-
-    def __call__(self) -> Iterable[Metric]:
-        insight = self.insight
-        return insight_families(insight, self.host) if insight is not None else []
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
@@ -45,22 +26,10 @@ def insight_families(insight: PipelineInsight, host: str) -> list[Metric]:
     for name in VERDICTS:
         verdict.add_metric(h + [name], 1.0 if name == insight.verdict.name else 0.0)
     families: list[Metric] = [verdict, *_role_families(insight, host), *_worker_families(insight, host)]
-    for name, doc, value in (
-        ("queue_fill_ratio", "Hidden-state queue fill: mean depth over capacity in the last window (0-1).",
-         insight.queue_fill),
-        ("ready_deficit_ratio", "Share of drafter wall time spent waiting on an empty hidden-state queue (0-1).",
-         insight.ready_deficit),
-        ("target_drafter_batch_ratio", "Target batches per drafter batch in the last window.",
-         insight.target_drafter_batch_ratio),
-        ("prefetch_fill_ratio", "Drafter prefetch buffer fill: mean depth over capacity (0-1).", insight.prefetch_fill),
-        ("batch_tokens_mean", "Mean total tokens per drafter batch in the last window (tokens).",
-         insight.batch_tokens_mean),
-        ("loss_token_ratio", "Share of tokens that carry loss in the last window (0-1).", insight.loss_token_ratio),
-        ("bucket_entropy", "Shannon entropy of the hidden-state bucket mix in the last window, in bits.",
-         insight.bucket_entropy_bits),
-    ):
+    for item in INSIGHT_VALUES:
+        value = getattr(insight, item.attribute)
         if value is not None:
-            fam = _gauge(name, doc, [])
+            fam = _gauge(item.name, item.help, [])
             fam.add_metric(h, value)
             families.append(fam)
     return families

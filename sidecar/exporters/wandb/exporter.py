@@ -26,8 +26,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
+from sidecar.exporters.base import Exporter
 from sidecar.exporters.wandb import join
 from sidecar.exporters.wandb.join import Plan, PlanKind, TrainerRun
+from sidecar.exporters.wandb.rows import window_row
+from sidecar.model.window import IngestReport
 
 POLL_S: Final = 0.2
 """How often the idle exporter thread looks for a new target run (seconds)."""
@@ -117,8 +120,10 @@ class _Item(NamedTuple):
 _LOGGING: Final = frozenset({PlanKind.SHARED, PlanKind.OFFLINE})
 
 
-class WandbExporter:
+class WandbExporter(Exporter):
     """Bounded-queue W&B writer; see the module docstring. Thread-safe."""
+
+    name = "wandb"
 
     def __init__(self, config: WandbConfig, host: str, log: logging.Logger | None = None,
                  environ: Mapping[str, str] | None = None) -> None:
@@ -200,6 +205,15 @@ class WandbExporter:
         except queue.Full:
             return self._drop("queue_full")
         return True
+
+    def consume(self, window: IngestReport) -> None:
+        """Queue the window's row (``rows.window_row``) against the trainer's step."""
+        self.submit(window_row(window, self._host), window.window.trainer_step)
+
+    def hello(self, hello: Mapping[str, Any]) -> None:
+        """A shim hello: what it says about the trainer's W&B run (``on_trainer_hello``)."""
+        self.on_trainer_hello(hello.get("wandb_run_id"), hello.get("wandb_project"), hello.get("wandb_entity"),
+                              hello.get("wandb_mode"), hello.get("wandb_primary"))
 
     def on_trainer_hello(self, run_id: str | None, project: str | None, entity: str | None,
                          mode: str | None, primary: bool | None) -> None:

@@ -1,6 +1,6 @@
 """Flat ``{key: float}`` rows of the NVML data for W&B (the W&B exporter adds ``sidecar/``).
 
-Same values and units as the Prometheus families (``prometheus_gpu.GPU_METRICS`` is the one
+Same values and units as the Prometheus families (``sidecar.model.gpu.GPU_METRICS`` is the one
 table of per-GPU values); keys look like ``gpu/0/utilization``, ``gpu/0/clock_event/sw_power_cap``,
 ``group/target/power_watts``, ``nvml/data_age_seconds``. A value that is not available is left
 out of the row, never written as 0 or NaN.
@@ -8,9 +8,7 @@ out of the row, never written as 0 or NaN.
 
 from __future__ import annotations
 
-from sidecar.aggregation.gpu_groups import GpuGroups, aggregate_groups
-from sidecar.exporters.prometheus.gpu import GPU_METRICS, XID_METRICS
-from sidecar.model.gpu import GpuSnapshot, NvmlState, NvmlStatus, ProfilingState
+from sidecar.model.gpu import GPU_METRICS, XID_METRICS, GpuView, NvmlState, ProfilingState
 
 _GROUP_VALUES = (
     ("utilization_mean_ratio", "utilization"),
@@ -21,9 +19,9 @@ _GROUP_VALUES = (
 )
 
 
-def gpu_wandb_row(snapshot: GpuSnapshot | None, status: NvmlStatus, groups: GpuGroups,
-                  now_monotonic_s: float) -> dict[str, float]:
+def gpu_wandb_row(view: GpuView, now_monotonic_s: float) -> dict[str, float]:
     """One W&B row of GPU values. Empty when the source is disabled."""
+    snapshot, status = view.snapshot, view.status
     if status.state is NvmlState.DISABLED:
         return {}
     row: dict[str, float] = {"nvml/up": 1.0 if status.state is NvmlState.AVAILABLE else 0.0}
@@ -50,7 +48,7 @@ def gpu_wandb_row(snapshot: GpuSnapshot | None, status: NvmlStatus, groups: GpuG
         for process in reading.processes:
             if process.memory_bytes is not None:
                 row[f"{prefix}process/{process.role}/{process.worker}/memory_bytes"] = float(process.memory_bytes)
-    for aggregate in aggregate_groups(snapshot, groups):
+    for aggregate in view.groups:
         for attribute, key in _GROUP_VALUES:
             value = getattr(aggregate, attribute)
             if value is not None:

@@ -7,8 +7,7 @@ gap, not a fake zero). docs/METRICS.md lists every key.
 
 from __future__ import annotations
 
-from sidecar.aggregation.insight import PipelineInsight
-from sidecar.aggregation.verdict import VERDICTS
+from sidecar.model.insight import INSIGHT_VALUES, VERDICTS, PipelineInsight
 
 PREFIX = "pipeline/"
 
@@ -20,13 +19,10 @@ def insight_row(insight: PipelineInsight) -> dict[str, float]:
         row[f"{PREFIX}bottleneck/{name}"] = 1.0 if name == insight.verdict.name else 0.0
     for key, value in insight.verdict.evidence:
         row[f"{PREFIX}evidence/{key}"] = value
-    for key, maybe in (("queue_fill", insight.queue_fill), ("ready_deficit", insight.ready_deficit),
-                       ("target_drafter_batch_ratio", insight.target_drafter_batch_ratio),
-                       ("prefetch_fill", insight.prefetch_fill), ("batch_tokens_mean", insight.batch_tokens_mean),
-                       ("loss_token_ratio", insight.loss_token_ratio),
-                       ("bucket_entropy_bits", insight.bucket_entropy_bits)):
+    for item in INSIGHT_VALUES:
+        maybe = getattr(insight, item.attribute)
         if maybe is not None:
-            row[PREFIX + key] = float(maybe)
+            row[PREFIX + item.wandb_key] = float(maybe)
     for role in insight.roles.values():
         row[f"{PREFIX}tokens_per_s/{role.role}"] = role.tokens_per_s
         row[f"{PREFIX}batches_per_s/{role.role}"] = role.batches_per_s

@@ -1,16 +1,31 @@
 """Flat rows for W&B: one ``dict[str, float]`` per window (the W&B exporter adds ``sidecar/``).
 
 Keys: ``trainer/<role>/<worker>/<name>/<stat>`` for the trainer's series (timings in ms, as the
-trainer sent them; counter rates per second), ``self/...`` for the daemon's own accounting. Only
-series with data in the window appear, so a row never repeats stale values.
+trainer sent them; counter rates per second), ``self/...`` for the daemon's own accounting,
+``pipeline/...`` for the insight (``insight_row``), ``gpu/...``, ``group/...``, ``nvml/...`` for
+the GPUs (``gpu_rows``). Only series with data in the window appear, so a row never repeats
+stale values. ``window_row`` is the whole row of one window.
 """
 
 from __future__ import annotations
 
 import math
+import time
 
-from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING
-from sidecar.model.window import IngestReport
+from sidecar.exporters.wandb.gpu_rows import gpu_wandb_row
+from sidecar.exporters.wandb.insight_row import insight_row
+from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING, IngestReport
+
+
+def window_row(report: IngestReport, host: str) -> dict[str, float]:
+    """Every value of one window, keys under ``<host>/`` (in a run shared by several nodes each
+    node's sidecar writes its own keys)."""
+    row: dict[str, float] = {}
+    for part in (trainer_row(report), accounting_row(report),
+                 insight_row(report.insight) if report.insight is not None else {},
+                 gpu_wandb_row(report.gpu, time.monotonic()) if report.gpu is not None else {}):
+        row.update((f"{host}/{key}", value) for key, value in part.items())
+    return row
 
 
 def trainer_row(report: IngestReport) -> dict[str, float]:

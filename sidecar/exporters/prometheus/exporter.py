@@ -1,0 +1,52 @@
+"""The Prometheus exporter: serves ``/metrics`` from the latest window and the scrape-time readers."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sidecar.exporters.base import Exporter
+from sidecar.exporters.prometheus.collector import ExportState
+from sidecar.exporters.prometheus.process import WandbStatsLike
+from sidecar.exporters.prometheus.server import serve
+from sidecar.model.gpu import GpuView
+from sidecar.model.window import IngestHealth, IngestReport
+
+log = logging.getLogger("sidecar")
+
+
+class PrometheusExporter(Exporter):
+    """``consume`` swaps the window the collector renders; a scrape never waits on it."""
+
+    name = "prometheus"
+
+    def __init__(self, host: str, addr: str, certfile: str | None = None, keyfile: str | None = None, *,
+                 gpus: Callable[[], GpuView] | None = None, ingest: Callable[[], IngestHealth | None] | None = None,
+                 wandb: Callable[[], WandbStatsLike] | None = None) -> None:
+        """``addr``: "host:port" (IPv6 in brackets). ``gpus``, ``ingest``, ``wandb``: readers
+        called at scrape time (see ``ExportState``); None leaves their families out."""
+        self.addr = addr
+        self.certfile, self.keyfile = certfile, keyfile
+        self.state = ExportState(host=host, started_unix_s=time.time(), gpus=gpus, ingest=ingest, wandb=wandb)
+        self._server: Any = None
+
+    def start(self) -> None:
+        """Bind and serve on a thread. Raises ``OSError`` naming the address and the flag to
+        change, ``ssl.SSLError`` for a bad certificate."""
+        try:
+            self._server, _ = serve(self.state, self.addr, self.certfile, self.keyfile)
+        except OSError as exc:
+            raise OSError(f"cannot serve Prometheus on {self.addr}: {exc.strerror or exc}; "
+                          "choose another with --prometheus-addr") from None
+
+    def consume(self, window: IngestReport) -> None:
+        self.state.report = window
+
+    def shutdown(self, timeout_s: float = 1.0) -> None:
+        """Stop serving (in-flight scrapes finish on their own threads). Idempotent."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()

@@ -1,0 +1,134 @@
+"""The pipeline insight of one window, as every exporter reads it: throughput per role and worker,
+queue health, batch composition and the bottleneck verdict with its evidence.
+
+Computed by ``sidecar.aggregation.insight`` (rules in ``sidecar.aggregation.verdict``); carried
+by the window (``IngestReport.insight``). Ratios are 0-1, rates per second; a value the trainer
+does not publish is ``None`` (absent from every export), never a fake zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+VERDICT_CODES: dict[str, int] = {
+    "unknown": 0, "balanced": 1, "target-bound": 2, "drafter-bound": 3, "queue-starved": 4,
+    "host-bound": 5, "throttled": 6, "straggler": 7,
+}
+"""Each verdict and its numeric code (the W&B ``pipeline/verdict_code``)."""
+VERDICTS = tuple(VERDICT_CODES)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A verdict with its evidence: (name, value) pairs, ratios 0-1, in deciding order;
+    ``detail`` names what the numbers cannot (the straggling worker, the throttled GPUs)."""
+
+    name: str
+    evidence: tuple[tuple[str, float], ...] = ()
+    detail: str = ""
+
+    @property
+    def code(self) -> int:
+        return VERDICT_CODES[self.name]
+
+    def text(self) -> str:
+        """``target-bound (ready_deficit=0.62 target.forward=0.91)``."""
+        parts = [f"{k}={v:.2f}" for k, v in self.evidence]
+        if self.detail:
+            parts.append(self.detail)
+        return f"{self.name} ({' '.join(parts)})" if parts else self.name
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """What the insight needs from the GPUs (from the NVML source): the clock-event (throttle)
+    reasons active on each GPU, and which role (GPU group) each GPU serves. GPU ids are strings
+    (NVML indices as text); a GPU missing from ``roles`` has an unknown role."""
+
+    clock_events: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    roles: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInsight:
+    """One worker in one window. Rates per second; ``busy_ms`` is the median busy time per batch
+    (sum of the p50s of its work phases, ms); ``score`` is its performance relative to the best
+    worker of its role (0-1, 1 = best); ``straggler`` when the score is below the threshold."""
+
+    role: str
+    worker: str
+    batches_per_s: float
+    tokens_per_s: float
+    busy_ms: float | None
+    score: float | None
+    straggler: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RoleInsight:
+    """One role in one window. ``time_share``: phase -> share of the role's wall time (mean over
+    its workers, 0-1, including ``other``); empty when the role publishes no phase timing.
+    ``rate_cv``: coefficient of variation of its workers' batch rates (None below 2 workers)."""
+
+    role: str
+    workers: int
+    batches_per_s: float
+    tokens_per_s: float
+    rate_cv: float | None
+    time_share: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineInsight:
+    """The derived pipeline metrics of one window and the verdict. Ratios are 0-1 (the batch
+    ratio excepted), ``None`` when the trainer does not publish what they need."""
+
+    end_unix_s: float
+    duration_s: float
+    roles: dict[str, RoleInsight]
+    workers: tuple[WorkerInsight, ...]
+    queue_fill: float | None
+    ready_deficit: float | None
+    target_drafter_batch_ratio: float | None
+    prefetch_fill: float | None
+    batch_tokens_mean: float | None
+    loss_token_ratio: float | None
+    bucket_entropy_bits: float | None
+    throttled_gpus: dict[str, tuple[str, ...]]
+    verdict: Verdict
+
+    def role(self, name: str) -> RoleInsight | None:
+        return self.roles.get(name)
+
+
+@dataclass(frozen=True, slots=True)
+class InsightValue:
+    """One optional window-level value of ``PipelineInsight`` and how each exporter names it."""
+
+    attribute: str
+    """Field of ``PipelineInsight`` (``None`` when the trainer does not publish what it needs)."""
+    name: str
+    """Prometheus family, after ``dflash_pipeline_``."""
+    help: str
+    wandb_key: str
+    """W&B key, after ``pipeline/``."""
+
+
+INSIGHT_VALUES: tuple[InsightValue, ...] = (
+    InsightValue("queue_fill", "queue_fill_ratio",
+                 "Hidden-state queue fill: mean depth over capacity in the last window (0-1).", "queue_fill"),
+    InsightValue("ready_deficit", "ready_deficit_ratio",
+                 "Share of drafter wall time spent waiting on an empty hidden-state queue (0-1).", "ready_deficit"),
+    InsightValue("target_drafter_batch_ratio", "target_drafter_batch_ratio",
+                 "Target batches per drafter batch in the last window.", "target_drafter_batch_ratio"),
+    InsightValue("prefetch_fill", "prefetch_fill_ratio", "Drafter prefetch buffer fill: mean depth over capacity (0-1).",
+                 "prefetch_fill"),
+    InsightValue("batch_tokens_mean", "batch_tokens_mean",
+                 "Mean total tokens per drafter batch in the last window (tokens).", "batch_tokens_mean"),
+    InsightValue("loss_token_ratio", "loss_token_ratio", "Share of tokens that carry loss in the last window (0-1).",
+                 "loss_token_ratio"),
+    InsightValue("bucket_entropy_bits", "bucket_entropy",
+                 "Shannon entropy of the hidden-state bucket mix in the last window, in bits.", "bucket_entropy_bits"),
+)
+"""The seven optional values, in export order (docs/METRICS.md lists them)."""
