@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from sidecar.config import Config
 from sidecar.exporters.wandb.join import credential_source
+from sidecar.model.address import parse_host_port
 from sidecar.sources.receiver import EndpointError, Receiver
 
 Result = tuple[str, str]
@@ -26,12 +27,11 @@ def check_endpoints(cfg: Config) -> Result:
 
 
 def check_port(cfg: Config) -> Result:
-    host, _, port = cfg.prometheus_addr.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
+    host, port = parse_host_port(cfg.prometheus_addr)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         try:
-            s.bind((host, int(port)))
+            s.bind((host, port))
         except OSError as exc:
             return "FAIL", f"cannot listen on {cfg.prometheus_addr}: {exc.strerror}"
     exposure = "" if host in ("127.0.0.1", "::1", "localhost") else " (not loopback: reachable from the network)"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import ipaddress
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -16,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.aggregation.gpu_groups import GpuGroups
+from sidecar.aggregation.verdict import DEFAULT_THROTTLE_REASONS, INSIGHT_DEFAULTS
+from sidecar.model.address import parse_host_port
 from trainer_shim.endpoint import default_endpoint
 
 
@@ -46,15 +47,7 @@ def _positive(kind: Callable[[str], Any], what: str) -> Callable[[Any], Any]:
 
 
 def _addr(raw: Any) -> str:
-    host, sep, port = str(raw).rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:9478")
-    host = host.strip("[]")
-    if host not in ("", "localhost"):
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            raise ValueError(f"{host!r} is not an IP address (use 127.0.0.1, 0.0.0.0 or ::1)") from None
+    parse_host_port(str(raw))
     return str(raw)
 
 
@@ -108,59 +101,66 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_level", "debug, info, warning or error.", type=_level, default="info"),
     # Pipeline insight (docs/METRICS.md): role names and bottleneck-verdict thresholds (ratios 0-1).
     Setting("insight_target_role", "Role name of the target workers (those that fill the hidden-state queue).",
-            default="target"),
+            default=INSIGHT_DEFAULTS["target_role"]),
     Setting("insight_drafter_role", "Role name of the drafter workers (those that drain the hidden-state queue).",
-            default="drafter"),
+            default=INSIGHT_DEFAULTS["drafter_role"]),
     Setting("insight_starved_ratio", "Verdict: drafters starve (the supply side limits) when they spend at least "
             "this share of wall time waiting on an empty queue (the ready deficit).",
-            type=_ratio("insight_starved_ratio"), default=0.15),
+            type=_ratio("insight_starved_ratio"), default=INSIGHT_DEFAULTS["starved_ratio"]),
     Setting("insight_backpressure_ratio", "Verdict: drafters limit (drafter-bound) when targets spend at least "
             "this share of wall time blocked on a full queue.", type=_ratio("insight_backpressure_ratio"),
-            default=0.15),
+            default=INSIGHT_DEFAULTS["backpressure_ratio"]),
     Setting("insight_queue_full_ratio", "Verdict: drafter-bound when the queue is at least this full and targets "
-            "publish no queue_put_wait timing.", type=_ratio("insight_queue_full_ratio"), default=0.9),
+            "publish no queue_put_wait timing.", type=_ratio("insight_queue_full_ratio"),
+            default=INSIGHT_DEFAULTS["queue_full_ratio"]),
     Setting("insight_host_wait_ratio", "Verdict: host-bound when the limiting role waits on the host data loader "
-            "(data_wait) for at least this share of wall time.", type=_ratio("insight_host_wait_ratio"), default=0.25),
+            "(data_wait) for at least this share of wall time.", type=_ratio("insight_host_wait_ratio"),
+            default=INSIGHT_DEFAULTS["host_wait_ratio"]),
     Setting("insight_handoff_ratio", "Verdict: queue-starved when drafters starve and targets spend at least this "
-            "share of wall time packing hidden states (pack).", type=_ratio("insight_handoff_ratio"), default=0.25),
+            "share of wall time packing hidden states (pack).", type=_ratio("insight_handoff_ratio"),
+            default=INSIGHT_DEFAULTS["handoff_ratio"]),
     Setting("insight_straggler_score", "Verdict: a worker whose score (best median busy time per batch of its "
-            "role / its own) is below this is a straggler.", type=_ratio("insight_straggler_score"), default=0.7),
+            "role / its own) is below this is a straggler.", type=_ratio("insight_straggler_score"),
+            default=INSIGHT_DEFAULTS["straggler_score"]),
     Setting("insight_throttle_reasons", "Verdict: NVML clock-event reasons that count as throttling (repeatable).",
-            kind="list", default=["hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
-                                  "hw_power_brake_slowdown", "board_limit", "reliability"]),
+            kind="list", default=list(DEFAULT_THROTTLE_REASONS)),
 )
+
+
+def _default(name: str) -> Any:
+    """The declared default of setting ``name`` (lists as tuples: ``Config`` is immutable)."""
+    default = next(s.default for s in SETTINGS if s.name == name)
+    return tuple(default) if isinstance(default, list) else default
 
 
 @dataclass(frozen=True)
 class Config:
-    """Validated settings (see ``SETTINGS`` for each field's meaning)."""
+    """Validated settings (see ``SETTINGS`` for each field's meaning and default)."""
 
-    wandb_run: str | None = None
-    wandb_project: str | None = None
-    wandb_entity: str | None = None
+    wandb_run: str | None = _default("wandb_run")
+    wandb_project: str | None = _default("wandb_project")
+    wandb_entity: str | None = _default("wandb_entity")
     endpoint: tuple[str, ...] = field(default_factory=lambda: (default_endpoint(),))
-    prometheus_addr: str = "127.0.0.1:9478"
-    prometheus_tls_cert: str | None = None
-    prometheus_tls_key: str | None = None
-    interval: float = 10.0
-    nvml_interval: float = 1.0
-    gpu_metrics: bool = True
-    gpu_group: tuple[str, ...] = ()
-    max_series: int = 10_000
-    wandb_queue: int = 256
-    log_level: str = "info"
+    prometheus_addr: str = _default("prometheus_addr")
+    prometheus_tls_cert: str | None = _default("prometheus_tls_cert")
+    prometheus_tls_key: str | None = _default("prometheus_tls_key")
+    interval: float = _default("interval")
+    nvml_interval: float = _default("nvml_interval")
+    gpu_metrics: bool = _default("gpu_metrics")
+    gpu_group: tuple[str, ...] = _default("gpu_group")
+    max_series: int = _default("max_series")
+    wandb_queue: int = _default("wandb_queue")
+    log_level: str = _default("log_level")
     config_file: str | None = None
-    insight_target_role: str = "target"
-    insight_drafter_role: str = "drafter"
-    insight_starved_ratio: float = 0.15
-    insight_backpressure_ratio: float = 0.15
-    insight_queue_full_ratio: float = 0.9
-    insight_host_wait_ratio: float = 0.25
-    insight_handoff_ratio: float = 0.25
-    insight_straggler_score: float = 0.7
-    insight_throttle_reasons: tuple[str, ...] = (
-        "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "board_limit",
-        "reliability")
+    insight_target_role: str = _default("insight_target_role")
+    insight_drafter_role: str = _default("insight_drafter_role")
+    insight_starved_ratio: float = _default("insight_starved_ratio")
+    insight_backpressure_ratio: float = _default("insight_backpressure_ratio")
+    insight_queue_full_ratio: float = _default("insight_queue_full_ratio")
+    insight_host_wait_ratio: float = _default("insight_host_wait_ratio")
+    insight_handoff_ratio: float = _default("insight_handoff_ratio")
+    insight_straggler_score: float = _default("insight_straggler_score")
+    insight_throttle_reasons: tuple[str, ...] = _default("insight_throttle_reasons")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

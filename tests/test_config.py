@@ -59,3 +59,38 @@ def test_the_sample_config_lists_every_setting_and_is_the_shipped_one() -> None:
     values = tomllib.loads("\n".join(line[2:] for line in sample.splitlines() if line.startswith("# ") and " = " in line))
     values = {k: v for k, v in values.items() if v != ""}
     assert config._validate(values, "sample").interval == 10.0
+
+
+def test_each_default_is_declared_once() -> None:
+    """``Config``'s field defaults are the settings' (and the verdict settings' own)."""
+    import dataclasses
+
+    from sidecar.aggregation.verdict import InsightSettings
+
+    fields = {f.name: f for f in dataclasses.fields(config.Config)}
+    for s in config.SETTINGS:
+        if s.name == "endpoint":  # computed at start-up from the environment
+            continue
+        expected = tuple(s.default) if isinstance(s.default, list) else s.default
+        assert fields[s.name].default == expected, s.name
+    for f in dataclasses.fields(InsightSettings):
+        default = fields["insight_" + f.name].default
+        assert (frozenset(default) if f.name == "throttle_reasons" else default) == f.default, f.name
+    assert "sw_power_cap" not in InsightSettings().throttle_reasons
+
+
+@pytest.mark.parametrize("text, expected", [("127.0.0.1:9478", ("127.0.0.1", 9478)), ("[::1]:1", ("::1", 1)),
+                                            (":9000", ("127.0.0.1", 9000)), ("localhost:80", ("localhost", 80))])
+def test_host_port(text: str, expected: tuple[str, int]) -> None:
+    from sidecar.model.address import parse_host_port
+
+    assert parse_host_port(text) == expected
+
+
+@pytest.mark.parametrize("text, message", [("9478", "expected HOST:PORT"), ("h:0", "expected HOST:PORT"),
+                                           ("h:65536", "expected HOST:PORT"), ("box:80", "'box' is not an IP")])
+def test_host_port_errors(text: str, message: str) -> None:
+    from sidecar.model.address import parse_host_port
+
+    with pytest.raises(ValueError, match=message):
+        parse_host_port(text)

@@ -24,6 +24,7 @@ data from either role, or with nothing that tells whether a side waits (no ``que
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,11 +34,15 @@ from sidecar.model.insight import Verdict
 MIN_WINDOW_S = 0.5
 """Windows shorter than this (the partial last window at shutdown) get ``unknown``."""
 
-DEFAULT_THROTTLE_REASONS = frozenset(
-    {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",
-     "board_limit", "reliability"})
-"""NVML clock-event reasons that make a ``throttled`` verdict. ``sw_power_cap`` is left out:
-running at the power limit is the normal state of a saturated GPU, not a fault."""
+DEFAULT_THROTTLE_REASONS: tuple[str, ...] = (
+    "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "board_limit",
+    "reliability")
+"""NVML clock-event reasons (``sidecar.model.gpu.CLOCK_EVENT_REASONS``) that make a ``throttled``
+verdict, in bit order; the default of ``insight_throttle_reasons``. ``sw_power_cap`` is left out:
+nvml.h says of it "the clocks have been optimized to ensure not to exceed currently set power
+limits", the normal state of a saturated GPU, and names it a clock-event reason
+(``nvmlClocksEventReasonSwPowerCap``), keeping ``nvmlClocksThrottleReason*`` names for the
+hardware slowdowns; ``gpu_idle``, ``sync_boost`` and the clock settings are not limits either."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,14 +63,18 @@ class InsightSettings:
     """Share of target wall time packing hidden states that makes a starved queue queue-starved."""
     straggler_score: float = 0.7
     """A worker scoring below this (relative to the best of its role) is a straggler."""
-    throttle_reasons: frozenset[str] = DEFAULT_THROTTLE_REASONS
+    throttle_reasons: frozenset[str] = frozenset(DEFAULT_THROTTLE_REASONS)
 
     @classmethod
     def from_config(cls, cfg: Any) -> InsightSettings:
-        """From a ``sidecar.config.Config`` (its ``insight_*`` fields)."""
-        return cls(cfg.insight_target_role, cfg.insight_drafter_role, cfg.insight_starved_ratio,
-                   cfg.insight_backpressure_ratio, cfg.insight_queue_full_ratio, cfg.insight_host_wait_ratio,
-                   cfg.insight_handoff_ratio, cfg.insight_straggler_score, frozenset(cfg.insight_throttle_reasons))
+        """From a ``sidecar.config.Config``: each field from its ``insight_<field>`` setting."""
+        values = {f.name: getattr(cfg, "insight_" + f.name) for f in dataclasses.fields(cls)}
+        values["throttle_reasons"] = frozenset(values["throttle_reasons"])
+        return cls(**values)
+
+
+INSIGHT_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(InsightSettings)}
+"""Each verdict setting's default, by field name (the ``insight_*`` settings read them)."""
 
 
 class _WorkerLike(Protocol):

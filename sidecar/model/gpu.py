@@ -27,12 +27,6 @@ CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
     (0x400, "reliability"),
 )
 
-THROTTLE_REASONS: frozenset[str] = frozenset(
-    {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",
-     "board_limit", "reliability"}
-)
-"""Clock-event reasons that mean the GPU is held below the clocks it asked for (not idle/settings)."""
-
 
 class NvmlState(enum.Enum):
     """Where the NVML source stands."""

@@ -18,6 +18,7 @@ from prometheus_client.exposition import gzip_accepted
 from sidecar.exporters.prometheus import exposition as ex
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.prometheus.page import MetricsPage
+from sidecar.model.address import parse_host_port
 
 
 GZIP_LEVEL = 1
@@ -72,8 +73,7 @@ def serve(state: ExportState, addr: str, certfile: str | None = None,
           keyfile: str | None = None) -> tuple[WSGIServer, threading.Thread]:
     """Serve ``/metrics`` on ``addr`` ("host:port", IPv6 in brackets) on a thread per request.
     Raises ``OSError`` if the port cannot be bound and ``ssl.SSLError`` for a bad certificate."""
-    host, _, port = addr.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
+    host, port = parse_host_port(addr)
     collector = SidecarCollector(state)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
