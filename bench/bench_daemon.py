@@ -50,10 +50,23 @@ import urllib.request
 from typing import Any
 
 import msgspec
-
 from daemon_load import make_records, make_senders, series_workload
-from daemon_proc import (DAEMON_CORE, accounting, code_root, pctl, pin, proc_cpu_s, proc_rss, read_json_line,
-                         running_daemon, sample_values, spawn, train_on_every_gpu, wait_accounted, window_rates)
+from daemon_proc import (
+    DAEMON_CORE,
+    accounting,
+    code_root,
+    pctl,
+    pin,
+    proc_cpu_s,
+    proc_rss,
+    read_json_line,
+    running_daemon,
+    sample_values,
+    spawn,
+    train_on_every_gpu,
+    wait_accounted,
+    window_rates,
+)
 
 # -- 1a: in-process ingest -----------------------------------------------------------------------
 
@@ -135,7 +148,8 @@ def run_prometheus_client(frames: list[bytes]) -> float:
             if kind == 6:
                 for k, v in value.items():
                     kk = 1 if k.endswith("_ms") else 3
-                    c = children.get((kk, k, role, worker)) or children.setdefault((kk, k, role, worker), child(kk, k, role, worker))
+                    key = (kk, k, role, worker)
+                    c = children.get(key) or children.setdefault(key, child(kk, k, role, worker))
                     c.observe(v / 1000) if kk == 1 else c.set(v)
                 continue
             key = (kind, name, role, worker, value if kind == 4 else None)

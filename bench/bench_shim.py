@@ -17,7 +17,8 @@ Contenders, each record kind as its users call it:
 Receiver states (socket clients only): **up** (a separate process draining), **absent** (nothing
 bound), **stalled** (bound and never read: for the shim a SUB that is never polled, so it never
 subscribes; for UDP a socket never read), and for the shim also **hung** (subscribed, then never
-read again: the shim keeps encoding and sending until ZeroMQ's queues are full and it drops). Modes: **b2b** (calls back to back) and **spaced** (100 us of busy work
+read again: the shim keeps encoding and sending until ZeroMQ's queues are full and it drops).
+Modes: **b2b** (calls back to back) and **spaced** (100 us of busy work
 between calls, about 10,000 records/s).
 
 Each call is timed with ``perf_counter_ns()`` before and after; the overhead of that pair with
@@ -348,7 +349,8 @@ def fmt(ns: float) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    lines = ["| library | record | receiver | calls | n | median | p99 | p99.9 | worst | CPU/record (calls + background) | note |",
+    lines = ["| library | record | receiver | calls | n | median | p99 | p99.9 | worst "
+             "| CPU/record (calls + background) | note |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r.lib} | {r.kind} | {r.state} | {r.mode} | {r.n} | {fmt(r.median_ns)} | "

@@ -232,7 +232,8 @@ def pctl(values: list[float], q: float) -> float:
     return s[max(0, min(len(s) - 1, int(round(q / 100 * len(s) + 0.5)) - 1))]
 
 
-_WINDOW_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*window ([\d.]+)s \| \d+ senders \| ([\d,]+) rec/s")
+_WINDOW_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) "
+                          r".*window ([\d.]+)s \| \d+ senders \| ([\d,]+) rec/s")
 
 
 def window_rates(log_path: str) -> list[tuple[float, float, float]]:

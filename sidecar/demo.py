@@ -101,7 +101,8 @@ class SimulatedPipeline:
             start = time.perf_counter()
             while not self.stop.is_set():
                 try:
-                    self.queue.put((tokens, int(tokens * self.rng.uniform(0.3, 0.6)), self.rng.randrange(4)), timeout=0.05)
+                    item = (tokens, int(tokens * self.rng.uniform(0.3, 0.6)), self.rng.randrange(4))
+                    self.queue.put(item, timeout=0.05)
                     break
                 except queue.Full:
                     continue

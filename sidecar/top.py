@@ -37,7 +37,8 @@ def render(samples: dict[str, list[tuple[dict[str, str], float]]]) -> Group:
         if name.startswith("dflash_trainer_") and name.endswith("_seconds"):
             for labels, value in items:
                 if "quantile" in labels:
-                    key = (labels.get("role", ""), labels.get("worker", ""), name[len("dflash_trainer_"):-len("_seconds")])
+                    timing = name[len("dflash_trainer_"):-len("_seconds")]
+                    key = (labels.get("role", ""), labels.get("worker", ""), timing)
                     rows[key][labels["quantile"]] = value * 1000
     for (role, worker, timing), q in sorted(rows.items()):
         timings.add_row(role, worker, timing, *(f"{q.get(k, float('nan')):.1f}" for k in ("0.5", "0.95", "1")))
@@ -45,10 +46,10 @@ def render(samples: dict[str, list[tuple[dict[str, str], float]]]) -> Group:
     for col in ("gpu", "util", "mem used GiB", "power W", "temp C"):
         gpus.add_column(col)
     by_gpu: dict[str, dict[str, float]] = defaultdict(dict)
-    for metric, key in (("dflash_gpu_utilization_ratio", "util"), ("dflash_gpu_memory_used_bytes", "mem"),
-                        ("dflash_gpu_power_watts", "power"), ("dflash_gpu_temperature_celsius", "temp")):
+    for metric, column in (("dflash_gpu_utilization_ratio", "util"), ("dflash_gpu_memory_used_bytes", "mem"),
+                           ("dflash_gpu_power_watts", "power"), ("dflash_gpu_temperature_celsius", "temp")):
         for labels, value in samples.get(metric, []):
-            by_gpu[labels.get("gpu", "?")][key] = value
+            by_gpu[labels.get("gpu", "?")][column] = value
     for gpu, v in sorted(by_gpu.items()):
         gpus.add_row(gpu, f"{v.get('util', float('nan')):.0%}", f"{v.get('mem', float('nan')) / 2**30:.1f}",
                      f"{v.get('power', float('nan')):.0f}", f"{v.get('temp', float('nan')):.0f}")

@@ -33,7 +33,8 @@ def require_tool(name: str) -> str:
         return path
     if os.environ.get("CI") == "true":
         pytest.fail(f"{name} is required in CI (installed by .ci/run) but was not found")
-    pytest.skip(f"{name} not installed (apt-get install {'prometheus' if name in ('prometheus', 'promtool') else name})")
+    package = "prometheus" if name in ("prometheus", "promtool") else name
+    pytest.skip(f"{name} not installed (apt-get install {package})")
 
 
 def free_port() -> int:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, SeriesView, WindowReport
 from sidecar.aggregation.series import entropy_bits
-from sidecar.model.window import IngestReport
+from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, IngestReport, SeriesView, WindowReport
 
 
 def timing(role: str, worker: str, name: str, ms_per_batch: float, batches: int) -> SeriesView:

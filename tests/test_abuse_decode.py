@@ -60,7 +60,8 @@ HOSTILE = {
     "4M empty arrays, bare": b"\xdd" + FOUR_MIB.to_bytes(4, "big") + b"\x90" * FOUR_MIB,
     "4M-entry map": b"\xdf" + (FOUR_MIB // 2).to_bytes(4, "big") + b"\x00\xc0" * (FOUR_MIB // 2),
     "deep nesting": b"\x91" * FOUR_MIB + b"\x00",
-    "deep in a record": enc.encode([1, 2, 7, 0, "r", "w", None, 1, {}, []])[:-1] + b"\x91" + b"\x91" * 100_000 + b"\x00",
+    "deep in a record": (enc.encode([1, 2, 7, 0, "r", "w", None, 1, {}, []])[:-1]
+                         + b"\x91" + b"\x91" * 100_000 + b"\x00"),
     "one huge profile": enc.encode([1, 2, 7, 0, "r", "w", None, 1, {},
                                     [[6, 1, {f"k{i}": 1.0 for i in range(200_000)}]]]),
     "5000 records": enc.encode([1, 2, 7, 0, "r", "w", None, 5000, {}, [[2, "c", 1]] * 5000]),
@@ -129,5 +130,6 @@ def test_expired_names_release_their_family() -> None:
     agg.ingest("r", "w", {}, [[3, f"name_{i}", 1.0] for i in range(100)], rejected)
     agg.roll(0.0, 0.0, 1.0)
     agg.roll(20.0, 20.0, 1.0)  # idle past the TTL: expired
-    assert agg.series_count() == 0 and len(agg._family_owner) == len(RESERVED_FAMILIES)  # only the reserved families remain
+    # only the reserved families remain
+    assert agg.series_count() == 0 and len(agg._family_owner) == len(RESERVED_FAMILIES)
     assert agg.ingest("r", "w", {}, [[3, "name.0", 1.0]], rejected) == 1  # and the name can be reused

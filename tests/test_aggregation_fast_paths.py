@@ -9,8 +9,8 @@ import math
 import numpy as np
 
 from sidecar.aggregation.aggregator import Aggregator
-from sidecar.model.window import GAUGE, PROFILE, TIMING
 from sidecar.aggregation.sketch import QUANTILES, QuantileBuffer, inverted_cdf_rank
+from sidecar.model.window import GAUGE, PROFILE, TIMING
 
 
 def _ingest(agg: Aggregator, cache: dict, records: list) -> tuple[int, dict[str, int]]:

@@ -56,7 +56,8 @@ def test_the_sample_config_lists_every_setting_and_is_the_shipped_one() -> None:
         "regenerate with: dflash-sidecar sample-config > deploy/config.toml"
     # uncommented, the sample is itself a valid config
     import tomllib
-    values = tomllib.loads("\n".join(line[2:] for line in sample.splitlines() if line.startswith("# ") and " = " in line))
+    settings = [line[2:] for line in sample.splitlines() if line.startswith("# ") and " = " in line]
+    values = tomllib.loads("\n".join(settings))
     values = {k: v for k, v in values.items() if v != ""}
     assert config._validate(values, "sample").interval == 10.0
 

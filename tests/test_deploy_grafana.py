@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_deploy_support import (DASHBOARD, GRAFANA_VARIABLE, known_series_names, load_metric_names,
-                                 promql_metric_names, require_tool, run)
+from tests.test_deploy_support import (
+    DASHBOARD,
+    GRAFANA_VARIABLE,
+    known_series_names,
+    load_metric_names,
+    promql_metric_names,
+    require_tool,
+    run,
+)
 
 LABEL_VALUES = re.compile(r"^label_values\((?:(?P<expr>.+),\s*)?(?P<label>\w+)\)$")
 

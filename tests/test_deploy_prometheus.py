@@ -8,8 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_deploy_support import (PROMETHEUS_DIR, RULE_FILES, known_series_names, promql_metric_names,
-                                 require_tool, run)
+from tests.test_deploy_support import (
+    PROMETHEUS_DIR,
+    RULE_FILES,
+    known_series_names,
+    promql_metric_names,
+    require_tool,
+    run,
+)
 
 CONFIGS = ("prometheus.yml", "prometheus-cluster.yml", "prometheus-federation.yml")
 RULE_TESTS = sorted((PROMETHEUS_DIR / "tests").glob("*_test.yml"))

@@ -20,13 +20,14 @@ enc = msgspec.msgpack.Encoder()
 ints = st.integers(min_value=-2**63, max_value=2**63 - 1)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**63, max_value=2**64 - 1),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=200), st.binary(max_size=50))
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
-                      max_leaves=20)
+values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=20)
 records = st.lists(st.one_of(
     st.tuples(st.sampled_from(list(range(0, 9))), st.one_of(st.text(max_size=140), ints, st.none()), values),
     values), max_size=20)
 batches = st.builds(
-    lambda version, kind, sender, seq, role, worker, step, total, dropped, recs: [version, kind, sender, seq, role, worker, step, total, dropped, recs],
+    lambda *fields: list(fields),  # [version, kind, sender, seq, role, worker, step, total, dropped, recs]
     st.sampled_from([1, 1, 1, 2, 0, -1]), st.sampled_from([1, 2, 2, 3]), st.integers(min_value=-1, max_value=2**63),
     st.integers(min_value=0, max_value=50), st.one_of(st.text(max_size=70), ints),
     st.text(max_size=10),
@@ -76,8 +77,8 @@ def test_garbage_on_the_socket_leaves_valid_data_exact(tmp_path: Path) -> None:
                 pub.send(frame)
         pub.send(b"\x00" * (wire.MAX_MESSAGE_BYTES + 10))  # over ZeroMQ's limit: the daemon drops the link
         res = publish(d.endpoint, "drafter", "0", 500)
-        wait_for(lambda: d.value("dflash_sidecar_records_accepted_total", role="drafter", worker="0") == res["records_total"],
-                 what="valid records counted")
+        wait_for(lambda: d.value("dflash_sidecar_records_accepted_total", role="drafter", worker="0")
+                 == res["records_total"], what="valid records counted")
         dropped = {lab["reason"]: v for lab, v in d.samples()["dflash_sidecar_messages_dropped_total"]}
         assert dropped["malformed"] >= 80 and dropped["unknown_version"] == 20
         per_record = {lab["reason"]: v for lab, v in d.samples()["dflash_sidecar_records_dropped_total"]

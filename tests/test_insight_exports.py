@@ -8,7 +8,6 @@ import shutil
 import subprocess
 
 import pytest
-from tests.insight_synth import category, counter, gauge, pipeline, report
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sidecar import config as config_mod
@@ -24,6 +23,7 @@ from sidecar.exporters.wandb.insight_row import insight_row
 from sidecar.model.insight import VERDICTS, GpuFacts
 from sidecar.model.window import IngestReport
 from sidecar.top import render
+from tests.insight_synth import category, counter, gauge, pipeline, report
 
 TARGET = {"data_wait": 4, "forward": 30, "pack": 3, "queue_put_wait": 30}
 DRAFTER = {"queue_wait": 0.5, "forward": 20, "backward": 40, "optimizer": 8}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from tests.insight_synth import category, counter, gauge, pipeline, report, timing, worker
 
 from sidecar.aggregation.insight import OTHER, compute_insight
+from tests.insight_synth import category, counter, gauge, pipeline, report, timing, worker
 
 
 def test_throughput_per_role_and_worker() -> None:

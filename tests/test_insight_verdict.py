@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from tests.insight_synth import gauge, pipeline, report, worker
 
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.verdict import InsightSettings
 from sidecar.model.insight import VERDICT_CODES, GpuFacts, Verdict
+from tests.insight_synth import gauge, pipeline, report, worker
 
 # ms per batch; shares follow from the cycle (e.g. target 4+30+3+3 = 40 ms: forward 0.75).
 TARGET = {"data_wait": 4, "forward": 30, "pack": 3, "queue_put_wait": 3}

@@ -12,8 +12,8 @@ from prometheus_client.core import CollectorRegistry, Metric
 from prometheus_client.exposition import generate_latest
 
 from sidecar.aggregation.gpu_groups import GpuGroups, gpu_view
-from sidecar.exporters.wandb.gpu_rows import gpu_wandb_row
 from sidecar.exporters.prometheus.gpu import gpu_metric_families
+from sidecar.exporters.wandb.gpu_rows import gpu_wandb_row
 from sidecar.model.gpu import GpuProcess, GpuReading, GpuSnapshot, NvmlState, NvmlStatus, ProfilingState
 from sidecar.sources.nvml import NvmlSource
 from tests.fake_nvml import FakeNvml
@@ -132,13 +132,14 @@ def test_exposition_passes_promtool() -> None:
     stalled = NvmlStatus(NvmlState.STALLED, polls_total=1, errors=(("stalled_call", 1),))
     for snapshot, status in ((SNAPSHOT, STATUS), (SNAPSHOT, stalled), (None, NvmlStatus(NvmlState.UNAVAILABLE))):
         _promtool_check(generate_latest(_registry(
-            lambda snapshot=snapshot, status=status: gpu_metric_families(gpu_view(snapshot, status, GROUPS), "h", 101.0))))
+            lambda view=gpu_view(snapshot, status, GROUPS): gpu_metric_families(view, "h", 101.0))))
 
 
 def test_disabled_and_unavailable_sources() -> None:
     assert gpu_metric_families(gpu_view(None, NvmlStatus(NvmlState.DISABLED), GROUPS), "h", 0.0) == []
     assert gpu_wandb_row(gpu_view(None, NvmlStatus(NvmlState.DISABLED), GROUPS), 0.0) == {}
-    families = gpu_metric_families(gpu_view(None, NvmlStatus(NvmlState.UNAVAILABLE, reason="no library"), GROUPS), "h", 0.0)
+    unavailable = gpu_view(None, NvmlStatus(NvmlState.UNAVAILABLE, reason="no library"), GROUPS)
+    families = gpu_metric_families(unavailable, "h", 0.0)
     assert {f.name for f in families} == {"dflash_nvml_up", "dflash_nvml_stalled", "dflash_nvml_polls"}
     assert gpu_wandb_row(gpu_view(None, NvmlStatus(NvmlState.UNAVAILABLE), GROUPS), 0.0) == {"nvml/up": 0.0}
 
@@ -170,7 +171,8 @@ def test_live_source_scrape_is_promtool_clean_and_serves_the_last_values_while_s
                what="processes and GPM")
     groups = GpuGroups.parse(["target=0-5", "drafter=6,7"])
     clock = {"now": 0.0}
-    registry = _registry(lambda: gpu_metric_families(gpu_view(source.latest(), source.status(), groups), "node", clock["now"]))
+    registry = _registry(lambda: gpu_metric_families(gpu_view(source.latest(), source.status(), groups), "node",
+                                                     clock["now"]))
     clock["now"] = source.latest().taken_monotonic_s  # type: ignore[union-attr]
     exposition = generate_latest(registry)
     _promtool_check(exposition)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -355,18 +354,6 @@ def test_nvml_runs_on_the_poller_thread_only(fake_nvml: FakeNvml, nvml_source: F
     source.latest()
     source.shutdown()
     assert threads == {"nvml-poller"}
-
-
-def test_pynvml_is_used_by_one_module_only() -> None:
-    from tests.fake_nvml.helpers import REPO_ROOT
-
-    users = sorted(
-        str(path.relative_to(REPO_ROOT))
-        for folder in ("sidecar", "trainer_shim", "bench")
-        for path in (REPO_ROOT / folder).rglob("*.py")
-        if re.search(r"^\s*(import|from)\s+pynvml\b", path.read_text(), re.MULTILINE)
-    )
-    assert users == ["sidecar/sources/nvml_driver.py"]
 
 
 def test_an_unexpected_error_in_one_poll_is_counted_and_polling_goes_on(

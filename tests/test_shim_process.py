@@ -15,6 +15,7 @@ import textwrap
 from typing import Any
 
 import pytest
+
 from tests.shim_helpers import ROOT, ledgers, wait_until
 
 EXIT_BOUND_S = 30.0

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from tests.shim_helpers import ReceiverProcess, SenderLedger, ledgers, wait_until
 
+from tests.shim_helpers import ReceiverProcess, SenderLedger, ledgers, wait_until
 from trainer_shim import __version__, publisher, telemetry, transport, wire
 from trainer_shim.publisher import Publisher
 from trainer_shim.wire import RecordKind
@@ -436,7 +436,6 @@ def test_allocator_samples_reach_the_receiver(ep: str, receivers, publishers,  #
 def test_close_counts_unresolved_gpu_scalars(ep: str, publishers,  # type: ignore[no-untyped-def]
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.test_shim_cuda_scalar import FakeBackend, FakeCudaTensor
-
     from trainer_shim import cuda_scalar
 
     backend = FakeBackend()

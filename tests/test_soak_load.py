@@ -1,7 +1,8 @@
 """Soak, CI form: ≥ 20 s of load at ≥ 50,000 records/s from 3 publisher processes × 8 threads
 (one channel each) while the daemon is SIGKILLed three times and SIGTERMed once, its W&B service
-is stalled, an NVML call of its (fake) driver hangs for seconds, and garbage floods its socket. Every promise is checked by ``scenario.failures``; the
-long form is ``bench/soak.py --duration 600`` (same code). Figures: ``bench/RESULTS_SOAK.md``."""
+is stalled, an NVML call of its (fake) driver hangs for seconds, and garbage floods its socket.
+Every promise is checked by ``scenario.failures``; the long form is ``bench/soak.py --duration 600``
+(same code). Figures: ``bench/RESULTS_SOAK.md``."""
 
 from __future__ import annotations
 

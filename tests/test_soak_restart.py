@@ -63,7 +63,8 @@ def test_rate_and_resets_stay_right_across_daemon_restarts(tmp_path: Path) -> No
         figures = {
             "restarts_seen": scalar(prom.query("changes(dflash_sidecar_start_time_seconds[3m])", at)),
             "resets_tokens": scalar(prom.query('resets(dflash_trainer_tokens_total{worker="r-0"}[3m])', at)),
-            "resets_accepted": scalar(prom.query('resets(dflash_sidecar_records_accepted_total{worker="r-0"}[3m])', at)),
+            "resets_accepted": scalar(prom.query(
+                'resets(dflash_sidecar_records_accepted_total{worker="r-0"}[3m])', at)),
             "increase_tokens": scalar(prom.query('increase(dflash_trainer_tokens_total{worker="r-0"}[3m])', at)),
             "tokens_sent": final["calls"],  # one call in ten is count("tokens", 10)
             "tokens_seen": sum(v[-1] for v in _by_life(tokens, start_samples).values()) - tokens[0][1],

@@ -15,10 +15,10 @@ import numbers
 import os
 import random
 import threading
-from time import perf_counter_ns
 from collections.abc import Mapping
 from itertools import repeat
 from operator import call as _call
+from time import perf_counter_ns
 from typing import Any
 
 from trainer_shim import wire

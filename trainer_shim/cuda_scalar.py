@@ -24,8 +24,8 @@ import logging
 import os
 import sys
 import threading
-from dataclasses import dataclass
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 log = logging.getLogger("trainer_shim")
@@ -160,7 +160,7 @@ class ScalarResolver:
             slot.copy_(src, non_blocking=True)
             event = backend.new_event(stream)
             event.record(stream)
-        except Exception:
+        except Exception:  # noqa: BLE001 - never raise into the trainer
             # The copy may or may not be enqueued: never reuse this slot (a leak of a few bytes
             # beats a slot overwritten by a late copy).
             sink._count_dropped("scalar_error")

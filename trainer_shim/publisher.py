@@ -19,7 +19,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, SupportsIndex, cast
 
 import msgspec
 
@@ -84,7 +84,7 @@ def _header_step(step: object) -> int | None:
     if step is None or isinstance(step, bool):
         return None
     try:
-        value = operator.index(step)  # numpy integers
+        value = operator.index(cast(SupportsIndex, step))  # numpy integers; anything else raises
     except Exception:  # noqa: BLE001
         return None
     return value if 0 <= value <= _MAX_STEP else None

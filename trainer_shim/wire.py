@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import msgspec
 
@@ -86,7 +86,7 @@ def name_problem(name: object) -> str | None:
     return None
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return (type(value) is float or type(value) is int) and math.isfinite(value)
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sidecar.aggregation.series import CategorySeries, CounterSeries, GaugeSeries, Series, TimingSeries
 from sidecar.model.names import claimed_names, counter_token, metric_token, timing_token
 from sidecar.model.window import ALLOCATOR, CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING, SeriesView, WindowReport
-from sidecar.aggregation.series import CategorySeries, CounterSeries, GaugeSeries, Series, TimingSeries
 from trainer_shim.wire import name_problem, profile_entry_problem
 
 _FACTORIES = {TIMING: TimingSeries, COUNT: CounterSeries, GAUGE: GaugeSeries,
@@ -144,10 +144,10 @@ class Aggregator:
         if (name.__class__ is not int or name < 0 or value.__class__ is not list or len(value) != 3
                 or not all(v.__class__ is int and v >= 0 for v in value)):
             return "invalid_value"
-        key = (role, worker, name)
-        if key not in self._allocator and len(self._allocator) >= MAX_ALLOCATOR_SERIES:
+        device = (role, worker, name)
+        if device not in self._allocator and len(self._allocator) >= MAX_ALLOCATOR_SERIES:
             return "cardinality"
-        self._allocator[key] = (value[0], value[1], value[2])
+        self._allocator[device] = (value[0], value[1], value[2])
         return None
 
     def _profile(self, profile: dict[Any, Any], role: str, worker: str, cache: dict[Any, Any]) -> None:

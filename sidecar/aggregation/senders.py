@@ -84,8 +84,9 @@ class SenderRegistry:
     def on_hello(self, msg: HelloMessage, now: float) -> SenderState | None:
         """Record a hello. Returns the sender's state, or None if refused (too many senders)."""
         info = msg.info
-        role = info.get("role") if info.get("role").__class__ is str else "unknown"
-        worker = info.get("worker") if info.get("worker").__class__ is str else "unknown"
+        role, worker = info.get("role"), info.get("worker")
+        role = role if isinstance(role, str) else "unknown"  # decoded: exactly str or not at all
+        worker = worker if isinstance(worker, str) else "unknown"
         state = self._state(msg.sender, role, worker, now)
         if state is None:
             self.drop_message("too_many_senders")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, TypeGuard, Union
 
 import msgspec
 from msgspec import Meta
@@ -107,7 +107,7 @@ def decode(frame: bytes | memoryview) -> Message:
     try:
         items = _envelope.decode(frame)
         version = _scalar.decode(items[0]) if items else None
-    except Exception:  # msgspec.DecodeError/ValidationError, RecursionError on absurd nesting
+    except Exception:  # noqa: BLE001 - msgspec.DecodeError/ValidationError, RecursionError on absurd nesting
         raise DecodeError("malformed") from None
     if version.__class__ is not int or len(items) < 2:
         raise DecodeError("malformed")
@@ -117,7 +117,7 @@ def decode(frame: bytes | memoryview) -> Message:
     return decoder(items)
 
 
-def _is_uint(x: Any) -> bool:
+def _is_uint(x: Any) -> TypeGuard[int]:
     return x.__class__ is int and 0 <= x <= _MAX_INT
 
 

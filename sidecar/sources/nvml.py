@@ -184,7 +184,7 @@ class NvmlSource:
         try:
             if self._initialize():
                 self._poll_loop()
-        except Exception:  # a bug must not take the daemon down: say so and stop polling
+        except Exception:  # noqa: BLE001 - a bug must not take the daemon down: say so and stop polling
             self._log.exception("NVML poller failed; GPU metrics stop")
             self._set_state(NvmlState.UNAVAILABLE, "internal error in the NVML poller (see the log)")
         finally:
@@ -267,7 +267,7 @@ class NvmlSource:
         while not self._stop.is_set():
             try:
                 self._poll_once()
-            except Exception as exc:  # one bad poll must not end polling: count it, log each kind once
+            except Exception as exc:  # noqa: BLE001 - one bad poll must not end polling: count it, log once
                 self._driver.count_error("internal_error")
                 if type(exc).__name__ not in failures:
                     failures.add(type(exc).__name__)

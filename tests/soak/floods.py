@@ -59,7 +59,8 @@ def _huge_map(n: int) -> Iterator[bytes]:
 
 def _hellos(n: int) -> Iterator[bytes]:
     for i in range(n):
-        yield _enc.encode([1, 1, 10_000 + i, 0, {"pid": i, "role": "r", "worker": "w", "junk": "x" * (NEAR_LIMIT - 100)}])
+        hello = {"pid": i, "role": "r", "worker": "w", "junk": "x" * (NEAR_LIMIT - 100)}
+        yield _enc.encode([1, 1, 10_000 + i, 0, hello])
 
 
 def _names(n: int) -> Iterator[bytes]:
@@ -77,7 +78,8 @@ def _labels(n: int) -> Iterator[bytes]:
 def _devices(n: int) -> Iterator[bytes]:
     per = 1000
     for i in range(0, n, per):
-        yield _enc.encode([1, 2, 23, i // per, "flood", "1", None, i + per, {}, [[7, d, [1, 2, 3]] for d in range(i, i + per)]])
+        records = [[7, d, [1, 2, 3]] for d in range(i, i + per)]
+        yield _enc.encode([1, 2, 23, i // per, "flood", "1", None, i + per, {}, records])
 
 
 def _senders(n: int) -> Iterator[bytes]:

@@ -20,7 +20,8 @@ class Prometheus:
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
             f"scrape_configs:\n  - job_name: sidecar\n    static_configs: [{{targets: ['127.0.0.1:{target_port}']}}]\n")
         self._log = open(tmp / "prometheus.log", "wb")
-        self.proc = subprocess.Popen([binary, f"--config.file={tmp}/prometheus.yml", f"--storage.tsdb.path={tmp}/prom-data",
+        self.proc = subprocess.Popen([binary, f"--config.file={tmp}/prometheus.yml",
+                                      f"--storage.tsdb.path={tmp}/prom-data",
                                       f"--web.listen-address=127.0.0.1:{self.port}"],
                                      stdout=subprocess.DEVNULL, stderr=self._log)
 

@@ -23,11 +23,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sidecar.ingest import COALESCE_S
 from tests.daemon_harness import DaemonProc, free_port
 from tests.soak import faults
-from tests.soak.procs import (GarbageProc, PublisherProc, Sampler, cpu_seconds, label_accounting, sender_drops,
-                              transport_total)
-from sidecar.ingest import COALESCE_S
+from tests.soak.procs import (
+    GarbageProc,
+    PublisherProc,
+    Sampler,
+    cpu_seconds,
+    label_accounting,
+    sender_drops,
+    transport_total,
+)
 from tests.soak.publisher import BURST_S
 
 ROLE = "drafter"
@@ -210,7 +217,8 @@ def _check_life(daemon: DaemonProc, life: Life, channels: dict[str, dict[str, An
                                      samples.get("dflash_sidecar_messages_dropped_total", [])}
 
 
-def _summary(cfg: SoakConfig, lives: list[Life], final: list[dict[str, Any]], garbage: dict[str, Any]) -> dict[str, Any]:
+def _summary(cfg: SoakConfig, lives: list[Life], final: list[dict[str, Any]],
+             garbage: dict[str, Any]) -> dict[str, Any]:
     hist = [sum(f["call_ns_log2_hist"][k] for f in final) for k in range(64)]
     calls = sum(f["calls"] for f in final)
     active = max(f["active_s"] for f in final)
@@ -289,7 +297,8 @@ def failures(result: dict[str, Any]) -> list[str]:
     for term in result["terms"]:
         per_flush = cfg["rate"] / (cfg["publishers"] * cfg["threads"]) * cfg["flush_interval_s"]
         if term["gap_max_records"] > 4 * per_flush + 10:
-            out.append(f"SIGTERM of life {term['life']}: {term['gap_max_records']} records lost between exit and restart")
+            out.append(f"SIGTERM of life {term['life']}: {term['gap_max_records']} records lost "
+                       "between exit and restart")
     if result["worst_call_ns"] > WORST_CALL_BOUND_NS:
         out.append(f"a trainer-side call took {result['worst_call_ns'] / 1e6:.0f} ms")
     if result["rate"] < 50_000:

@@ -177,7 +177,8 @@ def accounting_families(report: IngestReport, host: str) -> list[Metric]:
                                   "Records lost or rejected, by reason (sender_* reasons are the shim's own drops).",
                                   labels=["host", "role", "worker", "reason"])
     last_seen = GaugeMetricFamily("dflash_trainer_last_seen_timestamp_seconds",
-                                  "Unix time of the last message from this role/worker.", labels=["host", "role", "worker"])
+                                  "Unix time of the last message from this role/worker.",
+                                  labels=["host", "role", "worker"])
     for (role, worker), totals in report.totals.items():
         accepted.add_metric([host, role, worker], totals.accepted)
         for reason, n in totals.dropped.items():

@@ -20,14 +20,13 @@ from prometheus_client import generate_latest
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING
 from sidecar.model.names import family_names
+from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-    from sidecar.model.window import SeriesView
-    from sidecar.model.window import IngestReport
+    from sidecar.model.window import IngestReport, SeriesView
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -1,0 +1,112 @@
+"""The layout's rules, one test each, read from the import statements (an AST walk, not a grep):
+model underneath; sources -> processing -> aggregation -> exporters; one door per outside library."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCT = ("sidecar", "trainer_shim")
+
+
+def modules(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+@cache
+def imported(path: Path) -> frozenset[str]:
+    """Every module ``path`` imports (absolute names; relative imports resolved), including
+    ``importlib.import_module("name")`` with a literal name and imports inside functions."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)  # "from pkg import module"
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            names.add(node.args[0].value)
+    return frozenset(names)
+
+
+def importers(library: str, *folders: str) -> list[str]:
+    return [rel(p) for p in modules(*folders)
+            if any(name == library or name.startswith(library + ".") for name in imported(p))]
+
+
+def test_the_shim_never_imports_the_daemon() -> None:
+    assert importers("sidecar", "trainer_shim") == []
+
+
+def test_exporters_never_import_sources() -> None:
+    assert importers("sidecar.sources", "sidecar/exporters") == []
+
+
+def test_model_imports_nothing_else_from_sidecar() -> None:
+    offenders = {rel(p): sorted(n for n in imported(p) if n.startswith("sidecar") and not n.startswith("sidecar.model"))
+                 for p in modules("sidecar/model")}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+@pytest.mark.parametrize("library, door", [
+    ("pynvml", ["sidecar/sources/nvml_driver.py"]),
+    ("wandb", ["sidecar/exporters/wandb/exporter.py"]),
+    ("zmq", ["sidecar/sources/receiver.py", "trainer_shim/transport.py"]),  # the receiver and the shim's transport
+])
+def test_each_outside_library_has_one_door(library: str, door: list[str]) -> None:
+    assert importers(library, *PRODUCT) == door
+
+
+def test_pynvml_stays_behind_its_door_in_bench_too() -> None:
+    assert importers("pynvml", "bench") == []
+
+
+def _exits_or_parses(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else ""
+            if name in ("parse_args", "parse_known_args", "parse_intermixed_args") or (
+                    name == "exit" and owner in ("sys", "")) or (name == "_exit" and owner == "os") or (
+                    name in ("quit", "SystemExit") and not owner):
+                found.append(f"{rel(path)}:{node.lineno} {owner + '.' if owner else ''}{name}")
+        elif isinstance(node, ast.Raise) and node.exc is not None:
+            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(exc, ast.Name) and exc.id == "SystemExit":
+                found.append(f"{rel(path)}:{node.lineno} raise SystemExit")
+    return found
+
+
+def test_only_the_cli_parses_arguments_or_exits() -> None:
+    cli = {"sidecar/cli.py", "sidecar/__main__.py"}
+    found = [f for p in modules(*PRODUCT) if rel(p) not in cli for f in _exits_or_parses(p)]
+    assert found == []
+    assert _exits_or_parses(ROOT / "sidecar" / "cli.py")  # the check sees what it looks for
+
+
+@pytest.mark.parametrize("module", ["sidecar.exporters.prometheus.exporter", "sidecar.exporters.wandb.exporter",
+                                    "sidecar.exporters.console", "sidecar.aggregation.insight", "sidecar.model.window"])
+def test_stages_load_no_transport_and_no_outside_service(module: str) -> None:
+    """Importing an exporter or the insight loads neither ZeroMQ (the receiver's) nor wandb nor pynvml."""
+    code = f"import sys, {module}; print(sorted(m for m in ('zmq', 'wandb', 'pynvml') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, check=True)
+    assert out.stdout.strip() == "[]", out
