@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from shim_helpers import ReceiverProcess  # noqa: E402
 
+from tests.daemon_harness import free_port  # noqa: E402 - the tests' harness, shared
 from trainer_shim import telemetry  # noqa: E402
 
 SPACING_NS = 100_000
@@ -171,12 +172,6 @@ def measure(lib: str, kind: str, state: str, mode: str, stmt: str, client: Any, 
 # -- receivers ---------------------------------------------------------------------------------------
 
 
-def free_port(kind: int = socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 _UDP_SERVER = """
 import socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -192,7 +187,7 @@ else:
 
 @contextmanager
 def udp_receiver(state: str) -> Iterator[int]:
-    port = free_port()
+    port = free_port(socket.SOCK_DGRAM)
     proc = None
     if state != "absent":
         proc = subprocess.Popen([sys.executable, "-c", _UDP_SERVER, str(port), state],

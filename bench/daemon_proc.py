@@ -10,7 +10,6 @@ import re
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,9 +20,15 @@ from contextlib import contextmanager
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.append(ROOT)  # after PYTHONPATH: the ``sidecar`` under test stays the one imported
+
+from tests.daemon_harness import free_port  # noqa: E402 - the tests' harness, shared
+
 LOAD = os.path.join(ROOT, "bench", "daemon_load.py")
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 DAEMON_CORE, CLIENT_CORE = 0, 1
+
 
 def pin(pid: int, core: int) -> str:
     """Pin ``pid`` to ``core`` when the machine has two cores or more; returns what was done."""
@@ -50,12 +55,6 @@ def proc_rss(pid: int) -> tuple[int, int]:
             elif line.startswith("VmHWM:"):
                 hwm = int(line.split()[1]) * 1024
     return rss, hwm
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def code_root() -> str:
@@ -151,8 +150,6 @@ GIB = 2**30
 def fake_nvml(workdir: str, gpus: int) -> Any:
     """The fake NVML driver (built from tests/fake_nvml, cached) with a control file in
     ``workdir``: ``gpus`` busy H100-like GPUs, GPM supported, values a training run shows."""
-    if ROOT not in sys.path:
-        sys.path.append(ROOT)  # after PYTHONPATH: the ``sidecar`` under test stays the one imported
     from tests.fake_nvml import FakeNvml, build_fake_nvml
 
     fake = FakeNvml(os.path.join(workdir, "nvml-control.txt"), build_fake_nvml("full"), {"devices": gpus})

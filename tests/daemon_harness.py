@@ -1,5 +1,9 @@
 """Real processes for daemon tests: the daemon as a subprocess, shim publishers as subprocesses,
-and readers of the daemon's Prometheus endpoint. No mocks: real sockets between real processes."""
+and readers of the daemon's Prometheus endpoint. No mocks: real sockets between real processes.
+
+The one shared harness of the tests (and of the benchmarks that reuse it): free ports
+(``free_port``), the daemon launcher (``spawn_sidecar``, and ``DaemonProc`` on top of it), outside
+tools (``require_tool``) and waits (``wait_for``, on ``tests.waiting.wait_until``)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar.sources.receiver import ReceiverStats
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,21 +31,28 @@ ROOT = Path(__file__).resolve().parent.parent
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
-def require_tool(name: str) -> str:
-    """Path of an outside tool; skips the test on a developer box, fails it in CI."""
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def require_tool(name: str, package: str | None = None) -> str:
+    """Path of an outside tool; skips the test on a developer box (naming the Debian package to
+    install: ``package``, by default the tool's), fails it under ``CI=true``."""
     path = shutil.which(name)
     if path:
         return path
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{name} is required in CI (installed by .ci/run) but was not found")
-    package = "prometheus" if name in ("prometheus", "promtool") else name
-    pytest.skip(f"{name} not installed (apt-get install {package})")
+    package = package or ("prometheus" if name in ("prometheus", "promtool") else name)
+    message = f"{name} is not installed (Debian package: {package})"
+    if in_ci():
+        pytest.fail(f"{message}; CI must install it (.ci/run)")
+    pytest.skip(message)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A port on 127.0.0.1 free right now (TCP, or UDP with ``socket.SOCK_DGRAM``)."""
+    with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -49,6 +61,14 @@ def env(**extra: str) -> dict[str, str]:
     e["PYTHONUNBUFFERED"] = "1"
     e.update(extra)
     return e
+
+
+def spawn_sidecar(args: list[str], log_path: Path, environ: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``python -m sidecar ARGS`` from this checkout in ``log_path``'s folder, stdout and stderr to
+    ``log_path``. ``environ``: the whole environment (default ``env()``)."""
+    with open(log_path, "wb") as log:
+        return subprocess.Popen([sys.executable, "-m", "sidecar", *args], stdout=log, stderr=subprocess.STDOUT,
+                                env=environ if environ is not None else env(), cwd=log_path.parent)
 
 
 class DaemonProc:
@@ -60,16 +80,14 @@ class DaemonProc:
         self.port = port or free_port()
         self.endpoint = endpoint or f"ipc://{tmp}/sidecar.sock"
         self.log_path = tmp / f"daemon-{self.port}.log"
-        cmd = [sys.executable, "-m", "sidecar", "run", "--prometheus-addr", f"127.0.0.1:{self.port}", *args]
+        cmd = ["run", "--prometheus-addr", f"127.0.0.1:{self.port}", *args]
         if not gpu:
             cmd.append("--no-gpu-metrics")
         if interval is not None:
             cmd += ["--interval", str(interval)]
         if endpoint is not False:
             cmd += ["--endpoint", self.endpoint]
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env(**(extra_env or {})),
-                                     cwd=tmp)
+        self.proc = spawn_sidecar(cmd, self.log_path, env(**(extra_env or {})))
         if wait:
             self.wait_ready()
 
@@ -119,7 +137,6 @@ class DaemonProc:
                 self.proc.kill()
                 self.proc.wait()
                 raise AssertionError(f"daemon did not exit within {timeout_s}s:\n{self.log()}") from None
-        self._log.close()
         return time.monotonic() - start
 
 
@@ -162,3 +179,15 @@ def publish(endpoint: str, role: str, worker: str, n: int, bad: list[list[object
 def wait_for(predicate, timeout_s: float = 15.0, interval_s: float = 0.2, what: str = "condition"):
     """``tests.waiting.wait_until`` with this module's defaults."""
     return wait_until(predicate, timeout_s, interval_s, what)
+
+
+class NoSocket:
+    """A receiver without a socket, for an ``IngestLoop`` fed frames in process (``handle_frame``)."""
+
+    stats = ReceiverStats()
+
+    def poll(self, timeout_ms: int) -> list[bytes]:
+        return []
+
+    def close(self) -> None:
+        pass

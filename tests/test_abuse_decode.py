@@ -13,7 +13,7 @@ from sidecar.aggregation.aggregator import MAX_ALLOCATOR_SERIES, RESERVED_FAMILI
 from sidecar.aggregation.senders import MAX_LABEL_PAIRS
 from sidecar.ingest import IngestLoop
 from sidecar.sources.decode import MAX_PROFILE_KEYS, BatchMessage, DecodeError, HelloMessage, decode
-from tests.test_fuzz import _NoSocket
+from tests.daemon_harness import NoSocket
 from trainer_shim import wire
 
 enc = msgspec.msgpack.Encoder()
@@ -21,7 +21,7 @@ FOUR_MIB = wire.MAX_MESSAGE_BYTES - 64
 
 
 def _loop() -> IngestLoop:
-    return IngestLoop(_NoSocket(), 10.0, lambda report: None)
+    return IngestLoop(NoSocket(), 10.0, lambda report: None)
 
 
 def _identities_hold(loop: IngestLoop) -> bool:

@@ -110,3 +110,24 @@ def test_stages_load_no_transport_and_no_outside_service(module: str) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, check=True)
     assert out.stdout.strip() == "[]", out
+
+
+def test_tests_never_load_bench_code() -> None:
+    """Benchmarks may reuse the tests' support modules (the fake NVML driver, the daemon harness,
+    the soak scenario); tests never depend on a benchmark, by import or by loading its file."""
+    bench_modules = {p.stem for p in modules("bench")}
+    offenders = []
+    for path in modules("tests"):
+        names = imported(path)
+        tree = ast.parse(path.read_text(), str(path))
+        loads = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and n.func.attr in ("spec_from_file_location", "run_path")]
+        if loads or any(n.split(".")[0] in bench_modules | {"bench"} for n in names):
+            offenders.append(rel(path))
+    assert offenders == []
+
+
+def test_no_test_module_doubles_as_a_library() -> None:
+    users = [rel(p) for p in modules("tests", "bench")
+             if any(n.split(".")[-1].startswith("test_") and n.startswith("tests.") for n in imported(p))]
+    assert users == []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_deploy_support import (
+from tests.deploy_support import (
     DASHBOARD,
     GRAFANA_VARIABLE,
     known_series_names,

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_deploy_support import DEPLOY, REPO, in_ci, require_tool, run
-from tests.test_deploy_systemd import UNITS, verify
+from tests.deploy_support import DEPLOY, REPO, UNITS, in_ci, require_tool, run, verify
 
 INSTALL = DEPLOY / "install.sh"
 SYSTEM_TOOLS = ("systemctl", "systemd-sysusers", "systemd-tmpfiles", "useradd", "usermod")

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
+from tests.deploy_support import exposition_families, free_port, http_get, load_metric_names, start_daemon, stop
 from tests.fake_nvml.control import FakeNvml
 from tests.fake_nvml.helpers import library_or_skip
-from tests.test_deploy_support import exposition_families, free_port, http_get, load_metric_names, start_daemon, stop
 
 PRESENT_NOW = {"daemon", "trainer", "nvml", "insight", "wandb"}
 """Sources whose families a demo scrape must show (NVML through the fake driver, W&B offline)."""

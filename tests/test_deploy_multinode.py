@@ -12,7 +12,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_deploy_support import PROMETHEUS_DIR, free_port, http_get, python_env, require_tool, start_daemon, stop
+from tests.deploy_support import PROMETHEUS_DIR, free_port, http_get, python_env, require_tool, start_daemon, stop
+from tests.waiting import wait_until
 
 PUBLISHER = """
 import sys, time
@@ -68,14 +68,11 @@ def query(base: str, promql: str) -> list[dict]:
 
 
 def wait_for(what: str, probe: Callable[[], object], timeout: float, logs: list[Path]) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail(f"timed out waiting for {what}; logs:\n" +
-                "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in logs if p.exists()))
+    """``tests.waiting.wait_until``, failing with the daemons' and Prometheus' logs."""
+    try:
+        return wait_until(probe, timeout, 0.5, what)
+    except AssertionError as exc:
+        pytest.fail(f"{exc}; logs:\n" + "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in logs if p.exists()))
 
 
 def label_sets(result: list[dict]) -> list[dict[str, str]]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_deploy_support import (
+from tests.deploy_support import (
     PROMETHEUS_DIR,
     RULE_FILES,
     known_series_names,

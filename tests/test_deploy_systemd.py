@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_deploy_support import DEPLOY, require_tool, run
+from tests.deploy_support import DEPLOY, UNITS, require_tool, run, verify
 from trainer_shim.endpoint import SOCKET_NAME, SYSTEM_RUNTIME_DIR
 
 SYSTEMD = DEPLOY / "systemd"
-UNITS = ("dflash-sidecar.service", "dflash-sidecar@.service")
 EXEC = "/opt/dflash-sidecar/venv/bin/dflash-sidecar"
 MAX_EXPOSURE = 4.0
 
@@ -51,11 +50,6 @@ def staged_units(tmp_path: Path) -> Path:
     dropin.mkdir()
     shutil.copy(SYSTEMD / "resources.conf.example", dropin / "50-resources.conf")
     return units
-
-
-def verify(systemd_analyze: str, *paths: Path) -> str:
-    result = run([systemd_analyze, "verify", *map(str, paths)], cwd=paths[0].parent)
-    return (result.stdout + result.stderr).strip() + ("" if result.returncode == 0 else f"\n(exit {result.returncode})")
 
 
 @pytest.mark.parametrize("unit", UNITS)

@@ -11,8 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidecar.ingest import IngestLoop
-from sidecar.sources.receiver import ReceiverStats
-from tests.daemon_harness import DaemonProc, publish, wait_for
+from tests.daemon_harness import DaemonProc, NoSocket, publish, wait_for
 from trainer_shim import wire
 
 enc = msgspec.msgpack.Encoder()
@@ -37,20 +36,10 @@ encoded = batches.map(enc.encode)
 frames = st.one_of(st.binary(max_size=300), encoded, encoded.map(lambda f: f[: len(f) // 2]), values.map(enc.encode))
 
 
-class _NoSocket:
-    stats = ReceiverStats()
-
-    def poll(self, timeout_ms: int) -> list[bytes]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(frames, max_size=8))
 def test_any_frame_sequence_is_counted_never_raised(frame_list: list[bytes]) -> None:
-    loop = IngestLoop(_NoSocket(), 10.0, lambda report: None)
+    loop = IngestLoop(NoSocket(), 10.0, lambda report: None)
     for frame in frame_list:
         loop.handle_frame(frame)
     assert loop.internal_errors == 0

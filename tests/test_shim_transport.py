@@ -435,7 +435,7 @@ def test_allocator_samples_reach_the_receiver(ep: str, receivers, publishers,  #
 
 def test_close_counts_unresolved_gpu_scalars(ep: str, publishers,  # type: ignore[no-untyped-def]
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.test_shim_cuda_scalar import FakeBackend, FakeCudaTensor
+    from tests.fake_cuda import FakeBackend, FakeCudaTensor
     from trainer_shim import cuda_scalar
 
     backend = FakeBackend()

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter, WandbState
+from tests.waiting import wait_until
 
 HOST = "box1"
 
@@ -34,10 +35,8 @@ def exporter(run: str | None, env: dict[str, str] | None = None, **kw: object) -
 
 
 def wait_for(predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
+    """``tests.waiting.wait_until`` polling every 20 ms."""
+    wait_until(predicate, timeout_s, 0.02)
 
 
 def test_disabled_without_run_and_shutdown_is_idempotent_without_start() -> None:
