@@ -130,31 +130,6 @@ def profile_entry_problem(key: object, value: object) -> str | None:
     return name_problem(key) or (None if _is_number(value) else "invalid_value")
 
 
-def check_record(kind: int, name: object, value: object) -> None:
-    """Raise ``TypeError``/``ValueError`` describing what is wrong with a record (strict mode)."""
-    problem = record_problem(kind, name, value)
-    if problem == "bad_name":
-        raise TypeError(
-            f"telemetry: metric name {name!r} is unusable: it must be a str of 1 to "
-            f"{MAX_NAME_BYTES} bytes without control characters"
-        )
-    if problem:
-        raise ValueError(
-            f"telemetry: {RecordKind(kind).name.lower()} {name!r} got {value!r}: timings and "
-            "counts must be finite numbers >= 0, gauges finite numbers, categories a str or int"
-        )
-    if kind == RecordKind.PROFILE:
-        for key, entry in value.items():  # type: ignore[attr-defined]
-            if profile_entry_problem(key, entry):
-                raise ValueError(f"telemetry: profile entry {key!r}: {entry!r} is not a finite number")
-
-
-def check_name(name: object) -> None:
-    """Raise ``TypeError`` if ``name`` is not a usable metric name (strict mode)."""
-    if name_problem(name):
-        raise TypeError(f"telemetry: metric name {name!r} is unusable")
-
-
 _NAMED_KINDS: Final = frozenset(
     {RecordKind.TIMING, RecordKind.COUNT, RecordKind.GAUGE, RecordKind.CATEGORY, RecordKind.SCALAR}
 )

@@ -97,7 +97,6 @@ class TrainerRun:
 
 
 _OFFLINE_MODES: Final = frozenset({"offline", "dryrun"})
-_ONLINE_MODES: Final = frozenset({"online", "run"})
 
 
 def clean_environ(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
