@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sidecar.backoff import Backoff
 from sidecar.model.gpu import GpuSnapshot, NvmlState, NvmlStatus, ProfilingState
 from sidecar.sources.nvml_driver import GpuLostError, NvmlDriver, NvmlUnavailableError, Outcome
 from sidecar.sources.nvml_events import XidWatcher
@@ -191,7 +192,7 @@ class NvmlSource:
             self._teardown()
 
     def _initialize(self) -> bool:
-        delay = self._init_retry_s
+        backoff = Backoff(self._init_retry_s, self._max_backoff_s)
         logged: set[str] = set()
         while not self._stop.is_set():
             try:
@@ -206,16 +207,14 @@ class NvmlSource:
                     logged.add(exc.reason)
                     self._log.warning("NVML unavailable: %s; retrying (backing off up to %.0f s)",
                                       exc.reason, self._max_backoff_s)
-                self._stop.wait(delay)
-                delay = min(delay * 2, self._max_backoff_s)
+                self._stop.wait(backoff.failed())
                 continue
             if self._discover():
                 return True
             self._driver.shutdown()
             self._loaded = False
             self._set_state(NvmlState.UNAVAILABLE, "cannot enumerate GPUs (nvmlDeviceGetCount failed)")
-            self._stop.wait(delay)
-            delay = min(delay * 2, self._max_backoff_s)
+            self._stop.wait(backoff.failed())
         return False
 
     def _discover(self) -> bool:

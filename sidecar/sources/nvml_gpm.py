@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sidecar.backoff import Backoff
 from sidecar.model.gpu import ProfilingState
 from sidecar.sources.nvml_driver import IN_USE, INSUFFICIENT_RESOURCES, NvmlDriver, Outcome, constant
 
@@ -45,9 +46,7 @@ class GpmSampler:
         self._handle = handle
         self._index = index
         self._log = log
-        self._first_backoff_s = backoff_s
-        self._max_backoff_s = max_backoff_s
-        self._backoff_s = backoff_s
+        self._backoff = Backoff(backoff_s, max_backoff_s)
         self._retry_at = 0.0
         self._samples: list[Any] = []
         self._have_previous = False
@@ -93,7 +92,7 @@ class GpmSampler:
         if self.state is not ProfilingState.ACTIVE:
             self._log.info("GPU %d: GPM profiling metrics resumed", self._index)
         self.state = ProfilingState.ACTIVE
-        self._backoff_s = self._first_backoff_s
+        self._backoff.reset()
         self._have_previous = True
         self._current = 1 - self._current
 
@@ -107,11 +106,10 @@ class GpmSampler:
         busy = code in (IN_USE, INSUFFICIENT_RESOURCES)
         new_state = ProfilingState.BUSY if busy else ProfilingState.ERROR
         if new_state is not self.state:
-            self._log.info("GPU %d: GPM %s; retrying in %.0f s", self._index,
-                           "counters are held by another profiler" if busy else "sampling failed", self._backoff_s)
+            why = "counters are held by another profiler" if busy else "sampling failed"
+            self._log.info("GPU %d: GPM %s; retrying in %.0f s", self._index, why, self._backoff.delay_s)
         self.state = new_state
-        self._retry_at = now + self._backoff_s
-        self._backoff_s = min(self._backoff_s * 2, self._max_backoff_s)
+        self._retry_at = now + self._backoff.failed()
 
     def close(self) -> None:
         """Free the sample buffers (poller thread, at shutdown)."""

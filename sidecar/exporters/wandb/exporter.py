@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
+from sidecar.backoff import Backoff
 from sidecar.exporters.base import Exporter
 from sidecar.exporters.wandb import join
 from sidecar.exporters.wandb.join import Plan, PlanKind, TrainerRun
@@ -168,7 +169,7 @@ class WandbExporter(Exporter):
         self._axis_defined = False
         self._pending: _Item | None = None
         self._retry_at = 0.0
-        self._retry_s = RETRY_MIN_S
+        self._backoff = Backoff(RETRY_MIN_S, RETRY_MAX_S)
 
     # ---- caller side ---------------------------------------------------------------------
 
@@ -413,14 +414,14 @@ class WandbExporter(Exporter):
         except Exception as exc:  # noqa: BLE001 - network, auth, disk: all retried
             msg = join.redact(f"{type(exc).__name__}: {exc}", self._environ)
             self._set_state(WandbState.ERROR, f"could not start logging for run {plan.run_id}; "
-                            f"retrying in {self._retry_s:.0f} s", error=msg)
+                            f"retrying in {self._backoff.delay_s:.0f} s", error=msg)
             self._log.warning("W&B: could not start logging for run %s (%s); retrying in %.0f s",
-                              plan.run_id, msg, self._retry_s)
+                              plan.run_id, msg, self._backoff.delay_s)
             _quiet_teardown()  # the failed run stays registered in the service: start afresh
-            self._retry_at = time.monotonic() + self._retry_s
-            self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
+            self._retry_at = time.monotonic() + self._backoff.failed()
             return
-        self._run, self._axis_defined, self._retry_s = run, False, RETRY_MIN_S
+        self._run, self._axis_defined = run, False
+        self._backoff.reset()
         with self._lock:
             self._run_id = run.id
         if plan.kind is PlanKind.SHARED:
@@ -449,10 +450,10 @@ class WandbExporter(Exporter):
                 self._log.info("W&B: logging failed while shutting down (%s)", msg)
             else:
                 self._log.warning("W&B: logging failed (%s); starting over in %.0f s", msg,
-                                  self._retry_s)
+                                  self._backoff.delay_s)
             self._close_run()
             _quiet_teardown()  # the service is likely gone: the next attempt starts a new one
-            self._retry_at = time.monotonic() + self._retry_s
+            self._retry_at = time.monotonic() + self._backoff.delay_s  # a failed log: no doubling
             return
         with self._lock:
             self._logged += 1
