@@ -17,7 +17,7 @@ from typing import Any
 from sidecar.aggregation.gpu_groups import GpuGroups
 from sidecar.aggregation.verdict import DEFAULT_THROTTLE_REASONS, INSIGHT_DEFAULTS
 from sidecar.model.address import parse_host_port
-from trainer_shim.endpoint import default_endpoint
+from trainer_shim.endpoint import daemon_endpoint
 
 
 class ConfigError(ValueError):
@@ -140,7 +140,7 @@ class Config:
     wandb_run: str | None = _default("wandb_run")
     wandb_project: str | None = _default("wandb_project")
     wandb_entity: str | None = _default("wandb_entity")
-    endpoint: tuple[str, ...] = field(default_factory=lambda: (default_endpoint(),))
+    endpoint: tuple[str, ...] = field(default_factory=lambda: (daemon_endpoint(),))
     prometheus_addr: str = _default("prometheus_addr")
     prometheus_tls_cert: str | None = _default("prometheus_tls_cert")
     prometheus_tls_key: str | None = _default("prometheus_tls_key")
@@ -241,7 +241,7 @@ def _validate(values: Mapping[str, Any], path: str | None) -> Config:
         if not run.strip() or any(c in run for c in "/ \t"):
             raise ConfigError(f"invalid --wandb-run: {run!r}: expected a W&B run id or 'auto'")
     if not config.endpoint:
-        config = dataclasses.replace(config, endpoint=(default_endpoint(),))
+        config = dataclasses.replace(config, endpoint=(daemon_endpoint(),))
     return config
 
 

@@ -30,6 +30,7 @@ from sidecar.model.insight import PipelineInsight
 from sidecar.model.window import IngestHealth, IngestReport
 from sidecar.sources.nvml import NvmlSource
 from sidecar.sources.receiver import Receiver
+from trainer_shim.endpoint import daemon_endpoint, shim_would_miss
 
 log = logging.getLogger("sidecar")
 
@@ -88,6 +89,11 @@ class Daemon:
         log.info("dflash-sidecar started: endpoints %s, Prometheus on %s%s, window %.1fs",
                  ", ".join(cfg.endpoint), cfg.prometheus_addr, " (TLS)" if cfg.prometheus_tls_cert else "",
                  cfg.interval)
+        missed = shim_would_miss(cfg.endpoint[0]) if cfg.endpoint == (daemon_endpoint(),) else None
+        if missed:
+            log.warning("trainers of this user without DFLASH_SIDECAR_ENDPOINT connect to %s (a deployed daemon's "
+                        "socket directory), not to this daemon: set DFLASH_SIDECAR_ENDPOINT=%s in their environment",
+                        missed, cfg.endpoint[0])
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT; returns the exit status. Must run on the main thread."""
