@@ -7,7 +7,9 @@ immutable reports). Every rejected record is counted by reason in the caller's d
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sidecar.aggregation.series import CategorySeries, CounterSeries, GaugeSeries, Series, TimingSeries
@@ -24,6 +26,11 @@ RESERVED_FAMILIES = ("dflash_trainer_step", "dflash_trainer_last_seen_timestamp_
                      "dflash_trainer_last_seen_timestamp")
 """Families the daemon itself exports in the trainer namespace; trainer series may not claim them."""
 
+log = logging.getLogger("sidecar")
+
+MAX_LOGGED_COLLISIONS = 256
+"""Distinct colliding names logged (each once); beyond, collisions are only counted."""
+
 Adder = Callable[[Any], bool]
 """A series' bound ``add``: True if the value was taken, False if it is invalid."""
 
@@ -35,6 +42,21 @@ MAX_ALLOCATOR_SERIES = 1024
 ``cardinality`` (device indexes come from the client and are otherwise unbounded)."""
 
 
+_KIND_NAMES = {TIMING: "timing", COUNT: "counter", GAUGE: "gauge", CATEGORY: "category", SCALAR: "scalar"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Owner:
+    """The series that first claimed a Prometheus name: kind and token decide sharing; raw
+    name, role and worker are for the collision message."""
+
+    kind: int
+    token: str
+    raw: str
+    role: str
+    worker: str
+
+
 class Aggregator:
     """Holds every live series, bounded by ``max_series`` (the cardinality budget)."""
 
@@ -43,14 +65,17 @@ class Aggregator:
         self.series_ttl_s = series_ttl_s
         self._series: dict[tuple[int, str, str, str], Series] = {}
         self._raw_names: dict[tuple[int, str, str, str], str] = {}
-        self._family_owner: dict[str, tuple[int, str]] = {}
-        """Prometheus family name -> (kind, raw name) that owns it: one family, one meaning."""
-        for reserved in RESERVED_FAMILIES:
-            self._family_owner[reserved] = (-1, "")
+        self._family_owner: dict[str, _Owner] = {}
+        """Prometheus family (or sample) name -> the series that claimed it first. Series of the
+        same kind and sanitized name share a family whatever their role and worker (their labels
+        tell them apart); any other series claiming one of its names collides."""
+        self._reset_owners()
+        self._logged_collisions: set[tuple[int, str, str, str]] = set()
         self._last_active: dict[tuple[int, str, str, str], float] = {}
         self._steps: dict[tuple[str, str], int] = {}
         self._allocator: dict[tuple[str, str, int], tuple[int, int, int]] = {}
-        self.profile_entries_rejected: dict[str, int] = {}
+        self.profile_entries_rejected: dict[tuple[str, str, str], int] = {}
+        """(role, worker, reason) -> profile entries skipped."""
         self.generation = 0
         """Bumped whenever series expire: senders' (kind, name) caches must then be cleared."""
 
@@ -112,9 +137,11 @@ class Aggregator:
         series = self._series.get(key)
         if series is None:
             families = claimed_names(kind, token)
-            owners = {self._family_owner.get(f, (kind, name)) for f in families}
-            if owners != {(kind, name)}:
-                # Two raw names (or kinds) that map to one Prometheus family would corrupt it.
+            clash = next((o for f in families if (o := self._family_owner.get(f)) is not None
+                          and (o.kind, o.token) != (kind, token)), None)
+            if clash is not None:
+                # Another kind (or a different name whose samples land here) would corrupt the family.
+                self._log_collision(kind, name, role, worker, clash)
                 if len(cache) < MAX_CACHED_REJECTIONS:
                     cache[kind, name] = "name_collision"
                 return "name_collision"
@@ -123,8 +150,10 @@ class Aggregator:
             series = self._series[key] = factory()
             self._raw_names[key] = name
             for f in families:
-                self._family_owner[f] = (kind, name)
+                self._family_owner.setdefault(f, _Owner(kind, token, name, role, worker))
         elif self._raw_names[key] != name:
+            # Two spellings onto one series of one sender ("a.b" and "a_b"): the first one keeps it.
+            self._log_collision(kind, name, role, worker, _Owner(kind, token, self._raw_names[key], role, worker))
             if len(cache) < MAX_CACHED_REJECTIONS:
                 cache[kind, name] = "name_collision"
             return "name_collision"
@@ -167,7 +196,8 @@ class Aggregator:
                 continue
             else:
                 reason = profile_entry_problem(entry, number) or "invalid_value"
-            rejected[reason] = rejected.get(reason, 0) + 1
+            k = (role, worker, reason)
+            rejected[k] = rejected.get(k, 0) + 1
 
     def _resolve_entry(self, entry: Any, role: str, worker: str, cache: dict[Any, Any]) -> Adder | str:
         kind = TIMING if entry.__class__ is str and entry.endswith("_ms") else GAUGE
@@ -175,6 +205,23 @@ class Aggregator:
         if add.__class__ is not str or (add != "cardinality" and len(cache) < MAX_CACHED_REJECTIONS):
             cache[PROFILE, entry] = add
         return add
+
+    def _reset_owners(self) -> None:
+        self._family_owner = {reserved: _Owner(-1, "", reserved, "", "") for reserved in RESERVED_FAMILIES}
+
+    def _log_collision(self, kind: int, name: str, role: str, worker: str, owner: _Owner) -> None:
+        """One warning per colliding (kind, name, role, worker), naming both sides."""
+        key = (kind, name, role, worker)
+        if key in self._logged_collisions or len(self._logged_collisions) >= MAX_LOGGED_COLLISIONS:
+            return
+        self._logged_collisions.add(key)
+        if owner.kind == -1:
+            other = f"the daemon's own {owner.raw}"
+        else:
+            other = f"{_KIND_NAMES.get(owner.kind, owner.kind)} {owner.raw!r} of role {owner.role!r} worker {owner.worker!r}"
+        log.warning("trainer name collision: %s %r of role %r worker %r maps onto the same Prometheus names as %s; "
+                    "its records are dropped (counted as reason=\"name_collision\" for that role and worker). "
+                    "Rename one of them.", _KIND_NAMES.get(kind, kind), name, role, worker, other)
 
     # -- windows ---------------------------------------------------------------------------------
 
@@ -212,8 +259,8 @@ class Aggregator:
             self.generation += 1
             # Families only live series still use keep their owner (otherwise this map would
             # grow with every name ever seen, and an expired name could never be reused).
-            self._family_owner = {reserved: (-1, "") for reserved in RESERVED_FAMILIES}
-            for (kind, token, _, _), raw in self._raw_names.items():
+            self._reset_owners()
+            for (kind, token, role, worker), raw in self._raw_names.items():
                 for family in claimed_names(kind, token):
-                    self._family_owner[family] = (kind, raw)
+                    self._family_owner.setdefault(family, _Owner(kind, token, raw, role, worker))
         return WindowReport(end_unix_s, duration_s, tuple(views), dict(self._steps), dict(self._allocator))

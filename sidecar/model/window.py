@@ -104,7 +104,8 @@ class IngestReport:
     senders: tuple[SenderView, ...]
     totals: dict[tuple[str, str], LabelTotals]
     messages_dropped: dict[str, int]
-    profile_entries_rejected: dict[str, int]
+    profile_entries_rejected: dict[tuple[str, str, str], int]
+    """(role, worker, reason) -> profile entries skipped."""
     frames: int
     bytes: int
     disconnects: int

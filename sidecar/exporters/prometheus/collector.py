@@ -190,9 +190,10 @@ def accounting_families(report: IngestReport, host: str) -> list[Metric]:
     for reason, n in report.messages_dropped.items():
         messages.add_metric([host, reason], n)
     entries = CounterMetricFamily("dflash_sidecar_profile_entries_rejected",
-                                  "Entries of profile dicts skipped, by reason.", labels=["host", "reason"])
-    for reason, n in report.profile_entries_rejected.items():
-        entries.add_metric([host, reason], n)
+                                  "Entries of profile dicts skipped, by sender and reason.",
+                                  labels=["host", "role", "worker", "reason"])
+    for (role, worker, reason), n in report.profile_entries_rejected.items():
+        entries.add_metric([host, role, worker, reason], n)
     senders = GaugeMetricFamily("dflash_sidecar_senders", "Senders known (heard from recently).", labels=["host"])
     senders.add_metric([host], len(report.senders))
     series = GaugeMetricFamily("dflash_sidecar_series", "Distinct trainer series held (cardinality budget use).",
