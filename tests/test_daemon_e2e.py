@@ -46,7 +46,7 @@ def test_every_record_is_accounted_for_over_ipc_and_tcp(tmp_path: Path) -> None:
         assert d.value("dflash_trainer_tokens_total", role="drafter", worker="0") == 2000 * 10
         assert d.value("dflash_trainer_tokens_total", role="target", worker="1") == 1500 * 10
         assert d.value("dflash_trainer_forward_seconds_count", role="target", worker="1") == 1500
-        assert d.value("dflash_trainer_step", role="drafter", worker="0") == 1900
+        # dflash_trainer_step is shown for live senders only: tests/test_daemon_live.py
     finally:
         d.stop()
 

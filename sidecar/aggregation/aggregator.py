@@ -8,7 +8,7 @@ immutable reports). Every rejected record is counted by reason in the caller's d
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +72,8 @@ class Aggregator:
         self._reset_owners()
         self._logged_collisions: set[tuple[int, str, str, str]] = set()
         self._last_active: dict[tuple[int, str, str, str], float] = {}
-        self._steps: dict[tuple[str, str], int] = {}
+        self._steps: dict[int, tuple[str, str, int]] = {}
+        """sender id -> (role, worker, latest step) of its last profile."""
         self._allocator: dict[tuple[str, str, int], tuple[int, int, int]] = {}
         self.profile_entries_rejected: dict[tuple[str, str, str], int] = {}
         """(role, worker, reason) -> profile entries skipped."""
@@ -85,11 +86,12 @@ class Aggregator:
     # -- ingest ----------------------------------------------------------------------------------
 
     def ingest(self, role: str, worker: str, cache: dict[Any, Any], records: list[Any],
-               rejected: dict[str, int]) -> int:
+               rejected: dict[str, int], sender: int = 0) -> int:
         """Aggregate one batch of ``records`` from a sender labelled (role, worker). ``cache`` is
         the sender's own map from (kind, name) to the series' bound ``add`` (or to the reason such
-        records are refused); profile entries are under (PROFILE, key). Returns the number
-        accepted; rejections are added to ``rejected`` by reason."""
+        records are refused); profile entries are under (PROFILE, key). ``sender`` (its id) keys
+        the steps its profiles carry. Returns the number accepted; rejections are added to
+        ``rejected`` by reason."""
         accepted = 0
         for rec in records:
             if rec.__class__ is not list or len(rec) != 3:
@@ -97,7 +99,7 @@ class Aggregator:
                 continue
             kind, name, value = rec
             if kind == PROFILE or kind == ALLOCATOR:
-                reason = self._special(kind, name, value, role, worker, cache)
+                reason = self._special(kind, name, value, role, worker, cache, sender)
             else:
                 try:
                     add = cache[kind, name]
@@ -161,13 +163,11 @@ class Aggregator:
         return add
 
     def _special(self, kind: int, name: Any, value: Any, role: str, worker: str,
-                 cache: dict[Any, Any]) -> str | None:
+                 cache: dict[Any, Any], sender: int) -> str | None:
         if kind == PROFILE:
             if name.__class__ is not int or name < 0 or value.__class__ is not dict:
                 return "invalid_value"
-            key = (role, worker)
-            if name > self._steps.get(key, -1):
-                self._steps[key] = name
+            self._steps[sender] = (role, worker, name)
             self._profile(value, role, worker, cache)
             return None
         if (name.__class__ is not int or name < 0 or value.__class__ is not list or len(value) != 3
@@ -225,9 +225,11 @@ class Aggregator:
 
     # -- windows ---------------------------------------------------------------------------------
 
-    def roll(self, now_monotonic: float, end_unix_s: float, duration_s: float) -> WindowReport:
+    def roll(self, now_monotonic: float, end_unix_s: float, duration_s: float,
+             live_senders: Collection[int] | None = None, known_senders: Collection[int] | None = None) -> WindowReport:
         """Close the window: per-series statistics, cumulative values, expiry of series idle for
-        longer than ``series_ttl_s``."""
+        longer than ``series_ttl_s``. Steps are reported for ``live_senders`` only (all when
+        None); the steps of senders not in ``known_senders`` are forgotten."""
         views = []
         expired = []
         for key, series in self._series.items():
@@ -263,4 +265,12 @@ class Aggregator:
             for (kind, token, role, worker), raw in self._raw_names.items():
                 for family in claimed_names(kind, token):
                     self._family_owner.setdefault(family, _Owner(kind, token, raw, role, worker))
-        return WindowReport(end_unix_s, duration_s, tuple(views), dict(self._steps), dict(self._allocator))
+        if known_senders is not None:
+            for gone in self._steps.keys() - set(known_senders):
+                del self._steps[gone]
+        live = None if live_senders is None else set(live_senders)
+        steps: dict[tuple[str, str], int] = {}
+        for sender, (role, worker, step) in self._steps.items():
+            if (live is None or sender in live) and step > steps.get((role, worker), -1):
+                steps[role, worker] = step
+        return WindowReport(end_unix_s, duration_s, tuple(views), steps, dict(self._allocator))

@@ -194,8 +194,9 @@ def accounting_families(report: IngestReport, host: str) -> list[Metric]:
                                   labels=["host", "role", "worker", "reason"])
     for (role, worker, reason), n in report.profile_entries_rejected.items():
         entries.add_metric([host, role, worker, reason], n)
-    senders = GaugeMetricFamily("dflash_sidecar_senders", "Senders known (heard from recently).", labels=["host"])
-    senders.add_metric([host], len(report.senders))
+    senders = GaugeMetricFamily("dflash_sidecar_senders", "Live senders: heard from in the last 10 s "
+                                "(a shim heartbeats every 2 s).", labels=["host"])
+    senders.add_metric([host], len(report.live_senders))
     series = GaugeMetricFamily("dflash_sidecar_series", "Distinct trainer series held (cardinality budget use).",
                                labels=["host"])
     series.add_metric([host], report.series)
