@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -56,9 +57,9 @@ def _endpoint(raw: Any) -> str:
     if value.startswith("ipc://") and len(value) > len("ipc://"):
         return value
     if value.startswith("tcp://"):
-        _addr(value[len("tcp://"):])
+        parse_host_port(value[len("tcp://"):], example="tcp://127.0.0.1:5557")
         return value
-    raise ValueError("expected ipc:///path/to/socket or tcp://HOST:PORT")
+    raise ValueError("expected ipc:///path/to/socket or tcp://HOST:PORT, e.g. tcp://127.0.0.1:5557")
 
 
 def _level(raw: Any) -> str:
@@ -199,10 +200,14 @@ def read_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    known = {s.name for s in SETTINGS}
-    unknown = sorted(set(data) - known)
+    known = [s.name for s in SETTINGS]
+    unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(unknown)}; "
+        described = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, known, n=1)
+            described.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(described)}; "
                           f"known: {', '.join(sorted(known))}")
     return data
 
@@ -217,13 +222,21 @@ def _validate(values: Mapping[str, Any], path: str | None) -> Config:
         try:
             if s.kind == "list":
                 items = raw if isinstance(raw, list) else [raw]
-                out[s.name] = tuple(s.type(item) for item in items)
+                checked = []
+                for item in items:
+                    try:
+                        checked.append(s.type(item))
+                    except (TypeError, ValueError) as exc:
+                        raise ConfigError(f"invalid {where}: {item!r}: {exc}") from None
+                out[s.name] = tuple(checked)
             elif s.kind == "switch":
                 if not isinstance(raw, bool):
                     raise ValueError("expected true or false")
                 out[s.name] = raw
             else:
                 out[s.name] = None if raw is None else s.type(raw)
+        except ConfigError:
+            raise
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"invalid {where}: {raw!r}: {exc}") from None
     config = Config(**out)

@@ -63,7 +63,7 @@ class Daemon:
         if self.wandb is not None:
             self.exporters.append(self.wandb)
         self.ingest: IngestLoop | None = None
-        self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._signals: queue.SimpleQueue[int | str] = queue.SimpleQueue()
         self._stopped = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -108,13 +108,14 @@ class Daemon:
             if signum == signal.SIGHUP:
                 self.reload()
                 continue
-            log.info("dflash-sidecar: %s received, flushing and exiting", signal.Signals(signum).name)
+            why = signum if isinstance(signum, str) else f"{signal.Signals(signum).name} received"
+            log.info("dflash-sidecar: %s, flushing and exiting", why)
             self.shutdown()
             return 0
 
-    def stop(self) -> None:
-        """Ask ``run`` to return (from any thread)."""
-        self._signals.put(signal.SIGTERM)
+    def stop(self, reason: str = "stop requested") -> None:
+        """Ask ``run`` to return (from any thread); ``reason`` goes into the exit log line."""
+        self._signals.put(reason)
 
     def reload(self) -> None:
         """Re-read the config file. Settings that can change live do; the others are reported as

@@ -178,7 +178,7 @@ def test_a_bad_config_file_is_rejected_at_start(tmp_path: Path) -> None:
     cfg.write_text("intervall = 5\n")
     out = subprocess.run([sys.executable, "-m", "sidecar", "--config", str(cfg)], capture_output=True, text=True,
                          env=env(), timeout=30)
-    assert out.returncode == 2 and "unknown setting(s) intervall" in out.stderr
+    assert out.returncode == 2 and "unknown setting(s) 'intervall' (did you mean 'interval'?)" in out.stderr
     cfg.write_text("interval = [\n")
     out = subprocess.run([sys.executable, "-m", "sidecar", "--config", str(cfg)], capture_output=True, text=True,
                          env=env(), timeout=30)

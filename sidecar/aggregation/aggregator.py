@@ -218,7 +218,8 @@ class Aggregator:
         if owner.kind == -1:
             other = f"the daemon's own {owner.raw}"
         else:
-            other = f"{_KIND_NAMES.get(owner.kind, owner.kind)} {owner.raw!r} of role {owner.role!r} worker {owner.worker!r}"
+            other = (f"{_KIND_NAMES.get(owner.kind, owner.kind)} {owner.raw!r} of role {owner.role!r} "
+                     f"worker {owner.worker!r}")
         log.warning("trainer name collision: %s %r of role %r worker %r maps onto the same Prometheus names as %s; "
                     "its records are dropped (counted as reason=\"name_collision\" for that role and worker). "
                     "Rename one of them.", _KIND_NAMES.get(kind, kind), name, role, worker, other)
