@@ -14,16 +14,55 @@ from sidecar.config import Config
 from sidecar.exporters.wandb.join import credential_source
 from sidecar.model.address import parse_host_port
 from sidecar.sources.receiver import EndpointError, Receiver
+from trainer_shim.endpoint import daemon_endpoint, shim_would_miss
 
 Result = tuple[str, str]
 
 
 def check_endpoints(cfg: Config) -> Result:
+    """Bind every endpoint as the daemon would, then undo it: socket files, lock files and any
+    socket directory this check had to create are removed again."""
+    created: list[str] = []
     try:
+        for endpoint in cfg.endpoint:
+            if endpoint.startswith("ipc://"):
+                created += _make_missing_dirs(os.path.dirname(endpoint[len("ipc://"):]) or ".")
         Receiver(list(cfg.endpoint)).close()
     except EndpointError as exc:
         return "FAIL", str(exc)
-    return "ok", "can bind " + ", ".join(cfg.endpoint)
+    finally:
+        for directory in reversed(created):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
+    note = f" (would create {', '.join(created)})" if created else ""
+    missed = shim_would_miss(cfg.endpoint[0]) if cfg.endpoint == (daemon_endpoint(),) else None
+    if missed:
+        return "warn", (f"can bind {cfg.endpoint[0]}{note}, but trainers of this user without "
+                        f"DFLASH_SIDECAR_ENDPOINT connect to {missed} (a deployed daemon's socket directory)")
+    return "ok", "can bind " + ", ".join(cfg.endpoint) + note
+
+
+def _make_missing_dirs(directory: str) -> list[str]:
+    """Create ``directory`` and its missing parents (0700); returns those created, outermost first.
+    Raises ``EndpointError``."""
+    missing: list[str] = []
+    d = os.path.abspath(directory)
+    while not os.path.lexists(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    missing.reverse()
+    made: list[str] = []
+    for d in missing:
+        try:
+            os.mkdir(d, 0o700)
+        except OSError as exc:
+            for m in reversed(made):
+                os.rmdir(m)
+            raise EndpointError(f"cannot create the socket directory {d}: {exc.strerror}") from None
+        made.append(d)
+    return made
 
 
 def check_port(cfg: Config) -> Result:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import sys
 from collections.abc import Sequence
@@ -35,17 +36,38 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--prometheus-addr", default="127.0.0.1:9478")
     top.add_argument("--refresh", type=float, default=2.0, help="seconds between refreshes")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
-    sub.add_parser("sample-config", help="print a config file listing every setting and its default")
+    sample = sub.add_parser("sample-config", help="print a config file listing every setting and its default")
+    for name, p in (("run", run), ("check", check), ("demo", demo), ("top", top), ("sample-config", sample)):
+        p.set_defaults(subparser=p, command=name)
     return parser
+
+
+def _unknown_arguments(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """The error for arguments ``parser`` does not take, with the closest option it does take."""
+    first = next((a for a in extra if a.startswith("-")), extra[0])
+    if not first.startswith("-"):
+        return f"unexpected argument {first!r}"
+    flag = first.split("=", 1)[0]
+    options = [o for action in parser._actions for o in action.option_strings]
+    close = difflib.get_close_matches(flag, options, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else f"; see {parser.prog} --help"
+    return f"unknown option {flag}{hint}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for invalid options)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if args and not args[0].startswith("-") and args[0] not in SUBCOMMANDS:
+        close = difflib.get_close_matches(args[0], SUBCOMMANDS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        parser.exit(2, f"dflash-sidecar: error: unknown command {args[0]!r}; {hint}"
+                       f"commands: {', '.join(SUBCOMMANDS)} (none: run)\n")
     if not args or args[0] not in SUBCOMMANDS + ("-h", "--help", "--version"):
         args.insert(0, "run")
-    parser = build_parser()
-    ns = parser.parse_args(args)
+    ns, extra = parser.parse_known_args(args)
+    if extra:
+        ns.subparser.exit(2, f"{ns.subparser.prog}: error: {_unknown_arguments(ns.subparser, extra)}\n")
     if ns.command == "sample-config":
         print(config_mod.sample_toml())
         return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -17,7 +18,7 @@ from typing import Any
 from sidecar.aggregation.gpu_groups import GpuGroups
 from sidecar.aggregation.verdict import DEFAULT_THROTTLE_REASONS, INSIGHT_DEFAULTS
 from sidecar.model.address import parse_host_port
-from trainer_shim.endpoint import default_endpoint
+from trainer_shim.endpoint import daemon_endpoint
 
 
 class ConfigError(ValueError):
@@ -56,9 +57,9 @@ def _endpoint(raw: Any) -> str:
     if value.startswith("ipc://") and len(value) > len("ipc://"):
         return value
     if value.startswith("tcp://"):
-        _addr(value[len("tcp://"):])
+        parse_host_port(value[len("tcp://"):], example="tcp://127.0.0.1:5557")
         return value
-    raise ValueError("expected ipc:///path/to/socket or tcp://HOST:PORT")
+    raise ValueError("expected ipc:///path/to/socket or tcp://HOST:PORT, e.g. tcp://127.0.0.1:5557")
 
 
 def _level(raw: Any) -> str:
@@ -140,7 +141,7 @@ class Config:
     wandb_run: str | None = _default("wandb_run")
     wandb_project: str | None = _default("wandb_project")
     wandb_entity: str | None = _default("wandb_entity")
-    endpoint: tuple[str, ...] = field(default_factory=lambda: (default_endpoint(),))
+    endpoint: tuple[str, ...] = field(default_factory=lambda: (daemon_endpoint(),))
     prometheus_addr: str = _default("prometheus_addr")
     prometheus_tls_cert: str | None = _default("prometheus_tls_cert")
     prometheus_tls_key: str | None = _default("prometheus_tls_key")
@@ -199,10 +200,14 @@ def read_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    known = {s.name for s in SETTINGS}
-    unknown = sorted(set(data) - known)
+    known = [s.name for s in SETTINGS]
+    unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(unknown)}; "
+        described = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, known, n=1)
+            described.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(described)}; "
                           f"known: {', '.join(sorted(known))}")
     return data
 
@@ -217,13 +222,21 @@ def _validate(values: Mapping[str, Any], path: str | None) -> Config:
         try:
             if s.kind == "list":
                 items = raw if isinstance(raw, list) else [raw]
-                out[s.name] = tuple(s.type(item) for item in items)
+                checked = []
+                for item in items:
+                    try:
+                        checked.append(s.type(item))
+                    except (TypeError, ValueError) as exc:
+                        raise ConfigError(f"invalid {where}: {item!r}: {exc}") from None
+                out[s.name] = tuple(checked)
             elif s.kind == "switch":
                 if not isinstance(raw, bool):
                     raise ValueError("expected true or false")
                 out[s.name] = raw
             else:
                 out[s.name] = None if raw is None else s.type(raw)
+        except ConfigError:
+            raise
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"invalid {where}: {raw!r}: {exc}") from None
     config = Config(**out)
@@ -241,7 +254,7 @@ def _validate(values: Mapping[str, Any], path: str | None) -> Config:
         if not run.strip() or any(c in run for c in "/ \t"):
             raise ConfigError(f"invalid --wandb-run: {run!r}: expected a W&B run id or 'auto'")
     if not config.endpoint:
-        config = dataclasses.replace(config, endpoint=(default_endpoint(),))
+        config = dataclasses.replace(config, endpoint=(daemon_endpoint(),))
     return config
 
 

@@ -30,6 +30,7 @@ from sidecar.model.insight import PipelineInsight
 from sidecar.model.window import IngestHealth, IngestReport
 from sidecar.sources.nvml import NvmlSource
 from sidecar.sources.receiver import Receiver
+from trainer_shim.endpoint import daemon_endpoint, shim_would_miss
 
 log = logging.getLogger("sidecar")
 
@@ -62,7 +63,7 @@ class Daemon:
         if self.wandb is not None:
             self.exporters.append(self.wandb)
         self.ingest: IngestLoop | None = None
-        self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._signals: queue.SimpleQueue[int | str] = queue.SimpleQueue()
         self._stopped = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -88,6 +89,11 @@ class Daemon:
         log.info("dflash-sidecar started: endpoints %s, Prometheus on %s%s, window %.1fs",
                  ", ".join(cfg.endpoint), cfg.prometheus_addr, " (TLS)" if cfg.prometheus_tls_cert else "",
                  cfg.interval)
+        missed = shim_would_miss(cfg.endpoint[0]) if cfg.endpoint == (daemon_endpoint(),) else None
+        if missed:
+            log.warning("trainers of this user without DFLASH_SIDECAR_ENDPOINT connect to %s (a deployed daemon's "
+                        "socket directory), not to this daemon: set DFLASH_SIDECAR_ENDPOINT=%s in their environment",
+                        missed, cfg.endpoint[0])
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT; returns the exit status. Must run on the main thread."""
@@ -102,13 +108,14 @@ class Daemon:
             if signum == signal.SIGHUP:
                 self.reload()
                 continue
-            log.info("dflash-sidecar: %s received, flushing and exiting", signal.Signals(signum).name)
+            why = signum if isinstance(signum, str) else f"{signal.Signals(signum).name} received"
+            log.info("dflash-sidecar: %s, flushing and exiting", why)
             self.shutdown()
             return 0
 
-    def stop(self) -> None:
-        """Ask ``run`` to return (from any thread)."""
-        self._signals.put(signal.SIGTERM)
+    def stop(self, reason: str = "stop requested") -> None:
+        """Ask ``run`` to return (from any thread); ``reason`` goes into the exit log line."""
+        self._signals.put(reason)
 
     def reload(self) -> None:
         """Re-read the config file. Settings that can change live do; the others are reported as

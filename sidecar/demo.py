@@ -58,12 +58,35 @@ class PipelineTimings:
         }[kind]
 
 
+def _positive_seconds(raw: str) -> float:
+    """``--duration``: a finite number of seconds > 0. Raises ``argparse.ArgumentTypeError``."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, e.g. 30, not {raw!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, not {raw} (leave it out to run until Ctrl-C)")
+    return value
+
+
+def _workers(raw: str) -> int:
+    """``--targets``/``--drafters``: 1 to 64 workers. Raises ``argparse.ArgumentTypeError``."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of workers, e.g. 2, not {raw!r}") from None
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 64, not {value}")
+    return value
+
+
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bottleneck", choices=BOTTLENECKS, default="none",
                         help="make one part of the simulated pipeline the bottleneck")
-    parser.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until Ctrl-C)")
-    parser.add_argument("--targets", type=int, default=3, help="simulated target workers")
-    parser.add_argument("--drafters", type=int, default=2, help="simulated drafter workers")
+    parser.add_argument("--duration", type=_positive_seconds, default=None,
+                        help="seconds to run, > 0 (default: until Ctrl-C or SIGTERM)")
+    parser.add_argument("--targets", type=_workers, default=3, help="simulated target workers (1-64)")
+    parser.add_argument("--drafters", type=_workers, default=2, help="simulated drafter workers (1-64)")
 
 
 class SimulatedPipeline:
@@ -172,8 +195,8 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
     pipeline.start()
     log.info("demo: simulated pipeline with %d target and %d drafter workers, bottleneck=%s; "
              "metrics on http://%s/metrics", ns.targets, ns.drafters, ns.bottleneck, cfg.prometheus_addr)
-    if ns.duration > 0:
-        timer = threading.Timer(ns.duration, daemon.stop)
+    if ns.duration is not None:
+        timer = threading.Timer(ns.duration, daemon.stop, [f"demo ran its --duration of {ns.duration:g} s"])
         timer.daemon = True  # SIGTERM before the duration ends must not wait for it
         timer.start()
     try:

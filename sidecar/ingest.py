@@ -118,7 +118,8 @@ class IngestLoop:
                     for s in registry:
                         s.cache.clear()
                 rejected: dict[str, int] = {}
-                accepted = self.aggregator.ingest(state.role, state.worker, state.cache, msg.records, rejected)
+                accepted = self.aggregator.ingest(state.role, state.worker, state.cache, msg.records, rejected,
+                                                  state.sender)
                 registry.account_ingest(state, accepted, rejected)
                 self._accepted_in_window += accepted
                 self.last_data_monotonic = now
@@ -133,9 +134,10 @@ class IngestLoop:
                 log.exception("sidecar: internal error while ingesting (counted, continuing): %r", exc)
 
     def _roll(self, now: float, duration_s: float) -> None:
-        window = self.aggregator.roll(now, time.time(), duration_s)
-        self.registry.expire(now)
         registry = self.registry
+        registry.expire(now)
+        window = self.aggregator.roll(now, time.time(), duration_s, [s.sender for s in registry.live(now)],
+                                      registry.senders.keys())
         senders = tuple(
             SenderView(s.sender, s.role, s.worker, s.pid, s.hello, now - s.last_seen, s.records_total,
                        s.received, s.accepted, s.before_join, s.lost_in_transit, s.messages_lost,

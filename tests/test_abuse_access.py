@@ -25,7 +25,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from tests.daemon_harness import DaemonProc, publish, wait_for
-from trainer_shim.endpoint import default_endpoint
+from trainer_shim.endpoint import daemon_endpoint
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 
@@ -69,7 +69,7 @@ def _daemon_env(runtime: Path) -> dict[str, str]:
 
 def test_another_user_cannot_connect_to_the_default_endpoint(tmp_path: Path, runtime_dir: Path) -> None:
     env = _daemon_env(runtime_dir)
-    endpoint = default_endpoint({**os.environ, **env})
+    endpoint = daemon_endpoint({**os.environ, **env})
     sock_path = endpoint[len("ipc://"):]
     d = DaemonProc(tmp_path, endpoint=False, extra_env=env)  # no --endpoint: the default one
     try:

@@ -83,7 +83,7 @@ def test_values_are_validated_per_kind() -> None:
     assert accepted == 5
     assert rejected == {"invalid_value": 8, "unknown_kind": 1, "bad_name": 2, "malformed_record": 2}
     assert accepted + sum(rejected.values()) == len(records)
-    assert agg.profile_entries_rejected == {"invalid_value": 1, "bad_name": 1}
+    assert agg.profile_entries_rejected == {("r", "w", "invalid_value"): 1, ("r", "w", "bad_name"): 1}
     report = agg.roll(1.0, 0.0, 2.0)
     by_name = {v.name: v for v in report.series}
     assert by_name["c"].window == {"delta": 3.0, "rate": 1.5, "total": 3.0}
@@ -110,6 +110,30 @@ def test_cardinality_budget_and_name_collisions() -> None:
                           ([GAUGE, "x_total", 1.0], [COUNT, "x", 1])]:
         accepted, rejected = _ingest(Aggregator(), [first, second])
         assert accepted == 1 and rejected == {"name_collision": 1}, (first, second)
+
+
+def test_roles_share_a_family_and_a_remaining_collision_is_logged_once_with_both_names(
+        caplog: pytest.LogCaptureFixture) -> None:
+    agg = Aggregator()
+    # timing("xyz") in one role, a profile's "xyz_ms" in another: one family, two label sets
+    assert _ingest(agg, [[TIMING, "xyz", 1.0]], role="target", worker="0") == (1, {})
+    assert _ingest(agg, [[wire.RecordKind.PROFILE, 1, {"xyz_ms": 2.0}]], role="drafter", worker="3") == (1, {})
+    assert agg.profile_entries_rejected == {}
+    # a counter and a gauge cannot share dflash_trainer_x, whatever their roles
+    assert _ingest(agg, [[GAUGE, "x", 1.0], [COUNT, "c", 1]], role="target", worker="0") == (2, {})
+    with caplog.at_level("WARNING", logger="sidecar"):
+        for _ in range(3):
+            assert _ingest(agg, [[COUNT, "x", 1]], role="drafter", worker="3") == (0, {"name_collision": 1})
+            _ingest(agg, [[wire.RecordKind.PROFILE, 2, {"c_total": 1.0}]], role="drafter", worker="4")
+    assert agg.profile_entries_rejected == {("drafter", "4", "name_collision"): 3}
+    warnings = [r.getMessage() for r in caplog.records if "name collision" in r.getMessage()]
+    assert len(warnings) == 2, warnings  # once per colliding name and sender
+    assert "counter 'x' of role 'drafter' worker '3'" in warnings[0]
+    assert "gauge 'x' of role 'target' worker '0'" in warnings[0]
+    assert "gauge 'c_total' of role 'drafter' worker '4'" in warnings[1]
+    assert "counter 'c' of role 'target' worker '0'" in warnings[1]
+    report = agg.roll(1.0, 0.0, 1.0)
+    assert sorted((v.role, v.worker) for v in report.series if v.name == "xyz") == [("drafter", "3"), ("target", "0")]
 
 
 def test_idle_series_expire_and_free_the_budget() -> None:

@@ -39,7 +39,7 @@ def test_rejected_profile_entries_are_counted_the_same_from_the_cache() -> None:
     profile = {"": 1.0, "x" * 300: 1.0, 5: 2.0, "neg_ms": -1.0, "nan": math.nan, "ok": 1.0}
     for n in (1, 2):
         assert _ingest(agg, cache, [[PROFILE, n, profile]]) == (1, {})
-        assert agg.profile_entries_rejected == {"bad_name": 3 * n, "invalid_value": 2 * n}
+        assert agg.profile_entries_rejected == {("r", "w", "bad_name"): 3 * n, ("r", "w", "invalid_value"): 2 * n}
 
 
 def test_a_profile_step_is_never_taken_for_a_cached_entry() -> None:
@@ -52,7 +52,7 @@ def test_a_profile_step_is_never_taken_for_a_cached_entry() -> None:
 def test_cardinality_refusals_are_not_cached() -> None:
     agg, cache = Aggregator(max_series=1), {}
     assert _ingest(agg, cache, [[PROFILE, 1, {"a": 1.0, "b": 2.0}]]) == (1, {})
-    assert agg.profile_entries_rejected == {"cardinality": 1}
+    assert agg.profile_entries_rejected == {("r", "w", "cardinality"): 1}
     assert (PROFILE, "b") not in cache and (GAUGE, "b") not in cache
     assert _ingest(agg, cache, [[GAUGE, "b", 1.0]]) == (0, {"cardinality": 1})
 

@@ -12,6 +12,7 @@ import sys
 import threading
 import types
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -325,12 +326,14 @@ def test_worker_and_devices_from_environment(monkeypatch: pytest.MonkeyPatch) ->
     assert telemetry._env_devices() == [1]
 
 
-def test_endpoint_resolution() -> None:
-    assert endpoint.default_endpoint({"DFLASH_SIDECAR_ENDPOINT": "tcp://127.0.0.1:5"}) == "tcp://127.0.0.1:5"
-    assert endpoint.default_endpoint({"RUNTIME_DIRECTORY": "/run/x:/run/y"}) == "ipc:///run/x/sidecar.sock"
+def test_endpoint_resolution(tmp_path: Path) -> None:
+    # the full table of cases, daemon beside shim, is tests/test_endpoint_rule.py
+    absent = str(tmp_path / "no-system-dir")
+    assert endpoint.shim_endpoint({"DFLASH_SIDECAR_ENDPOINT": "tcp://127.0.0.1:5"}, absent) == "tcp://127.0.0.1:5"
+    assert endpoint.daemon_endpoint({"RUNTIME_DIRECTORY": "/run/x:/run/y"}) == "ipc:///run/x/sidecar.sock"
     env = {"XDG_RUNTIME_DIR": "/run/user/7"}
-    if not endpoint.os.path.isdir(endpoint.SYSTEM_RUNTIME_DIR):
-        assert endpoint.default_endpoint(env) == "ipc:///run/user/7/dflash-sidecar/sidecar.sock"
+    assert endpoint.shim_endpoint(env, absent) == "ipc:///run/user/7/dflash-sidecar/sidecar.sock"
+    assert endpoint.daemon_endpoint(env) == "ipc:///run/user/7/dflash-sidecar/sidecar.sock"
 
 
 # -- allocator sampler and W&B info with fakes ------------------------------------------------------

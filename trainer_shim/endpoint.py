@@ -1,21 +1,38 @@
-"""Where the shim and the daemon meet: the default endpoint, computed the same way on both sides.
+"""Where the shim and the daemon meet: the default endpoint, one rule for both sides.
 
-Order of precedence:
+``DFLASH_SIDECAR_ENDPOINT`` (any ZeroMQ endpoint, e.g. ``tcp://127.0.0.1:5557``) wins on both
+sides. Without it:
 
-1. ``DFLASH_SIDECAR_ENDPOINT`` (any ZeroMQ endpoint, e.g. ``tcp://127.0.0.1:5557``).
-2. Under systemd the daemon gets ``RUNTIME_DIRECTORY`` (``/run/dflash-sidecar``); a trainer on the
-   same box finds that directory by its fixed path.
-3. Otherwise a private per-user directory: ``$XDG_RUNTIME_DIR/dflash-sidecar`` or
-   ``/tmp/dflash-sidecar-<uid>`` (mode 0700, created by the daemon).
+- **The daemon** binds in systemd's runtime directory when systemd prepared one for it
+  (``RUNTIME_DIRECTORY``, set by the units' ``RuntimeDirectory=``: ``/run/dflash-sidecar``).
+  That variable is the definition of "under systemd" here: it is exactly what the units provide,
+  and nothing outside a unit sets it. Otherwise the daemon binds in the private per-user
+  directory: ``$XDG_RUNTIME_DIR/dflash-sidecar``, or ``/tmp/dflash-sidecar-<uid>`` (mode 0700,
+  created by the daemon).
+- **The shim** cannot see the daemon's environment, so it decides from what is on disk. It
+  connects to ``/run/dflash-sidecar/sidecar.sock`` when (a) that socket exists and this user may
+  connect to it (a daemon serves it, or is restarting there), or (b) ``/run/dflash-sidecar`` is
+  the deployment's directory, owned by the system user ``dflash-sidecar`` (created at boot by
+  tmpfiles.d and by the units), and this user may enter it (a member of its group): the daemon
+  is about to bind there. Otherwise it connects to the per-user directory.
+
+A directory left under ``/run`` by anything else (a daemon run by hand with an explicit
+``--endpoint``) reroutes nobody. The one case where the two sides still differ: a daemon run by
+hand on a box where a deployed daemon's socket (or directory) is present. That daemon logs a
+warning naming the variable to set (``shim_would_miss``).
 """
 
 from __future__ import annotations
 
 import os
+import pwd
+import stat
 from collections.abc import Mapping
 
 SOCKET_NAME = "sidecar.sock"
 SYSTEM_RUNTIME_DIR = "/run/dflash-sidecar"
+SYSTEM_USER = "dflash-sidecar"
+"""The deployment's system user (deploy/systemd/dflash-sidecar.sysusers)."""
 ENDPOINT_ENV = "DFLASH_SIDECAR_ENDPOINT"
 
 
@@ -27,20 +44,55 @@ def user_runtime_dir(environ: Mapping[str, str] = os.environ) -> str:
     return f"/tmp/dflash-sidecar-{os.getuid()}"
 
 
-def default_runtime_dir(environ: Mapping[str, str] = os.environ) -> str:
-    """The runtime directory the daemon binds in: systemd's, the system one if present, else the
-    per-user one."""
-    systemd_dir = environ.get("RUNTIME_DIRECTORY")
-    if systemd_dir:
-        return systemd_dir.split(":")[0]
-    if os.path.isdir(SYSTEM_RUNTIME_DIR):
-        return SYSTEM_RUNTIME_DIR
-    return user_runtime_dir(environ)
+def _ipc(directory: str) -> str:
+    return "ipc://" + os.path.join(directory, SOCKET_NAME)
 
 
-def default_endpoint(environ: Mapping[str, str] = os.environ) -> str:
-    """The endpoint a shim connects to and a daemon binds when none is configured."""
+def daemon_endpoint(environ: Mapping[str, str] = os.environ) -> str:
+    """The endpoint a daemon binds when none is configured."""
     explicit = environ.get(ENDPOINT_ENV)
     if explicit:
         return explicit
-    return "ipc://" + os.path.join(default_runtime_dir(environ), SOCKET_NAME)
+    systemd_dir = environ.get("RUNTIME_DIRECTORY")
+    if systemd_dir:
+        return _ipc(systemd_dir.split(":")[0])
+    return _ipc(user_runtime_dir(environ))
+
+
+def system_socket_reachable(system_dir: str = SYSTEM_RUNTIME_DIR, system_user: str = SYSTEM_USER) -> bool:
+    """Whether the shim's default is the system socket: rule (a) or (b) of the module docstring."""
+    sock = os.path.join(system_dir, SOCKET_NAME)
+    try:
+        if stat.S_ISSOCK(os.stat(sock).st_mode) and os.access(sock, os.W_OK):
+            return True
+    except OSError:
+        pass
+    try:
+        st = os.lstat(system_dir)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or not os.access(system_dir, os.X_OK):
+        return False
+    try:
+        return pwd.getpwuid(st.st_uid).pw_name == system_user
+    except KeyError:
+        return False
+
+
+def shim_endpoint(environ: Mapping[str, str] = os.environ, system_dir: str = SYSTEM_RUNTIME_DIR,
+                  system_user: str = SYSTEM_USER) -> str:
+    """The endpoint a shim connects to when none is configured."""
+    explicit = environ.get(ENDPOINT_ENV)
+    if explicit:
+        return explicit
+    if system_socket_reachable(system_dir, system_user):
+        return _ipc(system_dir)
+    return _ipc(user_runtime_dir(environ))
+
+
+def shim_would_miss(bound: str, environ: Mapping[str, str] = os.environ, system_dir: str = SYSTEM_RUNTIME_DIR,
+                    system_user: str = SYSTEM_USER) -> str | None:
+    """For a daemon that binds ``bound`` (its default): the endpoint this user's default shims
+    would connect to instead, or None when they find this daemon."""
+    expected = shim_endpoint(environ, system_dir, system_user)
+    return None if expected == bound else expected

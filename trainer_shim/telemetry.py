@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from trainer_shim.channel import Channel, strict_from_env
-from trainer_shim.endpoint import default_endpoint
+from trainer_shim.endpoint import shim_endpoint
 from trainer_shim.publisher import Publisher, env_worker
 
 __all__ = [
@@ -73,7 +73,7 @@ def _configure_locked(
 ) -> tuple[Publisher | None, Channel]:
     global _publisher, _default
     publisher = Publisher(
-        endpoint or default_endpoint(),
+        endpoint or shim_endpoint(),
         flush_interval_s=flush_interval_s,
         max_pending=max_pending,
         strict=strict_from_env() if strict is None else strict,

@@ -7,7 +7,9 @@ immutable reports). Every rejected record is counted by reason in the caller's d
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 from sidecar.aggregation.series import CategorySeries, CounterSeries, GaugeSeries, Series, TimingSeries
@@ -24,6 +26,11 @@ RESERVED_FAMILIES = ("dflash_trainer_step", "dflash_trainer_last_seen_timestamp_
                      "dflash_trainer_last_seen_timestamp")
 """Families the daemon itself exports in the trainer namespace; trainer series may not claim them."""
 
+log = logging.getLogger("sidecar")
+
+MAX_LOGGED_COLLISIONS = 256
+"""Distinct colliding names logged (each once); beyond, collisions are only counted."""
+
 Adder = Callable[[Any], bool]
 """A series' bound ``add``: True if the value was taken, False if it is invalid."""
 
@@ -35,6 +42,21 @@ MAX_ALLOCATOR_SERIES = 1024
 ``cardinality`` (device indexes come from the client and are otherwise unbounded)."""
 
 
+_KIND_NAMES = {TIMING: "timing", COUNT: "counter", GAUGE: "gauge", CATEGORY: "category", SCALAR: "scalar"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Owner:
+    """The series that first claimed a Prometheus name: kind and token decide sharing; raw
+    name, role and worker are for the collision message."""
+
+    kind: int
+    token: str
+    raw: str
+    role: str
+    worker: str
+
+
 class Aggregator:
     """Holds every live series, bounded by ``max_series`` (the cardinality budget)."""
 
@@ -43,14 +65,18 @@ class Aggregator:
         self.series_ttl_s = series_ttl_s
         self._series: dict[tuple[int, str, str, str], Series] = {}
         self._raw_names: dict[tuple[int, str, str, str], str] = {}
-        self._family_owner: dict[str, tuple[int, str]] = {}
-        """Prometheus family name -> (kind, raw name) that owns it: one family, one meaning."""
-        for reserved in RESERVED_FAMILIES:
-            self._family_owner[reserved] = (-1, "")
+        self._family_owner: dict[str, _Owner] = {}
+        """Prometheus family (or sample) name -> the series that claimed it first. Series of the
+        same kind and sanitized name share a family whatever their role and worker (their labels
+        tell them apart); any other series claiming one of its names collides."""
+        self._reset_owners()
+        self._logged_collisions: set[tuple[int, str, str, str]] = set()
         self._last_active: dict[tuple[int, str, str, str], float] = {}
-        self._steps: dict[tuple[str, str], int] = {}
+        self._steps: dict[int, tuple[str, str, int]] = {}
+        """sender id -> (role, worker, latest step) of its last profile."""
         self._allocator: dict[tuple[str, str, int], tuple[int, int, int]] = {}
-        self.profile_entries_rejected: dict[str, int] = {}
+        self.profile_entries_rejected: dict[tuple[str, str, str], int] = {}
+        """(role, worker, reason) -> profile entries skipped."""
         self.generation = 0
         """Bumped whenever series expire: senders' (kind, name) caches must then be cleared."""
 
@@ -60,11 +86,12 @@ class Aggregator:
     # -- ingest ----------------------------------------------------------------------------------
 
     def ingest(self, role: str, worker: str, cache: dict[Any, Any], records: list[Any],
-               rejected: dict[str, int]) -> int:
+               rejected: dict[str, int], sender: int = 0) -> int:
         """Aggregate one batch of ``records`` from a sender labelled (role, worker). ``cache`` is
         the sender's own map from (kind, name) to the series' bound ``add`` (or to the reason such
-        records are refused); profile entries are under (PROFILE, key). Returns the number
-        accepted; rejections are added to ``rejected`` by reason."""
+        records are refused); profile entries are under (PROFILE, key). ``sender`` (its id) keys
+        the steps its profiles carry. Returns the number accepted; rejections are added to
+        ``rejected`` by reason."""
         accepted = 0
         for rec in records:
             if rec.__class__ is not list or len(rec) != 3:
@@ -72,7 +99,7 @@ class Aggregator:
                 continue
             kind, name, value = rec
             if kind == PROFILE or kind == ALLOCATOR:
-                reason = self._special(kind, name, value, role, worker, cache)
+                reason = self._special(kind, name, value, role, worker, cache, sender)
             else:
                 try:
                     add = cache[kind, name]
@@ -112,9 +139,11 @@ class Aggregator:
         series = self._series.get(key)
         if series is None:
             families = claimed_names(kind, token)
-            owners = {self._family_owner.get(f, (kind, name)) for f in families}
-            if owners != {(kind, name)}:
-                # Two raw names (or kinds) that map to one Prometheus family would corrupt it.
+            clash = next((o for f in families if (o := self._family_owner.get(f)) is not None
+                          and (o.kind, o.token) != (kind, token)), None)
+            if clash is not None:
+                # Another kind (or a different name whose samples land here) would corrupt the family.
+                self._log_collision(kind, name, role, worker, clash)
                 if len(cache) < MAX_CACHED_REJECTIONS:
                     cache[kind, name] = "name_collision"
                 return "name_collision"
@@ -123,8 +152,10 @@ class Aggregator:
             series = self._series[key] = factory()
             self._raw_names[key] = name
             for f in families:
-                self._family_owner[f] = (kind, name)
+                self._family_owner.setdefault(f, _Owner(kind, token, name, role, worker))
         elif self._raw_names[key] != name:
+            # Two spellings onto one series of one sender ("a.b" and "a_b"): the first one keeps it.
+            self._log_collision(kind, name, role, worker, _Owner(kind, token, self._raw_names[key], role, worker))
             if len(cache) < MAX_CACHED_REJECTIONS:
                 cache[kind, name] = "name_collision"
             return "name_collision"
@@ -132,13 +163,11 @@ class Aggregator:
         return add
 
     def _special(self, kind: int, name: Any, value: Any, role: str, worker: str,
-                 cache: dict[Any, Any]) -> str | None:
+                 cache: dict[Any, Any], sender: int) -> str | None:
         if kind == PROFILE:
             if name.__class__ is not int or name < 0 or value.__class__ is not dict:
                 return "invalid_value"
-            key = (role, worker)
-            if name > self._steps.get(key, -1):
-                self._steps[key] = name
+            self._steps[sender] = (role, worker, name)
             self._profile(value, role, worker, cache)
             return None
         if (name.__class__ is not int or name < 0 or value.__class__ is not list or len(value) != 3
@@ -167,7 +196,8 @@ class Aggregator:
                 continue
             else:
                 reason = profile_entry_problem(entry, number) or "invalid_value"
-            rejected[reason] = rejected.get(reason, 0) + 1
+            k = (role, worker, reason)
+            rejected[k] = rejected.get(k, 0) + 1
 
     def _resolve_entry(self, entry: Any, role: str, worker: str, cache: dict[Any, Any]) -> Adder | str:
         kind = TIMING if entry.__class__ is str and entry.endswith("_ms") else GAUGE
@@ -176,11 +206,31 @@ class Aggregator:
             cache[PROFILE, entry] = add
         return add
 
+    def _reset_owners(self) -> None:
+        self._family_owner = {reserved: _Owner(-1, "", reserved, "", "") for reserved in RESERVED_FAMILIES}
+
+    def _log_collision(self, kind: int, name: str, role: str, worker: str, owner: _Owner) -> None:
+        """One warning per colliding (kind, name, role, worker), naming both sides."""
+        key = (kind, name, role, worker)
+        if key in self._logged_collisions or len(self._logged_collisions) >= MAX_LOGGED_COLLISIONS:
+            return
+        self._logged_collisions.add(key)
+        if owner.kind == -1:
+            other = f"the daemon's own {owner.raw}"
+        else:
+            other = (f"{_KIND_NAMES.get(owner.kind, owner.kind)} {owner.raw!r} of role {owner.role!r} "
+                     f"worker {owner.worker!r}")
+        log.warning("trainer name collision: %s %r of role %r worker %r maps onto the same Prometheus names as %s; "
+                    "its records are dropped (counted as reason=\"name_collision\" for that role and worker). "
+                    "Rename one of them.", _KIND_NAMES.get(kind, kind), name, role, worker, other)
+
     # -- windows ---------------------------------------------------------------------------------
 
-    def roll(self, now_monotonic: float, end_unix_s: float, duration_s: float) -> WindowReport:
+    def roll(self, now_monotonic: float, end_unix_s: float, duration_s: float,
+             live_senders: Collection[int] | None = None, known_senders: Collection[int] | None = None) -> WindowReport:
         """Close the window: per-series statistics, cumulative values, expiry of series idle for
-        longer than ``series_ttl_s``."""
+        longer than ``series_ttl_s``. Steps are reported for ``live_senders`` only (all when
+        None); the steps of senders not in ``known_senders`` are forgotten."""
         views = []
         expired = []
         for key, series in self._series.items():
@@ -212,8 +262,16 @@ class Aggregator:
             self.generation += 1
             # Families only live series still use keep their owner (otherwise this map would
             # grow with every name ever seen, and an expired name could never be reused).
-            self._family_owner = {reserved: (-1, "") for reserved in RESERVED_FAMILIES}
-            for (kind, token, _, _), raw in self._raw_names.items():
+            self._reset_owners()
+            for (kind, token, role, worker), raw in self._raw_names.items():
                 for family in claimed_names(kind, token):
-                    self._family_owner[family] = (kind, raw)
-        return WindowReport(end_unix_s, duration_s, tuple(views), dict(self._steps), dict(self._allocator))
+                    self._family_owner.setdefault(family, _Owner(kind, token, raw, role, worker))
+        if known_senders is not None:
+            for gone in self._steps.keys() - set(known_senders):
+                del self._steps[gone]
+        live = None if live_senders is None else set(live_senders)
+        steps: dict[tuple[str, str], int] = {}
+        for sender, (role, worker, step) in self._steps.items():
+            if (live is None or sender in live) and step > steps.get((role, worker), -1):
+                steps[role, worker] = step
+        return WindowReport(end_unix_s, duration_s, tuple(views), steps, dict(self._allocator))

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.model.window import LabelTotals
+from sidecar.model.window import LIVE_S, LabelTotals
 from sidecar.sources.decode import BatchMessage, HelloMessage
 
 MAX_SENDERS = 4096
@@ -158,6 +158,6 @@ class SenderRegistry:
             del self.senders[sender]
         return len(dead)
 
-    def live(self, now: float, within_s: float = 30.0) -> list[SenderState]:
-        """Senders heard from in the last ``within_s`` seconds."""
+    def live(self, now: float, within_s: float = LIVE_S) -> list[SenderState]:
+        """Senders heard from in the last ``within_s`` seconds (``LIVE_S``: the live ones)."""
         return [st for st in self.senders.values() if now - st.last_seen <= within_s]

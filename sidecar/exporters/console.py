@@ -27,10 +27,11 @@ class ConsoleExporter(Exporter):
         new_drops, self._dropped_before = dropped - self._dropped_before, dropped
         window = report.window
         rate = report.records_accepted_in_window / window.duration_s if window.duration_s > 0 else 0.0
-        parts = [f"window {window.duration_s:.1f}s", f"{len(report.senders)} senders",
+        parts = [f"window {window.duration_s:.1f}s", f"{len(report.live_senders)} senders",
                  f"{rate:,.0f} rec/s", f"{new_drops} dropped"]
-        if window.trainer_step is not None:
-            parts.append(f"step {window.trainer_step}")
+        steps = window.step_range
+        if steps is not None:
+            parts.append(f"step {steps[0]}" if steps[0] == steps[1] else f"steps {steps[0]}-{steps[1]}")
         if report.insight is not None:
             parts.append(format_insight(report.insight))
         return " | ".join(parts)

@@ -21,6 +21,13 @@ TIMING, COUNT, GAUGE, CATEGORY, SCALAR, PROFILE, ALLOCATOR = (
     int(RecordKind.SCALAR), int(RecordKind.PROFILE), int(RecordKind.ALLOCATOR),
 )
 
+LIVE_S = 10.0
+"""A sender is *live* while its last message is at most this old: a shim sends at least a
+heartbeat every 2 s, so five missed heartbeats mean it is gone (killed, exited, or cut off).
+Live senders are what ``dflash_sidecar_senders``, ``dflash_trainer_step`` and the console show;
+a sender no longer live but not yet forgotten (``aggregation.senders.SENDER_TTL_S``) still has
+its accounting."""
+
 
 @dataclass(frozen=True, slots=True)
 class SeriesView:
@@ -39,7 +46,9 @@ class SeriesView:
 
 @dataclass(frozen=True, slots=True)
 class WindowReport:
-    """Everything aggregated in one window. ``steps``: latest trainer step per (role, worker).
+    """Everything aggregated in one window. ``steps``: per (role, worker), the step of its live
+    run (the highest latest step among that label's live senders; a dead sender's step is gone).
+    ``step_range``: (lowest, highest) of those steps, None if no live sender published one.
     ``allocator``: (role, worker, device) -> (allocated, reserved, max_reserved) bytes."""
 
     end_unix_s: float
@@ -56,8 +65,12 @@ class WindowReport:
 
     @property
     def trainer_step(self) -> int | None:
-        """The highest step any sender published (the W&B x-axis), or None."""
+        """The highest step of the live senders (the W&B x-axis), or None."""
         return max(self.steps.values()) if self.steps else None
+
+    @property
+    def step_range(self) -> tuple[int, int] | None:
+        return (min(self.steps.values()), max(self.steps.values())) if self.steps else None
 
 
 @dataclass(slots=True)
@@ -104,7 +117,8 @@ class IngestReport:
     senders: tuple[SenderView, ...]
     totals: dict[tuple[str, str], LabelTotals]
     messages_dropped: dict[str, int]
-    profile_entries_rejected: dict[str, int]
+    profile_entries_rejected: dict[tuple[str, str, str], int]
+    """(role, worker, reason) -> profile entries skipped."""
     frames: int
     bytes: int
     disconnects: int
@@ -112,6 +126,12 @@ class IngestReport:
     records_accepted_in_window: int
     insight: PipelineInsight | None = None
     gpu: GpuView | None = None
+
+    @property
+    def live_senders(self) -> tuple[SenderView, ...]:
+        """The senders heard from within ``LIVE_S`` of the window's end (``senders`` also holds
+        silent ones until they are forgotten)."""
+        return tuple(s for s in self.senders if s.last_seen_age_s <= LIVE_S)
 
 
 @dataclass(frozen=True, slots=True)

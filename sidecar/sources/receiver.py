@@ -10,6 +10,7 @@ owns it). The socket directory is created private (0700) unless it already exist
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -80,8 +81,7 @@ class Receiver:
         try:
             self._sock.bind(endpoint)
         except zmq.ZMQError as exc:
-            raise EndpointError(f"cannot bind {endpoint}: {exc.strerror}. Is another daemon "
-                                "using it? Choose another with --endpoint.") from None
+            raise EndpointError(f"cannot bind {endpoint}: {_bind_hint(endpoint, exc)}") from None
         if endpoint.startswith("ipc://"):
             os.chmod(endpoint[len("ipc://"):], 0o660)
 
@@ -97,7 +97,12 @@ class Receiver:
             # O_NOFOLLOW: a symlink planted at the lock path must not make us truncate its target.
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
-            raise EndpointError(f"cannot open {lock_path}: {exc.strerror}") from None
+            if os.path.lexists(lock_path):  # something (a planted symlink) is in the way: name it
+                raise EndpointError(f"cannot open {lock_path}, the lock file of ipc://{path}: {exc.strerror} "
+                                    "(symbolic links are not followed); remove it") from None
+            raise EndpointError(f"cannot create the socket ipc://{path}: {exc.strerror} in {directory} (the "
+                                f"daemon writes the socket and its lock file {os.path.basename(lock_path)} "
+                                "there); give --endpoint a path in a directory this user can write") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -189,6 +194,20 @@ def _check_directory(directory: str) -> None:
         raise EndpointError(f"refusing the socket directory {directory}: it {problem}, so another user could "
                             "replace the socket. Remove it (the daemon recreates it private) or give --endpoint "
                             "a path in a directory only this user can write")
+
+
+def _bind_hint(endpoint: str, exc: zmq.ZMQError) -> str:
+    """What went wrong binding ``endpoint`` and what to do about it."""
+    if exc.errno == errno.EADDRINUSE:
+        return (f"{exc.strerror}: another program (or another dflash-sidecar) listens there; stop it or "
+                "choose another port with --endpoint, e.g. tcp://127.0.0.1:5557")
+    if exc.errno == errno.EADDRNOTAVAIL and endpoint.startswith("tcp://"):
+        host = endpoint[len("tcp://"):].rpartition(":")[0].strip("[]")
+        return (f"{exc.strerror}: {host} is not an address of this machine. Shims connect from the same "
+                "host: bind tcp://127.0.0.1:PORT (or an address this machine has)")
+    if exc.errno == errno.EACCES and endpoint.startswith("tcp://"):
+        return f"{exc.strerror}: ports below 1024 need privileges; use a port above 1024"
+    return f"{exc.strerror}; choose another with --endpoint"
 
 
 def _read_pid(path: str) -> int | None:

@@ -190,11 +190,13 @@ def accounting_families(report: IngestReport, host: str) -> list[Metric]:
     for reason, n in report.messages_dropped.items():
         messages.add_metric([host, reason], n)
     entries = CounterMetricFamily("dflash_sidecar_profile_entries_rejected",
-                                  "Entries of profile dicts skipped, by reason.", labels=["host", "reason"])
-    for reason, n in report.profile_entries_rejected.items():
-        entries.add_metric([host, reason], n)
-    senders = GaugeMetricFamily("dflash_sidecar_senders", "Senders known (heard from recently).", labels=["host"])
-    senders.add_metric([host], len(report.senders))
+                                  "Entries of profile dicts skipped, by sender and reason.",
+                                  labels=["host", "role", "worker", "reason"])
+    for (role, worker, reason), n in report.profile_entries_rejected.items():
+        entries.add_metric([host, role, worker, reason], n)
+    senders = GaugeMetricFamily("dflash_sidecar_senders", "Live senders: heard from in the last 10 s "
+                                "(a shim heartbeats every 2 s).", labels=["host"])
+    senders.add_metric([host], len(report.live_senders))
     series = GaugeMetricFamily("dflash_sidecar_series", "Distinct trainer series held (cardinality budget use).",
                                labels=["host"])
     series.add_metric([host], report.series)

@@ -61,7 +61,7 @@ def accounting_row(report: IngestReport) -> dict[str, float]:
     row: dict[str, float] = {
         "self/records_per_s": report.records_accepted_in_window / report.window.duration_s
         if report.window.duration_s > 0 else 0.0,
-        "self/senders": float(len(report.senders)),
+        "self/senders": float(len(report.live_senders)),
         "self/series": float(report.series),
     }
     dropped: dict[str, int] = {}
