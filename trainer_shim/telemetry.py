@@ -108,7 +108,8 @@ def _configure_locked(
     )
     old, _publisher = _publisher, publisher
     _defaults.update(role=role, worker=worker, devices=devices)
-    _default = publisher.channel(*_identity(role, worker), devices=devices or _env_devices())
+    _default = publisher.channel(*_identity(role, worker), devices=devices or _env_devices(),
+                                 default_worker=_is_default_worker(worker))
     _bind(_default)
     return old, _default
 
@@ -117,7 +118,8 @@ def channel(role: str | None = None, worker: str | None = None, devices: list[in
     """A channel of the default publisher for one worker (e.g. one per worker thread)."""
     _default_channel()
     assert _publisher is not None
-    return _publisher.channel(*_identity(role, worker), devices=devices or _env_devices())
+    return _publisher.channel(*_identity(role, worker), devices=devices or _env_devices(),
+                              default_worker=_is_default_worker(worker))
 
 
 def flush(wait_s: float = 0.0) -> bool:
@@ -143,6 +145,10 @@ def _identity(role: str | None, worker: str | None) -> tuple[str, str]:
     role = role or _defaults.get("role") or os.environ.get("DFLASH_ROLE") or "trainer"
     worker = worker or _defaults.get("worker") or env_worker()
     return str(role), str(worker)
+
+
+def _is_default_worker(worker: str | None) -> bool:
+    return not (worker or _defaults.get("worker"))
 
 
 def _env_devices() -> list[int]:
