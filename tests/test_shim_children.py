@@ -31,12 +31,15 @@ from trainer_shim import telemetry
 """
 
 
-def run_script(workdir: Path, code: str, endpoint: str) -> subprocess.CompletedProcess[str]:
+def run_script(workdir: Path, code: str, endpoint: str,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` as ``trainer.py`` in ``workdir`` with the shim pointed at ``endpoint``;
+    fails the test on a non-zero exit or a traceback."""
     script = workdir / "trainer.py"
     script.write_text(PRELUDE + textwrap.dedent(code))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
-    env.update(PYTHONPATH=str(ROOT), DFLASH_SIDECAR_ENDPOINT=endpoint, RANK="0")
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
+    full_env.update(PYTHONPATH=str(ROOT), DFLASH_SIDECAR_ENDPOINT=endpoint, RANK="0", **(env or {}))
+    proc = subprocess.run([sys.executable, str(script)], env=full_env, capture_output=True, text=True,
                           timeout=EXIT_BOUND_S, check=False, cwd=workdir)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr

@@ -206,6 +206,18 @@ class Publisher:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=2 * linger_ms / 1000 + 1.0)
 
+    def refresh_wandb(self, run_id: str | None = None) -> None:
+        """Look for the trainer's W&B run at the next flush instead of within
+        ``HELLO_REFRESH_S`` (a framework callback calls this once the run exists).
+        ``run_id``: announce this id when ``wandb.run`` is not visible (another process owns
+        the run)."""
+        if run_id:
+            self.wandb_run_id = run_id
+            for ch in self._channels.values():
+                ch.hello_due = True
+        self._next_hello_check = 0.0
+        self._wake.set()
+
     def stats(self) -> dict[tuple[str, str], dict[str, Any]]:
         """Per channel: sender id, messages and records sent, drops by reason, records queued."""
         return {

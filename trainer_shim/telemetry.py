@@ -39,6 +39,7 @@ from trainer_shim.endpoint import default_endpoint
 from trainer_shim.publisher import Publisher, env_worker
 
 __all__ = [
+    "announce_wandb_run",
     "category",
     "channel",
     "close",
@@ -134,6 +135,14 @@ def close() -> None:
     """Flush and close the default publisher (also done automatically at exit)."""
     if _publisher is not None:
         _publisher.close()
+
+
+def announce_wandb_run(run_id: str | None = None) -> None:
+    """Say hello with the trainer's W&B run at the next flush (the shim otherwise notices a new
+    ``wandb.run`` within 5 s). ``run_id`` is announced when ``wandb.run`` is not set."""
+    _default_channel()
+    if _publisher is not None:
+        _publisher.refresh_wandb(run_id)
 
 
 def stats() -> dict[tuple[str, str], dict[str, Any]]:
