@@ -263,19 +263,30 @@ def fresh_telemetry(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Iterator[types
     importlib.reload(telemetry)
 
 
-def test_module_functions_rebind_to_the_default_channel(fresh_telemetry: types.ModuleType) -> None:
+def test_module_functions_are_stable_and_feed_the_default_channel(
+    fresh_telemetry: types.ModuleType,
+) -> None:
+    """The module's functions never change identity (torch.compile guards on it) and append to
+    the default channel's queue, created by the first call."""
     tm = fresh_telemetry
-    first = tm.timing
-    assert first.__module__ == tm.__name__  # a forwarding function before first use
+    before = {name: getattr(tm, name) for name in
+              ("publish", "timing", "count", "gauge", "category", "timer", "scalar")}
     tm.timing("step_ms", 1.0)
     ch = tm.channel()
-    for name in ("publish", "timing", "count", "gauge", "category", "timer", "scalar"):
-        bound = getattr(tm, name)
-        assert bound.__self__ is ch, name
-        assert bound == getattr(ch, name), name
-    first("step_ms", 2.0)  # an alias taken before first use keeps working
-    assert ch.pending() == 2
-    assert (ch.role, ch.worker) == ("trainer", threading.current_thread().name)
+    tm.count("n", 2)
+    tm.gauge("g", 3.0)
+    tm.category("c", "k")
+    tm.publish(4, {"x": 1.0})
+    tm.scalar("s", 5.0)
+    with tm.timer("t"):
+        pass
+    assert {name: getattr(tm, name) for name in before} == before
+    records = ch.drain()
+    assert [r[:2] for r in records] == [(6, 4), (1, "step_ms"), (2, "n"), (3, "g"), (4, "c"),
+                                         (5, "s"), (1, "t")]
+    assert ch.step == 4 and (ch.role, ch.worker) == ("trainer", threading.current_thread().name)
+    tm.publish(5, None)  # type: ignore[arg-type]
+    assert ch.dropped == {"bad_argument": 1}
 
 
 def test_configure_overrides_environment(fresh_telemetry: types.ModuleType,
@@ -288,7 +299,11 @@ def test_configure_overrides_environment(fresh_telemetry: types.ModuleType,
     assert (ch.role, ch.worker) == ("drafter", "3")
     ch2 = tm.configure(role="target", worker="w7", devices=[2], strict=True)
     assert (ch2.role, ch2.worker, ch2.devices) == ("target", "w7", [2])
-    assert isinstance(ch2, StrictChannel) and tm.gauge.__self__ is ch2
+    assert isinstance(ch2, StrictChannel)
+    with pytest.raises(ValueError):
+        tm.gauge("g", float("nan"))  # the module's functions now go through the strict channel
+    tm.gauge("g", 1.0)
+    assert ch2.pending() == 1
     assert tm.channel(worker="other").role == "target"
     with pytest.raises(ValueError):
         tm.configure(flush_interval_s=0)

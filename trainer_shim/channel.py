@@ -15,7 +15,7 @@ import numbers
 import os
 import random
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from itertools import repeat
 from operator import call as _call
 from time import perf_counter_ns
@@ -43,24 +43,66 @@ def new_sender_id() -> int:
 
 class Channel:
     """Records from one (role, worker). Every method is safe from any thread, never blocks and
-    never raises into the caller; see ``docs/SHIM.md`` for what happens to bad arguments."""
+    never raises into the caller; see ``docs/SHIM.md`` for what happens to bad arguments.
+
+    The recording calls (``timing``, ``count``, ``gauge``, ``category``, ``publish``, ``scalar``,
+    ``timer``) are plain functions stored on the instance, not methods: a bound method would be
+    traced by ``torch.compile``, a plain function can be registered with it as a logging call
+    (``trainer_shim.compile_support``). Each keeps a direct reference to the channel's queue, so a
+    call is one bounded append."""
 
     __slots__ = (
-        "role", "worker", "devices", "thread", "sender", "seq", "records_total", "dropped", "step",
-        "hello_due", "last_hello_monotonic", "last_sent_monotonic", "_q", "_pq", "_cap",
-        "_overflow", "_overflow_lock", "__weakref__",
+        "__weakref__",
+        "_cap",
+        "_overflow",
+        "_overflow_lock",
+        "_pq",
+        "_q",
+        "category",
+        "count",
+        "devices",
+        "dropped",
+        "gauge",
+        "hello_due",
+        "last_hello_monotonic",
+        "last_sent_monotonic",
+        "publish",
+        "records_total",
+        "relabel",
+        "role",
+        "scalar",
+        "sender",
+        "seq",
+        "step",
+        "thread",
+        "timer",
+        "timing",
+        "worker",
     )
+
+    timing: Callable[[str, float], None]
+    count: Callable[..., None]
+    gauge: Callable[[str, float], None]
+    category: Callable[[str, str | int], None]
+    publish: Callable[[int, Mapping[str, float]], None]
+    scalar: Callable[[str, Any], None]
+    timer: Callable[[str], Timer]
 
     def __init__(self, role: str, worker: str, max_pending: int, devices: list[int]) -> None:
         self.role = role
         self.worker = worker
         self.devices = devices
         self.thread = threading.current_thread().name
+        self.relabel = False
         self._cap = max_pending
+        self._q: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._pq: collections.deque[dict[Any, Any]] = collections.deque()  # publish() snapshots
         self.reset()
+        self._bind()
 
     def reset(self) -> None:
-        """Start a fresh sender identity (at creation, and in a forked child)."""
+        """Start a fresh sender identity (at creation, and in a forked child). The queues are
+        emptied in place: the recording functions keep referring to them."""
         self.sender = new_sender_id()
         self.seq = 0
         self.records_total = 0
@@ -69,78 +111,20 @@ class Channel:
         self.hello_due = True
         self.last_hello_monotonic = 0.0
         self.last_sent_monotonic = 0.0
-        self._q: collections.deque[tuple[Any, ...]] = collections.deque()
-        self._pq: collections.deque[dict[Any, Any]] = collections.deque()  # publish() snapshots
+        self._q.clear()
+        self._pq.clear()
         self._overflow = 0
         self._overflow_lock = threading.Lock()
 
-    # -- the hot path: one bounded append each -------------------------------------------------
+    def _bind(self) -> None:
+        fns = _recording_functions(self)
+        for name, fn in fns.items():
+            setattr(self, name, fn)
+        from trainer_shim import compile_support
 
-    def timing(self, name: str, ms: float) -> None:
-        """Record a duration of ``ms`` milliseconds under ``name``."""
-        q = self._q
-        if len(q) < self._cap:
-            q.append((_TIMING, name, ms))
-        else:
-            self._count_overflow()
+        compile_support.register(fns)
 
-    def count(self, name: str, n: float = 1) -> None:
-        """Add ``n`` (>= 0) to the counter ``name``."""
-        q = self._q
-        if len(q) < self._cap:
-            q.append((_COUNT, name, n))
-        else:
-            self._count_overflow()
-
-    def gauge(self, name: str, value: float) -> None:
-        """Record the current ``value`` of ``name`` (a queue depth, a batch size...)."""
-        q = self._q
-        if len(q) < self._cap:
-            q.append((_GAUGE, name, value))
-        else:
-            self._count_overflow()
-
-    def category(self, name: str, key: str | int) -> None:
-        """Record one categorical sample, e.g. the hidden-state bucket a batch came from."""
-        q = self._q
-        if len(q) < self._cap:
-            q.append((_CATEGORY, name, key))
-        else:
-            self._count_overflow()
-
-    def publish(self, step: int, profile: Mapping[str, float]) -> None:
-        """Publish the trainer's profile snapshot for ``step``. Keys ending in ``_ms`` are
-        timings in milliseconds, all others gauges. The mapping is copied (shallow), so the
-        caller may reuse it; anything that is not a mapping is dropped and counted
-        (``bad_argument``)."""
-        pq = self._pq
-        if len(pq) < self._cap:
-            try:
-                snapshot = {**profile}
-            except Exception:  # noqa: BLE001 - not a mapping: counted, never raised
-                self._count_dropped("bad_argument")
-                return
-            # The step rides inside the copy: a dict of numbers is not tracked by the garbage
-            # collector, a (kind, step, dict) tuple would be, and at high publish rates those
-            # tuples survived into older generations and triggered full collections.
-            snapshot[_STEP_KEY] = step
-            pq.append(snapshot)
-            self.step = step
-        else:
-            self._count_overflow()
-
-    def timer(self, name: str) -> Timer:
-        """A context manager timing its ``with`` block on the host clock, recorded as a timing
-        (ms) when the block ends, also when it raises. Host wall time only: for GPU work this
-        measures launch time, not execution."""
-        return Timer(self, name)
-
-    def scalar(self, name: str, tensor: Any) -> None:
-        """Publish a 1-element tensor's value without synchronizing with the GPU: a CUDA tensor is
-        copied asynchronously (ordered on the current stream) and published once its copy event
-        completes; a CPU tensor or a plain number is published at once. A tensor on any other
-        device, or one that is not a single element, is dropped and counted (``bad_argument``):
-        reading it would synchronize."""
+    def _scalar(self, name: str, tensor: Any) -> None:
         try:
             if getattr(tensor, "is_cuda", False):
                 from trainer_shim.cuda_scalar import resolver
@@ -202,6 +186,79 @@ class Channel:
         return len(self._q) + len(self._pq)
 
 
+def _recording_functions(ch: Channel) -> dict[str, Any]:
+    """The hot path of one channel as plain functions (see ``Channel``); each builds one small
+    tuple and appends it to the bounded queue."""
+    q, pq, cap = ch._q, ch._pq, ch._cap
+    overflow, count_dropped = ch._count_overflow, ch._count_dropped
+
+    def timing(name: str, ms: float) -> None:
+        """Record a duration of ``ms`` milliseconds under ``name``."""
+        if len(q) < cap:
+            q.append((_TIMING, name, ms))
+        else:
+            overflow()
+
+    def count(name: str, n: float = 1) -> None:
+        """Add ``n`` (>= 0) to the counter ``name``."""
+        if len(q) < cap:
+            q.append((_COUNT, name, n))
+        else:
+            overflow()
+
+    def gauge(name: str, value: float) -> None:
+        """Record the current ``value`` of ``name`` (a queue depth, a batch size...)."""
+        if len(q) < cap:
+            q.append((_GAUGE, name, value))
+        else:
+            overflow()
+
+    def category(name: str, key: str | int) -> None:
+        """Record one categorical sample, e.g. the hidden-state bucket a batch came from."""
+        if len(q) < cap:
+            q.append((_CATEGORY, name, key))
+        else:
+            overflow()
+
+    def publish(step: int, profile: Mapping[str, float]) -> None:
+        """Publish the trainer's profile snapshot for ``step``. Keys ending in ``_ms`` are
+        timings in milliseconds, all others gauges. The mapping is copied (shallow), so the
+        caller may reuse it; anything that is not a mapping is dropped and counted
+        (``bad_argument``)."""
+        if len(pq) < cap:
+            try:
+                snapshot = {**profile}
+            except Exception:  # noqa: BLE001 - not a mapping: counted, never raised
+                count_dropped("bad_argument")
+                return
+            # The step rides inside the copy: a dict of numbers is not tracked by the garbage
+            # collector, a (kind, step, dict) tuple would be, and at high publish rates those
+            # tuples survived into older generations and triggered full collections.
+            snapshot[_STEP_KEY] = step
+            pq.append(snapshot)
+            ch.step = step
+        else:
+            overflow()
+
+    def timer(name: str) -> Timer:
+        """A context manager timing its ``with`` block on the host clock, recorded as a timing
+        (ms) when the block ends, also when it raises. Host wall time only: for GPU work this
+        measures launch time, not execution. Inside a ``torch.compile``d function it records
+        nothing (see docs/SHIM.md)."""
+        return Timer(ch, name)
+
+    def scalar(name: str, tensor: Any) -> None:
+        """Publish a 1-element tensor's value without synchronizing with the GPU: a CUDA tensor is
+        copied asynchronously (ordered on the current stream) and published once its copy event
+        completes; a CPU tensor or a plain number is published at once. A tensor on any other
+        device, or one that is not a single element, is dropped and counted (``bad_argument``):
+        reading it would synchronize."""
+        ch._scalar(name, tensor)
+
+    return {"timing": timing, "count": count, "gauge": gauge, "category": category,
+            "publish": publish, "timer": timer, "scalar": scalar}
+
+
 class Timer:
     """What ``Channel.timer(name)`` returns: times its ``with`` block (host clock, ns
     resolution) and queues one timing in milliseconds at the end, also when the block raises.
@@ -234,19 +291,32 @@ class StrictChannel(Channel):
 
     __slots__ = ()
 
-    def timing(self, name: str, ms: float) -> None:
+    def _bind(self) -> None:
+        fast = _recording_functions(self)
+        fns = _strict_functions(fast)
+        for name, fn in fns.items():
+            setattr(self, name, fn)
+        from trainer_shim import compile_support
+
+        compile_support.register(fns)
+
+
+def _strict_functions(fast: dict[str, Any]) -> dict[str, Any]:
+    """``fast``'s functions behind the strict checks."""
+
+    def timing(name: str, ms: float) -> None:
         _check_number(_TIMING, name, ms, non_negative=True)
-        super().timing(name, ms)
+        fast["timing"](name, ms)
 
-    def count(self, name: str, n: float = 1) -> None:
+    def count(name: str, n: float = 1) -> None:
         _check_number(_COUNT, name, n, non_negative=True)
-        super().count(name, n)
+        fast["count"](name, n)
 
-    def gauge(self, name: str, value: float) -> None:
+    def gauge(name: str, value: float) -> None:
         _check_number(_GAUGE, name, value)
-        super().gauge(name, value)
+        fast["gauge"](name, value)
 
-    def category(self, name: str, key: str | int) -> None:
+    def category(name: str, key: str | int) -> None:
         _check_name(name)
         if _is_integer(key):
             pass
@@ -256,9 +326,9 @@ class StrictChannel(Channel):
         elif not key or len(key) > wire.MAX_CATEGORY_KEY_CHARS or not key.isprintable():
             raise ValueError(f"telemetry: category {name!r}: key {key!r:.80} must be 1 to "
                              f"{wire.MAX_CATEGORY_KEY_CHARS} printable characters")
-        super().category(name, key)
+        fast["category"](name, key)
 
-    def publish(self, step: int, profile: Mapping[str, float]) -> None:
+    def publish(step: int, profile: Mapping[str, float]) -> None:
         if not _is_integer(step):
             raise TypeError(f"telemetry: publish: step must be an int, not {type(step).__name__}")
         if step < 0:
@@ -268,20 +338,20 @@ class StrictChannel(Channel):
                             f"not {type(profile).__name__}")
         for key, value in profile.items():
             _check_number(_PROFILE, key, value)
-        super().publish(step, profile)
+        fast["publish"](step, profile)
 
-    def timer(self, name: str) -> Timer:
+    def timer(name: str) -> Timer:
         _check_name(name)
-        return super().timer(name)
+        return fast["timer"](name)  # type: ignore[no-any-return]
 
-    def scalar(self, name: str, tensor: Any) -> None:
+    def scalar(name: str, tensor: Any) -> None:
         _check_name(name)
         if getattr(tensor, "is_cuda", False) or hasattr(tensor, "numel"):
             if tensor.numel() != 1:
                 raise ValueError(f"telemetry: scalar {name!r}: the tensor has {tensor.numel()} "
                                  "elements, not 1")
             if getattr(tensor, "is_cuda", False):  # its value cannot be checked without a sync
-                super().scalar(name, tensor)
+                fast["scalar"](name, tensor)
                 return
             if tensor.device.type != "cpu":
                 raise ValueError(f"telemetry: scalar {name!r}: a {tensor.device.type} tensor "
@@ -289,7 +359,10 @@ class StrictChannel(Channel):
             _check_number(_SCALAR, name, tensor.item())
         else:
             _check_number(_SCALAR, name, tensor)
-        super().scalar(name, tensor)
+        fast["scalar"](name, tensor)
+
+    return {"timing": timing, "count": count, "gauge": gauge, "category": category,
+            "publish": publish, "timer": timer, "scalar": scalar}
 
 
 def _is_integer(value: object) -> bool:

@@ -126,6 +126,7 @@ class Publisher:
         self._accounted = 0
         self._init_threading()
         _LIVE.add(self)
+        _register_multiprocessing_exit(self)
 
     def _init_threading(self) -> None:
         self._lock = threading.Lock()
@@ -145,9 +146,12 @@ class Publisher:
 
     # -- public API ------------------------------------------------------------------------------
 
-    def channel(self, role: str, worker: str, devices: list[int] | None = None) -> Channel:
+    def channel(self, role: str, worker: str, devices: list[int] | None = None,
+                default_worker: bool = False) -> Channel:
         """The channel for ``(role, worker)``, created on first use (starts the flusher; the
-        socket is only created once there is something to send)."""
+        socket is only created once there is something to send). ``default_worker``: the
+        label came from the environment, not from the caller; in a multiprocessing child
+        (spawn, forkserver) such a label gets the child's suffix (see ``child_suffix``)."""
         key = (role, worker)
         ch = self._channels.get(key)
         if ch is not None:
@@ -157,6 +161,7 @@ class Publisher:
             if ch is None:
                 cls = StrictChannel if self.strict else Channel
                 ch = cls(role, worker, self.max_pending, list(devices or []))
+                ch.relabel = default_worker and _in_multiprocessing_child()
                 self._channels = {**self._channels, key: ch}
             if self._thread is None and not self._closed:
                 self._start_flusher()
@@ -200,6 +205,18 @@ class Publisher:
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=2 * linger_ms / 1000 + 1.0)
+
+    def refresh_wandb(self, run_id: str | None = None) -> None:
+        """Look for the trainer's W&B run at the next flush instead of within
+        ``HELLO_REFRESH_S`` (a framework callback calls this once the run exists).
+        ``run_id``: announce this id when ``wandb.run`` is not visible (another process owns
+        the run)."""
+        if run_id:
+            self.wandb_run_id = run_id
+            for ch in self._channels.values():
+                ch.hello_due = True
+        self._next_hello_check = 0.0
+        self._wake.set()
 
     def stats(self) -> dict[tuple[str, str], dict[str, Any]]:
         """Per channel: sender id, messages and records sent, drops by reason, records queued."""
@@ -292,6 +309,9 @@ class Publisher:
     def _flush_channel(self, transport: Transport, ch: Channel, now: float, live: bool) -> None:
         """Drain one channel and account for every record drained: sent (``records_total``) or
         dropped by reason, also when something unexpected fails."""
+        if ch.relabel:
+            ch.relabel = False
+            ch.worker = f"{ch.worker}/{child_suffix()}"
         records = ch.drain()
         self._accounted = 0
         try:
@@ -419,8 +439,16 @@ class Publisher:
         self._closed = closed
         for ch in self._channels.values():
             ch.reset()
+            ch.relabel = True
         if had_thread and not closed and self._channels:
             self._start_flusher()
+        _register_multiprocessing_exit(self)
+
+    def _close_at_process_exit(self) -> None:
+        """multiprocessing's exit path (``util._exit_function``, run before ``os._exit`` in
+        every multiprocessing child): send what is queued, bounded like ``close``."""
+        if self._pid == os.getpid():
+            self.close()
 
 
 def _safe_repr(obj: object) -> str:
@@ -428,6 +456,50 @@ def _safe_repr(obj: object) -> str:
         return f"{obj!r:.200}"
     except Exception:  # noqa: BLE001
         return f"<{type(obj).__name__}>"
+
+
+def child_suffix() -> str:
+    """What a child process adds to its parent's worker label: ``loader<id>`` in a DataLoader
+    worker (read only if the trainer imported torch), else ``pid<pid>``."""
+    data = sys.modules.get("torch.utils.data")
+    try:
+        info = data.get_worker_info() if data is not None else None
+    except Exception:  # noqa: BLE001
+        info = None
+    if info is not None:
+        return f"loader{info.id}"
+    return f"pid{os.getpid()}"
+
+
+def _in_multiprocessing_child() -> bool:
+    process = sys.modules.get("multiprocessing.process")
+    try:
+        return process is not None and process.parent_process() is not None
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _register_multiprocessing_exit(publisher: Publisher) -> None:
+    """Have multiprocessing's exit path close ``publisher``: its children end with ``os._exit``
+    after ``util._exit_function`` has run the registered finalizers, skipping ``atexit``. A
+    child's ``_bootstrap`` clears the finalizers it inherited and then runs the after-fork
+    hooks, so the finalizer is registered now (for this process) and again from an after-fork
+    hook (for its multiprocessing children). Only if the trainer imported multiprocessing."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is None:
+        return
+    try:
+        util.Finalize(publisher, _close_if_alive, args=(weakref.ref(publisher),),
+                      exitpriority=100)
+        util.register_after_fork(publisher, _register_multiprocessing_exit)
+    except Exception as exc:  # noqa: BLE001
+        publisher._internal_error("cannot register with multiprocessing", exc)
+
+
+def _close_if_alive(ref: weakref.ref[Publisher]) -> None:
+    publisher = ref()
+    if publisher is not None:
+        publisher._close_at_process_exit()
 
 
 def _after_fork_in_child() -> None:

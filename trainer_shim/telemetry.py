@@ -9,32 +9,59 @@ environment: endpoint ``DFLASH_SIDECAR_ENDPOINT`` (see ``trainer_shim.endpoint``
 mode ``DFLASH_TELEMETRY_STRICT``. ``configure()`` overrides them; worker threads that should be
 told apart take their own ``channel(role, worker)``.
 
-Once the default channel exists, the module's functions are rebound to its bound methods, so
-``telemetry.timing(...)`` costs one bounded deque append. (A name imported with
-``from trainer_shim.telemetry import timing`` keeps working, one call slower.)
+The module's functions are plain functions that never change (``torch.compile`` guards on
+their identity and replays them after its graph, see ``trainer_shim.compile_support``). Each
+appends to the default channel's queue, held in module globals; until the default channel exists
+the queue's capacity is 0, so the first call takes the slow path, which creates the channel. In
+strict mode the capacity stays 0 and every call goes through the strict channel's checks.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
-from trainer_shim.channel import Channel, strict_from_env
+from trainer_shim import compile_support
+from trainer_shim.channel import (
+    _CATEGORY,
+    _COUNT,
+    _GAUGE,
+    _STEP_KEY,
+    _TIMING,
+    Channel,
+    strict_from_env,
+)
 from trainer_shim.endpoint import shim_endpoint
 from trainer_shim.publisher import Publisher, env_worker
 
 __all__ = [
-    "publish", "timing", "count", "gauge", "category", "timer", "scalar",
-    "configure", "channel", "flush", "close", "stats",
+    "announce_wandb_run",
+    "category",
+    "channel",
+    "close",
+    "configure",
+    "count",
+    "flush",
+    "gauge",
+    "publish",
+    "scalar",
+    "stats",
+    "timer",
+    "timing",
 ]
 
 _lock = threading.Lock()
 _publisher: Publisher | None = None
 _default: Channel | None = None
 _defaults: dict[str, Any] = {}
+# The default channel's queues and the capacity the fast path may use (0: take the slow path).
+_q: collections.deque[tuple[Any, ...]] = collections.deque()
+_pq: collections.deque[dict[Any, Any]] = collections.deque()
+_cap = 0
 
 
 def configure(
@@ -82,7 +109,8 @@ def _configure_locked(
     )
     old, _publisher = _publisher, publisher
     _defaults.update(role=role, worker=worker, devices=devices)
-    _default = publisher.channel(*_identity(role, worker), devices=devices or _env_devices())
+    _default = publisher.channel(*_identity(role, worker), devices=devices or _env_devices(),
+                                 default_worker=_is_default_worker(worker))
     _bind(_default)
     return old, _default
 
@@ -91,7 +119,8 @@ def channel(role: str | None = None, worker: str | None = None, devices: list[in
     """A channel of the default publisher for one worker (e.g. one per worker thread)."""
     _default_channel()
     assert _publisher is not None
-    return _publisher.channel(*_identity(role, worker), devices=devices or _env_devices())
+    return _publisher.channel(*_identity(role, worker), devices=devices or _env_devices(),
+                              default_worker=_is_default_worker(worker))
 
 
 def flush(wait_s: float = 0.0) -> bool:
@@ -108,6 +137,14 @@ def close() -> None:
         _publisher.close()
 
 
+def announce_wandb_run(run_id: str | None = None) -> None:
+    """Say hello with the trainer's W&B run at the next flush (the shim otherwise notices a new
+    ``wandb.run`` within 5 s). ``run_id`` is announced when ``wandb.run`` is not set."""
+    _default_channel()
+    if _publisher is not None:
+        _publisher.refresh_wandb(run_id)
+
+
 def stats() -> dict[tuple[str, str], dict[str, Any]]:
     """Per channel: records sent, drops by reason, records queued (see ``Publisher.stats``)."""
     return _publisher.stats() if _publisher is not None else {}
@@ -117,6 +154,10 @@ def _identity(role: str | None, worker: str | None) -> tuple[str, str]:
     role = role or _defaults.get("role") or os.environ.get("DFLASH_ROLE") or "trainer"
     worker = worker or _defaults.get("worker") or env_worker()
     return str(role), str(worker)
+
+
+def _is_default_worker(worker: str | None) -> bool:
+    return not (worker or _defaults.get("worker"))
 
 
 def _env_devices() -> list[int]:
@@ -139,40 +180,83 @@ def _default_channel() -> Channel:
 
 
 def _bind(ch: Channel) -> None:
-    g = globals()
-    for name in ("publish", "timing", "count", "gauge", "category", "timer", "scalar"):
-        g[name] = getattr(ch, name)
+    global _q, _pq, _cap
+    _cap = 0  # while the globals change, calls take the slow path
+    _q, _pq = ch._q, ch._pq
+    _cap = 0 if _is_strict(ch) else ch._cap
 
 
-# Until the default channel exists, these create it, rebind the module and forward the call.
+def _is_strict(ch: Channel) -> bool:
+    from trainer_shim.channel import StrictChannel
+
+    return isinstance(ch, StrictChannel)
+
+
+def _slow(kind: int, name: Any, value: Any) -> None:
+    ch = _default_channel()
+    if kind == _TIMING:
+        ch.timing(name, value)
+    elif kind == _COUNT:
+        ch.count(name, value)
+    elif kind == _GAUGE:
+        ch.gauge(name, value)
+    else:
+        ch.category(name, value)
+
+
+# The fast path appends to the default channel's queue; the slow path (first call, full queue,
+# strict mode) goes through the channel itself, which creates it, counts overflow or validates.
 
 def publish(step: int, profile: Mapping[str, float]) -> None:
     """Publish the trainer's profile dict for ``step`` (``*_ms`` keys are timings)."""
-    _default_channel().publish(step, profile)
+    if len(_pq) < _cap:
+        try:
+            snapshot = {**profile}
+        except Exception:  # noqa: BLE001 - not a mapping: counted by the channel
+            _default_channel().publish(step, profile)
+            return
+        snapshot[_STEP_KEY] = step
+        _pq.append(snapshot)
+        _default.step = step  # type: ignore[union-attr]
+    else:
+        _default_channel().publish(step, profile)
 
 
 def timing(name: str, ms: float) -> None:
     """Record a duration in milliseconds."""
-    _default_channel().timing(name, ms)
+    if len(_q) < _cap:
+        _q.append((_TIMING, name, ms))
+    else:
+        _slow(_TIMING, name, ms)
 
 
 def count(name: str, n: float = 1) -> None:
     """Add ``n`` to a counter."""
-    _default_channel().count(name, n)
+    if len(_q) < _cap:
+        _q.append((_COUNT, name, n))
+    else:
+        _slow(_COUNT, name, n)
 
 
 def gauge(name: str, value: float) -> None:
     """Record a gauge value."""
-    _default_channel().gauge(name, value)
+    if len(_q) < _cap:
+        _q.append((_GAUGE, name, value))
+    else:
+        _slow(_GAUGE, name, value)
 
 
 def category(name: str, key: str | int) -> None:
     """Record one categorical sample."""
-    _default_channel().category(name, key)
+    if len(_q) < _cap:
+        _q.append((_CATEGORY, name, key))
+    else:
+        _slow(_CATEGORY, name, key)
 
 
 def timer(name: str) -> AbstractContextManager[None]:
-    """Context manager timing its block (host wall time) as a timing in ms."""
+    """Context manager timing its block (host wall time) as a timing in ms. Inside a
+    ``torch.compile``d function it records nothing (see ``trainer_shim.compile_support``)."""
     return _default_channel().timer(name)
 
 
@@ -181,3 +265,5 @@ def scalar(name: str, tensor: Any) -> None:
     _default_channel().scalar(name, tensor)
 
 
+compile_support.register({"publish": publish, "timing": timing, "count": count, "gauge": gauge,
+                          "category": category, "timer": timer, "scalar": scalar})

@@ -1,0 +1,153 @@
+"""The two-line integrations with the real frameworks on CPU, end to end against a real receiver:
+a Hugging Face ``Trainer`` with a tiny GPT-2 built from a config (no download), a Lightning
+``Trainer`` with a tiny module, and the data-loader wrapper in a plain loop. Each script runs in
+a fresh interpreter; what the receiver got is checked per record."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.shim_helpers import ROOT, SenderLedger, ledgers, wait_until
+from tests.test_shim_children import run_script
+from trainer_shim.integrations import names
+
+pytest_plugins = ["tests.shim_fixtures"]
+
+STEPS = 6
+PROFILE = 6  # wire.RecordKind.PROFILE
+
+
+def received(rx: Any, done: Callable[[SenderLedger], bool]) -> SenderLedger:
+    """The one sender's ledger once ``done`` holds for it."""
+    def ready() -> SenderLedger | None:
+        books = list(ledgers(rx.messages()).values())
+        return books[0] if len(books) == 1 and done(books[0]) else None
+
+    book = wait_until(ready, timeout_s=60)
+    rx.stop()
+    assert book.consistent()
+    return book
+
+
+def profiles(book: SenderLedger) -> list[tuple[int, dict[str, float]]]:
+    return [(r[1], r[2]) for r in book.records if r[0] == PROFILE]
+
+
+def values(book: SenderLedger, name: str) -> list[Any]:
+    return [r[2] for r in book.records if r[0] != PROFILE and r[1] == name]
+
+
+def test_importing_the_package_imports_no_framework() -> None:
+    code = ("import sys, trainer_shim.integrations, trainer_shim.integrations.loader; "
+            "print(sorted(m for m in ('torch', 'transformers', 'lightning') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60, check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr
+
+
+def test_hf_trainer_callback(workdir: Path, ep: str, receivers: Callable[..., Any]) -> None:
+    rx = receivers(ep)
+    proc = run_script(workdir, f"""
+        import torch, wandb
+        from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+        from trainer_shim.integrations.hf import SidecarCallback
+
+        class Tokens(torch.utils.data.Dataset):
+            def __len__(self):
+                return 64
+            def __getitem__(self, i):
+                ids = torch.arange(i, i + 8) % 64
+                return {{"input_ids": ids, "labels": ids}}
+
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1,
+                                           n_head=2))
+        args = TrainingArguments(output_dir="out", max_steps={STEPS}, per_device_train_batch_size=4,
+                                 logging_steps=1, report_to=["wandb"], use_cpu=True,
+                                 save_strategy="no", dataloader_num_workers=0,
+                                 include_num_input_tokens_seen="all", disable_tqdm=True)
+        trainer = Trainer(model=model, args=args, train_dataset=Tokens(),
+                          callbacks=[SidecarCallback()])
+        trainer.train()
+        print("RUN", wandb.run.id if wandb.run else None, flush=True)
+    """, ep, env={"WANDB_MODE": "offline", "WANDB_DIR": str(workdir), "WANDB_SILENT": "true"})
+    run_id = next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("RUN"))
+    book = received(rx, lambda b: len(profiles(b)) >= STEPS and len(values(b, "loss")) >= STEPS)
+    steps = profiles(book)
+    assert [s for s, _ in steps] == list(range(1, STEPS + 1))
+    assert all({names.STEP_MS, names.OPTIMIZER_STEP_MS} <= set(p) for _, p in steps)
+    assert all(names.DATA_WAIT_MS in p for _, p in steps[1:])
+    assert all(p[names.STEP_MS] >= p[names.OPTIMIZER_STEP_MS] > 0 for _, p in steps)
+    assert values(book, names.BATCHES) == [1] * STEPS
+    assert sum(values(book, names.TOKENS)) == STEPS * 4 * 8
+    losses, lrs = values(book, names.LOSS), values(book, names.LR)
+    assert len(losses) == STEPS and all(isinstance(v, float) and v > 0 for v in losses)
+    assert len(lrs) == STEPS and all(isinstance(v, float) for v in lrs)
+    assert run_id != "None" and run_id in {h.get("wandb_run_id") for h in book.hellos}
+
+
+def test_lightning_callback(workdir: Path, ep: str, receivers: Callable[..., Any]) -> None:
+    rx = receivers(ep)
+    run_script(workdir, f"""
+        import torch
+        import lightning as L
+        from trainer_shim.integrations.lightning import SidecarCallback
+
+        class Tiny(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(8, 1)
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                return torch.nn.functional.mse_loss(self.layer(x), y)
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.05)
+
+        data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+        loader = torch.utils.data.DataLoader(data, batch_size=8)
+        trainer = L.Trainer(max_steps={STEPS}, accelerator="cpu", logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, callbacks=[SidecarCallback()])
+        trainer.fit(Tiny(), loader)
+    """, ep)
+    book = received(rx, lambda b: len(profiles(b)) >= STEPS)
+    steps = profiles(book)
+    assert [s for s, _ in steps] == list(range(1, STEPS + 1))
+    timed = {names.STEP_MS, names.FORWARD_MS, names.BACKWARD_MS, names.OPTIMIZER_STEP_MS}
+    assert all(timed <= set(p) for _, p in steps)
+    assert all(names.DATA_WAIT_MS in p for _, p in steps[1:])
+    assert all(p[names.STEP_MS] >= p[names.FORWARD_MS] + p[names.BACKWARD_MS] for _, p in steps)
+    assert values(book, names.BATCHES) == [1] * STEPS
+    assert values(book, names.LR) == [0.05] * STEPS
+    losses = values(book, names.LOSS)
+    assert len(losses) == STEPS and all(isinstance(v, float) and v > 0 for v in losses)
+
+
+def test_loader_wrapper_times_the_wait_for_each_batch(workdir: Path, ep: str,
+                                                      receivers: Callable[..., Any]) -> None:
+    """Each batch's ``data_wait_ms`` covers the time the loader spent producing it (the dataset
+    sleeps 20 ms per batch), and nothing of the loop body (which sleeps 50 ms)."""
+    rx = receivers(ep)
+    run_script(workdir, """
+        import time
+        from trainer_shim.integrations.loader import timed
+
+        def slow_batches():
+            for i in range(5):
+                time.sleep(0.02)
+                yield list(range(i + 1))
+
+        wrapped = timed(slow_batches(), tokens=len)
+        for batch in wrapped:
+            time.sleep(0.05)
+        assert len(timed([1, 2, 3])) == 3
+    """, ep)
+    book = received(rx, lambda b: len(values(b, names.BATCHES)) >= 5)
+    waits = values(book, names.DATA_WAIT_MS)
+    assert len(waits) == 5 and all(20 <= w < 50 for w in waits)
+    assert values(book, names.TOKENS) == [1, 2, 3, 4, 5]

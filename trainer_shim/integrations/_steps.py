@@ -1,0 +1,74 @@
+"""The step clock shared by the framework callbacks: hook timestamps in, one profile per step out."""
+
+from __future__ import annotations
+
+import sys
+from time import perf_counter_ns
+from typing import Any
+
+from trainer_shim import telemetry
+from trainer_shim.integrations import names
+
+
+class StepClock:
+    """Turns a framework's hook calls into one ``publish(step, profile)`` per step. Hooks that a
+    framework does not call leave their timing out of the profile. All times: host monotonic
+    clock, published in milliseconds."""
+
+    def __init__(self, channel: Any = None) -> None:
+        """``channel``: a ``telemetry.channel(...)``; default: the process's default channel."""
+        self._tm = channel if channel is not None else telemetry
+        self._last_end: int | None = None
+        self._begin: int | None = None
+        self._marks: dict[str, int] = {}
+        self._profile: dict[str, float] = {}
+
+    def step_begin(self) -> None:
+        now = perf_counter_ns()
+        self._profile = {}
+        self._marks = {"begin": now}
+        if self._last_end is not None:
+            self._profile[names.DATA_WAIT_MS] = (now - self._last_end) / 1e6
+        self._begin = now
+
+    def mark(self, what: str) -> None:
+        """Remember when ``what`` happened (``begin`` is the step's begin)."""
+        self._marks[what] = perf_counter_ns()
+
+    def span(self, name: str, start: str, end: str | None = None) -> None:
+        """Record the time from mark ``start`` to mark ``end`` (default: now) as ``name``."""
+        t0 = self._marks.get(start)
+        if t0 is not None:
+            t1 = self._marks.get(end, 0) if end is not None else perf_counter_ns()
+            if t1 >= t0:
+                self._profile[name] = (t1 - t0) / 1e6
+
+    def step_end(self, step: int, tokens: int | None = None) -> None:
+        """Publish the step's profile under ``step`` (the framework's global step)."""
+        now = perf_counter_ns()
+        if self._begin is not None:
+            self._profile[names.STEP_MS] = (now - self._begin) / 1e6
+        self._tm.publish(int(step), self._profile)
+        self._tm.count(names.BATCHES)
+        if tokens:
+            self._tm.count(names.TOKENS, tokens)
+        self._last_end = now
+        self._begin = None
+
+    def gauge(self, name: str, value: Any) -> None:
+        """A gauge from a value the framework already holds as a Python number (never a tensor
+        read: that could synchronize)."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            self._tm.gauge(name, value)
+
+    def scalar(self, name: str, value: Any) -> None:
+        """A tensor (or number) published without synchronizing (``telemetry.scalar``)."""
+        detach = getattr(value, "detach", None)
+        self._tm.scalar(name, detach() if detach is not None else value)
+
+
+def announce_wandb_run(run_id: str | None = None) -> None:
+    """Announce the trainer's W&B run now rather than within 5 s (only if wandb is imported or
+    an id is given)."""
+    if run_id or "wandb" in sys.modules:
+        telemetry.announce_wandb_run(run_id)

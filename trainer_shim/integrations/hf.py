@@ -1,0 +1,58 @@
+"""Hugging Face Transformers: a ``TrainerCallback``. Two lines::
+
+    from trainer_shim.integrations.hf import SidecarCallback
+    trainer = Trainer(..., callbacks=[SidecarCallback()])
+
+Per optimizer step it publishes the step (``state.global_step``) with ``step_ms``,
+``data_wait_ms`` (the gap between a step's end and the next step's begin, where the Trainer
+fetches the next batches) and ``optimizer_step_ms`` (from ``on_pre_optimizer_step`` to
+``on_optimizer_step``), and counts ``batches`` (and ``tokens`` when the Trainer counts input
+tokens, ``include_num_input_tokens_seen``). ``loss`` and ``lr`` come from the Trainer's own logs,
+which hold Python floats already: nothing here reads a tensor, so nothing synchronizes. When the
+Trainer has a W&B run (its ``WandbCallback`` starts it at train begin), the run id is announced
+at once. Names: ``trainer_shim.integrations.names``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import TrainerCallback
+
+from trainer_shim.integrations import names
+from trainer_shim.integrations._steps import StepClock, announce_wandb_run
+
+
+class SidecarCallback(TrainerCallback):  # type: ignore[misc]
+    """Publishes the Trainer's step-time breakdown, loss and learning rate to the sidecar."""
+
+    def __init__(self, channel: Any = None) -> None:
+        """``channel``: a ``telemetry.channel(...)`` to publish on; default: the process's
+        default channel."""
+        self._clock = StepClock(channel)
+        self._tokens_seen = 0
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        announce_wandb_run()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._clock.step_begin()
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._clock.mark("optimizer")
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._clock.span(names.OPTIMIZER_STEP_MS, "optimizer")
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        seen = getattr(state, "num_input_tokens_seen", 0) or 0
+        tokens, self._tokens_seen = int(seen) - self._tokens_seen, int(seen)
+        self._clock.step_end(state.global_step, tokens if tokens > 0 else None)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        logs = logs or {}
+        if "loss" in logs:
+            self._clock.gauge(names.LOSS, logs["loss"])
+        if "learning_rate" in logs:
+            self._clock.gauge(names.LR, logs["learning_rate"])

@@ -1,0 +1,57 @@
+"""PyTorch Lightning: a ``Callback``. Two lines::
+
+    from trainer_shim.integrations.lightning import SidecarCallback
+    trainer = L.Trainer(..., callbacks=[SidecarCallback()])
+
+Per training batch it publishes ``trainer.global_step`` with ``step_ms`` (batch start to batch
+end), ``data_wait_ms`` (the gap between a batch's end and the next batch's start, where the loop
+fetches the next batch), ``forward_ms`` (batch start to ``on_before_backward``: the training
+step), ``backward_ms`` (``on_before_backward`` to ``on_after_backward``) and
+``optimizer_step_ms`` (``on_before_optimizer_step`` to batch end), and counts ``batches``. The
+loss goes through ``telemetry.scalar`` (a CUDA loss is copied asynchronously, never read), the
+learning rate is the first optimizer's first group's ``lr`` (a Python float). The W&B run, when
+the trainer has one, is announced at train start. Names: ``trainer_shim.integrations.names``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch import Callback
+
+from trainer_shim.integrations import names
+from trainer_shim.integrations._steps import StepClock, announce_wandb_run
+
+
+class SidecarCallback(Callback):  # type: ignore[misc]
+    """Publishes Lightning's step-time breakdown, loss and learning rate to the sidecar."""
+
+    def __init__(self, channel: Any = None) -> None:
+        """``channel``: a ``telemetry.channel(...)`` to publish on; default: the process's
+        default channel."""
+        self._clock = StepClock(channel)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        announce_wandb_run()
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._clock.step_begin()
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self._clock.mark("backward")
+        self._clock.span(names.FORWARD_MS, "begin", "backward")
+        self._clock.scalar(names.LOSS, loss)
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        self._clock.span(names.BACKWARD_MS, "backward")
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._clock.mark("optimizer")
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self._clock.span(names.OPTIMIZER_STEP_MS, "optimizer")
+        optimizers = getattr(trainer, "optimizers", None) or []
+        if optimizers:
+            self._clock.gauge(names.LR, optimizers[0].param_groups[0].get("lr"))
+        self._clock.step_end(trainer.global_step)

@@ -1,0 +1,25 @@
+"""The names the integrations publish: a generic training loop's vocabulary, which the daemon's
+generic-loop preset maps with no user configuration. Timings are milliseconds of host wall time;
+each is one sample per optimizer step (``data_wait_ms``: per batch for the loader wrapper)."""
+
+DATA_WAIT_MS = "data_wait_ms"
+"""Waiting for the next batch: the gap between a step's end and the next step's begin (callbacks),
+or the exact time spent in the loader's ``next()`` (loader wrapper)."""
+FORWARD_MS = "forward_ms"
+"""The training step's forward pass and loss, up to the start of backward (Lightning)."""
+BACKWARD_MS = "backward_ms"
+"""The backward pass (Lightning)."""
+OPTIMIZER_STEP_MS = "optimizer_step_ms"
+"""The optimizer step (``optimizer.step()``; host time, for GPU work launch time)."""
+STEP_MS = "step_ms"
+"""A whole training step, from the framework's step-begin hook to its step-end hook."""
+COMM_WAIT_MS = "comm_wait_ms"
+"""Waiting on collectives (reserved for trainers that measure it; no integration does)."""
+BATCHES = "batches"
+"""Counter: batches (callbacks: optimizer steps) completed."""
+TOKENS = "tokens"
+"""Counter: input tokens consumed, when the framework or the caller knows them."""
+LOSS = "loss"
+"""Gauge: the training loss."""
+LR = "lr"
+"""Gauge: the learning rate of the first parameter group."""
