@@ -79,18 +79,18 @@ class Daemon:
     """A real ``dflash-sidecar run`` process on a fresh ipc endpoint in ``workdir``.
 
     ``gpu_metrics``: NVML polling every ``nvml_interval_s`` (GPM wherever the GPU supports it,
-    the daemon's default) or ``--no-gpu-metrics``. The environment is this process's, so a fake
+    the daemon's default) or ``--no-gpu-metrics``; ``extra``: more ``run`` options. The environment is this process's, so a fake
     NVML driver set up through ``LD_LIBRARY_PATH``/``FAKE_NVML_CONTROL`` reaches it. Raises
     ``RuntimeError`` when it does not serve /metrics within ``start_timeout_s``.
     """
 
     def __init__(self, workdir: Path, gpu_metrics: bool, nvml_interval_s: float = 1.0,
-                 start_timeout_s: float = 30.0) -> None:
+                 extra: tuple[str, ...] = (), start_timeout_s: float = 30.0) -> None:
         self.endpoint = f"ipc://{workdir}/sidecar.sock"
         self.url = f"http://127.0.0.1:{free_port()}/metrics"
         cmd = [sys.executable, "-m", "sidecar", "run", "--endpoint", self.endpoint,
                "--prometheus-addr", self.url.split("/")[2], "--log-level", "warning",
-               *(["--nvml-interval", str(nvml_interval_s)] if gpu_metrics else ["--no-gpu-metrics"])]
+               *(["--nvml-interval", str(nvml_interval_s)] if gpu_metrics else ["--no-gpu-metrics"]), *extra]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
         self.log_path = workdir / f"daemon-{'nvml' if gpu_metrics else 'nogpu'}.log"

@@ -272,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
             "allocator samples (no CUDA allocator)")]
         print(f"CPU dry run ({why}), torch {torch.__version__}: every shim call runs, eager and compiled "
               f"(backend {backend}), on CPU tensors. Skipped: " + "; ".join(s.split(":")[0] for s in results["skipped"]))
+    if not cuda:
+        torch.set_num_threads(1)  # a dry run stays on one core of a shared machine
     collect = _Collect()
     logging.getLogger("trainer_shim").addHandler(collect)
     failures: list[str] = []
