@@ -25,7 +25,7 @@ TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 def write_json(path: Path | None, results: dict[str, Any]) -> None:
     """Write one part's results (``None``: nowhere). Non-finite floats become null."""
     if path is not None:
-        path.write_text(json.dumps(_finite(results), indent=1, sort_keys=True) + "\n")
+        path.write_text(json.dumps(_finite(results), indent=1) + "\n")
 
 
 def _finite(value: Any) -> Any:
