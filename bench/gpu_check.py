@@ -41,7 +41,8 @@ PARTS: dict[str, tuple[str, float, list[str], list[str]]] = {
     "shim": ("gpu_check_shim.py", 0.40, [], ["--dry-run", "--steps", "3"]),
     "parity": ("gpu_check_parity.py", 0.35, ["--repeats", "3", "--run-seconds", "4"],
                ["--dry-run", "--repeats", "1", "--run-seconds", "0.1"]),
-    "nvml": ("gpu_check_nvml.py", 0.25, [], ["--dry-run", "--seconds", "0.6", "--daemon-seconds", "0.5", "--reps", "5"]),
+    "nvml": ("gpu_check_nvml.py", 0.25, [],
+             ["--dry-run", "--seconds", "0.6", "--daemon-seconds", "0.5", "--reps", "5"]),
 }
 
 

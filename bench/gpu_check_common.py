@@ -79,9 +79,10 @@ class Daemon:
     """A real ``dflash-sidecar run`` process on a fresh ipc endpoint in ``workdir``.
 
     ``gpu_metrics``: NVML polling every ``nvml_interval_s`` (GPM wherever the GPU supports it,
-    the daemon's default) or ``--no-gpu-metrics``; ``extra``: more ``run`` options. The environment is this process's, so a fake
-    NVML driver set up through ``LD_LIBRARY_PATH``/``FAKE_NVML_CONTROL`` reaches it. Raises
-    ``RuntimeError`` when it does not serve /metrics within ``start_timeout_s``.
+    the daemon's default) or ``--no-gpu-metrics``; ``extra``: more ``run`` options. The
+    environment is this process's, so a fake NVML driver set up through ``LD_LIBRARY_PATH`` and
+    ``FAKE_NVML_CONTROL`` reaches it. Raises ``RuntimeError`` when it does not serve /metrics
+    within ``start_timeout_s``.
     """
 
     def __init__(self, workdir: Path, gpu_metrics: bool, nvml_interval_s: float = 1.0,

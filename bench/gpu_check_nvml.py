@@ -96,7 +96,8 @@ FIELDS: tuple[Field, ...] = (
           _scaled("ecc_uncorrected_total", 1)),
 )
 
-PCIE = (("pcie rx [MB/s]", "rxpci", "pcie_rx_bytes_per_second"), ("pcie tx [MB/s]", "txpci", "pcie_tx_bytes_per_second"))
+PCIE = (("pcie rx [MB/s]", "rxpci", "pcie_rx_bytes_per_second"),
+        ("pcie tx [MB/s]", "txpci", "pcie_tx_bytes_per_second"))
 """Compared with ``nvidia-smi dmon -s t`` (its own 1 s sample, so a loose tolerance)."""
 PCIE_ABS_TOL, PCIE_REL_TOL = 200.0, 0.5
 
@@ -258,7 +259,8 @@ def measure_source(seconds: float, interval: float, library: str | None, trainer
     durations.sort()
     gpus = len(snapshot.gpus)
     return {"gpus": gpus, "polls": len(durations), "interval_s": interval,
-            "median_ms": statistics.median(durations) * 1e3, "p99_ms": durations[int(0.99 * (len(durations) - 1))] * 1e3,
+            "median_ms": statistics.median(durations) * 1e3,
+            "p99_ms": durations[int(0.99 * (len(durations) - 1))] * 1e3,
             "max_ms": durations[-1] * 1e3, "median_ms_per_gpu": statistics.median(durations) * 1e3 / max(gpus, 1),
             "poller_cpu_ms_per_poll": cpu * 1e3, "calls_per_poll": statistics.mean(calls),
             "errors": dict(status.errors), "profiling": [g.profiling.value for g in snapshot.gpus],
@@ -337,7 +339,8 @@ def measure_all(args: argparse.Namespace, results: dict[str, Any], load: subproc
     driver = NvmlDriver(logging.getLogger("gpu_check"))
     driver.load(args.library)
     try:
-        handles = [driver.call_raw("nvmlDeviceGetHandleByIndex", i) for i in range(driver.call_raw("nvmlDeviceGetCount"))]
+        count = driver.call_raw("nvmlDeviceGetCount")
+        handles = [driver.call_raw("nvmlDeviceGetHandleByIndex", i) for i in range(count)]
         system, versions = system_calls(driver, handles, args.reps)
         per_gpu = {i: gpu_calls(driver, h, args.reps) for i, h in enumerate(handles)}
     finally:
@@ -379,7 +382,8 @@ def measure_all(args: argparse.Namespace, results: dict[str, Any], load: subproc
         p = polls[name]
         print(f"  {name:24} NVML cost per poll, {p['gpus']} GPU(s), {p['polls']} polls: median {p['median_ms']:.3f} ms "
               f"({p['median_ms_per_gpu']:.3f} ms per GPU), p99 {p['p99_ms']:.3f} ms, max {p['max_ms']:.3f} ms; "
-              f"{p['calls_per_poll']:.1f} NVML calls per poll; poller CPU {p['poller_cpu_ms_per_poll']:.3f} ms per poll; "
+              f"{p['calls_per_poll']:.1f} NVML calls per poll; "
+              f"poller CPU {p['poller_cpu_ms_per_poll']:.3f} ms per poll; "
               f"GPM {'/'.join(p['profiling'])}; trainer processes found {p['processes_found']}; "
               f"errors: {p['errors'] or 'none'}")
     last = polls.get("gpm on + process query")

@@ -121,8 +121,8 @@ def gpm_calls(driver: NvmlDriver, handle: Any, reps: int) -> list[dict[str, Any]
     try:
         driver.call_raw("nvmlGpmSampleGet", handle, samples[0])
         time.sleep(MIN_SAMPLE_GAP_S * 1.5)
-        rows.append({"group": "gpm", **time_call("nvmlGpmSampleGet",
-                                                 lambda: driver.call_raw("nvmlGpmSampleGet", handle, samples[1]), reps)})
+        sample = functools.partial(driver.call_raw, "nvmlGpmSampleGet", handle, samples[1])
+        rows.append({"group": "gpm", **time_call("nvmlGpmSampleGet", sample, reps)})
 
         def metrics() -> None:
             _, code, _ = driver.gpm_metrics(samples[0], samples[1], list(METRICS), 0)

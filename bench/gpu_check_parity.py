@@ -15,7 +15,8 @@ CUDA device:
 - ``shim+daemon(no gpu metrics)``: the same with the daemon's ``--no-gpu-metrics``.
 
 Each run starts its own daemon (none runs during a baseline run; 1 s aggregation windows, so
-that its first window comes soon), warms up until the daemon has accepted records, then times a fixed number of steps (calibrated once so that a run lasts about
+that its first window comes soon), warms up until the daemon has accepted records, then times
+a fixed number of steps (calibrated once so that a run lasts about
 ``--run-seconds``) between two device synchronizations, and reads the daemon's CPU over that
 window from /proc. Runs alternate, the order rotating each round, ``--repeats`` of each.
 Reported: median steps/s per setup, its ratio to the baseline (target: at least 99.5 %), and the
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="run on CPU tensors even if CUDA is present")
     parser.add_argument("--repeats", type=int, default=3, help="runs per setup (at least 3 for a figure)")
-    parser.add_argument("--run-seconds", type=float, default=None, help="length of one run (default 4 on CUDA, 0.3 on CPU)")
+    parser.add_argument("--run-seconds", type=float, default=None,
+                        help="length of one run (default 4 on CUDA, 0.3 on CPU)")
     parser.add_argument("--dim", type=int, default=None, help="model width (default 2048 on CUDA, 64 on CPU)")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=None, help="rows per step (default 4096 on CUDA, 32 on CPU)")
@@ -133,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                           "daemon_gpus_up": [r.get("daemon_gpus_up") for r in runs[setup]]}
         line = f"  {setup:28} median {median:9.2f} steps/s  {median / base * 100:7.2f} % of baseline"
         if cpu:
-            line += f"  daemon CPU {statistics.median(cpu) * 100:.2f} % of a core, GPUs up {summary[setup]['daemon_gpus_up']}"
+            line += (f"  daemon CPU {statistics.median(cpu) * 100:.2f} % of a core, "
+                     f"GPUs up {summary[setup]['daemon_gpus_up']}")
         print(line + f"  runs: {', '.join(f'{r:.2f}' for r in rates)}")
     verdicts = {}
     for setup in (NVML, NO_GPU):

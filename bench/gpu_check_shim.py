@@ -41,10 +41,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from gpu_check_common import write_json
@@ -271,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             "sync-debug mode (the zero-sync proof)", "busy-GPU probe", "CUDA scalars (pinned copy + event)",
             "allocator samples (no CUDA allocator)")]
         print(f"CPU dry run ({why}), torch {torch.__version__}: every shim call runs, eager and compiled "
-              f"(backend {backend}), on CPU tensors. Skipped: " + "; ".join(s.split(":")[0] for s in results["skipped"]))
+              f"(backend {backend}), on CPU tensors. Skipped: "
+              + "; ".join(s.split(":")[0] for s in results["skipped"]))
     if not cuda:
         torch.set_num_threads(1)  # a dry run stays on one core of a shared machine
     collect = _Collect()
@@ -324,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                     failures.append(f"compiled loop synchronized: {comp['sync_error']}")
                 target = comp["graph_breaks"] == 0 and comp["recompiles_after_warmup"] == 0
                 comp["no_break_no_recompile"] = target
-                print(f"compiled loop (backend {backend}, compiled in {comp['compile_s']:.1f} s): {comp['steps']} steps "
+                print(f"compiled loop (backend {backend}, compiled in {comp['compile_s']:.1f} s): "
+                      f"{comp['steps']} steps "
                       f"with every shim call inside the compiled step {where}"
                       + (f" -- FAILED: {comp['sync_error']}" if comp["sync_error"] else "")
                       + f"; dynamo: {comp['graph_breaks']} graph break(s), {comp['recompiles_after_warmup']} "
