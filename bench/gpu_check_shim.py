@@ -174,12 +174,29 @@ def busy_gpu_probe(device: torch.device) -> tuple[list[str], dict[str, float]]:
     return failures, {k: v * 1e6 for k, v in timings.items()}
 
 
-def compiled_step(model: torch.nn.Module, device: torch.device, backend: str) -> Any:
-    """``torch.compile`` of a forward + loss that calls every shim API itself; returns the loss."""
+def compiled_step(model: torch.nn.Module, device: torch.device, backend: str, graphs: list[int],
+                  timer_around_forward: bool = False) -> Any:
+    """``torch.compile`` of a forward + loss that calls every shim API itself; returns the loss.
+    ``graphs`` gets the number of operators of each graph dynamo hands to ``backend``, to show
+    that the model really ran compiled (a frame dynamo gives up on runs eagerly).
+
+    The shim calls follow the forward: dynamo compiles the forward, breaks the graph at a shim
+    call it cannot trace and goes on in the rest of the function. ``timer_around_forward``
+    puts ``telemetry.timer`` around the forward instead: a break inside a ``with`` block of a
+    context manager dynamo cannot trace makes it run the whole frame eagerly."""
     amp_device = device.type
+    inner = torch._dynamo.lookup_backend(backend)
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        graphs.append(sum(1 for node in gm.graph.nodes if node.op in ("call_function", "call_method", "call_module")))
+        return inner(gm, example_inputs)
+
+    def timed_forward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with telemetry.timer("compiled_forward"), torch.autocast(device_type=amp_device, dtype=torch.bfloat16):
+            return torch.nn.functional.mse_loss(model(x).float(), y)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with telemetry.timer("compiled_forward"), torch.autocast(device_type=amp_device, dtype=torch.bfloat16):
+        with torch.autocast(device_type=amp_device, dtype=torch.bfloat16):
             loss = torch.nn.functional.mse_loss(model(x).float(), y)
         telemetry.scalar("compiled_loss", loss)
         telemetry.timing("compiled_ms", 1.0)
@@ -187,9 +204,19 @@ def compiled_step(model: torch.nn.Module, device: torch.device, backend: str) ->
         telemetry.gauge("compiled_lr", 1e-4)
         telemetry.category("compiled_bucket", "b")
         telemetry.publish(0, {"compiled_host_ms": 1.0})
+        with telemetry.timer("compiled_tail"):
+            loss = loss + 0.0
         return loss
 
-    return torch.compile(step, backend=backend)
+    return torch.compile(timed_forward if timer_around_forward else step, backend=counting)
+
+
+def timer_around_forward_ops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> int:
+    """Operators dynamo compiles (eager backend: only the count matters) when ``telemetry.timer``
+    wraps the forward inside the compiled function; 0 means the forward ran eagerly."""
+    graphs: list[int] = []
+    compiled_step(model, device, "eager", graphs, timer_around_forward=True)(x, y)
+    return sum(graphs)
 
 
 def dynamo_counts() -> tuple[int, int]:
@@ -206,7 +233,8 @@ def run_compiled(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Te
     """Warm the compiled step up (compiles), then run ``steps`` steps, under sync-debug if asked,
     which stays on until the receiver has every scalar. Raises ``TimeoutError`` if it has not
     after 30 s."""
-    fn = compiled_step(model, device, backend)
+    graphs: list[int] = []
+    fn = compiled_step(model, device, backend, graphs)
 
     def one_step() -> None:
         loss = fn(x, y)
@@ -237,7 +265,9 @@ def run_compiled(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Te
         if sync_debug:
             torch.cuda.set_sync_debug_mode(0)
     breaks, frames = dynamo_counts()
-    return {"backend": backend, "steps": len(keep) - 2, "compile_s": compile_s, "sync_error": error,
+    return {"backend": backend, "graphs": len(graphs), "graph_ops": sum(graphs), "steps": len(keep) - 2,
+            "compile_s": compile_s, "sync_error": error,
+            "timer_around_forward_ops": timer_around_forward_ops(model, x, y, device),
             "graph_breaks": breaks, "graph_breaks_after_warmup": breaks - breaks0,
             "recompiles_after_warmup": frames - frames0}
 
@@ -324,12 +354,17 @@ def main(argv: list[str] | None = None) -> int:
                     failures.append(f"compiled loop synchronized: {comp['sync_error']}")
                 target = comp["graph_breaks"] == 0 and comp["recompiles_after_warmup"] == 0
                 comp["no_break_no_recompile"] = target
+                if not comp["graph_ops"]:
+                    failures.append("compiled loop: dynamo compiled no operator, the step ran eagerly")
                 print(f"compiled loop (backend {backend}, compiled in {comp['compile_s']:.1f} s): "
                       f"{comp['steps']} steps "
                       f"with every shim call inside the compiled step {where}"
                       + (f" -- FAILED: {comp['sync_error']}" if comp["sync_error"] else "")
-                      + f"; dynamo: {comp['graph_breaks']} graph break(s), {comp['recompiles_after_warmup']} "
-                      f"recompile(s) after warm-up (target 0 and 0: {'met' if target else 'MISSED'})")
+                      + f"; dynamo: {comp['graphs']} graph(s) of {comp['graph_ops']} operators, "
+                      f"{comp['graph_breaks']} graph break(s), {comp['recompiles_after_warmup']} "
+                      f"recompile(s) after warm-up (target 0 and 0: {'met' if target else 'MISSED'}); "
+                      f"with the timer around the forward dynamo compiles {comp['timer_around_forward_ops']} "
+                      "operators" + (" (the forward runs eagerly)" if not comp["timer_around_forward_ops"] else ""))
             value_failures, results["values"] = check_values(
                 {"loss": [k[0] for k in keep], "grad_norm": [k[1] for k in keep],
                  "compiled_loss": [k[0] for k in compiled_keep], "compiled_grad_norm": [k[1] for k in compiled_keep]},
