@@ -1,51 +1,179 @@
-"""The whole GPU check, one command for a GPU machine: ``python bench/gpu_check.py``.
+"""The whole GPU check in one command: ``python bench/gpu_check.py --out gpu_check.json``.
 
-Runs, one after the other, with their output as they print it:
+Runs three parts one after the other, each in its own interpreter under its own time limit
+(a part that overruns is killed and reported as timed out; the check never hangs), streams
+their output, then prints a compact summary and writes every part's results to ``--out``:
 
-1. ``gpu_check_shim.py``: zero synchronization of every shim call inside
-   ``torch.cuda.set_sync_debug_mode("error")`` in a bf16 training loop, scalar values checked,
-   step throughput with and without the shim (issue 2);
-2. ``gpu_check_nvml.py``: the daemon's NVML readings next to ``nvidia-smi --query-gpu`` for every
-   field, and the NVML cost per poll on real hardware (issue 4).
+1. ``gpu_check_shim.py``: zero synchronization of every shim call under
+   ``torch.cuda.set_sync_debug_mode("error")``, eager and inside ``torch.compile``, scalar
+   values checked, a busy-GPU probe;
+2. ``gpu_check_parity.py``: steps/s without the shim, with the shim and a daemon polling NVML
+   every 1 s (GPM on), and with the daemon's ``--no-gpu-metrics``; alternating runs, medians,
+   ratio to the baseline against the 99.5 % target;
+3. ``gpu_check_nvml.py``: NVML cost per call kind and per poll (GPM on/off, the per-process
+   query), the daemon's CPU at 1 s polling, and the readings next to ``nvidia-smi``'s.
 
-Exit status: 0 when both passed, else the first failing status. ``--out FILE`` also writes the
-combined output to FILE (for ``bench/RESULTS*.md``).
+About 3-4 minutes on one GPU; the part limits add up to at most ``--budget`` seconds (300).
+``--dry-run`` runs the same on a machine without a GPU: CPU tensors, short runs, NVML against
+whatever ``libnvidia-ml.so.1`` the loader finds (the tests' fake driver with ``--fake-nvml N``,
+else the NVML part is skipped). Exit status: 0 when every part passed, else 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
-CHECKS = ("gpu_check_shim.py", "gpu_check_nvml.py")
+ROOT = HERE.parent
+
+# part -> (script, share of the time budget, arguments of a real run, arguments of a dry run)
+PARTS: dict[str, tuple[str, float, list[str], list[str]]] = {
+    "shim": ("gpu_check_shim.py", 0.40, [], ["--dry-run", "--steps", "3"]),
+    "parity": ("gpu_check_parity.py", 0.35, ["--repeats", "3", "--run-seconds", "4"],
+               ["--dry-run", "--repeats", "1", "--run-seconds", "0.1"]),
+    "nvml": ("gpu_check_nvml.py", 0.25, [],
+             ["--dry-run", "--seconds", "0.6", "--daemon-seconds", "0.5", "--reps", "5"]),
+}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="also write the combined output here")
-    args = parser.parse_args()
-    status = 0
-    lines: list[str] = []
-    for script in CHECKS:
-        header = f"===== {script} ====="
-        print(header, flush=True)
-        lines.append(header)
-        proc = subprocess.Popen([sys.executable, str(HERE / script)], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+def run_part(name: str, args: list[str], limit_s: float, workdir: Path) -> dict[str, Any]:
+    """Run one part; its stdout is streamed, its stderr kept in a file. Never outlives ``limit_s``."""
+    script, _, _, _ = PARTS[name]
+    json_path, err_path = workdir / f"{name}.json", workdir / f"{name}.stderr"
+    print(f"===== {name}: {script} {' '.join(args)} (limit {limit_s:.0f} s) =====", flush=True)
+    started = time.monotonic()
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, str(HERE / script), *args, "--json", str(json_path)],
+                                stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT, start_new_session=True)
         assert proc.stdout is not None
-        for line in proc.stdout:
-            print(line, end="", flush=True)
-            lines.append(line.rstrip("\n"))
-        rc = proc.wait()
-        lines.append(f"===== {script}: exit {rc} =====")
-        print(lines[-1], flush=True)
-        status = status or rc
+        stdout = proc.stdout
+        echo = threading.Thread(target=lambda: [print(f"  {line}", end="", flush=True) for line in stdout],
+                                daemon=True)
+        echo.start()
+        timed_out = False
+        try:
+            proc.wait(limit_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGKILL)  # the part's whole session: its daemons and load process too
+            proc.wait()
+        echo.join(5)
+    rc = proc.returncode
+    stderr = err_path.read_text()
+    try:
+        results = json.loads(json_path.read_text())
+    except (OSError, ValueError):
+        results = {}
+    verdict = "TIMED OUT" if timed_out else ("ok" if rc == 0 else f"exit {rc}")
+    print(f"===== {name}: {verdict} after {time.monotonic() - started:.1f} s =====", flush=True)
+    if rc != 0 and stderr.strip():
+        print("  stderr (last lines):\n    " + "\n    ".join(stderr.strip().splitlines()[-15:]), flush=True)
+    return {"exit": rc, "timed_out": timed_out, "seconds": time.monotonic() - started,
+            "stderr_tail": stderr[-4000:], "results": results}
+
+
+def summary(parts: dict[str, dict[str, Any]]) -> list[str]:
+    """The compact report: one or two lines per part."""
+    lines = []
+    shim = parts.get("shim", {}).get("results", {})
+    if shim:
+        eager, comp = shim.get("eager", {}), shim.get("compiled", {})
+        mode = "CPU dry run, no sync proof" if shim.get("dry_run") else "sync-debug error mode"
+        lines.append(f"zero sync ({mode}): eager {'FAILED' if eager.get('sync_error') else 'ok'}, compiled "
+                     f"({comp.get('backend')}) {'FAILED' if comp.get('sync_error') or comp.get('error') else 'ok'}; "
+                     f"graph breaks {comp.get('graph_breaks')}, recompiles {comp.get('recompiles_after_warmup')}; "
+                     f"values {'ok' if not shim.get('failures') else 'see failures'}")
+    parity = parts.get("parity", {}).get("results", {})
+    for setup, row in parity.get("setups", {}).items():
+        lines.append(f"throughput {setup}: {row['median_steps_per_s']:.2f} steps/s, "
+                     f"{row['ratio_to_baseline'] * 100:.2f} % of baseline"
+                     + ("" if row.get("daemon_cpu_share_median") is None
+                        else f", daemon CPU {row['daemon_cpu_share_median'] * 100:.2f} %")
+                     + (" (dry run)" if parity.get("dry_run") else ""))
+    for setup, met in parity.get("target_met", {}).items():
+        lines.append(f"  target >= 99.5 % ({setup}): {'met' if met else 'MISSED'}"
+                     + (" -- dry run, not a GPU figure" if parity.get("dry_run") else ""))
+    nvml = parts.get("nvml", {}).get("results", {})
+    if nvml.get("skipped"):
+        lines.append(f"NVML: skipped ({nvml['skipped']})")
+    for scenario, poll in nvml.get("polls", {}).items():
+        lines.append(f"NVML poll, {scenario}: {poll['median_ms']:.3f} ms median ({poll['median_ms_per_gpu']:.3f} ms "
+                     f"per GPU), {poll['calls_per_poll']:.1f} calls")
+    if nvml.get("calls"):
+        bad = sorted({f"{row['call'].strip()}: {row['status']}" for rows in nvml["calls"]["per_gpu"].values()
+                      for row in rows if row["status"] != "ok"})
+        lines.append("NVML calls not ok: " + ("; ".join(bad) if bad else "none"))
+    cpu = nvml.get("daemon_cpu", {})
+    if "nvml_1s" in cpu:
+        lines.append(f"daemon CPU, NVML 1 s: {cpu['nvml_1s'] * 100:.3f} % of a core "
+                     f"(--no-gpu-metrics {cpu['no_gpu_metrics'] * 100:.3f} %)")
+    if "mismatches" in nvml:
+        lines.append(f"readings vs nvidia-smi: {nvml['mismatches']} value(s) differ beyond tolerance")
+    for name, part in parts.items():
+        lines.append(f"part {name}: {'TIMED OUT' if part['timed_out'] else 'exit ' + str(part['exit'])} "
+                     f"in {part['seconds']:.0f} s")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="write every part's results here (JSON)")
+    parser.add_argument("--dry-run", action="store_true", help="no GPU: CPU tensors, short runs")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    parser.add_argument("--budget", type=float, default=300.0, help="total time limit (s), shared by the parts")
+    parser.add_argument("--fake-nvml", type=int, default=0, metavar="N",
+                        help="dry run only: NVML from the tests' fake driver with N GPUs (needs gcc and nvml.h)")
+    parser.add_argument("--nvidia-smi", default=None, help="nvidia-smi binary for the NVML part")
+    args = parser.parse_args(argv)
+    chosen = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in PARTS]
+    if unknown or not chosen:
+        parser.error(f"unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
+    if args.fake_nvml and not args.dry_run:
+        parser.error("--fake-nvml is for --dry-run only")
+    if args.budget <= 0:
+        parser.error("--budget must be > 0")
+    parts: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="dfs-gpucheck-", dir="/tmp") as tmp:
+        workdir = Path(tmp)
+        if args.fake_nvml:
+            os.environ.update(fake_nvml_env(workdir, args.fake_nvml))
+        share = sum(PARTS[p][1] for p in chosen)
+        for name in chosen:
+            _, weight, real, dry = PARTS[name]
+            extra = list(dry if args.dry_run else real)
+            if name == "nvml" and args.nvidia_smi:
+                extra += ["--nvidia-smi", args.nvidia_smi]
+            parts[name] = run_part(name, extra, args.budget * weight / share, workdir)
+    lines = summary(parts)
+    print("===== summary =====\n" + "\n".join(lines), flush=True)
     if args.out is not None:
-        args.out.write_text("\n".join(lines) + "\n")
-    return status
+        args.out.write_text(json.dumps({"dry_run": args.dry_run, "argv": sys.argv[1:], "summary": lines,
+                                        "parts": parts}, indent=1) + "\n")
+        print(f"results written to {args.out}")
+    return 0 if all(p["exit"] == 0 and not p["timed_out"] for p in parts.values()) else 1
+
+
+def fake_nvml_env(workdir: Path, gpus: int) -> dict[str, str]:
+    """Build the tests' fake NVML driver and script ``gpus`` busy Hopper-like GPUs; the variables
+    that make the parts and their daemons load it."""
+    sys.path.insert(0, str(ROOT))
+    from tests.fake_nvml import FakeNvml, build_fake_nvml
+
+    library = build_fake_nvml("full")
+    fake = FakeNvml(workdir / "nvml-control.txt", library, {"devices": gpus})
+    fake.gpu("*", utilization_gpu=90, memory_total=80 * 2**30, memory_used=60 * 2**30, gpm_supported=1)
+    return {"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(fake.path)}
 
 
 if __name__ == "__main__":

@@ -1,33 +1,58 @@
-"""GPU check for a real GPU machine: the sidecar's NVML readings next to nvidia-smi's, and
-the NVML cost of one poll on this hardware.
+"""NVML on real hardware: the cost of each call kind and of a poll (GPM on and off, with the
+per-process query), the daemon's CPU at 1 s polling, and the sidecar's readings next to
+``nvidia-smi``'s for every field the NVML source exports.
 
-    python bench/gpu_check.py [--seconds 5] [--interval 0.1] [--nvidia-smi PATH] [--library PATH]
+Part of ``python bench/gpu_check.py``; alone::
 
-Runs the real ``NvmlSource`` for ``--seconds`` (polling every ``--interval``), then queries
-``nvidia-smi --query-gpu=...`` right after the newest snapshot and prints, per GPU and field,
-both values in nvidia-smi's units with a tolerance check (instantaneous values such as
-utilization move between the two reads). Values nvidia-smi has no query field for (energy,
-PCIe rates, GPM, XIDs) are listed on their own. Exit status: 0 all compared fields agree,
-1 some differ, 2 no NVML/GPU here (with a message saying why).
+    python bench/gpu_check_nvml.py [--seconds 3] [--interval 0.2] [--daemon-seconds 10]
+        [--nvidia-smi PATH] [--library PATH] [--json FILE] [--dry-run]
+
+1. **Calls.** Every NVML call a poll makes or falls back to, timed ``--reps`` times per GPU
+   through the sidecar's ``NvmlDriver``: a table call -> ok / unsupported / missing / error.
+2. **Polls.** The real ``NvmlSource`` for ``--seconds`` each, polling every ``--interval``:
+   GPM on (the default), GPM off, and GPM on with a trainer pid known (the per-process query
+   each poll). Wall time and poller-thread CPU per poll, per GPU, NVML calls per poll.
+3. **Daemon CPU.** A real ``dflash-sidecar run`` with NVML every 1 s, then one with
+   ``--no-gpu-metrics``, each for ``--daemon-seconds`` of wall time; CPU from /proc.
+4. **Readings.** Right after the last poll, ``nvidia-smi --query-gpu=...`` (and ``nvidia-smi
+   dmon -s t`` for PCIe rates), per GPU and field both values in nvidia-smi's units with a
+   tolerance check (instantaneous values such as utilization move between the two reads).
+   Values nvidia-smi has no field for (energy, GPM, XIDs) are listed on their own.
+
+On a CUDA machine a load process (bf16 matmuls) keeps the GPU busy throughout, so utilization,
+power and clocks are not idle values, and it is the trainer pid of the per-process query.
+Exit status: 0 all compared fields agree, 1 some differ (or nvidia-smi gave nothing), 2 no
+NVML/GPU here (with a message saying why; ``--dry-run``: 0, reported as skipped).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_check_common import Daemon, cpu_share, write_json
+from gpu_check_nvml_calls import gpu_calls, per_poll_estimate, print_table, system_calls
 
 from sidecar.model.gpu import GpuReading, GpuSnapshot
-from sidecar.sources.nvml import NvmlSource, probe_nvml
+from sidecar.sources.nvml import GpmSampler, NvmlSource, probe_nvml
+from sidecar.sources.nvml_driver import NvmlDriver
 
 MIB = 1024.0 * 1024.0
 
@@ -71,9 +96,13 @@ FIELDS: tuple[Field, ...] = (
           _scaled("ecc_uncorrected_total", 1)),
 )
 
+PCIE = (("pcie rx [MB/s]", "rxpci", "pcie_rx_bytes_per_second"),
+        ("pcie tx [MB/s]", "txpci", "pcie_tx_bytes_per_second"))
+"""Compared with ``nvidia-smi dmon -s t`` (its own 1 s sample, so a loose tolerance)."""
+PCIE_ABS_TOL, PCIE_REL_TOL = 200.0, 0.5
+
 SIDECAR_ONLY = (
-    ("energy [J]", "energy_joules"), ("pcie rx [B/s]", "pcie_rx_bytes_per_second"),
-    ("pcie tx [B/s]", "pcie_tx_bytes_per_second"), ("GPM sm activity", "sm_activity_ratio"),
+    ("energy [J]", "energy_joules"), ("GPM sm activity", "sm_activity_ratio"),
     ("GPM sm occupancy", "sm_occupancy_ratio"), ("GPM tensor activity", "tensor_activity_ratio"),
     ("GPM dram bandwidth", "dram_bandwidth_ratio"), ("GPM nvlink rx [B/s]", "nvlink_rx_bytes_per_second"),
     ("GPM nvlink tx [B/s]", "nvlink_tx_bytes_per_second"), ("xid errors", "xid_errors_total"),
@@ -101,6 +130,30 @@ def query_smi(binary: str, fields: list[str]) -> dict[int, dict[str, str]]:
     return rows
 
 
+def dmon_pcie(binary: str, timeout_s: float = 15.0) -> dict[int, dict[str, float]] | None:
+    """One sample of ``nvidia-smi dmon -c 1 -s t``: ``{gpu: {column: MB/s}}``; None if it fails."""
+    try:
+        result = subprocess.run([binary, "dmon", "-c", "1", "-s", "t"], capture_output=True, text=True,
+                                timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = result.stdout.splitlines()
+    header = next((line.lstrip("#").split() for line in lines if line.startswith("#")), [])
+    if result.returncode != 0 or "gpu" not in header:
+        return None
+    rows: dict[int, dict[str, float]] = {}
+    for line in lines:
+        values = line.split()
+        if line.startswith("#") or len(values) != len(header):
+            continue
+        row = dict(zip(header, values, strict=True))
+        try:
+            rows[int(row.pop("gpu"))] = {k: float(v) for k, v in row.items() if v not in ("-", "N/A")}
+        except ValueError:
+            continue
+    return rows or None
+
+
 def _number(text: str | None, hex_mask: bool) -> float | None:
     if text is None or text.startswith("[") or text in ("N/A", ""):
         return None
@@ -116,8 +169,19 @@ def _show(value: float | None, hex_mask: bool) -> str:
     return f"{int(value):#x}" if hex_mask else f"{value:.6g}"
 
 
-def compare(snapshot: GpuSnapshot, smi: dict[int, dict[str, str]], chosen: dict[str, str]) -> tuple[list[str], int]:
-    """Lines of the comparison table and the number of disagreeing values."""
+def _verdict(mine: float | None, theirs: float | None, abs_tol: float, rel_tol: float) -> tuple[str, int]:
+    if mine is None and theirs is None:
+        return "n/a", 0
+    if mine is None or theirs is None:
+        return "ONLY " + ("smi" if mine is None else "us"), 1
+    ok = abs(mine - theirs) <= max(abs_tol, rel_tol * abs(theirs))
+    return ("yes", 0) if ok else ("NO", 1)
+
+
+def compare(snapshot: GpuSnapshot, smi: dict[int, dict[str, str]], chosen: dict[str, str],
+            pcie: dict[int, dict[str, float]] | None = None) -> tuple[list[str], int]:
+    """Lines of the comparison table and the number of disagreeing values. ``pcie``: per GPU
+    ``nvidia-smi dmon -s t`` columns (MB/s); None when dmon gave nothing (not compared)."""
     lines, mismatches = [], 0
     for reading in snapshot.gpus:
         lines.append(f"GPU {reading.index}  {reading.name}  {reading.uuid}  {'up' if reading.up else 'DOWN'}")
@@ -126,17 +190,21 @@ def compare(snapshot: GpuSnapshot, smi: dict[int, dict[str, str]], chosen: dict[
             name = chosen.get(field.label)
             mine = field.sidecar(reading)
             theirs = _number(smi.get(reading.index, {}).get(name or ""), field.hex_mask) if name else None
-            if mine is None and theirs is None:
-                verdict = "n/a"
-            elif mine is None or theirs is None:
-                verdict = "ONLY " + ("smi" if mine is None else "us")
-                mismatches += 1
-            else:
-                ok = abs(mine - theirs) <= max(field.abs_tol, field.rel_tol * abs(theirs))
-                verdict = "yes" if ok else "NO"
-                mismatches += 0 if ok else 1
+            verdict, missed = _verdict(mine, theirs, field.abs_tol, field.rel_tol)
+            mismatches += missed
             shown = [_show(v, field.hex_mask) for v in (mine, theirs)]
             lines.append(f"  {field.label:30} {shown[0]:>16} {shown[1]:>16}  {verdict:5}  {name or '(none)'}")
+        for label, column, attribute in PCIE:
+            rate = getattr(reading, attribute)
+            mine = None if rate is None else rate / 1e6
+            if pcie is None:
+                lines.append(f"  {label:30} {_show(mine, False):>16} {'(no dmon)':>16}")
+                continue
+            theirs = pcie.get(reading.index, {}).get(column)
+            verdict, missed = _verdict(mine, theirs, PCIE_ABS_TOL, PCIE_REL_TOL)
+            mismatches += missed
+            lines.append(f"  {label:30} {_show(mine, False):>16} {_show(theirs, False):>16}  {verdict:5}  "
+                         f"dmon -s t {column}")
         for label, attribute in SIDECAR_ONLY:
             value = getattr(reading, attribute)
             text = "-" if value is None else (value.value if hasattr(value, "value") else f"{value:.6g}")
@@ -144,64 +212,212 @@ def compare(snapshot: GpuSnapshot, smi: dict[int, dict[str, str]], chosen: dict[
     return lines, mismatches
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description="Sidecar NVML readings vs nvidia-smi, and NVML cost per poll.")
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--interval", type=float, default=0.1)
+@contextlib.contextmanager
+def gpm_disabled() -> Iterator[None]:
+    """GPM off for the sources started inside (the daemon has no switch for it: GPM is on wherever
+    the GPU supports it); the sampler then reports the GPU as not supporting GPM."""
+    with mock.patch.object(GpmSampler, "setup", lambda self: None):
+        yield
+
+
+def measure_source(seconds: float, interval: float, library: str | None, trainer: dict[int, tuple[str, str]],
+                   after: Callable[[GpuSnapshot], Any] | None = None) -> dict[str, Any]:
+    """Poll with a real ``NvmlSource`` for ``seconds``: per-poll wall time, poller CPU and NVML calls.
+
+    ``after`` runs on the newest snapshot while the source still runs (the nvidia-smi comparison)."""
+    source = NvmlSource(interval_s=interval, library_path=library)
+    source.set_trainer_processes(trainer)
+    source.start()
+    try:
+        give_up = time.monotonic() + 15.0
+        while source.latest() is None and time.monotonic() < give_up:
+            time.sleep(0.02)
+        poller = next((t for t in threading.enumerate() if t.name == "nvml-poller"), None)
+        cpu_clock = time.pthread_getcpuclockid(poller.ident) if poller is not None and poller.ident else None
+        cpu0, polls0 = (time.clock_gettime(cpu_clock) if cpu_clock is not None else 0.0), source.status().polls_total
+        durations: list[float] = []
+        calls: list[int] = []
+        seen = source.latest()
+        deadline = time.monotonic() + seconds
+        give_up = deadline + 10.0  # a loaded machine: wait for at least two polls
+        while time.monotonic() < deadline or (len(durations) < 2 and time.monotonic() < give_up):
+            time.sleep(interval / 4)
+            snapshot = source.latest()
+            if snapshot is not None and snapshot is not seen:
+                seen = snapshot
+                durations.append(snapshot.poll_duration_s)
+                calls.append(snapshot.nvml_calls)
+        polls = source.status().polls_total - polls0
+        cpu = (time.clock_gettime(cpu_clock) - cpu0) / polls if cpu_clock is not None and polls else float("nan")
+        snapshot = source.latest()
+        extra = after(snapshot) if after is not None and snapshot is not None else None
+        status = source.status()
+    finally:
+        source.shutdown()
+    if snapshot is None or not durations:
+        raise RuntimeError(f"the NVML source produced no data: {status.state.value} {status.reason}")
+    durations.sort()
+    gpus = len(snapshot.gpus)
+    return {"gpus": gpus, "polls": len(durations), "interval_s": interval,
+            "median_ms": statistics.median(durations) * 1e3,
+            "p99_ms": durations[int(0.99 * (len(durations) - 1))] * 1e3,
+            "max_ms": durations[-1] * 1e3, "median_ms_per_gpu": statistics.median(durations) * 1e3 / max(gpus, 1),
+            "poller_cpu_ms_per_poll": cpu * 1e3, "calls_per_poll": statistics.mean(calls),
+            "errors": dict(status.errors), "profiling": [g.profiling.value for g in snapshot.gpus],
+            "processes_found": sum(len(g.processes) for g in snapshot.gpus), "snapshot": snapshot, "after": extra}
+
+
+def start_load(seconds: float) -> subprocess.Popen[str] | None:
+    """A process keeping GPU 0 busy with bf16 matmuls for ``seconds`` (None without CUDA)."""
+    code = ("import sys, time, torch\n"
+            "a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)\n"
+            "torch.cuda.synchronize(); print('ready', flush=True)\n"
+            f"end = time.monotonic() + {seconds}\n"
+            "while time.monotonic() < end:\n"
+            "    for _ in range(8): a @ a\n"
+            "    torch.cuda.synchronize()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        proc.kill()
+        proc.wait()
+        return None
+    return proc
+
+
+def daemon_cpu(seconds: float) -> dict[str, Any]:
+    """CPU share of one core of a real daemon over ``seconds``: NVML every 1 s, then --no-gpu-metrics."""
+    out: dict[str, Any] = {"seconds": seconds}
+    with tempfile.TemporaryDirectory(prefix="dfs-nvml-", dir="/tmp") as tmp:
+        for key, gpu_metrics in (("nvml_1s", True), ("no_gpu_metrics", False)):
+            daemon = Daemon(Path(tmp), gpu_metrics=gpu_metrics, nvml_interval_s=1.0)
+            try:
+                time.sleep(1.5)  # start-up work and the first poll are not the steady state
+                out[key] = cpu_share(daemon.pid, seconds)
+                out[f"{key}_gpus_up"] = daemon.gpus_up()
+            finally:
+                daemon.stop()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="NVML cost per call and poll, daemon CPU, readings vs nvidia-smi.")
+    parser.add_argument("--seconds", type=float, default=3.0, help="polling time per scenario")
+    parser.add_argument("--interval", type=float, default=0.2, help="poll interval of the scenarios (s)")
+    parser.add_argument("--reps", type=int, default=20, help="repetitions of each NVML call")
+    parser.add_argument("--daemon-seconds", type=float, default=10.0, help="wall time per daemon CPU reading (0: skip)")
     parser.add_argument("--nvidia-smi", default=shutil.which("nvidia-smi") or "nvidia-smi")
     parser.add_argument("--library", default=None, help="explicit libnvidia-ml.so path")
-    args = parser.parse_args()
-
+    parser.add_argument("--no-load", action="store_true", help="no GPU load process during the part")
+    parser.add_argument("--dry-run", action="store_true", help="no NVML here is not a failure; no GPU load")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = parser.parse_args(argv)
+    results: dict[str, Any] = {"dry_run": args.dry_run}
     ok, message = probe_nvml(args.library)
     print(message)
+    results["probe"] = message
     if not ok:
+        results["skipped"] = f"no usable NVML: {message}"
+        write_json(args.json, results)
+        if args.dry_run:
+            print("dry run: no NVML library here, NVML part skipped (run with the fake driver to exercise it)")
+            return 0
         print("No usable NVIDIA GPU/driver here: nothing to check. Run this on the GPU machine.", file=sys.stderr)
         return 2
-    source = NvmlSource(interval_s=args.interval, library_path=args.library)
-    source.start()
-    time.sleep(0.5)
-    poller = next((t for t in threading.enumerate() if t.name == "nvml-poller"), None)
-    cpu_clock = time.pthread_getcpuclockid(poller.ident) if poller is not None and poller.ident else None
-    cpu0, polls0 = (time.clock_gettime(cpu_clock) if cpu_clock is not None else 0.0), source.status().polls_total
-    durations, calls, seen = [], [], source.latest()
-    deadline = time.monotonic() + args.seconds
-    give_up = deadline + 10.0  # a loaded machine: wait for at least two polls
-    while time.monotonic() < deadline or (len(durations) < 2 and time.monotonic() < give_up):
-        time.sleep(args.interval / 4)
-        snapshot = source.latest()
-        if snapshot is not None and snapshot is not seen:
-            seen = snapshot
-            durations.append(snapshot.poll_duration_s)
-            calls.append(snapshot.nvml_calls)
-    polls = source.status().polls_total - polls0
-    cpu = (time.clock_gettime(cpu_clock) - cpu0) / polls if cpu_clock is not None and polls else float("nan")
-    snapshot = source.latest()
+    load = None if args.dry_run or args.no_load else start_load(300.0)
     try:
-        known = supported_smi_fields(args.nvidia_smi)
-        chosen = {f.label: next((n for n in f.smi if n in known), "") for f in FIELDS}
-        smi = query_smi(args.nvidia_smi, sorted({n for n in chosen.values() if n}))
-    except (OSError, RuntimeError) as exc:
-        print(f"cannot run nvidia-smi ({args.nvidia_smi}): {exc}", file=sys.stderr)
-        chosen, smi = {}, {}
-    status = source.status()
-    source.shutdown()
-    if snapshot is None or not durations:
-        print(f"the NVML source produced no data: {status.state.value} {status.reason}", file=sys.stderr)
+        return measure_all(args, results, load)
+    finally:
+        if load is not None:
+            load.kill()
+            load.wait()
+
+
+def measure_all(args: argparse.Namespace, results: dict[str, Any], load: subprocess.Popen[str] | None) -> int:
+    """Calls, polls, daemon CPU and readings; fills ``results``, prints, returns the exit status."""
+    print(f"GPU load process: {'pid ' + str(load.pid) if load is not None else 'none (idle GPU values)'}")
+    driver = NvmlDriver(logging.getLogger("gpu_check"))
+    driver.load(args.library)
+    try:
+        count = driver.call_raw("nvmlDeviceGetCount")
+        handles = [driver.call_raw("nvmlDeviceGetHandleByIndex", i) for i in range(count)]
+        system, versions = system_calls(driver, handles, args.reps)
+        per_gpu = {i: gpu_calls(driver, h, args.reps) for i, h in enumerate(handles)}
+    finally:
+        driver.shutdown()
+    results["versions"], results["calls"] = versions, {"system": system, "per_gpu": per_gpu}
+    print(f"driver {versions.get('driver')}, NVML {versions.get('nvml')}, CUDA (driver) {versions.get('cuda_driver')}")
+    print_table(per_gpu, system)
+    estimates = {g: {"base_us": per_poll_estimate(rows, False, False), "gpm_us": per_poll_estimate(rows, False, True),
+                     "gpm_processes_us": per_poll_estimate(rows, True, True)} for g, rows in per_gpu.items()}
+    results["per_poll_estimate_us"] = estimates
+    for g, e in estimates.items():
+        print(f"  GPU {g}: sum of the medians of one poll's calls: {e['base_us']:.1f} us without GPM, "
+              f"{e['gpm_us']:.1f} us with GPM, {e['gpm_processes_us']:.1f} us with GPM and the process query")
+
+    smi_state: dict[str, Any] = {}
+
+    def read_smi(snapshot: GpuSnapshot) -> None:
+        try:
+            known = supported_smi_fields(args.nvidia_smi)
+            smi_state["chosen"] = {f.label: next((n for n in f.smi if n in known), "") for f in FIELDS}
+            smi_state["smi"] = query_smi(args.nvidia_smi, sorted({n for n in smi_state["chosen"].values() if n}))
+            smi_state["pcie"] = dmon_pcie(args.nvidia_smi)
+        except (OSError, RuntimeError) as exc:
+            print(f"cannot run nvidia-smi ({args.nvidia_smi}): {exc}", file=sys.stderr)
+
+    trainer = {load.pid if load is not None else os.getpid(): ("trainer", "0")}
+    scenarios: tuple[tuple[str, bool, dict[int, tuple[str, str]], Callable[[GpuSnapshot], None] | None], ...] = (
+        ("gpm on", False, {}, None), ("gpm off", True, {}, None),
+        ("gpm on + process query", False, trainer, read_smi))
+    polls: dict[str, dict[str, Any]] = {}
+    print(f"\nNVML polls by the sidecar's NvmlSource, {args.seconds:g} s per scenario every {args.interval:g} s:")
+    for name, no_gpm, pids, after in scenarios:
+        with gpm_disabled() if no_gpm else contextlib.nullcontext():
+            try:
+                polls[name] = measure_source(args.seconds, args.interval, args.library, pids, after)
+            except RuntimeError as exc:
+                print(f"  {name}: {exc}", file=sys.stderr)
+                continue
+        p = polls[name]
+        print(f"  {name:24} NVML cost per poll, {p['gpus']} GPU(s), {p['polls']} polls: median {p['median_ms']:.3f} ms "
+              f"({p['median_ms_per_gpu']:.3f} ms per GPU), p99 {p['p99_ms']:.3f} ms, max {p['max_ms']:.3f} ms; "
+              f"{p['calls_per_poll']:.1f} NVML calls per poll; "
+              f"poller CPU {p['poller_cpu_ms_per_poll']:.3f} ms per poll; "
+              f"GPM {'/'.join(p['profiling'])}; trainer processes found {p['processes_found']}; "
+              f"errors: {p['errors'] or 'none'}")
+    last = polls.get("gpm on + process query")
+    results["polls"] = {k: {n: v for n, v in p.items() if n not in ("snapshot", "after")} for k, p in polls.items()}
+    if args.daemon_seconds > 0:
+        try:
+            results["daemon_cpu"] = cpu = daemon_cpu(args.daemon_seconds)
+            print(f"\ndaemon CPU over {cpu['seconds']:g} s (idle trainer side): NVML every 1 s "
+                  f"{cpu['nvml_1s'] * 100:.3f} % of a core ({cpu['nvml_1s_gpus_up']} GPU(s) up), "
+                  f"--no-gpu-metrics {cpu['no_gpu_metrics'] * 100:.3f} %")
+        except (RuntimeError, OSError) as exc:
+            results["daemon_cpu"] = {"error": str(exc)}
+            print(f"daemon CPU: could not measure: {exc}", file=sys.stderr)
+    if last is None:
+        write_json(args.json, results)
         return 2
-    lines, mismatches = compare(snapshot, smi, chosen)
+    lines, mismatches = compare(last["snapshot"], smi_state.get("smi", {}), smi_state.get("chosen", {}),
+                                smi_state.get("pcie"))
+    print("\nreadings, sidecar vs nvidia-smi (right after the last poll):")
     print("\n".join(lines))
-    if not smi:
+    results["readings"] = lines
+    results["mismatches"] = mismatches
+    status = 0
+    if not smi_state.get("smi"):
         print("nvidia-smi gave no readings: the sidecar's values are shown without comparison")
-    durations.sort()
-    p99 = durations[int(0.99 * (len(durations) - 1))]
-    print(f"\nNVML cost per poll, {len(snapshot.gpus)} GPU(s), {len(durations)} polls at {args.interval:g} s: "
-          f"median {statistics.median(durations) * 1e3:.3f} ms, p99 {p99 * 1e3:.3f} ms, "
-          f"max {durations[-1] * 1e3:.3f} ms; {statistics.mean(calls):.1f} NVML calls per poll; "
-          f"poller CPU {cpu * 1e3:.3f} ms per poll; errors: {dict(status.errors) or 'none'}")
-    if not smi:
-        return 1
-    print(f"{mismatches} value(s) differ beyond tolerance" if mismatches else "all compared values agree")
-    return 1 if mismatches else 0
+        status = 1
+    else:
+        print(f"{mismatches} value(s) differ beyond tolerance" if mismatches else "all compared values agree")
+        status = 1 if mismatches else 0
+    write_json(args.json, results)
+    if args.dry_run and status:
+        print("dry run: the comparison is plumbing only (no real GPU), so it does not fail the run")
+        return 0
+    return status
 
 
 if __name__ == "__main__":

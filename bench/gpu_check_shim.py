@@ -1,8 +1,8 @@
-"""Zero-synchronization proof and GPU throughput with and without the trainer shim.
+"""Zero-synchronization proof of every trainer-shim call, eager and inside ``torch.compile``.
 
-One short command on a GPU machine (about a minute on an H200)::
+Part of ``python bench/gpu_check.py`` (which runs it with a per-part timeout); alone::
 
-    python bench/gpu_check.py
+    python bench/gpu_check_shim.py [--json FILE] [--dry-run]
 
 What it does, on the first CUDA device:
 
@@ -10,18 +10,24 @@ What it does, on the first CUDA device:
    while the GPU is still busy. A call that synchronized would take the rest of those 200 ms;
    each must return in microseconds. The scalar published after the kernel must still be
    unresolved when the calls return (its copy waits behind the kernel) and resolve afterwards.
-2. **Sync-debug training loop.** A small bf16 (autocast) MLP trained with AdamW; every step
-   calls every shim API (publish, timing, count, gauge, category, timer, scalar on the loss and
-   the grad norm, allocator sampling on) inside ``torch.cuda.set_sync_debug_mode("error")``:
-   any synchronizing CUDA call raises. The shim's background threads swallow errors by design,
-   so the check also fails on any shim warning, internal error or scalar error.
-3. **Values.** The loss and grad-norm values the receiver got through ``scalar()`` equal the
-   values read back after the loop.
-4. **Throughput.** Steps/s with and without the shim, interleaved runs, median of ``--repeats``.
+2. **Eager sync-debug loop.** A small bf16 (autocast) MLP trained with AdamW; every step
+   calls every shim API (publish, timing, count, gauge, category, timer, ``scalar()`` on the
+   loss and the grad norm, allocator sampling every 50 ms) inside
+   ``torch.cuda.set_sync_debug_mode("error")``: any synchronizing CUDA call raises. The mode
+   stays on until the resolver has published every scalar and the allocator sampler has sent
+   a sample, so the shim's background threads run under it too. Their errors are swallowed by
+   design, so the check also fails on any shim warning, internal error or scalar error.
+3. **Compiled sync-debug loop.** The forward pass and loss in a ``torch.compile``'d function
+   that itself calls every shim API (``scalar()`` on the loss included), compiled before the
+   mode is switched on, then run under it. Dynamo's own counters give the graph breaks and
+   the recompiles after warm-up (the spec's target: none; reported, not a failure here).
+4. **Values.** The loss and grad-norm values the receiver got through ``scalar()`` equal the
+   values read back after the loops.
 
 A real receiver process (``tests/shim_helpers.py receive``) drains the shim's socket throughout.
-Without CUDA the same loop runs on CPU as a dry run (no sync proof possible) and exits 0.
-Exit status: 0 when every check passed, 1 otherwise.
+``--dry-run`` (or no CUDA) runs the same loops on CPU tensors: every shim call and the compiled
+step run, the CUDA-only parts (sync-debug mode, busy probe, CUDA scalars, allocator samples)
+are skipped with their reason printed. Exit status: 0 when every check passed, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -29,22 +35,22 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from shim_helpers import ReceiverProcess, ledgers, wait_until  # noqa: E402
+import torch
+from gpu_check_common import write_json
+from shim_helpers import ReceiverProcess, ledgers, wait_until  # type: ignore[import-not-found]
 
-from trainer_shim import telemetry  # noqa: E402
-from trainer_shim.wire import RecordKind  # noqa: E402
+from trainer_shim import telemetry
+from trainer_shim.wire import RecordKind
 
 
 class _Collect(logging.Handler):
@@ -102,12 +108,13 @@ def train(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y
             keep.append((loss.detach(), gn.detach()))
 
 
-def timed(device: torch.device, *args: Any, **kwargs: Any) -> float:
+def timed(device: torch.device, model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+          y: torch.Tensor, steps: int, shim: bool) -> float:
     """``train`` between two device synchronizations; returns the wall time in seconds."""
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    train(*args, device=device, **kwargs)
+    train(model, opt, x, y, steps, shim=shim, device=device)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start
@@ -124,8 +131,8 @@ def _sleep_cycles_per_ms() -> float:
     return n / max(start.elapsed_time(end), 1e-3)
 
 
-def busy_gpu_probe(device: torch.device) -> list[str]:
-    """Shim calls while the GPU spins for ~200 ms; returns failures."""
+def busy_gpu_probe(device: torch.device) -> tuple[list[str], dict[str, float]]:
+    """Shim calls while the GPU spins for ~200 ms; returns failures and each call's host time (µs)."""
     failures: list[str] = []
     cycles = int(0.2 * 1000 * _sleep_cycles_per_ms())
     probe = torch.ones((), device=device)
@@ -164,108 +171,263 @@ def busy_gpu_probe(device: torch.device) -> list[str]:
     if not unresolved:
         failures.append("the probe scalar resolved before its copy could have run")
     wait_until(lambda: resolver is not None and resolver.in_flight() == 0, 10)
-    return failures
+    return failures, {k: v * 1e6 for k, v in timings.items()}
+
+
+def compiled_step(model: torch.nn.Module, device: torch.device, backend: str, graphs: list[int],
+                  timer_around_forward: bool = False) -> Any:
+    """``torch.compile`` of a forward + loss that calls every shim API itself; returns the loss.
+    ``graphs`` gets the number of operators of each graph dynamo hands to ``backend``, to show
+    that the model really ran compiled (a frame dynamo gives up on runs eagerly).
+
+    The shim calls follow the forward: dynamo compiles the forward, breaks the graph at a shim
+    call it cannot trace and goes on in the rest of the function. ``timer_around_forward``
+    puts ``telemetry.timer`` around the forward instead: a break inside a ``with`` block of a
+    context manager dynamo cannot trace makes it run the whole frame eagerly."""
+    amp_device = device.type
+    inner = torch._dynamo.lookup_backend(backend)
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        graphs.append(sum(1 for node in gm.graph.nodes if node.op in ("call_function", "call_method", "call_module")))
+        return inner(gm, example_inputs)
+
+    def timed_forward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with telemetry.timer("compiled_forward"), torch.autocast(device_type=amp_device, dtype=torch.bfloat16):
+            return torch.nn.functional.mse_loss(model(x).float(), y)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=amp_device, dtype=torch.bfloat16):
+            loss = torch.nn.functional.mse_loss(model(x).float(), y)
+        telemetry.scalar("compiled_loss", loss)
+        telemetry.timing("compiled_ms", 1.0)
+        telemetry.count("compiled_steps")
+        telemetry.gauge("compiled_lr", 1e-4)
+        telemetry.category("compiled_bucket", "b")
+        telemetry.publish(0, {"compiled_host_ms": 1.0})
+        with telemetry.timer("compiled_tail"):
+            loss = loss + 0.0
+        return loss
+
+    return torch.compile(timed_forward if timer_around_forward else step, backend=counting)
+
+
+def timer_around_forward_ops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> int:
+    """Operators dynamo compiles (eager backend: only the count matters) when ``telemetry.timer``
+    wraps the forward inside the compiled function; 0 means the forward ran eagerly."""
+    graphs: list[int] = []
+    compiled_step(model, device, "eager", graphs, timer_around_forward=True)(x, y)
+    return sum(graphs)
+
+
+def dynamo_counts() -> tuple[int, int]:
+    """(graph breaks, frames compiled) from dynamo's own counters, so far in this process."""
+    from torch._dynamo.utils import counters
+
+    breaks = sum(counters["graph_break"].values()) or sum(counters["unimplemented"].values())
+    return int(breaks), int(counters["frames"]["total"])
+
+
+def run_compiled(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                 steps: int, device: torch.device, backend: str, sync_debug: bool, keep: list[Any],
+                 rx: ReceiverProcess) -> dict[str, Any]:
+    """Warm the compiled step up (compiles), then run ``steps`` steps, under sync-debug if asked,
+    which stays on until the receiver has every scalar. Raises ``TimeoutError`` if it has not
+    after 30 s."""
+    graphs: list[int] = []
+    fn = compiled_step(model, device, backend, graphs)
+
+    def one_step() -> None:
+        loss = fn(x, y)
+        loss.backward()
+        gn = grad_norm(model)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        telemetry.scalar("compiled_grad_norm", gn)
+        keep.append((loss.detach(), gn.detach()))
+
+    started = time.perf_counter()
+    for _ in range(2):  # compile outside the sync-debug region: compiling may synchronize
+        one_step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    compile_s = time.perf_counter() - started
+    breaks0, frames0 = dynamo_counts()
+    error = None
+    if sync_debug:
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(steps):
+            one_step()
+        wait_until(lambda: scalars_settled(rx, {"compiled_loss": len(keep)}, allocator=False), 30)
+    except RuntimeError as exc:  # a synchronizing call under "error" mode
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if sync_debug:
+            torch.cuda.set_sync_debug_mode(0)
+    breaks, frames = dynamo_counts()
+    return {"backend": backend, "graphs": len(graphs), "graph_ops": sum(graphs), "steps": len(keep) - 2,
+            "compile_s": compile_s, "sync_error": error,
+            "timer_around_forward_ops": timer_around_forward_ops(model, x, y, device),
+            "graph_breaks": breaks, "graph_breaks_after_warmup": breaks - breaks0,
+            "recompiles_after_warmup": frames - frames0}
 
 
 def main(argv: list[str] | None = None) -> int:
-    cuda = torch.cuda.is_available()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=200 if cuda else 20, help="steps per run")
-    parser.add_argument("--repeats", type=int, default=5 if cuda else 2, help="runs per configuration")
-    parser.add_argument("--dim", type=int, default=2048 if cuda else 128)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=4096 if cuda else 64, help="rows per step")
+    parser.add_argument("--dry-run", action="store_true", help="run on CPU tensors even if CUDA is present")
+    parser.add_argument("--steps", type=int, default=None, help="steps per loop (default 50 on CUDA, 3 on CPU)")
+    parser.add_argument("--dim", type=int, default=None, help="model width (default 2048 on CUDA, 64 on CPU)")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=None, help="rows per step (default 4096 on CUDA, 32 on CPU)")
+    parser.add_argument("--compile-backend", default=None,
+                        help="torch.compile backend (default inductor on CUDA; eager on CPU: dynamo traces the "
+                             "step, no code generation, so the dry run stays quick)")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args(argv)
+    cuda = torch.cuda.is_available() and not args.dry_run
+    steps = args.steps or (50 if cuda else 3)
+    dim, batch = args.dim or (2048 if cuda else 64), args.batch or (4096 if cuda else 32)
+    backend = args.compile_backend or ("inductor" if cuda else "eager")
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    results: dict[str, Any] = {"torch": torch.__version__, "cuda_runtime": torch.version.cuda, "dry_run": not cuda,
+                               "steps": steps, "dim": dim, "layers": args.layers, "batch": batch, "skipped": []}
     if cuda:
-        print(f"device: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
+        results["device"] = torch.cuda.get_device_name(device)
+        print(f"device: {results['device']}, torch {torch.__version__}, CUDA runtime {torch.version.cuda}")
     else:
-        print(f"CPU dry run: no CUDA device, torch {torch.__version__}. The same loop runs on CPU "
-              "with every shim call; zero-sync and GPU throughput need a GPU.")
+        why = "--dry-run" if torch.cuda.is_available() else "no CUDA device"
+        results["skipped"] = [f"{what}: {why}, CPU tensors" for what in (
+            "sync-debug mode (the zero-sync proof)", "busy-GPU probe", "CUDA scalars (pinned copy + event)",
+            "allocator samples (no CUDA allocator)")]
+        print(f"CPU dry run ({why}), torch {torch.__version__}: every shim call runs, eager and compiled "
+              f"(backend {backend}), on CPU tensors. Skipped: "
+              + "; ".join(s.split(":")[0] for s in results["skipped"]))
+    if not cuda:
+        torch.set_num_threads(1)  # a dry run stays on one core of a shared machine
     collect = _Collect()
     logging.getLogger("trainer_shim").addHandler(collect)
     failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="dfs-gpu-", dir="/tmp") as tmp:
-        endpoint = f"ipc://{tmp}/sidecar.sock"
-        rx = ReceiverProcess(endpoint, Path(tmp) / "frames")
+        rx = ReceiverProcess(f"ipc://{tmp}/sidecar.sock", Path(tmp) / "frames")
         try:
-            telemetry.configure(endpoint=endpoint, role="drafter", worker="0",
-                                devices=[0] if cuda else [], allocator_interval_s=0.5)
+            telemetry.configure(endpoint=rx.endpoint, role="drafter", worker="0",
+                                devices=[0] if cuda else [], allocator_interval_s=0.05)
             torch.manual_seed(0)
-            model, opt = build(args.dim, args.layers, device)
-            x = torch.randn(args.batch, args.dim, device=device)
-            y = torch.randn(args.batch, args.dim, device=device)
-            timed(device, model, opt, x, y, 3, shim=False)  # warm-up: kernels, cuBLAS
+            model, opt = build(dim, args.layers, device)
+            x = torch.randn(batch, dim, device=device)
+            y = torch.randn(batch, dim, device=device)
+            timed(device, model, opt, x, y, 2, shim=False)  # warm-up: kernels, cuBLAS
             if cuda:
-                failures += busy_gpu_probe(device)
+                probe_failures, results["busy_probe_us"] = busy_gpu_probe(device)
+                failures += probe_failures
             keep: list[Any] = []
+            results["eager"] = eager = {"steps": steps, "sync_error": None}
             if cuda:
                 torch.cuda.synchronize()
                 torch.cuda.set_sync_debug_mode("error")  # from here any synchronization raises
             try:
-                train(model, opt, x, y, args.steps, shim=True, device=device, keep=keep)
+                train(model, opt, x, y, steps, shim=True, device=device, keep=keep)
+                # The shim's threads (scalar resolver, allocator sampler, flusher) under the mode too.
+                wait_until(lambda: scalars_settled(rx, {"loss": len(keep)}, allocator=cuda), 30)
+            except RuntimeError as exc:
+                eager["sync_error"] = f"{type(exc).__name__}: {exc}"
+            except TimeoutError:
+                failures.append("eager loop: scalars or allocator samples did not arrive within 30 s")
             finally:
                 if cuda:
                     torch.cuda.set_sync_debug_mode(0)
                     torch.cuda.synchronize()
+            if eager["sync_error"]:
+                failures.append(f"eager loop synchronized: {eager['sync_error']}")
             where = 'under set_sync_debug_mode("error"): no synchronization' if cuda else "on CPU"
-            print(f"sync-debug loop: {args.steps} steps with every shim call {where}")
-            failures += check_values(keep, rx)
-            failures += throughput(model, opt, x, y, args, device)
+            print(f"eager loop: {len(keep)} steps with every shim call {where}"
+                  + (f" -- FAILED: {eager['sync_error']}" if eager["sync_error"] else ""))
+            compiled_keep: list[Any] = []
+            try:
+                results["compiled"] = comp = run_compiled(model, opt, x, y, steps, device, backend, cuda,
+                                                          compiled_keep, rx)
+            except Exception as exc:  # noqa: BLE001 - a compile failure is a finding, reported
+                results["compiled"] = comp = {"backend": backend, "error": f"{type(exc).__name__}: {exc}"}
+                failures.append(f"compiled loop failed: {comp['error'][:500]}")
+            if "error" not in comp:
+                if comp["sync_error"]:
+                    failures.append(f"compiled loop synchronized: {comp['sync_error']}")
+                target = comp["graph_breaks"] == 0 and comp["recompiles_after_warmup"] == 0
+                comp["no_break_no_recompile"] = target
+                if not comp["graph_ops"]:
+                    failures.append("compiled loop: dynamo compiled no operator, the step ran eagerly")
+                print(f"compiled loop (backend {backend}, compiled in {comp['compile_s']:.1f} s): "
+                      f"{comp['steps']} steps "
+                      f"with every shim call inside the compiled step {where}"
+                      + (f" -- FAILED: {comp['sync_error']}" if comp["sync_error"] else "")
+                      + f"; dynamo: {comp['graphs']} graph(s) of {comp['graph_ops']} operators, "
+                      f"{comp['graph_breaks']} graph break(s), {comp['recompiles_after_warmup']} "
+                      f"recompile(s) after warm-up (target 0 and 0: {'met' if target else 'MISSED'}); "
+                      f"with the timer around the forward dynamo compiles {comp['timer_around_forward_ops']} "
+                      "operators" + (" (the forward runs eagerly)" if not comp["timer_around_forward_ops"] else ""))
+            value_failures, results["values"] = check_values(
+                {"loss": [k[0] for k in keep], "grad_norm": [k[1] for k in keep],
+                 "compiled_loss": [k[0] for k in compiled_keep], "compiled_grad_norm": [k[1] for k in compiled_keep]},
+                rx)
+            failures += value_failures
+            if cuda and not results["values"]["allocator_samples"]:
+                failures.append("no allocator sample arrived (the sampler should run every 50 ms on CUDA)")
         finally:
             telemetry.close()
             rx.stop()
     stats = next(iter(telemetry.stats().values()))
     bad = {k: v for k, v in stats["dropped"].items() if k not in ("buffer_full",)}
+    results["shim_drops"] = stats["dropped"]
+    results["shim_warnings"] = collect.messages
     if collect.messages or bad:
         failures.append(f"shim warnings {collect.messages} or drops {bad}")
     for failure in failures:
         print("FAIL:", failure)
+    results["failures"], results["passed"] = failures, not failures
+    write_json(args.json, results)
     print("PASS" if not failures else "FAILED", "(CPU dry run)" if not cuda else "")
     return 1 if failures else 0
 
+def received(rx: ReceiverProcess, kind: int, name: str | None = None) -> list[Any]:
+    """Records of ``kind`` (and ``name``) the receiver got so far."""
+    return [r for b in ledgers(rx.messages()).values() for r in b.records
+            if r[0] == kind and (name is None or r[1] == name)]
 
-def check_values(keep: list[Any], rx: ReceiverProcess) -> list[str]:
-    """The scalars the receiver got equal the values read after the loop (as multisets: the
-    resolver publishes in completion order)."""
+
+def scalars_settled(rx: ReceiverProcess, expected: dict[str, int], allocator: bool) -> bool:
+    """Every expected scalar resolved and received, and an allocator sample if ``allocator``."""
     from trainer_shim import cuda_scalar
 
     resolver = cuda_scalar.current()
-    wait_until(lambda: resolver is None or resolver.in_flight() == 0, 30)
+    if resolver is not None and resolver.in_flight() > 0:
+        return False
+    telemetry.flush()
+    if allocator and not received(rx, RecordKind.ALLOCATOR):
+        return False
+    return all(len(received(rx, RecordKind.SCALAR, name)) >= n for name, n in expected.items())
+
+
+def check_values(expected: dict[str, list[Any]], rx: ReceiverProcess) -> tuple[list[str], dict[str, Any]]:
+    """The scalars the receiver got equal the values read after the loops (as multisets: the
+    resolver publishes in completion order). Returns failures and what was compared."""
     telemetry.flush(wait_s=10)
-    want_loss = sorted(float(t) for t, _ in keep)
-    want_gn = sorted(float(g) for _, g in keep)
-
-    def got(name: str) -> list[float]:
-        return sorted(r[2] for b in ledgers(rx.messages()).values() for r in b.records
-                      if r[0] == RecordKind.SCALAR and r[1] == name)
-
     try:
-        wait_until(lambda: len(got("loss")) >= len(want_loss) and len(got("grad_norm")) >= len(want_gn), 30)
+        wait_until(lambda: scalars_settled(rx, {k: len(v) for k, v in expected.items()}, False), 30)
     except TimeoutError:
-        return [f"received {len(got('loss'))}/{len(want_loss)} loss values"]
-    if got("loss") != want_loss or got("grad_norm") != want_gn:
-        return ["scalar values differ from the values computed after the fact"]
-    allocator = [r for b in ledgers(rx.messages()).values() for r in b.records if r[0] == RecordKind.ALLOCATOR]
-    print(f"scalar values match: {len(want_loss)} losses and grad norms equal the values read "
-          f"after the loop; {len(allocator)} allocator samples received")
-    return []
-
-
-def throughput(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-               args: argparse.Namespace, device: torch.device) -> list[str]:
-    runs: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(args.repeats):
-        for shim in (False, True):
-            runs[shim].append(args.steps / timed(device, model, opt, x, y, args.steps, shim=shim))
-    base, with_shim = statistics.median(runs[False]), statistics.median(runs[True])
-    label = "throughput" if device.type == "cuda" else "throughput (CPU dry run: not a measurement)"
-    print(f"{label} (median of {args.repeats} runs of {args.steps} steps, dim {args.dim}, "
-          f"batch {args.batch}): without shim {base:.1f} steps/s, with shim {with_shim:.1f} steps/s "
-          f"({(with_shim / base - 1) * 100:+.2f} %)")
-    print(f"  runs without: {', '.join(f'{r:.1f}' for r in runs[False])}; "
-          f"with: {', '.join(f'{r:.1f}' for r in runs[True])}")
-    return []
+        pass
+    failures, counts = [], {}
+    for name, tensors in expected.items():
+        want = sorted(float(t) for t in tensors)
+        got = sorted(r[2] for r in received(rx, RecordKind.SCALAR, name))
+        counts[name] = len(got)
+        if got != want:
+            failures.append(f"scalar {name!r}: received {len(got)} values, expected {len(want)}"
+                            + ("" if len(got) != len(want) else "; they differ from the values read after the loop"))
+    allocator = len(received(rx, RecordKind.ALLOCATOR))
+    if not failures:
+        print(f"scalar values match: {', '.join(f'{n} {name}' for name, n in counts.items())} equal the values "
+              f"read after the loops; {allocator} allocator samples received")
+    return failures, {"scalars_received": counts, "allocator_samples": allocator}
 
 
 if __name__ == "__main__":

@@ -50,6 +50,12 @@ GPUS[1] = dict(GPUS[0], **{"power.draw": "150.00", "temperature.memory": "[N/A]"
 if "--help-query-gpu" in sys.argv:
     print(HELP)
     sys.exit(0)
+if "dmon" in sys.argv:
+    print("# gpu  rxpci  txpci")
+    print("# Idx   MB/s   MB/s")
+    print("    0   2000   1000")
+    print("    1   2000     10")
+    sys.exit(0)
 fields = next(a for a in sys.argv if a.startswith("--query-gpu=")).split("=", 1)[1].split(",")
 for index, values in GPUS.items():
     print(", ".join(str(index) if f == "index" else values.get(f, "[Not Supported]") for f in fields))
@@ -87,9 +93,9 @@ def test_compares_with_nvidia_smi_and_reports_the_cost(tmp_path: Path) -> None:
     stub.write_text(f"#!{sys.executable}\n{STUB}")
     stub.chmod(0o755)
     result = _run({"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(control.path)},
-                  "--seconds", "0.6", "--nvidia-smi", str(stub))
+                  "--seconds", "0.6", "--daemon-seconds", "0", "--reps", "3", "--nvidia-smi", str(stub))
     out = result.stdout
-    assert result.returncode == 1, out + result.stderr  # GPU 1's power differs
+    assert result.returncode == 1, out + result.stderr  # GPU 1's power and PCIe tx differ
     assert "2 GPU(s)" in out and "GPU 0  NVIDIA H100" in out
     gpu0, gpu1 = out.split("GPU 1  ")[0], out.split("GPU 1  ")[1]
     for label in ("utilization.gpu", "memory.total", "memory.used", "power.draw", "clocks.sm", "clock event"):
@@ -98,5 +104,16 @@ def test_compares_with_nvidia_smi_and_reports_the_cost(tmp_path: Path) -> None:
     assert "0x4" in next(line for line in gpu0.splitlines() if "clock event" in line)
     assert " NO " in next(line for line in gpu1.splitlines() if "power.draw" in line)
     assert " n/a " in next(line for line in gpu1.splitlines() if "temperature.memory" in line)
+    assert " yes " in next(line for line in gpu0.splitlines() if "pcie tx" in line)  # dmon's column
+    assert " NO " in next(line for line in gpu1.splitlines() if "pcie tx" in line)
     assert "NVML cost per poll, 2 GPU(s)" in out and "NVML calls per poll" in out
-    assert "1 value(s) differ" in out
+    assert "2 value(s) differ" in out
+    # The call table: one row per call kind, the unsupported field named for GPU 1 only.
+    memory_temp = next(line for line in out.splitlines() if "field memory_temp" in line)
+    assert memory_temp.split("|")[0].split()[-1] == "ok" and "unsupported (not_supported)" in memory_temp.split("|")[1]
+    assert "nvmlDeviceGetPcieThroughput" in out and "missing" in next(
+        line for line in out.splitlines() if "nvmlDeviceGetPcieThroughput" in line)
+    for scenario in ("gpm on ", "gpm off ", "gpm on + process query"):
+        assert any(line.strip().startswith(scenario.strip()) and "NVML cost per poll" in line
+                   for line in out.splitlines()), scenario
+    assert "GPM unsupported/unsupported" in out and "GPM active/active" in out

@@ -218,7 +218,7 @@ def test_gpu_check_dry_run_on_cpu() -> None:
     """``bench/gpu_check_shim.py`` without CUDA: the same loop on CPU, every shim call, exit 0."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check_shim.py"), "--steps", "6",
-                           "--repeats", "1", "--dim", "64"],
+                           "--dim", "64"],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "CPU dry run" in proc.stdout
