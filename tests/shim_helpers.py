@@ -24,6 +24,7 @@ import signal
 import struct
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -291,6 +292,30 @@ def ledgers(messages: Iterable[Message]) -> dict[int, SenderLedger]:
 def wait_until(predicate: Any, timeout_s: float = 30.0, interval_s: float = 0.02) -> Any:
     """``tests.waiting.wait_until`` with this module's defaults."""
     return waiting.wait_until(predicate, timeout_s, interval_s)
+
+
+EXIT_BOUND_S = 120.0
+"""A liveness limit (a hang, not slowness): the DataLoader script imports torch on 2 busy cores."""
+
+PRELUDE = """
+import os, sys
+from trainer_shim import telemetry
+"""
+
+
+def run_script(workdir: Path, code: str, endpoint: str,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` as ``trainer.py`` in ``workdir`` with the shim pointed at ``endpoint``;
+    fails the test on a non-zero exit or a traceback."""
+    script = workdir / "trainer.py"
+    script.write_text(PRELUDE + textwrap.dedent(code))
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
+    full_env.update(PYTHONPATH=str(ROOT), DFLASH_SIDECAR_ENDPOINT=endpoint, RANK="0", **(env or {}))
+    proc = subprocess.run([sys.executable, str(script)], env=full_env, capture_output=True, text=True,
+                          timeout=EXIT_BOUND_S, check=False, cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,43 +8,15 @@ against a real receiver process; the receiver's frames are accounted per sender.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.shim_helpers import ROOT, SenderLedger, ledgers, wait_until
+from tests.shim_helpers import SenderLedger, ledgers, run_script, wait_until
 
 pytest_plugins = ["tests.shim_fixtures"]
-
-EXIT_BOUND_S = 120.0
-"""A liveness limit (a hang, not slowness): the DataLoader script imports torch on 2 busy cores."""
-
-PRELUDE = """
-import os, sys
-from trainer_shim import telemetry
-"""
-
-
-def run_script(workdir: Path, code: str, endpoint: str,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` as ``trainer.py`` in ``workdir`` with the shim pointed at ``endpoint``;
-    fails the test on a non-zero exit or a traceback."""
-    script = workdir / "trainer.py"
-    script.write_text(PRELUDE + textwrap.dedent(code))
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
-    full_env.update(PYTHONPATH=str(ROOT), DFLASH_SIDECAR_ENDPOINT=endpoint, RANK="0", **(env or {}))
-    proc = subprocess.run([sys.executable, str(script)], env=full_env, capture_output=True, text=True,
-                          timeout=EXIT_BOUND_S, check=False, cwd=workdir)
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc
-
 
 def books_by_worker(rx: Any, expect_records: int) -> dict[str, SenderLedger]:
     """Wait until ``expect_records`` records arrived, then the ledgers by worker label."""

@@ -12,8 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.shim_helpers import ROOT, SenderLedger, ledgers, wait_until
-from tests.test_shim_children import run_script
+from tests.shim_helpers import ROOT, SenderLedger, ledgers, run_script, wait_until
 from trainer_shim.integrations import names
 
 pytest_plugins = ["tests.shim_fixtures"]
