@@ -34,6 +34,29 @@ SAMPLE_SUFFIXES = {"summary": ("", "_count", "_sum"), "histogram": ("_bucket", "
 """Sample names of a family, by type, as suffixes of the name in its ``# TYPE`` line."""
 
 
+# -- the wheel -----------------------------------------------------------------------------------
+
+
+def build_wheel(tmp: Path) -> Path:
+    """A wheel of this checkout built offline in ``tmp`` from a copy (the checkout stays
+    untouched): no build isolation, no dependencies fetched. Needs setuptools."""
+    import shutil
+    import sys
+
+    src = tmp / "src"
+    src.mkdir()
+    shutil.copy(REPO / "pyproject.toml", src)
+    for package in ("sidecar", "trainer_shim"):
+        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    readme = REPO / "README.md"
+    (src / "README.md").write_text(readme.read_text() if readme.exists() else "dflash-sidecar\n")
+    result = run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                  "--wheel-dir", str(tmp), str(src)], timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [built] = tmp.glob("dflash_sidecar-*.whl")
+    return built
+
+
 # -- tools ---------------------------------------------------------------------------------------
 
 def run(cmd: list[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy_support import DEPLOY, REPO, UNITS, in_ci, require_tool, run, verify
+from tests.deploy_support import DEPLOY, UNITS, build_wheel, in_ci, require_tool, run, verify
 
 INSTALL = DEPLOY / "install.sh"
 SYSTEM_TOOLS = ("systemctl", "systemd-sysusers", "systemd-tmpfiles", "useradd", "usermod")
@@ -27,19 +27,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if in_ci():
             pytest.fail("setuptools is needed to build the wheel the installer test installs")
         pytest.skip("setuptools is not installed")
-    tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"
-    src.mkdir()
-    shutil.copy(REPO / "pyproject.toml", src)
-    for package in ("sidecar", "trainer_shim"):
-        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
-    readme = REPO / "README.md"
-    (src / "README.md").write_text(readme.read_text() if readme.exists() else "dflash-sidecar\n")
-    result = run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                  "--wheel-dir", str(tmp), str(src)], timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    [built] = tmp.glob("dflash_sidecar-*.whl")
-    return built
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture(scope="module")

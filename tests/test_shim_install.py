@@ -11,9 +11,16 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tests.test_deploy_install import wheel  # noqa: F401 - the module-scoped wheel fixture
+import pytest
+
+from tests.deploy_support import build_wheel
 
 SHIM_REQUIREMENTS = {"pyzmq", "msgspec"}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def requires_dist(whl: Path) -> list[str]:
@@ -29,7 +36,7 @@ def dist_name(req: str) -> str:
     return match.group(0).lower()
 
 
-def test_wheel_requires_only_what_the_shim_imports(wheel: Path) -> None:  # noqa: F811
+def test_wheel_requires_only_what_the_shim_imports(wheel: Path) -> None:
     reqs = requires_dist(wheel)
     unconditional = {dist_name(r) for r in reqs if "extra ==" not in r}
     daemon = {dist_name(r) for r in reqs if re.search(r"""extra\s*==\s*["']daemon["']""", r)}
@@ -37,7 +44,7 @@ def test_wheel_requires_only_what_the_shim_imports(wheel: Path) -> None:  # noqa
     assert {"wandb", "prometheus-client", "nvidia-ml-py"} <= daemon
 
 
-def test_shim_only_environment_gets_a_clear_message(wheel: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_shim_only_environment_gets_a_clear_message(wheel: Path, tmp_path: Path) -> None:
     """A fresh venv with the wheel and no dependencies at all (no network is used): the shim's
     modules are there, the console script names the missing daemon packages and the fix."""
     venv = tmp_path / "venv"
