@@ -118,7 +118,8 @@ def summary(parts: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(f"daemon CPU, NVML 1 s: {cpu['nvml_1s'] * 100:.3f} % of a core "
                      f"(--no-gpu-metrics {cpu['no_gpu_metrics'] * 100:.3f} %)")
     if "mismatches" in nvml:
-        lines.append(f"readings vs nvidia-smi: {nvml['mismatches']} value(s) differ beyond tolerance")
+        lines.append("readings vs nvidia-smi: " + ("nvidia-smi gave no readings" if nvml["mismatches"] is None
+                                                   else f"{nvml['mismatches']} value(s) differ beyond tolerance"))
     for name, part in parts.items():
         lines.append(f"part {name}: {'TIMED OUT' if part['timed_out'] else 'exit ' + str(part['exit'])} "
                      f"in {part['seconds']:.0f} s")

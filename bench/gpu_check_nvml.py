@@ -405,7 +405,7 @@ def measure_all(args: argparse.Namespace, results: dict[str, Any], load: subproc
     print("\nreadings, sidecar vs nvidia-smi (right after the last poll):")
     print("\n".join(lines))
     results["readings"] = lines
-    results["mismatches"] = mismatches
+    results["mismatches"] = mismatches if smi_state.get("smi") else None
     status = 0
     if not smi_state.get("smi"):
         print("nvidia-smi gave no readings: the sidecar's values are shown without comparison")
