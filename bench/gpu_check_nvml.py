@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import logging
 import os
+import select
 import shutil
 import statistics
 import subprocess
@@ -276,9 +277,11 @@ def start_load(seconds: float) -> subprocess.Popen[str] | None:
             "while time.monotonic() < end:\n"
             "    for _ in range(8): a @ a\n"
             "    torch.cuda.synchronize()\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "ready":
+    ready, _, _ = select.select([proc.stdout], [], [], 90.0)
+    if not ready or proc.stdout.readline().strip() != "ready":
+        print("GPU load process did not start; the NVML part runs on an idle GPU", file=sys.stderr)
         proc.kill()
         proc.wait()
         return None
@@ -327,6 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     load = None if args.dry_run or args.no_load else start_load(300.0)
     try:
         return measure_all(args, results, load)
+    except Exception as exc:  # noqa: BLE001 - a driver refusing something unforeseen: report, keep results
+        results["error"] = f"{type(exc).__name__}: {exc}"
+        print(f"NVML part failed: {results['error']}", file=sys.stderr)
+        write_json(args.json, results)
+        return 1
     finally:
         if load is not None:
             load.kill()
