@@ -76,3 +76,18 @@ def test_a_part_over_its_time_limit_is_killed(tmp_path: Path) -> None:
 def test_unknown_part_is_rejected() -> None:
     result = _run("--parts", "shim,gpu", timeout_s=60)
     assert result.returncode == 2 and "unknown part(s) ['gpu']" in result.stderr
+
+
+def test_a_missing_module_stops_the_check_at_once(tmp_path: Path) -> None:
+    """A wheel not installed on the GPU machine: said in seconds, before any part starts."""
+    out = tmp_path / "gpu_check.json"
+    code = ("import sys; sys.path.insert(0, 'bench'); import gpu_check; "
+            "gpu_check.REQUIRED_MODULES += ('no_such_module_dfs',); "
+            f"raise SystemExit(gpu_check.main(['--dry-run', '--out', {str(out)!r}]))")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "missing Python modules: no_such_module_dfs" in result.stderr
+    report = json.loads(out.read_text())
+    assert report["parts"] == {} and report["environment"]["msgspec"]
