@@ -191,7 +191,10 @@ def compare(snapshot: GpuSnapshot, smi: dict[int, dict[str, str]], chosen: dict[
             name = chosen.get(field.label)
             mine = field.sidecar(reading)
             theirs = _number(smi.get(reading.index, {}).get(name or ""), field.hex_mask) if name else None
-            verdict, missed = _verdict(mine, theirs, field.abs_tol, field.rel_tol)
+            if name:
+                verdict, missed = _verdict(mine, theirs, field.abs_tol, field.rel_tol)
+            else:  # this nvidia-smi has no query field for it: nothing to compare, no mismatch
+                verdict, missed = "-", 0
             mismatches += missed
             shown = [_show(v, field.hex_mask) for v in (mine, theirs)]
             lines.append(f"  {field.label:30} {shown[0]:>16} {shown[1]:>16}  {verdict:5}  {name or '(none)'}")

@@ -49,7 +49,10 @@ def test_compares_with_nvidia_smi_and_reports_the_cost(tmp_path: Path) -> None:
     control.gpu("*", clock_reasons=0x4, memory_total=80 * GIB, memory_used=10 * GIB, memory_reserved=GIB // 2)
     control.gpu(1, temperature_memory="unsupported")
     stub = tmp_path / "nvidia-smi"
-    stub.write_text(f"#!{sys.executable}\n{STUB}")
+    # This nvidia-smi knows no enforced.power.limit query field: shown, not compared, not counted.
+    trimmed = STUB.replace('"enforced.power.limit"\n', "")
+    assert trimmed != STUB
+    stub.write_text(f"#!{sys.executable}\n{trimmed}")
     stub.chmod(0o755)
     result = _run({"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(control.path)},
                   "--seconds", "0.6", "--daemon-seconds", "0", "--reps", "3", "--nvidia-smi", str(stub))
@@ -67,6 +70,7 @@ def test_compares_with_nvidia_smi_and_reports_the_cost(tmp_path: Path) -> None:
     assert " NO " in next(line for line in gpu1.splitlines() if "pcie tx" in line)
     assert "NVML cost per poll, 2 GPU(s)" in out and "NVML calls per poll" in out
     assert "2 value(s) differ" in out
+    assert " - " in next(line for line in gpu0.splitlines() if "enforced.power.limit" in line)
     # The call table: one row per call kind, the unsupported field named for GPU 1 only.
     memory_temp = next(line for line in out.splitlines() if "field memory_temp" in line)
     assert memory_temp.split("|")[0].split()[-1] == "ok" and "unsupported (not_supported)" in memory_temp.split("|")[1]
