@@ -22,8 +22,11 @@ else the NVML part is skipped). Exit status: 0 when every part passed, else 1.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -118,7 +121,8 @@ def summary(parts: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(f"daemon CPU, NVML 1 s: {cpu['nvml_1s'] * 100:.3f} % of a core "
                      f"(--no-gpu-metrics {cpu['no_gpu_metrics'] * 100:.3f} %)")
     if "mismatches" in nvml:
-        lines.append(f"readings vs nvidia-smi: {nvml['mismatches']} value(s) differ beyond tolerance")
+        lines.append("readings vs nvidia-smi: " + ("nvidia-smi gave no readings" if nvml["mismatches"] is None
+                                                   else f"{nvml['mismatches']} value(s) differ beyond tolerance"))
     for name, part in parts.items():
         lines.append(f"part {name}: {'TIMED OUT' if part['timed_out'] else 'exit ' + str(part['exit'])} "
                      f"in {part['seconds']:.0f} s")
@@ -143,6 +147,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--fake-nvml is for --dry-run only")
     if args.budget <= 0:
         parser.error("--budget must be > 0")
+    environment, missing = preflight()
+    print(f"environment: {environment}", flush=True)
+    if missing:
+        print(f"missing Python modules: {', '.join(missing)}; install the carried wheels into a target directory "
+              "and put it on PYTHONPATH (see bench/RESULTS_GPU.md)", file=sys.stderr)
+        write_out(args.out, args.dry_run, environment, [f"missing modules: {missing}"], {})
+        return 2
     parts: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="dfs-gpucheck-", dir="/tmp") as tmp:
         workdir = Path(tmp)
@@ -155,13 +166,44 @@ def main(argv: list[str] | None = None) -> int:
             if name == "nvml" and args.nvidia_smi:
                 extra += ["--nvidia-smi", args.nvidia_smi]
             parts[name] = run_part(name, extra, args.budget * weight / share, workdir)
+            write_out(args.out, args.dry_run, environment, summary(parts), parts)  # partial results survive a kill
     lines = summary(parts)
     print("===== summary =====\n" + "\n".join(lines), flush=True)
     if args.out is not None:
-        args.out.write_text(json.dumps({"dry_run": args.dry_run, "argv": sys.argv[1:], "summary": lines,
-                                        "parts": parts}, indent=1) + "\n")
+        write_out(args.out, args.dry_run, environment, lines, parts)
         print(f"results written to {args.out}")
     return 0 if all(p["exit"] == 0 and not p["timed_out"] for p in parts.values()) else 1
+
+
+# What the parts import, by import name; a missing one fails the check in seconds, not minutes.
+REQUIRED_MODULES = ("torch", "zmq", "msgspec", "datasketches", "numpy", "pynvml", "prometheus_client")
+
+
+def preflight() -> tuple[dict[str, Any], list[str]]:
+    """Versions of the environment, and the required modules it lacks."""
+    environment: dict[str, Any] = {"python": sys.version.split()[0]}
+    missing = []
+    for module in REQUIRED_MODULES:
+        if importlib.util.find_spec(module) is None:
+            missing.append(module)
+            continue
+        try:
+            environment[module] = importlib.metadata.version(DISTRIBUTIONS.get(module, module))
+        except importlib.metadata.PackageNotFoundError:
+            environment[module] = "?"
+    environment["nvidia-smi"] = shutil.which("nvidia-smi")
+    return environment, missing
+
+
+DISTRIBUTIONS = {"zmq": "pyzmq", "pynvml": "nvidia-ml-py", "prometheus_client": "prometheus-client"}
+
+
+def write_out(path: Path | None, dry_run: bool, environment: dict[str, Any], lines: list[str],
+              parts: dict[str, dict[str, Any]]) -> None:
+    """The combined results file (``None``: nowhere)."""
+    if path is not None:
+        path.write_text(json.dumps({"dry_run": dry_run, "argv": sys.argv[1:], "environment": environment,
+                                    "summary": lines, "parts": parts}, indent=1) + "\n")
 
 
 def fake_nvml_env(workdir: Path, gpus: int) -> dict[str, str]:

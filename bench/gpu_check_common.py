@@ -39,24 +39,10 @@ def _finite(value: Any) -> Any:
 
 
 def proc_cpu_s(pid: int) -> float:
-    """CPU time of every thread of ``pid`` (user + system, seconds).
-
-    Sums ``/proc/<pid>/task/*/schedstat`` (nanoseconds) where the kernel has it, else reads
-    ``/proc/<pid>/stat`` (clock ticks, usually 10 ms). Raises ``OSError`` if the process is gone.
-    """
-    total_ns, tasks = 0, 0
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                    total_ns += int(f.read().split()[0])
-                    tasks += 1
-            except (OSError, ValueError, IndexError):
-                continue
-    except OSError:
-        tasks = 0
-    if tasks:
-        return total_ns / 1e9
+    """CPU time of ``pid``, all its threads, the ones that already ended included (user + system,
+    seconds), from ``/proc/<pid>/stat``: clock ticks, usually 10 ms, so a reading needs seconds
+    of wall time. (Summing the threads' schedstat would be finer but loses the threads that
+    ended, such as the daemon's per-scrape HTTP threads.) Raises ``OSError`` if it is gone."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) * TICK_S

@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import logging
 import os
+import select
 import shutil
 import statistics
 import subprocess
@@ -190,7 +191,10 @@ def compare(snapshot: GpuSnapshot, smi: dict[int, dict[str, str]], chosen: dict[
             name = chosen.get(field.label)
             mine = field.sidecar(reading)
             theirs = _number(smi.get(reading.index, {}).get(name or ""), field.hex_mask) if name else None
-            verdict, missed = _verdict(mine, theirs, field.abs_tol, field.rel_tol)
+            if name:
+                verdict, missed = _verdict(mine, theirs, field.abs_tol, field.rel_tol)
+            else:  # this nvidia-smi has no query field for it: nothing to compare, no mismatch
+                verdict, missed = "-", 0
             mismatches += missed
             shown = [_show(v, field.hex_mask) for v in (mine, theirs)]
             lines.append(f"  {field.label:30} {shown[0]:>16} {shown[1]:>16}  {verdict:5}  {name or '(none)'}")
@@ -276,9 +280,11 @@ def start_load(seconds: float) -> subprocess.Popen[str] | None:
             "while time.monotonic() < end:\n"
             "    for _ in range(8): a @ a\n"
             "    torch.cuda.synchronize()\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "ready":
+    ready, _, _ = select.select([proc.stdout], [], [], 90.0)
+    if not ready or proc.stdout.readline().strip() != "ready":
+        print("GPU load process did not start; the NVML part runs on an idle GPU", file=sys.stderr)
         proc.kill()
         proc.wait()
         return None
@@ -327,6 +333,11 @@ def main(argv: list[str] | None = None) -> int:
     load = None if args.dry_run or args.no_load else start_load(300.0)
     try:
         return measure_all(args, results, load)
+    except Exception as exc:  # noqa: BLE001 - a driver refusing something unforeseen: report, keep results
+        results["error"] = f"{type(exc).__name__}: {exc}"
+        print(f"NVML part failed: {results['error']}", file=sys.stderr)
+        write_json(args.json, results)
+        return 1
     finally:
         if load is not None:
             load.kill()
@@ -405,7 +416,7 @@ def measure_all(args: argparse.Namespace, results: dict[str, Any], load: subproc
     print("\nreadings, sidecar vs nvidia-smi (right after the last poll):")
     print("\n".join(lines))
     results["readings"] = lines
-    results["mismatches"] = mismatches
+    results["mismatches"] = mismatches if smi_state.get("smi") else None
     status = 0
     if not smi_state.get("smi"):
         print("nvidia-smi gave no readings: the sidecar's values are shown without comparison")

@@ -97,7 +97,11 @@ def gpu_calls(driver: NvmlDriver, handle: Any, reps: int) -> list[dict[str, Any]
                       lambda: driver.call_raw("nvmlDeviceGetFieldValues", handle, list(FIELDS)), reps)
     rows.append({"group": "field values", **batch})
     if batch["status"] == "ok":
-        for item in driver.call_raw("nvmlDeviceGetFieldValues", handle, list(FIELDS)):
+        try:
+            items = driver.call_raw("nvmlDeviceGetFieldValues", handle, list(FIELDS))
+        except NvmlCallError:
+            items = []
+        for item in items:
             field_id = int(item.fieldId)
             rows.append({"group": "field values", "call": f"  field {FIELD_NAMES.get(field_id, field_id)}",
                          "status": status_of(int(item.nvmlReturn)), "n": 0, "median_us": None, "max_us": None})
@@ -117,8 +121,10 @@ def gpm_calls(driver: NvmlDriver, handle: Any, reps: int) -> list[dict[str, Any]
     if not driver.call_raw("nvmlGpmQueryDeviceSupport", handle).isSupportedDevice:
         rows[0]["status"] = "ok (GPM not supported by this GPU)"
         return rows
-    samples = [driver.call_raw("nvmlGpmSampleAlloc") for _ in range(2)]
+    samples: list[Any] = []
     try:
+        for _ in range(2):
+            samples.append(driver.call_raw("nvmlGpmSampleAlloc"))
         driver.call_raw("nvmlGpmSampleGet", handle, samples[0])
         time.sleep(MIN_SAMPLE_GAP_S * 1.5)
         sample = functools.partial(driver.call_raw, "nvmlGpmSampleGet", handle, samples[1])
@@ -130,6 +136,9 @@ def gpm_calls(driver: NvmlDriver, handle: Any, reps: int) -> list[dict[str, Any]
                 raise NvmlCallError("nvmlGpmMetricsGet", code)
 
         rows.append({"group": "gpm", **time_call(f"nvmlGpmMetricsGet ({len(METRICS)} metrics)", metrics, reps)})
+    except NvmlCallError as exc:  # allocation or the first sample failed: that is the finding
+        rows.append({"group": "gpm", "call": exc.function, "status": status_of(exc.code), "n": 1,
+                     "median_us": None, "max_us": None})
     finally:
         for sample in samples:
             driver.try_call("nvmlGpmSampleFree", sample)

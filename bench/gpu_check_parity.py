@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             for setup in order:
                 try:
                     runs[setup].append(one_run(setup, Path(tmp), model, opt, x, y, steps, device))
-                except (RuntimeError, OSError) as exc:
-                    failures.append(f"{setup} run {round_no + 1}: {exc}")
+                except Exception as exc:  # noqa: BLE001 - one failed run is reported; the others still run
+                    failures.append(f"{setup} run {round_no + 1}: {type(exc).__name__}: {exc}")
                     print(f"FAIL: {failures[-1]}")
     summary: dict[str, Any] = {}
     base = statistics.median(r["steps_per_s"] for r in runs[BASELINE]) if runs[BASELINE] else float("nan")

@@ -219,6 +219,14 @@ def timer_around_forward_ops(model: torch.nn.Module, x: torch.Tensor, y: torch.T
     return sum(graphs)
 
 
+def graph_break_reasons() -> list[str]:
+    """The first line of each graph-break reason dynamo counted in this process."""
+    from torch._dynamo.utils import counters
+
+    reasons = counters["graph_break"] or counters["unimplemented"]
+    return sorted({str(reason).strip().splitlines()[0][:200] for reason in reasons})
+
+
 def dynamo_counts() -> tuple[int, int]:
     """(graph breaks, frames compiled) from dynamo's own counters, so far in this process."""
     from torch._dynamo.utils import counters
@@ -267,6 +275,7 @@ def run_compiled(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Te
     breaks, frames = dynamo_counts()
     return {"backend": backend, "graphs": len(graphs), "graph_ops": sum(graphs), "steps": len(keep) - 2,
             "compile_s": compile_s, "sync_error": error,
+            "graph_break_reasons": graph_break_reasons(),
             "timer_around_forward_ops": timer_around_forward_ops(model, x, y, device),
             "graph_breaks": breaks, "graph_breaks_after_warmup": breaks - breaks0,
             "recompiles_after_warmup": frames - frames0}
@@ -318,7 +327,10 @@ def main(argv: list[str] | None = None) -> int:
             y = torch.randn(batch, dim, device=device)
             timed(device, model, opt, x, y, 2, shim=False)  # warm-up: kernels, cuBLAS
             if cuda:
-                probe_failures, results["busy_probe_us"] = busy_gpu_probe(device)
+                try:
+                    probe_failures, results["busy_probe_us"] = busy_gpu_probe(device)
+                except Exception as exc:  # noqa: BLE001 - e.g. no torch.cuda._sleep: the loops still run
+                    probe_failures = [f"busy-GPU probe failed: {type(exc).__name__}: {exc}"]
                 failures += probe_failures
             keep: list[Any] = []
             results["eager"] = eager = {"steps": steps, "sync_error": None}
@@ -361,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"with every shim call inside the compiled step {where}"
                       + (f" -- FAILED: {comp['sync_error']}" if comp["sync_error"] else "")
                       + f"; dynamo: {comp['graphs']} graph(s) of {comp['graph_ops']} operators, "
-                      f"{comp['graph_breaks']} graph break(s), {comp['recompiles_after_warmup']} "
+                      f"{comp['graph_breaks']} graph break(s) {comp['graph_break_reasons']}, "
+                      f"{comp['recompiles_after_warmup']} "
                       f"recompile(s) after warm-up (target 0 and 0: {'met' if target else 'MISSED'}); "
                       f"with the timer around the forward dynamo compiles {comp['timer_around_forward_ops']} "
                       "operators" + (" (the forward runs eagerly)" if not comp["timer_around_forward_ops"] else ""))

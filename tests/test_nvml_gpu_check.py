@@ -4,6 +4,7 @@ nvidia-smi on the fake driver (so the script is known to work before it meets re
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -48,7 +49,10 @@ def test_compares_with_nvidia_smi_and_reports_the_cost(tmp_path: Path) -> None:
     control.gpu("*", clock_reasons=0x4, memory_total=80 * GIB, memory_used=10 * GIB, memory_reserved=GIB // 2)
     control.gpu(1, temperature_memory="unsupported")
     stub = tmp_path / "nvidia-smi"
-    stub.write_text(f"#!{sys.executable}\n{STUB}")
+    # This nvidia-smi knows no enforced.power.limit query field: shown, not compared, not counted.
+    trimmed = STUB.replace('"enforced.power.limit"\n', "")
+    assert trimmed != STUB
+    stub.write_text(f"#!{sys.executable}\n{trimmed}")
     stub.chmod(0o755)
     result = _run({"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(control.path)},
                   "--seconds", "0.6", "--daemon-seconds", "0", "--reps", "3", "--nvidia-smi", str(stub))
@@ -66,6 +70,7 @@ def test_compares_with_nvidia_smi_and_reports_the_cost(tmp_path: Path) -> None:
     assert " NO " in next(line for line in gpu1.splitlines() if "pcie tx" in line)
     assert "NVML cost per poll, 2 GPU(s)" in out and "NVML calls per poll" in out
     assert "2 value(s) differ" in out
+    assert " - " in next(line for line in gpu0.splitlines() if "enforced.power.limit" in line)
     # The call table: one row per call kind, the unsupported field named for GPU 1 only.
     memory_temp = next(line for line in out.splitlines() if "field memory_temp" in line)
     assert memory_temp.split("|")[0].split()[-1] == "ok" and "unsupported (not_supported)" in memory_temp.split("|")[1]
@@ -75,3 +80,29 @@ def test_compares_with_nvidia_smi_and_reports_the_cost(tmp_path: Path) -> None:
         assert any(line.strip().startswith(scenario.strip()) and "NVML cost per poll" in line
                    for line in out.splitlines()), scenario
     assert "GPM unsupported/unsupported" in out and "GPM active/active" in out
+
+
+def test_calls_a_sandboxed_driver_refuses_are_tabled_not_fatal(tmp_path: Path) -> None:
+    """A driver that refuses some calls (as under a sandboxed kernel): each refusal is a row of
+    the call table with its reason, and the rest of the part still runs and writes its JSON."""
+    library = library_or_skip("full")
+    control = FakeNvml(tmp_path / "control.txt", library, {"devices": 1})
+    control.gpu("*", gpm_supported=1)
+    control.fail("nvmlGpmSampleGet", 23)  # NVML_ERROR_INSUFFICIENT_RESOURCES
+    control.fail("nvmlDeviceGetComputeRunningProcesses_v3", 3)  # NOT_SUPPORTED
+    control.fail("nvmlDeviceGetTemperatureV", 4)  # NO_PERMISSION
+    out = tmp_path / "nvml.json"
+    result = _run({"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(control.path)},
+                  "--dry-run", "--seconds", "0.4", "--daemon-seconds", "0", "--reps", "3",
+                  "--nvidia-smi", str(tmp_path / "absent-nvidia-smi"), "--json", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    calls = {row["call"]: row["status"] for row in report["calls"]["per_gpu"]["0"]}
+    assert calls["nvmlGpmSampleGet"] == "error (insufficient_resources)"
+    assert calls["nvmlDeviceGetComputeRunningProcesses_v3"] == "unsupported (not_supported)"
+    assert calls["nvmlDeviceGetComputeRunningProcesses_v2"] == "ok"
+    assert calls["nvmlDeviceGetTemperatureV"] == "error (no_permission)"
+    assert calls["nvmlDeviceGetTemperature"] == "ok"
+    assert "nvmlGpmMetricsGet (8 metrics)" not in calls  # no sample, no metrics to time
+    assert set(report["polls"]) == {"gpm on", "gpm off", "gpm on + process query"}
+    assert report["mismatches"] is None  # no nvidia-smi: nothing compared, nothing counted
