@@ -28,13 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
     config_mod.add_arguments(check)
     demo = sub.add_parser("demo", help="the daemon plus a simulated DFlash pipeline (no GPU needed)")
     config_mod.add_arguments(demo)
-    from sidecar.demo import add_demo_arguments
+    from sidecar.demo import add_demo_arguments, positive_seconds
 
     add_demo_arguments(demo)
     top = sub.add_parser("top", help="live terminal view of a running daemon")
-    top.add_argument("--url", default=None, help="metrics URL (default: from --prometheus-addr)")
-    top.add_argument("--prometheus-addr", default="127.0.0.1:9478")
-    top.add_argument("--refresh", type=float, default=2.0, help="seconds between refreshes")
+    top.add_argument("--url", default=None, help="metrics URL (default: from --prometheus-addr or --config)")
+    top.add_argument("--prometheus-addr", default=None, help="the daemon's HOST:PORT (default: 127.0.0.1:9478)")
+    top.add_argument("--config", dest="config_file", metavar="FILE", default=None,
+                     help="the daemon's TOML config file: top reads its prometheus_addr (and TLS)")
+    top.add_argument("--refresh", type=positive_seconds, default=2.0, help="seconds between refreshes (> 0)")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     sample = sub.add_parser("sample-config", help="print a config file listing every setting and its default")
     for name, p in (("run", run), ("check", check), ("demo", demo), ("top", top), ("sample-config", sample)):
@@ -72,9 +74,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(config_mod.sample_toml())
         return 0
     if ns.command == "top":
-        from sidecar.top import run_top
+        from sidecar.top_screen import run_top, top_url
 
-        return run_top(ns.url or f"http://{ns.prometheus_addr}/metrics", ns.refresh, ns.once)
+        try:
+            url = top_url(ns.url, ns.prometheus_addr, ns.config_file)
+        except ConfigError as exc:
+            ns.subparser.exit(2, f"dflash-sidecar top: error: {exc}\n")
+        return run_top(url, ns.refresh, ns.once)
     given = {k: v for k, v in vars(ns).items() if k in config_mod.Config.__dataclass_fields__}
     try:
         cfg = config_mod.load(given)

@@ -35,7 +35,9 @@ class Setting:
     type: Callable[[str], Any] = str
     default: Any = None
     example: str | None = None
-    """Shown in the sample config instead of the default (for settings with a computed default)."""
+    """Shown in the sample config instead of the default, marked as an example (for settings whose
+    default is computed or empty); ``default_note`` then says what the default is."""
+    default_note: str | None = None
 
 
 def _positive(kind: Callable[[str], Any], what: str) -> Callable[[Any], Any]:
@@ -84,7 +86,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("wandb_project", "W&B project (default: $WANDB_PROJECT)."),
     Setting("wandb_entity", "W&B entity (default: $WANDB_ENTITY)."),
     Setting("endpoint", "ZeroMQ endpoint to bind for shims (repeatable): ipc:///path or tcp://127.0.0.1:PORT.",
-            kind="list", type=_endpoint, default=None, example="ipc:///run/dflash-sidecar/sidecar.sock"),
+            kind="list", type=_endpoint, default=None, example="ipc:///run/dflash-sidecar/sidecar.sock",
+            default_note="sidecar.sock in $RUNTIME_DIRECTORY under systemd, else in the per-user directory"),
     Setting("prometheus_addr", "Listen address of the Prometheus endpoint (HOST:PORT). Loopback by default.",
             type=_addr, default="127.0.0.1:9478"),
     Setting("prometheus_tls_cert", "PEM certificate: serve /metrics over TLS (needs prometheus_tls_key)."),
@@ -94,7 +97,8 @@ SETTINGS: tuple[Setting, ...] = (
             type=_positive(float, "nvml_interval"), default=1.0),
     Setting("gpu_metrics", "Poll GPUs through NVML (--no-gpu-metrics turns it off).", kind="switch", default=True),
     Setting("gpu_group", "Role to GPUs mapping NAME=IDS (repeatable), e.g. target=0-5, drafter=6,7. "
-            "Unset: discovered from the trainers' processes.", kind="list", default=[], example="target=0-5"),
+            "Unset: discovered from the trainers' processes.", kind="list", default=[], example="target=0-5",
+            default_note="none, roles are discovered from the trainers' processes"),
     Setting("max_series", "Cardinality budget: most distinct trainer series held.",
             type=_positive(int, "max_series"), default=10_000),
     Setting("wandb_queue", "Rows the W&B exporter may queue before dropping (counted).",
@@ -233,8 +237,10 @@ def _validate(values: Mapping[str, Any], path: str | None) -> Config:
                 if not isinstance(raw, bool):
                     raise ValueError("expected true or false")
                 out[s.name] = raw
+            elif raw is None or (raw == "" and s.default is None):
+                out[s.name] = None  # TOML has no null: "" leaves an optional setting unset
             else:
-                out[s.name] = None if raw is None else s.type(raw)
+                out[s.name] = s.type(raw)
         except ConfigError:
             raise
         except (TypeError, ValueError) as exc:
@@ -259,12 +265,21 @@ def _validate(values: Mapping[str, Any], path: str | None) -> Config:
 
 
 def sample_toml() -> str:
-    """A config file listing every setting with its help and default (commented out)."""
-    lines = ["# dflash-sidecar configuration. Every setting, with its default; flags override this file.", ""]
+    """A config file listing every setting with its help, commented out: each line carries the
+    default (marked ``# default``) or an example to adapt (marked ``# example; default: ...``).
+    Uncommented as it is, every line is valid (``""`` leaves an optional setting unset)."""
+    lines = ["# dflash-sidecar configuration: every setting; flags override this file.",
+             "# Each line shows the default ('# default') or, where the default is computed or empty,",
+             "# an example to adapt ('# example'). Every line is valid uncommented as it is.", ""]
     for s in SETTINGS:
         lines.append(f"# {s.help}")
-        value = s.example if s.example is not None else s.default
-        lines.append(f"# {s.name} = {_toml_value(value, s)}")
+        if s.example is not None:
+            mark = f"example; default: {s.default_note}"
+            value = s.example
+        else:
+            mark = "default: unset" if s.default is None else "default"
+            value = s.default
+        lines.append(f"# {s.name} = {_toml_value(value, s)}  # {mark}")
         lines.append("")
     return "\n".join(lines)
 

@@ -58,14 +58,14 @@ class PipelineTimings:
         }[kind]
 
 
-def _positive_seconds(raw: str) -> float:
+def positive_seconds(raw: str) -> float:
     """``--duration``: a finite number of seconds > 0. Raises ``argparse.ArgumentTypeError``."""
     try:
         value = float(raw)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, e.g. 30, not {raw!r}") from None
     if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, not {raw} (leave it out to run until Ctrl-C)")
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, not {raw}")
     return value
 
 
@@ -83,7 +83,7 @@ def _workers(raw: str) -> int:
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bottleneck", choices=BOTTLENECKS, default="none",
                         help="make one part of the simulated pipeline the bottleneck")
-    parser.add_argument("--duration", type=_positive_seconds, default=None,
+    parser.add_argument("--duration", type=positive_seconds, default=None,
                         help="seconds to run, > 0 (default: until Ctrl-C or SIGTERM)")
     parser.add_argument("--targets", type=_workers, default=3, help="simulated target workers (1-64)")
     parser.add_argument("--drafters", type=_workers, default=2, help="simulated drafter workers (1-64)")

@@ -1,19 +1,21 @@
 """``dflash-sidecar top``: a live terminal view of a running daemon, over its metrics endpoint.
 
 Reads the Prometheus exposition (so it works wherever the endpoint is reachable, e.g. over SSH on
-the box) and renders it with rich.
+the box) and renders it with rich. The interactive screen (keys, scrolling, waiting for the
+daemon) is ``sidecar.top_screen``.
 """
 
 from __future__ import annotations
 
-import time
 import urllib.request
 from collections import defaultdict
 
 from prometheus_client.parser import text_string_to_metric_families
-from rich.console import Console, Group, RenderableType
-from rich.live import Live
+from rich.console import Group, RenderableType
 from rich.table import Table
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+"""Sample name -> (labels, value) of each sample, as scraped."""
 
 
 def scrape(url: str, timeout_s: float = 2.0) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -42,6 +44,11 @@ def render(samples: dict[str, list[tuple[dict[str, str], float]]]) -> Group:
                     rows[key][labels["quantile"]] = value * 1000
     for (role, worker, timing), q in sorted(rows.items()):
         timings.add_row(role, worker, timing, *(f"{q.get(k, float('nan')):.1f}" for k in ("0.5", "0.95", "1")))
+    return Group(*pipeline_parts(samples), timings, gpu_table(samples), accounting_table(samples))
+
+
+def gpu_table(samples: Samples) -> Table:
+    """One row per GPU; with none, the caption says why (NVML off, unavailable, stalled, no GPU)."""
     gpus = Table(title="GPUs", expand=True)
     for col in ("gpu", "util", "mem used GiB", "power W", "temp C"):
         gpus.add_column(col)
@@ -53,17 +60,48 @@ def render(samples: dict[str, list[tuple[dict[str, str], float]]]) -> Group:
     for gpu, v in sorted(by_gpu.items()):
         gpus.add_row(gpu, f"{v.get('util', float('nan')):.0%}", f"{v.get('mem', float('nan')) / 2**30:.1f}",
                      f"{v.get('power', float('nan')):.0f}", f"{v.get('temp', float('nan')):.0f}")
-    acct = Table(title="accounting", expand=True)
-    acct.add_column("what")
-    acct.add_column("count", justify="right")
+    if not by_gpu:
+        gpus.caption = no_gpu_reason(samples)
+    return gpus
+
+
+def no_gpu_reason(samples: Samples) -> str:
+    """Why the daemon shows no GPU, from its NVML health gauges."""
+    up = samples.get("dflash_nvml_up")
+    if not up:
+        return "no GPU data: GPU metrics are turned off on the daemon (--no-gpu-metrics)"
+    if any(v == 1 for _, v in samples.get("dflash_nvml_stalled", [])):
+        return "no GPU data: an NVML call is hanging (wedged driver?); see the daemon's log"
+    if all(v == 0 for _, v in up):
+        return ("no GPU data: NVML is unavailable on the daemon's host (no NVIDIA driver or library, or not "
+                "initialized yet); the daemon's log says why")
+    return "no GPU data: NVML answers but reports no GPU"
+
+
+def accounting_table(samples: Samples) -> Table:
+    """One row per role/worker: records accepted and dropped, the largest drop reasons first."""
+    acct = Table(title="accounting (records since the daemon started)", expand=True)
+    for col, justify in (("role/worker", "left"), ("accepted", "right"), ("dropped", "right"),
+                         ("drops by reason", "left")):
+        acct.add_column(col, justify=justify)  # type: ignore[arg-type]
+    accepted: dict[tuple[str, str], float] = defaultdict(float)
+    dropped: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
     for labels, value in samples.get("dflash_sidecar_records_accepted_total", []):
-        acct.add_row(f"accepted {labels.get('role')}/{labels.get('worker')}", f"{value:,.0f}")
+        accepted[labels.get("role", ""), labels.get("worker", "")] += value
     for labels, value in samples.get("dflash_sidecar_records_dropped_total", []):
-        acct.add_row(f"dropped {labels.get('role')}/{labels.get('worker')} {labels.get('reason')}", f"{value:,.0f}")
-    return Group(*pipeline_parts(samples), timings, gpus, acct)
+        if value:
+            dropped[labels.get("role", ""), labels.get("worker", "")][labels.get("reason", "?")] = value
+    for key in sorted(accepted.keys() | dropped.keys()):
+        reasons = sorted(dropped[key].items(), key=lambda kv: -kv[1])
+        acct.add_row(f"{key[0]}/{key[1]}", f"{accepted.get(key, 0):,.0f}", f"{sum(dropped[key].values()):,.0f}",
+                     " ".join(f"{reason} {n:,.0f}" for reason, n in reasons))
+    messages = [(labels.get("reason", "?"), v) for labels, v in samples.get("dflash_sidecar_messages_dropped_total", [])
+                if v]
+    if messages:
+        acct.caption = "whole messages dropped: " + " ".join(f"{r} {n:,.0f}" for r, n in sorted(messages))
+    return acct
 
 
-Samples = dict[str, list[tuple[dict[str, str], float]]]
 _NAN = float("nan")
 
 
@@ -111,26 +149,3 @@ def pipeline_parts(samples: Samples) -> list[RenderableType]:
         workers.add_row(role, worker, f"{v.get('rate', _NAN):.1f}", f"{v.get('score', _NAN):.2f}",
                         "[bold red]yes[/bold red]" if v.get("straggler") == 1 else "")
     return [f"[{style}]bottleneck: {verdict[0]}[/{style}]", queue, roles, workers]
-
-
-def run_top(url: str, refresh_s: float, once: bool) -> int:
-    """Show the view until Ctrl-C (or once). 1 if the daemon cannot be reached at start."""
-    console = Console()
-    try:
-        frame = render(scrape(url))
-    except OSError as exc:
-        console.print(f"dflash-sidecar top: cannot read {url}: {exc}. Is the daemon running?")
-        return 1
-    if once:
-        console.print(frame)
-        return 0
-    with Live(frame, console=console, refresh_per_second=4, screen=False) as live:
-        try:
-            while True:
-                time.sleep(refresh_s)
-                try:
-                    live.update(render(scrape(url)))
-                except OSError as exc:
-                    live.update(f"cannot read {url}: {exc}")
-        except KeyboardInterrupt:
-            return 0

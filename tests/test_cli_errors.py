@@ -104,3 +104,12 @@ def test_the_demo_ends_on_its_duration_without_claiming_a_sigterm(tmp_path: Path
     assert out.returncode == 0, out.stderr
     assert "demo ran its --duration of 1 s, flushing and exiting" in out.stderr, out.stderr
     assert "SIGTERM" not in out.stderr
+
+
+def test_a_prometheus_address_this_machine_lacks_gets_that_hint(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "sidecar", "run", "--no-gpu-metrics", "--prometheus-addr",
+                          "192.0.2.1:9478", "--endpoint", f"ipc://{tmp_path}/s.sock"],
+                         check=False, capture_output=True, text=True, env=env(), timeout=60)
+    assert out.returncode == 1
+    assert "cannot serve Prometheus on 192.0.2.1:9478" in out.stderr, out.stderr
+    assert "not an address of this machine; use e.g. --prometheus-addr 127.0.0.1:9478" in out.stderr

@@ -54,12 +54,27 @@ def test_the_sample_config_lists_every_setting_and_is_the_shipped_one() -> None:
         assert f"# {setting.name} = " in sample
     assert (ROOT / "deploy" / "config.toml").read_text() == sample + "\n", \
         "regenerate with: dflash-sidecar sample-config > deploy/config.toml"
-    # uncommented, the sample is itself a valid config
-    import tomllib
-    settings = [line[2:] for line in sample.splitlines() if line.startswith("# ") and " = " in line]
-    values = tomllib.loads("\n".join(settings))
-    values = {k: v for k, v in values.items() if v != ""}
-    assert config._validate(values, "sample").interval == 10.0
+
+
+def test_the_sample_with_every_line_uncommented_loads_and_marks_defaults_truthfully(tmp_path: Path) -> None:
+    sample = config.sample_toml()
+    setting_lines = [line for line in sample.splitlines() if line.startswith("# ") and " = " in line]
+    assert len(setting_lines) == len(config.SETTINGS)
+    uncommented = tmp_path / "all.toml"
+    uncommented.write_text("\n".join(line[2:] if line in setting_lines else line for line in sample.splitlines()))
+    loaded = config.load({"config_file": str(uncommented)})  # every line at once, the file as an operator has it
+    defaults = config.Config()
+    examples = set()
+    for line in setting_lines:
+        name, _, mark = line[2:].partition(" = ")
+        assert "  # default" in mark or "  # example; default: " in mark, line
+        if "# example" in mark:
+            examples.add(name)
+            assert getattr(loaded, name) != getattr(defaults, name), f"{name}: an example equal to the default"
+        else:
+            assert getattr(loaded, name) == getattr(defaults, name), f"{name} is marked default but is not"
+    assert examples == {"endpoint", "gpu_group"}
+    assert loaded.wandb_run is None and loaded.prometheus_tls_cert is None  # "" leaves them unset
 
 
 def test_each_default_is_declared_once() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections.abc import Callable
@@ -38,8 +39,11 @@ class PrometheusExporter(Exporter):
         try:
             self._server, _ = serve(self.state, self.addr, self.certfile, self.keyfile)
         except OSError as exc:
-            raise OSError(f"cannot serve Prometheus on {self.addr}: {exc.strerror or exc}; "
-                          "choose another with --prometheus-addr") from None
+            if exc.errno == errno.EADDRNOTAVAIL:
+                hint = "that host is not an address of this machine; use e.g. --prometheus-addr 127.0.0.1:9478"
+            else:
+                hint = "choose another with --prometheus-addr, e.g. 127.0.0.1:9479"
+            raise OSError(f"cannot serve Prometheus on {self.addr}: {exc.strerror or exc}; {hint}") from None
 
     def consume(self, window: IngestReport) -> None:
         self.state.report = window
