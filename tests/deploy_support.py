@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+import pytest
 
 from tests.daemon_harness import free_port, in_ci, require_tool, spawn_sidecar
 
@@ -39,6 +43,29 @@ SAMPLE_SUFFIXES = {"summary": ("", "_count", "_sum"), "histogram": ("_bucket", "
 def run(cmd: list[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess[str]:
     """Run ``cmd`` capturing text output (stdout and stderr kept apart)."""
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def build_project_wheel(dest: Path) -> Path:
+    """A wheel of this checkout in ``dest``, built offline from a copy (the checkout stays
+    untouched; setuptools without build isolation, dependencies left out)."""
+    try:
+        import setuptools  # noqa: F401  - the build backend, used without build isolation
+    except ImportError:
+        if in_ci():
+            pytest.fail("setuptools is needed to build the wheel of this checkout")
+        pytest.skip("setuptools is not installed")
+    src = dest / "src"
+    src.mkdir()
+    shutil.copy(REPO / "pyproject.toml", src)
+    for package in ("sidecar", "trainer_shim"):
+        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    readme = REPO / "README.md"
+    (src / "README.md").write_text(readme.read_text() if readme.exists() else "dflash-sidecar\n")
+    result = run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                  "--wheel-dir", str(dest), str(src)], timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [built] = dest.glob("dflash_sidecar-*.whl")
+    return built
 
 
 def python_env() -> dict[str, str]:

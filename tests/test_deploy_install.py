@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy_support import DEPLOY, REPO, UNITS, in_ci, require_tool, run, verify
+from tests.deploy_support import DEPLOY, UNITS, build_project_wheel, in_ci, require_tool, run, verify
 
 INSTALL = DEPLOY / "install.sh"
 SYSTEM_TOOLS = ("systemctl", "systemd-sysusers", "systemd-tmpfiles", "useradd", "usermod")
@@ -20,26 +20,7 @@ SYSTEM_TOOLS = ("systemctl", "systemd-sysusers", "systemd-tmpfiles", "useradd", 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A wheel of this checkout, built offline from a copy (the checkout stays untouched)."""
-    try:
-        import setuptools  # noqa: F401  - the build backend, used without build isolation
-    except ImportError:
-        if in_ci():
-            pytest.fail("setuptools is needed to build the wheel the installer test installs")
-        pytest.skip("setuptools is not installed")
-    tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"
-    src.mkdir()
-    shutil.copy(REPO / "pyproject.toml", src)
-    for package in ("sidecar", "trainer_shim"):
-        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
-    readme = REPO / "README.md"
-    (src / "README.md").write_text(readme.read_text() if readme.exists() else "dflash-sidecar\n")
-    result = run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                  "--wheel-dir", str(tmp), str(src)], timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    [built] = tmp.glob("dflash_sidecar-*.whl")
-    return built
+    return build_project_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture(scope="module")

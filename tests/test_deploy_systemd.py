@@ -174,6 +174,8 @@ def test_sysusers_and_tmpfiles_apply(tmp_path: Path) -> None:
 
 
 def test_install_script_passes_shellcheck() -> None:
+    """The installer, and the script that boots the real-systemd test's container."""
     shellcheck = require_tool("shellcheck", "shellcheck")
-    result = run([shellcheck, "--severity=style", str(DEPLOY / "install.sh")])
+    result = run([shellcheck, "--severity=style", str(DEPLOY / "install.sh"),
+                  str(Path(__file__).with_name("nspawn_boot.sh"))])
     assert result.returncode == 0, result.stdout + result.stderr
