@@ -52,6 +52,10 @@ cleanup_cgroups() {
 }
 # shellcheck disable=SC2317
 cleanup() {
+    if [[ -n ${timer:-} ]]; then   # the timer and its sleep
+        # shellcheck disable=SC2046  # pids, split on purpose
+        kill $(cat "/proc/$timer/task/$timer/children" 2>/dev/null) "$timer" 2>/dev/null || true
+    fi
     cleanup_cgroups
     umount -R "$work" 2>/dev/null || true
     umount /run 2>/dev/null || true
@@ -73,8 +77,18 @@ mount -t tmpfs -o mode=0755 dflash-nspawn-run /run
 "$nspawn" --quiet --directory="$work/root" --boot --register=no --keep-unit --console=pipe \
     --link-journal=no "$@" </dev/null &
 pid=$!
+# A halt that does not finish in HALT_TIMEOUT seconds (systemd-shutdown waits up to 90 s for a
+# process it signalled, e.g. one a killed test left entered into the container) becomes an
+# immediate termination: nspawn's answer to a second SIGTERM.
+HALT_TIMEOUT=${HALT_TIMEOUT:-15}
+timer=""
 # shellcheck disable=SC2317
-halt() { kill -TERM "$pid" 2>/dev/null || true; }
+halt() {
+    [[ -z $timer ]] || return 0   # halting already
+    kill -TERM "$pid" 2>/dev/null || true
+    (sleep "$HALT_TIMEOUT"; kill -TERM "$pid" 2>/dev/null || true) &
+    timer=$!
+}
 trap halt TERM INT HUP
 status=0
 while kill -0 "$pid" 2>/dev/null; do

@@ -109,8 +109,8 @@ def project_requirements() -> list[str]:
     return list(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"])
 
 
-def wheelhouse(cache: Path, project_wheel: Path) -> Path:
-    """A directory holding the project's wheel and wheels of all its dependencies. The dependency
+def wheelhouse(cache: Path, project_wheel: Path, house: Path) -> Path:
+    """``house`` filled with the project's wheel and wheels of all its dependencies. The dependency
     wheels are built once per dependency list and Python version (pip's own cache makes a rebuild
     cheap); the project's wheel is this checkout's, every time."""
     requirements = project_requirements()
@@ -124,7 +124,7 @@ def wheelhouse(cache: Path, project_wheel: Path) -> Path:
             raise Unavailable(f"pip wheel of the dependencies failed (no package index?):\n"
                               f"{result.stdout}{result.stderr}")
         (deps / ".complete").write_text("\n".join(requirements) + "\n")
-    house = Path(tempfile.mkdtemp(prefix="dflash-wheelhouse-"))
+    house.mkdir(parents=True, exist_ok=True)
     for wheel in [*deps.glob("*.whl"), project_wheel]:
         shutil.copy(wheel, house)
     return house

@@ -12,7 +12,6 @@ import os
 import re
 import secrets
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -142,7 +141,7 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
         cache = harness.cache_dir()
         nspawn = harness.nspawn_binary(cache)
         wheel = build_project_wheel(tmp_path_factory.mktemp("wheel"))
-        house = harness.wheelhouse(cache, wheel)
+        house = harness.wheelhouse(cache, wheel, tmp_path_factory.mktemp("wheelhouse"))
     except harness.Unavailable as exc:
         harness.skip_or_fail(str(exc))
     log = tmp_path_factory.mktemp("nspawn") / "console.log"
@@ -163,7 +162,6 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
         yield Box(container, result.stdout + result.stderr, install_cmd, api_key)
     finally:
         container.stop()
-        shutil.rmtree(house, ignore_errors=True)
     assert harness.leftovers(container.work, container.cgroup) == [], "the container left things behind"
 
 
@@ -396,6 +394,9 @@ def test_a_killed_test_process_leaves_nothing_behind(box: Box, tmp_path: Path) -
         assert holder.stdout is not None
         booted = json.loads(holder.stdout.readline() or "{}")
         assert booted, (tmp_path / "console.log").read_text(errors="replace")
+        running = harness.leftovers(Path(booted["work"]), booted["cgroup"])
+        assert any(item.startswith("cgroup ") for item in running) and \
+            any(item.startswith("process ") for item in running), running   # the check sees a live one
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait(10)
