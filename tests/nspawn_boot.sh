@@ -52,9 +52,12 @@ cleanup_cgroups() {
 }
 # shellcheck disable=SC2317
 cleanup() {
-    if [[ -n ${timer:-} ]]; then   # the timer and its sleep
-        # shellcheck disable=SC2046  # pids, split on purpose
-        kill $(cat "/proc/$timer/task/$timer/children" 2>/dev/null) "$timer" 2>/dev/null || true
+    if [[ -n ${timer:-} ]]; then   # end the timer's sleep: the timer then exits without acting
+        local sleeper
+        sleeper=$(cat "/proc/$timer/task/$timer/children" 2>/dev/null || true)
+        # shellcheck disable=SC2086  # pids, split on purpose
+        kill ${sleeper:-$timer} 2>/dev/null || true
+        wait "$timer" 2>/dev/null || true   # reaped here: no zombie outlives the script
     fi
     cleanup_cgroups
     umount -R "$work" 2>/dev/null || true
@@ -86,7 +89,7 @@ timer=""
 halt() {
     [[ -z $timer ]] || return 0   # halting already
     kill -TERM "$pid" 2>/dev/null || true
-    (sleep "$HALT_TIMEOUT"; kill -TERM "$pid" 2>/dev/null || true) &
+    (sleep "$HALT_TIMEOUT" && kill -TERM "$pid" 2>/dev/null) &
     timer=$!
 }
 trap halt TERM INT HUP

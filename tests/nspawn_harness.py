@@ -42,6 +42,9 @@ SRC = "/run/host-src"
 """Where the checkout is bound (read-only) inside the container."""
 WHEELS = "/run/host-wheels"
 """Where the wheelhouse is bound (read-only) inside the container."""
+SYSTEM_PYTHON = "/usr/bin/python3"
+"""The interpreter the installer makes the venv with inside the container (outside /root and
+/home, which ProtectHome= hides from the daemon)."""
 MACHINE = "dflash-sidecar-test"
 """The container's name (its hostname)."""
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -70,8 +73,12 @@ def check_host() -> None:
         raise Unavailable("missing " + ", ".join(missing))
     if not Path("/usr/lib/systemd/systemd").exists() and not Path("/lib/systemd/systemd").exists():
         raise Unavailable("systemd is not installed (Debian package systemd)")
-    if not Path("/usr/bin/python3").exists():
-        raise Unavailable("/usr/bin/python3 is missing: the installer's venv needs a system Python >= 3.11")
+    if not Path(SYSTEM_PYTHON).exists():
+        raise Unavailable(f"{SYSTEM_PYTHON} is missing: the installer's venv needs a system Python >= 3.11")
+    version = run([SYSTEM_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).stdout.strip()
+    if version != f"{sys.version_info[0]}.{sys.version_info[1]}":
+        raise Unavailable(f"{SYSTEM_PYTHON} is Python {version} but the tests run on {sys.version.split()[0]}: "
+                          "the wheelhouse built here would not fit the installer's venv")
 
 
 def systemd_version() -> str:
@@ -145,6 +152,8 @@ def leftovers(work: Path, cgroup: str) -> list[str]:
         if not proc.name.isdigit():
             continue
         try:
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue   # exited: holds no mount or cgroup, only a pid its parent has yet to reap
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             in_cgroup = cgroup in (proc / "cgroup").read_text()
         except OSError:
@@ -172,7 +181,9 @@ class Container:
         self.proc = subprocess.Popen(
             ["setpriv", "--pdeathsig", "TERM", "--", "unshare", "--mount", "--propagation", "private", "--",
              "bash", str(BOOT_SCRIPT), str(nspawn), str(self.work), self.cgroup, *args,
-             "systemd.unit=basic.target"],
+             # the smallest boot that has the journal, sockets and sysusers/tmpfiles, and none of
+             # this machine's own services or timers (the container sees its /etc)
+             "systemd.unit=basic.target", "systemd.mask=timers.target"],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         self.pid1 = 0
 
@@ -205,10 +216,9 @@ class Container:
             state = self.sh("systemctl is-system-running", check=False).stdout.strip()
             return state if state in ("running", "degraded") else ""
 
-        state = wait_until(booted, timeout_s, 0.2, "the container's systemd to finish booting")
-        if state == "degraded":
-            failed = self.sh("systemctl --failed --no-legend --plain", check=False).stdout
-            raise AssertionError(f"the container booted degraded:\n{failed}")
+        # "degraded" (a unit of this machine's that fails in a container) is no reason to stop:
+        # the tests check the units they start
+        wait_until(booted, timeout_s, 0.2, "the container's systemd to finish booting")
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """Halt the container and wait until the boot script has cleaned up after it."""

@@ -149,7 +149,7 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
     try:
         container.wait_booted()
         container.sh("useradd --create-home trainer && useradd --create-home stranger")
-        install_cmd = (f"bash {harness.SRC}/deploy/install.sh --python /usr/bin/python3 "
+        install_cmd = (f"bash {harness.SRC}/deploy/install.sh --python {harness.SYSTEM_PYTHON} "
                        f"--wheel {harness.WHEELS}/{wheel.name} --pip-arg=--no-index "
                        f"--pip-arg=--find-links={harness.WHEELS} --trainer-user trainer")
         # only the wheelhouse: pip's configuration on this machine must not reach the install
