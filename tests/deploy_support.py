@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+import pytest
 
 from tests.daemon_harness import free_port, in_ci, require_tool, spawn_sidecar
 
@@ -37,13 +41,23 @@ SAMPLE_SUFFIXES = {"summary": ("", "_count", "_sum"), "histogram": ("_bucket", "
 # -- the wheel -----------------------------------------------------------------------------------
 
 
-def build_wheel(tmp: Path) -> Path:
-    """A wheel of this checkout built offline in ``tmp`` from a copy (the checkout stays
-    untouched): no build isolation, no dependencies fetched. Needs setuptools."""
-    import shutil
-    import sys
+# -- tools ---------------------------------------------------------------------------------------
 
-    src = tmp / "src"
+def run(cmd: list[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` capturing text output (stdout and stderr kept apart)."""
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def build_project_wheel(dest: Path) -> Path:
+    """A wheel of this checkout in ``dest``, built offline from a copy (the checkout stays
+    untouched; setuptools without build isolation, dependencies left out)."""
+    try:
+        import setuptools  # noqa: F401  - the build backend, used without build isolation
+    except ImportError:
+        if in_ci():
+            pytest.fail("setuptools is needed to build the wheel of this checkout")
+        pytest.skip("setuptools is not installed")
+    src = dest / "src"
     src.mkdir()
     shutil.copy(REPO / "pyproject.toml", src)
     for package in ("sidecar", "trainer_shim"):
@@ -51,17 +65,10 @@ def build_wheel(tmp: Path) -> Path:
     readme = REPO / "README.md"
     (src / "README.md").write_text(readme.read_text() if readme.exists() else "dflash-sidecar\n")
     result = run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                  "--wheel-dir", str(tmp), str(src)], timeout=120)
+                  "--wheel-dir", str(dest), str(src)], timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    [built] = tmp.glob("dflash_sidecar-*.whl")
+    [built] = dest.glob("dflash_sidecar-*.whl")
     return built
-
-
-# -- tools ---------------------------------------------------------------------------------------
-
-def run(cmd: list[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd`` capturing text output (stdout and stderr kept apart)."""
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
 def python_env() -> dict[str, str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy_support import DEPLOY, UNITS, build_wheel, in_ci, require_tool, run, verify
+from tests.deploy_support import DEPLOY, UNITS, build_project_wheel, in_ci, require_tool, run, verify
 
 INSTALL = DEPLOY / "install.sh"
 SYSTEM_TOOLS = ("systemctl", "systemd-sysusers", "systemd-tmpfiles", "useradd", "usermod")
@@ -20,14 +20,7 @@ SYSTEM_TOOLS = ("systemctl", "systemd-sysusers", "systemd-tmpfiles", "useradd", 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A wheel of this checkout, built offline from a copy (the checkout stays untouched)."""
-    try:
-        import setuptools  # noqa: F401  - the build backend, used without build isolation
-    except ImportError:
-        if in_ci():
-            pytest.fail("setuptools is needed to build the wheel the installer test installs")
-        pytest.skip("setuptools is not installed")
-    return build_wheel(tmp_path_factory.mktemp("wheel"))
+    return build_project_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture(scope="module")

@@ -122,8 +122,23 @@ def test_units_differ_only_where_they_must() -> None:
 
     plain, template = lines(UNITS[0]), lines(UNITS[1])
     differ = {line.partition("=")[0] for line in set(plain) ^ set(template)}
-    assert differ == {"Description", "ExecStart", "Conflicts"}, differ
+    assert differ == {"Description", "ExecStart", "Conflicts", "After"}, differ
     assert "Conflicts=dflash-sidecar.service" in template
+
+
+def test_switching_units_stops_the_old_daemon_before_starting_the_new_one() -> None:
+    """Conflicts= alone queues the conflicting unit's stop beside the new unit's start, so the new
+    daemon starts while the old one still holds the socket and the port. systemd orders the stop
+    before the start only when the two units are ordered (After= or Before=, either way): each
+    unit a sidecar unit conflicts with is also one it is ordered against. The real switch, both
+    ways, runs under systemd in test_deploy_nspawn.py."""
+    for name in UNITS:
+        s = parse_unit((SYSTEMD / name).read_text())
+        conflicts = {u for v in s.get("Unit.Conflicts", []) for u in v.split()}
+        ordered = {u for key in ("Unit.After", "Unit.Before") for v in s.get(key, []) for u in v.split()}
+        assert conflicts <= ordered, f"{name}: Conflicts= without ordering on {sorted(conflicts - ordered)}"
+    template = parse_unit((SYSTEMD / UNITS[1]).read_text())
+    assert "dflash-sidecar.service" in " ".join(template["Unit.Conflicts"])
 
 
 def test_sysusers_and_tmpfiles_match_the_units() -> None:
@@ -159,6 +174,8 @@ def test_sysusers_and_tmpfiles_apply(tmp_path: Path) -> None:
 
 
 def test_install_script_passes_shellcheck() -> None:
+    """The installer, and the script that boots the real-systemd test's container."""
     shellcheck = require_tool("shellcheck", "shellcheck")
-    result = run([shellcheck, "--severity=style", str(DEPLOY / "install.sh")])
+    result = run([shellcheck, "--severity=style", str(DEPLOY / "install.sh"),
+                  str(Path(__file__).with_name("nspawn_boot.sh"))])
     assert result.returncode == 0, result.stdout + result.stderr

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy_support import build_wheel
+from tests.deploy_support import build_project_wheel
 
 SHIM_REQUIREMENTS = {"pyzmq", "msgspec"}
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_wheel(tmp_path_factory.mktemp("wheel"))
+    return build_project_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def requires_dist(whl: Path) -> list[str]:
