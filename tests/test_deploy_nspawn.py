@@ -207,7 +207,7 @@ def test_a_group_member_is_counted_exactly_and_a_stranger_is_refused(box: Box) -
     spec = json.dumps({"endpoint": ENDPOINT, "role": "trainer", "worker": "member", "n": 300})
     out = box.sh(f"{VENV_PY} -c {shlex.quote(PUBLISHER)} {shlex.quote(spec)}", user="trainer").stdout
     res = json.loads(out.strip().splitlines()[-1])
-    assert res["records_total"] > 0 and res["dropped"] == {}, res
+    assert res["records_total"] >= 4 * 300 and res["records_total"] + sum(res["dropped"].values()) == res["calls"], res
     wait_until(lambda: box.accepted("member") == res["records_total"], 20, 0.3,
                f"the daemon to count exactly the member's {res['records_total']} records")
 
