@@ -160,7 +160,7 @@ else
 fi
 say "installing dflash-sidecar from ${WHEEL:-$SOURCE}"
 "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input --quiet --upgrade \
-    ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} -- "$TARGET[daemon]" \
+    ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} -- "${TARGET}[daemon]" \
     || die "pip install failed (no network? use --wheel and --pip-arg=--no-index --pip-arg=--find-links=DIR)"
 [[ -x $VENV/bin/dflash-sidecar ]] || die "pip did not install $VENV/bin/dflash-sidecar"
 

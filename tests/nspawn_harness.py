@@ -112,8 +112,14 @@ def nspawn_binary(cache: Path) -> Path:
     return binary
 
 
+INSTALLED_EXTRA = "daemon"
+"""The extra deploy/install.sh installs the project with (``pip install WHEEL[daemon]``)."""
+
+
 def project_requirements() -> list[str]:
-    return list(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"])
+    """What installing the project with ``INSTALLED_EXTRA`` requires, from pyproject.toml."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return [*project["dependencies"], *project.get("optional-dependencies", {}).get(INSTALLED_EXTRA, [])]
 
 
 def wheelhouse(cache: Path, project_wheel: Path, house: Path) -> Path:
