@@ -25,11 +25,11 @@ from sidecar.exporters.base import Exporter
 from sidecar.exporters.console import ConsoleExporter
 from sidecar.exporters.prometheus.exporter import PrometheusExporter
 from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
-from sidecar.processing.explain import explain_data
-from sidecar.processing.mapping import Mapper
 from sidecar.ingest import IngestLoop
 from sidecar.model.insight import PipelineInsight
 from sidecar.model.window import IngestHealth, IngestReport
+from sidecar.processing.explain import explain_data
+from sidecar.processing.mapping import Mapper
 from sidecar.sources.nvml import NvmlSource
 from sidecar.sources.receiver import Receiver
 from trainer_shim.endpoint import daemon_endpoint, shim_would_miss
@@ -137,7 +137,8 @@ class Daemon:
             return
         finally:
             systemd.notify("READY=1")
-        live = {"interval", "log_level", "mapping"} | {f for f in Config.__dataclass_fields__ if f.startswith("insight_")}
+        live = {"interval", "log_level", "mapping"} | {
+            f for f in Config.__dataclass_fields__ if f.startswith("insight_")}
         changed = {f for f in Config.__dataclass_fields__ if getattr(new, f) != getattr(self.config, f)}
         if "interval" in changed and self.ingest is not None:
             self.ingest.set_interval(new.interval)

@@ -248,7 +248,8 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
             daemon.shutdown()
             return 2
         pipeline = SimulatedPipeline(PipelineTimings.for_bottleneck(ns.bottleneck), ns.targets, ns.drafters,
-                                     cfg.endpoint[0], monitor_interval_s=ns.profile_interval if ns.style == "seed" else None)
+                                     cfg.endpoint[0],
+                                     monitor_interval_s=ns.profile_interval if ns.style == "seed" else None)
         pipeline.start()
         log.info("demo: simulated pipeline with %d target and %d drafter workers, bottleneck=%s, style=%s; "
                  "metrics on http://%s/metrics", ns.targets, ns.drafters, ns.bottleneck, ns.style, cfg.prometheus_addr)

@@ -153,8 +153,9 @@ def pipeline_parts(samples: Samples) -> list[RenderableType]:
         idle[labels.get("group", "")]["idle"] = value
     for labels, value in samples.get("dflash_pipeline_gpu_idle_reason_ratio", []):
         idle[labels.get("group", "")][labels.get("reason", "")] = value
-    idle_lines = [f"gpu idle {group}: {v.get('idle', _NAN):.0%} = " + " + ".join(
-        f"{reason} {share:.0%}" for reason, share in v.items() if reason != "idle") for group, v in sorted(idle.items())]
+    idle_lines = [f"gpu idle {group}: {v.get('idle', _NAN):.0%} = "
+                  + " + ".join(f"{reason} {share:.0%}" for reason, share in v.items() if reason != "idle")
+                  for group, v in sorted(idle.items())]
     head = f"[{style}]bottleneck: {verdict[0]}[/{style}] (confidence {_one(samples, 'verdict_confidence_ratio'):.2f})"
     return [head, queue, *idle_lines, roles, workers]
 

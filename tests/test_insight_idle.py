@@ -3,9 +3,9 @@ Prometheus, the W&B row, ``top``; plus the explain report's missing inputs."""
 
 from __future__ import annotations
 
-import pytest
 import dataclasses
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
@@ -20,6 +20,7 @@ from sidecar.processing.explain import explain_data
 from sidecar.processing.mapping import Mapper
 from sidecar.top import render
 from tests.insight_synth import pipeline, report, worker
+
 
 def compute_insight(rep: IngestReport, settings: InsightSettings | None = None,
                     gpus: GpuFacts | None = None) -> PipelineInsight:

@@ -4,7 +4,8 @@ DFlash pipeline as one profile dict per interval from a monitor thread) and ``--
 loop, per-batch-mean snapshots). Real daemon, real shim, real sockets; ``compute-bound`` and the
 loop's ``throttled`` on the fake NVML driver. After warm-up the console verdict must name the
 injected bottleneck in >= 95 % of each scenario's windows, and the snapshot form must give the
-verdict the every-occurrence form gives. The long form is ``bench/bench_verdict.py``; both run the demo through ``tests/verdict_demo.py``."""
+verdict the every-occurrence form gives. The long form is ``bench/bench_verdict.py``; both run the
+demo through ``tests/verdict_demo.py``."""
 
 from __future__ import annotations
 

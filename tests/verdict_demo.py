@@ -32,8 +32,8 @@ SCENARIOS: dict[str, tuple[list[str], str, str]] = {
     **{f"loop-{b}": (["--style", "generic", "--bottleneck", b], v, "") for b, v in _LOOP.items()},
     "loop-compute": (["--style", "generic", "--bottleneck", "none"], "compute-bound", "loop-busy"),
     "loop-throttled": (["--style", "generic", "--bottleneck", "none"], "throttled", "loop-throttled"),
-    **{f"snap-{b}": (["--style", "generic", "--form", "snapshot", "--profile-interval", "0.5", "--bottleneck", b], v, "")
-       for b, v in _LOOP.items()},
+    **{f"snap-{b}": (["--style", "generic", "--form", "snapshot", "--profile-interval", "0.5", "--bottleneck", b],
+                     v, "") for b, v in _LOOP.items()},
 }
 """Scenario -> (demo arguments, expected verdict, fake-NVML set-up or ""). ``throttled``: the
 balanced demo with the fake driver reporting hw_slowdown on the drafters' GPU; ``loop-compute``:

@@ -60,7 +60,8 @@ class _Worker:
         if w:
             return float(w["mean"])
         view = self.stale.get((TIMING, name))
-        if view is not None and view.snapshot and 0 < max_age_s and view.cumulative.get("last_age_s", math.inf) <= max_age_s:
+        if (view is not None and view.snapshot and 0 < max_age_s
+                and view.cumulative.get("last_age_s", math.inf) <= max_age_s):
             return float(view.cumulative["last_mean"])
         return None
 

@@ -266,7 +266,8 @@ class Hysteresis:
         if self._seen >= self.windows:
             return self._take(v)
         return replace(shown, detail=(shown.detail + "; " if shown.detail else "")
-                       + f"held: {v.name} for {self._seen} window(s)", confidence=min(shown.confidence, 1 - v.confidence + 0.5))
+                       + f"held: {v.name} for {self._seen} window(s)",
+                       confidence=min(shown.confidence, 1 - v.confidence + 0.5))
 
     def _take(self, v: Verdict) -> Verdict:
         self.shown, self._candidate, self._seen = v, None, 0

@@ -63,8 +63,9 @@ def format_insight(insight: PipelineInsight) -> str:
              if value is not None]
     if queue:
         parts.append(", ".join(queue))
-    idle = [f"{group} {split['idle']:.2f} (" + ", ".join(f"{k} {x:.2f}" for k, x in split.items() if k != "idle" and x > 0)
-            + ")" for group, split in insight.gpu_idle.items()]
+    idle = [f"{group} {split['idle']:.2f} ("
+            + ", ".join(f"{k} {x:.2f}" for k, x in split.items() if k != "idle" and x > 0) + ")"
+            for group, split in insight.gpu_idle.items()]
     if idle:
         parts.append("gpu idle " + "; ".join(idle))
     return " | ".join(parts)

@@ -262,7 +262,8 @@ class Mapper:
                 role, name, how = parts[0], raw[len(parts[0]) + 1:], "key grammar"
         preset = self._preset(kind, name)
         if preset is not None:
-            return Mapped(role, worker, name, preset[0], f"{how} + preset {preset[1]}" if how else f"preset {preset[1]}")
+            decided = f"{how} + preset {preset[1]}" if how else f"preset {preset[1]}"
+            return Mapped(role, worker, name, preset[0], decided)
         return Mapped(role, worker, name, "", how)
 
     @staticmethod

@@ -77,7 +77,8 @@ def _idle_families(insight: PipelineInsight, host: str) -> list[Metric]:
     idle = _gauge("gpu_idle_ratio", "Idle share of the GPU group's GPUs (1 - GPM SM activity, else 1 - NVML "
                   "utilization), latest poll (0-1).", ["group"])
     split = _gauge("gpu_idle_reason_ratio", "The GPU group's idle share split by what its role did meanwhile: "
-                   "data, queue, collectives, host, unexplained (0-1; the reasons sum to dflash_pipeline_gpu_idle_ratio).",
+                   "data, queue, collectives, host, unexplained (0-1; the reasons sum to "
+                   "dflash_pipeline_gpu_idle_ratio).",
                    ["group", "reason"])
     for group, parts in insight.gpu_idle.items():
         idle.add_metric([host, group], parts["idle"])
