@@ -26,6 +26,11 @@ What it measures, each repeated and reported as the median of the runs:
    with NVML at the default 1 s interval on 8 GPUs of the fake driver (tests/fake_nvml; GPM on,
    the shim's process the one compute process on every GPU, so the per-process memory queries
    run), the poll cost read from the daemon's own ``dflash_nvml_poll_duration_seconds``.
+4. ``mapping``: what a 50-pattern user mapping (``[[mapping]]`` rules, half globs, half regexes
+   with captures, none matching the workload's names, so each new name tries all 50) adds per
+   record to ``inproc`` ingest: two loops, with and without it, ingest the same frames
+   interleaved 20 frames at a time (paired, so a loaded box weighs on both alike); and the cost
+   of resolving one new series name against those rules.
 3. ``scrape``: ``GET /metrics`` latency with 10,000 series (50 workers x 200 names), the first
    scrape after each window roll (cold) and a second one (warm), plain and with Prometheus's
    headers; ``promtool check metrics`` on the exposition; render CPU in process.
@@ -85,12 +90,12 @@ def make_frames(batch: int, n_records: int, seed: int = 1) -> tuple[list[bytes],
     return frames, sum(s.records_total for s in senders)
 
 
-def run_handle_frame(frames: list[bytes]) -> tuple[float, dict[str, Any]]:
+def run_handle_frame(frames: list[bytes], mapper: Any = None) -> tuple[float, dict[str, Any]]:
     """CPU seconds to ingest ``frames`` into a fresh ``IngestLoop`` (plus one window roll), and
-    its accounting."""
+    its accounting. ``mapper``: the mapping stage to use (default: the presets only)."""
     from sidecar.ingest import IngestLoop
 
-    loop = IngestLoop(_NoReceiver(), 10.0, lambda report: None)  # type: ignore[arg-type]
+    loop = IngestLoop(_NoReceiver(), 10.0, lambda report: None, mapper=mapper)  # type: ignore[arg-type]
     handle = loop.handle_frame
     t0 = time.thread_time()
     for frame in frames:
@@ -192,6 +197,73 @@ def bench_inproc(quick: bool, repeats: int) -> list[dict[str, Any]]:
                          "prom_ns": statistics.median(prom) / sent * 1e9,
                          "accepted": acct["accepted"], "dropped": acct["dropped"], "balanced": balanced,
                          "runs": repeats})
+    finally:
+        os.sched_setaffinity(0, saved)
+    return rows
+
+
+# -- 4: a user mapping's cost -------------------------------------------------------------------
+
+def fifty_rules() -> Any:
+    """50 validated user rules: 25 globs and 25 regexes with captures, none matching the
+    workload's names (``daemon_load`` names), so every new name is tried against all of them."""
+    from sidecar.processing.mapping import Mapper, parse_rules
+
+    tables: list[dict[str, str]] = []
+    for i in range(25):
+        tables.append({"match": f"loader{i}.*.fetch_ms", "worker": "$1", "phase": "data_wait"})
+        tables.append({"regex": rf"(?P<role>gen{i}|critic{i})_rank(\d+)_(fwd|bwd)_ms", "role": "${role}",
+                       "worker": "$2", "name": "$3_ms"})
+    return Mapper(parse_rules(tables))
+
+
+def paired_ingest(frames: list[bytes], mapper_a: Any, mapper_b: Any, chunk: int = 20) -> tuple[float, float]:
+    """CPU seconds of two fresh ``IngestLoop``s (mappers a and b) ingesting the same frames,
+    interleaved ``chunk`` frames at a time in alternating order, so that whatever else the box
+    runs at a given moment weighs on both alike (runs of a few seconds each, one after the other,
+    differed by up to 300 ns per record on a loaded 2-core box)."""
+    from sidecar.ingest import IngestLoop
+
+    loops = [IngestLoop(_NoReceiver(), 10.0, lambda report: None, mapper=m)  # type: ignore[arg-type]
+             for m in (mapper_a, mapper_b)]
+    cpu = [0.0, 0.0]
+    for n, start in enumerate(range(0, len(frames), chunk)):
+        part = frames[start:start + chunk]
+        for which in ((0, 1) if n % 2 == 0 else (1, 0)):
+            handle = loops[which].handle_frame
+            t0 = time.thread_time()
+            for frame in part:
+                handle(frame)
+            cpu[which] += time.thread_time() - t0
+    return cpu[0], cpu[1]
+
+
+def bench_mapping(quick: bool, repeats: int) -> list[dict[str, Any]]:
+    from sidecar.processing.mapping import Mapper
+
+    n_records = 200_000 if quick else 1_000_000
+    rows = []
+    saved = os.sched_getaffinity(0)
+    pinning = pin(0, DAEMON_CORE)
+    try:
+        for batch in (20, 500):
+            frames, sent = make_frames(batch, n_records)
+            plain, mapped = [], []
+            for _ in range(repeats):
+                a, b = paired_ingest(frames, Mapper(), fifty_rules())
+                plain.append(a)
+                mapped.append(b)
+            rows.append({"batch": batch, "records": sent, "pinning": pinning, "runs": repeats,
+                         "none_ns": statistics.median(plain) / sent * 1e9,
+                         "fifty_ns": statistics.median(mapped) / sent * 1e9,
+                         "added_ns": statistics.median([(m - p) for p, m in zip(plain, mapped)]) / sent * 1e9,
+                         "pairs_added_ns": [round((m - p) / sent * 1e9, 1) for p, m in zip(plain, mapped)]})
+        mapper = fifty_rules()
+        names = [f"series_{i}_ms" for i in range(20_000)]
+        t0 = time.thread_time()
+        for name in names:
+            mapper.resolve(1, name, "w", "0")
+        rows.append({"resolve_us": (time.thread_time() - t0) / len(names) * 1e6, "names": len(names)})
     finally:
         os.sched_setaffinity(0, saved)
     return rows
@@ -518,6 +590,21 @@ def report(results: dict[str, list[dict[str, Any]]]) -> str:
             out.append(f"| {nvml} | {r['cpu_share'] * 100:.2f} | {r['shares']} | {r['idle_share'] * 100:.2f} "
                        f"| {r['rss_median_mb']:.0f} / {r['peak_rss_max_mb']:.0f} | {poll} | {calls} | {gpus} "
                        f"| {r['sent']:,} | {r['accepted']:,} | {r['dropped']} | {r['all_balanced']} |")
+    if "mapping" in results:
+        out.append("\n## 4. A 50-pattern user mapping on in-process ingest (ns per record, median)\n")
+        out.append("| batch | records | presets only | + 50 user patterns | added (median of the paired runs) "
+                   "| added, run by run | runs |")
+        out.append("|---|---|---|---|---|---|---|")
+        for r in results["mapping"]:
+            if "resolve_us" in r:
+                continue
+            out.append(f"| {r['batch']} | {r['records']:,} | {r['none_ns']:.0f} | {r['fifty_ns']:.0f} "
+                       f"| {r['added_ns']:+.1f} | {r['pairs_added_ns']} | {r['runs']} |")
+        for r in results["mapping"]:
+            if "resolve_us" in r:
+                out.append(f"\nResolving one new series name against the 50 patterns (none matching, then the "
+                           f"key grammar and presets): {r['resolve_us']:.1f} µs ({r['names']:,} names); paid once "
+                           "per sender and name, never per record.")
     if "scrape" in results:
         out.append("\n## 3. GET /metrics with 10,000 series (ms, until the whole body is read)\n")
         out.append("| series | samples | bytes | first of a window, plain: median / p99 (n, over 50 ms) "
@@ -533,21 +620,22 @@ def report(results: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(out)
 
 
-DEFAULT_REPEATS = {"inproc": 5, "e2e": 3, "paced": 3, "scrape": 3}
-QUICK_REPEATS = {"inproc": 2, "e2e": 1, "paced": 1, "scrape": 1}
+DEFAULT_REPEATS = {"inproc": 5, "e2e": 3, "paced": 3, "scrape": 3, "mapping": 7}
+QUICK_REPEATS = {"inproc": 2, "e2e": 1, "paced": 1, "scrape": 1, "mapping": 5}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter runs, fewer repeats")
-    parser.add_argument("--only", default="inproc,e2e,paced,scrape", help="comma-separated benchmarks")
+    parser.add_argument("--only", default="inproc,e2e,paced,scrape,mapping", help="comma-separated benchmarks")
     parser.add_argument("--repeats", type=int, default=None,
                         help=f"runs per benchmark (default {DEFAULT_REPEATS}, quick {QUICK_REPEATS})")
     parser.add_argument("--json", default=None, help="also write the raw results here")
     parser.add_argument("--gpus", type=int, default=8,
                         help="paced: fake GPUs for the NVML variant beside --no-gpu-metrics (0: without it)")
     args = parser.parse_args(argv)
-    benches = {"inproc": bench_inproc, "e2e": bench_e2e, "paced": bench_paced, "scrape": bench_scrape}
+    benches = {"inproc": bench_inproc, "e2e": bench_e2e, "paced": bench_paced, "scrape": bench_scrape,
+               "mapping": bench_mapping}
     results: dict[str, list[dict[str, Any]]] = {}
     for name in args.only.split(","):
         reps = args.repeats or (QUICK_REPEATS if args.quick else DEFAULT_REPEATS)[name]

@@ -12,7 +12,7 @@ from sidecar import __version__
 from sidecar import config as config_mod
 from sidecar.config import ConfigError
 
-SUBCOMMANDS = ("run", "check", "demo", "top", "sample-config")
+SUBCOMMANDS = ("run", "check", "demo", "top", "explain", "sample-config")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Host-side telemetry daemon for DFlash training: receives the trainer shim's "
                     "records, polls NVML, exports to Prometheus and W&B.")
     parser.add_argument("--version", action="version", version=f"dflash-sidecar {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{run,check,demo,top,sample-config}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,check,demo,top,explain,sample-config}")
     run = sub.add_parser("run", help="run the daemon (the default)")
     config_mod.add_arguments(run)
     check = sub.add_parser("check", help="verify endpoint, port, NVML and W&B before deployment")
@@ -38,8 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the daemon's TOML config file: top reads its prometheus_addr (and TLS)")
     top.add_argument("--refresh", type=positive_seconds, default=2.0, help="seconds between refreshes (> 0)")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
+    explain = sub.add_parser("explain", help="what a running daemon mapped each series to, and what each verdict lacks")
+    explain.add_argument("--prometheus-addr", default=None, help="the daemon's HOST:PORT (default: 127.0.0.1:9478)")
+    explain.add_argument("--config", dest="config_file", metavar="FILE", default=None,
+                         help="the daemon's TOML config file: explain reads its prometheus_addr")
+    explain.add_argument("--json", action="store_true", help="print the raw JSON")
     sample = sub.add_parser("sample-config", help="print a config file listing every setting and its default")
-    for name, p in (("run", run), ("check", check), ("demo", demo), ("top", top), ("sample-config", sample)):
+    for name, p in (("run", run), ("check", check), ("demo", demo), ("top", top), ("explain", explain),
+                    ("sample-config", sample)):
         p.set_defaults(subparser=p, command=name)
     return parser
 
@@ -81,6 +87,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             ns.subparser.exit(2, f"dflash-sidecar top: error: {exc}\n")
         return run_top(url, ns.refresh, ns.once)
+    if ns.command == "explain":
+        from sidecar.processing.explain import run_explain
+        from sidecar.top_screen import top_url
+
+        try:
+            url = top_url(None, ns.prometheus_addr, ns.config_file)
+        except ConfigError as exc:
+            ns.subparser.exit(2, f"dflash-sidecar explain: error: {exc}\n")
+        return run_explain(url.removesuffix("/metrics") + "/explain", ns.json)
     given = {k: v for k, v in vars(ns).items() if k in config_mod.Config.__dataclass_fields__}
     try:
         cfg = config_mod.load(given)

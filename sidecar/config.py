@@ -18,6 +18,7 @@ from typing import Any
 from sidecar.aggregation.gpu_groups import GpuGroups
 from sidecar.aggregation.verdict import DEFAULT_THROTTLE_REASONS, INSIGHT_DEFAULTS
 from sidecar.model.address import parse_host_port
+from sidecar.processing.mapping import MappingError, Rule, parse_rules
 from trainer_shim.endpoint import daemon_endpoint
 
 
@@ -31,7 +32,8 @@ class Setting:
     """Key in the TOML file and field of ``Config``; the flag is ``--`` + name with dashes."""
     help: str
     kind: str = "value"
-    """``value``, ``list`` (flag repeatable, TOML array) or ``switch`` (``--no-<name>`` turns it off)."""
+    """``value``, ``list`` (flag repeatable, TOML array), ``switch`` (``--no-<name>`` turns it off)
+    or ``tables`` (TOML array of tables only, no flag: ``[[mapping]]``)."""
     type: Callable[[str], Any] = str
     default: Any = None
     example: str | None = None
@@ -127,6 +129,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("insight_straggler_score", "Verdict: a worker whose score (best median busy time per batch of its "
             "role / its own) is below this is a straggler.", type=_ratio("insight_straggler_score"),
             default=INSIGHT_DEFAULTS["straggler_score"]),
+    Setting("insight_comm_wait_ratio", "Verdict (single-role loops): communication-bound when the role spends at "
+            "least this share of wall time in collective waits (comm_wait).", type=_ratio("insight_comm_wait_ratio"),
+            default=INSIGHT_DEFAULTS["comm_wait_ratio"]),
+    Setting("insight_host_overhead_ratio", "Verdict (single-role loops): host-bound when at least this share of "
+            "the role's wall time is covered by no phase timing (host/Python overhead).",
+            type=_ratio("insight_host_overhead_ratio"), default=INSIGHT_DEFAULTS["host_overhead_ratio"]),
+    Setting("insight_compute_busy_ratio", "Verdict (single-role loops): compute-bound when nothing waits and the "
+            "role's GPUs are at least this busy (GPM SM activity, else NVML utilization).",
+            type=_ratio("insight_compute_busy_ratio"), default=INSIGHT_DEFAULTS["compute_busy_ratio"]),
+    Setting("mapping", "Your own series names -> role, worker and phase (docs/SHIM.md, 'Your own names'): "
+            "[[mapping]] tables, each with a glob (match) or a regex (regex) and what it gives: phase (or meaning), "
+            "role, worker, name (captures as $1, ${name}). Checked at start-up; reloaded on SIGHUP.", kind="tables",
+            default=[]),
     Setting("insight_throttle_reasons", "Verdict: NVML clock-event reasons that count as throttling (repeatable).",
             kind="list", default=list(DEFAULT_THROTTLE_REASONS)),
 )
@@ -166,6 +181,10 @@ class Config:
     insight_handoff_ratio: float = _default("insight_handoff_ratio")
     insight_straggler_score: float = _default("insight_straggler_score")
     insight_throttle_reasons: tuple[str, ...] = _default("insight_throttle_reasons")
+    insight_comm_wait_ratio: float = _default("insight_comm_wait_ratio")
+    insight_host_overhead_ratio: float = _default("insight_host_overhead_ratio")
+    insight_compute_busy_ratio: float = _default("insight_compute_busy_ratio")
+    mapping: tuple[Rule, ...] = ()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -174,6 +193,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="TOML config file; flags override it.")
     for s in SETTINGS:
         flag = "--" + s.name.replace("_", "-")
+        if s.kind == "tables":
+            continue
         if s.kind == "switch":
             parser.add_argument("--no-" + s.name.replace("_", "-"), dest=s.name, action="store_false",
                                 default=argparse.SUPPRESS, help=s.help)
@@ -223,6 +244,12 @@ def _validate(values: Mapping[str, Any], path: str | None) -> Config:
             continue
         raw = values[s.name]
         where = f"--{s.name.replace('_', '-')}" + (f" (or '{s.name}' in {path})" if path else "")
+        if s.kind == "tables":
+            try:
+                out[s.name] = parse_rules(raw if isinstance(raw, list) else [raw])
+            except MappingError as exc:
+                raise ConfigError(f"invalid [[{s.name}]] in {path}: {exc}") from None
+            continue
         try:
             if s.kind == "list":
                 items = raw if isinstance(raw, list) else [raw]
@@ -273,6 +300,10 @@ def sample_toml() -> str:
              "# an example to adapt ('# example'). Every line is valid uncommented as it is.", ""]
     for s in SETTINGS:
         lines.append(f"# {s.help}")
+        if s.kind == "tables":
+            lines += [f"# {s.name} = []  # default: none", "## e.g.:", "## [[mapping]]",
+                      '## match = "loader.*.fetch_ms"', '## worker = "$1"', '## phase = "data_wait"', ""]
+            continue
         if s.example is not None:
             mark = f"example; default: {s.default_note}"
             value = s.example

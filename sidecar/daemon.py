@@ -19,7 +19,7 @@ from sidecar import systemd
 from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.senders import SenderState
-from sidecar.aggregation.verdict import InsightSettings
+from sidecar.aggregation.verdict import Hysteresis, InsightSettings
 from sidecar.config import Config, ConfigError
 from sidecar.exporters.base import Exporter
 from sidecar.exporters.console import ConsoleExporter
@@ -28,6 +28,8 @@ from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
 from sidecar.ingest import IngestLoop
 from sidecar.model.insight import PipelineInsight
 from sidecar.model.window import IngestHealth, IngestReport
+from sidecar.processing.explain import explain_data
+from sidecar.processing.mapping import Mapper
 from sidecar.sources.nvml import NvmlSource
 from sidecar.sources.receiver import Receiver
 from trainer_shim.endpoint import daemon_endpoint, shim_would_miss
@@ -54,10 +56,14 @@ class Daemon:
         self.gpus = GpuAggregates(GpuGroups.parse(config.gpu_group), nvml.latest if nvml else None,
                                   nvml.status if nvml else None)
         self.insight_failures = 0
+        self.hysteresis = Hysteresis()
+        """Keeps the shown verdict from flapping (ingest thread only)."""
+        self.mapper = Mapper.from_config(config)
         self.wandb = WandbExporter(wandb_config(config), host=self.host) if config.wandb_run else None
         self.prometheus = PrometheusExporter(
             self.host, config.prometheus_addr, config.prometheus_tls_cert, config.prometheus_tls_key,
-            gpus=self.gpus.view, ingest=self._ingest_health, wandb=self.wandb.stats if self.wandb else None)
+            gpus=self.gpus.view, ingest=self._ingest_health, wandb=self.wandb.stats if self.wandb else None,
+            explain=self._explain)
         self.exporters: list[Exporter] = [ConsoleExporter(), self.prometheus]
         """Every destination; each window goes to each, in this order."""
         if self.wandb is not None:
@@ -79,7 +85,7 @@ class Daemon:
             receiver.close()
             raise
         self.ingest = IngestLoop(receiver, cfg.interval, self._on_window, on_hello=self._on_hello,
-                                 max_series=cfg.max_series)
+                                 max_series=cfg.max_series, mapper=self.mapper)
         self.ingest.start()
         if self.nvml is not None:
             self.nvml.start()
@@ -131,10 +137,14 @@ class Daemon:
             return
         finally:
             systemd.notify("READY=1")
-        live = {"interval", "log_level"} | {f for f in Config.__dataclass_fields__ if f.startswith("insight_")}
+        live = {"interval", "log_level", "mapping"} | {
+            f for f in Config.__dataclass_fields__ if f.startswith("insight_")}
         changed = {f for f in Config.__dataclass_fields__ if getattr(new, f) != getattr(self.config, f)}
         if "interval" in changed and self.ingest is not None:
             self.ingest.set_interval(new.interval)
+        if ({"mapping", "insight_target_role", "insight_drafter_role"} & changed) and self.ingest is not None:
+            self.mapper = Mapper.from_config(new)
+            self.ingest.set_mapper(self.mapper)
         if "log_level" in changed:
             logging.getLogger("sidecar").setLevel(new.log_level.upper())
         restart = sorted(changed - live)
@@ -185,12 +195,28 @@ class Daemon:
         """The window's pipeline insight, or None (counted, logged once) if computing it failed:
         the insight must never stop the raw exports."""
         try:
-            return compute_insight(report.window, InsightSettings.from_config(self.config), self.gpus.facts())
+            insight = compute_insight(report.window, InsightSettings.from_config(self.config), self.gpus.facts())
         except Exception:  # noqa: BLE001
             self.insight_failures += 1
             if self.insight_failures == 1:
                 log.exception("sidecar: pipeline insight failed (counted, logged once)")
             return None
+        shown = self.hysteresis.update(insight.verdict)
+        if shown is not insight.verdict:
+            insight = dataclasses.replace(insight, verdict=shown, raw_verdict=insight.verdict)
+        return insight
+
+    def _explain(self) -> dict[str, object]:
+        """What ``dflash-sidecar explain`` prints (served as JSON on ``/explain``; scrape thread)."""
+        facts = self.gpus.facts()
+        if facts is not None and facts.busy:
+            gpu_missing = None
+        elif self.nvml is None:
+            gpu_missing = "NVML disabled: --no-gpu-metrics"
+        else:
+            status = self.nvml.status()
+            gpu_missing = f"NVML {status.state.value}{': ' + status.reason if status.reason else ''}"
+        return explain_data(self.prometheus.state.report, self.mapper, gpu_missing)
 
     def _ingest_health(self) -> IngestHealth | None:
         ingest = self.ingest

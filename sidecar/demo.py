@@ -8,6 +8,10 @@ reads (docs/METRICS.md). ``--bottleneck`` makes one part slow so the effect can 
 - ``none``: balanced; ``target``: slow target forward; ``drafter``: slow drafter step;
 - ``queue``: slow hidden-state packing/transfer with a tiny queue; ``host``: slow data loading;
 - ``straggler``: one drafter worker twice as slow as the others.
+
+``--style seed`` publishes the same pipeline as the reference trainer does (one profile dict from
+a monitor thread); ``--style generic`` runs a plain single-role training loop instead
+(``sidecar.demo_loops``).
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from sidecar.config import Config
+from sidecar.demo_loops import GENERIC_BOTTLENECKS, GenericLoop, LoopTimings, SeedStyleMonitor
 
 log = logging.getLogger("sidecar")
 
@@ -81,8 +87,17 @@ def _workers(raw: str) -> int:
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bottleneck", choices=BOTTLENECKS, default="none",
-                        help="make one part of the simulated pipeline the bottleneck")
+    parser.add_argument("--bottleneck", choices=sorted(set(BOTTLENECKS) | set(GENERIC_BOTTLENECKS)), default="none",
+                        help="make one part of the simulated pipeline the bottleneck (generic loop: none, input, "
+                             "host, comm, straggler)")
+    parser.add_argument("--style", choices=("channels", "seed", "generic"), default="channels",
+                        help="channels: per-worker channels (default); seed: one profile dict per interval from a "
+                             "monitor thread, as the reference DFlash trainer; generic: a plain training loop")
+    parser.add_argument("--form", choices=("occurrence", "snapshot"), default="occurrence",
+                        help="generic loop: every timing() occurrence, or per-batch means once per interval")
+    parser.add_argument("--profile-interval", type=positive_seconds, default=1.0,
+                        help="seconds between profile snapshots (--style seed, --form snapshot)")
+    parser.add_argument("--ranks", type=_workers, default=2, help="generic loop: ranks, one thread each (1-64)")
     parser.add_argument("--duration", type=positive_seconds, default=None,
                         help="seconds to run, > 0 (default: until Ctrl-C or SIGTERM)")
     parser.add_argument("--targets", type=_workers, default=3, help="simulated target workers (1-64)")
@@ -92,7 +107,10 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
 class SimulatedPipeline:
     """Target and drafter worker threads joined by a bounded hidden-state queue."""
 
-    def __init__(self, timings: PipelineTimings, targets: int, drafters: int, endpoint: str, seed: int = 0) -> None:
+    def __init__(self, timings: PipelineTimings, targets: int, drafters: int, endpoint: str, seed: int = 0,
+                 monitor_interval_s: float | None = None) -> None:
+        """``monitor_interval_s``: publish seed-style (workers only record, a monitor thread
+        publishes per-batch means every that many seconds) instead of per-worker channels."""
         from trainer_shim import telemetry
 
         self.t = timings
@@ -106,6 +124,7 @@ class SimulatedPipeline:
         self.threads: list[threading.Thread] = []
         self.step = 0
         self._step_lock = threading.Lock()
+        self.monitor = SeedStyleMonitor(telemetry, monitor_interval_s) if monitor_interval_s else None
 
     def _sleep_ms(self, ms: float) -> float:
         """Sleep about ``ms`` (±10 % jitter); returns the time actually slept (ms)."""
@@ -114,12 +133,18 @@ class SimulatedPipeline:
         return (time.perf_counter() - start) * 1000.0
 
     def _target(self, index: int) -> None:
-        ch = self.telemetry.channel(role="target", worker=str(index))
+        ch: Any = self.telemetry.channel(role="target", worker=str(index)) if self.monitor is None else None
         t = self.t
+        monitor = self.monitor
         while not self.stop.is_set():
-            ch.timing("data_wait_ms", self._sleep_ms(t.data_ms))
-            ch.timing("forward_ms", self._sleep_ms(t.target_forward_ms))
-            ch.timing("pack_ms", self._sleep_ms(t.pack_ms))
+            if monitor is not None:
+                monitor.record("target.data_wait_ms", self._sleep_ms(t.data_ms))
+                monitor.record("target.model_forward_ms", self._sleep_ms(t.target_forward_ms))
+                monitor.record("target.pack_hidden_ms", self._sleep_ms(t.pack_ms))
+            else:
+                ch.timing("data_wait_ms", self._sleep_ms(t.data_ms))
+                ch.timing("forward_ms", self._sleep_ms(t.target_forward_ms))
+                ch.timing("pack_ms", self._sleep_ms(t.pack_ms))
             tokens = self.rng.choice((2048, 4096, 8192))
             start = time.perf_counter()
             while not self.stop.is_set():
@@ -129,6 +154,9 @@ class SimulatedPipeline:
                     break
                 except queue.Full:
                     continue
+            if monitor is not None:
+                monitor.record("target.queue_put_ms", (time.perf_counter() - start) * 1000.0)
+                continue
             ch.timing("queue_put_wait_ms", (time.perf_counter() - start) * 1000.0)
             ch.count("batches")
             ch.count("tokens", tokens)
@@ -136,20 +164,29 @@ class SimulatedPipeline:
             ch.gauge("queue_capacity", t.queue_capacity)
 
     def _drafter(self, index: int) -> None:
-        ch = self.telemetry.channel(role="drafter", worker=str(index))
+        ch: Any = self.telemetry.channel(role="drafter", worker=str(index)) if self.monitor is None else None
         t = self.t
         slow = t.straggler_factor if index == 0 else 1.0
         while not self.stop.is_set():
             start = time.perf_counter()
-            try:
-                tokens, loss_tokens, bucket = self.queue.get(timeout=0.05)
-            except queue.Empty:
-                ch.timing("queue_wait_ms", (time.perf_counter() - start) * 1000.0)
-                continue
+            item = None
+            while item is None and not self.stop.is_set():
+                try:
+                    item = self.queue.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+            if item is None:
+                break
+            tokens, loss_tokens, bucket = item
             wait = (time.perf_counter() - start) * 1000.0
             fwd = self._sleep_ms(t.drafter_forward_ms * slow)
             bwd = self._sleep_ms(t.drafter_backward_ms * slow)
             opt = self._sleep_ms(t.optimizer_ms * slow)
+            if self.monitor is not None:
+                for key, ms in (("drafter.queue_get_ms", wait), ("drafter.forward_ms", fwd),
+                                ("drafter.backward_ms", bwd), ("drafter.optimizer_step_ms", opt)):
+                    self.monitor.record(key, ms)
+                continue
             with self._step_lock:
                 self.step += 1
                 step = self.step
@@ -171,9 +208,13 @@ class SimulatedPipeline:
             self.threads.append(threading.Thread(target=self._drafter, args=(i,), name=f"drafter-{i}", daemon=True))
         for th in self.threads:
             th.start()
+        if self.monitor is not None:
+            self.monitor.start()
 
     def shutdown(self) -> None:
         self.stop.set()
+        if self.monitor is not None:
+            self.monitor.shutdown()
         for th in self.threads:
             th.join(timeout=1.0)
         self.telemetry.flush()
@@ -190,11 +231,28 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
     except (EndpointError, OSError) as exc:
         log.error("dflash-sidecar demo: %s", exc)
         return 1
-    pipeline = SimulatedPipeline(PipelineTimings.for_bottleneck(ns.bottleneck), ns.targets, ns.drafters,
-                                 cfg.endpoint[0])
-    pipeline.start()
-    log.info("demo: simulated pipeline with %d target and %d drafter workers, bottleneck=%s; "
-             "metrics on http://%s/metrics", ns.targets, ns.drafters, ns.bottleneck, cfg.prometheus_addr)
+    pipeline: SimulatedPipeline | GenericLoop
+    if ns.style == "generic":
+        if ns.bottleneck not in GENERIC_BOTTLENECKS:
+            log.error("demo: --style generic takes --bottleneck %s", ", ".join(GENERIC_BOTTLENECKS))
+            daemon.shutdown()
+            return 2
+        pipeline = GenericLoop(LoopTimings.for_bottleneck(ns.bottleneck), ns.ranks, cfg.endpoint[0], ns.form,
+                               ns.profile_interval)
+        pipeline.start_threads()
+        log.info("demo: plain training loop with %d ranks (%s form), bottleneck=%s; metrics on http://%s/metrics",
+                 ns.ranks, ns.form, ns.bottleneck, cfg.prometheus_addr)
+    else:
+        if ns.bottleneck not in BOTTLENECKS:
+            log.error("demo: the DFlash pipeline takes --bottleneck %s", ", ".join(BOTTLENECKS))
+            daemon.shutdown()
+            return 2
+        pipeline = SimulatedPipeline(PipelineTimings.for_bottleneck(ns.bottleneck), ns.targets, ns.drafters,
+                                     cfg.endpoint[0],
+                                     monitor_interval_s=ns.profile_interval if ns.style == "seed" else None)
+        pipeline.start()
+        log.info("demo: simulated pipeline with %d target and %d drafter workers, bottleneck=%s, style=%s; "
+                 "metrics on http://%s/metrics", ns.targets, ns.drafters, ns.bottleneck, ns.style, cfg.prometheus_addr)
     if ns.duration is not None:
         timer = threading.Timer(ns.duration, daemon.stop, [f"demo ran its --duration of {ns.duration:g} s"])
         timer.daemon = True  # SIGTERM before the duration ends must not wait for it
@@ -202,5 +260,9 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
     try:
         return daemon.run()
     finally:
-        pipeline.shutdown()
+        if isinstance(pipeline, GenericLoop):
+            pipeline.join()
+            pipeline.telemetry.flush()
+        else:
+            pipeline.shutdown()
         daemon.shutdown()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.senders import SenderRegistry, SenderState
 from sidecar.model.window import IngestHealth, IngestReport, LabelTotals, SenderView
+from sidecar.processing.mapping import Mapper
 from sidecar.sources.decode import BatchMessage, DecodeError, decode
 from sidecar.sources.receiver import MAX_FRAMES_PER_POLL, Receiver
 
@@ -39,12 +40,14 @@ class IngestLoop:
         on_hello: Callable[[SenderState], None] | None = None,
         max_series: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
+        mapper: Mapper | None = None,
     ) -> None:
         self.receiver = receiver
         self.interval_s = interval_s
         self.on_window = on_window
         self.on_hello = on_hello
-        self.aggregator = Aggregator(max_series=max_series)
+        self.aggregator = Aggregator(max_series=max_series, mapper=mapper)
+        self._next_mapper: Mapper | None = None
         self.registry = SenderRegistry()
         self.clock = clock
         self._stop = threading.Event()
@@ -74,6 +77,11 @@ class IngestLoop:
         """Takes effect from the next window (config reload)."""
         self.interval_s = interval_s
 
+    def set_mapper(self, mapper: Mapper) -> None:
+        """Use ``mapper`` from the next frame on (config reload; any thread): the ingest thread
+        swaps it in, so the aggregator stays single-threaded."""
+        self._next_mapper = mapper
+
     def _run(self) -> None:
         self._window_start = self.clock()
         try:
@@ -102,6 +110,9 @@ class IngestLoop:
     def handle_frame(self, frame: bytes) -> None:
         """Decode, account and aggregate one frame. Never raises."""
         registry = self.registry
+        if self._next_mapper is not None:
+            self.aggregator.set_mapper(self._next_mapper)
+            self._next_mapper = None
         try:
             msg = decode(frame)
         except DecodeError as exc:

@@ -148,4 +148,14 @@ def pipeline_parts(samples: Samples) -> list[RenderableType]:
     for (role, worker), v in sorted(by_worker.items()):
         workers.add_row(role, worker, f"{v.get('rate', _NAN):.1f}", f"{v.get('score', _NAN):.2f}",
                         "[bold red]yes[/bold red]" if v.get("straggler") == 1 else "")
-    return [f"[{style}]bottleneck: {verdict[0]}[/{style}]", queue, roles, workers]
+    idle: dict[str, dict[str, float]] = defaultdict(dict)
+    for labels, value in samples.get("dflash_pipeline_gpu_idle_ratio", []):
+        idle[labels.get("group", "")]["idle"] = value
+    for labels, value in samples.get("dflash_pipeline_gpu_idle_reason_ratio", []):
+        idle[labels.get("group", "")][labels.get("reason", "")] = value
+    idle_lines = [f"gpu idle {group}: {v.get('idle', _NAN):.0%} = "
+                  + " + ".join(f"{reason} {share:.0%}" for reason, share in v.items() if reason != "idle")
+                  for group, v in sorted(idle.items())]
+    head = f"[{style}]bottleneck: {verdict[0]}[/{style}] (confidence {_one(samples, 'verdict_confidence_ratio'):.2f})"
+    return [head, queue, *idle_lines, roles, workers]
+

@@ -10,24 +10,24 @@ def timing(role: str, worker: str, name: str, ms_per_batch: float, batches: int)
     total = ms_per_batch * batches
     window = {"count": float(batches), "sum": total, "mean": ms_per_batch, "p50": ms_per_batch,
               "p95": ms_per_batch, "max": ms_per_batch, "exact": 1.0}
-    return SeriesView(TIMING, name, role, worker, window, {"count": batches, "sum_s": total / 1000})
+    return SeriesView(TIMING, name, role, worker, window, {"count": batches, "sum_s": total / 1000}, name)
 
 
 def counter(role: str, worker: str, name: str, delta: float, duration_s: float = 1.0) -> SeriesView:
     return SeriesView(COUNT, name, role, worker, {"delta": delta, "rate": delta / duration_s, "total": delta},
-                      {"total": delta})
+                      {"total": delta}, name)
 
 
 def gauge(role: str, worker: str, name: str, mean: float, count: int = 10, stale: bool = False) -> SeriesView:
     window = None if stale else {"last": mean, "mean": mean, "min": mean, "max": mean, "count": float(count)}
-    return SeriesView(GAUGE, name, role, worker, window, {"last": mean})
+    return SeriesView(GAUGE, name, role, worker, window, {"last": mean}, name)
 
 
 def category(role: str, worker: str, name: str, counts: dict[str, int]) -> SeriesView:
     n = sum(counts.values())
     window = {"count": float(n), "entropy_bits": entropy_bits(counts.values()),
               "distribution": {k: c / n for k, c in counts.items()}}
-    return SeriesView(CATEGORY, name, role, worker, window, {"totals": dict(counts)})
+    return SeriesView(CATEGORY, name, role, worker, window, {"totals": dict(counts)}, name)
 
 
 def report(series: list[SeriesView], duration_s: float = 1.0) -> IngestReport:

@@ -28,8 +28,8 @@ def demo_scrape(tmp_path_factory: pytest.TempPathFactory) -> str:
     fake.gpu("*", gpm_supported=1, gpm_sm_util=50, clock_reasons=0x8, ecc_sbe_volatile=1, ecc_dbe_volatile=0)
     port = free_port()
     expected = {n for n, (_, source) in load_metric_names().items() if source in PRESENT_NOW} - OCCASIONAL
-    # --duration 0 runs until SIGTERM
-    proc = start_daemon(["demo", "--duration", "0", "--interval", "1", "--nvml-interval", "0.2",
+    # without --duration the demo runs until SIGTERM
+    proc = start_daemon(["demo", "--interval", "1", "--nvml-interval", "0.2",
                          "--wandb-run", "auto", "--endpoint", f"ipc://{tmp}/sidecar.sock",
                          "--prometheus-addr", f"127.0.0.1:{port}"], tmp / "demo.log",
                         extra_env={"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(fake.path),

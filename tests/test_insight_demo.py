@@ -16,7 +16,7 @@ from tests.fake_nvml.helpers import library_or_skip
 @pytest.mark.timeout(110)
 def test_demo_verdict_matches_injected_bottleneck() -> None:
     library_or_skip("full")  # "throttled" runs the demo on the fake NVML driver
-    results = demo.evaluate(list(demo.EXPECTED), duration_s=7.0, interval_s=1.0, warmup=1)
+    results = demo.evaluate(demo.DFLASH_SCENARIOS, duration_s=7.0, interval_s=1.0, warmup=1)
     matrix = demo.confusion(results)
     report = {b: dict(c) for b, c in matrix.items()}
     for bottleneck, counts in matrix.items():

@@ -200,7 +200,8 @@ def test_thresholds_come_from_flags_and_reload_live(tmp_path) -> None:
     path.write_text("insight_starved_ratio = 0.5\n")
     daemon.reload()
     assert daemon.config.insight_starved_ratio == 0.5
-    rep = pipeline({"forward": 80}, {"queue_wait": 15, "forward": 10, "backward": 20})
-    daemon._on_window(rep)
+    for _ in range(2):  # hysteresis: a change of low confidence takes two windows
+        rep = pipeline({"forward": 80}, {"queue_wait": 15, "forward": 10, "backward": 20})
+        daemon._on_window(rep)
     insight = recorder.windows[-1].insight
     assert insight is not None and insight.verdict.name == "balanced"

@@ -112,7 +112,7 @@ def test_stale_series_do_not_make_workers() -> None:
 def test_a_phase_without_samples_this_window_counts_zero() -> None:
     # Drafters that only report queue_wait when they actually wait: no wait this window = 0.
     idle = timing("drafter", "0", "queue_wait", 5, 1)
-    idle = type(idle)(idle.kind, idle.name, idle.role, idle.worker, None, idle.cumulative)
+    idle = type(idle)(idle.kind, idle.name, idle.role, idle.worker, None, idle.cumulative, idle.meaning)
     insight = compute_insight(report(worker("drafter", "0", {"forward": 5}, 100) + [idle]).window)
     assert insight.ready_deficit == 0.0
     assert insight.roles["drafter"].time_share["queue_wait"] == 0.0

@@ -1,6 +1,12 @@
-"""Drive ``dflash-sidecar demo --bottleneck X`` and score its console verdicts (a support module:
-``tests/test_insight_demo.py`` runs the short form, ``bench/bench_verdict.py`` the long one with
-its confusion matrix)."""
+"""Drive ``dflash-sidecar demo`` in each verdict scenario and score its console verdicts (a
+support module: ``tests/test_insight_demo.py`` and ``tests/test_naming_verdicts.py`` run the short
+form, ``bench/bench_verdict.py`` the long one with its confusion matrix).
+
+Scenarios (``SCENARIOS``): the DFlash demo with per-worker channels (``none`` ... ``throttled``);
+the same pipeline published seed-style, one profile dict per interval from a monitor thread
+(``seed-*``); a plain single-role training loop publishing every occurrence (``loop-*``) or
+per-batch-mean snapshots (``snap-*``). ``throttled``, ``loop-throttled`` and ``loop-compute`` run
+the daemon on the fake NVML driver (tests/fake_nvml); every other scenario has NVML off."""
 
 from __future__ import annotations
 
@@ -15,52 +21,80 @@ from pathlib import Path
 
 from tests.daemon_harness import ROOT, free_port
 
-EXPECTED = {"none": "balanced", "target": "target-bound", "drafter": "drafter-bound", "queue": "queue-starved",
-            "host": "host-bound", "straggler": "straggler", "throttled": "throttled"}
-"""Injected bottleneck -> expected verdict. ``throttled`` is the balanced demo with GPU telemetry
-from the fake NVML driver (tests/fake_nvml) reporting hw_slowdown on the drafters' GPU."""
+_DFLASH = {"none": "balanced", "target": "target-bound", "drafter": "drafter-bound", "queue": "queue-starved",
+           "host": "host-bound", "straggler": "straggler"}
+_LOOP = {"none": "balanced", "input": "input-bound", "host": "host-bound", "comm": "communication-bound",
+         "straggler": "straggler"}
+SCENARIOS: dict[str, tuple[list[str], str, str]] = {
+    **{b: (["--bottleneck", b], v, "") for b, v in _DFLASH.items()},
+    "throttled": (["--bottleneck", "none"], "throttled", "dflash-throttled"),
+    **{f"seed-{b}": (["--style", "seed", "--bottleneck", b], v, "") for b, v in _DFLASH.items() if b != "straggler"},
+    **{f"loop-{b}": (["--style", "generic", "--bottleneck", b], v, "") for b, v in _LOOP.items()},
+    "loop-compute": (["--style", "generic", "--bottleneck", "none"], "compute-bound", "loop-busy"),
+    "loop-throttled": (["--style", "generic", "--bottleneck", "none"], "throttled", "loop-throttled"),
+    **{f"snap-{b}": (["--style", "generic", "--form", "snapshot", "--profile-interval", "0.5", "--bottleneck", b],
+                     v, "") for b, v in _LOOP.items()},
+}
+"""Scenario -> (demo arguments, expected verdict, fake-NVML set-up or ""). ``throttled``: the
+balanced demo with the fake driver reporting hw_slowdown on the drafters' GPU; ``loop-compute``:
+the balanced loop on a GPU whose GPM SM activity reads 97 %; ``loop-throttled``: on a GPU at 60 %
+in hw_slowdown. The seed-style dict is per-batch means over all workers, so it carries no
+per-worker balance: there is no ``seed-straggler``."""
+EXPECTED = {name: expected for name, (_, expected, _) in SCENARIOS.items()}
+DFLASH_SCENARIOS = [*_DFLASH, "throttled"]
+"""The scenarios of the original benchmark (``tests/test_insight_demo.py``)."""
 LINE = re.compile(r"window (?P<dur>[\d.]+)s \|.*\| verdict (?P<verdict>[a-z-]+)(?: \((?P<evidence>[^)]*)\))?")
 
 
-def run_one(bottleneck: str, duration_s: float, interval_s: float, workdir: str) -> list[tuple[float, str, str]]:
+def run_one(scenario: str, duration_s: float, interval_s: float, workdir: str) -> list[tuple[float, str, str]]:
     """Run one demo; returns (window seconds, verdict, evidence) for every window it logged."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    demo_args, _, gpu_setup = SCENARIOS[scenario]
     gpu_args = ["--no-gpu-metrics"]
-    if bottleneck == "throttled":
-        env.update(_throttled_gpus(Path(workdir)))
-        gpu_args = ["--nvml-interval", "0.5", "--gpu-group", "target=0", "--gpu-group", "drafter=1"]
-    cmd = [sys.executable, "-m", "sidecar", "demo", "--bottleneck", "none" if bottleneck == "throttled" else bottleneck,
+    if gpu_setup:
+        env.update(_fake_gpus(Path(workdir) / scenario, gpu_setup))
+        gpu_args = ["--nvml-interval", "0.5"] + (["--gpu-group", "target=0", "--gpu-group", "drafter=1"]
+                                                 if gpu_setup.startswith("dflash") else ["--gpu-group", "trainer=0,1"])
+    cmd = [sys.executable, "-m", "sidecar", "demo", *demo_args,
            "--interval", str(interval_s), "--duration", str(duration_s), *gpu_args,
-           "--endpoint", f"ipc://{workdir}/{bottleneck}.sock", "--prometheus-addr", f"127.0.0.1:{free_port()}"]
+           "--endpoint", f"ipc://{workdir}/{scenario}.sock", "--prometheus-addr", f"127.0.0.1:{free_port()}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=duration_s + 60, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"demo --bottleneck {bottleneck} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+        raise RuntimeError(f"demo scenario {scenario} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
     matches = [m for m in map(LINE.search, proc.stderr.splitlines()) if m]
     return [(float(m["dur"]), m["verdict"], m["evidence"] or "") for m in matches]
 
 
-def _throttled_gpus(workdir: Path) -> dict[str, str]:
-    """Environment for a daemon whose NVML is the fake driver: 2 GPUs, GPU 1 in hw_slowdown."""
+def _fake_gpus(workdir: Path, setup: str) -> dict[str, str]:
+    """Environment for a daemon whose NVML is the fake driver, 2 GPUs: ``dflash-throttled``: GPU 1
+    in hw_slowdown; ``loop-busy``: GPM SM activity 97 %; ``loop-throttled``: 60 % and hw_slowdown."""
     from tests.fake_nvml.build import build_fake_nvml
     from tests.fake_nvml.control import FakeNvml
 
+    workdir.mkdir(parents=True, exist_ok=True)
     library = build_fake_nvml("full")
     control = FakeNvml(workdir / "nvml-control.txt", library, {"devices": 2})
-    control.gpu("*", utilization_gpu=95, clock_reasons=0)
-    control.gpu(1, clock_reasons=0x8)
+    if setup == "dflash-throttled":
+        control.gpu("*", utilization_gpu=95, clock_reasons=0)
+        control.gpu(1, clock_reasons=0x8)
+    elif setup == "loop-busy":
+        control.gpu("*", utilization_gpu=100, gpm_supported=1, gpm_sm_util=97, clock_reasons=0)
+    else:
+        control.gpu("*", utilization_gpu=60, clock_reasons=0x8)
     return {"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(control.path)}
 
 
 def scored(windows: list[tuple[float, str, str]], interval_s: float, warmup: int) -> list[tuple[float, str, str]]:
-    """The windows that count: after ``warmup`` windows, full-length only."""
-    return [w for w in windows[warmup:] if w[0] >= 0.5 * interval_s]
+    """The windows that count: after ``warmup`` windows, full-length only, never the last one (the
+    partial window flushed at shutdown: its console line rounds its length, so 0.46 s reads 0.5)."""
+    return [w for w in windows[warmup:-1] if w[0] >= 0.5 * interval_s]
 
 
 def evaluate(bottlenecks: list[str], duration_s: float, interval_s: float = 1.0, warmup: int = 1,
-             serial: bool = False) -> dict[str, list[tuple[float, str, str]]]:
-    """Injected bottleneck -> its scored windows."""
+             serial: bool = False, parallel: int | None = None) -> dict[str, list[tuple[float, str, str]]]:
+    """Scenario -> its scored windows; ``parallel`` scenarios at a time (default: all)."""
     with tempfile.TemporaryDirectory(prefix="dflash-verdict-") as workdir:
-        with ThreadPoolExecutor(max_workers=1 if serial else len(bottlenecks)) as pool:
+        with ThreadPoolExecutor(max_workers=1 if serial else parallel or len(bottlenecks)) as pool:
             results = pool.map(lambda b: run_one(b, duration_s, interval_s, workdir), bottlenecks)
             return {b: scored(w, interval_s, warmup) for b, w in zip(bottlenecks, results, strict=True)}
 

@@ -15,6 +15,7 @@ from typing import Any
 from sidecar.aggregation.series import CategorySeries, CounterSeries, GaugeSeries, Series, TimingSeries
 from sidecar.model.names import claimed_names, counter_token, metric_token, timing_token
 from sidecar.model.window import ALLOCATOR, CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING, SeriesView, WindowReport
+from sidecar.processing.mapping import Mapper
 from trainer_shim.wire import name_problem, profile_entry_problem
 
 _FACTORIES = {TIMING: TimingSeries, COUNT: CounterSeries, GAUGE: GaugeSeries,
@@ -60,7 +61,11 @@ class _Owner:
 class Aggregator:
     """Holds every live series, bounded by ``max_series`` (the cardinality budget)."""
 
-    def __init__(self, max_series: int = 10_000, series_ttl_s: float = 3600.0) -> None:
+    def __init__(self, max_series: int = 10_000, series_ttl_s: float = 3600.0, mapper: Mapper | None = None) -> None:
+        self.mapper = mapper or Mapper()
+        self._meta: dict[tuple[int, str, str, str], tuple[str, bool, str]] = {}
+        """Series key -> (meaning, snapshot, rule), decided once when the series is first resolved."""
+        self._snapshot_last: dict[tuple[int, str, str, str], tuple[float, float]] = {}
         self.max_series = max_series
         self.series_ttl_s = series_ttl_s
         self._series: dict[tuple[int, str, str, str], Series] = {}
@@ -82,6 +87,13 @@ class Aggregator:
 
     def series_count(self) -> int:
         return len(self._series)
+
+    def set_mapper(self, mapper: Mapper) -> None:
+        """Use a new mapping (config reload): every sender's cache is cleared (``generation``), so
+        each name is resolved again with its next record. Series the new mapping no longer
+        produces stop receiving data and expire with ``series_ttl_s``."""
+        self.mapper = mapper
+        self.generation += 1
 
     # -- ingest ----------------------------------------------------------------------------------
 
@@ -120,21 +132,26 @@ class Aggregator:
                 rejected[reason] = rejected.get(reason, 0) + 1
         return accepted
 
-    def _resolve(self, kind: Any, name: Any, role: str, worker: str, cache: dict[Any, Any]) -> Adder | str:
+    def _resolve(self, kind: Any, name: Any, role: str, worker: str, cache: dict[Any, Any],
+                 snapshot: bool = False) -> Adder | str:
         """The ``add`` of the series for (kind, name) from this sender, created if need be, or
         the reason its records are refused; cached in ``cache`` (rejections only up to a bound,
-        and never ``cardinality``: room may free up)."""
+        and never ``cardinality``: room may free up). The mapping stage runs here, once per
+        sender and name, never per record."""
         factory = _FACTORIES.get(kind) if kind.__class__ is int else None
         if factory is None:
             return "unknown_kind"
         problem = name_problem(name)
-        token = _TOKENS[kind](name) if problem is None else ""
+        mapped = self.mapper.resolve(kind, name, role, worker) if problem is None else None
+        token = _TOKENS[kind](mapped.name) if mapped is not None else ""
         if problem is None and not token:
             problem = "bad_name"
-        if problem is not None:
+        if problem is not None or mapped is None:
+            problem = problem or "bad_name"
             if len(cache) < MAX_CACHED_REJECTIONS:
                 cache[kind, name] = problem
             return problem
+        role, worker, local = mapped.role, mapped.worker, mapped.name
         key = (kind, token, role, worker)
         series = self._series.get(key)
         if series is None:
@@ -143,22 +160,25 @@ class Aggregator:
                           and (o.kind, o.token) != (kind, token)), None)
             if clash is not None:
                 # Another kind (or a different name whose samples land here) would corrupt the family.
-                self._log_collision(kind, name, role, worker, clash)
+                self._log_collision(kind, local, role, worker, clash)
                 if len(cache) < MAX_CACHED_REJECTIONS:
                     cache[kind, name] = "name_collision"
                 return "name_collision"
             if len(self._series) >= self.max_series:
                 return "cardinality"  # not cached: room may free up when series expire
             series = self._series[key] = factory()
-            self._raw_names[key] = name
+            self._raw_names[key] = local
+            self._meta[key] = (mapped.meaning, snapshot, mapped.rule)
             for f in families:
-                self._family_owner.setdefault(f, _Owner(kind, token, name, role, worker))
-        elif self._raw_names[key] != name:
+                self._family_owner.setdefault(f, _Owner(kind, token, local, role, worker))
+        elif self._raw_names[key] != local:
             # Two spellings onto one series of one sender ("a.b" and "a_b"): the first one keeps it.
-            self._log_collision(kind, name, role, worker, _Owner(kind, token, self._raw_names[key], role, worker))
+            self._log_collision(kind, local, role, worker, _Owner(kind, token, self._raw_names[key], role, worker))
             if len(cache) < MAX_CACHED_REJECTIONS:
                 cache[kind, name] = "name_collision"
             return "name_collision"
+        else:
+            self._meta[key] = (mapped.meaning, self._meta[key][1], mapped.rule)  # a reload may remap
         cache[kind, name] = add = series.add
         return add
 
@@ -201,7 +221,7 @@ class Aggregator:
 
     def _resolve_entry(self, entry: Any, role: str, worker: str, cache: dict[Any, Any]) -> Adder | str:
         kind = TIMING if entry.__class__ is str and entry.endswith("_ms") else GAUGE
-        add = self._resolve(kind, entry, role, worker, cache)
+        add = self._resolve(kind, entry, role, worker, cache, snapshot=True)
         if add.__class__ is not str or (add != "cardinality" and len(cache) < MAX_CACHED_REJECTIONS):
             cache[PROFILE, entry] = add
         return add
@@ -244,6 +264,12 @@ class Aggregator:
             elif isinstance(series, TimingSeries):
                 window = series.roll()
                 cumulative = {"count": series.total_count, "sum_s": series.total_sum_ms / 1000.0}
+                if self._meta[key][1]:  # a snapshot: its last per-batch mean stands until the next one
+                    if window is not None:
+                        self._snapshot_last[key] = (window["mean"], now_monotonic)
+                    last = self._snapshot_last.get(key)
+                    if last is not None:
+                        cumulative["last_mean"], cumulative["last_age_s"] = last[0], now_monotonic - last[1]
             elif isinstance(series, GaugeSeries):
                 window = series.roll()
                 cumulative = {"last": series.last}
@@ -255,9 +281,12 @@ class Aggregator:
             elif now_monotonic - self._last_active.setdefault(key, now_monotonic) > self.series_ttl_s:
                 expired.append(key)
                 continue
-            views.append(SeriesView(kind, token, role, worker, window, cumulative))
+            meaning, snapshot, rule = self._meta[key]
+            views.append(SeriesView(kind, token, role, worker, window, cumulative, meaning, snapshot,
+                                    self._raw_names[key], rule))
         for key in expired:
-            del self._series[key], self._raw_names[key], self._last_active[key]
+            del self._series[key], self._raw_names[key], self._last_active[key], self._meta[key]
+            self._snapshot_last.pop(key, None)
         if expired:
             self.generation += 1
             # Families only live series still use keep their owner (otherwise this map would

@@ -178,7 +178,8 @@ class GpuAggregates:
         return gpu_view(self._latest(), self._status(), self.groups)
 
     def facts(self) -> GpuFacts | None:
-        """Active clock-event (throttle) reasons and the group of each GPU, for the insight; None
+        """Active clock-event (throttle) reasons, the group and the busy share of each GPU (GPM SM
+        activity where the GPU has it, else NVML utilization; latest poll), for the insight; None
         before the first snapshot or without NVML. Warns once about configured GPUs this host lacks."""
         snapshot = self._latest()
         if snapshot is None:
@@ -190,4 +191,6 @@ class GpuAggregates:
         events = {str(r.index): frozenset(name for name, on in (r.clock_events() or ()) if on)
                   for r in snapshot.gpus if r.up}
         roles = {str(gpu): group for group, gpus in self.groups.resolve(snapshot).items() for gpu in gpus}
-        return GpuFacts(events, roles)
+        busy = {str(r.index): r.sm_activity_ratio if r.sm_activity_ratio is not None else r.utilization_ratio
+                for r in snapshot.gpus if r.up and (r.sm_activity_ratio is not None or r.utilization_ratio is not None)}
+        return GpuFacts(events, roles, busy)  # type: ignore[arg-type]  # None filtered out above

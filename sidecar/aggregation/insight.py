@@ -6,33 +6,38 @@ a ``WindowReport`` (plus, optionally, per-GPU facts from NVML) into a frozen ``P
 throughput per role and worker, hidden-state queue health, worker balance, batch composition,
 the time breakdown per role and the bottleneck verdict (``sidecar.aggregation.verdict``).
 
-It reads the trainer metric-name conventions documented in docs/METRICS.md (timings arrive
-sanitized with their ``_ms`` unit stripped). A value the trainer does not publish is ``None``
-(absent from every export), never a fake zero.
+It reads series by their meaning (``sidecar.model.meanings``), which the mapping stage
+(``sidecar.processing.mapping``) gave each name; unmapped series are not read. A value the
+trainer does not publish is ``None`` (absent from every export), never a fake zero.
+
+Both publishing forms give time shares: every-occurrence timings (``timing()``) as the window's
+sum over its duration; snapshots (``publish()`` dicts: per-batch means once per interval) as each
+phase's mean over the worker's cycle (its ``step`` mean when published, else the sum of its phase
+means), the last snapshot standing for up to ``SNAPSHOT_MAX_AGE_WINDOWS`` windows.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sidecar.aggregation.series import entropy_bits
 from sidecar.aggregation.verdict import InsightSettings, RoleFacts, decide
 from sidecar.model.insight import GpuFacts, PipelineInsight, RoleInsight, WorkerInsight
+from sidecar.model.meanings import BUSY_PHASES, PHASES, WAIT_PHASES  # noqa: F401 - re-exported
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, SeriesView, WindowReport
 
-WAIT_PHASES = ("data_wait", "queue_wait", "queue_put_wait")
-"""Timings that are waiting: for the host data loader, for the hidden-state queue (empty), for
-room in the queue (full)."""
-BUSY_PHASES = ("forward", "backward", "optimizer", "pack")
-"""Timings that are work: the compute of one batch (a worker's busy time per batch)."""
-PHASES = WAIT_PHASES + BUSY_PHASES
 OTHER = "other"
 """Wall time not covered by any phase timing (Python overhead, logging, untracked work)."""
 
+SNAPSHOT_MAX_AGE_WINDOWS = 3.5
+"""A snapshot series without a new snapshot in a window keeps its last mean this many windows."""
 
+IDLE_REASONS = {"data": ("data_wait",), "queue": ("queue_wait", "queue_put_wait"), "collectives": ("comm_wait",),
+                "host": (OTHER,)}
+"""GPU idle attribution: each reason and the role's time shares that explain idle GPU time."""
 
 
 class _Worker:
@@ -44,6 +49,21 @@ class _Worker:
         self.views: dict[tuple[int, str], SeriesView] = {}
         self.stale: dict[tuple[int, str], SeriesView] = {}
         """Series without data this window (for values published once, e.g. a capacity)."""
+
+    def snapshot(self, name: str) -> bool:
+        view = self.views.get((TIMING, name)) or self.stale.get((TIMING, name))
+        return view is not None and view.snapshot
+
+    def snapshot_mean(self, name: str, max_age_s: float) -> float | None:
+        """A snapshot timing's per-batch mean (ms): this window's, else the last if recent."""
+        w = self.window(TIMING, name)
+        if w:
+            return float(w["mean"])
+        view = self.stale.get((TIMING, name))
+        if (view is not None and view.snapshot and 0 < max_age_s
+                and view.cumulative.get("last_age_s", math.inf) <= max_age_s):
+            return float(view.cumulative["last_mean"])
+        return None
 
     def window(self, kind: int, name: str) -> dict[str, Any] | None:
         view = self.views.get((kind, name))
@@ -67,6 +87,8 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
     roles: dict[str, dict[str, _Worker]] = defaultdict(dict)
     stale: list[SeriesView] = []
     for view in series:
+        if not view.meaning:
+            continue
         if view.window is None:
             stale.append(view)
             continue
@@ -74,11 +96,13 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
         w = workers.get(view.worker)
         if w is None:
             w = workers[view.worker] = _Worker()
-        w.views[view.kind, view.name] = view
+        w.views[view.kind, view.meaning] = view
     for view in stale:
         w = roles.get(view.role, {}).get(view.worker)
+        if w is None and view.snapshot and view.cumulative.get("last_mean") is not None:
+            w = roles[view.role].setdefault(view.worker, _Worker())
         if w is not None:
-            w.stale[view.kind, view.name] = view
+            w.stale[view.kind, view.meaning] = view
     return dict(roles)
 
 
@@ -105,7 +129,11 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
     throttled = throttled_gpus(gpus, settings.throttle_reasons)
     facts = {r: RoleFacts(r, ri.time_share, tuple(w for w in workers if w.role == r)) for r, ri in roles.items()}
     queue_fill = _fill(list(target.values()) + list(drafter.values()), "queue_depth", "queue_capacity")
-    verdict = decide(facts, duration, ready_deficit, queue_fill, throttled, gpus.roles if gpus else {}, settings)
+    if queue_fill is None:
+        queue_fill = _gauge_mean(list(target.values()) + list(drafter.values()), "queue_fill")
+    busy = role_busy(gpus, roles)
+    verdict = decide(facts, duration, ready_deficit, queue_fill, throttled, gpus.roles if gpus else {}, settings,
+                     busy)
     return PipelineInsight(
         end_unix_s=window.end_unix_s,
         duration_s=duration,
@@ -120,7 +148,47 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
         bucket_entropy_bits=_bucket_entropy(composition),
         throttled_gpus=throttled,
         verdict=verdict,
+        gpu_idle=idle_attribution(busy, roles),
     )
+
+
+def role_busy(gpus: GpuFacts | None, roles: Mapping[str, RoleInsight]) -> dict[str, float]:
+    """GPU group (role) -> mean busy share of its GPUs. GPUs of no known group count for the one
+    role when exactly one role publishes (a single-role loop)."""
+    if gpus is None or not gpus.busy:
+        return {}
+    by_role: dict[str, list[float]] = defaultdict(list)
+    only = next(iter(roles)) if len(roles) == 1 else None
+    for gpu, busy in gpus.busy.items():
+        role = gpus.roles.get(gpu) or only
+        if role is not None:
+            by_role[role].append(busy)
+    return {r: min(1.0, max(0.0, sum(v) / len(v))) for r, v in sorted(by_role.items())}
+
+
+def idle_attribution(busy: Mapping[str, float], roles: Mapping[str, RoleInsight]) -> dict[str, dict[str, float]]:
+    """Per GPU group: its idle share (1 - busy) split by what the group's role did meanwhile.
+    The role's waiting shares (``IDLE_REASONS``) are taken as GPU idle time; when they add up to
+    more than the idle share they are scaled down to it, and what they leave unexplained is
+    ``unexplained`` (e.g. gaps between kernels inside compute phases). Parts sum to ``idle``."""
+    out: dict[str, dict[str, float]] = {}
+    for group, b in busy.items():
+        idle = 1.0 - b
+        share = roles[group].time_share if group in roles else {}
+        parts = {reason: sum(share.get(p, 0.0) for p in phases) for reason, phases in IDLE_REASONS.items()}
+        explained = sum(parts.values())
+        if explained > idle:
+            parts = {k: v * idle / explained for k, v in parts.items()} if explained > 0 else parts
+            explained = idle
+        parts["unexplained"] = max(0.0, idle - explained)
+        out[group] = {"idle": idle, **parts}
+    return out
+
+
+def _gauge_mean(members: list[_Worker], name: str) -> float | None:
+    """Mean over workers of a gauge's window mean (clamped to 0-1): a published fill ratio."""
+    values = [min(1.0, max(0.0, float(win["mean"]))) for w in members if (win := w.window(GAUGE, name))]
+    return sum(values) / len(values) if values else None
 
 
 def _worker_insights(role: str, members: dict[str, _Worker], duration: float,
@@ -168,27 +236,56 @@ def _role_insight(role: str, members: dict[str, _Worker], workers: list[WorkerIn
 
 
 def _time_share(members: dict[str, _Worker], duration: float) -> dict[str, float]:
-    """Phase -> share of wall time, averaged over the role's workers. Each phase is the window's
-    sum of that timing over ``duration``; ``other`` is what no phase covers. A worker's shares
-    are scaled down when their sum exceeds 1 (a step that began in the previous window). A phase
-    the worker has published before but not in this window counts 0 (e.g. no wait at all)."""
+    """Phase -> share of wall time, averaged over the role's workers (module docstring: both
+    forms). Every occurrence: each phase is the window's sum of that timing over ``duration``;
+    ``other`` is what no phase covers; shares are scaled down when their sum exceeds 1 (a step
+    that began in the previous window); a phase published before but not in this window counts
+    0. Snapshots: each phase's per-batch mean over the cycle (the ``step`` mean, else the sum of
+    the phase means); ``other`` is the part of ``step`` no phase covers (absent without
+    ``step``: it cannot be told)."""
     if duration <= 0 or not members:
         return {}
     totals: dict[str, float] = defaultdict(float)
-    any_timing = False
+    counted = 0
+    other_known = 0
+    max_age = SNAPSHOT_MAX_AGE_WINDOWS * duration
     for w in members.values():
+        if any(w.snapshot(p) for p in PHASES):
+            # A worker with a fresh snapshot this window is read from it alone (a phase missing
+            # from it is not carried over); without one, its last snapshot stands while recent.
+            age = 0.0 if any(w.window(TIMING, p) for p in PHASES) else max_age
+            means = {p: m for p in PHASES if (m := w.snapshot_mean(p, age)) is not None}
+            if not means:
+                continue
+            step = w.snapshot_mean("step", age) if w.snapshot("step") else None
+            covered = sum(means.values())
+            cycle = max(step or 0.0, covered)
+            if cycle <= 0:
+                continue
+            counted += 1
+            for phase, m in means.items():
+                totals[phase] += m / cycle
+            if step:
+                other_known += 1
+                totals[OTHER] += max(0.0, 1.0 - covered / cycle)
+            continue
         sums = {p: s for p in PHASES if (s := w.timing_sum_ms(p)) is not None}
         sums.update((p, 0.0) for p in PHASES if p not in sums and (TIMING, p) in w.stale)
-        any_timing = any_timing or bool(sums)
+        if not sums:
+            continue
+        counted += 1
+        other_known += 1
         covered = sum(sums.values()) / (duration * 1000.0)
         scale = 1.0 / covered if covered > 1.0 else 1.0
         for phase, s in sums.items():
             totals[phase] += s / (duration * 1000.0) * scale
         totals[OTHER] += max(0.0, 1.0 - covered * scale)
-    if not any_timing:
+    if not counted:
         return {}
-    n = len(members)
-    return {phase: value / n for phase, value in totals.items()}
+    out = {phase: value / counted for phase, value in totals.items() if phase != OTHER}
+    if other_known == counted:
+        out[OTHER] = totals[OTHER] / counted
+    return out
 
 
 def _fill(members: list[_Worker], depth: str, capacity: str) -> float | None:

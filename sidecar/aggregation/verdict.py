@@ -20,13 +20,25 @@ throttling clock-event reason; else ``straggler`` when a worker of the limiting 
 when balanced) scores below ``straggler_score``. Windows shorter than ``MIN_WINDOW_S``, without
 data from either role, or with nothing that tells whether a side waits (no ``queue_wait`` or
 ``queue_put_wait`` timing, no queue gauges) get ``unknown``.
+
+Any other trainer (no target or drafter role, e.g. a plain training loop) gets the single-role
+rules on its main role (the one with the most workers that publishes phase timings), the largest
+signal over its threshold deciding: ``input-bound`` (``data_wait`` share >= ``host_wait_ratio``),
+``communication-bound`` (``comm_wait`` share >= ``comm_wait_ratio``), ``host-bound`` (the share no
+phase covers, ``other``, >= ``host_overhead_ratio``); else ``compute-bound`` when the role's GPUs
+are busy (GPM SM activity, else NVML utilization) >= ``compute_busy_ratio``; else ``balanced``.
+``throttled`` and ``straggler`` override as above.
+
+Every verdict has a confidence (0-1): 0.5 at its deciding threshold, rising to 1 as the deciding
+number moves one threshold's worth past it (for ``balanced``: how far the largest signal stays
+under its threshold). ``Hysteresis`` keeps the shown verdict from flapping between windows.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from sidecar.model.insight import Verdict
@@ -64,6 +76,12 @@ class InsightSettings:
     straggler_score: float = 0.7
     """A worker scoring below this (relative to the best of its role) is a straggler."""
     throttle_reasons: frozenset[str] = frozenset(DEFAULT_THROTTLE_REASONS)
+    comm_wait_ratio: float = 0.25
+    """Single role: share of wall time in collective waits that makes it communication-bound."""
+    host_overhead_ratio: float = 0.3
+    """Single role: share of wall time no phase covers (host/Python overhead) that makes it host-bound."""
+    compute_busy_ratio: float = 0.85
+    """Single role: GPU busy share (SM activity or utilization) from which it is compute-bound."""
 
     @classmethod
     def from_config(cls, cfg: Any) -> InsightSettings:
@@ -95,14 +113,29 @@ class RoleFacts:
     workers: tuple[_WorkerLike, ...]
 
 
+def confidence(value: float, threshold: float) -> float:
+    """0.5 at ``threshold``, 1 once ``value`` is a threshold's worth past it (either side)."""
+    if threshold <= 0:
+        return 1.0
+    return round(min(1.0, 0.5 + 0.5 * abs(value - threshold) / threshold), 3)
+
+
 def decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: float | None,
            queue_fill: float | None, throttled: Mapping[str, tuple[str, ...]], gpu_roles: Mapping[str, str],
-           s: InsightSettings) -> Verdict:
-    """Apply the rules above to one window."""
+           s: InsightSettings, gpu_busy: Mapping[str, float] | None = None) -> Verdict:
+    """Apply the rules above to one window. ``gpu_busy``: role -> busy share of its GPUs."""
     target, drafter = roles.get(s.target_role), roles.get(s.drafter_role)
-    if duration_s < MIN_WINDOW_S or (target is None and drafter is None):
-        return Verdict("unknown", (("window_s", duration_s),),
-                       "window too short" if duration_s < MIN_WINDOW_S else "no pipeline data")
+    if duration_s < MIN_WINDOW_S:
+        return Verdict("unknown", (("window_s", duration_s),), "window too short")
+    if target is None and drafter is None:
+        timed = [f for f in roles.values() if f.time_share]
+        if not timed:
+            return Verdict("unknown", (("window_s", duration_s),),
+                           "no series mapped to a phase timing" if not roles else
+                           f"no phase timings from role(s) {', '.join(sorted(roles))}")
+        main = max(timed, key=lambda f: (len(f.workers), f.role))
+        single, role = _single_role(main, (gpu_busy or {}).get(main.role), s)
+        return _override(single, role, roles, throttled, gpu_roles, s)
     t_share = target.time_share if target else {}
     d_share = drafter.time_share if drafter else {}
     put_wait = t_share.get("queue_put_wait")
@@ -125,10 +158,39 @@ def decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: flo
         base = Verdict("unknown", (), "no queue_wait/queue_put_wait timings or queue gauges")
     else:
         limit = None
+        closest = max((ready_deficit or 0.0) / s.starved_ratio, (put_wait or 0.0) / s.backpressure_ratio)
         base = Verdict("balanced", _pairs(("ready_deficit", ready_deficit),
                                           (f"{s.target_role}.queue_put_wait", put_wait),
-                                          ("queue_fill", queue_fill)))
+                                          ("queue_fill", queue_fill)), confidence=confidence(min(closest, 1.0), 1.0))
+    if limit is not None and base.evidence and base.confidence == 1.0:
+        threshold = s.starved_ratio if limit == s.target_role else s.backpressure_ratio
+        base = replace(base, confidence=confidence(base.evidence[0][1], threshold) if base.evidence[0][0] in (
+            "ready_deficit", f"{s.target_role}.queue_put_wait") else base.confidence)
     return _override(base, limit, roles, throttled, gpu_roles, s)
+
+
+def _single_role(f: RoleFacts, busy: float | None, s: InsightSettings) -> tuple[Verdict, str]:
+    """The single-role rules (module docstring) on one role's time shares and GPU busy share."""
+    share = f.time_share
+    r = f.role
+    gpu = _pairs(("gpu_busy", busy))
+    signals = [("input-bound", f"{r}.data_wait", share.get("data_wait"), s.host_wait_ratio),
+               ("communication-bound", f"{r}.comm_wait", share.get("comm_wait"), s.comm_wait_ratio),
+               ("host-bound", f"{r}.other", share.get("other"), s.host_overhead_ratio)]
+    known = [(n, k, v, t) for n, k, v, t in signals if v is not None]
+    over = [x for x in known if x[2] >= x[3]]
+    if over:
+        name, key, value, threshold = max(over, key=lambda x: x[2] / x[3])
+        rest = [(k, v) for _, k, v, _ in known if k != key]
+        return Verdict(name, ((key, value),) + gpu + tuple(rest), confidence=confidence(value, threshold)), r
+    busy_share = sum(share.get(p, 0.0) for p in ("forward", "backward", "optimizer", "pack"))
+    evidence = tuple((k, v) for _, k, v, _ in known) + gpu
+    if busy is not None and busy >= s.compute_busy_ratio:
+        return Verdict("compute-bound", gpu + ((f"{r}.busy", busy_share),) + evidence[:2],
+                       confidence=confidence(busy, s.compute_busy_ratio)), r
+    closest = max((v / t for _, _, v, t in known), default=0.0)
+    detail = "" if busy is not None else "no GPU busy data (NVML) to tell compute-bound"
+    return Verdict("balanced", evidence, detail, confidence=confidence(min(closest, 1.0), 1.0)), r
 
 
 def _supply_verdict(deficit: float, t_share: Mapping[str, float], put_wait: float | None,
@@ -156,7 +218,7 @@ def _override(base: Verdict, limit: str | None, roles: Mapping[str, RoleFacts],
     if hot:
         detail = " ".join(f"gpu{g}:{'+'.join(r)}" for g, r in hot.items())
         return Verdict("throttled", (("throttled_gpus", float(len(hot))),) + base.evidence[:2],
-                       f"{detail}, otherwise {base.name}")
+                       f"{detail}, otherwise {base.name}", 1.0)
     if limit is None:
         candidates = list(roles.values())
     else:
@@ -166,9 +228,47 @@ def _override(base: Verdict, limit: str | None, roles: Mapping[str, RoleFacts],
         role, worst = min(stragglers, key=lambda rw: rw[1].score or 0.0)
         assert worst.score is not None
         return Verdict("straggler", ((f"{role}.{worst.worker}.score", worst.score),) + base.evidence[:2],
-                       f"worker {role}/{worst.worker}, {len(stragglers)} flagged")
+                       f"worker {role}/{worst.worker}, {len(stragglers)} flagged",
+                       confidence(worst.score, s.straggler_score))
     return base
 
 
 def _pairs(*items: tuple[str, float | None]) -> tuple[tuple[str, float], ...]:
     return tuple((k, v) for k, v in items if v is not None)
+
+
+class Hysteresis:
+    """Keeps the shown verdict from flapping on noise: a new verdict replaces the shown one only
+    when it is decided in ``windows`` consecutive windows, or at once when its confidence is at
+    least ``strong`` (a clear change is not delayed). Until then the shown verdict stays, its
+    detail naming the candidate. The first verdict, and any after ``unknown``, is taken at once;
+    a too-short window (the flush at shutdown) changes nothing. Not thread-safe: the ingest
+    thread owns it."""
+
+    def __init__(self, windows: int = 2, strong: float = 0.9) -> None:
+        self.windows = windows
+        self.strong = strong
+        self.shown: Verdict | None = None
+        self._candidate: str | None = None
+        self._seen = 0
+
+    def update(self, v: Verdict) -> Verdict:
+        """The verdict to show for a window whose own verdict is ``v``."""
+        if v.name == "unknown" and v.detail == "window too short":
+            return v
+        shown = self.shown
+        if shown is None or shown.name == "unknown" or v.name == shown.name or v.confidence >= self.strong:
+            return self._take(v)
+        if v.name == self._candidate:
+            self._seen += 1
+        else:
+            self._candidate, self._seen = v.name, 1
+        if self._seen >= self.windows:
+            return self._take(v)
+        return replace(shown, detail=(shown.detail + "; " if shown.detail else "")
+                       + f"held: {v.name} for {self._seen} window(s)",
+                       confidence=min(shown.confidence, 1 - v.confidence + 0.5))
+
+    def _take(self, v: Verdict) -> Verdict:
+        self.shown, self._candidate, self._seen = v, None, 0
+        return v

@@ -10,16 +10,20 @@ from sidecar.model.window import IngestReport
 
 log = logging.getLogger("sidecar")
 
+EXPLAIN_HINT = "why: run `dflash-sidecar explain` for what each verdict lacks and the mapping line that supplies it"
+
 
 class ConsoleExporter(Exporter):
     """Logs ``window <s> | senders | records/s | dropped | step | verdict ... | rates | queue``
-    each window."""
+    each window. While the verdict is ``unknown`` the line says why (the verdict's detail); the
+    first such line of a stretch of ``unknown`` windows also names ``dflash-sidecar explain``."""
 
     name = "console"
 
     def __init__(self, logger: logging.Logger = log) -> None:
         self.log = logger
         self._dropped_before = 0
+        self._hinted = False
 
     def line(self, report: IngestReport) -> str:
         """The line for ``report`` (also used by tests and ``top``)."""
@@ -32,8 +36,14 @@ class ConsoleExporter(Exporter):
         steps = window.step_range
         if steps is not None:
             parts.append(f"step {steps[0]}" if steps[0] == steps[1] else f"steps {steps[0]}-{steps[1]}")
-        if report.insight is not None:
-            parts.append(format_insight(report.insight))
+        insight = report.insight
+        if insight is not None:
+            parts.append(format_insight(insight))
+            if insight.verdict.name != "unknown":
+                self._hinted = False
+            elif not self._hinted and insight.verdict.detail != "window too short":
+                self._hinted = True
+                parts.append(EXPLAIN_HINT)
         return " | ".join(parts)
 
     def consume(self, window: IngestReport) -> None:
@@ -43,7 +53,8 @@ class ConsoleExporter(Exporter):
 def format_insight(insight: PipelineInsight) -> str:
     """``verdict drafter-bound (target.queue_put_wait=0.64 queue_fill=0.97) | drafter 82.0 b/s ...``:
     the verdict with its evidence, then the headline numbers."""
-    parts = [f"verdict {insight.verdict.text()}"]
+    v = insight.verdict
+    parts = [f"verdict {v.text()}" + (f" confidence {v.confidence:.2f}" if v.name != "unknown" else "")]
     rates = [f"{r.role} {r.batches_per_s:.1f} b/s" for r in insight.roles.values() if r.batches_per_s > 0]
     if rates:
         parts.append(", ".join(rates))
@@ -52,4 +63,9 @@ def format_insight(insight: PipelineInsight) -> str:
              if value is not None]
     if queue:
         parts.append(", ".join(queue))
+    idle = [f"{group} {split['idle']:.2f} ("
+            + ", ".join(f"{k} {x:.2f}" for k, x in split.items() if k != "idle" and x > 0) + ")"
+            for group, split in insight.gpu_idle.items()]
+    if idle:
+        parts.append("gpu idle " + "; ".join(idle))
     return " | ".join(parts)

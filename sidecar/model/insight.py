@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 VERDICT_CODES: dict[str, int] = {
     "unknown": 0, "balanced": 1, "target-bound": 2, "drafter-bound": 3, "queue-starved": 4,
-    "host-bound": 5, "throttled": 6, "straggler": 7,
+    "host-bound": 5, "throttled": 6, "straggler": 7, "input-bound": 8, "communication-bound": 9,
+    "compute-bound": 10,
 }
 """Each verdict and its numeric code (the W&B ``pipeline/verdict_code``)."""
 VERDICTS = tuple(VERDICT_CODES)
@@ -27,6 +28,8 @@ class Verdict:
     name: str
     evidence: tuple[tuple[str, float], ...] = ()
     detail: str = ""
+    confidence: float = 1.0
+    """0-1: 0.5 at the deciding threshold, 1 a threshold's worth past it (``sidecar.aggregation.verdict``)."""
 
     @property
     def code(self) -> int:
@@ -48,6 +51,8 @@ class GpuFacts:
 
     clock_events: Mapping[str, frozenset[str]] = field(default_factory=dict)
     roles: Mapping[str, str] = field(default_factory=dict)
+    busy: Mapping[str, float] = field(default_factory=dict)
+    """GPU -> share of time busy (0-1): GPM SM activity where the GPU has it, else NVML utilization."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,11 @@ class PipelineInsight:
     bucket_entropy_bits: float | None
     throttled_gpus: dict[str, tuple[str, ...]]
     verdict: Verdict
+    gpu_idle: dict[str, dict[str, float]] = field(default_factory=dict)
+    """GPU group (role) -> ``idle`` (its GPUs' idle share, 0-1) and its split by reason (data,
+    queue, collectives, host, unexplained); the split sums to ``idle``."""
+    raw_verdict: Verdict | None = None
+    """The window's own verdict when hysteresis held the previous one (else None)."""
 
     def role(self, name: str) -> RoleInsight | None:
         return self.roles.get(name)

@@ -34,7 +34,11 @@ class SeriesView:
     """One series at the end of a window. ``kind`` is a ``RecordKind`` value (SCALAR for GPU
     scalars); ``name`` is the sanitized token; ``window`` is None when the series had no data in
     this window; ``cumulative`` holds what survives windows (timing count/sum_s, counter total,
-    gauge last, category totals)."""
+    gauge last, category totals). ``role``/``worker`` are the mapped ones (a role in the key
+    overrides the channel's); ``meaning`` is what the mapping stage made of the name (``""``:
+    unmapped), ``rule`` what decided it, ``raw`` the name it is kept under (as sent, less a
+    role/worker prefix); ``snapshot`` is True for a series fed by profile dicts (``publish()``:
+    per-batch means once per interval), False for every-occurrence records."""
 
     kind: int
     name: str
@@ -42,6 +46,10 @@ class SeriesView:
     worker: str
     window: dict[str, Any] | None
     cumulative: dict[str, Any]
+    meaning: str = ""
+    snapshot: bool = False
+    raw: str = ""
+    rule: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ served page (``page.MetricsPage``) is the same text, faster.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -52,6 +53,8 @@ class ExportState:
     gpus: Callable[[], GpuView] | None = None
     ingest: Callable[[], IngestHealth | None] | None = None
     wandb: Callable[[], WandbStatsLike] | None = None
+    explain: Callable[[], Any] | None = None
+    """JSON-able mapping report served on ``/explain`` (``dflash-sidecar explain``)."""
 
 
 class SidecarCollector(Collector):
@@ -93,6 +96,13 @@ class SidecarCollector(Collector):
                 self._failed.add(name)
                 log.exception("sidecar: metric source %s failed; its series are omitted", name)
             return empty
+
+
+def explain_json(collector: SidecarCollector) -> bytes:
+    """The body of ``/explain``: ``state.explain()`` as JSON (``{}`` if it failed, logged once)."""
+    explain = collector.state.explain
+    data = collector.guarded("explain", lambda: [explain()], [{}])[0] if explain is not None else {}
+    return json.dumps(data).encode()
 
 
 def start_family(state: ExportState) -> Metric:

@@ -25,12 +25,15 @@ class PrometheusExporter(Exporter):
 
     def __init__(self, host: str, addr: str, certfile: str | None = None, keyfile: str | None = None, *,
                  gpus: Callable[[], GpuView] | None = None, ingest: Callable[[], IngestHealth | None] | None = None,
-                 wandb: Callable[[], WandbStatsLike] | None = None) -> None:
+                 wandb: Callable[[], WandbStatsLike] | None = None,
+                 explain: Callable[[], Any] | None = None) -> None:
         """``addr``: "host:port" (IPv6 in brackets). ``gpus``, ``ingest``, ``wandb``: readers
-        called at scrape time (see ``ExportState``); None leaves their families out."""
+        called at scrape time (see ``ExportState``); None leaves their families out. ``explain``:
+        the mapping report served on ``/explain``."""
         self.addr = addr
         self.certfile, self.keyfile = certfile, keyfile
-        self.state = ExportState(host=host, started_unix_s=time.time(), gpus=gpus, ingest=ingest, wandb=wandb)
+        self.state = ExportState(host=host, started_unix_s=time.time(), gpus=gpus, ingest=ingest, wandb=wandb,
+                                 explain=explain)
         self._server: Any = None
 
     def start(self) -> None:

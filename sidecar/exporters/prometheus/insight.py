@@ -25,7 +25,11 @@ def insight_families(insight: PipelineInsight, host: str) -> list[Metric]:
                      "verdict, 0 for the others.", ["verdict"])
     for name in VERDICTS:
         verdict.add_metric(h + [name], 1.0 if name == insight.verdict.name else 0.0)
-    families: list[Metric] = [verdict, *_role_families(insight, host), *_worker_families(insight, host)]
+    conf = _gauge("verdict_confidence_ratio", "Confidence of the bottleneck verdict (0-1: 0.5 at its deciding "
+                  "threshold, 1 a threshold's worth past it).", [])
+    conf.add_metric(h, insight.verdict.confidence)
+    families: list[Metric] = [verdict, conf, *_role_families(insight, host), *_worker_families(insight, host),
+                              *_idle_families(insight, host)]
     for item in INSIGHT_VALUES:
         value = getattr(insight, item.attribute)
         if value is not None:
@@ -67,3 +71,18 @@ def _worker_families(insight: PipelineInsight, host: str) -> list[Metric]:
             score.add_metric(key, w.score)
             straggler.add_metric(key, 1.0 if w.straggler else 0.0)
     return [batches, tokens, score, straggler]
+
+
+def _idle_families(insight: PipelineInsight, host: str) -> list[Metric]:
+    idle = _gauge("gpu_idle_ratio", "Idle share of the GPU group's GPUs (1 - GPM SM activity, else 1 - NVML "
+                  "utilization), latest poll (0-1).", ["group"])
+    split = _gauge("gpu_idle_reason_ratio", "The GPU group's idle share split by what its role did meanwhile: "
+                   "data, queue, collectives, host, unexplained (0-1; the reasons sum to "
+                   "dflash_pipeline_gpu_idle_ratio).",
+                   ["group", "reason"])
+    for group, parts in insight.gpu_idle.items():
+        idle.add_metric([host, group], parts["idle"])
+        for reason, value in parts.items():
+            if reason != "idle":
+                split.add_metric([host, group, reason], value)
+    return [idle, split] if insight.gpu_idle else []

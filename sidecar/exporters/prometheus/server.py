@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import gzip_accepted
 
 from sidecar.exporters.prometheus import exposition as ex
-from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
+from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector, explain_json
 from sidecar.exporters.prometheus.page import MetricsPage
 from sidecar.model.address import parse_host_port
 
@@ -39,6 +39,9 @@ def metrics_app(page: MetricsPage, registry: CollectorRegistry) -> Callable[...,
         if environ.get("PATH_INFO") == "/favicon.ico":
             start_response("200 OK", [])
             return [b""]
+        if environ.get("PATH_INFO") == "/explain" and page.collector.state.explain is not None:
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [explain_json(page.collector)]
         names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
         output = generate_latest(registry.restricted_registry(names)) if names else page.render()
         headers = [("Content-Type", ex.CONTENT_TYPE)]

@@ -38,4 +38,8 @@ def insight_row(insight: PipelineInsight) -> dict[str, float]:
             row[base + "score"] = w.score
             row[base + "straggler"] = 1.0 if w.straggler else 0.0
     row[PREFIX + "throttled_gpus"] = float(len(insight.throttled_gpus))
+    row[PREFIX + "verdict_confidence"] = insight.verdict.confidence
+    for group, parts in insight.gpu_idle.items():
+        for reason, value in parts.items():
+            row[f"{PREFIX}gpu_idle/{group}/{reason}"] = value
     return row

@@ -1,0 +1,63 @@
+"""What a trainer series means to the pipeline insight: the vocabulary the mapping stage maps
+names onto and the insight reads. Declared once here; docs/SHIM.md lists it for trainer authors.
+
+A meaning has a class, which fixes the record kinds it can come from:
+
+- ``wait``: a timing the worker spends waiting (data loader, hidden-state queue, collectives);
+- ``busy``: a timing of work (forward, backward, optimizer step, hidden-state packing);
+- ``cycle``: the whole step (``step``): the wall time of one batch, phases included;
+- ``counter``: a count (batches, tokens);
+- ``gauge``: a level (queue depth, capacity, fill, loss, learning rate);
+- ``category``: a categorical sample (the hidden-state bucket).
+"""
+
+from __future__ import annotations
+
+from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING
+
+MEANINGS: dict[str, tuple[str, str]] = {
+    # timings (milliseconds)
+    "data_wait": ("wait", "waiting for the next input batch from the host data loader"),
+    "queue_wait": ("wait", "waiting on an empty hidden-state queue (DFlash drafters: the ready deficit)"),
+    "queue_put_wait": ("wait", "blocked putting into a full hidden-state queue (DFlash targets)"),
+    "comm_wait": ("wait", "waiting in collectives: all-reduce, all-gather, barrier, NCCL sync"),
+    "forward": ("busy", "forward pass of one batch"),
+    "backward": ("busy", "backward pass of one batch"),
+    "optimizer": ("busy", "optimizer step"),
+    "pack": ("busy", "packing / copying one batch's hidden states for the drafters"),
+    "step": ("cycle", "the whole step of one batch (its phases and everything between them)"),
+    # counters
+    "batches": ("counter", "batches processed"),
+    "tokens": ("counter", "tokens processed"),
+    "loss_tokens": ("counter", "tokens that carry loss"),
+    # gauges
+    "queue_depth": ("gauge", "batches in the hidden-state queue"),
+    "queue_capacity": ("gauge", "the hidden-state queue's capacity"),
+    "queue_fill": ("gauge", "hidden-state queue fill, depth over capacity (0-1)"),
+    "prefetch_depth": ("gauge", "batches in a drafter's prefetch buffer"),
+    "prefetch_capacity": ("gauge", "a drafter's prefetch buffer capacity"),
+    "batch_tokens": ("gauge", "total tokens of one batch"),
+    "loss_token_fraction": ("gauge", "share of a batch's tokens that carry loss (0-1)"),
+    "loss": ("gauge", "training loss"),
+    "lr": ("gauge", "learning rate"),
+    # categories
+    "bucket": ("category", "the hidden-state bucket of a batch"),
+}
+"""Meaning -> (class, description)."""
+
+KINDS_OF_CLASS: dict[str, frozenset[int]] = {
+    "wait": frozenset({TIMING}), "busy": frozenset({TIMING}), "cycle": frozenset({TIMING}),
+    "counter": frozenset({COUNT}), "gauge": frozenset({GAUGE, SCALAR}), "category": frozenset({CATEGORY}),
+}
+"""Which record kinds may carry a meaning of each class (a rule never maps across kinds)."""
+
+WAIT_PHASES = tuple(m for m, (c, _) in MEANINGS.items() if c == "wait")
+BUSY_PHASES = tuple(m for m, (c, _) in MEANINGS.items() if c == "busy")
+PHASES = WAIT_PHASES + BUSY_PHASES
+"""Timings that make up a worker's wall time (``step`` is their total, not one of them)."""
+
+
+def accepts(meaning: str, kind: int) -> bool:
+    """Whether a record of ``kind`` (a ``RecordKind`` value) can carry ``meaning``."""
+    cls = MEANINGS.get(meaning)
+    return cls is not None and kind in KINDS_OF_CLASS[cls[0]]

@@ -1,0 +1,284 @@
+"""The mapping stage: a trainer's own series names -> role, worker and meaning.
+
+Between decode and aggregation, each new series name (per sender, kind and name; never per
+record: the aggregator caches the result with the series) is resolved in this order:
+
+1. the user's rules (``[[mapping]]`` tables in the TOML config), first match wins: a glob or a
+   regex over the name as sent, whose captures may fill ``role``, ``worker`` and ``name``;
+2. the key grammar: ``<role>.<name>``, ``<role>.<worker>.<name>`` (``.`` or ``/`` as separator),
+   where ``<role>`` is a known role (the insight's target and drafter roles) or any role followed
+   by a numeric worker (``rank.3.data_wait_ms``); a role or worker in the key overrides the
+   channel's;
+3. the built-in presets (``PRESETS``: the DFlash trainer's names and a generic training loop's),
+   matched on the remaining name without its unit (``model_forward_ms`` -> ``model_forward``).
+
+A name nothing maps keeps the channel's role and worker and has no meaning ("unmapped"): it is
+still exported as sent, the insight just does not read it. ``dflash-sidecar explain`` lists every
+series with what it mapped to. The vocabulary of meanings is ``sidecar.model.meanings``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.model.meanings import COUNT, MEANINGS, TIMING, accepts
+from sidecar.model.names import (
+    counter_token,
+    label_value,
+    metric_token,
+    timing_token,
+)
+from sidecar.processing import regex_example
+from trainer_shim.wire import MAX_NAME_BYTES
+
+PRESETS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    # (preset, meaning, names as sent without unit; matched case-insensitively)
+    ("dflash", "forward", ("model_forward", "forward", "target_forward", "drafter_forward", "fwd")),
+    ("dflash", "pack", ("pack_hidden", "pack", "pack_hidden_states", "hidden_pack", "handoff")),
+    ("dflash", "queue_wait", ("queue_get", "queue_wait", "queue_get_wait", "get_wait", "ready_wait")),
+    ("dflash", "queue_put_wait", ("queue_put", "queue_put_wait", "put_wait")),
+    ("dflash", "backward", ("backward", "bwd")),
+    ("dflash", "optimizer", ("optimizer", "optimizer_step", "optim_step", "opt_step", "optim")),
+    ("dflash", "data_wait", ("data_wait", "data_load", "dataloader_wait")),
+    ("dflash", "batches", ("batches", "batch_count", "steps")),
+    ("dflash", "tokens", ("tokens", "num_tokens", "token_count")),
+    ("dflash", "loss_tokens", ("loss_tokens", "num_loss_tokens")),
+    ("dflash", "queue_depth", ("queue_depth", "queue_size", "queue_len", "queue_qsize")),
+    ("dflash", "queue_capacity", ("queue_capacity", "queue_maxsize", "queue_max")),
+    ("dflash", "queue_fill", ("queue_fill", "queue_fill_ratio", "queue_util")),
+    ("dflash", "prefetch_depth", ("prefetch_depth", "prefetch", "prefetch_size", "prefetched")),
+    ("dflash", "prefetch_capacity", ("prefetch_capacity", "prefetch_max")),
+    ("dflash", "batch_tokens", ("batch_tokens",)),
+    ("dflash", "loss_token_fraction", ("loss_token_fraction", "loss_token_ratio")),
+    ("dflash", "bucket", ("bucket", "hidden_bucket")),
+    ("generic", "data_wait", ("data_time", "data", "dataloader", "data_loading", "input_wait", "load_time")),
+    ("generic", "step", ("step", "step_time", "batch_time", "iter_time", "iteration", "iteration_time",
+                         "train_step")),
+    ("generic", "comm_wait", ("comm", "comm_wait", "allreduce", "all_reduce", "allreduce_wait", "all_gather",
+                              "reduce_scatter", "collective", "collectives", "nccl", "nccl_wait", "sync",
+                              "barrier", "grad_sync")),
+    ("generic", "forward", ("forward_time", "fwd_time")),
+    ("generic", "backward", ("backward_time", "bwd_time")),
+    ("generic", "optimizer", ("optimizer_time", "optim_time", "step_optimizer")),
+    ("generic", "loss", ("loss", "train_loss")),
+    ("generic", "lr", ("lr", "learning_rate")),
+)
+"""The built-in names, one table (docs/SHIM.md prints it). A name maps only for a record kind its
+meaning accepts (a timing meaning needs a ``timing()`` record or a ``*_ms`` profile key)."""
+
+_TOKENS = {TIMING: timing_token, COUNT: counter_token}
+_SEP = re.compile(r"[./]")
+_CAPTURE_REF = re.compile(r"\$(\d+)|\$\{(\w+)\}")
+TARGET_FIELDS = ("role", "worker", "name")
+RULE_KEYS = frozenset({"match", "regex", "role", "worker", "name", "meaning", "phase"})
+
+
+class MappingError(ValueError):
+    """An invalid user mapping rule; the message names the rule and what to fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mapped:
+    """What a series name resolved to. ``name``: the name the series is kept and exported under
+    (as sent, less a role/worker prefix); ``meaning``: a ``MEANINGS`` key or ``""`` (unmapped);
+    ``rule``: what decided it (``mapping[2]``, ``preset dflash``, ``key grammar``)."""
+
+    role: str
+    worker: str
+    name: str
+    meaning: str
+    rule: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One user rule, validated. ``pattern`` matches the whole name as sent."""
+
+    index: int
+    source: str
+    """The rule as written, for messages and ``explain`` (``match = "..." -> phase = "..."``)."""
+    pattern: re.Pattern[str]
+    role: str | None = None
+    worker: str | None = None
+    name: str | None = None
+    meaning: str = ""
+
+    def apply(self, kind: int, raw: str, role: str, worker: str) -> Mapped | None:
+        if self.meaning and not accepts(self.meaning, kind):
+            return None
+        m = self.pattern.fullmatch(raw)
+        if m is None:
+            return None
+        out_role = label_value(_expand(self.role, m)) if self.role is not None else role
+        out_worker = label_value(_expand(self.worker, m)) if self.worker is not None else worker
+        out_name = _expand(self.name, m) if self.name is not None else raw
+        if out_role is None or out_worker is None or not out_name:
+            return None
+        return Mapped(out_role, out_worker, out_name, self.meaning, f"mapping[{self.index}]")
+
+
+def _expand(template: str, m: re.Match[str]) -> str:
+    return _CAPTURE_REF.sub(lambda r: m.group(int(r[1]) if r[1] else r[2]) or "", template)
+
+
+def glob_regex(glob: str) -> str:
+    """A glob as a regex: ``*`` matches one or more characters within a segment (not ``.`` or
+    ``/``) and captures it (``$1``, ``$2``... in order); ``**`` matches across segments and
+    captures too; everything else is literal."""
+    out = []
+    i = 0
+    while i < len(glob):
+        if glob.startswith("**", i):
+            out.append("(.+)")
+            i += 2
+        elif glob[i] == "*":
+            out.append("([^./]+)")
+            i += 1
+        else:
+            out.append(re.escape(glob[i]))
+            i += 1
+    return "".join(out)
+
+
+def parse_rules(tables: Sequence[Mapping[str, Any]]) -> tuple[Rule, ...]:
+    """Validate the ``[[mapping]]`` tables. Raises ``MappingError`` for an unknown key, a missing
+    or doubled pattern, a bad regex, a pattern that can never match a trainer name, a pattern
+    an earlier rule already takes, a capture that no field uses (or a field that names a capture
+    the pattern lacks), or an unknown meaning."""
+    rules: list[Rule] = []
+    seen: dict[str, int] = {}
+    for i, table in enumerate(tables):
+        where = f"mapping rule {i + 1}"
+        if not isinstance(table, Mapping):
+            raise MappingError(f"{where}: expected a table ([[mapping]]), got {table!r}")
+        unknown = sorted(set(table) - RULE_KEYS)
+        if unknown:
+            raise MappingError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(RULE_KEYS))}")
+        if ("match" in table) == ("regex" in table):
+            raise MappingError(f"{where}: give exactly one of match = \"<glob>\" or regex = \"<regex>\"")
+        text = table.get("match", table.get("regex"))
+        if not isinstance(text, str) or not text:
+            raise MappingError(f"{where}: the pattern must be a non-empty string")
+        source = f"{'match' if 'match' in table else 'regex'} = {text!r}"
+        regex = glob_regex(text) if "match" in table else text
+        try:
+            pattern = re.compile(regex)
+        except re.error as exc:
+            raise MappingError(f"{where} ({source}): not a valid regex: {exc}") from None
+        meaning = table.get("meaning", table.get("phase", ""))
+        if "meaning" in table and "phase" in table:
+            raise MappingError(f"{where}: give phase or meaning, not both")
+        if not isinstance(meaning, str) or (meaning and meaning not in MEANINGS):
+            raise MappingError(f"{where} ({source}): unknown phase/meaning {meaning!r}; known: "
+                               f"{', '.join(MEANINGS)}")
+        fields = {f: table[f] for f in TARGET_FIELDS if f in table}
+        for f, value in fields.items():
+            if not isinstance(value, str) or not value:
+                raise MappingError(f"{where} ({source}): {f} must be a non-empty string")
+        if not meaning and not fields:
+            raise MappingError(f"{where} ({source}): maps to nothing; give phase/meaning, role, worker or name")
+        _check_captures(where, source, pattern, fields)
+        example = regex_example.example(pattern)
+        if example is False:
+            raise MappingError(f"{where} ({source}): can never match any name (the pattern contradicts itself)")
+        if isinstance(example, str) and not _is_name(example):
+            raise MappingError(f"{where} ({source}): can never match: the names it would match are not valid "
+                               f"trainer names (1 to {MAX_NAME_BYTES} bytes of printable characters)")
+        if regex in seen:
+            raise MappingError(f"{where} ({source}): can never match: rule {seen[regex]} has the same pattern "
+                               "and is tried first")
+        seen[regex] = i + 1
+        rules.append(Rule(i + 1, source + (f" -> {meaning}" if meaning else ""), pattern, fields.get("role"),
+                          fields.get("worker"), fields.get("name"), meaning))
+    return tuple(rules)
+
+
+def _check_captures(where: str, source: str, pattern: re.Pattern[str], fields: Mapping[str, str]) -> None:
+    used: set[int | str] = set()
+    for value in fields.values():
+        for found in _CAPTURE_REF.finditer(value):
+            used.add(int(found[1]) if found[1] else found[2])
+    names = pattern.groupindex
+    for ref in used:
+        if isinstance(ref, int) and not 1 <= ref <= pattern.groups:
+            raise MappingError(f"{where} ({source}): ${ref} names a capture the pattern does not have "
+                               f"(it has {pattern.groups})")
+        if isinstance(ref, str) and ref not in names:
+            raise MappingError(f"{where} ({source}): ${{{ref}}} names a capture the pattern does not have")
+    for g in range(1, pattern.groups + 1):
+        by_name = [n for n, idx in names.items() if idx == g]
+        if g not in used and not any(n in used for n in by_name):
+            label = f"${{{by_name[0]}}}" if by_name else f"${g}"
+            raise MappingError(f"{where} ({source}): capture {label} is not used by role, worker or name; "
+                               "use it or make the group non-capturing ((?:...) in a regex)")
+
+
+def _is_name(example: str) -> bool:
+    return 0 < len(example.encode("utf-8", "surrogatepass")) <= MAX_NAME_BYTES and example.isprintable()
+
+
+_PRESET_INDEX: dict[str, tuple[str, str]] = {}
+for _preset, _meaning, _names in PRESETS:
+    for _n in _names:
+        _PRESET_INDEX.setdefault(_n, (_meaning, _preset))
+
+
+@dataclass
+class Mapper:
+    """Resolves names; immutable after construction except for the per-rule hit counts."""
+
+    rules: tuple[Rule, ...] = ()
+    known_roles: frozenset[str] = frozenset({"target", "drafter"})
+    hits: dict[int, int] = field(default_factory=dict)
+    """Rule index -> series it has mapped (``explain`` names rules that never matched)."""
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> Mapper:
+        """From a ``sidecar.config.Config`` (its validated ``mapping`` rules and insight roles)."""
+        return cls(tuple(cfg.mapping), frozenset({cfg.insight_target_role, cfg.insight_drafter_role}))
+
+    def resolve(self, kind: int, raw: str, role: str, worker: str) -> Mapped:
+        """The mapping of one series name (``raw`` as sent) from a channel labelled (role, worker)."""
+        for rule in self.rules:
+            hit = rule.apply(kind, raw, role, worker)
+            if hit is not None:
+                self.hits[rule.index] = self.hits.get(rule.index, 0) + 1
+                if not hit.meaning:
+                    preset = self._preset(kind, hit.name)
+                    if preset is not None:
+                        hit = Mapped(hit.role, hit.worker, hit.name, preset[0], f"{hit.rule} + preset {preset[1]}")
+                return hit
+        how = ""
+        name = raw
+        parts = _SEP.split(raw)
+        if len(parts) >= 2 and all(parts):
+            head_role = label_value(parts[0])
+            if len(parts) >= 3 and parts[1].isdigit() and head_role is not None:
+                role, worker, name, how = head_role, parts[1], raw[len(parts[0]) + len(parts[1]) + 2:], "key grammar"
+            elif parts[0] in self.known_roles:
+                role, name, how = parts[0], raw[len(parts[0]) + 1:], "key grammar"
+        preset = self._preset(kind, name)
+        if preset is not None:
+            decided = f"{how} + preset {preset[1]}" if how else f"preset {preset[1]}"
+            return Mapped(role, worker, name, preset[0], decided)
+        return Mapped(role, worker, name, "", how)
+
+    @staticmethod
+    def _preset(kind: int, name: str) -> tuple[str, str] | None:
+        token = _TOKENS.get(kind, metric_token)(name).lower()
+        found = _PRESET_INDEX.get(token)
+        if found is None or not accepts(found[0], kind):
+            return None
+        return found
+
+    def unused_rules(self) -> list[Rule]:
+        return [r for r in self.rules if not self.hits.get(r.index)]
+
+
+def preset_table() -> Iterable[tuple[str, str, str, str]]:
+    """(preset, meaning, class, names) rows, for docs and ``explain``."""
+    for preset, meaning, names in PRESETS:
+        yield preset, meaning, MEANINGS[meaning][0], ", ".join(names)

@@ -1,0 +1,116 @@
+"""GPU idle attribution and the single-role verdicts on synthetic windows, and where they show:
+Prometheus, the W&B row, ``top``; plus the explain report's missing inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+
+from sidecar.aggregation.insight import compute_insight as compute_window
+from sidecar.aggregation.verdict import InsightSettings
+from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
+from sidecar.exporters.wandb.insight_row import insight_row
+from sidecar.model.insight import GpuFacts, PipelineInsight
+from sidecar.model.window import IngestReport
+from sidecar.processing.explain import explain_data
+from sidecar.processing.mapping import Mapper
+from sidecar.top import render
+from tests.insight_synth import pipeline, report, worker
+
+
+def compute_insight(rep: IngestReport, settings: InsightSettings | None = None,
+                    gpus: GpuFacts | None = None) -> PipelineInsight:
+    return compute_window(rep.window, settings, gpus)
+
+
+LOOP = {"data_wait": 3, "forward": 14, "backward": 24, "optimizer": 5, "comm_wait": 3}
+
+
+def loop(phases: dict[str, float], ranks: int = 2, slow: dict[str, float] | None = None, cycle_ms: float = 50.0):
+    """A plain loop: each rank runs ``phases`` (ms per step) in steps of ``cycle_ms`` for 1 s."""
+    series = []
+    for r in range(ranks):
+        own = (slow or phases) if r == ranks - 1 else phases
+        series += worker("trainer", str(r), own, round(1000 / max(cycle_ms, sum(own.values()))))
+    return report(series)
+
+
+@pytest.mark.parametrize(("phases", "expected", "evidence"), [
+    (LOOP, "balanced", "trainer.data_wait"),
+    (LOOP | {"data_wait": 30}, "input-bound", "trainer.data_wait"),
+    (LOOP | {"comm_wait": 28}, "communication-bound", "trainer.comm_wait"),
+])
+def test_single_role_verdicts(phases: dict[str, float], expected: str, evidence: str) -> None:
+    v = compute_insight(loop(phases, cycle_ms=sum(phases.values()))).verdict
+    assert v.name == expected and evidence in dict(v.evidence) and 0.5 <= v.confidence <= 1.0
+
+
+def test_host_bound_compute_bound_throttled_and_straggler_for_a_loop() -> None:
+    host = compute_insight(loop(LOOP, cycle_ms=100)).verdict  # 49 of 100 ms untimed
+    assert host.name == "host-bound" and dict(host.evidence)["trainer.other"] == pytest.approx(0.51, abs=0.01)
+    busy = GpuFacts(busy={"0": 0.97, "1": 0.95})
+    v = compute_insight(loop(LOOP, cycle_ms=49), gpus=busy).verdict
+    assert v.name == "compute-bound" and dict(v.evidence)["gpu_busy"] == pytest.approx(0.96)
+    assert compute_insight(loop(LOOP, cycle_ms=49), gpus=GpuFacts(busy={"0": 0.5})).verdict.name == "balanced"
+    hot = GpuFacts({"0": frozenset({"hw_slowdown"})}, busy={"0": 0.97})
+    assert compute_insight(loop(LOOP, cycle_ms=49), gpus=hot).verdict.name == "throttled"
+    slow = {k: v * 2.5 for k, v in LOOP.items()}
+    v = compute_insight(loop(LOOP, slow=slow, cycle_ms=49)).verdict
+    assert v.name == "straggler" and "trainer/1" in v.detail
+    settings = InsightSettings(compute_busy_ratio=0.99)
+    assert compute_insight(loop(LOOP, cycle_ms=49), settings, busy).verdict.name == "balanced"
+
+
+def test_idle_parts_sum_to_the_idle_share_and_scale_down_when_waits_exceed_it() -> None:
+    rep = pipeline({"data_wait": 60, "forward": 30, "pack": 3}, {"queue_wait": 30, "forward": 8, "backward": 14})
+    gpus = GpuFacts(roles={"0": "target", "1": "drafter"}, busy={"0": 0.2, "1": 0.8})
+    idle = compute_insight(rep, gpus=gpus).gpu_idle
+    target, drafter = idle["target"], idle["drafter"]
+    assert target["idle"] == pytest.approx(0.8) and drafter["idle"] == pytest.approx(0.2)
+    for parts in idle.values():
+        assert sum(v for k, v in parts.items() if k != "idle") == pytest.approx(parts["idle"])
+    # targets wait on data 60/93 = 0.65 of the time: that much of the 0.8 idle is data, 0.15 unexplained
+    assert target["data"] == pytest.approx(60 / 93) and target["unexplained"] == pytest.approx(0.8 - 60 / 93)
+    # drafters wait 30/52 = 0.58 on the queue, more than the 0.2 idle: all of the idle is queue
+    assert drafter["queue"] == pytest.approx(0.2) and drafter["unexplained"] == 0.0
+    assert compute_insight(rep).gpu_idle == {}  # no GPU data: no attribution, never a fake zero
+
+
+def test_idle_and_confidence_reach_prometheus_wandb_and_top() -> None:
+    rep = loop(LOOP | {"data_wait": 30}, cycle_ms=100)  # 10 steps of 100 ms: data wait 0.3
+    insight = compute_insight(rep, gpus=GpuFacts(busy={"0": 0.4}))
+    row = insight_row(insight)
+    assert row["pipeline/verdict_confidence"] == insight.verdict.confidence
+    assert row["pipeline/gpu_idle/trainer/idle"] == pytest.approx(0.6)
+    assert row["pipeline/gpu_idle/trainer/data"] == pytest.approx(0.3)
+    registry = CollectorRegistry()
+    registry.register(SidecarCollector(ExportState("box", 0.0, report=dataclasses.replace(rep, insight=insight))))
+    text = generate_latest(registry).decode()
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((s.labels, s.value))
+    reasons = {lab["reason"]: v for lab, v in samples["dflash_pipeline_gpu_idle_reason_ratio"]}
+    assert set(reasons) == {"data", "queue", "collectives", "host", "unexplained"}
+    assert sum(reasons.values()) == pytest.approx(samples["dflash_pipeline_gpu_idle_ratio"][0][1])
+    console = Console(width=160, record=True)
+    console.print(render(samples))
+    out = console.export_text()
+    assert "bottleneck: input-bound (confidence" in out and "gpu idle trainer: 60% = data 30%" in out
+
+
+def test_explain_names_what_a_plain_loop_lacks() -> None:
+    rep = report(worker("trainer", "0", {"forward": 10, "backward": 20}, 30))
+    data = explain_data(rep, Mapper(), gpu_missing="NVML disabled: --no-gpu-metrics")
+    missing = data["missing"]
+    assert [m["input"] for m in missing["input-bound"]] == ["trainer data_wait"]
+    assert missing["input-bound"][0]["supply"].startswith('timing("data_wait_ms", ...)')
+    assert "host-bound (single role)" not in missing  # every occurrence: no step timing needed
+    assert "GPU busy share (NVML disabled" in missing["compute-bound"][0]["input"]
+    assert "throttled" in missing and "straggler" in missing
+    assert missing["target-bound / queue-starved / host-bound (DFlash)"][0]["supply"].startswith(
+        'timing("drafter.queue_wait_ms", ...)')

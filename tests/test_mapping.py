@@ -1,0 +1,164 @@
+"""The mapping stage: key grammar, presets, user rules and their start-up checks, and that the
+aggregator resolves a name once per series, not per record."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar import config as config_mod
+from sidecar.aggregation.aggregator import PROFILE, Aggregator
+from sidecar.aggregation.verdict import Hysteresis, Verdict
+from sidecar.config import ConfigError
+from sidecar.model.meanings import COUNT, GAUGE, MEANINGS, TIMING
+from sidecar.processing.mapping import PRESETS, Mapper, MappingError, parse_rules
+from trainer_shim.wire import MAX_NAME_BYTES
+
+
+def resolve(name: str, kind: int = TIMING, role: str = "monitor", worker: str = "0", mapper: Mapper | None = None):
+    m = (mapper or Mapper()).resolve(kind, name, role, worker)
+    return m.role, m.worker, m.name, m.meaning
+
+
+@pytest.mark.parametrize(("name", "kind", "expected"), [
+    ("target.model_forward_ms", TIMING, ("target", "0", "model_forward_ms", "forward")),
+    ("target.pack_hidden_ms", TIMING, ("target", "0", "pack_hidden_ms", "pack")),
+    ("target.queue_put_ms", TIMING, ("target", "0", "queue_put_ms", "queue_put_wait")),
+    ("drafter.queue_get_ms", TIMING, ("drafter", "0", "queue_get_ms", "queue_wait")),
+    ("drafter.backward_ms", TIMING, ("drafter", "0", "backward_ms", "backward")),
+    ("drafter.1.tokens", COUNT, ("drafter", "1", "tokens", "tokens")),
+    ("drafter/1/forward_ms", TIMING, ("drafter", "1", "forward_ms", "forward")),
+    ("rank.3.data_wait_ms", TIMING, ("rank", "3", "data_wait_ms", "data_wait")),
+    ("data_time_ms", TIMING, ("monitor", "0", "data_time_ms", "data_wait")),
+    ("allreduce_ms", TIMING, ("monitor", "0", "allreduce_ms", "comm_wait")),
+    ("optimizer_step_ms", TIMING, ("monitor", "0", "optimizer_step_ms", "optimizer")),
+    ("step_ms", TIMING, ("monitor", "0", "step_ms", "step")),
+    ("queue_depth", GAUGE, ("monitor", "0", "queue_depth", "queue_depth")),
+    ("lr", GAUGE, ("monitor", "0", "lr", "lr")),
+])
+def test_key_grammar_and_presets(name: str, kind: int, expected: tuple[str, str, str, str]) -> None:
+    assert resolve(name, kind) == expected
+
+
+def test_unmapped_names_keep_the_channel_labels_and_a_meaning_needs_its_kind() -> None:
+    assert resolve("train/loss_scale", GAUGE) == ("monitor", "0", "train/loss_scale", "")
+    assert resolve("forward_ms", GAUGE)[3] == ""  # a gauge is not a phase timing
+    assert resolve("batches", TIMING)[3] == ""
+    # an unknown first segment is not a role (train/... is a namespace), a numeric worker makes it one
+    assert resolve("train.forward_ms")[:2] == ("monitor", "0")
+    assert resolve("teacher.forward_ms", mapper=Mapper(known_roles=frozenset({"teacher"})))[:2] == ("teacher", "0")
+
+
+def test_every_preset_meaning_is_known_and_no_name_is_listed_twice() -> None:
+    names = [n for _, _, ns in PRESETS for n in ns]
+    assert len(names) == len(set(names))
+    assert {m for _, m, _ in PRESETS} <= set(MEANINGS)
+    # the names the shim's callbacks publish all map
+    for name in ("data_wait_ms", "forward_ms", "backward_ms", "optimizer_step_ms", "step_ms", "comm_wait_ms"):
+        assert resolve(name)[3], name
+    assert resolve("batches", COUNT)[3] == "batches" and resolve("loss", GAUGE)[3] == "loss"
+
+
+def test_user_rules_glob_and_regex_with_captures() -> None:
+    rules = parse_rules([
+        {"match": "loader.*.fetch_ms", "worker": "$1", "phase": "data_wait"},
+        {"regex": r"(?P<role>gen|critic)_rank(\d+)_(fwd|bwd)_ms", "role": "${role}", "worker": "$2", "name": "$3_ms"},
+        {"match": "**.nccl_ms", "name": "$1_comm_ms", "phase": "comm_wait"},
+    ])
+    mapper = Mapper(rules)
+    assert resolve("loader.7.fetch_ms", mapper=mapper) == ("monitor", "7", "loader.7.fetch_ms", "data_wait")
+    assert resolve("critic_rank2_bwd_ms", mapper=mapper) == ("critic", "2", "bwd_ms", "backward")  # + preset
+    assert resolve("a.b.nccl_ms", mapper=mapper) == ("monitor", "0", "a.b_comm_ms", "comm_wait")
+    assert resolve("loader.7.fetch_ms", GAUGE, mapper=mapper)[3] == ""  # a phase rule needs a timing
+    assert mapper.hits == {1: 1, 2: 1, 3: 1}
+    assert Mapper(rules).unused_rules() == list(rules)
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ({"match": "x.*_ms", "phase": "dataload"}, "unknown phase/meaning 'dataload'"),
+    ({"match": "loader.*.fetch_ms", "phase": "data_wait"}, "capture $1 is not used"),
+    ({"regex": r"(?P<r>\w+)_ms", "phase": "forward"}, "capture ${r} is not used"),
+    ({"match": "x_ms", "worker": "$2", "phase": "forward"}, "$2 names a capture the pattern does not have"),
+    ({"regex": r"fwd^_ms", "phase": "forward"}, "can never match any name"),
+    ({"regex": "fwd\n_ms", "phase": "forward"}, "can never match: the names it would match are not valid"),
+    ({"regex": "x" * (MAX_NAME_BYTES + 1), "phase": "forward"}, "can never match"),
+    ({"regex": "(", "phase": "forward"}, "not a valid regex"),
+    ({"match": "a", "regex": "a", "phase": "forward"}, "exactly one of"),
+    ({"match": "a"}, "maps to nothing"),
+    ({"match": "a", "phase": "forward", "colour": "red"}, "unknown key(s) colour"),
+])
+def test_bad_rules_are_refused_with_what_to_fix(table: dict, message: str) -> None:
+    with pytest.raises(MappingError) as exc:
+        parse_rules([table])
+    assert message in str(exc.value) and "mapping rule 1" in str(exc.value)
+
+
+def test_a_rule_shadowed_by_an_earlier_one_can_never_match() -> None:
+    with pytest.raises(MappingError, match="rule 2 .*can never match: rule 1 has the same pattern"):
+        parse_rules([{"match": "f_ms", "phase": "forward"}, {"match": "f_ms", "phase": "backward"}])
+
+
+def test_config_file_mapping_good_and_bad(tmp_path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text('[[mapping]]\nmatch = "loader.*.fetch_ms"\nworker = "$1"\nphase = "data_wait"\n')
+    cfg = config_mod.load({"config_file": str(good)})
+    assert len(cfg.mapping) == 1 and cfg.mapping[0].meaning == "data_wait"
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[mapping]]\nmatch = "loader.*.fetch_ms"\nphase = "data_wait"\n')
+    with pytest.raises(ConfigError, match=r"invalid \[\[mapping\]\] in .*bad.toml: mapping rule 1 .*capture \$1"):
+        config_mod.load({"config_file": str(bad)})
+
+
+class CountingMapper(Mapper):
+    calls = 0
+
+    def resolve(self, kind, raw, role, worker):  # type: ignore[no-untyped-def]
+        type(self).calls += 1
+        return super().resolve(kind, raw, role, worker)
+
+
+def test_names_are_resolved_once_per_series_not_per_record() -> None:
+    agg = Aggregator(mapper=CountingMapper())
+    cache: dict = {}
+    records = [[TIMING, "target.model_forward_ms", 5.0], [COUNT, "drafter.1.tokens", 10]] * 500
+    records += [[PROFILE, 3, {"drafter.queue_get_ms": 1.0, "drafter.forward_ms": 2.0}]] * 100
+    rejected: dict = {}
+    assert agg.ingest("monitor", "0", cache, records, rejected) == len(records) and not rejected
+    assert CountingMapper.calls == 4
+    views = {(v.role, v.worker, v.name): v for v in agg.roll(0.0, 0.0, 1.0).series}
+    fwd = views["target", "0", "model_forward"]
+    assert fwd.meaning == "forward" and not fwd.snapshot and fwd.window["count"] == 500
+    assert views["drafter", "1", "tokens"].meaning == "tokens"
+    get = views["drafter", "0", "queue_get"]
+    assert get.meaning == "queue_wait" and get.snapshot and get.rule == "key grammar + preset dflash"
+
+
+def test_the_same_name_in_two_roles_is_two_series_not_a_collision() -> None:
+    agg = Aggregator()
+    rejected: dict = {}
+    agg.ingest("monitor", "0", {}, [[TIMING, "target.forward_ms", 1.0], [TIMING, "drafter.forward_ms", 2.0]], rejected)
+    assert not rejected
+    assert sorted(v.role for v in agg.roll(0.0, 0.0, 1.0).series) == ["drafter", "target"]
+
+
+def test_a_new_mapper_remaps_on_the_next_record() -> None:
+    agg = Aggregator()
+    cache: dict = {}
+    agg.ingest("t", "0", cache, [[TIMING, "fetch_ms", 1.0]], {})
+    assert [v.meaning for v in agg.roll(0.0, 0.0, 1.0).series] == [""]
+    agg.set_mapper(Mapper(parse_rules([{"match": "fetch_ms", "phase": "data_wait"}])))
+    cache.clear()  # the ingest loop clears every sender's cache when the generation moves
+    agg.ingest("t", "0", cache, [[TIMING, "fetch_ms", 1.0]], {})
+    assert [v.meaning for v in agg.roll(1.0, 1.0, 1.0).series] == ["data_wait"]
+
+
+def test_hysteresis_holds_a_weak_change_for_one_window_and_takes_a_strong_one() -> None:
+    h = Hysteresis()
+    assert h.update(Verdict("balanced", confidence=0.8)).name == "balanced"
+    held = h.update(Verdict("input-bound", (("x", 0.26),), confidence=0.52))
+    assert held.name == "balanced" and "held: input-bound for 1 window" in held.detail
+    assert h.update(Verdict("balanced", confidence=0.8)).name == "balanced"  # noise: back, no flap
+    assert h.update(Verdict("input-bound", confidence=0.52)).name == "balanced"
+    assert h.update(Verdict("input-bound", confidence=0.52)).name == "input-bound"  # two in a row
+    assert h.update(Verdict("host-bound", confidence=0.95)).name == "host-bound"  # clear: at once
+    assert h.update(Verdict("unknown", detail="window too short")).name == "unknown"
+    assert h.shown is not None and h.shown.name == "host-bound"  # the flush window changes nothing
