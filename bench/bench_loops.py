@@ -20,7 +20,10 @@ step: ``publish(step, 8-key profile)``, 3 ``timing``, 2 ``count``, 2 ``gauge``. 
 loops interleave the conditions step by step (shim calls on every other step), so both see the
 same machine load; the others alternate whole runs (without, with, without, ...). Each
 condition's figure is the median step time over all its steps (>= 300), the overhead the ratio of
-the medians. The shim publishes to a real receiver process;
+the medians. On a shared machine that ratio is dominated by noise long before 0.2 %, so the
+run also measures the shim's time on the training thread directly: the shim calls timed as one
+block per step (plain, dataloader), or the time spent inside the callback's hooks per step (hf,
+lightning), its median as a share of the median step. The shim publishes to a real receiver process;
 in the "without" runs it is idle in the process (its flusher wakes every 100 ms and sends a
 heartbeat every 2 s). Also measured, in the plain loop: the cost per shim call *inside* the loop
 (the calls timed as one block each step, after a backward pass has evicted the caches) next to
@@ -126,6 +129,7 @@ class Loader:
         self.iters = {shim: iter(torch.utils.data.DataLoader(
             Items(shim), batch_size=BATCH, num_workers=2, persistent_workers=True,
             multiprocessing_context="fork", prefetch_factor=4)) for shim in (False, True)}
+        self.in_loop_ns: list[int] = []
 
     def run(self, steps: int, shim: bool) -> list[int]:
         times, model, opt, it = [], self.model, self.opt, self.iters[shim]
@@ -137,7 +141,9 @@ class Loader:
             loss.backward()
             opt.step()
             if shim:
+                t0 = time.perf_counter_ns()
                 shim_calls(step, 0.5)
+                self.in_loop_ns.append(time.perf_counter_ns() - t0)
             now = time.perf_counter_ns()
             times.append(now - t_prev)
             t_prev = now
@@ -196,6 +202,28 @@ class StepTimes:
         return [b - a for a, b in zip(self.ends, self.ends[1:], strict=False)]
 
 
+def timed_hooks(cls: type, hooks: tuple[str, ...], per_step: list[int]) -> type:
+    """A subclass of the callback ``cls`` whose ``hooks`` time themselves: the last hook of each
+    step (the last in ``hooks``) appends the step's total (ns) to ``per_step``, the shim's whole
+    cost on the training thread in that step."""
+    acc = [0]
+
+    def wrap(name: str, last: bool) -> Callable[..., None]:
+        base = getattr(cls, name)
+
+        def hook(self: Any, *args: Any, **kwargs: Any) -> None:
+            t0 = time.perf_counter_ns()
+            base(self, *args, **kwargs)
+            acc[0] += time.perf_counter_ns() - t0
+            if last:
+                per_step.append(acc[0])
+                acc[0] = 0
+
+        return hook
+
+    return type(f"Timed{cls.__name__}", (cls,), {name: wrap(name, name == hooks[-1]) for name in hooks})
+
+
 class HF:
     def __init__(self, workdir: str) -> None:
         from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
@@ -213,6 +241,7 @@ class HF:
                 self.clock.tick()
 
         self.tick_cls = Tick
+        self.in_loop_ns: list[int] = []
 
     def run(self, steps: int, shim: bool) -> list[int]:
         from transformers import Trainer, TrainingArguments
@@ -228,7 +257,9 @@ class HF:
                 return {"input_ids": ids, "labels": ids}
 
         clock = StepTimes()
-        callbacks = [self.tick_cls(clock)] + ([SidecarCallback()] if shim else [])
+        timed = timed_hooks(SidecarCallback, ("on_log", "on_step_begin", "on_pre_optimizer_step",
+                                              "on_optimizer_step", "on_step_end"), self.in_loop_ns)
+        callbacks = [self.tick_cls(clock)] + ([timed()] if shim else [])
         args = TrainingArguments(output_dir=self.workdir, max_steps=steps + 1, logging_steps=1,
                                  per_device_train_batch_size=4, report_to=[], use_cpu=True,
                                  save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
@@ -264,6 +295,7 @@ class LightningLoop:
                 self.clock.tick()
 
         self.module_cls, self.tick_cls = Tiny, Tick
+        self.in_loop_ns: list[int] = []
         data = torch.utils.data.TensorDataset(torch.randn(8192, FEATURES), torch.randn(8192, 1))
         self.loader = torch.utils.data.DataLoader(data, batch_size=BATCH)
 
@@ -273,7 +305,10 @@ class LightningLoop:
         from trainer_shim.integrations.lightning import SidecarCallback
 
         clock = StepTimes()
-        callbacks = [self.tick_cls(clock)] + ([SidecarCallback()] if shim else [])
+        timed = timed_hooks(SidecarCallback, ("on_train_batch_start", "on_before_backward",
+                                              "on_after_backward", "on_before_optimizer_step",
+                                              "on_train_batch_end"), self.in_loop_ns)
+        callbacks = [self.tick_cls(clock)] + ([timed()] if shim else [])
         trainer = L.Trainer(max_steps=steps + 1, accelerator="cpu", logger=False,
                             enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False, callbacks=callbacks)
@@ -299,8 +334,10 @@ def compare(loop: Any, rounds: int, steps: int) -> dict[str, float]:
             for shim in (False, True):
                 got[shim].extend(loop.run(steps, shim))
     without, with_ = statistics.median(got[False]), statistics.median(got[True])
+    direct = statistics.median(loop.in_loop_ns) if getattr(loop, "in_loop_ns", None) else float("nan")
     return {"steps": min(len(got[False]), len(got[True])), "without_us": without / 1e3,
-            "with_us": with_ / 1e3, "overhead_pct": 100 * (with_ - without) / without}
+            "with_us": with_ / 1e3, "overhead_pct": 100 * (with_ - without) / without,
+            "direct_us": direct / 1e3, "direct_pct": 100 * direct / without}
 
 
 def tight_loop_cost_ns(repeats: int = 20_000) -> float:
@@ -333,16 +370,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# torch {torch.__version__}, {os.cpu_count()} CPUs, load average at start "
                   f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {args.rounds} x {args.steps} steps "
                   "per condition")
-            print("| loop | steps/condition | median step without | with shim | overhead |")
-            print("| --- | --- | --- | --- | --- |")
+            print("| loop | steps/condition | median step without | with shim | overhead (medians) "
+                  "| shim time on the training thread per step | as % of the step |")
+            print("| --- | --- | --- | --- | --- | --- | --- |")
             plain_loop = None
             for name in args.loops:
                 loop = LOOPS[name](workdir)
                 if name == "plain":
                     plain_loop = loop
                 r = compare(loop, args.rounds, args.steps)
+                direct = ("n/a (replayed inside the compiled frame)" if r["direct_us"] != r["direct_us"]
+                          else f"{r['direct_us']:.1f} us")
+                pct = "n/a" if r["direct_pct"] != r["direct_pct"] else f"{r['direct_pct']:.3f} %"
                 print(f"| {name} | {r['steps']} | {r['without_us']:.1f} us | {r['with_us']:.1f} us "
-                      f"| {r['overhead_pct']:+.2f} % |", flush=True)
+                      f"| {r['overhead_pct']:+.2f} % | {direct} | {pct} |", flush=True)
             if plain_loop is not None and plain_loop.in_loop_ns:
                 in_loop = statistics.median(plain_loop.in_loop_ns) / CALLS_PER_STEP
                 print(f"\nper shim call, plain loop: {in_loop:.0f} ns inside the loop (median of "

@@ -62,9 +62,16 @@ class StepClock:
             self._tm.gauge(name, value)
 
     def scalar(self, name: str, value: Any) -> None:
-        """A tensor (or number) published without synchronizing (``telemetry.scalar``)."""
+        """A tensor (or number) published without synchronizing: a CUDA tensor through
+        ``telemetry.scalar`` (an asynchronous copy), a CPU tensor as a gauge whose value the
+        flusher thread reads (``.item()`` here would cost the training thread microseconds)."""
         detach = getattr(value, "detach", None)
-        self._tm.scalar(name, detach() if detach is not None else value)
+        if detach is None:
+            self.gauge(name, value)
+        elif getattr(value, "is_cuda", False):
+            self._tm.scalar(name, detach())
+        else:
+            self._tm.gauge(name, detach())
 
 
 def announce_wandb_run(run_id: str | None = None) -> None:
