@@ -306,8 +306,8 @@ class LightningLoop:
 
         clock = StepTimes()
         timed = timed_hooks(SidecarCallback, ("on_train_batch_start", "on_before_backward",
-                                              "on_after_backward", "on_before_optimizer_step",
-                                              "on_train_batch_end"), self.in_loop_ns)
+                                              "on_after_backward", "on_train_batch_end"),
+                            self.in_loop_ns)
         callbacks = [self.tick_cls(clock)] + ([timed()] if shim else [])
         trainer = L.Trainer(max_steps=steps + 1, accelerator="cpu", logger=False,
                             enable_checkpointing=False, enable_progress_bar=False,

@@ -7,7 +7,8 @@ Per training batch it publishes ``trainer.global_step`` with ``step_ms`` (batch 
 end), ``data_wait_ms`` (the gap between a batch's end and the next batch's start, where the loop
 fetches the next batch), ``forward_ms`` (batch start to ``on_before_backward``: the training
 step), ``backward_ms`` (``on_before_backward`` to ``on_after_backward``) and
-``optimizer_step_ms`` (``on_before_optimizer_step`` to batch end), and counts ``batches``. The
+``optimizer_step_ms`` (``on_after_backward`` to batch end: the optimizer step, with gradient
+clipping if any), and counts ``batches``. The
 loss goes through ``telemetry.scalar`` (a CUDA loss is copied asynchronously, never read), the
 learning rate is the first optimizer's first group's ``lr`` (a Python float). The W&B run, when
 the trainer has one, is announced at train start. Names: ``trainer_shim.integrations.names``.
@@ -43,10 +44,10 @@ class SidecarCallback(Callback):  # type: ignore[misc]
         self._clock.scalar(names.LOSS, loss)
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
-        self._clock.span(names.BACKWARD_MS, "backward")
-
-    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        # One mark serves both: the optimizer step follows the backward at once (a separate
+        # on_before_optimizer_step hook would cost another cold-cache call per step).
         self._clock.mark("optimizer")
+        self._clock.span(names.BACKWARD_MS, "backward", "optimizer")
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
