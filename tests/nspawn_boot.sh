@@ -41,11 +41,11 @@ cleanup_cgroups() {
     local i tries
     for i in "${!ours[@]}"; do
         echo $$ >"${homes[$i]}/cgroup.procs" 2>/dev/null || true
-        for tries in $(seq 50); do   # processes of a dead container take a moment to go
+        for tries in $(seq 300); do   # processes of a dead container take a moment to go
             [[ -d ${ours[$i]} ]] || break
             find "${ours[$i]}" -depth -type d -exec rmdir {} + 2>/dev/null || true
             [[ -d ${ours[$i]} ]] || break
-            [[ $tries -lt 50 ]] && sleep 0.1
+            [[ $tries -lt 300 ]] && sleep 0.1
         done
         [[ ! -d ${ours[$i]} ]] || echo "$0: could not remove cgroup ${ours[$i]}" >&2
     done

@@ -40,6 +40,9 @@ CONFIG = "/etc/dflash-sidecar/config.toml"
 MAX_EXPOSURE = 4.0
 INTERVAL = 1.0
 """The aggregation window set in the config file, in seconds."""
+PATIENCE_S = 90.0
+"""How long a wait for a condition may take before the test fails: a liveness bound for a loaded
+2-core CI box (a start there pays for importing the daemon), not a performance threshold."""
 
 TRAINER_LOOP = """
 import sys, time
@@ -162,7 +165,8 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
         yield Box(container, result.stdout + result.stderr, install_cmd, api_key)
     finally:
         container.stop()
-    assert harness.leftovers(container.work, container.cgroup) == [], "the container left things behind"
+    wait_until(lambda: harness.leftovers(container.work, container.cgroup) == [], PATIENCE_S, 0.2,
+               "the stopped container to leave nothing behind")
 
 
 # -- install, start, metrics -----------------------------------------------------------------------
@@ -208,7 +212,7 @@ def test_a_group_member_is_counted_exactly_and_a_stranger_is_refused(box: Box) -
     out = box.sh(f"{VENV_PY} -c {shlex.quote(PUBLISHER)} {shlex.quote(spec)}", user="trainer").stdout
     res = json.loads(out.strip().splitlines()[-1])
     assert res["records_total"] >= 4 * 300 and res["records_total"] + sum(res["dropped"].values()) == res["calls"], res
-    wait_until(lambda: box.accepted("member") == res["records_total"], 20, 0.3,
+    wait_until(lambda: box.accepted("member") == res["records_total"], PATIENCE_S, 0.3,
                f"the daemon to count exactly the member's {res['records_total']} records")
 
     refused = box.sh(f"{VENV_PY} -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect(\"{SOCKET}\")'",
@@ -230,7 +234,7 @@ def test_reload_applies_the_change_in_the_same_process(box: Box) -> None:
     cursor = box.journal_cursor()
     try:
         box.sh(f"sed -i 's/^interval = {INTERVAL}$/interval = {longer}/' {CONFIG} && systemctl reload {PLAIN}")
-        wait_until(lambda: "config reloaded (interval)" in box.journal(cursor, PLAIN), 20, 0.2,
+        wait_until(lambda: "config reloaded (interval)" in box.journal(cursor, PLAIN), PATIENCE_S, 0.2,
                    "the daemon to log the reloaded interval")
         assert box.container.main_pid(PLAIN) == pid
         assert box.state(PLAIN) == "active"
@@ -239,7 +243,7 @@ def test_reload_applies_the_change_in_the_same_process(box: Box) -> None:
             after = box.journal(cursor, PLAIN).split("config reloaded (interval)", 1)[-1]
             return any(float(s) > (INTERVAL + longer) / 2 for s in re.findall(r"\bwindow (\d+\.\d)s \|", after))
 
-        wait_until(long_window, 20, 0.3, f"a window of {longer} s")
+        wait_until(long_window, PATIENCE_S, 0.3, f"a window of {longer} s")
     finally:
         box.sh(f"cat > {CONFIG} && systemctl reload {PLAIN}", input=original)
 
@@ -252,7 +256,7 @@ def trainer(box: Box) -> Iterator[int]:
     box.sh(f"systemctl stop {TRAINER_UNIT} 2>/dev/null; systemctl reset-failed {TRAINER_UNIT} 2>/dev/null; "
            f"systemd-run --quiet --unit={TRAINER_UNIT} --description='fake trainer' --uid=trainer --gid=trainer "
            f"{VENV_PY} -c {shlex.quote(TRAINER_LOOP)} {ENDPOINT}")
-    wait_until(lambda: box.accepted("loop") > 0, 30, 0.3, "the fake trainer's records to arrive")
+    wait_until(lambda: box.accepted("loop") > 0, PATIENCE_S, 0.3, "the fake trainer's records to arrive")
     try:
         yield box.container.main_pid(TRAINER_UNIT)
     finally:
@@ -265,7 +269,7 @@ def test_restart_and_the_shim_reconnects(box: Box, trainer: int) -> None:
     after = box.container.main_pid(PLAIN)
     assert after not in (0, before)
     # the new daemon's counters start at zero: anything from the trainer means it reconnected
-    wait_until(lambda: box.accepted("loop") > 0, 30, 0.3, "the trainer's shim to reconnect")
+    wait_until(lambda: box.accepted("loop") > 0, PATIENCE_S, 0.3, "the trainer's shim to reconnect")
     assert box.container.main_pid(TRAINER_UNIT) == trainer
 
 
@@ -277,10 +281,10 @@ def test_kill_9_is_recovered_by_restart(box: Box, trainer: int) -> None:
         shown = box.container.show(PLAIN, "ActiveState", "MainPID", "NRestarts")
         return shown if shown["ActiveState"] == "active" and shown["MainPID"] != before["MainPID"] else {}
 
-    restarted = wait_until(back, 30, 0.3, "Restart= to bring the daemon back")
+    restarted = wait_until(back, PATIENCE_S, 0.3, "Restart= to bring the daemon back")
     assert restarted["MainPID"] not in ("0", before["MainPID"])
     assert int(restarted["NRestarts"]) == int(before["NRestarts"]) + 1
-    wait_until(lambda: box.accepted("loop") > 0, 30, 0.3, "the trainer's shim to reconnect")
+    wait_until(lambda: box.accepted("loop") > 0, PATIENCE_S, 0.3, "the trainer's shim to reconnect")
 
 
 # -- the sandbox, as the daemon sees it -------------------------------------------------------------
@@ -357,7 +361,7 @@ def test_upgrade_restarts_only_the_sidecar(box: Box, trainer: int) -> None:
     assert after.keys() == before.keys(), (before, after)
     assert {unit for unit in before if after[unit] != before[unit]} == {PLAIN}, (before, after)
     assert box.container.main_pid(TRAINER_UNIT) == trainer
-    wait_until(lambda: box.accepted("loop") > 0, 30, 0.3, "the trainer's shim to reconnect after the upgrade")
+    wait_until(lambda: box.accepted("loop") > 0, PATIENCE_S, 0.3, "the trainer's shim to reconnect after the upgrade")
 
 
 def test_no_secret_in_the_journal_or_in_systemctl_show(box: Box) -> None:
@@ -409,5 +413,5 @@ def test_a_killed_test_process_leaves_nothing_behind(box: Box, tmp_path: Path) -
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait(10)
-    wait_until(lambda: harness.leftovers(Path(booted["work"]), booted["cgroup"]) == [], 60, 0.2,
+    wait_until(lambda: harness.leftovers(Path(booted["work"]), booted["cgroup"]) == [], PATIENCE_S, 0.2,
                "the killed test's container to be cleaned up")
