@@ -37,9 +37,17 @@ def missing_daemon_dependencies() -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the daemon's CLI; returns its exit status, or 3 with a message on stderr when the
-    daemon's dependencies are missing (``--version`` needs none of them)."""
+    daemon's dependencies are missing. ``--version`` alone is answered without importing
+    anything that needs a dependency."""
     args = list(sys.argv[1:] if argv is None else argv)
-    missing = [] if args == ["--version"] else missing_daemon_dependencies()
+    if args == ["--version"]:
+        # Answered here, before any import that needs a dependency: an install made without its
+        # dependencies (or a broken one) still says which version it is.
+        from sidecar import __version__
+
+        print(f"{DISTRIBUTION} {__version__}")
+        return 0
+    missing = missing_daemon_dependencies()
     if missing:
         sys.stderr.write(
             f"dflash-sidecar: the daemon needs packages that are not installed: {', '.join(missing)}.\n"
