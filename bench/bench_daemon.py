@@ -495,9 +495,17 @@ def scrape_render_cpu(repeats: int) -> dict[str, float]:
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-    from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
-    from sidecar.exporters.prometheus.page import MetricsPage
-    from sidecar.exporters.prometheus.server import GZIP_LEVEL
+    try:
+        from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
+        from sidecar.exporters.prometheus.page import MetricsPage
+        from sidecar.exporters.prometheus.server import GZIP_LEVEL
+    except ImportError:  # a checkout from before the layout of issue 13, for before/after runs
+        from sidecar.exporters.prometheus import (  # type: ignore[no-redef]
+            GZIP_LEVEL,
+            ExportState,
+            MetricsPage,
+            SidecarCollector,
+        )
     from sidecar.ingest import IngestLoop
 
     class _Stats:

@@ -15,9 +15,10 @@ from collections.abc import Callable
 
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.senders import SenderRegistry, SenderState
+from sidecar.model.messages import BatchMessage
 from sidecar.model.window import IngestHealth, IngestReport, LabelTotals, SenderView
 from sidecar.processing.mapping import Mapper
-from sidecar.sources.decode import BatchMessage, DecodeError, decode
+from sidecar.sources.decode import DecodeError, decode
 from sidecar.sources.receiver import MAX_FRAMES_PER_POLL, Receiver
 
 log = logging.getLogger("sidecar")

@@ -12,7 +12,8 @@ import pytest
 from sidecar.aggregation.aggregator import MAX_ALLOCATOR_SERIES, RESERVED_FAMILIES, Aggregator
 from sidecar.aggregation.senders import MAX_LABEL_PAIRS
 from sidecar.ingest import IngestLoop
-from sidecar.sources.decode import MAX_PROFILE_KEYS, BatchMessage, DecodeError, HelloMessage, decode
+from sidecar.model.messages import BatchMessage, HelloMessage
+from sidecar.sources.decode import MAX_PROFILE_KEYS, DecodeError, decode
 from tests.daemon_harness import NoSocket
 from trainer_shim import wire
 

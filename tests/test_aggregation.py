@@ -12,9 +12,10 @@ from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.senders import SenderRegistry
 from sidecar.aggregation.series import CategorySeries, entropy_bits
 from sidecar.aggregation.sketch import EXACT_LIMIT, RANK_ERROR, QuantileBuffer
+from sidecar.model.messages import BatchMessage
 from sidecar.model.names import counter_token, family_names, metric_token, timing_token
 from sidecar.model.window import COUNT, GAUGE, TIMING
-from sidecar.sources.decode import BatchMessage, DecodeError, decode
+from sidecar.sources.decode import DecodeError, decode
 from trainer_shim import wire
 
 enc = msgspec.msgpack.Encoder()

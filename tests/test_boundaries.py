@@ -131,3 +131,17 @@ def test_no_test_module_doubles_as_a_library() -> None:
     users = [rel(p) for p in modules("tests", "bench")
              if any(n.split(".")[-1].startswith("test_") and n.startswith("tests.") for n in imported(p))]
     assert users == []
+
+
+def test_aggregation_never_imports_sources_or_exporters() -> None:
+    assert importers("sidecar.sources", "sidecar/aggregation") == []
+    assert importers("sidecar.exporters", "sidecar/aggregation") == []
+
+
+def test_every_folder_of_code_is_a_package_the_build_finds() -> None:
+    """A folder without ``__init__.py`` imports as a namespace package from a checkout but is left
+    out of the wheel (``setuptools.packages.find``): the installed daemon would miss it."""
+    from setuptools import find_packages
+
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in modules(*PRODUCT)}
+    assert folders - set(find_packages(str(ROOT), include=["trainer_shim*", "sidecar*"])) == set()

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.model.messages import BatchMessage, HelloMessage
 from sidecar.model.window import LIVE_S, LabelTotals
-from sidecar.sources.decode import BatchMessage, HelloMessage
 
 MAX_SENDERS = 4096
 MAX_LABEL_PAIRS = 1024

@@ -8,12 +8,12 @@ run keeps the shim it started with while the daemon is upgraded under it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Annotated, Any, TypeGuard, Union
 
 import msgspec
 from msgspec import Meta
 
+from sidecar.model.messages import BatchMessage, HelloMessage, Message
 from sidecar.model.names import label_value
 from trainer_shim.wire import MAX_MESSAGE_BYTES, MAX_RECORDS_PER_BATCH, Hello, MessageKind
 
@@ -63,28 +63,6 @@ class DecodeError(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class HelloMessage:
-    sender: int
-    seq: int
-    info: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class BatchMessage:
-    sender: int
-    seq: int
-    role: str
-    worker: str
-    step: int | None
-    records_total: int
-    dropped: dict[str, int]
-    records: list[Any]
-
-
-Message = HelloMessage | BatchMessage
 
 
 def decode(frame: bytes | memoryview) -> Message:

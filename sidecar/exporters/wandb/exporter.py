@@ -2,9 +2,10 @@
 
 The one module of the daemon that imports ``wandb``, and only lazily, on the exporter's own
 thread: the daemon starts fast and works without W&B. Everything the caller touches
-(``submit``, ``on_trainer_hello``, ``stats``, ``shutdown``) returns at once or within its
-stated timeout, whatever W&B does; the wandb calls (which can block for seconds when the wandb
-service stalls) happen behind a bounded queue whose drops are counted by reason.
+(``consume`` and ``submit``, ``hello`` and ``on_trainer_hello``, ``stats``, ``shutdown``)
+returns at once or within its stated timeout, whatever W&B does; the wandb calls (which can
+block for seconds when the wandb service stalls) happen behind a bounded queue whose drops are
+counted by reason.
 
 How the run is chosen and why (shared mode, refusal, offline fallback): ``join``.
 Users' page: ``docs/WANDB.md``.
