@@ -56,6 +56,9 @@ def test_host_bound_compute_bound_throttled_and_straggler_for_a_loop() -> None:
     v = compute_insight(loop(LOOP, cycle_ms=49), gpus=busy).verdict
     assert v.name == "compute-bound" and dict(v.evidence)["gpu_busy"] == pytest.approx(0.96)
     assert compute_insight(loop(LOOP, cycle_ms=49), gpus=GpuFacts(busy={"0": 0.5})).verdict.name == "balanced"
+    unknown_gpu = compute_insight(loop(LOOP, cycle_ms=49)).verdict
+    assert unknown_gpu.name == "balanced" and unknown_gpu.detail == "no GPU busy data from NVML to tell compute-bound"
+    assert ")" not in unknown_gpu.detail  # the console line's evidence ends at the first ")"
     hot = GpuFacts({"0": frozenset({"hw_slowdown"})}, busy={"0": 0.97})
     assert compute_insight(loop(LOOP, cycle_ms=49), gpus=hot).verdict.name == "throttled"
     slow = {k: v * 2.5 for k, v in LOOP.items()}

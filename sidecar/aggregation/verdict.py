@@ -189,7 +189,7 @@ def _single_role(f: RoleFacts, busy: float | None, s: InsightSettings) -> tuple[
         return Verdict("compute-bound", gpu + ((f"{r}.busy", busy_share),) + evidence[:2],
                        confidence=confidence(busy, s.compute_busy_ratio)), r
     closest = max((v / t for _, _, v, t in known), default=0.0)
-    detail = "" if busy is not None else "no GPU busy data (NVML) to tell compute-bound"
+    detail = "" if busy is not None else "no GPU busy data from NVML to tell compute-bound"
     return Verdict("balanced", evidence, detail, confidence=confidence(min(closest, 1.0), 1.0)), r
 
 
