@@ -55,6 +55,8 @@ class ExportState:
     wandb: Callable[[], WandbStatsLike] | None = None
     explain: Callable[[], Any] | None = None
     """JSON-able mapping report served on ``/explain`` (``dflash-sidecar explain``)."""
+    http: Callable[[], list[Metric]] | None = None
+    """The metrics server's own counters (connections accepted, closed early by reason)."""
 
 
 class SidecarCollector(Collector):
@@ -84,6 +86,8 @@ class SidecarCollector(Collector):
             sources.append(("wandb", lambda: wandb_families(host, wandb())))
         if gpus is not None:
             sources.append(("gpu", lambda: gpu_metric_families(gpus(), host, time.monotonic())))
+        if state.http is not None:
+            sources.append(("http", state.http))
         return sources
 
     def guarded(self, name: str, source: Callable[[], Any], empty: Any = ()) -> Any:
