@@ -160,8 +160,10 @@ class Daemon:
             return
         self._stopped = True
         systemd.notify("STOPPING=1")
-        if self.ingest is not None:
-            self.ingest.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2)
+        if self.ingest is not None and not self.ingest.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2):
+            log.error("dflash-sidecar: ingest did not stop within %.1f s; its final window is lost",
+                      SHUTDOWN_TIMEOUT_S / 2)
+            self.ingest.receiver.remove_files()
         if self.nvml is not None:
             self.nvml.shutdown()
         for exporter in self.exporters:  # Prometheus after W&B: it serves until the end

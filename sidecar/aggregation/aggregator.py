@@ -105,18 +105,25 @@ class Aggregator:
         the steps its profiles carry. Returns the number accepted; rejections are added to
         ``rejected`` by reason."""
         accepted = 0
+        memo: dict[Any, Any] = {}
+        """This batch's names whose outcome ``cache`` does not keep (``cardinality``, or rejections
+        beyond its bound): each is resolved once per batch, so a batch's work is bounded by its size."""
         for rec in records:
             if rec.__class__ is not list or len(rec) != 3:
                 rejected["malformed_record"] = rejected.get("malformed_record", 0) + 1
                 continue
             kind, name, value = rec
             if kind == PROFILE or kind == ALLOCATOR:
-                reason = self._special(kind, name, value, role, worker, cache, sender)
+                reason = self._special(kind, name, value, role, worker, cache, sender, memo)
             else:
                 try:
                     add = cache[kind, name]
                 except KeyError:
-                    add = self._resolve(kind, name, role, worker, cache)
+                    add = memo.get((kind, name))
+                    if add is None:
+                        add = self._resolve(kind, name, role, worker, cache)
+                        if (kind, name) not in cache:
+                            memo[kind, name] = add
                 except TypeError:
                     add = "bad_name"
                 if add.__class__ is str:
@@ -183,12 +190,12 @@ class Aggregator:
         return add
 
     def _special(self, kind: int, name: Any, value: Any, role: str, worker: str,
-                 cache: dict[Any, Any], sender: int) -> str | None:
+                 cache: dict[Any, Any], sender: int, memo: dict[Any, Any]) -> str | None:
         if kind == PROFILE:
             if name.__class__ is not int or name < 0 or value.__class__ is not dict:
                 return "invalid_value"
             self._steps[sender] = (role, worker, name)
-            self._profile(value, role, worker, cache)
+            self._profile(value, role, worker, cache, memo)
             return None
         if (name.__class__ is not int or name < 0 or value.__class__ is not list or len(value) != 3
                 or not all(v.__class__ is int and v >= 0 for v in value)):
@@ -199,7 +206,8 @@ class Aggregator:
         self._allocator[device] = (value[0], value[1], value[2])
         return None
 
-    def _profile(self, profile: dict[Any, Any], role: str, worker: str, cache: dict[Any, Any]) -> None:
+    def _profile(self, profile: dict[Any, Any], role: str, worker: str, cache: dict[Any, Any],
+                 memo: dict[Any, Any]) -> None:
         """A profile dict's entries: ``*_ms`` keys are timings, the others gauges. The sender's
         cache maps (PROFILE, key) to the entry's series, so the kind is decided once per key."""
         rejected = self.profile_entries_rejected
@@ -207,7 +215,11 @@ class Aggregator:
             try:
                 add = cache[PROFILE, entry]
             except KeyError:
-                add = self._resolve_entry(entry, role, worker, cache)
+                add = memo.get((PROFILE, entry))
+                if add is None:
+                    add = self._resolve_entry(entry, role, worker, cache)
+                    if (PROFILE, entry) not in cache:
+                        memo[PROFILE, entry] = add
             except TypeError:
                 add = "bad_name"
             if add.__class__ is str:
