@@ -103,10 +103,10 @@ class IngestLoop:
             while not self._stop.is_set():
                 timeout_ms = max(0, int((self._window_start + self.interval_s - self.clock()) * 1000))
                 frames = self.receiver.poll(min(timeout_ms, 200))
-                for frame in frames:
+                for frame, peer in zip(frames, self._peers(frames)):
                     if self._past_drain_deadline():
                         break  # a backlog must not delay the final window past the shutdown join
-                    self.handle_frame(frame)
+                    self.handle_frame(frame, peer)
                     self._roll_if_due()  # per frame: a backlog of big frames must not stretch a window
                 self._roll_if_due()
                 if frames and not self.receiver.backlog:
@@ -115,10 +115,10 @@ class IngestLoop:
             # still waits after it is left: its senders' next daemon counts it (before_join).
             while not self._past_drain_deadline():
                 frames = self.receiver.poll(0)
-                for frame in frames:
+                for frame, peer in zip(frames, self._peers(frames)):
                     if self._past_drain_deadline():
                         break
-                    self.handle_frame(frame)
+                    self.handle_frame(frame, peer)
                 if not frames:
                     break
             now = self.clock()
@@ -134,8 +134,13 @@ class IngestLoop:
             self._roll(now, now - self._window_start)
             self._window_start = now
 
-    def handle_frame(self, frame: bytes) -> None:
-        """Decode, account and aggregate one frame. Never raises."""
+    def _peers(self, frames: list[bytes]) -> list[int | None]:
+        peers = getattr(self.receiver, "peers", None)
+        return peers if peers is not None and len(peers) == len(frames) else [None] * len(frames)
+
+    def handle_frame(self, frame: bytes, peer_pid: int | None = None) -> None:
+        """Decode, account and aggregate one frame. ``peer_pid``: the process at the other end of
+        its connection, where the kernel says (ipc). Never raises."""
         registry = self.registry
         if self._next_mapper is not None:
             self.aggregator.set_mapper(self._next_mapper)
@@ -148,7 +153,7 @@ class IngestLoop:
         now = self.clock()
         try:
             if isinstance(msg, BatchMessage):
-                state = registry.on_batch(msg, now, time.time())
+                state = registry.on_batch(msg, now, time.time(), peer_pid)
                 if state is None:
                     return
                 if self.aggregator.generation != self._generation:
@@ -162,7 +167,7 @@ class IngestLoop:
                 self._accepted_in_window += accepted
                 self.last_data_monotonic = now
             else:
-                state = registry.on_hello(msg, now)
+                state = registry.on_hello(msg, now, peer_pid)
                 if state is not None and self.on_hello is not None:
                     self.on_hello(state)
         except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on

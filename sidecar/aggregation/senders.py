@@ -27,6 +27,14 @@ so that exported counters stay monotonic); a batch under a further pair is dropp
 (``messages_dropped{reason="too_many_labels"}``)."""
 SENDER_TTL_S = 600.0
 """A sender silent this long is forgotten (its cumulative counts stay in the role totals)."""
+MAX_CALLS_PER_S = 10_000_000
+"""More record calls per second than any one sender can make (the shim costs about 0.2 us a
+call). A sender's claimed ``records_total + sum(dropped)`` above this rate over its age is no
+claim a real process can make: the message is dropped (``messages_dropped{reason="impossible_count"}``)."""
+MAX_SENDER_AGE_S = 30 * 86400.0
+"""The age a sender's claims are bounded by when its hello gives none (or an older one)."""
+CLAIM_SLACK_S = 60.0
+"""Added to a sender's age: clocks of the trainer and the daemon may differ a little."""
 
 
 @dataclass(slots=True)
@@ -48,6 +56,8 @@ class SenderState:
     sender_dropped: dict[str, int] = field(default_factory=dict)
     cache: dict[Any, Any] = field(default_factory=dict)
     seen_batch: bool = False
+    peer_pid: int | None = None
+    """The process whose connection this sender's first message came on (ipc only)."""
 
     @property
     def pid(self) -> int | None:
@@ -81,8 +91,22 @@ class SenderRegistry:
             state = self.senders[sender] = SenderState(sender, role, worker, now, now)
         return state
 
-    def on_hello(self, msg: HelloMessage, now: float) -> SenderState | None:
-        """Record a hello. Returns the sender's state, or None if refused (too many senders)."""
+    def _wrong_peer(self, state: SenderState, peer_pid: int | None, claimed_pid: Any = None) -> bool:
+        """Whether a message for ``state`` came from another process than the sender's (counted
+        ``wrong_peer``): a sender id is bound to the pid its first message came from, and a hello
+        may not claim another pid than its connection's. Unknown (tcp) peers are not checked."""
+        if peer_pid is None:
+            return False
+        if state.peer_pid is None:
+            state.peer_pid = peer_pid
+        if state.peer_pid != peer_pid or (claimed_pid.__class__ is int and claimed_pid != peer_pid):
+            self.drop_message("wrong_peer")
+            return True
+        return False
+
+    def on_hello(self, msg: HelloMessage, now: float, peer_pid: int | None = None) -> SenderState | None:
+        """Record a hello. Returns the sender's state, or None if refused (too many senders, or
+        from another process than the sender's)."""
         info = msg.info
         role, worker = info.get("role"), info.get("worker")
         role = role if isinstance(role, str) else "unknown"  # decoded: exactly str or not at all
@@ -91,17 +115,26 @@ class SenderRegistry:
         if state is None:
             self.drop_message("too_many_senders")
             return None
+        if self._wrong_peer(state, peer_pid, info.get("pid")):
+            return None
         state.hello = info
         state.last_seen = now
         self._check_seq(state, msg.seq)
         return state
 
-    def on_batch(self, msg: BatchMessage, now: float, now_unix: float) -> SenderState | None:
+    def on_batch(self, msg: BatchMessage, now: float, now_unix: float,
+                 peer_pid: int | None = None) -> SenderState | None:
         """Account a batch's header. Returns the state to aggregate into, or None if the batch
         must be dropped (counted here)."""
         state = self._state(msg.sender, msg.role, msg.worker, now)
         if state is None:
             self.drop_message("too_many_senders")
+            return None
+        if self._wrong_peer(state, peer_pid):
+            return None
+        if msg.records_total + sum(msg.dropped.values()) > MAX_CALLS_PER_S * (_age_s(state, now, now_unix)
+                                                                            + CLAIM_SLACK_S):
+            self.drop_message("impossible_count")
             return None
         n = len(msg.records)
         previous = state.records_total if state.seen_batch else None
@@ -161,3 +194,13 @@ class SenderRegistry:
     def live(self, now: float, within_s: float = LIVE_S) -> list[SenderState]:
         """Senders heard from in the last ``within_s`` seconds (``LIVE_S``: the live ones)."""
         return [st for st in self.senders.values() if now - st.last_seen <= within_s]
+
+
+def _age_s(state: SenderState, now: float, now_unix: float) -> float:
+    """How long the sender can have been making calls: since the start its hello states, at most
+    ``MAX_SENDER_AGE_S`` before the daemon first heard of it."""
+    started = (state.hello or {}).get("started_unix_s")
+    before = MAX_SENDER_AGE_S
+    if (started.__class__ is float or started.__class__ is int) and started <= now_unix:
+        before = min(before, now_unix - started - (now - state.first_seen))
+    return max(0.0, before) + (now - state.first_seen)

@@ -62,6 +62,10 @@ class Receiver:
         self.stats = ReceiverStats()
         self.backlog = False
         """The last ``poll`` stopped at its frame or byte cap: more frames are waiting."""
+        self.peers: list[int | None] = []
+        """For each frame of the last ``poll``: the pid of the process at the other end of its
+        ipc connection (the kernel's ``SO_PEERCRED``, which ZeroMQ reads when the connection is
+        accepted), or None (tcp)."""
         self._closed = False
         self._locks: list[int] = []
         self._ipc_paths: list[str] = []
@@ -130,15 +134,19 @@ class Receiver:
         ``MAX_FRAMES_PER_POLL`` frames or about ``POLL_MAX_BYTES``). One wait covers the frames
         and the disconnect monitor."""
         frames: list[bytes] = []
+        peers: list[int | None] = []
         self.backlog = False
+        self.peers = peers
         ready = dict(self._poller.poll(timeout_ms))
         if self._sock in ready:
             recv = self._sock.recv
             nbytes = 0
             try:
                 for _ in range(MAX_FRAMES_PER_POLL):
-                    frame = recv(zmq.NOBLOCK)
+                    msg = recv(zmq.NOBLOCK, copy=False)
+                    frame = msg.bytes
                     frames.append(frame)
+                    peers.append(peer_pid(msg))
                     nbytes += len(frame)
                     if nbytes >= POLL_MAX_BYTES:
                         break
@@ -186,6 +194,20 @@ class Receiver:
         locks, self._locks = self._locks, []
         for fd in locks:
             os.close(fd)
+
+
+def peer_pid(msg: zmq.Frame) -> int | None:
+    """The pid in a frame's ``Peer-Address`` property, which libzmq sets for an ipc connection to
+    ``host:uid:gid:pid`` from the kernel's peer credentials; None for tcp or when absent."""
+    try:
+        address = msg.get("Peer-Address")
+    except zmq.ZMQError:
+        return None
+    parts = address.rsplit(":", 3)
+    if len(parts) == 4 and parts[1].isdigit() and parts[2].isdigit() and parts[3].isdigit():
+        pid = int(parts[3])
+        return pid if pid > 0 else None
+    return None
 
 
 def _check_directory(directory: str) -> None:
