@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.aggregation.series import CategorySeries, CounterSeries, GaugeSeries, Series, TimingSeries
+from sidecar.aggregation.series import CategorySeries, CounterSeries, GaugeSeries, Series, TimingSeries, rejection
 from sidecar.model.names import claimed_names, counter_token, metric_token, timing_token
 from sidecar.model.window import ALLOCATOR, CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING, SeriesView, WindowReport
 from sidecar.processing.mapping import Mapper
@@ -132,7 +132,7 @@ class Aggregator:
                     accepted += 1
                     continue
                 else:
-                    reason = "invalid_value"
+                    reason = rejection(value)
             if reason is None:
                 accepted += 1
             else:
@@ -227,7 +227,7 @@ class Aggregator:
             elif add(number):
                 continue
             else:
-                reason = profile_entry_problem(entry, number) or "invalid_value"
+                reason = profile_entry_problem(entry, number) or rejection(number)
             k = (role, worker, reason)
             rejected[k] = rejected.get(k, 0) + 1
 

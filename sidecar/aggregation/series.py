@@ -14,6 +14,13 @@ from sidecar.aggregation.sketch import EXACT_LIMIT, QuantileBuffer
 
 INF = math.inf
 
+MAX_MAGNITUDE = 1e18
+"""Largest timing (ms: 31 million years) or counter increment a record may carry. No trainer
+produces more, and with it a series' lifetime sum stays finite: two timings of 1e308 made a
+``_sum`` +Inf for the daemon's life. Larger values are rejected as ``out_of_range``."""
+MAX_GAUGE_MAGNITUDE = 1e150
+"""Largest gauge magnitude: a window's mean over any number of values stays finite."""
+
 MAX_CATEGORY_KEYS = 64
 """Distinct keys kept per category series; further keys are counted under ``OTHER_KEY``."""
 OTHER_KEY = "_other"
@@ -29,7 +36,7 @@ class TimingSeries:
     updated: float = 0.0
 
     def add(self, value: object) -> bool:
-        if (value.__class__ is float or value.__class__ is int) and 0.0 <= value < INF:  # type: ignore[operator]
+        if (value.__class__ is float or value.__class__ is int) and 0.0 <= value <= MAX_MAGNITUDE:  # type: ignore[operator]
             window = self.values.window  # QuantileBuffer.append, inlined: the hottest path
             window.append(value)  # type: ignore[arg-type]
             if len(window) >= EXACT_LIMIT:
@@ -55,7 +62,7 @@ class CounterSeries:
     updated: float = 0.0
 
     def add(self, value: object) -> bool:
-        if (value.__class__ is int or value.__class__ is float) and 0.0 <= value < INF:  # type: ignore[operator]
+        if (value.__class__ is int or value.__class__ is float) and 0.0 <= value <= MAX_MAGNITUDE:  # type: ignore[operator]
             self.window += value  # type: ignore[operator]
             return True
         return False
@@ -78,7 +85,8 @@ class GaugeSeries:
     updated: float = 0.0
 
     def add(self, value: object) -> bool:
-        if (value.__class__ is float or value.__class__ is int) and -INF < value < INF:  # type: ignore[operator]
+        if (value.__class__ is float or value.__class__ is int) and \
+                -MAX_GAUGE_MAGNITUDE <= value <= MAX_GAUGE_MAGNITUDE:  # type: ignore[operator]
             self.last = value  # type: ignore[assignment]
             self.count += 1
             self.total += value  # type: ignore[operator]
@@ -140,6 +148,15 @@ def entropy_bits(counts: object) -> float:
     if total == 0:
         return 0.0
     return -sum((c / total) * math.log2(c / total) for c in values) + 0.0
+
+
+def rejection(value: object) -> str:
+    """Why ``add`` refused ``value``: ``out_of_range`` for a finite number beyond the bounds above,
+    ``invalid_value`` for anything else (NaN, infinities, negative durations, wrong types)."""
+    if (value.__class__ is float or value.__class__ is int) and math.isfinite(value):  # type: ignore[arg-type]
+        if abs(value) > MAX_GAUGE_MAGNITUDE or value > MAX_MAGNITUDE:  # type: ignore[operator, arg-type]
+            return "out_of_range"
+    return "invalid_value"
 
 
 Series = TimingSeries | CounterSeries | GaugeSeries | CategorySeries

@@ -94,7 +94,7 @@ class SidecarCollector(Collector):
         """``source()`` materialized (a list of families, or text), or ``empty`` if it failed."""
         try:
             result = source()
-            return result if isinstance(result, str) else list(result)
+            return result if isinstance(result, str) else _finite_only(list(result))
         except Exception:  # noqa: BLE001 - degrade the scrape, never fail it
             if name not in self._failed:
                 self._failed.add(name)
@@ -107,6 +107,16 @@ def explain_json(collector: SidecarCollector) -> bytes:
     explain = collector.state.explain
     data = collector.guarded("explain", lambda: [explain()], [{}])[0] if explain is not None else {}
     return json.dumps(data).encode()
+
+
+def _finite_only(families: list[Any]) -> list[Any]:
+    """``families`` without NaN or infinite samples: a derived figure (a ratio over an empty
+    window, say) is absent rather than NaN. Trainer gauges never hold one (aggregation refuses
+    them), so no sample a trainer sent is lost here. Items that are not families pass as they are."""
+    for family in families:
+        if isinstance(family, Metric) and not all(math.isfinite(sample.value) for sample in family.samples):
+            family.samples = [sample for sample in family.samples if math.isfinite(sample.value)]
+    return families
 
 
 def start_family(state: ExportState) -> Metric:
