@@ -84,6 +84,13 @@ def _names(n: int) -> Iterator[bytes]:
                            [[3, f"name_{j}", 1.0] for j in range(i, i + per)]])
 
 
+def _timing_names(n: int) -> Iterator[bytes]:
+    per = 1000
+    for i in range(0, n, per):
+        yield _enc.encode([1, 2, 24, i // per, "flood", "t", None, i + per, {},
+                           [[1, f"name_{j}_ms", 1.0] for j in range(i, i + per)]])
+
+
 def _labels(n: int) -> Iterator[bytes]:
     for i in range(n):
         yield _enc.encode([1, 2, 22, i, f"role{i}", f"worker{i}", i, i + 1, {}, [[2, "c", 1]]])
@@ -116,6 +123,7 @@ FLOODS = (
     Flood(f"{LIMIT} of nesting (deep)", _deep, 100),
     Flood(f"{LIMIT} single maps (huge)", _huge_map, 100),
     Flood(f"{LIMIT} hellos, distinct senders", _hellos, 100),
+    Flood("distinct timing names", _timing_names, 100_000),
     Flood("distinct metric names", _names, 100_000),
     Flood("distinct (role, worker) values", _labels, 20_000),
     Flood("distinct allocator devices", _devices, 20_000),
