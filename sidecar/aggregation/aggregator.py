@@ -12,7 +12,16 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.aggregation.series import CategorySeries, CounterSeries, GaugeSeries, Series, TimingSeries, rejection
+from sidecar.aggregation.series import (
+    WINDOW_KEYS_BUDGET,
+    CategorySeries,
+    CounterSeries,
+    GaugeSeries,
+    KeyBudget,
+    Series,
+    TimingSeries,
+    rejection,
+)
 from sidecar.model.names import claimed_names, counter_token, metric_token, timing_token
 from sidecar.model.window import ALLOCATOR, CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING, SeriesView, WindowReport
 from sidecar.processing.mapping import Mapper
@@ -82,6 +91,9 @@ class Aggregator:
         self._allocator: dict[tuple[str, str, int], tuple[int, int, int]] = {}
         self.profile_entries_rejected: dict[tuple[str, str, str], int] = {}
         """(role, worker, reason) -> profile entries skipped."""
+        self._key_budget = KeyBudget()
+        self._factories: dict[int, Callable[[], Series]] = {
+            **_FACTORIES, CATEGORY: lambda: CategorySeries(budget=self._key_budget)}
         self.generation = 0
         """Bumped whenever series expire: senders' (kind, name) caches must then be cleared."""
 
@@ -145,7 +157,7 @@ class Aggregator:
         the reason its records are refused; cached in ``cache`` (rejections only up to a bound,
         and never ``cardinality``: room may free up). The mapping stage runs here, once per
         sender and name, never per record."""
-        factory = _FACTORIES.get(kind) if kind.__class__ is int else None
+        factory = self._factories.get(kind) if kind.__class__ is int else None
         if factory is None:
             return "unknown_kind"
         problem = name_problem(name)
@@ -265,6 +277,7 @@ class Aggregator:
         None); the steps of senders not in ``known_senders`` are forgotten."""
         views = []
         expired = []
+        self._key_budget.left = WINDOW_KEYS_BUDGET
         for key, series in self._series.items():
             kind, token, role, worker = key
             if isinstance(series, CounterSeries):

@@ -22,8 +22,23 @@ MAX_GAUGE_MAGNITUDE = 1e150
 """Largest gauge magnitude: a window's mean over any number of values stays finite."""
 
 MAX_CATEGORY_KEYS = 64
-"""Distinct keys kept per category series; further keys are counted under ``OTHER_KEY``."""
+"""Distinct keys exported per category series (cumulative totals); further keys are counted
+under ``OTHER_KEY``."""
+MAX_WINDOW_KEYS = 1024
+"""Distinct keys one category series counts within a window, for its entropy and distribution:
+the entropy is exact up to this many keys (with 64, 100 even keys read 4.78 bits for 6.64)."""
+WINDOW_KEYS_BUDGET = 100_000
+"""Keys beyond the first ``MAX_CATEGORY_KEYS`` that all category series together may count in
+one window (a few MB): past it, further new keys fall into ``OTHER_KEY`` and that window's
+entropy is a lower bound."""
 OTHER_KEY = "_other"
+
+
+@dataclass(slots=True)
+class KeyBudget:
+    """The window's remaining ``WINDOW_KEYS_BUDGET``, shared by all category series."""
+
+    left: int = WINDOW_KEYS_BUDGET
 
 
 @dataclass(slots=True)
@@ -113,6 +128,7 @@ class CategorySeries:
     window: dict[str | int, int] = field(default_factory=dict)
     totals: dict[str, int] = field(default_factory=dict)
     updated: float = 0.0
+    budget: KeyBudget = field(default_factory=KeyBudget)
 
     def add(self, value: object) -> bool:
         if value.__class__ is int or (value.__class__ is str and 0 < len(value) <= 64 and value.isprintable()):  # type: ignore[arg-type]
@@ -120,6 +136,9 @@ class CategorySeries:
             if value in window:
                 window[value] += 1  # type: ignore[index]
             elif len(window) < MAX_CATEGORY_KEYS:
+                window[value] = 1  # type: ignore[index]
+            elif len(window) < MAX_WINDOW_KEYS and self.budget.left > 0:
+                self.budget.left -= 1
                 window[value] = 1  # type: ignore[index]
             else:
                 window[OTHER_KEY] = window.get(OTHER_KEY, 0) + 1

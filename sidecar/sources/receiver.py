@@ -203,6 +203,8 @@ def peer_pid(msg: zmq.Frame) -> int | None:
         address = msg.get("Peer-Address")
     except zmq.ZMQError:
         return None
+    if not isinstance(address, str):
+        return None
     parts = address.rsplit(":", 3)
     if len(parts) == 4 and parts[1].isdigit() and parts[2].isdigit() and parts[3].isdigit():
         pid = int(parts[3])
