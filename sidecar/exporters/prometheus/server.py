@@ -143,6 +143,12 @@ class MetricsServer:
         self._closed = False
 
     def start(self) -> None:
+        # Both render threads now, not at the first scrapes: the daemon's thread count is then
+        # the same before and after any number of clients.
+        ready = threading.Barrier(RENDER_THREADS + 1)
+        for _ in range(RENDER_THREADS):
+            self._pool.submit(ready.wait)
+        ready.wait(5.0)
         self._thread.start()
 
     # -- loop thread ------------------------------------------------------------------------------
