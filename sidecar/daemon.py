@@ -24,6 +24,7 @@ from sidecar.config import Config, ConfigError
 from sidecar.exporters.base import Exporter
 from sidecar.exporters.console import ConsoleExporter
 from sidecar.exporters.prometheus.exporter import PrometheusExporter
+from sidecar.exporters.prometheus.server import raise_nofile_limit
 from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
 from sidecar.ingest import IngestLoop
 from sidecar.model.insight import PipelineInsight
@@ -78,6 +79,7 @@ class Daemon:
         """Bind the endpoints and the Prometheus port, start ingest, NVML and the exporters.
         Raises ``sources.receiver.EndpointError`` or ``OSError`` with a message saying what to fix."""
         cfg = self.config
+        raise_nofile_limit()  # before anything opens descriptors: the HTTP side's reserve is sized on it
         receiver = Receiver(list(cfg.endpoint))
         try:
             self.prometheus.start()
@@ -158,8 +160,10 @@ class Daemon:
             return
         self._stopped = True
         systemd.notify("STOPPING=1")
-        if self.ingest is not None:
-            self.ingest.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2)
+        if self.ingest is not None and not self.ingest.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2):
+            log.error("dflash-sidecar: ingest did not stop within %.1f s; its final window is lost",
+                      SHUTDOWN_TIMEOUT_S / 2)
+            self.ingest.receiver.remove_files()
         if self.nvml is not None:
             self.nvml.shutdown()
         for exporter in self.exporters:  # Prometheus after W&B: it serves until the end

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -63,12 +64,20 @@ def env(**extra: str) -> dict[str, str]:
     return e
 
 
-def spawn_sidecar(args: list[str], log_path: Path, environ: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def spawn_sidecar(args: list[str], log_path: Path, environ: dict[str, str] | None = None,
+                  nofile: int | None = None) -> subprocess.Popen[bytes]:
     """``python -m sidecar ARGS`` from this checkout in ``log_path``'s folder, stdout and stderr to
-    ``log_path``. ``environ``: the whole environment (default ``env()``)."""
+    ``log_path``. ``environ``: the whole environment (default ``env()``). ``nofile``: the open-file
+    limit it runs under (soft and hard)."""
+
+    def limit() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     with open(log_path, "wb") as log:
         return subprocess.Popen([sys.executable, "-m", "sidecar", *args], stdout=log, stderr=subprocess.STDOUT,
-                                env=environ if environ is not None else env(), cwd=log_path.parent)
+                                env=environ if environ is not None else env(), cwd=log_path.parent,
+                                preexec_fn=limit if nofile is not None else None)
 
 
 class DaemonProc:
@@ -76,7 +85,8 @@ class DaemonProc:
 
     def __init__(self, tmp: Path, *args: str, endpoint: str | None = None, port: int | None = None,
                  interval: float | None = 0.5, extra_env: dict[str, str] | None = None, wait: bool = True,
-                 gpu: bool = False) -> None:
+                 gpu: bool = False, nofile: int | None = None) -> None:
+        """``nofile``: run the daemon with this open-file limit, soft and hard."""
         self.port = port or free_port()
         self.endpoint = endpoint or f"ipc://{tmp}/sidecar.sock"
         self.log_path = tmp / f"daemon-{self.port}.log"
@@ -87,7 +97,7 @@ class DaemonProc:
             cmd += ["--interval", str(interval)]
         if endpoint is not False:
             cmd += ["--endpoint", self.endpoint]
-        self.proc = spawn_sidecar(cmd, self.log_path, env(**(extra_env or {})))
+        self.proc = spawn_sidecar(cmd, self.log_path, env(**(extra_env or {})), nofile=nofile)
         if wait:
             self.wait_ready()
 

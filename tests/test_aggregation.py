@@ -55,8 +55,9 @@ def test_entropy_and_category_overflow() -> None:
         assert series.add(key)
     assert not series.add(1.5) and not series.add("") and not series.add(None)
     stats = series.roll()
-    assert stats is not None and stats["count"] == 70 and len(stats["distribution"]) == 65  # 64 keys + _other
-    assert series.totals["_other"] == 6
+    assert stats is not None and stats["count"] == 70 and len(stats["distribution"]) == 70  # every key of the window
+    assert stats["entropy_bits"] == pytest.approx(math.log2(70))
+    assert len(series.totals) == 65 and series.totals["_other"] == 6  # exported: 64 keys + _other
 
 
 def test_name_tokens() -> None:

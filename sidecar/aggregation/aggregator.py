@@ -12,7 +12,16 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.aggregation.series import CategorySeries, CounterSeries, GaugeSeries, Series, TimingSeries
+from sidecar.aggregation.series import (
+    WINDOW_KEYS_BUDGET,
+    CategorySeries,
+    CounterSeries,
+    GaugeSeries,
+    KeyBudget,
+    Series,
+    TimingSeries,
+    rejection,
+)
 from sidecar.model.names import claimed_names, counter_token, metric_token, timing_token
 from sidecar.model.window import ALLOCATOR, CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING, SeriesView, WindowReport
 from sidecar.processing.mapping import Mapper
@@ -82,6 +91,9 @@ class Aggregator:
         self._allocator: dict[tuple[str, str, int], tuple[int, int, int]] = {}
         self.profile_entries_rejected: dict[tuple[str, str, str], int] = {}
         """(role, worker, reason) -> profile entries skipped."""
+        self._key_budget = KeyBudget()
+        self._factories: dict[int, Callable[[], Series]] = {
+            **_FACTORIES, CATEGORY: lambda: CategorySeries(budget=self._key_budget)}
         self.generation = 0
         """Bumped whenever series expire: senders' (kind, name) caches must then be cleared."""
 
@@ -105,18 +117,25 @@ class Aggregator:
         the steps its profiles carry. Returns the number accepted; rejections are added to
         ``rejected`` by reason."""
         accepted = 0
+        memo: dict[Any, Any] = {}
+        """This batch's names whose outcome ``cache`` does not keep (``cardinality``, or rejections
+        beyond its bound): each is resolved once per batch, so a batch's work is bounded by its size."""
         for rec in records:
             if rec.__class__ is not list or len(rec) != 3:
                 rejected["malformed_record"] = rejected.get("malformed_record", 0) + 1
                 continue
             kind, name, value = rec
             if kind == PROFILE or kind == ALLOCATOR:
-                reason = self._special(kind, name, value, role, worker, cache, sender)
+                reason = self._special(kind, name, value, role, worker, cache, sender, memo)
             else:
                 try:
                     add = cache[kind, name]
                 except KeyError:
-                    add = self._resolve(kind, name, role, worker, cache)
+                    add = memo.get((kind, name))
+                    if add is None:
+                        add = self._resolve(kind, name, role, worker, cache)
+                        if (kind, name) not in cache:
+                            memo[kind, name] = add
                 except TypeError:
                     add = "bad_name"
                 if add.__class__ is str:
@@ -125,7 +144,7 @@ class Aggregator:
                     accepted += 1
                     continue
                 else:
-                    reason = "invalid_value"
+                    reason = rejection(value)
             if reason is None:
                 accepted += 1
             else:
@@ -138,7 +157,7 @@ class Aggregator:
         the reason its records are refused; cached in ``cache`` (rejections only up to a bound,
         and never ``cardinality``: room may free up). The mapping stage runs here, once per
         sender and name, never per record."""
-        factory = _FACTORIES.get(kind) if kind.__class__ is int else None
+        factory = self._factories.get(kind) if kind.__class__ is int else None
         if factory is None:
             return "unknown_kind"
         problem = name_problem(name)
@@ -183,12 +202,12 @@ class Aggregator:
         return add
 
     def _special(self, kind: int, name: Any, value: Any, role: str, worker: str,
-                 cache: dict[Any, Any], sender: int) -> str | None:
+                 cache: dict[Any, Any], sender: int, memo: dict[Any, Any]) -> str | None:
         if kind == PROFILE:
             if name.__class__ is not int or name < 0 or value.__class__ is not dict:
                 return "invalid_value"
             self._steps[sender] = (role, worker, name)
-            self._profile(value, role, worker, cache)
+            self._profile(value, role, worker, cache, memo)
             return None
         if (name.__class__ is not int or name < 0 or value.__class__ is not list or len(value) != 3
                 or not all(v.__class__ is int and v >= 0 for v in value)):
@@ -199,7 +218,8 @@ class Aggregator:
         self._allocator[device] = (value[0], value[1], value[2])
         return None
 
-    def _profile(self, profile: dict[Any, Any], role: str, worker: str, cache: dict[Any, Any]) -> None:
+    def _profile(self, profile: dict[Any, Any], role: str, worker: str, cache: dict[Any, Any],
+                 memo: dict[Any, Any]) -> None:
         """A profile dict's entries: ``*_ms`` keys are timings, the others gauges. The sender's
         cache maps (PROFILE, key) to the entry's series, so the kind is decided once per key."""
         rejected = self.profile_entries_rejected
@@ -207,7 +227,11 @@ class Aggregator:
             try:
                 add = cache[PROFILE, entry]
             except KeyError:
-                add = self._resolve_entry(entry, role, worker, cache)
+                add = memo.get((PROFILE, entry))
+                if add is None:
+                    add = self._resolve_entry(entry, role, worker, cache)
+                    if (PROFILE, entry) not in cache:
+                        memo[PROFILE, entry] = add
             except TypeError:
                 add = "bad_name"
             if add.__class__ is str:
@@ -215,7 +239,7 @@ class Aggregator:
             elif add(number):
                 continue
             else:
-                reason = profile_entry_problem(entry, number) or "invalid_value"
+                reason = profile_entry_problem(entry, number) or rejection(number)
             k = (role, worker, reason)
             rejected[k] = rejected.get(k, 0) + 1
 
@@ -253,6 +277,7 @@ class Aggregator:
         None); the steps of senders not in ``known_senders`` are forgotten."""
         views = []
         expired = []
+        self._key_budget.left = WINDOW_KEYS_BUDGET
         for key, series in self._series.items():
             kind, token, role, worker = key
             if isinstance(series, CounterSeries):

@@ -22,11 +22,27 @@ from sidecar.model.window import LIVE_S, LabelTotals
 
 MAX_SENDERS = 4096
 MAX_LABEL_PAIRS = 1024
-"""Distinct (role, worker) pairs whose totals are kept (they never expire within a daemon life,
-so that exported counters stay monotonic); a batch under a further pair is dropped and counted
+"""Distinct (role, worker) pairs whose totals are kept; a batch under a further pair, while none
+can be evicted (see ``EVICT_IDLE_S``), is dropped and counted
 (``messages_dropped{reason="too_many_labels"}``)."""
 SENDER_TTL_S = 600.0
 """A sender silent this long is forgotten (its cumulative counts stay in the role totals)."""
+LABEL_TTL_S = 3600.0
+"""A (role, worker) pair without a message this long is forgotten (its series leave the page;
+if it comes back its counters restart from zero, which Prometheus reads as a reset)."""
+EVICT_IDLE_S = 30.0
+"""When the sender or label table is full, its least recently heard entry is evicted for a new
+one if it has been silent this long. A live shim sends at least every 2 s (its heartbeat), so a
+flood of made-up senders or labels can hold the tables for at most this long, and a trainer
+that starts after it always gets in."""
+MAX_CALLS_PER_S = 10_000_000
+"""More record calls per second than any one sender can make (the shim costs about 0.2 us a
+call). A sender's claimed ``records_total + sum(dropped)`` above this rate over its age is no
+claim a real process can make: the message is dropped (``messages_dropped{reason="impossible_count"}``)."""
+MAX_SENDER_AGE_S = 30 * 86400.0
+"""The age a sender's claims are bounded by when its hello gives none (or an older one)."""
+CLAIM_SLACK_S = 60.0
+"""Added to a sender's age: clocks of the trainer and the daemon may differ a little."""
 
 
 @dataclass(slots=True)
@@ -48,6 +64,8 @@ class SenderState:
     sender_dropped: dict[str, int] = field(default_factory=dict)
     cache: dict[Any, Any] = field(default_factory=dict)
     seen_batch: bool = False
+    peer_pid: int | None = None
+    """The process whose connection this sender's first message came on (ipc only)."""
 
     @property
     def pid(self) -> int | None:
@@ -64,8 +82,12 @@ class SenderRegistry:
         self.max_label_pairs = max_label_pairs
         self.ttl_s = ttl_s
         self.senders: dict[int, SenderState] = {}
+        """Least recently heard first (re-inserted on every message)."""
         self.totals: dict[tuple[str, str], LabelTotals] = {}
+        """Least recently used first (re-inserted on every batch)."""
         self.messages_dropped: dict[str, int] = {}
+        self.evicted: dict[str, int] = {}
+        """Entries evicted from a full table for a new one, by table (``senders``, ``labels``)."""
 
     def __iter__(self) -> Iterator[SenderState]:
         return iter(self.senders.values())
@@ -74,15 +96,41 @@ class SenderRegistry:
         self.messages_dropped[reason] = self.messages_dropped.get(reason, 0) + 1
 
     def _state(self, sender: int, role: str, worker: str, now: float) -> SenderState | None:
-        state = self.senders.get(sender)
+        senders = self.senders
+        state = senders.pop(sender, None)
         if state is None:
-            if len(self.senders) >= self.max_senders:
+            if len(senders) >= self.max_senders and not self._evict(senders, "senders", now):
                 return None
-            state = self.senders[sender] = SenderState(sender, role, worker, now, now)
+            state = SenderState(sender, role, worker, now, now)
+        senders[sender] = state  # most recently heard last
         return state
 
-    def on_hello(self, msg: HelloMessage, now: float) -> SenderState | None:
-        """Record a hello. Returns the sender's state, or None if refused (too many senders)."""
+    def _evict(self, table: dict[Any, Any], name: str, now: float) -> bool:
+        """Make room in a full ``table`` by evicting its least recently heard entry, if it has been
+        silent for ``EVICT_IDLE_S``; False if none may go."""
+        oldest = next(iter(table))
+        if now - table[oldest].last_seen < EVICT_IDLE_S:
+            return False
+        del table[oldest]
+        self.evicted[name] = self.evicted.get(name, 0) + 1
+        return True
+
+    def _wrong_peer(self, state: SenderState, peer_pid: int | None, claimed_pid: Any = None) -> bool:
+        """Whether a message for ``state`` came from another process than the sender's (counted
+        ``wrong_peer``): a sender id is bound to the pid its first message came from, and a hello
+        may not claim another pid than its connection's. Unknown (tcp) peers are not checked."""
+        if peer_pid is None:
+            return False
+        if state.peer_pid is None:
+            state.peer_pid = peer_pid
+        if state.peer_pid != peer_pid or (claimed_pid.__class__ is int and claimed_pid != peer_pid):
+            self.drop_message("wrong_peer")
+            return True
+        return False
+
+    def on_hello(self, msg: HelloMessage, now: float, peer_pid: int | None = None) -> SenderState | None:
+        """Record a hello. Returns the sender's state, or None if refused (too many senders, or
+        from another process than the sender's)."""
         info = msg.info
         role, worker = info.get("role"), info.get("worker")
         role = role if isinstance(role, str) else "unknown"  # decoded: exactly str or not at all
@@ -91,29 +139,41 @@ class SenderRegistry:
         if state is None:
             self.drop_message("too_many_senders")
             return None
+        if self._wrong_peer(state, peer_pid, info.get("pid")):
+            return None
         state.hello = info
         state.last_seen = now
         self._check_seq(state, msg.seq)
         return state
 
-    def on_batch(self, msg: BatchMessage, now: float, now_unix: float) -> SenderState | None:
+    def on_batch(self, msg: BatchMessage, now: float, now_unix: float,
+                 peer_pid: int | None = None) -> SenderState | None:
         """Account a batch's header. Returns the state to aggregate into, or None if the batch
         must be dropped (counted here)."""
         state = self._state(msg.sender, msg.role, msg.worker, now)
         if state is None:
             self.drop_message("too_many_senders")
             return None
+        if self._wrong_peer(state, peer_pid):
+            return None
+        if msg.records_total + sum(msg.dropped.values()) > MAX_CALLS_PER_S * (_age_s(state, now, now_unix)
+                                                                            + CLAIM_SLACK_S):
+            self.drop_message("impossible_count")
+            return None
         n = len(msg.records)
         previous = state.records_total if state.seen_batch else None
         if previous is not None and msg.records_total - n < previous:
             self.drop_message("bad_sequence")  # a replayed or forged counter: never count twice
             return None
-        totals = self.totals.get((msg.role, msg.worker))
+        key = (msg.role, msg.worker)
+        totals = self.totals.pop(key, None)
         if totals is None:
-            if len(self.totals) >= self.max_label_pairs:
+            if len(self.totals) >= self.max_label_pairs and not self._evict(self.totals, "labels", now):
                 self.drop_message("too_many_labels")  # a label-value flood: bounded, counted
                 return None
-            totals = self.totals[msg.role, msg.worker] = LabelTotals()
+            totals = LabelTotals()
+        self.totals[key] = totals  # most recently used last
+        totals.last_seen = now
         if (state.role, state.worker) != (msg.role, msg.worker):
             state.role, state.worker = msg.role, msg.worker
             state.cache.clear()
@@ -152,12 +212,26 @@ class SenderRegistry:
         state.next_seq = max(state.next_seq, seq + 1)
 
     def expire(self, now: float) -> int:
-        """Forget senders silent for longer than ``ttl_s``; returns how many."""
+        """Forget senders silent for longer than ``ttl_s`` and label pairs unused for
+        ``LABEL_TTL_S``; returns how many senders."""
         dead = [s for s, st in self.senders.items() if now - st.last_seen > self.ttl_s]
         for sender in dead:
             del self.senders[sender]
+        idle = [k for k, t in self.totals.items() if now - t.last_seen > LABEL_TTL_S]
+        for key in idle:
+            del self.totals[key]
         return len(dead)
 
     def live(self, now: float, within_s: float = LIVE_S) -> list[SenderState]:
         """Senders heard from in the last ``within_s`` seconds (``LIVE_S``: the live ones)."""
         return [st for st in self.senders.values() if now - st.last_seen <= within_s]
+
+
+def _age_s(state: SenderState, now: float, now_unix: float) -> float:
+    """How long the sender can have been making calls: since the start its hello states, at most
+    ``MAX_SENDER_AGE_S`` before the daemon first heard of it."""
+    started = (state.hello or {}).get("started_unix_s")
+    before = MAX_SENDER_AGE_S
+    if (started.__class__ is float or started.__class__ is int) and started <= now_unix:
+        before = min(before, now_unix - started - (now - state.first_seen))
+    return max(0.0, before) + (now - state.first_seen)

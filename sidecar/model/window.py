@@ -88,6 +88,8 @@ class LabelTotals:
     accepted: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
     last_seen_unix_s: float = 0.0
+    last_seen: float = 0.0
+    """Monotonic time of its last message (for expiry)."""
 
     def add_dropped(self, reason: str, n: int) -> None:
         if n > 0:

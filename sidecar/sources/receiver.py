@@ -23,18 +23,23 @@ from trainer_shim.wire import MAX_MESSAGE_BYTES
 
 log = logging.getLogger("sidecar")
 
-RECV_HWM = 10_000
-"""Frames ZeroMQ may queue per connection for the daemon before the publisher's side drops
-(counted by the daemon as ``lost_in_transit``). A shim sends a frame per channel per flush
-(10 a second), so this is minutes of backlog for a trainer, while a flood of large frames stays
-bounded (100,000 let a flood hold about 330 MB)."""
+RECV_HWM = 64
+"""Frames ZeroMQ may queue per connection for the daemon; beyond it ZeroMQ stops reading that
+connection and the publisher's own queue (1000 frames) takes the backlog, then drops (counted by
+the daemon as ``lost_in_transit``). With ``MAX_MESSAGE_BYTES`` (1 MiB) this bounds what one
+connection can make the daemon hold: ``RECV_HWM * MAX_MESSAGE_BYTES`` = 64 MiB (``QUEUE_CEILING_BYTES``).
+A shim's frames are a few kB to a few hundred kB, so 64 is seconds of an honest trainer's flushes
+with the daemon stopped, and the publisher's queue holds far more."""
+
+QUEUE_CEILING_BYTES = RECV_HWM * MAX_MESSAGE_BYTES
+"""Most that ZeroMQ's receive queue holds per connection (bytes)."""
 
 MAX_FRAMES_PER_POLL = 1000
 """Frames one ``poll`` hands over at most (the ingest loop checks its window between frames)."""
 
 POLL_MAX_BYTES = 8 * 1024 * 1024
 """``poll`` stops taking frames out of ZeroMQ's queue once it holds this many bytes: a flood of
-4 MiB frames is then copied into the daemon a few at a time, not 1000 at a time (4 GiB)."""
+large frames is then copied into the daemon a few at a time, not 1000 at a time."""
 
 
 class EndpointError(Exception):
@@ -55,6 +60,12 @@ class Receiver:
     def __init__(self, endpoints: list[str]) -> None:
         self.endpoints = list(endpoints)
         self.stats = ReceiverStats()
+        self.backlog = False
+        """The last ``poll`` stopped at its frame or byte cap: more frames are waiting."""
+        self.peers: list[int | None] = []
+        """For each frame of the last ``poll``: the pid of the process at the other end of its
+        ipc connection (the kernel's ``SO_PEERCRED``, which ZeroMQ reads when the connection is
+        accepted), or None (tcp)."""
         self._closed = False
         self._locks: list[int] = []
         self._ipc_paths: list[str] = []
@@ -123,17 +134,23 @@ class Receiver:
         ``MAX_FRAMES_PER_POLL`` frames or about ``POLL_MAX_BYTES``). One wait covers the frames
         and the disconnect monitor."""
         frames: list[bytes] = []
+        peers: list[int | None] = []
+        self.backlog = False
+        self.peers = peers
         ready = dict(self._poller.poll(timeout_ms))
         if self._sock in ready:
             recv = self._sock.recv
             nbytes = 0
             try:
                 for _ in range(MAX_FRAMES_PER_POLL):
-                    frame = recv(zmq.NOBLOCK)
+                    msg = recv(zmq.NOBLOCK, copy=False)
+                    frame = msg.bytes
                     frames.append(frame)
+                    peers.append(peer_pid(msg))
                     nbytes += len(frame)
                     if nbytes >= POLL_MAX_BYTES:
                         break
+                self.backlog = True  # stopped at a cap, not at an empty queue
             except zmq.Again:
                 pass
             self.stats.frames += len(frames)
@@ -162,16 +179,37 @@ class Receiver:
         self._monitor.close(linger=0)
         self._sock.close(linger=0)
         self._ctx.term()
-        for path in self._ipc_paths:
+        self.remove_files()
+
+    def remove_files(self) -> None:
+        """Remove the ipc socket files and lock files we own and release the locks. Safe from
+        any thread (the daemon's last resort when ingest did not stop in time). Idempotent."""
+        for path in list(self._ipc_paths):
             for p in (path, path + ".lock"):
                 try:
                     os.unlink(p)
                 except OSError:
                     pass
         self._ipc_paths.clear()
-        for fd in self._locks:
+        locks, self._locks = self._locks, []
+        for fd in locks:
             os.close(fd)
-        self._locks.clear()
+
+
+def peer_pid(msg: zmq.Frame) -> int | None:
+    """The pid in a frame's ``Peer-Address`` property, which libzmq sets for an ipc connection to
+    ``host:uid:gid:pid`` from the kernel's peer credentials; None for tcp or when absent."""
+    try:
+        address = msg.get("Peer-Address")
+    except zmq.ZMQError:
+        return None
+    if not isinstance(address, str):
+        return None
+    parts = address.rsplit(":", 3)
+    if len(parts) == 4 and parts[1].isdigit() and parts[2].isdigit() and parts[3].isdigit():
+        pid = int(parts[3])
+        return pid if pid > 0 else None
+    return None
 
 
 def _check_directory(directory: str) -> None:

@@ -22,6 +22,9 @@ from trainer_shim import wire
 
 _enc = msgspec.msgpack.Encoder()
 NEAR_LIMIT = wire.MAX_MESSAGE_BYTES - 64
+LIMIT = f"{wire.MAX_MESSAGE_BYTES // (1024 * 1024)} MiB"
+BLOAT = (NEAR_LIMIT - 64) // 4096 - 3
+"""Empty arrays per bloated record: 4096 of them fill a frame near the limit."""
 
 
 def _oversized(n: int) -> Iterator[bytes]:
@@ -37,12 +40,23 @@ def _empty_arrays(n: int) -> Iterator[bytes]:
 
 
 def _bloated_records(n: int) -> Iterator[bytes]:
-    # 4096 records (the most a batch may hold), each an array of 1000 empty arrays: the batch is
+    # 4096 records (the most a batch may hold), each an array of empty arrays: the batch is
     # refused record by record (each malformed_record), the slowest path through decode.
-    record = b"\xdc" + (1000).to_bytes(2, "big") + b"\x90" * 1000
+    record = b"\xdc" + BLOAT.to_bytes(2, "big") + b"\x90" * BLOAT
     for i in range(n):
         yield (b"\x9a\x01\x02\xcd\x01\x00" + bytes([0xCD]) + i.to_bytes(2, "big") + b"\xa5flood\xa13\xc0"
                + b"\xce" + (4096 * (i + 1)).to_bytes(4, "big") + b"\x80\xdc\x10\x00" + record * 4096)
+
+
+def _profiles(n: int) -> Iterator[bytes]:
+    # PROFILE records of 1000 distinct keys each, as many as fit a frame: with a small
+    # --max-series every key is beyond the budget (the costly path before keys were resolved
+    # once per batch).
+    keys = {f"k{j}": 1.5 for j in range(1000)}
+    per = (NEAR_LIMIT - 256) // len(_enc.encode([6, 0, keys]))
+    for i in range(n):
+        yield _enc.encode([1, 2, 31, i, "flood", "profile", i, per * (i + 1), {},
+                           [[6, i, keys] for _ in range(per)]])
 
 
 def _deep(n: int) -> Iterator[bytes]:
@@ -68,6 +82,13 @@ def _names(n: int) -> Iterator[bytes]:
     for i in range(0, n, per):
         yield _enc.encode([1, 2, 21, i // per, "flood", "0", None, i + per, {},
                            [[3, f"name_{j}", 1.0] for j in range(i, i + per)]])
+
+
+def _timing_names(n: int) -> Iterator[bytes]:
+    per = 1000
+    for i in range(0, n, per):
+        yield _enc.encode([1, 2, 24, i // per, "flood", "t", None, i + per, {},
+                           [[1, f"name_{j}_ms", 1.0] for j in range(i, i + per)]])
 
 
 def _labels(n: int) -> Iterator[bytes]:
@@ -96,12 +117,13 @@ class Flood:
 
 
 FLOODS = (
-    Flood("frames over 4 MiB", _oversized, 10, closes_connection=True),
-    Flood("4 MiB batches of empty arrays", _empty_arrays, 100),
-    Flood("4 MiB batches of 4096 bloated records", _bloated_records, 100),
-    Flood("4 MiB of nesting (deep)", _deep, 100),
-    Flood("4 MiB single maps (huge)", _huge_map, 100),
-    Flood("4 MiB hellos, distinct senders", _hellos, 100),
+    Flood(f"frames over {LIMIT}", _oversized, 10, closes_connection=True),
+    Flood(f"{LIMIT} batches of empty arrays", _empty_arrays, 100),
+    Flood(f"{LIMIT} batches of 4096 bloated records", _bloated_records, 100),
+    Flood(f"{LIMIT} of nesting (deep)", _deep, 100),
+    Flood(f"{LIMIT} single maps (huge)", _huge_map, 100),
+    Flood(f"{LIMIT} hellos, distinct senders", _hellos, 100),
+    Flood("distinct timing names", _timing_names, 100_000),
     Flood("distinct metric names", _names, 100_000),
     Flood("distinct (role, worker) values", _labels, 20_000),
     Flood("distinct allocator devices", _devices, 20_000),
@@ -167,7 +189,7 @@ def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
 
 
 def is_big(flood: Flood) -> bool:
-    """A flood of frames near the 4 MiB limit (as opposed to many small frames)."""
+    """A flood of frames near the size limit (as opposed to many small frames)."""
     return "MiB" in flood.name
 
 

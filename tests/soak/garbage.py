@@ -2,10 +2,11 @@
 
 One XPUB socket, connected like a shim, sends ``rate`` frames a second drawn from ``frames()``:
 random bytes, truncated and reshaped msgpack, unknown protocol versions, deep nesting, forged
-batches full of invalid records from a small pool of sender ids, replayed counters, and now and
-then a frame over the daemon's size limit (ZeroMQ then closes this connection; it reconnects).
-Forged batches carry the labels ``garbage/<n>``, never a real publisher's labels, so the real
-senders' accounting must stay exact. On ``stop`` (stdin) it prints what it sent, by kind.
+batches full of invalid records from a small pool of sender ids, replayed counters, counts of
+2**62, values of 1e308, made-up worker names, and now and then a frame over the daemon's size
+limit (ZeroMQ then closes this connection; it reconnects). Forged batches carry ``garbage*``
+labels, never a real publisher's labels, so the real senders' accounting must stay exact. On
+``stop`` (stdin) it prints what it sent, by kind.
 """
 
 from __future__ import annotations
@@ -60,6 +61,15 @@ def frames(rng: random.Random) -> Iterator[tuple[str, bytes]]:
             yield "deep", b"\x91" * depth + b"\x00"
         elif pick < 0.56:
             yield "hello_junk", _enc.encode([1, 1, rng.choice(senders), 0, {"pid": "x", "role": 5, "junk": [1] * 50}])
+        elif pick < 0.58:  # counts no process can make (refused: impossible_count)
+            yield "impossible_count", _enc.encode([1, 2, rng.getrandbits(63), 0, "garbage", "forged", None, 2**62,
+                                                   {"buffer_full": 2**62}, [[2, "c", 1]]])
+        elif pick < 0.60:  # finite values no trainer produces (refused: out_of_range)
+            yield "absurd_values", _enc.encode([1, 2, rng.getrandbits(63), 0, "garbage", "absurd", None, 3, {},
+                                                [[1, "t_ms", 1e308], [2, "c", 1e308], [3, "g", -1e308]]])
+        elif pick < 0.62:  # made-up worker names: the label table, which evicts idle pairs
+            yield "label_flood", _enc.encode([1, 2, rng.getrandbits(63), 0, "garbage-flood", str(rng.getrandbits(40)),
+                                              None, 1, {}, [[2, "c", 1]]])
         else:
             s = rng.choice(senders)
             records = [rng.choice(HOSTILE_RECORDS) for _ in range(rng.randint(0, 40))]

@@ -18,6 +18,8 @@ import math
 import random
 import re
 import signal
+import socket
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,6 +54,9 @@ class SoakConfig:
     """Every n-th call is a bad argument (NaN, empty name, negative count) the daemon rejects."""
     garbage_rate: float = 1_000.0
     """Garbage frames per second on the daemon's socket."""
+    idle_http_clients: int = 40
+    """TCP connections to the metrics port that never send a byte, kept open (reopened when the
+    daemon closes them) all along: every scrape of the checks must still answer."""
     interval_s: float = 0.5
     """The daemon's window."""
     flush_interval_s: float = 0.02
@@ -100,6 +105,51 @@ class Life:
     faults: dict[str, Any] = field(default_factory=dict)
 
 
+class IdleHttpClients:
+    """Keeps ``n`` silent connections open to the metrics port from a thread (an attack on the
+    endpoint beside the honest load)."""
+
+    def __init__(self, port: int, n: int) -> None:
+        self.port, self.n, self.opened = port, n, 0
+        self._socks: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self._socks = [s for s in self._socks if _open(s)]
+            while len(self._socks) < self.n and not self._stop.is_set():
+                try:
+                    self._socks.append(socket.create_connection(("127.0.0.1", self.port), timeout=1))
+                    self.opened += 1
+                except OSError:
+                    break  # daemon down between lives
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(5)
+        for s in self._socks:
+            s.close()
+        self._socks = []
+        return self.opened
+
+
+def _open(sock: socket.socket) -> bool:
+    """False once the peer closed ``sock`` (then it is closed here too)."""
+    try:
+        sock.setblocking(False)
+        data = sock.recv(1, socket.MSG_PEEK)
+        alive = data != b""
+    except BlockingIOError:
+        alive = True
+    except OSError:
+        alive = False
+    if not alive:
+        sock.close()
+    return alive
+
+
 def run_soak(tmp: Path, cfg: SoakConfig, log=print) -> dict[str, Any]:
     """Run the whole soak in ``tmp``; returns the figures (see ``failures``)."""
     rng = random.Random(cfg.seed)
@@ -111,6 +161,7 @@ def run_soak(tmp: Path, cfg: SoakConfig, log=print) -> dict[str, Any]:
                                 "wandb_run_id": "soak-trainer-run"})
             for i in range(cfg.publishers)]
     garbage = GarbageProc(tmp, {"endpoint": endpoint, "rate": cfg.garbage_rate, "seed": cfg.seed})
+    idle = IdleHttpClients(port, cfg.idle_http_clients)
     lives: list[Life] = []
     prekill: dict[str, int] = {}
     daemon: DaemonProc | None = None
@@ -168,7 +219,9 @@ def run_soak(tmp: Path, cfg: SoakConfig, log=print) -> dict[str, Any]:
             if end != "final":
                 time.sleep(cfg.down_s)
         garbage_sent = garbage.stop()
+        garbage_sent["idle_http_connections_opened"] = idle.stop()
     finally:
+        idle.stop()
         if daemon is not None:
             daemon.stop(signal.SIGKILL)
         for p in pubs:
@@ -306,6 +359,11 @@ def failures(result: dict[str, Any]) -> list[str]:
     rss = result["rss_steady"]
     if rss["rest_max"] - rss["first_third_max"] > RSS_GROWTH_BOUND:
         out.append(f"RSS grew by {(rss['rest_max'] - rss['first_third_max']) / 2**20:.1f} MiB in the steady life")
+    sent = (result.get("garbage_sent") or {}).get("sent", {})
+    refused = {reason: sum(life["garbage_messages_dropped"].get(reason, 0) for life in result["lives"])
+               for reason in ("impossible_count",)}
+    if sent.get("impossible_count") and not refused["impossible_count"]:
+        out.append("forged counts of 2**62 were sent but none was refused as impossible_count")
     for life in result["lives"]:
         for name, fault in life["faults"].items():
             if isinstance(fault, dict) and fault.get("failure"):

@@ -55,6 +55,8 @@ class ExportState:
     wandb: Callable[[], WandbStatsLike] | None = None
     explain: Callable[[], Any] | None = None
     """JSON-able mapping report served on ``/explain`` (``dflash-sidecar explain``)."""
+    http: Callable[[], list[Metric]] | None = None
+    """The metrics server's own counters (connections accepted, closed early by reason)."""
 
 
 class SidecarCollector(Collector):
@@ -84,13 +86,15 @@ class SidecarCollector(Collector):
             sources.append(("wandb", lambda: wandb_families(host, wandb())))
         if gpus is not None:
             sources.append(("gpu", lambda: gpu_metric_families(gpus(), host, time.monotonic())))
+        if state.http is not None:
+            sources.append(("http", state.http))
         return sources
 
     def guarded(self, name: str, source: Callable[[], Any], empty: Any = ()) -> Any:
         """``source()`` materialized (a list of families, or text), or ``empty`` if it failed."""
         try:
             result = source()
-            return result if isinstance(result, str) else list(result)
+            return result if isinstance(result, str) else _finite_only(list(result))
         except Exception:  # noqa: BLE001 - degrade the scrape, never fail it
             if name not in self._failed:
                 self._failed.add(name)
@@ -103,6 +107,16 @@ def explain_json(collector: SidecarCollector) -> bytes:
     explain = collector.state.explain
     data = collector.guarded("explain", lambda: [explain()], [{}])[0] if explain is not None else {}
     return json.dumps(data).encode()
+
+
+def _finite_only(families: list[Any]) -> list[Any]:
+    """``families`` without NaN or infinite samples: a derived figure (a ratio over an empty
+    window, say) is absent rather than NaN. Trainer gauges never hold one (aggregation refuses
+    them), so no sample a trainer sent is lost here. Items that are not families pass as they are."""
+    for family in families:
+        if isinstance(family, Metric) and not all(math.isfinite(sample.value) for sample in family.samples):
+            family.samples = [sample for sample in family.samples if math.isfinite(sample.value)]
+    return families
 
 
 def start_family(state: ExportState) -> Metric:
