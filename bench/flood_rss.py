@@ -1,7 +1,7 @@
 """Flood figures (SPEC §7: peak RSS <= 600 MiB under any flood, backlog drained within 30 s):
 N processes push frames at the size limit (4096 bloated records each, the slowest shape to
 decode) as fast as ZeroMQ takes them, ``--mib`` MiB each; then one honest trainer publishes.
-Same code as ``tests/test_abuse_flood.py``.
+The flood processes are the ones ``tests/test_abuse_flood.py`` uses (``tests/soak/floods.py``).
 
     PYTHONPATH=. python bench/flood_rss.py [--flooders 4] [--mib 200]
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.daemon_harness import DaemonProc, publish, wait_for  # noqa: E402
+from tests.soak.floods import flood_process, frames_received  # noqa: E402
 from tests.soak.procs import Sampler  # noqa: E402
-from tests.test_abuse_flood import _flood, _frames  # noqa: E402
 from trainer_shim import wire  # noqa: E402
 
 
@@ -31,14 +31,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="dflash-flood-") as tmp:
         d = DaemonProc(Path(tmp))
         try:
-            before = _frames(d)
+            before = frames_received(d)
             sampler = Sampler(d.proc.pid, period_s=0.02)
             start = time.monotonic()
-            flooders = [_flood(d.endpoint, "bloated", n) for _ in range(args.flooders)]
+            flooders = [flood_process(d.endpoint, "bloated", n) for _ in range(args.flooders)]
             for f in flooders:
                 f.wait(600)
             sent_s = time.monotonic() - start
-            wait_for(lambda: _frames(d) >= before + args.flooders * n, timeout_s=300, what="the backlog drained")
+            wait_for(lambda: frames_received(d) >= before + args.flooders * n, timeout_s=300,
+                     what="the backlog drained")
             drained_s = time.monotonic() - start
             samples = sampler.stop()
             res = publish(d.endpoint, "honest", "0", 300)

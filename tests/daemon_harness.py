@@ -201,3 +201,13 @@ class NoSocket:
 
     def close(self) -> None:
         pass
+
+
+def self_signed_cert(tmp: Path) -> tuple[Path, Path]:
+    """A throw-away EC certificate and key for 127.0.0.1 in ``tmp`` (needs openssl): (cert, key)."""
+    openssl = require_tool("openssl")
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=dflash-sidecar test",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+    return cert, key

@@ -12,8 +12,7 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
-from tests.daemon_harness import DaemonProc, publish, require_tool, wait_for
-from tests.test_abuse_exposure import _self_signed
+from tests.daemon_harness import DaemonProc, publish, require_tool, self_signed_cert, wait_for
 
 
 def _threads(pid: int) -> int:
@@ -22,7 +21,7 @@ def _threads(pid: int) -> int:
 
 
 def test_a_silent_tls_client_stops_no_scrape_and_no_sigterm(tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed_cert(tmp_path)
     d = DaemonProc(tmp_path, "--prometheus-tls-cert", str(cert), "--prometheus-tls-key", str(key), wait=False)
     trusted = ssl.create_default_context(cafile=str(cert))
     url = f"https://127.0.0.1:{d.port}/metrics"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import DaemonProc, env, free_port, publish, require_tool, wait_for
+from tests.daemon_harness import DaemonProc, env, free_port, publish, self_signed_cert, wait_for
 
 DEFAULT_PORT = 9478
 
@@ -103,17 +103,8 @@ def test_prometheus_listens_on_loopback_unless_told_otherwise(tmp_path: Path) ->
     assert "not loopback: reachable from the network" in check.stdout, check.stdout
 
 
-def _self_signed(tmp: Path) -> tuple[Path, Path]:
-    openssl = require_tool("openssl")
-    cert, key = tmp / "cert.pem", tmp / "key.pem"
-    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=dflash-sidecar test",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
-    return cert, key
-
-
 def test_prometheus_serves_tls_when_configured(tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed_cert(tmp_path)
     port = free_port()
     d = DaemonProc(tmp_path, "--prometheus-tls-cert", str(cert), "--prometheus-tls-key", str(key), port=port,
                    wait=False)

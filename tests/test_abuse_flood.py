@@ -7,16 +7,14 @@ A profile whose keys are beyond ``--max-series`` costs one resolution per key pe
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from sidecar.aggregation.aggregator import PROFILE, Aggregator
 from sidecar.sources.receiver import QUEUE_CEILING_BYTES
-from tests.daemon_harness import DaemonProc, env, publish, wait_for
+from tests.daemon_harness import DaemonProc, publish, wait_for
+from tests.soak.floods import flood_process, frames_received
 from tests.soak.procs import Sampler
 from trainer_shim import wire
 
@@ -26,45 +24,17 @@ BYTES_PER_FLOODER = 200 * MiB
 RSS_TARGET = 600 * MiB
 """SPEC §7: peak RSS under any flood."""
 
-FLOODER = textwrap.dedent("""
-    import sys, zmq
-    from tests.soak.floods import _bloated_records, _profiles
-    endpoint, kind, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.XPUB)
-    pub.setsockopt(zmq.XPUB_NODROP, 1)  # every frame reaches the daemon's queue: nothing dropped here
-    pub.setsockopt(zmq.SNDTIMEO, 60_000)
-    pub.setsockopt(zmq.LINGER, 60_000)
-    pub.connect(endpoint)
-    pub.poll(20_000); pub.recv()  # the daemon's subscription
-    frames = _bloated_records(n) if kind == "bloated" else _profiles(n)
-    for frame in frames:
-        pub.send(frame, copy=False)
-    pub.close(); ctx.term()
-    print(n)
-""")
-
-
-def _flood(endpoint: str, kind: str, n: int) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", FLOODER, endpoint, kind, str(n)], env=env(),
-                            stdout=subprocess.PIPE, text=True)
-
-
-def _frames(d: DaemonProc) -> float:
-    return d.value("dflash_sidecar_frames_received_total") or 0.0
-
-
 @pytest.mark.timeout(300)
 def test_a_flood_from_several_processes_stays_under_the_memory_ceiling(tmp_path: Path) -> None:
     d = DaemonProc(tmp_path)
     try:
-        before = _frames(d)
+        before = frames_received(d)
         sampler = Sampler(d.proc.pid, period_s=0.02)
         n = BYTES_PER_FLOODER // wire.MAX_MESSAGE_BYTES
-        flooders = [_flood(d.endpoint, "bloated", n) for _ in range(FLOODERS)]
+        flooders = [flood_process(d.endpoint, "bloated", n) for _ in range(FLOODERS)]
         for p in flooders:
             p.wait(240)
-        wait_for(lambda: _frames(d) >= before + FLOODERS * n, timeout_s=120, what="the backlog drained")
+        wait_for(lambda: frames_received(d) >= before + FLOODERS * n, timeout_s=120, what="the backlog drained")
         peak = max(rss for _, rss, _ in sampler.stop())
         assert d.proc.poll() is None, d.log()
         # the design bound: ZeroMQ's queue per connection, plus the daemon's own few hundred MB at most
@@ -84,9 +54,9 @@ def test_sigterm_during_a_backlog_writes_the_final_window_and_removes_its_files(
     d = DaemonProc(tmp_path, "--max-series", "10")
     sock_path = d.endpoint[len("ipc://"):]
     assert os.path.exists(sock_path) and os.path.exists(sock_path + ".lock")
-    flooder = _flood(d.endpoint, "profiles", 400)
+    flooder = flood_process(d.endpoint, "profiles", 400)
     try:
-        wait_for(lambda: _frames(d) >= 5, timeout_s=60, what="the flood reaching the daemon")
+        wait_for(lambda: frames_received(d) >= 5, timeout_s=60, what="the flood reaching the daemon")
     finally:
         took = d.stop(timeout_s=15)
         flooder.kill()

@@ -9,6 +9,9 @@ the bounds; ``bench/abuse_memory.py`` prints the table recorded in ``bench/RESUL
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 import msgspec
 import zmq
 
-from tests.daemon_harness import DaemonProc
+from tests.daemon_harness import DaemonProc, env
 from tests.soak.procs import Sampler, rss_bytes
 from trainer_shim import wire
 
@@ -200,3 +203,34 @@ def run_all(d: DaemonProc) -> list[dict[str, object]]:
     first = [{**run_flood(d, flood), "round": 1} for flood in FLOODS]
     again = [flood for flood in FLOODS if is_big(flood) and not flood.closes_connection]
     return first + [{**run_flood(d, flood), "round": 2} for flood in again]
+
+
+FLOODER = textwrap.dedent("""
+    import sys, zmq
+    from tests.soak.floods import _bloated_records, _profiles
+    endpoint, kind, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.XPUB_NODROP, 1)  # every frame reaches the daemon's queue: nothing dropped here
+    pub.setsockopt(zmq.SNDTIMEO, 60_000)
+    pub.setsockopt(zmq.LINGER, 60_000)
+    pub.connect(endpoint)
+    pub.poll(20_000); pub.recv()  # the daemon's subscription
+    frames = _bloated_records(n) if kind == "bloated" else _profiles(n)
+    for frame in frames:
+        pub.send(frame, copy=False)
+    pub.close(); ctx.term()
+    print(n)
+""")
+
+
+def flood_process(endpoint: str, kind: str, n: int) -> subprocess.Popen[str]:
+    """A process that pushes ``n`` frames of ``kind`` ('bloated' or 'profiles') to ``endpoint``
+    through an XPUB_NODROP socket and prints ``n`` once all are handed to ZeroMQ."""
+    return subprocess.Popen([sys.executable, "-c", FLOODER, endpoint, kind, str(n)], env=env(),
+                            stdout=subprocess.PIPE, text=True)
+
+
+def frames_received(d: DaemonProc) -> float:
+    """The frames the daemon has taken from its socket so far."""
+    return d.value("dflash_sidecar_frames_received_total") or 0.0
