@@ -73,9 +73,9 @@ def test_profile_keys_beyond_the_budget_are_resolved_once_per_batch() -> None:
     calls = []
     resolve = agg._resolve
 
-    def counted(*args: object) -> object:
+    def counted(*args: object, **kwargs: object) -> object:
         calls.append(args[1])
-        return resolve(*args)  # type: ignore[arg-type]
+        return resolve(*args, **kwargs)  # type: ignore[arg-type]
 
     agg._resolve = counted  # type: ignore[method-assign]
     profile = {f"key_{k}": 1.0 for k in range(500)}
