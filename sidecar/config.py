@@ -13,13 +13,15 @@ import os
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sidecar.aggregation.gpu_groups import GpuGroups
 from sidecar.aggregation.verdict import DEFAULT_THROTTLE_REASONS, INSIGHT_DEFAULTS
 from sidecar.model.address import parse_host_port
-from sidecar.processing.mapping import MappingError, Rule, parse_rules
 from trainer_shim.endpoint import daemon_endpoint
+
+if TYPE_CHECKING:  # the mapping stage loads the wire format; `--version` must work without it
+    from sidecar.processing.mapping import Rule
 
 
 class ConfigError(ValueError):
@@ -245,6 +247,8 @@ def _validate(values: Mapping[str, Any], path: str | None) -> Config:
         raw = values[s.name]
         where = f"--{s.name.replace('_', '-')}" + (f" (or '{s.name}' in {path})" if path else "")
         if s.kind == "tables":
+            from sidecar.processing.mapping import MappingError, parse_rules
+
             try:
                 out[s.name] = parse_rules(raw if isinstance(raw, list) else [raw])
             except MappingError as exc:
