@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -87,12 +90,51 @@ def test_a_trainer_unit_with_its_own_runtime_directory_does_not_look_there(tmp_p
     assert shim_endpoint(e, str(tmp_path / "absent"), OTHER) == f"ipc://{tmp_path}/dflash-sidecar/{SOCKET_NAME}"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may enter any directory")
+def _as_nobody(fn: Callable[[], bool]) -> bool:
+    """``fn()`` in a forked child that dropped root for the unprivileged user ``nobody`` (root may
+    enter any directory, so the rule's permission case needs a user who may not)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no pytest machinery past this point, only os._exit
+        code = 2
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(NOBODY.pw_gid)
+            os.setuid(NOBODY.pw_uid)
+            os.write(write, b"1" if fn() else b"0")
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as r:
+        answer = r.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and answer in (b"0", b"1"), (status, answer)
+    return answer == b"1"
+
+
+NOBODY = pwd.getpwnam("nobody")
+
+
 def test_a_deployment_directory_this_user_cannot_enter_is_not_chosen(tmp_path: Path) -> None:
-    system_dir = tmp_path / "dflash-sidecar"
-    system_dir.mkdir(mode=0o600)
-    e = {"XDG_RUNTIME_DIR": str(tmp_path / "xdg")}
-    assert shim_endpoint(e, str(system_dir), ME) == daemon_endpoint(e)
+    root = os.geteuid() == 0
+    # As root the case runs as ``nobody``, who must be able to reach the directory's parent.
+    base = Path(tempfile.mkdtemp(prefix="dflash-rule-", dir="/tmp")) if root else tmp_path
+    try:
+        base.chmod(0o755)
+        system_dir = base / "dflash-sidecar"
+        system_dir.mkdir(mode=0o600)
+        owner = pwd.getpwuid(system_dir.stat().st_uid).pw_name
+        e = {"XDG_RUNTIME_DIR": str(base / "xdg")}
+
+        def rule_skips_it() -> bool:
+            return shim_endpoint(e, str(system_dir), owner) == daemon_endpoint(e)
+
+        assert _as_nobody(rule_skips_it) if root else rule_skips_it()
+    finally:
+        if root:
+            shutil.rmtree(base)
 
 
 def _check(tmp: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
