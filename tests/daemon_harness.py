@@ -19,7 +19,10 @@ import textwrap
 import time
 import urllib.request
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -211,3 +214,20 @@ def self_signed_cert(tmp: Path) -> tuple[Path, Path]:
                     "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=dflash-sidecar test",
                     "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
     return cert, key
+
+
+@contextmanager
+def raw_publisher(endpoint: str) -> Iterator[Any]:
+    """An XPUB socket in this process connected to a daemon at ``endpoint``, yielded once the
+    daemon's subscription arrived, for hand-built frames; closed (linger 0) on exit."""
+    import zmq
+
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    pub.connect(endpoint)
+    try:
+        wait_for(lambda: pub.poll(100) and pub.recv(), what="the daemon to subscribe")
+        yield pub
+    finally:
+        pub.close(0)
+        ctx.term()

@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 
 import msgspec
-import zmq
 
-from tests.daemon_harness import DaemonProc, env, publish, wait_for
+from tests.daemon_harness import DaemonProc, env, publish, raw_publisher, wait_for
 
 enc = msgspec.msgpack.Encoder()
 
@@ -62,32 +61,28 @@ def test_counts_of_two_to_the_62_under_an_honest_trainers_labels_are_refused(tmp
 
 def test_another_process_cannot_speak_for_a_senders_id(tmp_path: Path) -> None:
     d = DaemonProc(tmp_path)
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.XPUB)  # the honest sender, in this process
-    pub.connect(d.endpoint)
     sender, total = 777, 0
     try:
-        wait_for(lambda: pub.poll(100) and pub.recv(), what="the daemon to subscribe")
-        pub.send(enc.encode([1, 1, sender, 0, {"pid": os.getpid(), "role": "target",
-                                               "worker": "0", "started_unix_s": time.time()}]))
-        for seq in range(1, 11):
-            total += 3
-            pub.send(enc.encode([1, 2, sender, seq, "target", "0", None, total, {}, [[2, "tokens", 1]] * 3]))
-        wait_for(lambda: d.value("dflash_sidecar_records_accepted_total", role="target") == total,
-                 what="the honest batches")
-        # the same sender id from another process: a records_total ahead of the honest one
-        frames = _frames(d)
-        _forge(d.endpoint, enc.encode([1, 2, sender, 11, "target", "0", None, total + 1000, {}, [[2, "tokens", 1]]]))
-        wait_for(lambda: _frames(d) > frames, what="the forged frame taken in")
-        for seq in range(12, 22):
-            total += 3
-            pub.send(enc.encode([1, 2, sender, seq, "target", "0", None, total, {}, [[2, "tokens", 1]] * 3]))
-        wait_for(lambda: d.value("dflash_sidecar_records_accepted_total", role="target") == total,
-                 what="the honest batches after the forgery")
-        assert "bad_sequence" not in _dropped(d)
-        assert _dropped(d).get("wrong_peer") == 1
-        assert d.value("dflash_sidecar_records_dropped_total", role="target") in (None, 0.0)
+        with raw_publisher(d.endpoint) as pub:
+            pub.send(enc.encode([1, 1, sender, 0, {"pid": os.getpid(), "role": "target",
+                                                   "worker": "0", "started_unix_s": time.time()}]))
+            for seq in range(1, 11):
+                total += 3
+                pub.send(enc.encode([1, 2, sender, seq, "target", "0", None, total, {}, [[2, "tokens", 1]] * 3]))
+            wait_for(lambda: d.value("dflash_sidecar_records_accepted_total", role="target") == total,
+                     what="the honest batches")
+            # the same sender id from another process: a records_total ahead of the honest one
+            frames = _frames(d)
+            forged = [1, 2, sender, 11, "target", "0", None, total + 1000, {}, [[2, "tokens", 1]]]
+            _forge(d.endpoint, enc.encode(forged))
+            wait_for(lambda: _frames(d) > frames, what="the forged frame taken in")
+            for seq in range(12, 22):
+                total += 3
+                pub.send(enc.encode([1, 2, sender, seq, "target", "0", None, total, {}, [[2, "tokens", 1]] * 3]))
+            wait_for(lambda: d.value("dflash_sidecar_records_accepted_total", role="target") == total,
+                     what="the honest batches after the forgery")
+            assert "bad_sequence" not in _dropped(d)
+            assert _dropped(d).get("wrong_peer") == 1
+            assert d.value("dflash_sidecar_records_dropped_total", role="target") in (None, 0.0)
     finally:
-        pub.close(0)
-        ctx.term()
         d.stop()

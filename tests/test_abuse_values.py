@@ -8,32 +8,26 @@ import math
 from pathlib import Path
 
 import msgspec
-import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.daemon_harness import DaemonProc, wait_for
+from tests.daemon_harness import DaemonProc, raw_publisher, wait_for
 
 enc = msgspec.msgpack.Encoder()
 
 
 def test_absurd_finite_values_are_refused_and_nothing_exported_is_infinite(tmp_path: Path) -> None:
     d = DaemonProc(tmp_path)
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.XPUB)
-    pub.connect(d.endpoint)
     try:
-        wait_for(lambda: pub.poll(100) and pub.recv(), what="the daemon to subscribe")
-        records = [[1, "forward_ms", 5.0], [2, "tokens", 100], [3, "loss_token_fraction", 0.5],
-                   [1, "forward_ms", 1e308], [1, "forward_ms", 1e308], [2, "tokens", 1e308],
-                   [2, "tokens", 1e308], [3, "loss_token_fraction", -1e308], [3, "loss_token_fraction", -1e308],
-                   [6, 1, {"queue_wait_ms": 1e308, "step_ms": 1e308}]]
-        pub.send(enc.encode([1, 2, 99, 0, "drafter", "0", 1, len(records), {}, records]))
-        wait_for(lambda: d.value("dflash_sidecar_records_accepted_total", role="drafter"), what="the batch")
-        wait_for(lambda: d.value("dflash_trainer_forward_seconds_count"), what="a window with the timing")
-        text = d.text()
+        with raw_publisher(d.endpoint) as pub:
+            records = [[1, "forward_ms", 5.0], [2, "tokens", 100], [3, "loss_token_fraction", 0.5],
+                       [1, "forward_ms", 1e308], [1, "forward_ms", 1e308], [2, "tokens", 1e308],
+                       [2, "tokens", 1e308], [3, "loss_token_fraction", -1e308], [3, "loss_token_fraction", -1e308],
+                       [6, 1, {"queue_wait_ms": 1e308, "step_ms": 1e308}]]
+            pub.send(enc.encode([1, 2, 99, 0, "drafter", "0", 1, len(records), {}, records]))
+            wait_for(lambda: d.value("dflash_sidecar_records_accepted_total", role="drafter"), what="the batch")
+            wait_for(lambda: d.value("dflash_trainer_forward_seconds_count"), what="a window with the timing")
+            text = d.text()
     finally:
-        pub.close(0)
-        ctx.term()
         d.stop()
     bad = [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples
            if not math.isfinite(s.value)]

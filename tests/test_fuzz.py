@@ -6,12 +6,11 @@ import math
 from pathlib import Path
 
 import msgspec
-import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidecar.ingest import IngestLoop
-from tests.daemon_harness import DaemonProc, NoSocket, publish, wait_for
+from tests.daemon_harness import DaemonProc, NoSocket, publish, raw_publisher, wait_for
 from trainer_shim import wire
 
 enc = msgspec.msgpack.Encoder()
@@ -52,37 +51,33 @@ def test_any_frame_sequence_is_counted_never_raised(frame_list: list[bytes]) -> 
 
 def test_garbage_on_the_socket_leaves_valid_data_exact(tmp_path: Path) -> None:
     d = DaemonProc(tmp_path)
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.XPUB)
-    pub.connect(d.endpoint)
     try:
-        wait_for(lambda: pub.poll(100) and pub.recv(), what="the daemon to subscribe")
-        garbage = [b"", b"\xc1\xc1", enc.encode([9, 2, 1]), enc.encode([1, 2, "x"]), b"\x91" * 50_000,
-                   enc.encode([1, 2, 5, 0, "r", "w", None, 10**18, {}, [[1, "t", math.nan]] * 100]),
-                   enc.encode([1, 2, 6, 0, "drafter", "9", None, 3, {}, [[3, "g" * 500, 1.0], [77, "x", 1], "junk"]]),
-                   enc.encode([1, 1, 5, 0, {"pid": "nope"}])]
-        for _ in range(20):
-            for frame in garbage:
-                pub.send(frame)
-        # Taken in before the frame that makes ZeroMQ drop the link: frames still queued on a link
-        # that ZeroMQ drops (at most RECV_HWM) go with it.
-        wait_for(lambda: (d.value("dflash_sidecar_frames_received_total") or 0) >= 20 * len(garbage),
-                 what="the garbage taken in")
-        pub.send(b"\x00" * (wire.MAX_MESSAGE_BYTES + 10))  # over ZeroMQ's limit: the daemon drops the link
-        res = publish(d.endpoint, "drafter", "0", 500)
-        wait_for(lambda: d.value("dflash_sidecar_records_accepted_total", role="drafter", worker="0")
-                 == res["records_total"], what="valid records counted")
-        dropped = {lab["reason"]: v for lab, v in d.samples()["dflash_sidecar_messages_dropped_total"]}
-        assert dropped["malformed"] >= 80 and dropped["unknown_version"] == 20
-        per_record = {lab["reason"]: v for lab, v in d.samples()["dflash_sidecar_records_dropped_total"]
-                      if lab["worker"] == "9"}
-        # the same counters 20 times: counted once, the 19 replays refused as a whole
-        assert per_record == {"bad_name": 1, "unknown_kind": 1, "malformed_record": 1}
-        assert dropped["bad_sequence"] == 19  # sender 6 replayed 19 times
-        assert dropped["impossible_count"] == 20  # sender 5 claims 10**18 records: no process makes that many
-        assert d.value("dflash_trainer_tokens_total", role="drafter", worker="0") == 5000
-        assert d.proc.poll() is None
+        with raw_publisher(d.endpoint) as pub:
+            garbage = [b"", b"\xc1\xc1", enc.encode([9, 2, 1]), enc.encode([1, 2, "x"]), b"\x91" * 50_000,
+                       enc.encode([1, 2, 5, 0, "r", "w", None, 10**18, {}, [[1, "t", math.nan]] * 100]),
+                       enc.encode([1, 2, 6, 0, "drafter", "9", None, 3, {},
+                                   [[3, "g" * 500, 1.0], [77, "x", 1], "junk"]]),
+                       enc.encode([1, 1, 5, 0, {"pid": "nope"}])]
+            for _ in range(20):
+                for frame in garbage:
+                    pub.send(frame)
+            # Taken in before the frame that makes ZeroMQ drop the link: frames still queued on a link
+            # that ZeroMQ drops (at most RECV_HWM) go with it.
+            wait_for(lambda: (d.value("dflash_sidecar_frames_received_total") or 0) >= 20 * len(garbage),
+                     what="the garbage taken in")
+            pub.send(b"\x00" * (wire.MAX_MESSAGE_BYTES + 10))  # over ZeroMQ's limit: the daemon drops the link
+            res = publish(d.endpoint, "drafter", "0", 500)
+            wait_for(lambda: d.value("dflash_sidecar_records_accepted_total", role="drafter", worker="0")
+                     == res["records_total"], what="valid records counted")
+            dropped = {lab["reason"]: v for lab, v in d.samples()["dflash_sidecar_messages_dropped_total"]}
+            assert dropped["malformed"] >= 80 and dropped["unknown_version"] == 20
+            per_record = {lab["reason"]: v for lab, v in d.samples()["dflash_sidecar_records_dropped_total"]
+                          if lab["worker"] == "9"}
+            # the same counters 20 times: counted once, the 19 replays refused as a whole
+            assert per_record == {"bad_name": 1, "unknown_kind": 1, "malformed_record": 1}
+            assert dropped["bad_sequence"] == 19  # sender 6 replayed 19 times
+            assert dropped["impossible_count"] == 20  # sender 5 claims 10**18 records: no process makes that many
+            assert d.value("dflash_trainer_tokens_total", role="drafter", worker="0") == 5000
+            assert d.proc.poll() is None
     finally:
-        pub.close(0)
-        ctx.term()
         d.stop()
