@@ -11,6 +11,7 @@ does not report has no sample at all (never a fake 0). Names use base units and 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -50,20 +51,23 @@ def gpu_metric_families(view: GpuView, host: str, now_monotonic_s: float) -> lis
     return [family for family in families if family.samples]
 
 
-def _gauge(name: str, help_text: str, labels: list[str], samples: Iterable[tuple[list[str], float]]
-           ) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, help_text, labels=labels)
+_Family = TypeVar("_Family", GaugeMetricFamily, CounterMetricFamily)
+
+
+def _filled(family: _Family, samples: Iterable[tuple[list[str], float]]) -> _Family:
     for label_values, value in samples:
         family.add_metric(label_values, value)
     return family
+
+
+def _gauge(name: str, help_text: str, labels: list[str], samples: Iterable[tuple[list[str], float]]
+           ) -> GaugeMetricFamily:
+    return _filled(GaugeMetricFamily(name, help_text, labels=labels), samples)
 
 
 def _counter(name: str, help_text: str, labels: list[str], samples: Iterable[tuple[list[str], float]]
              ) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, help_text, labels=labels)
-    for label_values, value in samples:
-        family.add_metric(label_values, value)
-    return family
+    return _filled(CounterMetricFamily(name, help_text, labels=labels), samples)
 
 
 def _health_families(snapshot: GpuSnapshot | None, status: NvmlStatus, host: str, now: float) -> list[Metric]:
