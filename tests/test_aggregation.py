@@ -12,7 +12,7 @@ from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.senders import SenderRegistry
 from sidecar.aggregation.series import CategorySeries, entropy_bits
 from sidecar.aggregation.sketch import EXACT_LIMIT, RANK_ERROR, QuantileBuffer
-from sidecar.model.messages import BatchMessage
+from sidecar.model.messages import BatchMessage, HelloMessage
 from sidecar.model.names import counter_token, family_names, metric_token, timing_token
 from sidecar.model.window import COUNT, GAUGE, TIMING
 from sidecar.sources.decode import DecodeError, decode
@@ -176,6 +176,30 @@ def test_sender_accounting_counts_every_gap() -> None:
     assert reg.totals["drafter", "0"].dropped == {"before_join": 90, "lost_in_transit": 30, "sender_buffer_full": 5}
     assert reg.on_batch(_batch(9, 120, 10), 0.0, 0.0) is None  # a counter going backwards is refused
     assert reg.messages_dropped == {"bad_sequence": 1}
+
+
+def test_a_sender_without_a_hello_cannot_claim_a_history() -> None:
+    # A shim says hello before its first batch; a frame under a fresh id claiming 10**9 records
+    # would put 10**9 drops under any labels it names.
+    reg = SenderRegistry()
+    assert reg.on_batch(_batch(0, 10**9, 1, {"buffer_full": 10**9 - 1}), 0.0, 1_000_000.0) is None
+    assert reg.messages_dropped == {"impossible_count": 1}
+    assert reg.totals == {}
+    # The same claim after a hello stating a start a day ago is one a real process can make.
+    hello = HelloMessage(7, 0, {"pid": 1, "role": "drafter", "worker": "0", "started_unix_s": 1_000_000.0 - 86400})
+    assert reg.on_hello(hello, 1.0) is not None
+    assert reg.on_batch(_batch(1, 10**9, 1, {"buffer_full": 10**9 - 1}), 1.0, 1_000_001.0) is not None
+
+
+def test_the_kernels_pid_is_the_senders_pid_and_a_container_hello_is_accepted() -> None:
+    # A trainer in a container states the pid of its own pid namespace (often 1); the kernel gives
+    # the daemon's view of the same process, which is also what NVML reports.
+    reg = SenderRegistry()
+    state = reg.on_hello(HelloMessage(7, 0, {"pid": 1, "role": "drafter", "worker": "0"}), 0.0, peer_pid=4242)
+    assert state is not None and state.hello is not None and state.pid == 4242
+    assert reg.on_batch(_batch(1, 10, 10), 0.0, 0.0, peer_pid=4242) is state
+    assert reg.on_batch(_batch(2, 20, 10), 0.0, 0.0, peer_pid=4243) is None  # another process, same id
+    assert reg.messages_dropped == {"wrong_peer": 1}
 
 
 @pytest.mark.parametrize("frame, reason", [

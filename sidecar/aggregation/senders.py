@@ -42,7 +42,10 @@ claim a real process can make: the message is dropped (``messages_dropped{reason
 MAX_SENDER_AGE_S = 30 * 86400.0
 """The age a sender's claims are bounded by when its hello gives none (or an older one)."""
 CLAIM_SLACK_S = 60.0
-"""Added to a sender's age: clocks of the trainer and the daemon may differ a little."""
+"""Added to the age of a sender with a hello: clocks of the trainer and the daemon may differ a
+little."""
+NO_HELLO_SLACK_S = 1.0
+"""Added to the age of a sender without a hello (no clock to disagree with)."""
 
 
 @dataclass(slots=True)
@@ -69,6 +72,11 @@ class SenderState:
 
     @property
     def pid(self) -> int | None:
+        """The sender's process id in the daemon's own pid namespace: the kernel's word for ipc
+        peers (also right for a trainer in a container, whose hello states the pid in its own
+        namespace), else the pid its hello states."""
+        if self.peer_pid is not None:
+            return self.peer_pid
         pid = (self.hello or {}).get("pid")
         return pid if pid.__class__ is int else None
 
@@ -115,15 +123,16 @@ class SenderRegistry:
         self.evicted[name] = self.evicted.get(name, 0) + 1
         return True
 
-    def _wrong_peer(self, state: SenderState, peer_pid: int | None, claimed_pid: Any = None) -> bool:
+    def _wrong_peer(self, state: SenderState, peer_pid: int | None) -> bool:
         """Whether a message for ``state`` came from another process than the sender's (counted
-        ``wrong_peer``): a sender id is bound to the pid its first message came from, and a hello
-        may not claim another pid than its connection's. Unknown (tcp) peers are not checked."""
+        ``wrong_peer``): a sender id is bound to the pid its first message came from. The pid a
+        hello states is not compared (a trainer in a container states the pid of its own pid
+        namespace); ``SenderState.pid`` takes the kernel's. Unknown (tcp) peers are not checked."""
         if peer_pid is None:
             return False
         if state.peer_pid is None:
             state.peer_pid = peer_pid
-        if state.peer_pid != peer_pid or (claimed_pid.__class__ is int and claimed_pid != peer_pid):
+        if state.peer_pid != peer_pid:
             self.drop_message("wrong_peer")
             return True
         return False
@@ -139,7 +148,7 @@ class SenderRegistry:
         if state is None:
             self.drop_message("too_many_senders")
             return None
-        if self._wrong_peer(state, peer_pid, info.get("pid")):
+        if self._wrong_peer(state, peer_pid):
             return None
         state.hello = info
         state.last_seen = now
@@ -156,8 +165,8 @@ class SenderRegistry:
             return None
         if self._wrong_peer(state, peer_pid):
             return None
-        if msg.records_total + sum(msg.dropped.values()) > MAX_CALLS_PER_S * (_age_s(state, now, now_unix)
-                                                                            + CLAIM_SLACK_S):
+        slack = CLAIM_SLACK_S if state.hello is not None else NO_HELLO_SLACK_S
+        if msg.records_total + sum(msg.dropped.values()) > MAX_CALLS_PER_S * (_age_s(state, now, now_unix) + slack):
             self.drop_message("impossible_count")
             return None
         n = len(msg.records)
@@ -229,8 +238,12 @@ class SenderRegistry:
 
 def _age_s(state: SenderState, now: float, now_unix: float) -> float:
     """How long the sender can have been making calls: since the start its hello states, at most
-    ``MAX_SENDER_AGE_S`` before the daemon first heard of it."""
-    started = (state.hello or {}).get("started_unix_s")
+    ``MAX_SENDER_AGE_S`` before the daemon first heard of it. Without a hello, only since the
+    daemon first heard of it: a shim says hello before its first batch and again every few
+    seconds, so a sender that never said one has no earlier history to claim."""
+    if state.hello is None:
+        return now - state.first_seen
+    started = state.hello.get("started_unix_s")
     before = MAX_SENDER_AGE_S
     if (started.__class__ is float or started.__class__ is int) and started <= now_unix:
         before = min(before, now_unix - started - (now - state.first_seen))
