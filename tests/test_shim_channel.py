@@ -459,3 +459,16 @@ def test_queued_records_are_not_tracked_by_the_garbage_collector() -> None:
     gc.collect()
     assert not any(gc.is_tracked(snapshot) for snapshot in ch._pq)
     assert ch.drain()[0] == (K.PROFILE, 0, {"forward_ms": 1.0, "loss": 0.5})
+
+
+def test_the_framework_callbacks_loss_never_raises_in_strict_mode() -> None:
+    # The callbacks hand a CPU loss tensor on as a gauge; a strict channel refuses a tensor gauge
+    # at the call site, which must not reach the trainer from the shim's own integration.
+    import torch
+
+    from trainer_shim.integrations._steps import StepClock
+
+    for strict in (False, True):
+        ch = make(strict=strict)
+        StepClock(ch).scalar("loss", torch.tensor(1.5))
+        assert ch.pending() == 1 and ch.dropped == {}

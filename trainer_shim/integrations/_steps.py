@@ -71,7 +71,10 @@ class StepClock:
         elif getattr(value, "is_cuda", False):
             self._tm.scalar(name, detach())
         else:
-            self._tm.gauge(name, detach())
+            try:
+                self._tm.gauge(name, detach())
+            except TypeError:  # a strict channel takes only numbers as gauges: a tensor is scalar()'s
+                self._tm.scalar(name, detach())
 
 
 def announce_wandb_run(run_id: str | None = None) -> None:
