@@ -1,3 +1,3 @@
 """dflash-sidecar: the host-side daemon (sources -> aggregation -> exporters)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

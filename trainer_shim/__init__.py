@@ -3,4 +3,4 @@
 Import light: pyzmq and msgspec only; torch and wandb are used only if the trainer imported them.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

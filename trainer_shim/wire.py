@@ -36,7 +36,7 @@ KNOWN_VERSIONS: Final = frozenset({1})
 MAX_MESSAGE_BYTES: Final = 1024 * 1024
 """Largest frame the daemon accepts (ZeroMQ ``MAXMSGSIZE``); the shim splits batches below it.
 A flush of 4096 records with 128-byte names is about 600 kB; the limit times the daemon's receive
-queue bounds its memory (was 4 MiB until 0.1.x, which let a flood hold 10,000 x 4 MiB)."""
+queue bounds its memory (was 4 MiB in 0.1.0, which let a flood hold 10,000 x 4 MiB)."""
 
 MAX_RECORDS_PER_BATCH: Final = 4096
 """The shim never puts more records than this in one message (keeps frames far below the cap)."""
