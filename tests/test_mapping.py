@@ -27,7 +27,9 @@ def resolve(name: str, kind: int = TIMING, role: str = "monitor", worker: str = 
     ("drafter.backward_ms", TIMING, ("drafter", "0", "backward_ms", "backward")),
     ("drafter.1.tokens", COUNT, ("drafter", "1", "tokens", "tokens")),
     ("drafter/1/forward_ms", TIMING, ("drafter", "1", "forward_ms", "forward")),
-    ("rank.3.data_wait_ms", TIMING, ("rank", "3", "data_wait_ms", "data_wait")),
+    ("rank.3.data_wait_ms", TIMING, ("monitor", "3", "data_wait_ms", "data_wait")),
+    ("layer.3.forward_ms", TIMING, ("monitor", "0", "layer.3.forward_ms", "")),  # a per-layer name, no role
+    ("monitor.2.step_ms", TIMING, ("monitor", "2", "step_ms", "step")),  # the channel's own role
     ("data_time_ms", TIMING, ("monitor", "0", "data_time_ms", "data_wait")),
     ("allreduce_ms", TIMING, ("monitor", "0", "allreduce_ms", "comm_wait")),
     ("optimizer_step_ms", TIMING, ("monitor", "0", "optimizer_step_ms", "optimizer")),

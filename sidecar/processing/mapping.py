@@ -226,6 +226,10 @@ for _preset, _meaning, _names in PRESETS:
         _PRESET_INDEX.setdefault(_n, (_meaning, _preset))
 
 
+WORKER_HEADS = frozenset({"rank", "worker"})
+"""Key heads that name a worker of the channel's role: ``rank.3.data_wait_ms``."""
+
+
 @dataclass
 class Mapper:
     """Resolves names; immutable after construction except for the per-rule hit counts."""
@@ -255,9 +259,15 @@ class Mapper:
         name = raw
         parts = _SEP.split(raw)
         if len(parts) >= 2 and all(parts):
-            head_role = label_value(parts[0])
-            if len(parts) >= 3 and parts[1].isdigit() and head_role is not None:
-                role, worker, name, how = head_role, parts[1], raw[len(parts[0]) + len(parts[1]) + 2:], "key grammar"
+            # A head counts as a role only if it is one the insight knows or the channel's own
+            # (``layer.3.forward_ms`` is a per-layer name, not role "layer", worker 3); ``rank``
+            # and ``worker`` heads name a worker of the channel's role.
+            numbered = len(parts) >= 3 and parts[1].isascii() and parts[1].isdigit()
+            rest = raw[len(parts[0]) + len(parts[1]) + 2:]
+            if numbered and (parts[0] in self.known_roles or parts[0] == role):
+                role, worker, name, how = parts[0], parts[1], rest, "key grammar"
+            elif numbered and parts[0] in WORKER_HEADS:
+                worker, name, how = parts[1], rest, "key grammar"
             elif parts[0] in self.known_roles:
                 role, name, how = parts[0], raw[len(parts[0]) + 1:], "key grammar"
         preset = self._preset(kind, name)
