@@ -1,25 +1,20 @@
-"""Shim calls inside ``torch.compile``d code: no raise, no graph break, no recompile.
+"""Shim calls inside ``torch.compile``d code: no raise, no graph break, records arrive.
 
 Dynamo traces any Python function it meets. Traced, a shim call would put guards on the
 channel's queue (which the flusher drains concurrently: guards then fail or raise) and on the
-values passed. Dynamo's supported way out for calls that only log is
-``torch._dynamo.config.reorderable_logging_functions``: a registered function is not traced; the
-call is replayed after the graph has run, with the real tensors, and the graph does not break.
-Its limits, as of torch 2.13 (``tests/test_shim_compile.py`` checks each):
+values passed. So dynamo never traces a recording function: ``torch.compiler.substitute_in_graph``
+replaces each inside compiled code by a call of a shim operator (``trainer_shim.compile_ops``),
+a graph node that runs the original function with the real values. Unlike dynamo's
+``reorderable_logging_functions`` (replayed after the graph, but dropped when made in a function
+dynamo inlines, and a graph break for a dict or a symbolic int), an operator works in inlined
+functions, takes a ``publish`` dict as one call, and takes a symbolic int. Its cost is one
+dispatcher call per shim call (a few microseconds, see docs/SHIM.md). Where the operators cannot
+be defined (an older torch), the functions become reorderable logging calls instead, and the
+limits above apply (a warning says so).
 
-- the function must be a plain Python function returning None (so every recording call of a
-  channel is a plain function, see ``trainer_shim.channel``);
-- its arguments must be tensors, constants of the traced code or format strings: a Python
-  number that changes from call to call (a step counter passed into the compiled function) is
-  guarded on, recompiles once, then turns symbolic and breaks the graph; a dict (``publish``'s
-  profile) always breaks the graph;
-- only calls made by the compiled frame itself are replayed: dynamo drops those made by a
-  function it inlines (a submodule's ``forward``, a helper), so they record nothing;
-- the call happens after the graph: a value that the graph mutates later is seen mutated.
-
-``timer()`` cannot be one of these (it returns a context manager). Inside compiled code it is
-replaced by ``contextlib.nullcontext`` (``substitute_in_graph``): dynamo neither breaks the graph
-nor skips the function, and the timer records nothing; time the compiled call from outside.
+``timer()`` returns a context manager, which no operator can. Inside compiled code it is
+replaced by ``contextlib.nullcontext``: dynamo neither breaks the graph nor skips the function,
+and the timer records nothing; time the compiled call from outside.
 
 Nothing here imports torch: the functions are registered when the trainer imports
 ``torch._dynamo`` (at once if it already did, else from an import hook), so a trainer that
@@ -42,20 +37,21 @@ log = logging.getLogger("trainer_shim")
 
 _DYNAMO = "torch._dynamo"
 _lock = threading.Lock()
-_logging_fns: list[Callable[..., None]] = []
-_timer_fns: list[Callable[..., Any]] = []
+_fns: list[tuple[str, Callable[..., Any]]] = []
 _applied: set[int] = set()
+_ops: ModuleType | None = None
+_ops_failed = False
 _hook: _DynamoImportHook | None = None
 
 
 def register(fns: dict[str, Callable[..., Any]]) -> None:
     """Make a channel's recording functions compile-safe: ``timer`` is replaced by a null
-    context inside compiled code, every other one becomes a reorderable logging call. Takes
-    effect at once if dynamo is loaded, else when it is imported. Never raises."""
+    context inside compiled code, every other one by a call of a shim operator
+    (``trainer_shim.compile_ops``). Takes effect at once if dynamo is loaded, else when it is
+    imported. Never raises."""
     try:
         with _lock:
-            for name, fn in fns.items():
-                (_timer_fns if name == "timer" else _logging_fns).append(fn)
+            _fns.extend(fns.items())
         if _DYNAMO in sys.modules:
             _apply()
         else:
@@ -66,20 +62,42 @@ def register(fns: dict[str, Callable[..., Any]]) -> None:
 
 def _apply() -> None:
     """Register every known function with dynamo (idempotent)."""
-    from torch._dynamo import config  # the trainer has imported dynamo: no extra cost
     from torch._dynamo.decorators import substitute_in_graph
 
+    ops = _operators()
     with _lock:
-        for fn in _logging_fns:
-            if id(fn) not in _applied:
-                config.reorderable_logging_functions.add(fn)
-                _never_trace(fn)
-                _applied.add(id(fn))
-        for fn in _timer_fns:
-            if id(fn) not in _applied:
+        for name, fn in _fns:
+            if id(fn) in _applied:
+                continue
+            if name == "timer":
                 substitute_in_graph(fn, skip_signature_check=True)(_null_timer_for(fn))
-                _never_trace(fn)
-                _applied.add(id(fn))
+            elif ops is not None:
+                substitute_in_graph(fn, skip_signature_check=True)(ops.in_graph(name, fn))
+            else:
+                from torch._dynamo import config
+
+                config.reorderable_logging_functions.add(fn)
+            _never_trace(fn)
+            _applied.add(id(fn))
+
+
+def _operators() -> ModuleType | None:
+    """``trainer_shim.compile_ops`` (defining its operators on first use), or None where they
+    cannot be defined: then the functions become reorderable logging calls, which lose the calls
+    made in inlined functions (see docs/SHIM.md)."""
+    global _ops, _ops_failed
+    if _ops is None and not _ops_failed:
+        try:
+            from trainer_shim import compile_ops
+
+            for impl in compile_ops.IMPLS:
+                _never_trace(impl)
+            _ops = compile_ops
+        except Exception as exc:  # noqa: BLE001 - an older torch: fall back, say so once
+            _ops_failed = True
+            log.warning("trainer_shim: no shim operators for torch.compile (%r); calls in "
+                        "functions dynamo inlines record nothing", exc)
+    return _ops
 
 
 def _never_trace(fn: Callable[..., Any]) -> None:
