@@ -137,21 +137,22 @@ class Block(torch.nn.Module):
 BLOCK = Block()
 
 
-def log_profile(step: int, y: torch.Tensor) -> None:
-    """A helper dynamo inlines: publish with a dict, an int that changes every step, a tensor."""
-    telemetry.publish(step, {"helper_ms": 1.5, "tokens": 4})
+def log_profile(step: int, lr: float, y: torch.Tensor) -> None:
+    """A helper dynamo inlines: publish with a dict, an int and a float that change every step,
+    a tensor."""
+    telemetry.publish(step, {"helper_ms": 1.5, "tokens": 4, "lr": lr})
     telemetry.gauge("step", step)
     telemetry.category("bucket", "short")
     telemetry.scalar("helper_loss", y.sum())
 
 
-def step_inlining(x: torch.Tensor, step: int) -> torch.Tensor:
+def step_inlining(x: torch.Tensor, step: int, lr: float) -> torch.Tensor:
     y = BLOCK(x)
-    log_profile(step, y)
+    log_profile(step, lr, y)
     return y.cos()
 
 
-def step_inlining_plain(x: torch.Tensor, step: int) -> torch.Tensor:
+def step_inlining_plain(x: torch.Tensor, step: int, lr: float) -> torch.Tensor:
     return torch.tanh(x).cos()
 
 
@@ -160,8 +161,9 @@ def test_calls_in_inlined_functions_arrive_without_graph_break(backend: str, shi
     """Calls made in a submodule's ``forward`` and in a helper (both inlined by dynamo, where
     its reorderable logging calls are dropped) arrive, each once per step, and break nothing.
     ``publish`` with its dict does not break the graph. The step, a Python int that changes
-    every call, costs one recompile (dynamo then makes it symbolic), no graph break."""
-    inputs = (lambda i: torch.randn(4, 8)), (lambda i: i)
+    every call, and a Python float that does, cost one recompile together (dynamo then makes
+    them symbolic), no graph break; inductor used to recompile for every new float."""
+    inputs = (lambda i: torch.randn(4, 8)), (lambda i: i), (lambda i: i / 1024)
     assert compiled_run(step_inlining_plain, backend, *inputs) == {
         "graphs": 1, "graph_breaks": 0, "recompiles": 0}
     got = compiled_run(step_inlining, backend, *inputs)
@@ -178,7 +180,8 @@ def test_calls_in_inlined_functions_arrive_without_graph_break(backend: str, shi
     assert all(isinstance(r[2], float) for r in main if r[1] == "helper_loss")
     profiles = [r for r in records if r[0] == RecordKind.PROFILE]
     assert [p[1] for p in profiles] == list(range(STEPS))
-    assert all(p[2] == {"helper_ms": 1.5, "tokens": 4.0} for p in profiles)
+    assert [p[2] for p in profiles] == [{"helper_ms": 1.5, "tokens": 4.0, "lr": i / 1024}
+                                        for i in range(STEPS)]
     assert [r[2] for r in books[("trainer", "c1")].records] == [8] * STEPS
     assert all(s["dropped"] == {} for s in telemetry.stats().values())
 

@@ -47,8 +47,8 @@ class Channel:
 
     The recording calls (``timing``, ``count``, ``gauge``, ``category``, ``publish``, ``scalar``,
     ``timer``) are plain functions stored on the instance, not methods: a bound method would be
-    traced by ``torch.compile``, a plain function can be registered with it as a logging call
-    (``trainer_shim.compile_support``). Each keeps a direct reference to the channel's queue, so a
+    traced by ``torch.compile``, a plain function can be substituted there by a call of a shim
+    operator (``trainer_shim.compile_support``). Each keeps a direct reference to the channel's queue, so a
     call is one bounded append."""
 
     __slots__ = (

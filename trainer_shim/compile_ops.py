@@ -11,8 +11,9 @@ in a CUDA graph (inductor keeps them out of captured regions). At run time an op
 original recording function with the real values, as plain Python.
 
 The operators take only what an operator schema can: an int naming the recording function
-(an index into ``_fns``), a str, an int, a float, a tensor, a list of floats. A ``publish`` dict
-becomes one call: its names joined by ``SEP`` and its values as a list. Whatever does not fit
+(an index into ``_fns``), a str, an int, a tensor; a float travels as a 0-d tensor
+(``_as_tensor``). A ``publish`` dict becomes one call: its names joined by ``SEP`` and its values
+as one float64 tensor. Whatever does not fit
 (a non-str name, a value of another type, a dict with non-number values) goes through the
 original function behind ``torch.compiler.disable``: the graph breaks there, the record arrives.
 """
@@ -29,12 +30,10 @@ SEP = "\x1f"
 metric name (a name containing it is sent through the eager fallback instead)."""
 
 _fns: list[Callable[..., Any]] = []
-_NS = "dflash_sidecar"
-_tags = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
 
 
-def _float(fid: int, name: str, value: float) -> None:
-    _fns[fid](name, value)
+def _float(fid: int, name: str, value: torch.Tensor) -> None:
+    _fns[fid](name, value.item())  # a 0-d float64 tensor: see _as_tensor
 
 
 def _int(fid: int, name: str, value: int) -> None:
@@ -49,18 +48,51 @@ def _tensor(fid: int, name: str, value: torch.Tensor) -> None:
     _fns[fid](name, value)  # the tensor the graph computed
 
 
-def _profile(fid: int, step: int, names: str, values: list[float]) -> None:
-    _fns[fid](step, dict(zip(names.split(SEP), values, strict=True)) if names else {})
+def _profile(fid: int, step: int, names: str, values: torch.Tensor) -> None:
+    _fns[fid](step, dict(zip(names.split(SEP), values.tolist(), strict=True)) if names else {})
 
 
-IMPLS = (_float, _int, _str, _tensor, _profile)
+def _nothing(*args: Any) -> None:
+    """The fake kernel: at trace time an operator records nothing."""
+
+
+_SCHEMAS: dict[Callable[..., None], str] = {
+    _float: "record_float(int fid, str name, Tensor value) -> ()",
+    _int: "record_int(int fid, str name, SymInt value) -> ()",
+    _str: "record_str(int fid, str name, str value) -> ()",
+    _tensor: "record_tensor(int fid, str name, Tensor value) -> ()",
+    _profile: "record_profile(int fid, SymInt step, str names, Tensor values) -> ()",
+}
+IMPLS: tuple[Callable[..., None], ...] = tuple(_SCHEMAS)
 """The operators' Python bodies (``compile_support`` makes dynamo run them as plain Python)."""
-record_float, record_int, record_str, record_tensor, record_profile = (
-    torch.library.custom_op(f"{_NS}::record{fn.__name__}", fn, mutates_args=(), tags=_tags)
-    for fn in IMPLS)
-for _op in (record_float, record_int, record_str, record_tensor, record_profile):
-    _op.register_fake(lambda *args: None)
-    _op.register_effect(torch.library.EffectType.ORDERED)
+
+# A plain Library definition with a CompositeExplicitAutograd kernel: a call costs about a
+# third of a ``torch.library.custom_op`` one (whose kernel adds wrappers), measured with
+# bench/bench_compile_calls.py.
+_lib = torch.library.Library("dflash_sidecar", "DEF")
+_tags = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
+for _impl, _schema in _SCHEMAS.items():
+    _name = _schema.split("(")[0]
+    _lib.define(_schema, tags=_tags)
+    _lib.impl(_name, _impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"dflash_sidecar::{_name}", _nothing, lib=_lib)
+    # Ordered effects: never dead-code eliminated (they return nothing), never reordered.
+    torch.library._register_effectful_op(f"dflash_sidecar::{_name}",
+                                         torch.library.EffectType.ORDERED, lib=_lib)
+_ops = torch.ops.dflash_sidecar
+record_float = _ops.record_float.default
+record_int = _ops.record_int.default
+record_str = _ops.record_str.default
+record_tensor = _ops.record_tensor.default
+record_profile = _ops.record_profile.default
+
+
+def _as_tensor(value: float) -> torch.Tensor:
+    """A float as a 0-d float64 tensor computed in the graph. A float schema argument makes
+    inductor specialize on the value (a recompile for every new value, until dynamo's limit runs
+    the frame eagerly); as an operand of a tensor op, a float that dynamo has made symbolic stays
+    a graph input."""
+    return torch.zeros((), dtype=torch.float64) + value
 
 
 def in_graph(kind: str, fn: Callable[..., Any]) -> Callable[..., None]:
@@ -76,15 +108,16 @@ def in_graph(kind: str, fn: Callable[..., Any]) -> Callable[..., None]:
                 fallback(step, profile)
                 return
             names: list[str] = []
-            values: list[float] = []
+            values: list[torch.Tensor] = []
             for key, value in profile.items():
                 if (type(key) is not str or SEP in key or type(value) is bool
                         or not isinstance(value, (int, float))):
                     fallback(step, profile)
                     return
                 names.append(key)
-                values.append(float(value))
-            record_profile(fid, step, SEP.join(names), values)
+                values.append(_as_tensor(value))
+            record_profile(fid, step, SEP.join(names),
+                           torch.stack(values) if values else torch.zeros(0, dtype=torch.float64))
 
         return publish_in_graph
 
@@ -96,7 +129,7 @@ def in_graph(kind: str, fn: Callable[..., Any]) -> Callable[..., None]:
         elif isinstance(value, int):
             record_int(fid, name, value)
         elif isinstance(value, float):
-            record_float(fid, name, value)
+            record_float(fid, name, _as_tensor(value))
         elif isinstance(value, str):
             record_str(fid, name, value)
         else:
