@@ -224,3 +224,41 @@ def test_torch_is_never_imported_by_the_shim_and_registration_follows_dynamo() -
                           text=True,
                           timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_without_operators_the_fallback_says_what_it_loses() -> None:
+    """Where the shim's operators cannot be defined, the functions become dynamo's reorderable
+    logging calls: a warning says that calls in inlined functions record nothing, and the
+    compiled function's own calls still arrive without a graph break (pinned: on torch 2.13
+    dynamo drops the inlined one, so a torch that stops dropping it shows up here)."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["trainer_shim.compile_ops"] = None  # its import fails, as on an older torch
+        from trainer_shim import telemetry
+        telemetry.configure(endpoint="ipc:///nonexistent/x.sock")
+        import torch
+        from torch._dynamo.testing import CompileCounter
+        from torch._dynamo.utils import counters
+
+        def helper():
+            telemetry.count("inlined")
+
+        def fn(x):
+            telemetry.count("root")
+            helper()
+            return x.sin()
+
+        cc = CompileCounter()
+        compiled = torch.compile(fn, backend=cc)
+        for _ in range(3):
+            compiled(torch.randn(4))
+        st = telemetry.stats()[("trainer", "MainThread")]
+        print(cc.frame_count, sum(counters["graph_break"].values()),
+              st["pending"] + st["records_total"] + sum(st["dropped"].values()))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "calls in functions dynamo inlines record nothing" in proc.stderr
+    assert proc.stdout.split() == ["1", "0", "3"]  # 3 root calls; the 3 inlined ones are lost
