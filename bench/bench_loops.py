@@ -9,7 +9,7 @@ Loops (tiny models, one torch thread, so a 2-core box shared with other jobs can
 * ``dataloader``: the same, its batches from a DataLoader with 2 persistent fork workers whose
   dataset publishes a count and a timing per item (the workers' flushers run too);
 * ``compiled``: the step function under ``torch.compile`` (inductor), with shim calls inside it
-  (``timing``, ``count``, ``scalar`` of the loss: replayed after the graph) and ``publish``
+  (``timing``, ``count``, ``scalar`` of the loss: shim operators in the graph) and ``publish``
   outside;
 * ``hf``: a Hugging Face ``Trainer`` on a tiny GPT-2 built from a config, with and without
   ``SidecarCallback``;
@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
                 if name == "plain":
                     plain_loop = loop
                 r = compare(loop, args.rounds, args.steps)
-                direct = ("n/a (replayed inside the compiled frame)" if r["direct_us"] != r["direct_us"]
+                direct = ("n/a (shim operators inside the compiled graph)" if r["direct_us"] != r["direct_us"]
                           else f"{r['direct_us']:.1f} us")
                 pct = "n/a" if r["direct_pct"] != r["direct_pct"] else f"{r['direct_pct']:.3f} %"
                 print(f"| {name} | {r['steps']} | {r['without_us']:.1f} us | {r['with_us']:.1f} us "
