@@ -196,9 +196,11 @@ def test_arguments_without_an_operator_break_the_graph_and_still_record(shim: An
         telemetry.publish(7, {"note": "text"})
         return y.cos()
 
+    assert telemetry.flush(wait_s=20)  # nothing between the queue and the sent count
     before = telemetry.stats()[("trainer", "c0")]
     got = compiled_run(odd_arguments, "eager", lambda i: torch.randn(4), steps=3)
     assert got["graph_breaks"] == 1 and got["recompiles"] == 0
+    assert telemetry.flush(wait_s=20)
     after = telemetry.stats()[("trainer", "c0")]
     assert (after["pending"] + after["records_total"]) - (
         before["pending"] + before["records_total"]) == 3

@@ -52,7 +52,9 @@ def register(fns: dict[str, Callable[..., Any]]) -> None:
     try:
         with _lock:
             _fns.extend(fns.items())
-        if _DYNAMO in sys.modules:
+        # Without "torch" in sys.modules (removed by someone), registering would import a second
+        # torch: the functions stay unregistered then.
+        if _DYNAMO in sys.modules and "torch" in sys.modules:
             _apply()
         else:
             _install_hook()
