@@ -53,7 +53,7 @@ def register(fns: dict[str, Callable[..., Any]]) -> None:
         with _lock:
             _fns.extend(fns.items())
         # Without "torch" in sys.modules (removed by someone), registering would import a second
-        # torch: the functions stay unregistered then.
+        # torch: the functions wait for the next registration then.
         if _DYNAMO in sys.modules and "torch" in sys.modules:
             _apply()
         else:
