@@ -223,3 +223,33 @@ def test_gpu_check_dry_run_on_cpu() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "CPU dry run" in proc.stdout
     assert "scalar values match" in proc.stdout
+
+
+def test_a_fork_child_does_not_wait_at_exit_for_a_daemon_its_parent_never_had(ep: str) -> None:
+    """A DataLoader joins its workers on the training thread at every epoch end: a worker whose
+    parent saw no daemon must not spend its exit waiting ``linger_ms`` for one. Its records are
+    counted (``no_receiver``), not waited for."""
+    proc = run_shim("""
+        from trainer_shim import transport
+        telemetry.gauge("parent", 1.0)
+        telemetry.flush(wait_s=20)  # the parent's socket exists and has no subscriber
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            def waited(self, timeout_ms):
+                os.write(write, b"waited")
+                return False
+            transport.Transport.wait_for_subscriber = waited
+            telemetry.count("child", 1)
+            telemetry.close()
+            dump("child")
+            os._exit(0)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"child_status": status, "child_waited": os.read(read, 64).decode()}))
+    """, ep)
+    assert proc.returncode == 0, proc.stderr
+    out = {k: v for d in lines(proc) for k, v in d.items() if k != "pid"}
+    assert out["child_status"] == 0 and out["child_waited"] == ""
+    child = out["child"]["trainer/0"]
+    assert child["pending"] == 0 and child["records_total"] + sum(child["dropped"].values()) == 1

@@ -137,6 +137,10 @@ class Publisher:
         self._stopping = False
         self._closed = False
         self._linger_ms = EXIT_LINGER_MS
+        self._exit_waits_for_subscriber = True
+        """Whether the last flush may wait for a subscriber. Not in a fork child whose parent's
+        socket had none: no daemon is there, and a DataLoader's main thread joins its workers at
+        every epoch end, so their exit must not wait ``linger_ms`` for nobody."""
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._wandb: tuple[Any, ...] = ()
@@ -253,7 +257,7 @@ class Publisher:
                 if broken:
                     self._drop_all("transport_error")
                 elif transport is not None:
-                    if stopping and transport.subscribers == 0:
+                    if stopping and transport.subscribers == 0 and self._exit_waits_for_subscriber:
                         transport.wait_for_subscriber(self._linger_ms)
                     drained = self._flush_once(transport, time.monotonic(), final=stopping)
             except Exception as exc:  # noqa: BLE001 - never let the flusher die
@@ -433,10 +437,12 @@ class Publisher:
         again, but it connects only once the child publishes something."""
         had_thread = self._thread is not None
         closed = self._closed
+        daemon_seen = self._transport is None or self._transport.subscribers > 0
         if self._transport is not None:
             self._transport.abandon()
         self._init_threading()
         self._closed = closed
+        self._exit_waits_for_subscriber = daemon_seen
         for ch in self._channels.values():
             ch.reset()
             ch.relabel = True
