@@ -233,6 +233,7 @@ def test_a_fork_child_does_not_wait_at_exit_for_a_daemon_its_parent_never_had(ep
         from trainer_shim import transport
         telemetry.gauge("parent", 1.0)
         telemetry.flush(wait_s=20)  # the parent's socket exists and has no subscriber
+        time.sleep(0.6)  # past the connect grace (0.5 s) in which a subscription may still come
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:

@@ -139,8 +139,9 @@ class Publisher:
         self._linger_ms = EXIT_LINGER_MS
         self._exit_waits_for_subscriber = True
         """Whether the last flush may wait for a subscriber. Not in a fork child whose parent's
-        socket had none: no daemon is there, and a DataLoader's main thread joins its workers at
-        every epoch end, so their exit must not wait ``linger_ms`` for nobody."""
+        socket had none after its connect grace: no daemon is there, and a DataLoader's main
+        thread joins its workers at every epoch end, so their exit must not wait ``linger_ms``
+        for nobody."""
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._wandb: tuple[Any, ...] = ()
@@ -437,7 +438,10 @@ class Publisher:
         again, but it connects only once the child publishes something."""
         had_thread = self._thread is not None
         closed = self._closed
-        daemon_seen = self._transport is None or self._transport.subscribers > 0
+        # "No daemon" only once the parent's socket has waited its connect grace in vain: a
+        # subscription can still be on its way in the first milliseconds after connecting.
+        daemon_seen = (self._transport is None or self._transport.subscribers > 0
+                       or time.monotonic() - self._transport_since < CONNECT_GRACE_S)
         if self._transport is not None:
             self._transport.abandon()
         self._init_threading()
