@@ -33,6 +33,22 @@ _KEYS = {b"q": "quit", b"Q": "quit", b"\x1b[A": "up", b"k": "up", b"\x1b[B": "do
          b"\x1b[H": "home", b"\x1b[1~": "home", b"g": "home", b"\x1b[F": "end", b"\x1b[4~": "end", b"G": "end"}
 
 
+def _actions(data: bytes) -> list[str]:
+    """The actions of the keys in one read: a terminal may deliver several keys, or a key with
+    bytes that are no key (a terminal's own reports), in one chunk; unknown bytes are skipped."""
+    actions, i = [], 0
+    while i < len(data):
+        for size in (4, 3, 1):  # escape sequences first, then single keys
+            action = _KEYS.get(data[i:i + size])
+            if action is not None:
+                actions.append(action)
+                i += size
+                break
+        else:
+            i += 1
+    return actions
+
+
 def top_url(url: str | None, prometheus_addr: str | None, config_file: str | None) -> str:
     """The metrics URL: ``--url``, else ``--prometheus-addr``, else the config file's
     ``prometheus_addr`` (https when it sets TLS), else the default. A wildcard listen address is
@@ -138,11 +154,12 @@ def run_top(url: str, refresh_s: float, once: bool) -> int:
                 if fd is None:
                     time.sleep(wait)
                 elif select.select([fd], [], [], wait)[0]:
-                    action = _KEYS.get(os.read(fd, 16))
-                    if action == "quit":
+                    actions = _actions(os.read(fd, 64))
+                    if "quit" in actions:
                         return 0
-                    if action:
+                    for action in actions:
                         screen.key(action)
+                    if actions:
                         live.refresh()
                     continue
                 screen.body, screen.status, reachable = frame(url)

@@ -144,15 +144,27 @@ def test_receiver_that_stops_reading(ep: str, receivers, publishers,  # type: ig
     rx.stall()
     monkeypatch.setattr(wire, "MAX_RECORDS_PER_BATCH", 1)  # one message per record: fill the pipe
     calls = 1
-    for i in range(60_000):  # about 10,000 small messages fit in the queues and kernel buffers here
-        ch.gauge("g", float(i))
-    calls += 60_000
-    assert pub.flush(wait_s=60)
+    # More messages than the stalled receiver's own queue (RCVHWM 100,000, which its I/O thread
+    # keeps filling) plus the shim's send queue and the kernel buffers hold, in rounds that stay
+    # under the channel's cap: past that ZeroMQ drops, whatever the machine's speed.
+    for _ in range(4):
+        for i in range(60_000):
+            ch.gauge("g", float(i))
+        calls += 60_000
+        assert pub.flush(wait_s=60)
     rx.resume()
     monkeypatch.setattr(wire, "MAX_RECORDS_PER_BATCH", 4096)
-    ch.count("after")
-    calls += 1
-    assert pub.flush(wait_s=30)
+
+    def after_arrived() -> bool:
+        # While the receiver drains its backlog the shim's queue may still be full, and a record
+        # sent then is lost (and counted): send until one arrives behind the backlog.
+        nonlocal calls
+        ch.count("after")
+        calls += 1
+        assert pub.flush(wait_s=30)
+        return bool(one_ledger(rx).records[-1] == [RecordKind.COUNT, "after", 1])
+
+    wait_until(after_arrived, timeout_s=60, interval_s=0.2)
     (stats,) = pub.stats().values()
     assert accounted(stats) == calls and stats["dropped"] == {}  # the shim handed everything over
     wait_until(received_up_to(rx, ch.sender, stats["records_total"]))

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from sidecar.top import Samples, no_gpu_reason, render
-from sidecar.top_screen import Screen, top_url
+from sidecar.top_screen import Screen, _actions, top_url
 from tests.daemon_harness import ROOT, DaemonProc, free_port, publish, require_tool, wait_for
 
 
@@ -122,7 +122,7 @@ def test_top_in_tmux_waits_for_the_daemon_shows_it_and_quits_on_q(tmp_path: Path
         assert shown.rstrip().splitlines()[-1].lstrip().startswith(f"http://127.0.0.1:{port}/metrics"), shown
         assert len(shown.splitlines()) <= 50
         tmux.run("send-keys", "-t", "top", "q")
-        wait_for(lambda: tmux.dead() == ("1", "0"), what="top exiting with status 0 on q")
+        wait_for(lambda: tmux.dead() == ("1", "0"), timeout_s=60, what="top exiting with status 0 on q")
     finally:
         tmux.close()
         if daemon is not None:
@@ -135,3 +135,13 @@ def test_top_once_without_a_daemon_fails_with_the_url(tmp_path: Path) -> None:
                          check=False, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 1 and f"cannot read http://127.0.0.1:{port}/metrics" in out.stdout
+
+
+def test_keys_arriving_together_or_beside_other_bytes_are_all_seen() -> None:
+    # A terminal can deliver several keys, or a key beside bytes of its own reports, in one read.
+    assert _actions(b"q") == ["quit"]
+    assert _actions(b"jjq") == ["down", "down", "quit"]
+    assert _actions(b"\x1b[Aq") == ["up", "quit"]
+    assert _actions(b"\x1b[?1;2cq") == ["quit"]
+    assert _actions(b"\x1b[5~\x1b[6~") == ["page_up", "page_down"]
+    assert _actions(b"xyz") == []
