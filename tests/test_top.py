@@ -85,7 +85,10 @@ class Tmux:
         self.tmux = require_tool("tmux")
         self.socket = str(tmp / "tmux.sock")
         env_prefix = ["env", "-u", "COLUMNS", "-u", "LINES", f"PYTHONPATH={ROOT}", "TERM=xterm-256color"]
-        self.run("new-session", "-d", "-s", "top", "-x", "160", "-y", "50", " ".join(env_prefix + command))
+        # The exit status through a file: tmux 3.3 does not always report a dead pane's status.
+        self.status_file = tmp / "exit_status"
+        self.run("new-session", "-d", "-s", "top", "-x", "160", "-y", "50",
+                 " ".join(env_prefix + command) + f"; echo $? > {self.status_file}")
         self.run("set-option", "-t", "top", "remain-on-exit", "on")
 
     def run(self, *args: str) -> str:
@@ -98,6 +101,11 @@ class Tmux:
     def dead(self) -> tuple[str, str]:
         out = self.run("display-message", "-p", "-t", "top", "#{pane_dead} #{pane_dead_status}").split()
         return out[0], (out[1] if len(out) > 1 else "")
+
+    def exit_status(self) -> str | None:
+        """The command's exit status once it has ended, else None."""
+        text = self.status_file.read_text() if self.status_file.exists() else ""
+        return text.strip() or None
 
     def close(self) -> None:
         subprocess.run([self.tmux, "-S", self.socket, "kill-server"], check=False, capture_output=True, timeout=30)
@@ -122,7 +130,7 @@ def test_top_in_tmux_waits_for_the_daemon_shows_it_and_quits_on_q(tmp_path: Path
         assert shown.rstrip().splitlines()[-1].lstrip().startswith(f"http://127.0.0.1:{port}/metrics"), shown
         assert len(shown.splitlines()) <= 50
         tmux.run("send-keys", "-t", "top", "q")
-        wait_for(lambda: tmux.dead() == ("1", "0"), timeout_s=60, what="top exiting with status 0 on q")
+        assert wait_for(tmux.exit_status, timeout_s=60, what="top exiting on q") == "0"
     finally:
         tmux.close()
         if daemon is not None:
