@@ -4,8 +4,11 @@ The stable side binds: the daemon binds, shims connect, either may start first. 
 is guarded by an exclusive ``flock`` on ``<socket path>.lock``: ZeroMQ would let a second daemon
 bind the same path and silently steal the socket from the first, so a second daemon refuses to
 start instead. A stale socket file left by a killed daemon is removed (the lock proves nobody
-owns it). The socket directory is created private (0700) unless it already exists (systemd's
-``RuntimeDirectory=`` sets its own mode).
+owns it). The daemon creates only its own directory, the private per-user one (0700); any other
+socket directory must exist (systemd's ``RuntimeDirectory=`` makes its own, with its own mode). In
+a directory other users may write to (sticky, like ``/tmp``) the lock file lives in that private
+directory instead, where nobody else can create it first. The socket is born with its final mode
+(0660): the umask is tightened around ``bind``, so there is no moment another user could connect.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from trainer_shim.endpoint import user_runtime_dir
 from trainer_shim.wire import MAX_MESSAGE_BYTES
 
 log = logging.getLogger("sidecar")
@@ -36,6 +40,9 @@ QUEUE_CEILING_BYTES = RECV_HWM * MAX_MESSAGE_BYTES
 
 MAX_FRAMES_PER_POLL = 1000
 """Frames one ``poll`` hands over at most (the ingest loop checks its window between frames)."""
+
+SOCKET_UMASK = 0o117
+"""The umask around an ipc ``bind``: the socket file is created 0660 (owner and group may connect)."""
 
 POLL_MAX_BYTES = 8 * 1024 * 1024
 """``poll`` stops taking frames out of ZeroMQ's queue once it holds this many bytes: a flood of
@@ -68,7 +75,8 @@ class Receiver:
         accepted), or None (tcp)."""
         self._closed = False
         self._locks: list[int] = []
-        self._ipc_paths: list[str] = []
+        self._ipc_paths: list[tuple[str, str]] = []
+        """(socket path, its lock file) of each ipc endpoint we bound."""
         self._ctx = zmq.Context(io_threads=1)
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
@@ -87,23 +95,32 @@ class Receiver:
             raise
 
     def _bind(self, endpoint: str) -> None:
-        if endpoint.startswith("ipc://"):
+        ipc = endpoint.startswith("ipc://")
+        if ipc:
             self._guard_ipc(endpoint[len("ipc://"):])
+        # libzmq binds an ipc socket synchronously in this thread, with the mode the umask leaves:
+        # 0660 from the start (a chmod after bind left it 0777 under umask 0 for a moment).
+        old = os.umask(SOCKET_UMASK) if ipc else None
         try:
             self._sock.bind(endpoint)
         except zmq.ZMQError as exc:
             raise EndpointError(f"cannot bind {endpoint}: {_bind_hint(endpoint, exc)}") from None
-        if endpoint.startswith("ipc://"):
-            os.chmod(endpoint[len("ipc://"):], 0o660)
+        finally:
+            if old is not None:
+                os.umask(old)
+        if ipc:
+            os.chmod(endpoint[len("ipc://"):], 0o660)  # the final mode whatever libzmq did
 
     def _guard_ipc(self, path: str) -> None:
         directory = os.path.dirname(path) or "."
-        try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            raise EndpointError(f"cannot create the socket directory {directory}: {exc.strerror}") from None
-        _check_directory(directory)
+        _make_own_directory(directory)
+        shared = _check_directory(directory)
         lock_path = path + ".lock"
+        if shared:  # another user could create (and flock) <path>.lock first: lock where only we write
+            own = user_runtime_dir()
+            _make_own_directory(own)
+            _check_directory(own)
+            lock_path = os.path.join(own, "lock-" + os.path.abspath(path).replace("/", "%") + ".lock")
         try:
             # O_NOFOLLOW: a symlink planted at the lock path must not make us truncate its target.
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -127,7 +144,7 @@ class Receiver:
         self._locks.append(fd)
         if os.path.exists(path):
             os.unlink(path)  # stale: whoever bound it no longer holds the lock
-        self._ipc_paths.append(path)
+        self._ipc_paths.append((path, lock_path))
 
     def poll(self, timeout_ms: int) -> list[bytes]:
         """Frames received within ``timeout_ms`` (all that are queued, at most
@@ -184,8 +201,8 @@ class Receiver:
     def remove_files(self) -> None:
         """Remove the ipc socket files and lock files we own and release the locks. Safe from
         any thread (the daemon's last resort when ingest did not stop in time). Idempotent."""
-        for path in list(self._ipc_paths):
-            for p in (path, path + ".lock"):
+        for paths in list(self._ipc_paths):
+            for p in paths:
                 try:
                     os.unlink(p)
                 except OSError:
@@ -212,11 +229,32 @@ def peer_pid(msg: zmq.Frame) -> int | None:
     return None
 
 
-def _check_directory(directory: str) -> None:
+def _make_own_directory(directory: str) -> None:
+    """Create ``directory`` (0700) if it is the daemon's own per-user directory and missing; any
+    other missing directory is an error (a typo in ``--endpoint`` must not create ``/typo/dir``).
+    Raises ``EndpointError`` saying what to fix."""
+    if os.path.isdir(directory):
+        return
+    if os.path.abspath(directory) != os.path.abspath(user_runtime_dir()):
+        raise EndpointError(f"the socket directory {directory} does not exist: create it (mode 0700 or 0750, "
+                            "owned by this user), or give --endpoint a path in an existing directory")
+    old = os.umask(0o077)
+    try:
+        os.mkdir(directory, 0o700)  # the leaf only: its parent ($XDG_RUNTIME_DIR, /tmp) is the system's
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise EndpointError(f"cannot create the socket directory {directory}: {exc.strerror}") from None
+    finally:
+        os.umask(old)
+
+
+def _check_directory(directory: str) -> bool:
     """Refuse a socket directory another user controls. If someone else owns it (for example
     pre-created ``/tmp/dflash-sidecar-<uid>``), or may write to it without the sticky bit, they
     could replace the socket (and receive the trainers' telemetry) or plant symlinks the daemon
-    would follow. Raises ``EndpointError`` saying what to fix."""
+    would follow. Returns whether other users may create files in it (a sticky shared directory
+    such as ``/tmp``). Raises ``EndpointError`` saying what to fix."""
     try:
         st = os.lstat(directory)
     except OSError as exc:
@@ -232,6 +270,7 @@ def _check_directory(directory: str) -> None:
         raise EndpointError(f"refusing the socket directory {directory}: it {problem}, so another user could "
                             "replace the socket. Remove it (the daemon recreates it private) or give --endpoint "
                             "a path in a directory only this user can write")
+    return bool(st.st_mode & 0o022)
 
 
 def _bind_hint(endpoint: str, exc: zmq.ZMQError) -> str:
