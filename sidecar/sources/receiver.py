@@ -18,7 +18,9 @@ import fcntl
 import logging
 import os
 import stat
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 
 import zmq
 
@@ -53,11 +55,60 @@ class EndpointError(Exception):
     """The endpoint cannot be used; the message says what to fix."""
 
 
+CPU_PER_S = 1.0
+"""CPU seconds per second the ingest thread hands out between peers (it is one thread: a core)."""
+CPU_BURST_S = 0.5
+"""Most CPU seconds a peer may bank (one large frame's work, a window roll's worth of backlog)."""
+PEER_ACTIVE_S = 5.0
+"""A peer that sent a frame this recently takes part in the share; an idle one is forgotten."""
+
+
+class CpuShares:
+    """Each peer's share of the ingest thread's CPU: a bucket per peer (the process at the other
+    end of an ipc connection; all tcp peers share one), refilled at ``CPU_PER_S`` divided by the
+    peers active now, capped at ``CPU_BURST_S``, charged with each frame's measured cost. While a
+    peer's bucket is empty its frames are dropped unread (``messages_dropped{reason="cpu_share"}``),
+    which costs about a microsecond, so a peer whose frames are expensive (a 1 MiB frame of
+    distinct profile keys took 370 ms) cannot slow the reading of everyone else's. A peer alone
+    is never refused: the whole core is then its share. Single-threaded (the ingest thread)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._balance: dict[Hashable, float] = {}
+        self._seen: dict[Hashable, float] = {}
+        self._refilled = clock()
+
+    def refill(self) -> None:
+        """Credit every active peer its share of the time since the last refill; forget idle peers."""
+        now = self.clock()
+        elapsed, self._refilled = now - self._refilled, now
+        seen = self._seen
+        for peer in [p for p, t in seen.items() if now - t > PEER_ACTIVE_S]:
+            del seen[peer]
+            self._balance.pop(peer, None)
+        if seen:
+            credit = CPU_PER_S / len(seen) * elapsed
+            balance = self._balance
+            for peer in seen:
+                balance[peer] = min(CPU_BURST_S, balance.get(peer, CPU_BURST_S) + credit)
+
+    def admit(self, peer: Hashable) -> bool:
+        """Whether a frame of ``peer`` may be handled now (marks the peer active)."""
+        self._seen[peer] = self._refilled
+        return len(self._seen) == 1 or self._balance.get(peer, CPU_BURST_S) > 0.0
+
+    def charge(self, peer: Hashable, cpu_s: float) -> None:
+        """Book ``cpu_s`` seconds of the ingest thread's CPU spent on a frame of ``peer``."""
+        self._balance[peer] = self._balance.get(peer, CPU_BURST_S) - cpu_s
+
+
 @dataclass
 class ReceiverStats:
     frames: int = 0
     bytes: int = 0
     disconnects: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+    """Frames dropped unread, by reason (``cpu_share``)."""
 
 
 class Receiver:
@@ -73,6 +124,8 @@ class Receiver:
         """For each frame of the last ``poll``: the pid of the process at the other end of its
         ipc connection (the kernel's ``SO_PEERCRED``, which ZeroMQ reads when the connection is
         accepted), or None (tcp)."""
+        self.shares = CpuShares()
+        """Each peer's share of the ingest thread's CPU; the caller charges each frame's cost."""
         self._closed = False
         self._locks: list[int] = []
         self._ipc_paths: list[tuple[str, str]] = []
@@ -157,21 +210,30 @@ class Receiver:
         ready = dict(self._poller.poll(timeout_ms))
         if self._sock in ready:
             recv = self._sock.recv
+            shares = self.shares
+            shares.refill()
             nbytes = 0
+            refused = 0
             try:
                 for _ in range(MAX_FRAMES_PER_POLL):
                     msg = recv(zmq.NOBLOCK, copy=False)
+                    pid = peer_pid(msg)
+                    if not shares.admit(pid):
+                        refused += 1  # over its CPU share: dropped before it is even copied
+                        continue
                     frame = msg.bytes
                     frames.append(frame)
-                    peers.append(peer_pid(msg))
+                    peers.append(pid)
                     nbytes += len(frame)
                     if nbytes >= POLL_MAX_BYTES:
                         break
                 self.backlog = True  # stopped at a cap, not at an empty queue
             except zmq.Again:
                 pass
-            self.stats.frames += len(frames)
+            self.stats.frames += len(frames) + refused
             self.stats.bytes += nbytes
+            if refused:
+                self.stats.refused["cpu_share"] = self.stats.refused.get("cpu_share", 0) + refused
         if self._monitor in ready:
             self._drain_monitor()
         return frames

@@ -62,6 +62,21 @@ def _profiles(n: int) -> Iterator[bytes]:
                            [[6, i, keys] for _ in range(per)]])
 
 
+def _distinct_profiles(n: int, sender: int = 32) -> Iterator[bytes]:
+    # PROFILE records of 1000 keys each, every key new, as many as fit a frame (about 60,000
+    # keys): each key is a name to map, the costliest frame per byte (370 ms of daemon CPU each
+    # before names beyond an owner's budget were refused unmapped and peers had CPU shares).
+    one = len(_enc.encode([6, 0, {f"k{j:09d}": 1.5 for j in range(1000)}]))
+    per = (NEAR_LIMIT - 256) // one
+    c = 0
+    for i in range(n):
+        records = []
+        for _ in range(per):
+            records.append([6, i, {f"k{c * 1000 + j:09d}": 1.5 for j in range(1000)}])
+            c += 1
+        yield _enc.encode([1, 2, sender, i, "flood", "keys", i, per * (i + 1), {}, records])
+
+
 def _deep(n: int) -> Iterator[bytes]:
     frame = b"\x91" * NEAR_LIMIT + b"\x00"
     for _ in range(n):
@@ -207,7 +222,7 @@ def run_all(d: DaemonProc) -> list[dict[str, object]]:
 
 FLOODER = textwrap.dedent("""
     import sys, zmq
-    from tests.soak.floods import _bloated_records, _profiles
+    from tests.soak.floods import _bloated_records, _distinct_profiles, _profiles
     endpoint, kind, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     ctx = zmq.Context()
     pub = ctx.socket(zmq.XPUB)
@@ -216,7 +231,7 @@ FLOODER = textwrap.dedent("""
     pub.setsockopt(zmq.LINGER, 60_000)
     pub.connect(endpoint)
     pub.poll(20_000); pub.recv()  # the daemon's subscription
-    frames = _bloated_records(n) if kind == "bloated" else _profiles(n)
+    frames = {"bloated": _bloated_records, "keys": _distinct_profiles, "profiles": _profiles}[kind](n)
     for frame in frames:
         pub.send(frame, copy=False)
     pub.close(); ctx.term()
@@ -225,7 +240,7 @@ FLOODER = textwrap.dedent("""
 
 
 def flood_process(endpoint: str, kind: str, n: int) -> subprocess.Popen[str]:
-    """A process that pushes ``n`` frames of ``kind`` ('bloated' or 'profiles') to ``endpoint``
+    """A process that pushes ``n`` frames of ``kind`` ('bloated', 'keys' or 'profiles') to ``endpoint``
     through an XPUB_NODROP socket and prints ``n`` once all are handed to ZeroMQ."""
     return subprocess.Popen([sys.executable, "-c", FLOODER, endpoint, kind, str(n)], env=env(),
                             stdout=subprocess.PIPE, text=True)
