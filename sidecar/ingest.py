@@ -140,12 +140,12 @@ class IngestLoop:
         return peers if peers is not None and len(peers) == len(frames) else [None] * len(frames)
 
     def _handle_charged(self, frame: bytes, peer: int | None) -> None:
-        """``handle_frame``, its CPU time charged to the peer's share (``receiver.CpuShares``)."""
+        """``handle_frame``, its CPU time charged to the peer's share (``receiver.FairQueue``)."""
         started = time.thread_time()
         self.handle_frame(frame, peer)
         shares = getattr(self.receiver, "shares", None)
         if shares is not None:
-            shares.charge(peer, time.thread_time() - started)
+            shares.charge(peer, time.thread_time() - started, len(frame))
 
     def handle_frame(self, frame: bytes, peer_pid: int | None = None) -> None:
         """Decode, account and aggregate one frame. ``peer_pid``: the process at the other end of

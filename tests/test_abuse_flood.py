@@ -121,7 +121,6 @@ def test_an_honest_trainer_is_counted_exactly_during_a_flood_of_expensive_frames
         assert made > 0 and counted()["dropped"] == {}, (made, counted())  # nothing lost, nothing refused
         assert sum(channel["dropped"].values()) == 0, channel  # and nothing dropped in the shim
         assert peak <= RSS_TARGET, f"peak RSS {peak / MiB:.0f} MiB"
-        assert (d.value("dflash_sidecar_messages_dropped_total", reason="cpu_share") or 0) > 0
     finally:
         for p in flooders:
             p.kill()

@@ -305,6 +305,11 @@ class Aggregator:
             try:
                 add = cache[PROFILE, entry]
             except KeyError:
+                if self._left <= 0:  # over the budget: no memo either (a flood's keys are each new)
+                    reason = "cardinality"
+                    k = (role, worker, reason)
+                    rejected[k] = rejected.get(k, 0) + 1
+                    continue
                 add = memo.get((PROFILE, entry))
                 if add is None:
                     add = self._resolve_entry(entry, role, worker, cache)

@@ -16,10 +16,12 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
+import math
 import os
 import stat
 import time
-from collections.abc import Callable, Hashable
+from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import zmq
@@ -29,13 +31,13 @@ from trainer_shim.wire import MAX_MESSAGE_BYTES
 
 log = logging.getLogger("sidecar")
 
-RECV_HWM = 64
-"""Frames ZeroMQ may queue per connection for the daemon; beyond it ZeroMQ stops reading that
-connection and the publisher's own queue (1000 frames) takes the backlog, then drops (counted by
-the daemon as ``lost_in_transit``). With ``MAX_MESSAGE_BYTES`` (1 MiB) this bounds what one
-connection can make the daemon hold: ``RECV_HWM * MAX_MESSAGE_BYTES`` = 64 MiB (``QUEUE_CEILING_BYTES``).
-A shim's frames are a few kB to a few hundred kB, so 64 is seconds of an honest trainer's flushes
-with the daemon stopped, and the publisher's queue holds far more."""
+RECV_HWM = 16
+"""Frames ZeroMQ may queue per connection for the daemon. ``poll`` takes everything ZeroMQ holds
+into the fair queue (``FairQueue``, bounded in total) each time, so this queue only fills while
+the ingest thread handles one frame; beyond it ZeroMQ stops reading that connection and the
+publisher's own queue (1000 frames) takes the backlog, then drops (counted by the daemon as
+``lost_in_transit``). With ``MAX_MESSAGE_BYTES`` (1 MiB) one connection can make ZeroMQ hold at
+most ``QUEUE_CEILING_BYTES`` = 16 MiB (it was 64 MiB: 16 flooding connections peaked at 1.1 GiB)."""
 
 QUEUE_CEILING_BYTES = RECV_HWM * MAX_MESSAGE_BYTES
 """Most that ZeroMQ's receive queue holds per connection (bytes)."""
@@ -55,51 +57,117 @@ class EndpointError(Exception):
     """The endpoint cannot be used; the message says what to fix."""
 
 
-CPU_PER_S = 1.0
-"""CPU seconds per second the ingest thread hands out between peers (it is one thread: a core)."""
-CPU_BURST_S = 0.5
-"""Most CPU seconds a peer may bank (one large frame's work, a window roll's worth of backlog)."""
-PEER_ACTIVE_S = 5.0
-"""A peer that sent a frame this recently takes part in the share; an idle one is forgotten."""
+QUANTUM_S = 0.005
+"""CPU seconds each peer with frames waiting is handed per round (deficit round robin)."""
+FIRST_COST_S_PER_BYTE = 20e-9
+"""A new peer's assumed cost (CPU seconds per byte of frame: 20 ms a MiB) until one of its frames
+is measured."""
+PENDING_MAX_BYTES = 128 * 1024 * 1024
+"""Most bytes of frames taken from ZeroMQ and waiting for their round, all peers together; past
+it the oldest frame of the peer with the most waiting is dropped unread (``over_share``)."""
+LIGHT_CPU_SHARE = 0.05
+"""A peer whose handling used less than this share of a core lately (decayed over ``USAGE_TAU_S``)
+is light: all its waiting frames pass at the start of every round. A trainer at 5,000 records/s
+costs about 1-2 %; a flooder of expensive frames is over it within its first frames."""
+USAGE_TAU_S = 2.0
+"""Time constant (seconds) of the decayed CPU use behind ``LIGHT_CPU_SHARE``."""
+MAX_PULL = 20_000
+"""Frames ``poll`` takes from ZeroMQ at most before handing out a round."""
 
 
-class CpuShares:
-    """Each peer's share of the ingest thread's CPU: a bucket per peer (the process at the other
-    end of an ipc connection; all tcp peers share one), refilled at ``CPU_PER_S`` divided by the
-    peers active now, capped at ``CPU_BURST_S``, charged with each frame's measured cost. While a
-    peer's bucket is empty its frames are dropped unread (``messages_dropped{reason="cpu_share"}``),
-    which costs about a microsecond, so a peer whose frames are expensive (a 1 MiB frame of
-    distinct profile keys took 370 ms) cannot slow the reading of everyone else's. A peer alone
-    is never refused: the whole core is then its share. Single-threaded (the ingest thread)."""
+class FairQueue:
+    """Frames waiting for the ingest thread, per peer (the process at the other end of an ipc
+    connection; all tcp peers are one), handed out by deficit round robin on CPU time: each round
+    every peer with frames waiting is credited ``QUANTUM_S`` and gets frames while its credit,
+    less each frame's expected cost (its measured cost per byte times the frame's size), stays
+    positive; the measured cost is charged afterwards (``charge``), so a peer whose frames are
+    expensive (1 MiB of new profile keys took 370 ms) gets one frame every few rounds. Light peers
+    (under ``LIGHT_CPU_SHARE`` of a core lately: trainers) go first each round with all they have,
+    so a trainer is never left behind however little CPU the box leaves the daemon. Memory is
+    bounded in total, whatever the number of connections: ``PENDING_MAX_BYTES`` (the heaviest peer
+    loses its oldest frame), and
+    ZeroMQ's own queue empties at every poll. Single-threaded (the ingest thread)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
-        self._balance: dict[Hashable, float] = {}
-        self._seen: dict[Hashable, float] = {}
-        self._refilled = clock()
+    def __init__(self) -> None:
+        self.pending: dict[Hashable, deque[zmq.Frame]] = {}
+        self.pending_bytes = 0
+        self._bytes: dict[Hashable, int] = {}
+        self._deficit: dict[Hashable, float] = {}
+        self._per_byte: dict[Hashable, float] = {}
+        self._usage: dict[Hashable, tuple[float, float]] = {}
+        """Peer -> (decayed CPU seconds, when last updated), for ``LIGHT_CPU_SHARE``."""
+        self.clock = time.monotonic
+        self.dropped = 0
+        """Frames dropped unread because the total was over ``PENDING_MAX_BYTES``."""
 
-    def refill(self) -> None:
-        """Credit every active peer its share of the time since the last refill; forget idle peers."""
+    def push(self, peer: Hashable, frame: zmq.Frame) -> None:
+        queue = self.pending.get(peer)
+        if queue is None:
+            queue = self.pending[peer] = deque()
+            self._bytes[peer] = 0
+        n = len(frame)
+        queue.append(frame)
+        self._bytes[peer] += n
+        self.pending_bytes += n
+        while self.pending_bytes > PENDING_MAX_BYTES:
+            heaviest = max(self._bytes, key=self._bytes.__getitem__)
+            self._take(heaviest)
+            self.dropped += 1
+
+    def _take(self, peer: Hashable) -> zmq.Frame:
+        queue = self.pending[peer]
+        frame = queue.popleft()
+        n = len(frame)
+        self._bytes[peer] -= n
+        self.pending_bytes -= n
+        if not queue:
+            del self.pending[peer], self._bytes[peer]
+        return frame
+
+    def round(self, max_frames: int, max_bytes: int) -> list[tuple[zmq.Frame, Hashable]]:
+        """One round of frames in fair order (at most ``max_frames`` or about ``max_bytes``)."""
+        out: list[tuple[zmq.Frame, Hashable]] = []
+        nbytes = 0
         now = self.clock()
-        elapsed, self._refilled = now - self._refilled, now
-        seen = self._seen
-        for peer in [p for p, t in seen.items() if now - t > PEER_ACTIVE_S]:
-            del seen[peer]
-            self._balance.pop(peer, None)
-        if seen:
-            credit = CPU_PER_S / len(seen) * elapsed
-            balance = self._balance
-            for peer in seen:
-                balance[peer] = min(CPU_BURST_S, balance.get(peer, CPU_BURST_S) + credit)
+        light = [p for p in self.pending if self._rate(p, now) < LIGHT_CPU_SHARE]
+        for peer in light:  # light peers (trainers) first, all they have
+            while peer in self.pending and len(out) < max_frames and nbytes < max_bytes:
+                frame = self._take(peer)
+                out.append((frame, peer))
+                nbytes += len(frame)
+        for peer in [p for p in self.pending if p not in light]:
+            deficit = self._deficit.get(peer, 0.0) + QUANTUM_S
+            per_byte = self._per_byte.get(peer, FIRST_COST_S_PER_BYTE)
+            while deficit > 0 and peer in self.pending and len(out) < max_frames and nbytes < max_bytes:
+                frame = self._take(peer)
+                deficit -= per_byte * len(frame)  # corrected by ``charge`` once measured
+                out.append((frame, peer))
+                nbytes += len(frame)
+            # an emptied queue keeps its debt, not its credit (no banking while idle)
+            self._deficit[peer] = min(deficit, 0.0) if peer not in self.pending else deficit
+        for peer in [p for p, d in self._deficit.items() if d >= 0.0 and p not in self.pending]:
+            del self._deficit[peer]
+        if len(self._per_byte) > 4 * len(self.pending) + 64:  # forget the cost of peers gone
+            for peer in [p for p in self._per_byte if p not in self.pending and p not in self._deficit]:
+                del self._per_byte[peer]
+                self._usage.pop(peer, None)
+        return out
 
-    def admit(self, peer: Hashable) -> bool:
-        """Whether a frame of ``peer`` may be handled now (marks the peer active)."""
-        self._seen[peer] = self._refilled
-        return len(self._seen) == 1 or self._balance.get(peer, CPU_BURST_S) > 0.0
+    def _rate(self, peer: Hashable, now: float) -> float:
+        """The peer's recent CPU use, in cores (decayed with ``USAGE_TAU_S``)."""
+        used, at = self._usage.get(peer, (0.0, now))
+        return used * math.exp((at - now) / USAGE_TAU_S) / USAGE_TAU_S
 
-    def charge(self, peer: Hashable, cpu_s: float) -> None:
-        """Book ``cpu_s`` seconds of the ingest thread's CPU spent on a frame of ``peer``."""
-        self._balance[peer] = self._balance.get(peer, CPU_BURST_S) - cpu_s
+    def charge(self, peer: Hashable, cpu_s: float, nbytes: int) -> None:
+        """Book a frame's measured cost: the difference from its expected cost moves the peer's
+        deficit, and its cost per byte is learnt (a moving average)."""
+        per_byte = self._per_byte.get(peer, FIRST_COST_S_PER_BYTE)
+        self._deficit[peer] = self._deficit.get(peer, 0.0) - (cpu_s - per_byte * nbytes)
+        now = self.clock()
+        used, at = self._usage.get(peer, (0.0, now))
+        self._usage[peer] = (used * math.exp((at - now) / USAGE_TAU_S) + cpu_s, now)
+        if nbytes:
+            self._per_byte[peer] = 0.7 * per_byte + 0.3 * cpu_s / nbytes
 
 
 @dataclass
@@ -108,7 +176,7 @@ class ReceiverStats:
     bytes: int = 0
     disconnects: int = 0
     refused: dict[str, int] = field(default_factory=dict)
-    """Frames dropped unread, by reason (``cpu_share``)."""
+    """Frames dropped unread, by reason (``over_share``)."""
 
 
 class Receiver:
@@ -124,8 +192,9 @@ class Receiver:
         """For each frame of the last ``poll``: the pid of the process at the other end of its
         ipc connection (the kernel's ``SO_PEERCRED``, which ZeroMQ reads when the connection is
         accepted), or None (tcp)."""
-        self.shares = CpuShares()
-        """Each peer's share of the ingest thread's CPU; the caller charges each frame's cost."""
+        self.shares = FairQueue()
+        """Frames waiting, per peer, and each peer's share of the ingest thread's CPU; the caller
+        charges each frame's measured cost (``FairQueue.charge``)."""
         self._closed = False
         self._locks: list[int] = []
         self._ipc_paths: list[tuple[str, str]] = []
@@ -200,42 +269,33 @@ class Receiver:
         self._ipc_paths.append((path, lock_path))
 
     def poll(self, timeout_ms: int) -> list[bytes]:
-        """Frames received within ``timeout_ms`` (all that are queued, at most
-        ``MAX_FRAMES_PER_POLL`` frames or about ``POLL_MAX_BYTES``). One wait covers the frames
-        and the disconnect monitor."""
-        frames: list[bytes] = []
-        peers: list[int | None] = []
-        self.backlog = False
-        self.peers = peers
-        ready = dict(self._poller.poll(timeout_ms))
+        """Frames for the ingest thread: everything queued in ZeroMQ is taken (up to ``MAX_PULL``
+        frames, not copied) into the fair queue, then one round of it is handed out, at most
+        ``MAX_FRAMES_PER_POLL`` frames or about ``POLL_MAX_BYTES``. Waits up to ``timeout_ms``
+        only when nothing is waiting. One wait covers the frames and the disconnect monitor."""
+        fair = self.shares
+        ready = dict(self._poller.poll(0 if fair.pending else timeout_ms))
         if self._sock in ready:
             recv = self._sock.recv
-            shares = self.shares
-            shares.refill()
-            nbytes = 0
-            refused = 0
+            taken = 0
             try:
-                for _ in range(MAX_FRAMES_PER_POLL):
+                for _ in range(MAX_PULL):
                     msg = recv(zmq.NOBLOCK, copy=False)
-                    pid = peer_pid(msg)
-                    if not shares.admit(pid):
-                        refused += 1  # over its CPU share: dropped before it is even copied
-                        continue
-                    frame = msg.bytes
-                    frames.append(frame)
-                    peers.append(pid)
-                    nbytes += len(frame)
-                    if nbytes >= POLL_MAX_BYTES:
-                        break
-                self.backlog = True  # stopped at a cap, not at an empty queue
+                    fair.push(peer_pid(msg), msg)
+                    taken += 1
             except zmq.Again:
                 pass
-            self.stats.frames += len(frames) + refused
-            self.stats.bytes += nbytes
-            if refused:
-                self.stats.refused["cpu_share"] = self.stats.refused.get("cpu_share", 0) + refused
+            self.stats.frames += taken
+            if fair.dropped:
+                self.stats.refused["over_share"] = self.stats.refused.get("over_share", 0) + fair.dropped
+                fair.dropped = 0
         if self._monitor in ready:
             self._drain_monitor()
+        picked = fair.round(MAX_FRAMES_PER_POLL, POLL_MAX_BYTES)
+        frames = [msg.bytes for msg, _ in picked]
+        self.peers = [peer for _, peer in picked]  # type: ignore[misc]
+        self.stats.bytes += sum(len(f) for f in frames)
+        self.backlog = bool(fair.pending)
         return frames
 
     def _drain_monitor(self) -> None:
