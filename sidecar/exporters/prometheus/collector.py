@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from sidecar.exporters.prometheus import exposition as ex
+from sidecar.exporters.prometheus.dcgm import dcgm_families
 from sidecar.exporters.prometheus.gpu import gpu_metric_families
 from sidecar.exporters.prometheus.insight import insight_families
 from sidecar.exporters.prometheus.process import WandbStatsLike, self_families, wandb_families
@@ -57,6 +58,8 @@ class ExportState:
     """JSON-able mapping report served on ``/explain`` (``dflash-sidecar explain``)."""
     http: Callable[[], list[Metric]] | None = None
     """The metrics server's own counters (connections accepted, closed early by reason)."""
+    dcgm_compat: bool = False
+    """Also render the GPUs under dcgm-exporter's names (``--dcgm-compat``)."""
 
 
 class SidecarCollector(Collector):
@@ -86,6 +89,8 @@ class SidecarCollector(Collector):
             sources.append(("wandb", lambda: wandb_families(host, wandb())))
         if gpus is not None:
             sources.append(("gpu", lambda: gpu_metric_families(gpus(), host, time.monotonic())))
+            if state.dcgm_compat:
+                sources.append(("dcgm", lambda: dcgm_families(gpus(), host)))
         if state.http is not None:
             sources.append(("http", state.http))
         return sources
