@@ -18,6 +18,7 @@ import pytest
 
 from sidecar.exporters.prometheus.dcgm import DCGM_LABELS
 from tests.daemon_harness import DaemonProc, free_port, require_tool, wait_for
+from tests.deploy_support import exposition_families, load_metric_names
 from tests.fake_nvml.control import FakeNvml
 from tests.fake_nvml.helpers import library_or_skip
 
@@ -97,10 +98,14 @@ def test_every_panel_query_of_dashboard_12239_returns_data(tmp_path: Path, fake:
             DASHBOARD["panels"][4]["expr"], values)}))["data"]["result"]
         assert {float(s["value"][1]) for s in clocks} == {1.98e9}  # the panel's "* 1000000" from MHz
 
+        page = d.text()
         promtool = require_tool("promtool")
-        out = subprocess.run([promtool, "check", "metrics"], input=d.text(), capture_output=True, text=True)
+        out = subprocess.run([promtool, "check", "metrics"], input=page, capture_output=True, text=True)
         foreign = [line for line in (out.stdout + out.stderr).splitlines() if not line.startswith("DCGM_FI_")]
         assert not foreign, foreign  # only dcgm-exporter's own label names (modelName) are flagged
+        listed = {name: kind for name, (kind, source) in load_metric_names().items() if source == "dcgm"}
+        scraped = {name: kind for name, kind in exposition_families(page).items() if name.startswith("DCGM_")}
+        assert scraped == listed  # the fake supports every field: deploy/metric_names.txt lists exactly these
     finally:
         prom.terminate()
         prom.wait(10)
