@@ -215,3 +215,47 @@ def test_hung_threshold_is_one_poll_interval(fake_nvml: FakeNvml, nvml_source: C
     source._driver.in_flight = ("nvmlEventSetWait_v2", 1000.0, None)
     assert source.status().hung_gpus == ()  # a system call hangs: no GPU to blame (status says STALLED)
     source._driver.in_flight = None
+
+
+def test_served_page_with_compat_equals_generate_latest_byte_for_byte() -> None:
+    import dataclasses
+    import math
+    import random
+
+    from prometheus_client.utils import floatToGoString
+
+    from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
+    from sidecar.exporters.prometheus.exposition import go_float
+    from sidecar.exporters.prometheus.page import MetricsPage
+    from sidecar.model.gpu import VIOLATION_POLICIES, ProfilingState
+
+    rng = random.Random(24)
+    full = GpuReading(
+        0, "GPU-0", 'na"me\\x', pci_bus_id="00000000:18:00.0", utilization_ratio=0.57, memory_utilization_ratio=0.3,
+        memory_used_bytes=10 * GIB + 123, memory_free_bytes=70 * GIB, memory_reserved_bytes=GIB // 2,
+        power_watts=312.25, energy_joules=123456.789, temperature_celsius=61.0, memory_temperature_celsius=70.0,
+        sm_clock_hertz=1.98e9, memory_clock_hertz=2.619e9, pcie_rx_bytes_per_second=2.2e9,
+        pcie_tx_bytes_per_second=rng.uniform(1e6, 1e10), ecc_corrected_total=3, ecc_uncorrected_total=0,
+        xid_errors_total=2, last_xid=79, profiling=ProfilingState.ACTIVE, graphics_activity_ratio=0.7,
+        sm_activity_ratio=0.61, sm_occupancy_ratio=0.225, tensor_activity_ratio=0.48, dram_bandwidth_ratio=0.35,
+        nvlink_rx_bytes_per_second=1.5e9, nvlink_tx_bytes_per_second=rng.uniform(1e6, 1e12),
+        violation_seconds_total=tuple((reason, rng.uniform(0, 1e7)) for _, reason in VIOLATION_POLICIES))
+    gpus = (full, dataclasses.replace(full, index=1, uuid="GPU-1", power_watts=None, xid_errors_total=None),
+            GpuReading(2, "GPU-2", "lost", up=False, xid_errors_total=1, last_xid=48),
+            dataclasses.replace(full, index=3))
+    view = gpu_view(GpuSnapshot(1.0, 0.001, 10, gpus, "570.1"),
+                    NvmlStatus(NvmlState.AVAILABLE, hung_gpus=(3,)), NO_GROUPS)
+    state = ExportState(host='h"o\\st', started_unix_s=1.5e9, gpus=lambda: view, dcgm_compat=True)
+    collector = SidecarCollector(state)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)  # type: ignore[arg-type]
+    def timeless(text: bytes) -> bytes:  # the data age moves between two renders
+        return b"\n".join(line for line in text.split(b"\n") if not line.startswith(b"dflash_nvml_data_age_seconds{"))
+
+    page = MetricsPage(collector).render()
+    assert timeless(page) == timeless(generate_latest(registry))
+    values = page.split(b"# HELP DCGM_FI_DEV_SM_CLOCK", 1)[1].split(b"# HELP DCGM_FI_DEV_XID_ERRORS", 1)[0]
+    assert b'DCGM_FI_DEV_POWER_USAGE{' in values and b'gpu="3"' not in values  # hung: no values (XID stays)
+    for value in [1e6, 2.5e9, 1e15, 1.23e15, 1e16, 1e22, math.inf, math.nan, -3e9] + [
+            10 ** rng.uniform(6, 300) for _ in range(2000)]:
+        assert go_float(value) == floatToGoString(value), value

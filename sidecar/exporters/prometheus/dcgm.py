@@ -12,6 +12,10 @@ NVML cannot give for a GPU has no sample (never a fake 0); a GPU that is down (l
 call on it hanging) has none either, so Prometheus marks its series stale. dcgm-exporter's
 counters have no ``_total`` suffix, which prometheus_client would add to a counter family, so
 they are exposed untyped under their exact names (PromQL's ``rate`` works the same).
+
+``dcgm_families`` is the reference (what registries and tests read); the served page uses
+``render_dcgm``, the same text byte for byte (a test holds the two together) written straight
+from the snapshot, because ``generate_latest`` would double the cost of a scrape at 8 GPUs.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric, UnknownMetricFamily
 
+from sidecar.exporters.prometheus.exposition import _header, escape, go_float
 from sidecar.exporters.prometheus.gpu import answering
 from sidecar.model.gpu import GpuReading, GpuView, NvmlState
 
@@ -140,6 +145,21 @@ _XID_HELP = ("Value of the last XID error encountered (0: none since the sidecar
              "(nvmlEventTypeXidCriticalError); see dflash_gpu_xid_events_total for counts per code.")
 
 
+class DcgmSource:
+    """The compat families of one scrape: called, the reference families; ``text()``, the same
+    as exposition text (what the served page uses)."""
+
+    def __init__(self, view: Callable[[], GpuView], host: str) -> None:
+        self._view = view
+        self._host = host
+
+    def __call__(self) -> list[Metric]:
+        return dcgm_families(self._view(), self._host)
+
+    def text(self) -> str:
+        return render_dcgm(self._view(), self._host)
+
+
 def dcgm_labels(reading: GpuReading, host: str, driver_version: str) -> list[str]:
     """The DCGM label values of one GPU, in ``DCGM_LABELS`` order."""
     return [str(reading.index), reading.uuid, reading.pci_bus_id, f"nvidia{reading.index}", reading.name,
@@ -172,3 +192,51 @@ def dcgm_families(view: GpuView, host: str) -> list[Metric]:
     if xid.samples:
         families.append(xid)
     return families
+
+
+def _label_text(names: list[str], values: list[str]) -> str:
+    """``{a="1",b="2"}`` with the labels sorted by name, as ``generate_latest`` writes them."""
+    pairs = sorted(zip(names, values))
+    return "{" + ",".join(f'{name}="{escape(value)}"' for name, value in pairs) + "}"
+
+
+_LABEL_CACHE: dict[tuple[int, str, str, str, str, str], str] = {}
+_LABEL_CACHE_MAX = 1024
+
+
+def _labels_of(reading: GpuReading, host: str, driver: str) -> str:
+    """The sorted DCGM label text of a GPU, built once (the identity of a GPU rarely changes)."""
+    key = (reading.index, reading.uuid, reading.pci_bus_id, reading.name, host, driver)
+    text = _LABEL_CACHE.get(key)
+    if text is None:
+        if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
+            _LABEL_CACHE.clear()
+        text = _LABEL_CACHE[key] = _label_text(DCGM_LABELS, dcgm_labels(reading, host, driver))
+    return text
+
+
+def render_dcgm(view: GpuView, host: str) -> str:
+    """``dcgm_families`` as exposition text (format 0.0.4), without prometheus_client."""
+    snapshot, status = view.snapshot, view.status
+    if snapshot is None or status.state is NvmlState.DISABLED:
+        return ""
+    driver = snapshot.driver_version
+    up = [(reading, _labels_of(reading, host, driver)) for reading in answering(snapshot.gpus, status)]
+    out: list[str] = []
+    for name, header, value_of in _RENDER:
+        lines = [f"{name}{labels} {go_float(value)}\n"
+                 for reading, labels in up if (value := value_of(reading)) is not None]
+        if lines:
+            out.append(header)
+            out.extend(lines)
+    xid_names = [*DCGM_LABELS, "err_code"]
+    xid = [f"DCGM_FI_DEV_XID_ERRORS{_label_text(xid_names, [*dcgm_labels(r, host, driver), str(r.last_xid or 0)])}"
+           f" {go_float(float(r.last_xid or 0))}\n" for r in snapshot.gpus if r.xid_errors_total is not None]
+    if xid:
+        out.append(_header("DCGM_FI_DEV_XID_ERRORS", "gauge", _XID_HELP))
+        out.extend(xid)
+    return "".join(out)
+
+
+_RENDER = tuple((f.name, _header(f.name, "untyped" if f.counter else "gauge", f.help), f.value) for f in DCGM_FIELDS)
+"""Per field: name, its HELP and TYPE lines, its value (built once)."""
