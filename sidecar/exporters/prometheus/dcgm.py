@@ -200,18 +200,21 @@ def _label_text(names: list[str], values: list[str]) -> str:
     return "{" + ",".join(f'{name}="{escape(value)}"' for name, value in pairs) + "}"
 
 
-_LABEL_CACHE: dict[tuple[int, str, str, str, str, str], str] = {}
+_LABEL_CACHE: dict[tuple[int, str, str, str, str, str, str | None], str] = {}
 _LABEL_CACHE_MAX = 1024
 
 
-def _labels_of(reading: GpuReading, host: str, driver: str) -> str:
-    """The sorted DCGM label text of a GPU, built once (the identity of a GPU rarely changes)."""
-    key = (reading.index, reading.uuid, reading.pci_bus_id, reading.name, host, driver)
+def _labels_of(reading: GpuReading, host: str, driver: str, err_code: str | None = None) -> str:
+    """The sorted DCGM label text of a GPU (with ``err_code`` if given), built once: the identity
+    of a GPU rarely changes."""
+    key = (reading.index, reading.uuid, reading.pci_bus_id, reading.name, host, driver, err_code)
     text = _LABEL_CACHE.get(key)
     if text is None:
         if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
             _LABEL_CACHE.clear()
-        text = _LABEL_CACHE[key] = _label_text(DCGM_LABELS, dcgm_labels(reading, host, driver))
+        values = dcgm_labels(reading, host, driver)
+        text = _LABEL_CACHE[key] = (_label_text(DCGM_LABELS, values) if err_code is None
+                                    else _label_text([*DCGM_LABELS, "err_code"], [*values, err_code]))
     return text
 
 
@@ -229,9 +232,8 @@ def render_dcgm(view: GpuView, host: str) -> str:
         if lines:
             out.append(header)
             out.extend(lines)
-    xid_names = [*DCGM_LABELS, "err_code"]
-    xid = [f"DCGM_FI_DEV_XID_ERRORS{_label_text(xid_names, [*dcgm_labels(r, host, driver), str(r.last_xid or 0)])}"
-           f" {go_float(float(r.last_xid or 0))}\n" for r in snapshot.gpus if r.xid_errors_total is not None]
+    xid = [f"DCGM_FI_DEV_XID_ERRORS{_labels_of(r, host, driver, str(r.last_xid or 0))} {go_float(r.last_xid or 0)}\n"
+           for r in snapshot.gpus if r.xid_errors_total is not None]
     if xid:
         out.append(_header("DCGM_FI_DEV_XID_ERRORS", "gauge", _XID_HELP))
         out.extend(xid)
