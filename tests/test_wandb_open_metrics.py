@@ -11,6 +11,7 @@ import os
 import re
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +22,13 @@ from sidecar.aggregation.insight import compute_insight
 from sidecar.config import Config
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.prometheus.server import serve
-from sidecar.exporters.prometheus.wandb_page import MAX_NAMES_PER_PROJECTION, PROJECTIONS, REFUSED, WandbPage
+from sidecar.exporters.prometheus.wandb_page import (
+    MAX_NAMES_PER_PROJECTION,
+    PROJECTIONS,
+    REFUSED,
+    WandbPage,
+    family_templates,
+)
 from sidecar.model.gpu import GpuReading, GpuSnapshot, GpuView, GroupAggregate, NvmlState, NvmlStatus
 from sidecar.model.insight import VERDICT_CODES, GpuFacts
 from tests.daemon_harness import free_port
@@ -147,6 +154,13 @@ def test_route_serves_the_page_and_its_legend() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_metrics_md_lists_every_family_of_the_page() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "METRICS.md").read_text()
+    section = text.split("## The W&B open-metrics page", 1)[1].split("\n## ", 1)[0]
+    missing = [t for t in [*family_templates(), REFUSED] if f"`{t}`" not in section]
+    assert missing == []
 
 
 def test_default_address_is_the_daemons() -> None:
