@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,39 +87,55 @@ def _verdict_code(samples: list[Any]) -> float | None:
 
 
 @pytest.fixture(scope="module")
-def scraped_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A live ``dflash-sidecar demo`` on the fake NVML driver: (its Prometheus address, a folder)."""
     library = library_or_skip("full")
     tmp = tmp_path_factory.mktemp("open-metrics")
     control = FakeNvml(tmp / "nvml-control.txt", library, {"devices": 2})
     control.gpu("*", utilization_gpu=70, clock_reasons=0)
     addr = f"127.0.0.1:{free_port()}"
     daemon_env = env(LD_LIBRARY_PATH=str(library.parent), FAKE_NVML_CONTROL=str(control.path))
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "demo", "--duration", "60", "--interval", str(INTERVAL_S),
-         "--nvml-interval", "0.5", "--gpu-group", "target=0", "--gpu-group", "drafter=1",
-         "--endpoint", f"ipc://{tmp}/demo.sock", "--prometheus-addr", addr],
-        env=daemon_env, stdout=subprocess.DEVNULL, stderr=open(tmp / "demo.log", "wb"), cwd=tmp)
+    with open(tmp / "demo.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "demo", "--duration", "120", "--interval", str(INTERVAL_S),
+             "--nvml-interval", "0.5", "--gpu-group", "target=0", "--gpu-group", "drafter=1",
+             "--endpoint", f"ipc://{tmp}/demo.sock", "--prometheus-addr", addr],
+            env=daemon_env, stdout=subprocess.DEVNULL, stderr=log, cwd=tmp)
     try:
-        _wait_for_window(addr, demo, tmp / "demo.log")
-        wandb_dir = tmp / "trainer"
-        wandb_dir.mkdir()
-        trainer_env = {k: v for k, v in env().items() if not k.startswith("WANDB_")}
-        trainer_env.update(WANDB_MODE="offline", WANDB_DIR=str(wandb_dir), WANDB_SILENT="true")
-        out = tmp / "trainer.json"
-        subprocess.run([sys.executable, "-c", TRAINER, addr, str(out), "7", str(INTERVAL_S)], env=trainer_env,
-                       cwd=wandb_dir, check=True, timeout=120, capture_output=True)
+        _wait_for_window(addr, proc, tmp / "demo.log")
+        yield addr, tmp
     finally:
-        demo.terminate()
-        demo.wait(15)
-    result = json.loads(out.read_text())
-    run_file = wandb_records.find_run_file(wandb_dir, result["run_id"])
+        proc.terminate()
+        proc.wait(15)
+
+
+def _trainer_env(wandb_dir: Path) -> dict[str, str]:
+    wandb_dir.mkdir()
+    trainer_env = {k: v for k, v in env().items() if not k.startswith("WANDB_")}
+    trainer_env.update(WANDB_MODE="offline", WANDB_DIR=str(wandb_dir), WANDB_SILENT="true")
+    return trainer_env
+
+
+def _read_run(wandb_dir: Path, run_id: str) -> dict[str, Any]:
+    """The run's stats records ((unix s, {key: value})) and its config, from its ``.wandb`` file."""
+    run_file = wandb_records.find_run_file(wandb_dir, run_id)
     stats = []
     for record in wandb_records.of_type(run_file, "stats"):
         values = {item.key: json.loads(item.value_json) for item in record.item}
         stats.append((record.timestamp.seconds + record.timestamp.nanos / 1e9, values))
     config = {item.key: json.loads(item.value_json) for c in wandb_records.of_type(run_file, "config")
               for item in c.update}
-    return {"stats": stats, "scrapes": result["scrapes"], "config": config}
+    return {"stats": stats, "config": config}
+
+
+@pytest.fixture(scope="module")
+def scraped_run(demo: tuple[str, Path]) -> dict[str, Any]:
+    addr, tmp = demo
+    wandb_dir, out = tmp / "trainer", tmp / "trainer.json"
+    subprocess.run([sys.executable, "-c", TRAINER, addr, str(out), "7", str(INTERVAL_S)], env=_trainer_env(wandb_dir),
+                   cwd=wandb_dir, check=True, timeout=120, capture_output=True)
+    result = json.loads(out.read_text())
+    return {**_read_run(wandb_dir, result["run_id"]), "scrapes": result["scrapes"]}
 
 
 def _wait_for_window(addr: str, demo: subprocess.Popen[bytes], log: Path) -> None:
@@ -170,3 +187,45 @@ def test_run_values_match_metrics_within_one_window(scraped_run: dict[str, Any])
             assert any(v is not None and math.isclose(v, got, rel_tol=1e-9) for v in seen), (name, got, seen)
             compared += 1
     assert compared >= 3 * (len(EXPECTED) + 1) // 2, compared  # most figures, in several records
+
+
+HF_TRAINER = textwrap.dedent("""
+    import sys, time
+    import torch, wandb
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from trainer_shim.integrations.hf import SidecarCallback
+
+    callback = SidecarCallback(wandb_open_metrics=sys.argv[1])  # before the Trainer's wandb sets up
+
+    class Tokens(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+        def __getitem__(self, i):
+            ids = torch.arange(i, i + 8) % 64
+            return {"input_ids": ids, "labels": ids}
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    args = TrainingArguments(output_dir="out", max_steps=4, per_device_train_batch_size=4, report_to=["wandb"],
+                             use_cpu=True, save_strategy="no", disable_tqdm=True)
+    Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[callback]).train()
+    time.sleep(3 * float(sys.argv[2]))  # a few samples of the run's system metrics
+    print("RUN", wandb.run.id, flush=True)
+    wandb.finish()
+""")
+
+
+def test_hf_callback_option_brings_the_page_into_the_run_the_trainer_starts(demo: tuple[str, Path]) -> None:
+    addr, tmp = demo
+    wandb_dir = tmp / "hf"
+    trainer_env = _trainer_env(wandb_dir)
+    trainer_env["WANDB_X_STATS_SAMPLING_INTERVAL"] = str(INTERVAL_S)
+    proc = subprocess.run([sys.executable, "-c", HF_TRAINER, addr, str(INTERVAL_S)], env=trainer_env, cwd=wandb_dir,
+                          timeout=180, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_id = next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("RUN"))
+    run = _read_run(wandb_dir, run_id)
+    keys = set().union(*(v for _, v in run["stats"]))
+    assert {"openmetrics.sidecar.dflash_verdict_code.0", "openmetrics.sidecar.dflash_role_drafter_batches_per_second.0",
+            "openmetrics.sidecar.dflash_group_target_power_watts.0"} <= keys, sorted(keys)
+    assert run["config"]["dflash_verdict_code"]["8"] == "input-bound"
+
