@@ -156,6 +156,36 @@ def test_route_serves_the_page_and_its_legend() -> None:
         server.server_close()
 
 
+def test_helper_never_raises_into_the_trainer(monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    environ = {"WANDB_X_STATS_OPEN_METRICS_ENDPOINTS": "not json"}
+    assert wandb_metrics.enable_in_environment(environ=environ) is False
+    assert environ == {"WANDB_X_STATS_OPEN_METRICS_ENDPOINTS": "not json"}  # left as the trainer set it
+
+    class Finished:
+        class config:  # noqa: N801 - a run's attribute
+            @staticmethod
+            def update(*args: Any, **kwargs: Any) -> None:
+                raise RuntimeError("run finished")
+
+    monkeypatch.setattr(wandb_metrics, "DESCRIBE_GIVE_UP_S", 0.5)
+    monkeypatch.setattr(wandb_metrics, "DESCRIBE_RETRY_S", (0.1,))
+    absent = wandb_metrics.describe_run(Finished(), f"127.0.0.1:{free_port()}")  # no daemon there
+    assert absent is not None
+    absent.join(5)
+    assert not absent.is_alive() and "could not name the verdict codes in the W&B run from" in caplog.text
+    addr = f"127.0.0.1:{free_port()}"
+    server, _ = serve(_state(), addr)
+    try:
+        finished = wandb_metrics.describe_run(Finished(), addr)  # the daemon answers, the run refuses
+        assert finished is not None
+        finished.join(5)
+        assert not finished.is_alive() and "run finished" in caplog.text
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_metrics_md_lists_every_family_of_the_page() -> None:
     text = (Path(__file__).resolve().parent.parent / "docs" / "METRICS.md").read_text()
     section = text.split("## The W&B open-metrics page", 1)[1].split("\n## ", 1)[0]

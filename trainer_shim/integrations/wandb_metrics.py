@@ -82,7 +82,7 @@ def enable_in_environment(addr: str = DEFAULT_ADDR, name: str = ENDPOINT_NAME,
     current = {key: environ.get("WANDB_" + key.upper()) for key in (ENDPOINTS_SETTING, FILTERS_SETTING)}
     try:
         wanted = open_metrics_settings(addr, name, {k: v for k, v in current.items() if v})
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:  # the variables already there are not what wandb takes
         log.warning("trainer_shim: W&B open-metrics not enabled: %s", exc)
         return False
     for key, value in wanted.items():
@@ -120,19 +120,31 @@ def describe_run(run: Any = None, addr: str = DEFAULT_ADDR) -> threading.Thread 
 
 
 def _describe(run: Any, url: str) -> None:
+    codes = _fetch_codes(url)
+    if codes is None:
+        return
+    try:
+        run.config.update({CONFIG_KEY: codes}, allow_val_change=True)
+    except Exception as exc:  # noqa: BLE001 - a finished run, say; never into the trainer
+        log.warning("trainer_shim: could not name the verdict codes in the W&B run: %s", exc)
+
+
+def _fetch_codes(url: str) -> dict[str, str] | None:
+    """The legend's verdict codes, asked until the daemon answers; None after
+    ``DESCRIBE_GIVE_UP_S`` (logged once)."""
     deadline = time.monotonic() + DESCRIBE_GIVE_UP_S
     for attempt in itertools.count():
         try:
             with urllib.request.urlopen(url, timeout=DESCRIBE_TIMEOUT_S) as resp:
                 codes = json.loads(resp.read())["verdict_codes"]
-            run.config.update({CONFIG_KEY: {str(k): str(v) for k, v in codes.items()}}, allow_val_change=True)
-            return
-        except Exception as exc:  # noqa: BLE001 - never into the trainer
+            return {str(k): str(v) for k, v in codes.items()}
+        except Exception as exc:  # noqa: BLE001 - no daemon yet, an older one, a proxy's page
             wait = DESCRIBE_RETRY_S[min(attempt, len(DESCRIBE_RETRY_S) - 1)]
             if time.monotonic() + wait > deadline:
                 log.warning("trainer_shim: could not name the verdict codes in the W&B run from %s: %s", url, exc)
-                return
+                return None
             time.sleep(wait)
+    return None  # unreachable: count() never ends
 
 
 def _json_or_value(value: Any) -> Any:
