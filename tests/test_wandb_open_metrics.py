@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import re
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -31,7 +32,7 @@ from sidecar.exporters.prometheus.wandb_page import (
 )
 from sidecar.model.gpu import GpuReading, GpuSnapshot, GpuView, GroupAggregate, NvmlState, NvmlStatus
 from sidecar.model.insight import VERDICT_CODES, GpuFacts
-from tests.daemon_harness import free_port
+from tests.daemon_harness import free_port, require_tool
 from tests.insight_synth import pipeline, report, worker
 from trainer_shim.integrations import wandb_metrics
 
@@ -93,6 +94,13 @@ def test_page_values_are_those_of_metrics_with_the_labels_in_the_names() -> None
     # One sample per family, whose only label is the (constant) host: W&B keys end in .0.
     assert all(labels == {"host": HOST} for labels, _ in page.values())
     assert page[REFUSED][1] == 0.0
+
+
+def test_page_passes_promtool() -> None:
+    promtool = require_tool("promtool")
+    text = WandbPage(SidecarCollector(_state())).render()
+    proc = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=60, check=False)
+    assert (proc.returncode, proc.stdout + proc.stderr) == (0, b"")
 
 
 def test_page_is_bounded_and_keeps_the_names_it_gave() -> None:
