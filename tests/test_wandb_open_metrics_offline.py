@@ -173,11 +173,15 @@ def test_run_holds_the_sidecar_figures_under_readable_names(scraped_run: dict[st
 
 def test_run_values_match_metrics_within_one_window(scraped_run: dict[str, Any]) -> None:
     scrapes = scraped_run["scrapes"]
-    compared = 0
+    judged = 0
     for t, values in scraped_run["stats"]:
-        near = [samples for ts, samples in scrapes if abs(ts - t) <= INTERVAL_S]
-        if not near or not _sidecar_keys(values):
+        # Judged only where /metrics was read within half a window on each side of the record:
+        # one of those reads saw the window W&B sampled (a loaded box may leave gaps).
+        if not (_sidecar_keys(values) and any(t - 0.45 <= ts <= t for ts, _ in scrapes)
+                and any(t <= ts <= t + 0.45 for ts, _ in scrapes)):
             continue
+        near = [samples for ts, samples in scrapes if abs(ts - t) <= INTERVAL_S]
+        compared = 0
         for name, (source, labels) in [("dflash_verdict_code", ("", {})), *EXPECTED.items()]:
             got = values.get(f"openmetrics.sidecar.{name}.0")
             if got is None:
@@ -186,7 +190,9 @@ def test_run_values_match_metrics_within_one_window(scraped_run: dict[str, Any])
                     for s in near]
             assert any(v is not None and math.isclose(v, got, rel_tol=1e-9) for v in seen), (name, got, seen)
             compared += 1
-    assert compared >= 3 * (len(EXPECTED) + 1) // 2, compared  # most figures, in several records
+        assert compared >= len(EXPECTED) - 2, (t, sorted(values))  # nearly every figure in every record
+        judged += 1
+    assert judged >= 2, (judged, len(scraped_run["stats"]))
 
 
 HF_TRAINER = textwrap.dedent("""

@@ -65,7 +65,7 @@ class Projection:
     source: str
     """``/metrics`` sample name (counters with their ``_total``)."""
     help: str
-    """HELP text; may use the same placeholders (raw label values)."""
+    """HELP text; with ``fold``, it may use the same placeholders (raw label values)."""
     fold: tuple[str, ...] = ()
     """Labels of ``source`` moved into the name; the others are reduced over."""
     reduce: Callable[[Samples], float | None] = _sum
@@ -158,7 +158,7 @@ class WandbPage:
                 value = projection.reduce(samples)
                 if value is None:
                     continue
-                help_text = projection.help.format(**dict(zip(projection.fold, key)))
+                help_text = projection.help.format(**dict(zip(projection.fold, key))) if key else projection.help
                 if projection.counter:
                     counter = CounterMetricFamily(name, help_text, labels=["host"])
                     counter.add_metric([host], value)
