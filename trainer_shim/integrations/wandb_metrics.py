@@ -115,7 +115,11 @@ def describe_run(run: Any = None, addr: str = DEFAULT_ADDR) -> threading.Thread 
         return None
     thread = threading.Thread(target=_describe, args=(run, page_url(addr) + "/legend"),
                               name="sidecar-wandb-describe", daemon=True)
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError as exc:  # no thread to be had (a process at its limit)
+        log.warning("trainer_shim: could not name the verdict codes in the W&B run: %s", exc)
+        return None
     return thread
 
 
