@@ -20,6 +20,7 @@ from the snapshot, because ``generate_latest`` would double the cost of a scrape
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from sidecar.exporters.prometheus.gpu import answering
 from sidecar.model.gpu import GpuReading, GpuView, NvmlState
 
 MIB = 1024 * 1024
+_INF = math.inf
 
 DCGM_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "hostname",
                "DCGM_FI_DRIVER_VERSION", "host"]
@@ -227,7 +229,7 @@ def render_dcgm(view: GpuView, host: str) -> str:
     up = [(reading, _labels_of(reading, host, driver)) for reading in answering(snapshot.gpus, status)]
     out: list[str] = []
     for name, header, value_of in _RENDER:
-        lines = [f"{name}{labels} {go_float(value)}\n"
+        lines = [f"{name}{labels} {repr(value) if -_INF < value < 1e6 else go_float(value)}\n"  # go_float inlined
                  for reading, labels in up if (value := value_of(reading)) is not None]
         if lines:
             out.append(header)
