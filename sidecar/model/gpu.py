@@ -27,7 +27,8 @@ CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
     (0x400, "reliability"),
 )
 
-# nvmlPerfPolicyType_t values read with nvmlDeviceGetViolationStatus, with the exported reason
+# nvmlPerfPolicyType_t values of the violation counters (fields NVML_FI_DEV_PERF_POLICY_*, or
+# nvmlDeviceGetViolationStatus), with the exported reason
 # names (NVML's violation counters: time the clocks were held below the application clocks).
 VIOLATION_POLICIES: tuple[tuple[int, str], ...] = (
     (0, "power"),

@@ -1,12 +1,13 @@
 """Reads one GPU per poll through ``NvmlDriver`` and builds its ``GpuReading``.
 
 Per GPU and poll: one ``nvmlDeviceGetFieldValues`` batch (energy, power, power limit, memory
-temperature, PCIe byte counters, ECC totals) plus utilization, memory, temperature, two clocks,
-clock-event reasons and one ``nvmlDeviceGetViolationStatus`` per throttle policy the GPU
-supports; the running processes only while trainer pids are known; one or two GPM calls on
-Hopper+. A value the GPU or driver does not support is asked once and then left
-out (``None``) until restart; a versioned function missing from an old driver falls back to
-the older version (logged once by the driver).
+temperature, PCIe byte counters, ECC totals, the six throttle-policy violation counters) plus
+utilization, memory, temperature, two clocks and clock-event reasons; the running processes only
+while trainer pids are known; one or two GPM calls on Hopper+. A violation counter the batch
+does not give falls back to ``nvmlDeviceGetViolationStatus`` for that policy. A value the GPU
+or driver does not support is asked once and then left out (``None``) until restart; a
+versioned function missing from an old driver falls back to the older version (logged once by
+the driver).
 """
 
 from __future__ import annotations
@@ -40,8 +41,14 @@ FIELD_PCIE_TX = constant("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 197)  # bytes, may w
 FIELD_PCIE_RX = constant("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 198)
 FIELD_ECC_CORRECTED = constant("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", 3)
 FIELD_ECC_UNCORRECTED = constant("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", 4)
+# Violation counters (ns the clocks were held below the application clocks), one per
+# nvmlPerfPolicyType_t in VIOLATION_POLICIES' order: NVML_FI_DEV_PERF_POLICY_POWER .. _RELIABILITY.
+FIELD_VIOLATIONS: dict[int, str] = {
+    constant(f"NVML_FI_DEV_PERF_POLICY_{name}", 74 + policy): reason
+    for (policy, reason), name in zip(VIOLATION_POLICIES, ("POWER", "THERMAL", "SYNC_BOOST", "BOARD_LIMIT",
+                                                             "LOW_UTILIZATION", "RELIABILITY"), strict=True)}
 FIELDS: tuple[int, ...] = (FIELD_ENERGY, FIELD_MEMORY_TEMP, FIELD_POWER, FIELD_POWER_LIMIT, FIELD_PCIE_TX,
-                           FIELD_PCIE_RX, FIELD_ECC_CORRECTED, FIELD_ECC_UNCORRECTED)
+                           FIELD_PCIE_RX, FIELD_ECC_CORRECTED, FIELD_ECC_UNCORRECTED, *FIELD_VIOLATIONS)
 
 # Fields an older driver may lack, with the single-value function that gives the same number.
 # PCIe has no such fallback: nvmlDeviceGetPcieThroughput samples for 20 ms per call, which
@@ -76,9 +83,9 @@ SM_CLOCK = (Call("nvmlDeviceGetClockInfo", (CLOCK_SM,), "nvmlDeviceGetClockInfo(
 MEM_CLOCK = (Call("nvmlDeviceGetClockInfo", (CLOCK_MEM,), "nvmlDeviceGetClockInfo(MEM)"),)
 CLOCK_EVENTS = (Call("nvmlDeviceGetCurrentClocksEventReasons"), Call("nvmlDeviceGetCurrentClocksThrottleReasons"))
 PROCESSES = (Call("nvmlDeviceGetComputeRunningProcesses_v3"), Call("nvmlDeviceGetComputeRunningProcesses_v2"))
-VIOLATIONS = tuple(
-    (reason, (Call("nvmlDeviceGetViolationStatus", (policy,), f"nvmlDeviceGetViolationStatus({reason})"),))
-    for policy, reason in VIOLATION_POLICIES)
+VIOLATION_STATUS = {
+    reason: (Call("nvmlDeviceGetViolationStatus", (policy,), f"nvmlDeviceGetViolationStatus({reason})"),)
+    for policy, reason in VIOLATION_POLICIES}
 
 
 class GpuReader:
@@ -95,8 +102,10 @@ class GpuReader:
         self.xid_errors_total: int | None = None
         self.last_xid: int | None = None
         self._xid_counts: dict[int, int] = {}
-        self._violations: dict[str, tuple[int, int]] = {}
-        """Per reason: the last (violation time ns, reference time µs)."""
+        self._violations: dict[str, tuple[int, float]] = {}
+        """Per reason: the last (violation time ns, its timestamp µs)."""
+        self._violation_fallback: list[str] = []
+        """Reasons the field batch does not give: read with nvmlDeviceGetViolationStatus."""
         self._driver = driver
         self._log = log
         self._gpm = gpm
@@ -154,7 +163,7 @@ class GpuReader:
         mem_clock = self._first("mem_clock", MEM_CLOCK)
         clock_events = self._first("clock_events", CLOCK_EVENTS)
         fields = self._read_fields(now)
-        violation_totals, violation_ratios = self._read_violations()
+        violation_totals, violation_ratios = self._read_violations(fields)
         processes, foreign, foreign_memory = self._processes(trainer) if trainer else ((), None, None)
         gpm: dict[str, float | None] = {}
         profiling = ProfilingState.UNSUPPORTED
@@ -251,6 +260,8 @@ class GpuReader:
             self._fields.remove(field_id)
             if field_id in LEGACY_FUNCTIONS:
                 self._legacy.append(field_id)
+            if field_id in FIELD_VIOLATIONS:
+                self._violation_fallback.append(FIELD_VIOLATIONS[field_id])
 
     def _rate(self, field_id: int, fields: Mapping[int, tuple[float, float]]) -> float | None:
         """Per-second rate of a cumulative counter field since the previous poll."""
@@ -264,16 +275,20 @@ class GpuReader:
             return None  # first sample, clock went back, or the counter wrapped/reset
         return (value - previous[0]) / (at - previous[1])
 
-    def _read_violations(self) -> tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]]:
+    def _read_violations(self, fields: Mapping[int, tuple[float, float]]
+                         ) -> tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]]:
         """Violation counters: (seconds since driver load, share of the last interval) per reason."""
         totals: list[tuple[str, float]] = []
         ratios: list[tuple[str, float]] = []
-        for reason, calls in VIOLATIONS:
-            status = self._first(f"violation-{reason}", calls)
-            if status is None:
+        for field_id, reason in FIELD_VIOLATIONS.items():
+            if field_id in fields:
+                violation_ns, reference_us = int(fields[field_id][0]), fields[field_id][1] * 1e6
+            elif reason in self._violation_fallback and (
+                    status := self._first(f"violation-{reason}", VIOLATION_STATUS[reason])) is not None:
+                violation_ns, reference_us = int(status.violationTime), float(status.referenceTime)
+            else:
                 self._violations.pop(reason, None)
                 continue
-            violation_ns, reference_us = int(status.violationTime), int(status.referenceTime)
             totals.append((reason, violation_ns / 1e9))
             previous = self._violations.get(reason)
             self._violations[reason] = (violation_ns, reference_us)

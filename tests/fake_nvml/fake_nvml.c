@@ -441,6 +441,20 @@ static unsigned long long counter_of(int gpu, enum slot s, nvmlReturn_t *rc)
     return (unsigned long long)v;
 }
 
+/* Violation counters grow with real time: the slot is the share of time the policy holds the
+ * clocks down (0-1), so the counter is share * seconds since load, in ns (set it before load:
+ * changing it later moves the counter at once, as counter_of's counters do). Policy 0-5 are
+ * nvmlPerfPolicyType_t POWER .. RELIABILITY, the order of fields NVML_FI_DEV_PERF_POLICY_*. */
+static unsigned long long violation_ns(int gpu, int policy, nvmlReturn_t *rc)
+{
+    pthread_mutex_lock(&g_lock);
+    slot_t share = g_cfg.gpu[gpu].slot[S_VIOL_POWER + policy];
+    double t = elapsed_s();
+    pthread_mutex_unlock(&g_lock);
+    *rc = share.rc;
+    return share.rc == NVML_SUCCESS ? (unsigned long long)(share.value * t * 1e9) : 0;
+}
+
 /* ---------------------------------------------------------------- init, system */
 
 static nvmlReturn_t do_init(const char *fn)
@@ -595,22 +609,17 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
     return NVML_SUCCESS;
 }
 
-/* Violation counters grow with real time: the slot is the share of time the policy holds the
- * clocks down (0-1), so violationTime = share * seconds since load, in ns (set it before load:
- * changing it later moves the counter at once, as counter_of's counters do). */
 nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t device, nvmlPerfPolicyType_t perfPolicyType,
                                           nvmlViolationTime_t *violTime)
 {
     ENTER_DEVICE("nvmlDeviceGetViolationStatus", device, gpu);
     if (!violTime) return NVML_ERROR_INVALID_ARGUMENT;
     if ((int)perfPolicyType < 0 || perfPolicyType > NVML_PERF_POLICY_RELIABILITY) return NVML_ERROR_NOT_SUPPORTED;
-    slot_t share = slot_of(gpu, (enum slot)(S_VIOL_POWER + (int)perfPolicyType));
-    if (share.rc != NVML_SUCCESS) return share.rc;
-    pthread_mutex_lock(&g_lock);
-    double t = elapsed_s();
-    pthread_mutex_unlock(&g_lock);
+    nvmlReturn_t rc;
+    unsigned long long ns = violation_ns(gpu, (int)perfPolicyType, &rc);
+    if (rc != NVML_SUCCESS) return rc;
     violTime->referenceTime = (unsigned long long)wall_us();
-    violTime->violationTime = (unsigned long long)(share.value * t * 1e9);
+    violTime->violationTime = ns;
     return NVML_SUCCESS;
 }
 
@@ -773,6 +782,22 @@ static void field_value(int gpu, nvmlFieldValue_t *out)
         out->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
         out->value.ullVal = counter_of(gpu, which, &out->nvmlReturn);
         return;
+    }
+    case NVML_FI_DEV_PERF_POLICY_POWER:
+    case NVML_FI_DEV_PERF_POLICY_THERMAL:
+    case NVML_FI_DEV_PERF_POLICY_SYNC_BOOST:
+    case NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT:
+    case NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION:
+    case NVML_FI_DEV_PERF_POLICY_RELIABILITY: {
+#ifdef FAKE_NVML_OLD_DRIVER
+        /* not a real driver's limit: lets the tests exercise nvmlDeviceGetViolationStatus */
+        out->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+        return;
+#else
+        out->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        out->value.ullVal = violation_ns(gpu, (int)(out->fieldId - NVML_FI_DEV_PERF_POLICY_POWER), &out->nvmlReturn);
+        return;
+#endif
     }
     case NVML_FI_DEV_MEMORY_TEMP: s = slot_of(gpu, S_TEMP_MEM); break;
     case NVML_FI_DEV_POWER_INSTANT: s = slot_of(gpu, S_POWER_MW); break;

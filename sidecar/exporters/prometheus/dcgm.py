@@ -75,7 +75,8 @@ def _violation_ns(reason: str) -> Value:
     return value
 
 
-_VIOLATION = "Throttling duration due to {} (in ns). From nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_{})."
+_VIOLATION = ("Throttling duration due to {} (in ns). From nvmlDeviceGetFieldValues(NVML_FI_DEV_PERF_POLICY_{}), "
+              "else nvmlDeviceGetViolationStatus.")
 
 DCGM_FIELDS: tuple[DcgmField, ...] = (
     DcgmField("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz). From nvmlDeviceGetClockInfo(NVML_CLOCK_SM).",

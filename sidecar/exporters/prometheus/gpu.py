@@ -138,10 +138,10 @@ def _violation_families(readings: list[GpuReading], host: str) -> list[Metric]:
     return [
         _counter("dflash_gpu_throttle_seconds",
                  "Seconds the GPU clocks were held below the application clocks, per reason, since the driver "
-                 "was loaded (nvmlDeviceGetViolationStatus).", labels, totals),
+                 "was loaded (NVML violation counters: fields NVML_FI_DEV_PERF_POLICY_*).", labels, totals),
         _gauge("dflash_gpu_throttle_ratio",
                "Share (0-1) of the last NVML poll interval the reason held the clocks down "
-               "(nvmlDeviceGetViolationStatus).", labels, ratios),
+               "(NVML violation counters).", labels, ratios),
     ]
 
 
