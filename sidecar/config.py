@@ -35,7 +35,8 @@ class Setting:
     """Key in the TOML file and field of ``Config``; the flag is ``--`` + name with dashes."""
     help: str
     kind: str = "value"
-    """``value``, ``list`` (flag repeatable, TOML array), ``switch`` (``--no-<name>`` turns it off)
+    """``value``, ``list`` (flag repeatable, TOML array), ``switch`` (``--no-<name>`` turns it off;
+    ``--<name>`` turns on one whose default is off)
     or ``tables`` (TOML array of tables only, no flag: ``[[mapping]]``)."""
     type: Callable[[str], Any] = str
     default: Any = None
@@ -115,7 +116,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("prometheus_tls_cert", "PEM certificate: serve /metrics over TLS (needs prometheus_tls_key)."),
     Setting("prometheus_tls_key", "PEM private key for prometheus_tls_cert."),
     Setting("endpoint_allow_remote", "Allow a tcp:// endpoint on an address other than loopback (anyone who can "
-            "reach it may then send records; a warning is logged). Off: tcp is loopback-only.", kind="flag",
+            "reach it may then send records; a warning is logged). Off: tcp is loopback-only.", kind="switch",
             default=False),
     # Bounds: a window under 0.1 s spent a whole core rolling windows (13,500/s at 1e-06); over an
     # hour no window ever closes in practice.
@@ -124,6 +125,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("nvml_interval", "NVML polling period (seconds). Sub-second polling has cost throughput elsewhere.",
             type=float, default=1.0, bounds=(0.1, 3600.0), unit="seconds"),
     Setting("gpu_metrics", "Poll GPUs through NVML (--no-gpu-metrics turns it off).", kind="switch", default=True),
+    Setting("dcgm_compat", "Also export dcgm-exporter's names, units and labels (DCGM_FI_*) for what NVML "
+            "can feed, so dashboards and alerts written for it work unchanged (docs/METRICS.md).",
+            kind="switch", default=False),
     Setting("gpu_group", "Role to GPUs mapping NAME=IDS (repeatable), e.g. target=0-5, drafter=6,7. "
             "Unset: discovered from the trainers' processes.", kind="list", default=[], example="target=0-5",
             default_note="none, roles are discovered from the trainers' processes"),
@@ -195,6 +199,7 @@ class Config:
     nvml_interval: float = _default("nvml_interval")
     gpu_metrics: bool = _default("gpu_metrics")
     endpoint_allow_remote: bool = _default("endpoint_allow_remote")
+    dcgm_compat: bool = _default("dcgm_compat")
     gpu_group: tuple[str, ...] = _default("gpu_group")
     max_series: int = _default("max_series")
     wandb_queue: int = _default("wandb_queue")
@@ -223,12 +228,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         flag = "--" + s.name.replace("_", "-")
         if s.kind == "tables":
             continue
-        if s.kind == "switch":
+        if s.kind == "switch" and s.default is False:
+            parser.add_argument(flag, dest=s.name, action="store_true", default=argparse.SUPPRESS, help=s.help)
+        elif s.kind == "switch":
             parser.add_argument("--no-" + s.name.replace("_", "-"), dest=s.name, action="store_false",
                                 default=argparse.SUPPRESS, help=s.help)
-        elif s.kind == "flag":
-            parser.add_argument(flag, dest=s.name, action="store_const", const=True, default=argparse.SUPPRESS,
-                                help=s.full_help)
         elif s.kind == "list":
             parser.add_argument(flag, dest=s.name, action="append", default=argparse.SUPPRESS, help=s.full_help)
         else:
@@ -293,7 +297,7 @@ def _validate(values: Mapping[str, Any], path: str | None) -> Config:
                     except (TypeError, ValueError) as exc:
                         raise ConfigError(f"invalid {where}: {item!r}: {exc}") from None
                 out[s.name] = tuple(checked)
-            elif s.kind in ("switch", "flag"):
+            elif s.kind == "switch":
                 if not isinstance(raw, bool):
                     raise ValueError("expected true or false")
                 out[s.name] = raw
