@@ -127,3 +127,29 @@ def test_an_honest_trainer_is_counted_exactly_during_a_flood_of_expensive_frames
             p.wait()
         honest.kill()
         d.stop()
+
+
+def test_the_fair_queue_serves_a_light_peer_first_and_bounds_what_waits() -> None:
+    from sidecar.sources.receiver import PENDING_MAX_BYTES, FairQueue
+
+    fair = FairQueue()
+    clock = [100.0]
+    fair.clock = lambda: clock[0]
+    big = b"x" * (1024 * 1024)
+    for _ in range(200):  # 200 MiB from a flooder: only PENDING_MAX_BYTES of it may wait
+        fair.push(1111, big)  # type: ignore[arg-type]
+    assert fair.pending_bytes <= PENDING_MAX_BYTES and fair.dropped == 200 - PENDING_MAX_BYTES // len(big)
+    for _ in range(5):
+        fair.push(2222, b"y" * 10_000)  # type: ignore[arg-type]
+    for frame, peer in fair.round(1000, 8 * 1024 * 1024):
+        fair.charge(peer, 0.2 if peer == 1111 else 0.001, len(frame))  # the flooder's frames are dear
+    for _ in range(5):
+        fair.push(2222, b"y" * 10_000)  # type: ignore[arg-type]
+    clock[0] += 0.1
+    order = [peer for _, peer in fair.round(1000, 8 * 1024 * 1024)]
+    assert order[:5] == [2222] * 5, order  # the trainer's frames first, all of them
+    assert order.count(1111) == 0, order  # the flooder is in debt: its frames wait their turn
+    rounds = 0
+    while 1111 not in [p for _, p in fair.round(1000, 8 * 1024 * 1024)]:
+        rounds += 1
+    assert rounds >= 10, rounds  # 0.2 s of debt at 5 ms a round
