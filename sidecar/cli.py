@@ -118,6 +118,10 @@ def run_daemon(cfg: config_mod.Config, cli_overrides: dict[str, object]) -> int:
     from sidecar.daemon import Daemon
     from sidecar.sources.receiver import EndpointError
 
+    for endpoint in config_mod.remote_endpoints(cfg.endpoint):  # only there with --endpoint-allow-remote
+        logging.getLogger("sidecar").warning(
+            "dflash-sidecar: %s binds beyond loopback (--endpoint-allow-remote): any host that can reach it may "
+            "send records; keep it behind a firewall", endpoint)
     daemon = Daemon(cfg, cli_overrides=cli_overrides)
     try:
         daemon.start()

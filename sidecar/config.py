@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import ipaddress
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -43,15 +44,32 @@ class Setting:
     """Shown in the sample config instead of the default, marked as an example (for settings whose
     default is computed or empty); ``default_note`` then says what the default is."""
     default_note: str | None = None
+    bounds: tuple[float, float] | None = None
+    """Inclusive (lowest, highest) a numeric setting accepts, checked after ``type``; stated in the
+    help (and so in the sample config and ``--help``) from this one declaration."""
+    unit: str = ""
+    """What the bounds count (``seconds``), for messages."""
 
-
-def _positive(kind: Callable[[str], Any], what: str) -> Callable[[Any], Any]:
-    def check(raw: Any) -> Any:
-        value = kind(raw)
-        if value <= 0:
-            raise ValueError(f"{what} must be > 0")
+    def check_bounds(self, value: Any) -> Any:
+        """``value`` if within ``bounds``. Raises ``ValueError`` naming the range otherwise."""
+        if self.bounds is not None:
+            low, high = self.bounds
+            if not low <= value <= high:  # also refuses NaN
+                unit = f" {self.unit}" if self.unit else ""
+                raise ValueError(f"{self.name} must be between {_num(low)} and {_num(high)}{unit}")
         return value
-    return check
+
+    @property
+    def full_help(self) -> str:
+        """``help`` plus the accepted range, if any."""
+        if self.bounds is None:
+            return self.help
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{self.help} Range: {_num(self.bounds[0])} to {_num(self.bounds[1])}{unit}."
+
+
+def _num(x: float) -> str:
+    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
 
 
 def _addr(raw: Any) -> str:
@@ -97,9 +115,15 @@ SETTINGS: tuple[Setting, ...] = (
             type=_addr, default="127.0.0.1:9478"),
     Setting("prometheus_tls_cert", "PEM certificate: serve /metrics over TLS (needs prometheus_tls_key)."),
     Setting("prometheus_tls_key", "PEM private key for prometheus_tls_cert."),
-    Setting("interval", "Aggregation window (seconds).", type=_positive(float, "interval"), default=10.0),
+    Setting("endpoint_allow_remote", "Allow a tcp:// endpoint on an address other than loopback (anyone who can "
+            "reach it may then send records; a warning is logged). Off: tcp is loopback-only.", kind="switch",
+            default=False),
+    # Bounds: a window under 0.1 s spent a whole core rolling windows (13,500/s at 1e-06); over an
+    # hour no window ever closes in practice.
+    Setting("interval", "Aggregation window (seconds).", type=float, default=10.0, bounds=(0.1, 3600.0),
+            unit="seconds"),
     Setting("nvml_interval", "NVML polling period (seconds). Sub-second polling has cost throughput elsewhere.",
-            type=_positive(float, "nvml_interval"), default=1.0),
+            type=float, default=1.0, bounds=(0.1, 3600.0), unit="seconds"),
     Setting("gpu_metrics", "Poll GPUs through NVML (--no-gpu-metrics turns it off).", kind="switch", default=True),
     Setting("dcgm_compat", "Also export dcgm-exporter's names, units and labels (DCGM_FI_*) for what NVML "
             "can feed, so dashboards and alerts written for it work unchanged (docs/METRICS.md).",
@@ -107,10 +131,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu_group", "Role to GPUs mapping NAME=IDS (repeatable), e.g. target=0-5, drafter=6,7. "
             "Unset: discovered from the trainers' processes.", kind="list", default=[], example="target=0-5",
             default_note="none, roles are discovered from the trainers' processes"),
+    # 100,000 timing series hold about 540 MB (10,000: 54 MB), the daemon's whole memory target.
     Setting("max_series", "Cardinality budget: most distinct trainer series held.",
-            type=_positive(int, "max_series"), default=10_000),
+            type=int, default=10_000, bounds=(1, 100_000), unit="series"),
     Setting("wandb_queue", "Rows the W&B exporter may queue before dropping (counted).",
-            type=_positive(int, "wandb_queue"), default=256),
+            type=int, default=256, bounds=(1, 100_000), unit="rows"),
     Setting("log_level", "debug, info, warning or error.", type=_level, default="info"),
     # Pipeline insight (docs/METRICS.md): role names and bottleneck-verdict thresholds (ratios 0-1).
     Setting("insight_target_role", "Role name of the target workers (those that fill the hidden-state queue).",
@@ -173,6 +198,7 @@ class Config:
     interval: float = _default("interval")
     nvml_interval: float = _default("nvml_interval")
     gpu_metrics: bool = _default("gpu_metrics")
+    endpoint_allow_remote: bool = _default("endpoint_allow_remote")
     dcgm_compat: bool = _default("dcgm_compat")
     gpu_group: tuple[str, ...] = _default("gpu_group")
     max_series: int = _default("max_series")
@@ -208,9 +234,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument("--no-" + s.name.replace("_", "-"), dest=s.name, action="store_false",
                                 default=argparse.SUPPRESS, help=s.help)
         elif s.kind == "list":
-            parser.add_argument(flag, dest=s.name, action="append", default=argparse.SUPPRESS, help=s.help)
+            parser.add_argument(flag, dest=s.name, action="append", default=argparse.SUPPRESS, help=s.full_help)
         else:
-            parser.add_argument(flag, dest=s.name, default=argparse.SUPPRESS, help=s.help)
+            parser.add_argument(flag, dest=s.name, default=argparse.SUPPRESS, help=s.full_help)
 
 
 def load(cli: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> Config:
@@ -278,7 +304,9 @@ def _validate(values: Mapping[str, Any], path: str | None) -> Config:
             elif raw is None or (raw == "" and s.default is None):
                 out[s.name] = None  # TOML has no null: "" leaves an optional setting unset
             else:
-                out[s.name] = s.type(raw)
+                if isinstance(raw, bool) and s.bounds is not None:
+                    raise ValueError("expected a number")  # TOML true would read as 1
+                out[s.name] = s.check_bounds(s.type(raw))
         except ConfigError:
             raise
         except (TypeError, ValueError) as exc:
@@ -299,7 +327,28 @@ def _validate(values: Mapping[str, Any], path: str | None) -> Config:
             raise ConfigError(f"invalid --wandb-run: {run!r}: expected a W&B run id or 'auto'")
     if not config.endpoint:
         config = dataclasses.replace(config, endpoint=(daemon_endpoint(),))
+    remote = remote_endpoints(config.endpoint)
+    if remote and not config.endpoint_allow_remote:
+        raise ConfigError(f"endpoint {remote[0]} is not on loopback: anyone who can reach that address could send "
+                          "records to the daemon. Bind tcp://127.0.0.1:PORT (shims connect from the same host), or "
+                          "pass --endpoint-allow-remote (endpoint_allow_remote = true) behind a firewall")
     return config
+
+
+def remote_endpoints(endpoints: tuple[str, ...]) -> list[str]:
+    """The tcp endpoints that bind an address other than loopback (``*``, ``0.0.0.0``, a NIC's address)."""
+    out = []
+    for endpoint in endpoints:
+        if endpoint.startswith("tcp://"):
+            host = endpoint[len("tcp://"):].rpartition(":")[0].strip("[]")
+            if host != "localhost":
+                try:
+                    loopback = ipaddress.ip_address(host).is_loopback
+                except ValueError:
+                    loopback = False
+                if not loopback:
+                    out.append(endpoint)
+    return out
 
 
 def sample_toml() -> str:
@@ -310,7 +359,7 @@ def sample_toml() -> str:
              "# Each line shows the default ('# default') or, where the default is computed or empty,",
              "# an example to adapt ('# example'). Every line is valid uncommented as it is.", ""]
     for s in SETTINGS:
-        lines.append(f"# {s.help}")
+        lines.append(f"# {s.full_help}")
         if s.kind == "tables":
             lines += [f"# {s.name} = []  # default: none", "## e.g.:", "## [[mapping]]",
                       '## match = "loader.*.fetch_ms"', '## worker = "$1"', '## phase = "data_wait"', ""]

@@ -107,7 +107,7 @@ class IngestLoop:
                 for frame, peer in zip(frames, self._peers(frames)):
                     if self._past_drain_deadline():
                         break  # a backlog must not delay the final window past the shutdown join
-                    self.handle_frame(frame, peer)
+                    self._handle_charged(frame, peer)
                     self._roll_if_due()  # per frame: a backlog of big frames must not stretch a window
                 self._roll_if_due()
                 if frames and not self.receiver.backlog:
@@ -119,7 +119,7 @@ class IngestLoop:
                 for frame, peer in zip(frames, self._peers(frames)):
                     if self._past_drain_deadline():
                         break
-                    self.handle_frame(frame, peer)
+                    self._handle_charged(frame, peer)
                 if not frames:
                     break
             now = self.clock()
@@ -138,6 +138,14 @@ class IngestLoop:
     def _peers(self, frames: list[bytes]) -> list[int | None]:
         peers = getattr(self.receiver, "peers", None)
         return peers if peers is not None and len(peers) == len(frames) else [None] * len(frames)
+
+    def _handle_charged(self, frame: bytes, peer: int | None) -> None:
+        """``handle_frame``, its CPU time charged to the peer's share (``receiver.FairQueue``)."""
+        started = time.thread_time()
+        self.handle_frame(frame, peer)
+        shares = getattr(self.receiver, "shares", None)
+        if shares is not None:
+            shares.charge(peer, time.thread_time() - started, len(frame))
 
     def handle_frame(self, frame: bytes, peer_pid: int | None = None) -> None:
         """Decode, account and aggregate one frame. ``peer_pid``: the process at the other end of
@@ -162,8 +170,9 @@ class IngestLoop:
                     for s in registry:
                         s.cache.clear()
                 rejected: dict[str, int] = {}
+                owner = state.peer_pid if state.peer_pid is not None else state.sender  # the kernel's pid (ipc)
                 accepted = self.aggregator.ingest(state.role, state.worker, state.cache, msg.records, rejected,
-                                                  state.sender)
+                                                  state.sender, owner)
                 registry.account_ingest(state, accepted, rejected)
                 self._accepted_in_window += accepted
                 self.last_data_monotonic = now
@@ -190,8 +199,11 @@ class IngestLoop:
         )
         totals = {k: LabelTotals(v.accepted, dict(v.dropped), v.last_seen_unix_s) for k, v in registry.totals.items()}
         stats = self.receiver.stats
+        dropped = dict(registry.messages_dropped)
+        for reason, n in getattr(stats, "refused", {}).items():  # dropped unread by the receiver (CPU share)
+            dropped[reason] = dropped.get(reason, 0) + n
         report = IngestReport(
-            window, senders, totals, dict(registry.messages_dropped),
+            window, senders, totals, dropped,
             dict(self.aggregator.profile_entries_rejected), stats.frames, stats.bytes,
             stats.disconnects, self.aggregator.series_count(), self._accepted_in_window,
         )

@@ -7,6 +7,7 @@ The other user is ``nobody``: the test forks and the child drops to that uid wit
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import pwd
@@ -150,20 +151,81 @@ def _refused(d: DaemonProc, message: str) -> bool:
     return True
 
 
-def test_a_symlink_planted_at_the_lock_path_is_not_followed(tmp_path: Path, runtime_dir: Path) -> None:
+def _hold_lock_as_nobody(path: Path) -> tuple[int, int]:
+    """A child process, become ``nobody``, that creates ``path`` and holds an exclusive flock on
+    it until the returned pipe's write end is closed. Returns (pid, write fd)."""
+    nobody = pwd.getpwnam("nobody")
+    ready_r, ready_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(ready_r)
+            os.close(hold_w)
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(ready_w, b"1")
+            os.read(hold_r, 1)  # until the parent closes its end
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.close(hold_r)
+    assert os.read(ready_r, 1) == b"1"
+    os.close(ready_r)
+    return pid, hold_w
+
+
+@pytest.mark.parametrize("trap", ["symlink", "held lock"])
+def test_what_another_user_left_in_a_shared_directory_neither_stops_nor_fools_the_daemon(
+        tmp_path: Path, runtime_dir: Path, trap: str) -> None:
     # A shared sticky directory (like /tmp) is allowed for an explicit endpoint, but whatever
-    # another user left there is not trusted: their symlink must not make root truncate a file.
+    # another user left there is not trusted: their symlink must not make root truncate a file,
+    # and a lock file they created (and hold) first must not keep the daemon from starting.
     shared = runtime_dir / "shared"
     shared.mkdir()
     shared.chmod(0o1777)
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     lock = shared / "sidecar.sock.lock"
-    lock.symlink_to(victim)
-    nobody = pwd.getpwnam("nobody")
-    os.lchown(lock, nobody.pw_uid, nobody.pw_gid)
-    d = DaemonProc(tmp_path, endpoint=f"ipc://{shared}/sidecar.sock", wait=False)
+    holder = None
+    if trap == "symlink":
+        lock.symlink_to(victim)
+        nobody = pwd.getpwnam("nobody")
+        os.lchown(lock, nobody.pw_uid, nobody.pw_gid)
+    else:
+        holder = _hold_lock_as_nobody(lock)
+    private = runtime_dir / "private"
+    private.mkdir(mode=0o700)
+    d = DaemonProc(tmp_path, endpoint=f"ipc://{shared}/sidecar.sock", extra_env={"XDG_RUNTIME_DIR": str(private)})
     try:
-        assert _refused(d, f"cannot open {lock}")
+        res = publish(d.endpoint, "drafter", "0", 100)
+        wait_for(lambda: d.value("dflash_sidecar_records_accepted_total", role="drafter") == res["records_total"],
+                 what="records on the shared-directory endpoint")
+        # its lock lives in its own private directory, where nobody else can create it first
+        locks = list((private / "dflash-sidecar").glob("*.lock"))
+        assert len(locks) == 1 and fcntl_locked(locks[0]), locks
+        # a second daemon of this user on the same path still finds it taken
+        second = DaemonProc(tmp_path, endpoint=d.endpoint, extra_env={"XDG_RUNTIME_DIR": str(private)}, wait=False)
+        assert _refused(second, "already serves")
     finally:
+        d.stop()
+        if holder is not None:
+            os.close(holder[1])
+            os.waitpid(holder[0], 0)
         assert victim.read_text() == "precious\n"
+    assert not list((private / "dflash-sidecar").glob("*.lock"))  # removed at exit
+
+
+def fcntl_locked(path: Path) -> bool:
+    """Whether some process holds an exclusive flock on ``path``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False

@@ -2,7 +2,11 @@
 frames at the size limit as fast as ZeroMQ takes them cannot make the daemon's memory exceed its
 stated ceiling; the backlog drains and an honest trainer is counted exactly afterwards; SIGTERM
 in the middle of a backlog still writes the final window and removes the socket and lock files.
-A profile whose keys are beyond ``--max-series`` costs one resolution per key per batch."""
+A profile whose keys are beyond ``--max-series`` costs one resolution per key per batch. A flood
+of frames that are expensive to handle (1 MiB of new profile keys each) from several processes
+neither slows an honest trainer publishing meanwhile (every one of its records is counted,
+nothing lost on the way) nor takes the daemon past its memory ceiling: each peer has its share of
+the ingest thread's CPU, and frames beyond it are dropped unread and counted (``cpu_share``)."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from sidecar.aggregation.aggregator import PROFILE, Aggregator
 from sidecar.sources.receiver import QUEUE_CEILING_BYTES
 from tests.daemon_harness import DaemonProc, publish, wait_for
 from tests.soak.floods import flood_process, frames_received
-from tests.soak.procs import Sampler
+from tests.soak.procs import PublisherProc, Sampler, label_accounting
 from trainer_shim import wire
 
 MiB = 1024 * 1024
@@ -83,3 +87,69 @@ def test_profile_keys_beyond_the_budget_are_resolved_once_per_batch() -> None:
     agg.ingest("r", "0", {}, [[PROFILE, step, profile] for step in range(100)], rejected)
     assert agg.profile_entries_rejected["r", "0", "cardinality"] == 100 * 490
     assert len(calls) == 500, f"{len(calls)} resolutions for 500 distinct keys"
+
+
+CPU_FLOODERS = 4
+CPU_FLOOD_FRAMES = 40
+"""Per flooder: 1 MiB frames of about 60,000 new profile keys each (the report's 280 frames took
+the daemon 100 s, and an honest trainer publishing meanwhile had 8,980 of 55,000 records counted)."""
+
+
+@pytest.mark.timeout(300)
+def test_an_honest_trainer_is_counted_exactly_during_a_flood_of_expensive_frames(tmp_path: Path) -> None:
+    d = DaemonProc(tmp_path)
+    honest = PublisherProc(tmp_path, {"endpoint": d.endpoint, "role": "honest", "name": "t", "threads": 1,
+                                      "rate": 5000, "flush_interval_s": 0.1})
+    flooders = []
+    try:
+        sampler = Sampler(d.proc.pid, period_s=0.02)
+        before = frames_received(d)
+        flooders = [flood_process(d.endpoint, "keys", CPU_FLOOD_FRAMES) for _ in range(CPU_FLOODERS)]
+        for p in flooders:
+            p.wait(240)
+        wait_for(lambda: frames_received(d) >= before + CPU_FLOODERS * CPU_FLOOD_FRAMES, timeout_s=120,
+                 what="the flood taken in")
+        channel = honest.stop()["channels"]["t-0"]
+        peak = max(rss for _, rss, _ in sampler.stop())
+        assert d.proc.poll() is None, d.log()
+        made = channel["records_total"]
+
+        def counted() -> dict[str, object]:
+            return label_accounting(d.samples()).get(("honest", "t-0"), {"accepted": 0, "dropped": {}})
+
+        wait_for(lambda: counted()["accepted"] == made, timeout_s=30, what="the honest trainer counted")
+        assert made > 0 and counted()["dropped"] == {}, (made, counted())  # nothing lost, nothing refused
+        assert sum(channel["dropped"].values()) == 0, channel  # and nothing dropped in the shim
+        assert peak <= RSS_TARGET, f"peak RSS {peak / MiB:.0f} MiB"
+    finally:
+        for p in flooders:
+            p.kill()
+            p.wait()
+        honest.kill()
+        d.stop()
+
+
+def test_the_fair_queue_serves_a_light_peer_first_and_bounds_what_waits() -> None:
+    from sidecar.sources.receiver import PENDING_MAX_BYTES, FairQueue
+
+    fair = FairQueue()
+    clock = [100.0]
+    fair.clock = lambda: clock[0]
+    big = b"x" * (1024 * 1024)
+    for _ in range(200):  # 200 MiB from a flooder: only PENDING_MAX_BYTES of it may wait
+        fair.push(1111, big)  # type: ignore[arg-type]
+    assert fair.pending_bytes <= PENDING_MAX_BYTES and fair.dropped == 200 - PENDING_MAX_BYTES // len(big)
+    for _ in range(5):
+        fair.push(2222, b"y" * 10_000)  # type: ignore[arg-type]
+    for frame, peer in fair.round(1000, 8 * 1024 * 1024):
+        fair.charge(peer, 0.2 if peer == 1111 else 0.001, len(frame))  # the flooder's frames are dear
+    for _ in range(5):
+        fair.push(2222, b"y" * 10_000)  # type: ignore[arg-type]
+    clock[0] += 0.1
+    order = [peer for _, peer in fair.round(1000, 8 * 1024 * 1024)]
+    assert order[:5] == [2222] * 5, order  # the trainer's frames first, all of them
+    assert order.count(1111) == 0, order  # the flooder is in debt: its frames wait their turn
+    rounds = 0
+    while 1111 not in [p for _, p in fair.round(1000, 8 * 1024 * 1024)]:
+        rounds += 1
+    assert rounds >= 10, rounds  # 0.2 s of debt at 5 ms a round

@@ -69,3 +69,66 @@ def test_a_trainer_starting_after_a_sender_id_flood_gets_in() -> None:
     totals = loop.registry.totals["trainer", "0"]
     assert totals.accepted == 10 * 5 and loop.registry.senders[42].accepted == 50
     assert len(loop.registry.senders) <= MAX_SENDERS
+
+
+def _profile_flood(loop: IngestLoop, frames: int, keys_per_frame: int, start: int, peer: int = 1111) -> None:
+    """A sender on its own connection (``peer``) publishing profile dicts whose keys are all new."""
+    for f in range(start, start + frames):
+        profile = {f"k{f * keys_per_frame + j}": 1.0 for j in range(keys_per_frame)}
+        loop.handle_frame(enc.encode([1, 2, 9, f, "flood", "p", f, f + 1, {}, [[6, f, profile]]]), peer)
+
+
+def _honest_names(loop: IngestLoop, seq: int, total: int, peer: int = 2222) -> int:
+    """One batch of 1001 records under 143 names (7 each) from an honest trainer; returns its new total."""
+    records = [[1, f"step{j}_ms", 1.0] for j in range(143)] * 7
+    loop.handle_frame(enc.encode([1, 2, 42, seq, "trainer", "0", seq, total + len(records), {}, records]), peer)
+    return total + len(records)
+
+
+def test_a_trainer_starting_after_a_series_flood_is_admitted_at_once_and_keeps_its_place() -> None:
+    # The report: a flood of distinct profile keys filled the 10,000-series table and a trainer
+    # starting afterwards had every record refused as cardinality, still 70 s later.
+    clock = _Clock()
+    loop = IngestLoop(NoSocket(), 10.0, lambda report: None, clock=clock)
+    agg = loop.aggregator
+    _profile_flood(loop, 12, 1000, 0)
+    assert agg.series_count() == agg.max_series
+    total = _honest_names(loop, 0, 0)
+    trainer = loop.registry.totals["trainer", "0"]
+    assert trainer.accepted == total and trainer.dropped == {}, trainer  # at once, every record
+    _profile_flood(loop, 12, 1000, 12)  # the flood goes on: it cannot push the trainer back out
+    clock.t += 11.0
+    loop._roll_if_due()
+    for seq in range(1, 4):
+        total = _honest_names(loop, seq, total)
+        _profile_flood(loop, 2, 1000, 24 + 2 * seq)
+    assert trainer.accepted == total and trainer.dropped == {}, trainer
+    assert agg.series_count() <= agg.max_series and agg.evicted_series >= 143
+    flood = loop.registry.totals["flood", "p"]
+    assert agg.profile_entries_rejected["flood", "p", "cardinality"] > 0 and flood.accepted > 0
+
+
+def test_a_flood_of_new_names_is_refused_unmapped_beyond_its_budget() -> None:
+    # Mapping a name costs about 10 us; a 1 MiB frame of new profile keys (60,000 of them) took
+    # 0.6 s. Beyond the owner's budget per window its new names are refused without mapping.
+    clock = _Clock()
+    loop = IngestLoop(NoSocket(), 10.0, lambda report: None, clock=clock)
+    agg = loop.aggregator
+    calls = []
+    resolve = agg.mapper.resolve
+
+    def counted(*args: object) -> object:
+        calls.append(args[1])
+        return resolve(*args)  # type: ignore[arg-type]
+
+    agg.mapper.resolve = counted  # type: ignore[method-assign]
+    _profile_flood(loop, 30, 1000, 0)
+    assert len(calls) == agg.resolve_budget, len(calls)
+    assert agg.profile_entries_rejected["flood", "p", "cardinality"] == 30_000 - agg.max_series
+    total = _honest_names(loop, 0, 0)  # another owner has its own budget (and its share of the table)
+    assert loop.registry.totals["trainer", "0"].accepted == total
+    clock.t += 11.0
+    loop._roll_if_due()
+    calls.clear()
+    _profile_flood(loop, 1, 1000, 30)  # a new window: a new budget
+    assert len(calls) == 1000

@@ -160,7 +160,7 @@ def test_sighup_reloads_the_config_and_rejects_a_bad_one(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--interval", "-1"], "invalid --interval: '-1': interval must be > 0"),
+    (["--interval", "-1"], "invalid --interval: '-1': interval must be between 0.1 and 3600 seconds"),
     (["--prometheus-addr", "nohost"], "expected HOST:PORT"),
     (["--endpoint", "http://x"], "expected ipc:///path/to/socket or tcp://HOST:PORT"),
     (["--prometheus-tls-cert", "/nonexistent"], "must be given together"),

@@ -73,6 +73,14 @@ class RecordKind(enum.IntEnum):
     from the CUDA caching allocator's host-side counters."""
 
 
+MAX_MAGNITUDE: Final = 1e18
+"""Largest timing (ms: 31 million years) or counter increment a record may carry: with it a
+series' lifetime sum stays finite (two timings of 1e308 made a ``_sum`` +Inf for the daemon's
+life). Larger finite values are refused as ``out_of_range``."""
+MAX_GAUGE_MAGNITUDE: Final = 1e150
+"""Largest magnitude of a gauge or scalar (and of a profile entry that is not a timing): a
+window's mean over any number of values stays finite. Beyond: ``out_of_range``."""
+
 MAX_CATEGORY_KEY_CHARS: Final = 64
 """Longest category key accepted (a str key; int keys are always fine)."""
 
@@ -94,7 +102,7 @@ def _is_number(value: object) -> TypeGuard[int | float]:
 
 def record_problem(kind: object, name: object, value: object) -> str | None:
     """Why the record ``[kind, name, value]`` must be rejected (a drop reason), or None.
-    Reasons: ``unknown_kind``, ``bad_name``, ``invalid_value``."""
+    Reasons: ``unknown_kind``, ``bad_name``, ``invalid_value``, ``out_of_range``."""
     if kind == RecordKind.PROFILE:
         if type(name) is not int or name < 0:
             return "invalid_value"
@@ -122,9 +130,11 @@ def record_problem(kind: object, name: object, value: object) -> str | None:
         return "invalid_value"
     if not _is_number(value):
         return "invalid_value"
-    if (kind == RecordKind.TIMING or kind == RecordKind.COUNT) and value < 0:
-        return "invalid_value"
-    return None
+    if kind == RecordKind.TIMING or kind == RecordKind.COUNT:
+        if value < 0:
+            return "invalid_value"
+        return "out_of_range" if value > MAX_MAGNITUDE else None
+    return "out_of_range" if abs(value) > MAX_GAUGE_MAGNITUDE else None
 
 
 def profile_entry_problem(key: object, value: object) -> str | None:

@@ -47,6 +47,10 @@ Adder = Callable[[Any], bool]
 MAX_CACHED_REJECTIONS = 1024
 """Per sender, how many distinct rejected names are remembered (beyond: re-checked each time)."""
 
+EVICT_CHUNK = 64
+"""Series taken at once from the sender holding the most, when the table is full and a sender
+below its fair share needs room (each eviction clears every sender's name cache, so in chunks)."""
+
 MAX_ALLOCATOR_SERIES = 1024
 """Distinct (role, worker, device) allocator samples held; a further one is refused as
 ``cardinality`` (device indexes come from the client and are otherwise unbounded)."""
@@ -95,7 +99,21 @@ class Aggregator:
         self._factories: dict[int, Callable[[], Series]] = {
             **_FACTORIES, CATEGORY: lambda: CategorySeries(budget=self._key_budget)}
         self.generation = 0
-        """Bumped whenever series expire: senders' (kind, name) caches must then be cleared."""
+        """Bumped whenever series expire or are evicted: senders' (kind, name) caches must then be cleared."""
+        self._owner_of: dict[tuple[int, str, str, str], Any] = {}
+        """Series key -> the sender (``ingest``'s ``owner``) that created it."""
+        self._owned: dict[Any, dict[tuple[int, str, str, str], None]] = {}
+        """Owner -> its series keys, oldest first: each owner's share of the table."""
+        self.evicted_series = 0
+        """Series evicted from an owner over its fair share for one below it (their window is lost)."""
+        self.resolve_budget = max(1000, max_series)
+        """Names an owner may resolve per window without finding its series (new series and refusals):
+        a flood of distinct names costs about 10 us a name to map; beyond this budget the owner's
+        further new names are refused as ``cardinality`` without mapping (about 0.3 us)."""
+        self._resolved: dict[Any, int] = {}
+        """Owner -> charged resolutions in this window."""
+        self._owner: Any = None
+        self._left = 0
 
     def series_count(self) -> int:
         return len(self._series)
@@ -110,12 +128,23 @@ class Aggregator:
     # -- ingest ----------------------------------------------------------------------------------
 
     def ingest(self, role: str, worker: str, cache: dict[Any, Any], records: list[Any],
-               rejected: dict[str, int], sender: int = 0) -> int:
+               rejected: dict[str, int], sender: int = 0, owner: Any = None) -> int:
         """Aggregate one batch of ``records`` from a sender labelled (role, worker). ``cache`` is
         the sender's own map from (kind, name) to the series' bound ``add`` (or to the reason such
         records are refused); profile entries are under (PROFILE, key). ``sender`` (its id) keys
-        the steps its profiles carry. Returns the number accepted; rejections are added to
+        the steps its profiles carry. ``owner`` (hashable; default: ``sender``) is who the series
+        it creates count against: the table is shared fairly between owners (``_admit``), and each
+        owner has its own ``resolve_budget``. Returns the number accepted; rejections are added to
         ``rejected`` by reason."""
+        self._owner = owner = sender if owner is None else owner
+        self._left = self.resolve_budget - self._resolved.get(owner, 0)
+        try:
+            return self._ingest(role, worker, cache, records, rejected, sender)
+        finally:
+            self._resolved[owner] = self.resolve_budget - self._left
+
+    def _ingest(self, role: str, worker: str, cache: dict[Any, Any], records: list[Any],
+                rejected: dict[str, int], sender: int) -> int:
         accepted = 0
         memo: dict[Any, Any] = {}
         """This batch's names whose outcome ``cache`` does not keep (``cardinality``, or rejections
@@ -160,6 +189,9 @@ class Aggregator:
         factory = self._factories.get(kind) if kind.__class__ is int else None
         if factory is None:
             return "unknown_kind"
+        if self._left <= 0:
+            return "cardinality"  # over this window's budget: refused unmapped (cheap), not cached
+        self._left -= 1  # refunded below if the name finds its series
         problem = name_problem(name)
         mapped = self.mapper.resolve(kind, name, role, worker) if problem is None else None
         token = _TOKENS[kind](mapped.name) if mapped is not None else ""
@@ -183,9 +215,11 @@ class Aggregator:
                 if len(cache) < MAX_CACHED_REJECTIONS:
                     cache[kind, name] = "name_collision"
                 return "name_collision"
-            if len(self._series) >= self.max_series:
+            if not self._admit(self._owner):
                 return "cardinality"  # not cached: room may free up when series expire
             series = self._series[key] = factory()
+            self._owner_of[key] = self._owner
+            self._owned.setdefault(self._owner, {})[key] = None
             self._raw_names[key] = local
             self._meta[key] = (mapped.meaning, snapshot, mapped.rule)
             for f in families:
@@ -198,8 +232,52 @@ class Aggregator:
             return "name_collision"
         else:
             self._meta[key] = (mapped.meaning, self._meta[key][1], mapped.rule)  # a reload may remap
+            self._left += 1  # an existing series: re-resolving (after a cache clear) is free
         cache[kind, name] = add = series.add
         return add
+
+    def _admit(self, owner: Any) -> bool:
+        """Whether ``owner`` may create one more series. Below ``max_series``: yes. When the table
+        is full, an owner holding less than its fair share (``max_series`` / owners holding series,
+        itself included) takes room from the owner holding the most, which is over its share: one
+        sender's flood of names can never lock a later sender out. An owner at or over its share
+        is refused (``cardinality``) and pushes nobody out."""
+        if len(self._series) < self.max_series:
+            return True
+        owned = self._owned
+        mine = len(owned.get(owner, ()))
+        share = self.max_series // (len(owned) + (0 if mine else 1))
+        if mine >= share:
+            return False
+        biggest = max(owned, key=lambda o: len(owned[o]))
+        excess = len(owned[biggest]) - share
+        if excess <= 0:
+            return False
+        victims = list(owned[biggest])[:min(EVICT_CHUNK, excess)]
+        for key in victims:
+            self._drop_series(key)
+        self.evicted_series += len(victims)
+        self.generation += 1  # the victim's cached adds point at the evicted series
+        self._rebuild_owners()
+        return True
+
+    def _drop_series(self, key: tuple[int, str, str, str]) -> None:
+        del self._series[key], self._raw_names[key], self._meta[key]
+        self._last_active.pop(key, None)
+        self._snapshot_last.pop(key, None)
+        owner = self._owner_of.pop(key)
+        keys = self._owned[owner]
+        del keys[key]
+        if not keys:
+            del self._owned[owner]
+
+    def _rebuild_owners(self) -> None:
+        """Families only live series still use keep their owner (otherwise this map would grow
+        with every name ever seen, and a freed name could never be reused)."""
+        self._reset_owners()
+        for (kind, token, role, worker), raw in self._raw_names.items():
+            for family in claimed_names(kind, token):
+                self._family_owner.setdefault(family, _Owner(kind, token, raw, role, worker))
 
     def _special(self, kind: int, name: Any, value: Any, role: str, worker: str,
                  cache: dict[Any, Any], sender: int, memo: dict[Any, Any]) -> str | None:
@@ -227,6 +305,11 @@ class Aggregator:
             try:
                 add = cache[PROFILE, entry]
             except KeyError:
+                if self._left <= 0:  # over the budget: no memo either (a flood's keys are each new)
+                    reason = "cardinality"
+                    k = (role, worker, reason)
+                    rejected[k] = rejected.get(k, 0) + 1
+                    continue
                 add = memo.get((PROFILE, entry))
                 if add is None:
                     add = self._resolve_entry(entry, role, worker, cache)
@@ -310,16 +393,11 @@ class Aggregator:
             views.append(SeriesView(kind, token, role, worker, window, cumulative, meaning, snapshot,
                                     self._raw_names[key], rule))
         for key in expired:
-            del self._series[key], self._raw_names[key], self._last_active[key], self._meta[key]
-            self._snapshot_last.pop(key, None)
+            self._drop_series(key)
         if expired:
             self.generation += 1
-            # Families only live series still use keep their owner (otherwise this map would
-            # grow with every name ever seen, and an expired name could never be reused).
-            self._reset_owners()
-            for (kind, token, role, worker), raw in self._raw_names.items():
-                for family in claimed_names(kind, token):
-                    self._family_owner.setdefault(family, _Owner(kind, token, raw, role, worker))
+            self._rebuild_owners()
+        self._resolved.clear()
         if known_senders is not None:
             for gone in self._steps.keys() - set(known_senders):
                 del self._steps[gone]

@@ -11,15 +11,10 @@ import math
 from dataclasses import dataclass, field
 
 from sidecar.aggregation.sketch import EXACT_LIMIT, QuantileBuffer
+from trainer_shim.wire import MAX_GAUGE_MAGNITUDE, MAX_MAGNITUDE
 
 INF = math.inf
 
-MAX_MAGNITUDE = 1e18
-"""Largest timing (ms: 31 million years) or counter increment a record may carry. No trainer
-produces more, and with it a series' lifetime sum stays finite: two timings of 1e308 made a
-``_sum`` +Inf for the daemon's life. Larger values are rejected as ``out_of_range``."""
-MAX_GAUGE_MAGNITUDE = 1e150
-"""Largest gauge magnitude: a window's mean over any number of values stays finite."""
 
 MAX_CATEGORY_KEYS = 64
 """Distinct keys exported per category series (cumulative totals); further keys are counted

@@ -62,6 +62,19 @@ def _profiles(n: int) -> Iterator[bytes]:
                            [[6, i, keys] for _ in range(per)]])
 
 
+def _distinct_profiles(n: int, sender: int = 32) -> Iterator[bytes]:
+    # PROFILE records of 1000 keys each, as many as fit a frame (about 60,000 keys), from 4 blocks
+    # of distinct keys in turn: each key is a name to map, the costliest frame per byte (370 ms of
+    # daemon CPU each before names beyond an owner's budget were refused unmapped and frames had
+    # fair turns). The blocks are encoded once (``msgspec.Raw``): the flooder itself costs little.
+    one = len(_enc.encode([6, 0, {f"k{j:09d}": 1.5 for j in range(1000)}]))
+    per = (NEAR_LIMIT - 256) // one
+    blocks = [msgspec.Raw(_enc.encode([[6, b, {f"k{(b * per + r) * 1000 + j:09d}": 1.5 for j in range(1000)}]
+                                       for r in range(per)])) for b in range(4)]
+    for i in range(n):
+        yield _enc.encode([1, 2, sender, i, "flood", "keys", i, per * (i + 1), {}, blocks[i % 4]])
+
+
 def _deep(n: int) -> Iterator[bytes]:
     frame = b"\x91" * NEAR_LIMIT + b"\x00"
     for _ in range(n):
@@ -207,7 +220,7 @@ def run_all(d: DaemonProc) -> list[dict[str, object]]:
 
 FLOODER = textwrap.dedent("""
     import sys, zmq
-    from tests.soak.floods import _bloated_records, _profiles
+    from tests.soak.floods import _bloated_records, _distinct_profiles, _profiles
     endpoint, kind, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     ctx = zmq.Context()
     pub = ctx.socket(zmq.XPUB)
@@ -216,7 +229,7 @@ FLOODER = textwrap.dedent("""
     pub.setsockopt(zmq.LINGER, 60_000)
     pub.connect(endpoint)
     pub.poll(20_000); pub.recv()  # the daemon's subscription
-    frames = _bloated_records(n) if kind == "bloated" else _profiles(n)
+    frames = {"bloated": _bloated_records, "keys": _distinct_profiles, "profiles": _profiles}[kind](n)
     for frame in frames:
         pub.send(frame, copy=False)
     pub.close(); ctx.term()
@@ -225,7 +238,7 @@ FLOODER = textwrap.dedent("""
 
 
 def flood_process(endpoint: str, kind: str, n: int) -> subprocess.Popen[str]:
-    """A process that pushes ``n`` frames of ``kind`` ('bloated' or 'profiles') to ``endpoint``
+    """A process that pushes ``n`` frames of ``kind`` ('bloated', 'keys' or 'profiles') to ``endpoint``
     through an XPUB_NODROP socket and prints ``n`` once all are handed to ZeroMQ."""
     return subprocess.Popen([sys.executable, "-c", FLOODER, endpoint, kind, str(n)], env=env(),
                             stdout=subprocess.PIPE, text=True)

@@ -277,6 +277,8 @@ class MetricsServer:
             body, status, headers = b"", "500 Internal Server Error", []
         head = [f"HTTP/1.1 {status}", f"Content-Length: {len(body)}", "Connection: close"]
         head += [f"{k}: {v}" for k, v in headers]
+        if environ["REQUEST_METHOD"] == "HEAD":
+            body = b""  # HEAD: the headers a GET would have (its Content-Length included), no body
         return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
     def _tick(self) -> None:
@@ -362,11 +364,11 @@ def metrics_app(page: MetricsPage, registry: CollectorRegistry,
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         method = environ["REQUEST_METHOD"]
         if method == "OPTIONS":
-            start_response("200 OK", [("Allow", "OPTIONS,GET")])
+            start_response("200 OK", [("Allow", "OPTIONS,GET,HEAD")])
             return [b""]
-        if method != "GET":
-            start_response("405 Method Not Allowed", [("Allow", "OPTIONS,GET")])
-            return [f"# HTTP 405 Method Not Allowed: {method}; use OPTIONS or GET\n".encode()]
+        if method not in ("GET", "HEAD"):  # HEAD is answered as GET; the server sends no body
+            start_response("405 Method Not Allowed", [("Allow", "OPTIONS,GET,HEAD")])
+            return [f"# HTTP 405 Method Not Allowed: {method}; use OPTIONS, GET or HEAD\n".encode()]
         if environ.get("PATH_INFO") == "/favicon.ico":
             start_response("200 OK", [])
             return [b""]
