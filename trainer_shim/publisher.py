@@ -13,6 +13,7 @@ import atexit
 import logging
 import operator
 import os
+import signal
 import socket
 import sys
 import threading
@@ -26,6 +27,7 @@ import msgspec
 from trainer_shim import __version__, wire
 from trainer_shim.allocator import AllocatorSampler
 from trainer_shim.channel import Channel, StrictChannel
+from trainer_shim.ledger import LedgerWriter
 from trainer_shim.transport import EXIT_LINGER_MS, Transport
 from trainer_shim.wandb_info import wandb_run_info
 
@@ -148,6 +150,13 @@ class Publisher:
         self._next_hello_check = 0.0
         self._transport: Transport | None = None
         self._transport_since = 0.0
+        self._cycle_lock = threading.Lock()
+        """Held by the flusher for a whole cycle (drain, send, ledger): whoever else writes the
+        ledger (the SIGTERM handler) takes it to see every record in exactly one column."""
+        self._ledger = LedgerWriter(self.endpoint, self.started_unix_s, self.flush_interval_s)
+        self._at_join: dict[int, int] = {}
+        """Per sender id: its ``records_total`` when the transport last saw a subscriber join."""
+        self._ledger_final = False
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -234,6 +243,7 @@ class Publisher:
     # -- the flusher -----------------------------------------------------------------------------
 
     def _start_flusher(self) -> None:
+        _install_sigterm_handler()
         self._thread = threading.Thread(target=self._run, name="trainer-shim-flusher", daemon=True)
         self._thread.start()
 
@@ -249,28 +259,32 @@ class Publisher:
             with self._cycle:
                 self._cycles_started += 1
             drained = True
-            try:
-                if transport is None and not broken and any(
-                    ch.pending() for ch in self._channels.values()
-                ):
-                    transport = self._connect()
-                    broken = transport is None
-                if broken:
-                    self._drop_all("transport_error")
-                elif transport is not None:
-                    if stopping and transport.subscribers == 0 and self._exit_waits_for_subscriber:
-                        transport.wait_for_subscriber(self._linger_ms)
-                    drained = self._flush_once(transport, time.monotonic(), final=stopping)
-            except Exception as exc:  # noqa: BLE001 - never let the flusher die
-                self._internal_error("flush failed", exc)
-            finally:
-                if drained:
-                    with self._cycle:
-                        self._cycles_done = self._cycles_started
-                        self._cycle.notify_all()
+            with self._cycle_lock:
+                try:
+                    if transport is None and not broken and any(
+                        ch.pending() for ch in self._channels.values()
+                    ):
+                        transport = self._connect()
+                        broken = transport is None
+                    if broken:
+                        self._drop_all("transport_error")
+                    elif transport is not None:
+                        if stopping and transport.subscribers == 0 and self._exit_waits_for_subscriber:
+                            transport.wait_for_subscriber(self._linger_ms)
+                        drained = self._flush_once(transport, time.monotonic(), final=stopping)
+                except Exception as exc:  # noqa: BLE001 - never let the flusher die
+                    self._internal_error("flush failed", exc)
+                finally:
+                    self._write_ledger(wire.LedgerEnd.RUNNING)
+                    if drained:
+                        with self._cycle:
+                            self._cycles_done = self._cycles_started
+                            self._cycle.notify_all()
             if stopping:
                 if transport is not None:
                     transport.close(linger_ms=self._linger_ms)
+                with self._cycle_lock:
+                    self._write_ledger(wire.LedgerEnd.CLOSED)
                 return
 
     def _connect(self) -> Transport | None:
@@ -295,6 +309,7 @@ class Publisher:
         if transport.poll_subscriptions():
             for ch in self._channels.values():
                 ch.hello_due = True
+                self._at_join[ch.sender] = ch.records_total
         if now >= self._next_hello_check:
             self._next_hello_check = now + HELLO_REFRESH_S
             self._refresh_wandb()
@@ -408,6 +423,35 @@ class Publisher:
                            f"{_safe_repr(rec)}")
         return good
 
+    def _write_ledger(self, end: wire.LedgerEnd) -> None:
+        """Rewrite the ledger if a total changed (the caller holds ``_cycle_lock``). Never raises."""
+        if self._ledger_final:
+            return
+        transport = self._transport
+        subscribed = transport is not None and transport.subscribers > 0
+        at_join = self._at_join
+        entries = []
+        for ch in list(self._channels.values()):
+            dropped = dict(ch.dropped)
+            overflow = ch._overflow  # records refused since the last drain, not yet in ``dropped``
+            if overflow:
+                dropped["buffer_full"] = dropped.get("buffer_full", 0) + overflow
+            entries.append(wire.LedgerChannel(ch.sender, ch.role, ch.worker, ch.records_total, ch.pending(),
+                                              at_join.get(ch.sender, 0), subscribed, dropped))
+        if self._ledger.write(entries, end, time.monotonic()) and end != wire.LedgerEnd.RUNNING:
+            self._ledger_final = True
+
+    def _ledger_at_sigterm(self, final: bool) -> None:
+        """The SIGTERM handler's snapshot: every record in exactly one column (sent, dropped,
+        queued), waiting at most ``SIGTERM_WAIT_S`` for a flush cycle in progress. ``final``: the
+        process is about to die of the signal (a handler of the trainer's own might not exit)."""
+        got = self._cycle_lock.acquire(timeout=SIGTERM_WAIT_S)
+        try:
+            self._write_ledger(wire.LedgerEnd.SIGTERM if final else wire.LedgerEnd.RUNNING)
+        finally:
+            if got:
+                self._cycle_lock.release()
+
     def _refresh_wandb(self) -> None:
         info = wandb_run_info()
         if info != self._wandb:
@@ -444,6 +488,7 @@ class Publisher:
                        or time.monotonic() - self._transport_since < CONNECT_GRACE_S)
         if self._transport is not None:
             self._transport.abandon()
+        self._ledger.abandon()
         self._init_threading()
         self._closed = closed
         self._exit_waits_for_subscriber = daemon_seen
@@ -459,6 +504,58 @@ class Publisher:
         every multiprocessing child): send what is queued, bounded like ``close``."""
         if self._pid == os.getpid():
             self.close()
+
+
+SIGTERM_WAIT_S = 0.5
+"""The SIGTERM handler waits at most this long for a flush cycle in progress (a cycle never
+blocks: its sends are non-blocking)."""
+
+SIGTERM_ENV = "DFLASH_TELEMETRY_SIGTERM"
+"""Set to ``0`` to leave SIGTERM alone (then a SIGTERMed process is booked as ``ended_unclean``)."""
+
+_sigterm_state: dict[str, Any] = {"pid": None, "previous": None}
+
+
+def _install_sigterm_handler() -> None:
+    """Once per process, from the main thread only: a SIGTERM handler that writes every live
+    publisher's final ledger and then lets the signal do what it did before: with the default
+    disposition the process still dies of SIGTERM (the handler restores it and re-raises), a
+    Python handler of the trainer's own is called next. Not installed over SIG_IGN or a handler
+    installed from C, off the main thread (Python cannot), or with ``DFLASH_TELEMETRY_SIGTERM=0``.
+    Caveat (docs/RELIABILITY.md): a Python handler runs between bytecodes, so a SIGTERM that
+    arrives while the main thread is inside one long C call takes effect when that call returns."""
+    pid = os.getpid()
+    if _sigterm_state["pid"] == pid or os.environ.get(SIGTERM_ENV, "1") == "0":
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is _on_sigterm:  # inherited across fork
+            _sigterm_state["pid"] = pid
+            return
+        if previous is not signal.SIG_DFL and not callable(previous):
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _sigterm_state.update(pid=pid, previous=previous)
+    except Exception as exc:  # noqa: BLE001 - e.g. an embedded interpreter without signals
+        log.debug("trainer_shim: no SIGTERM handler: %r", exc)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    previous = _sigterm_state["previous"]
+    chained = callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN)
+    try:
+        for publisher in list(_LIVE):
+            if publisher._pid == os.getpid():
+                publisher._ledger_at_sigterm(final=not chained)
+    except Exception:  # noqa: BLE001 - the signal must still take effect
+        pass
+    if chained:
+        previous(signum, frame)
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _safe_repr(obj: object) -> str:
