@@ -142,7 +142,12 @@ class IngestLoop:
             return
         registry = self.registry
         try:
-            for ready in self.ledgers.scan(now):
+            ready_ledgers = self.ledgers.scan(now)
+            if self.ledgers.malformed:
+                registry.messages_dropped["ledger_refused"] = (registry.messages_dropped.get("ledger_refused", 0)
+                                                               + self.ledgers.malformed)
+                self.ledgers.malformed = 0
+            for ready in ready_ledgers:
                 states = [registry.senders.get(c.sender) for c in ready.ledger.channels]
                 if any(st is not None and now - st.last_seen < EXIT_GRACE_S for st in states):
                     continue  # it spoke lately: look again at the next scan

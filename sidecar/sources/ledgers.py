@@ -65,6 +65,8 @@ class LedgerDirectory:
         self._seen: dict[str, _Seen] = {}
         self._next_scan = 0.0
         self.malformed = 0
+        """Files of gone processes that held no intact ledger (removed), since the caller last
+        reset it."""
 
     def prepare(self) -> None:
         """Create each directory (after the socket is bound: the socket's directory exists and is
@@ -132,13 +134,14 @@ class LedgerDirectory:
                          seen.ready_since if seen is not None else None)
             self._seen[entry.path] = seen
         ledger = seen.ledger
-        if ledger is None:
-            self.malformed += 1
-            self.remove(entry.path)
-            return None
         pid, ticks = ident
+        gone = _gone(pid, ticks)
+        if ledger is None or ledger.pid != pid:
+            if gone:  # not a ledger (a live process may be writing its first slot: wait for it)
+                self.malformed += 1
+                self.remove(entry.path)
+            return None
         final = ledger.end != wire.LedgerEnd.RUNNING
-        gone = ledger.pid != pid or _gone(pid, ticks)
         if not (final or gone):
             seen.ready_since = None
             return None
