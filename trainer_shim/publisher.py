@@ -4,7 +4,9 @@ Lifecycle: created idle; the flusher thread (and with it the ZeroMQ context and 
 with the first channel, so constructing a publisher costs nothing and the socket is only ever
 touched by that one thread. ``close()`` is idempotent and bounded. A forked child gets a clean
 publisher (new sender ids, no inherited records, a new socket); at interpreter exit the last batch
-goes out with a short linger.
+goes out with a short linger. After every flush cycle the publisher's totals go to its ledger
+(``trainer_shim.ledger``), and a SIGTERM handler writes the final one, so the daemon can book what
+never arrived once the process is gone.
 """
 
 from __future__ import annotations
@@ -185,9 +187,12 @@ class Publisher:
         """Ask the flusher to send what is queued now. Returns at once unless ``wait_s`` > 0:
         then waits at most ``wait_s`` seconds for a flush that started after this call to drain
         every channel (sent, or dropped and counted), and returns whether it did. "Sent" means
-        handed to ZeroMQ, whose I/O thread writes it shortly after: before ``os._exit`` use
-        ``close()``, which lingers until the data is written. Right after the socket is created
-        a flush may wait up to ``CONNECT_GRACE_S`` for the daemon's subscription."""
+        handed to ZeroMQ, whose I/O thread writes it shortly after: True does not say the daemon
+        read it (PUB/SUB has no acknowledgement; ``stats()`` has the drops). What never arrives
+        is booked by the daemon from the batches' counters, or from this process's ledger once it
+        is gone (docs/RELIABILITY.md). Before ``os._exit`` use ``close()``, which lingers until
+        the data is written. Right after the socket is created a flush may wait up to
+        ``CONNECT_GRACE_S`` for the daemon's subscription."""
         with self._cycle:
             target = self._cycles_started + 1
         self._wake.set()
