@@ -132,6 +132,7 @@ class IngestLoop:
             log.info("sidecar: final window written%s", left)
         finally:
             self.receiver.close()
+            self.ledgers.close()
 
     def _book_ledgers_if_due(self) -> None:
         """Book the ledgers of senders that are gone (``sources.ledgers``), once the receiver is not

@@ -34,7 +34,8 @@ def test_a_torn_slot_leaves_the_previous_write(tmp_path: Path) -> None:
     w = LedgerWriter(f"ipc://{tmp_path}/s.sock", time.time(), 0.1)
     entry = wire.LedgerChannel(7, "r", "w", 10, 0, 0, True, {})
     assert w.write([entry], wire.LedgerEnd.RUNNING, 0.0)
-    assert not w.write([entry], wire.LedgerEnd.RUNNING, 0.0)  # nothing changed: no write
+    seq = w._seq
+    assert w.write([entry], wire.LedgerEnd.RUNNING, 0.0) and w._seq == seq  # unchanged: not rewritten
     assert w.write([wire.LedgerChannel(7, "r", "w", 20, 0, 0, True, {})], wire.LedgerEnd.RUNNING, 0.0)
     (path,) = directory.iterdir()
     assert wire.parse_ledger_file_name(path.name) is not None

@@ -22,7 +22,6 @@ import os
 import secrets
 import stat
 from collections.abc import Iterable
-from typing import Any
 
 import msgspec
 
@@ -74,27 +73,25 @@ class LedgerWriter:
         self._flush_interval_s = flush_interval_s
         self._fd: int | None = None
         self._seq = 0
-        self._last: Any = None
+        self._last: bytes | None = None
         self._next_try = 0.0
         self._encoder = msgspec.msgpack.Encoder()
 
     def write(self, entries: Iterable[wire.LedgerChannel], end: wire.LedgerEnd, now: float) -> bool:
-        """Write the ledger if a total changed since the last write (or ``end`` is final). ``now``:
-        monotonic seconds (for the retry delay). Returns whether a write happened. Never raises."""
+        """Write the ledger unless the file already says exactly this. ``now``: monotonic seconds
+        (for the retry delay while the directory is missing). Returns whether the file now holds
+        these totals. Never raises."""
         try:
-            channels = list(entries)
-            key = (end, [(c.sender, c.role, c.worker, c.records_total, c.pending, c.at_join, c.subscribed,
-                          sorted(c.dropped.items())) for c in channels])
-            if key == self._last:
-                return False
             if self._fd is None and not self._open(now):
                 return False
             assert self._fd is not None
-            payload, omitted = self._encode(channels, end)
+            payload, omitted = self._encode(list(entries), end)
+            if payload == self._last:
+                return True
             slot = wire.encode_ledger_slot(self._seq, payload)
             os.pwrite(self._fd, slot, wire.LEDGER_SLOT_OFFSETS[self._seq % 2])
             self._seq += 1
-            self._last = key if not omitted else None
+            self._last = payload if not omitted else None
             return True
         except Exception as exc:  # noqa: BLE001 - a full disk: try again at the next cycle
             log.debug("trainer_shim: ledger write failed: %r", exc)

@@ -159,6 +159,7 @@ class Publisher:
         self._at_join: dict[int, int] = {}
         """Per sender id: its ``records_total`` when the transport last saw a subscriber join."""
         self._ledger_final = False
+        self._ledger_key: Any = None
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -430,21 +431,34 @@ class Publisher:
 
     def _write_ledger(self, end: wire.LedgerEnd) -> None:
         """Rewrite the ledger if a total changed (the caller holds ``_cycle_lock``). Never raises."""
+        try:
+            self._write_ledger_unguarded(end)
+        except Exception as exc:  # noqa: BLE001 - the ledger must never stop the flusher
+            self._internal_error("ledger write failed", exc)
+
+    def _write_ledger_unguarded(self, end: wire.LedgerEnd) -> None:
         if self._ledger_final:
             return
         transport = self._transport
         subscribed = transport is not None and transport.subscribers > 0
         at_join = self._at_join
+        channels = list(self._channels.values())
+        # What the ledger would say, cheaply: most cycles of an idle or steady trainer change nothing.
+        key = (end, subscribed, [(ch.records_total, ch.pending(), ch._overflow, ch.worker, *ch.dropped.values())
+                                 for ch in channels])
+        if key == self._ledger_key:
+            return
         entries = []
-        for ch in list(self._channels.values()):
+        for ch in channels:
             dropped = dict(ch.dropped)
             overflow = ch._overflow  # records refused since the last drain, not yet in ``dropped``
             if overflow:
                 dropped["buffer_full"] = dropped.get("buffer_full", 0) + overflow
             entries.append(wire.LedgerChannel(ch.sender, ch.role, ch.worker, ch.records_total, ch.pending(),
                                               at_join.get(ch.sender, 0), subscribed, dropped))
-        if self._ledger.write(entries, end, time.monotonic()) and end != wire.LedgerEnd.RUNNING:
-            self._ledger_final = True
+        if self._ledger.write(entries, end, time.monotonic()):
+            self._ledger_key = key
+            self._ledger_final = end != wire.LedgerEnd.RUNNING
 
     def _ledger_at_sigterm(self, final: bool) -> None:
         """The SIGTERM handler's snapshot: every record in exactly one column (sent, dropped,

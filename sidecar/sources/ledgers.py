@@ -167,6 +167,15 @@ class LedgerDirectory:
         finally:
             os.close(fd)
 
+    def close(self) -> None:
+        """At daemon exit: remove each directory if it is empty (ledgers of live senders, or of
+        gone ones not booked yet, keep it for the next daemon). Idempotent."""
+        for directory in self.directories:
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
+
     def remove(self, path: str) -> None:
         """Remove a booked (or unusable) ledger file."""
         self._seen.pop(path, None)
