@@ -94,3 +94,15 @@ def test_sigterm_keeps_its_effect(tmp_path: Path) -> None:
         out, err = p.communicate(timeout=20)
         assert p.returncode == status, (mode, p.returncode, err)
         assert ("own handler" in out) == (mode == "own")
+
+
+def test_sigterm_handler_can_be_left_out(tmp_path: Path) -> None:
+    """``DFLASH_TELEMETRY_SIGTERM=0`` leaves SIGTERM alone; without it the shim's handler is there
+    once a channel started the flusher (from the main thread)."""
+    code = ("import signal, sys; from trainer_shim import telemetry; "
+            "telemetry.configure(endpoint=sys.argv[1], role='t', worker='0'); telemetry.count('n'); "
+            "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)")
+    for value, default in (("0", "True"), ("1", "False")):
+        out = subprocess.run([sys.executable, "-c", code, f"ipc://{tmp_path}/none.sock"], capture_output=True,
+                             text=True, timeout=30, env=env(DFLASH_TELEMETRY_SIGTERM=value))
+        assert out.stdout.strip() == default, (value, out.stderr)
