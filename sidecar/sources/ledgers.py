@@ -27,9 +27,12 @@ log = logging.getLogger("sidecar")
 
 SCAN_S = 1.0
 """How often the ledger directories are listed (seconds)."""
-EXIT_GRACE_S = 1.0
-"""A gone process's ledger waits this long before it is booked, so that its last frames, still in
-the kernel's socket buffer or ZeroMQ's queue when it died, are counted as received first."""
+EXIT_GRACE_S = 5.0
+"""A gone process's ledger waits this long (and each of its senders must have been silent this
+long) before it is booked, so that its last frames, still in the kernel's socket buffer or
+ZeroMQ's queue when it died, are counted as received first. With 1 s, a short-lived process's
+only batch arrived after its booking on a box at load 9-19 (2 cores), and was counted as
+``lost_at_exit`` (and its frame as ``after_exit``) instead of accepted."""
 MAX_FILES_PER_SCAN = 4096
 """Entries looked at per directory per scan: a directory flooded with files costs a bounded scan."""
 MAX_LEDGER_BYTES = wire.LEDGER_SLOT_OFFSETS[1] + wire.LEDGER_MAX_PAYLOAD + 64
