@@ -205,6 +205,8 @@ def udp_receiver(state: str) -> Iterator[int]:
 def zmq_receiver(state: str, workdir: str) -> Iterator[tuple[str, ReceiverProcess | None]]:
     endpoint = f"ipc://{workdir}/{state}.sock"
     rx = None if state == "absent" else ReceiverProcess(endpoint, None, stalled=state == "stalled")
+    if rx is not None:  # as a daemon does once bound: the shim then keeps its ledger there
+        os.makedirs(f"{workdir}/{state}.sock.ledger", exist_ok=True)
     try:
         yield endpoint, rx
     finally:

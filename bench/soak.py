@@ -1,9 +1,12 @@
 """The soak, long form: the same code as ``tests/test_soak_load.py`` with a longer load phase.
 
     PYTHONPATH=. python bench/soak.py --duration 600 [--out bench/soak-result.json]
+    PYTHONPATH=. python bench/soak.py --exits [--exit-cases stall-exit terminate sigkill churn]
 
-Prints every figure and the promises broken (exit status 1 if any). Results are recorded in
-``bench/RESULTS_SOAK.md``.
+Prints every figure and the promises broken (exit status 1 if any). ``--exits`` runs instead the
+cases where trainer processes really end (``tests/soak/exits.py``) at the sizes of the issue that
+found them, against one daemon, and prints made / counted / unaccounted per case. Results are
+recorded in ``bench/RESULTS_SOAK.md``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,36 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.daemon_harness import DaemonProc  # noqa: E402
+from tests.soak import exits  # noqa: E402
 from tests.soak.scenario import SoakConfig, failures, run_soak  # noqa: E402
+
+EXIT_SIZES: dict[str, dict[str, float]] = {
+    "stall-exit": {"records": 30_000, "stall_s": 10.0},
+    "terminate": {"workers": 4, "records": 400_000},
+    "sigkill": {"flushes": 40, "per_flush": 500, "tail": 250},
+    "churn": {"processes": 500, "records": 100, "parallel": 4},
+}
+"""The issue's sizes: a 10 s stall, ``Pool(4)``, a kill after 20,000 records, 500 processes."""
+
+
+def run_exits(cases: list[str], out: Path | None) -> int:
+    results = []
+    with tempfile.TemporaryDirectory(prefix="dflash-exits-") as tmp:
+        d = DaemonProc(Path(tmp))
+        try:
+            for case in cases:
+                r = exits.CASES[case](d, **EXIT_SIZES[case])  # type: ignore[operator]
+                results.append(r)
+                print(f"{r.case}: made {r.made:,}, counted {r.counted:,}, unaccounted {r.unaccounted:,}, "
+                      f"unknown tail {r.unknown_tail:,}, {r.wall_s:.1f} s; {r.dropped}", flush=True)
+        finally:
+            d.stop()
+    if out:
+        out.write_text(json.dumps([vars(r) for r in results], indent=1))
+    broken = [r.case for r in results if r.unaccounted != 0]
+    print("FAILED: " + ", ".join(broken) if broken else "every exit case exact")
+    return 1 if broken else 0
 
 
 def main() -> int:
@@ -32,7 +64,11 @@ def main() -> int:
     p.add_argument("--no-wandb", action="store_true")
     p.add_argument("--stall", type=float, default=30.0, help="seconds the W&B service stays SIGSTOPped (default 30)")
     p.add_argument("--out", type=Path, default=None, help="write the full result as JSON here")
+    p.add_argument("--exits", action="store_true", help="run the exit cases instead of the load soak")
+    p.add_argument("--exit-cases", nargs="+", choices=sorted(exits.CASES), default=list(exits.CASES))
     args = p.parse_args()
+    if args.exits:
+        return run_exits(args.exit_cases, args.out)
     kills = args.kills if args.kills is not None else max(3, int(args.duration // 60))
     terms = args.terms if args.terms is not None else max(1, kills // 2)
     ends = []

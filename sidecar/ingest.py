@@ -19,6 +19,7 @@ from sidecar.model.messages import BatchMessage
 from sidecar.model.window import IngestHealth, IngestReport, LabelTotals, SenderView
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.decode import DecodeError, decode
+from sidecar.sources.ledgers import EXIT_GRACE_S, LedgerDirectory
 from sidecar.sources.receiver import Receiver
 
 log = logging.getLogger("sidecar")
@@ -56,6 +57,7 @@ class IngestLoop:
         self.aggregator = Aggregator(max_series=max_series, mapper=mapper)
         self._next_mapper: Mapper | None = None
         self.registry = SenderRegistry()
+        self.ledgers = LedgerDirectory(list(getattr(receiver, "endpoints", [])))
         self.clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,6 +69,7 @@ class IngestLoop:
         self._drain_deadline = float("inf")
 
     def start(self) -> None:
+        self.ledgers.prepare()
         self._thread = threading.Thread(target=self._run, name="sidecar-ingest", daemon=True)
         self._thread.start()
 
@@ -110,6 +113,7 @@ class IngestLoop:
                     self._handle_charged(frame, peer)
                     self._roll_if_due()  # per frame: a backlog of big frames must not stretch a window
                 self._roll_if_due()
+                self._book_ledgers_if_due()
                 if frames and not self.receiver.backlog:
                     self._stop.wait(min(COALESCE_S, max(0.0, self._window_start + self.interval_s - self.clock())))
             # What already arrived belongs to the last window, as far as the drain budget goes; what
@@ -128,6 +132,33 @@ class IngestLoop:
             log.info("sidecar: final window written%s", left)
         finally:
             self.receiver.close()
+            self.ledgers.close()
+
+    def _book_ledgers_if_due(self) -> None:
+        """Book the ledgers of senders that are gone (``sources.ledgers``), once the receiver is not
+        behind and each of their senders has been silent for ``EXIT_GRACE_S``: its last frames,
+        if any are still on the way, are counted as received first."""
+        now = self.clock()
+        if getattr(self.receiver, "backlog", False) or not self.ledgers.due(now):
+            return
+        registry = self.registry
+        try:
+            ready_ledgers = self.ledgers.scan(now)
+            if self.ledgers.malformed:
+                registry.messages_dropped["ledger_refused"] = (registry.messages_dropped.get("ledger_refused", 0)
+                                                               + self.ledgers.malformed)
+                self.ledgers.malformed = 0
+            for ready in ready_ledgers:
+                states = [registry.senders.get(c.sender) for c in ready.ledger.channels]
+                if any(st is not None and now - st.last_seen < EXIT_GRACE_S for st in states):
+                    continue  # it spoke lately: look again at the next scan
+                registry.book_exit(ready.ledger, ready.uid, ready.final, now, time.time())
+                self.ledgers.remove(ready.path)
+        except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on
+            self.internal_errors += 1
+            registry.drop_message("internal_error")
+            if self.internal_errors == 1:
+                log.exception("sidecar: internal error while booking ledgers (counted, continuing): %r", exc)
 
     def _roll_if_due(self) -> None:
         now = self.clock()

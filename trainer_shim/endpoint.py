@@ -96,3 +96,15 @@ def shim_would_miss(bound: str, environ: Mapping[str, str] = os.environ, system_
     would connect to instead, or None when they find this daemon."""
     expected = shim_endpoint(environ, system_dir, system_user)
     return None if expected == bound else expected
+
+
+LEDGER_DIR_SUFFIX = ".ledger"
+
+
+def ledger_dir(endpoint: str) -> str | None:
+    """Where the senders of ``endpoint`` keep their ledgers: ``<socket path>.ledger`` beside an
+    ipc socket, created by the daemon that binds it (never by a shim). None for other transports
+    (tcp has no runtime directory both sides are sure to share)."""
+    if not endpoint.startswith("ipc://") or len(endpoint) <= len("ipc://"):
+        return None
+    return endpoint[len("ipc://"):] + LEDGER_DIR_SUFFIX

@@ -4,7 +4,9 @@ Lifecycle: created idle; the flusher thread (and with it the ZeroMQ context and 
 with the first channel, so constructing a publisher costs nothing and the socket is only ever
 touched by that one thread. ``close()`` is idempotent and bounded. A forked child gets a clean
 publisher (new sender ids, no inherited records, a new socket); at interpreter exit the last batch
-goes out with a short linger.
+goes out with a short linger. After every flush cycle the publisher's totals go to its ledger
+(``trainer_shim.ledger``), and a SIGTERM handler writes the final one, so the daemon can book what
+never arrived once the process is gone.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import atexit
 import logging
 import operator
 import os
+import signal
 import socket
 import sys
 import threading
@@ -26,6 +29,7 @@ import msgspec
 from trainer_shim import __version__, wire
 from trainer_shim.allocator import AllocatorSampler
 from trainer_shim.channel import Channel, StrictChannel
+from trainer_shim.ledger import LedgerWriter
 from trainer_shim.transport import EXIT_LINGER_MS, Transport
 from trainer_shim.wandb_info import wandb_run_info
 
@@ -148,6 +152,14 @@ class Publisher:
         self._next_hello_check = 0.0
         self._transport: Transport | None = None
         self._transport_since = 0.0
+        self._cycle_lock = threading.Lock()
+        """Held by the flusher for a whole cycle (drain, send, ledger): whoever else writes the
+        ledger (the SIGTERM handler) takes it to see every record in exactly one column."""
+        self._ledger = LedgerWriter(self.endpoint, self.started_unix_s, self.flush_interval_s)
+        self._at_join: dict[int, int] = {}
+        """Per sender id: its ``records_total`` when the transport last saw a subscriber join."""
+        self._ledger_final = False
+        self._ledger_key: Any = None
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -176,9 +188,12 @@ class Publisher:
         """Ask the flusher to send what is queued now. Returns at once unless ``wait_s`` > 0:
         then waits at most ``wait_s`` seconds for a flush that started after this call to drain
         every channel (sent, or dropped and counted), and returns whether it did. "Sent" means
-        handed to ZeroMQ, whose I/O thread writes it shortly after: before ``os._exit`` use
-        ``close()``, which lingers until the data is written. Right after the socket is created
-        a flush may wait up to ``CONNECT_GRACE_S`` for the daemon's subscription."""
+        handed to ZeroMQ, whose I/O thread writes it shortly after: True does not say the daemon
+        read it (PUB/SUB has no acknowledgement; ``stats()`` has the drops). What never arrives
+        is booked by the daemon from the batches' counters, or from this process's ledger once it
+        is gone (docs/RELIABILITY.md). Before ``os._exit`` use ``close()``, which lingers until
+        the data is written. Right after the socket is created a flush may wait up to
+        ``CONNECT_GRACE_S`` for the daemon's subscription."""
         with self._cycle:
             target = self._cycles_started + 1
         self._wake.set()
@@ -234,6 +249,7 @@ class Publisher:
     # -- the flusher -----------------------------------------------------------------------------
 
     def _start_flusher(self) -> None:
+        _install_sigterm_handler()
         self._thread = threading.Thread(target=self._run, name="trainer-shim-flusher", daemon=True)
         self._thread.start()
 
@@ -249,28 +265,32 @@ class Publisher:
             with self._cycle:
                 self._cycles_started += 1
             drained = True
-            try:
-                if transport is None and not broken and any(
-                    ch.pending() for ch in self._channels.values()
-                ):
-                    transport = self._connect()
-                    broken = transport is None
-                if broken:
-                    self._drop_all("transport_error")
-                elif transport is not None:
-                    if stopping and transport.subscribers == 0 and self._exit_waits_for_subscriber:
-                        transport.wait_for_subscriber(self._linger_ms)
-                    drained = self._flush_once(transport, time.monotonic(), final=stopping)
-            except Exception as exc:  # noqa: BLE001 - never let the flusher die
-                self._internal_error("flush failed", exc)
-            finally:
-                if drained:
-                    with self._cycle:
-                        self._cycles_done = self._cycles_started
-                        self._cycle.notify_all()
+            with self._cycle_lock:
+                try:
+                    if transport is None and not broken and any(
+                        ch.pending() for ch in self._channels.values()
+                    ):
+                        transport = self._connect()
+                        broken = transport is None
+                    if broken:
+                        self._drop_all("transport_error")
+                    elif transport is not None:
+                        if stopping and transport.subscribers == 0 and self._exit_waits_for_subscriber:
+                            transport.wait_for_subscriber(self._linger_ms)
+                        drained = self._flush_once(transport, time.monotonic(), final=stopping)
+                except Exception as exc:  # noqa: BLE001 - never let the flusher die
+                    self._internal_error("flush failed", exc)
+                finally:
+                    self._write_ledger(wire.LedgerEnd.RUNNING)
+                    if drained:
+                        with self._cycle:
+                            self._cycles_done = self._cycles_started
+                            self._cycle.notify_all()
             if stopping:
                 if transport is not None:
                     transport.close(linger_ms=self._linger_ms)
+                with self._cycle_lock:
+                    self._write_ledger(wire.LedgerEnd.CLOSED)
                 return
 
     def _connect(self) -> Transport | None:
@@ -295,6 +315,7 @@ class Publisher:
         if transport.poll_subscriptions():
             for ch in self._channels.values():
                 ch.hello_due = True
+                self._at_join[ch.sender] = ch.records_total
         if now >= self._next_hello_check:
             self._next_hello_check = now + HELLO_REFRESH_S
             self._refresh_wandb()
@@ -408,6 +429,48 @@ class Publisher:
                            f"{_safe_repr(rec)}")
         return good
 
+    def _write_ledger(self, end: wire.LedgerEnd) -> None:
+        """Rewrite the ledger if a total changed (the caller holds ``_cycle_lock``). Never raises."""
+        try:
+            self._write_ledger_unguarded(end)
+        except Exception as exc:  # noqa: BLE001 - the ledger must never stop the flusher
+            self._internal_error("ledger write failed", exc)
+
+    def _write_ledger_unguarded(self, end: wire.LedgerEnd) -> None:
+        if self._ledger_final:
+            return
+        transport = self._transport
+        subscribed = transport is not None and transport.subscribers > 0
+        at_join = self._at_join
+        channels = list(self._channels.values())
+        # What the ledger would say, cheaply: most cycles of an idle or steady trainer change nothing.
+        key = (end, subscribed, [(ch.records_total, ch.pending(), ch._overflow, ch.worker, *ch.dropped.values())
+                                 for ch in channels])
+        if key == self._ledger_key:
+            return
+        entries = []
+        for ch in channels:
+            dropped = dict(ch.dropped)
+            overflow = ch._overflow  # records refused since the last drain, not yet in ``dropped``
+            if overflow:
+                dropped["buffer_full"] = dropped.get("buffer_full", 0) + overflow
+            entries.append(wire.LedgerChannel(ch.sender, ch.role, ch.worker, ch.records_total, ch.pending(),
+                                              at_join.get(ch.sender, 0), subscribed, dropped))
+        if self._ledger.write(entries, end, time.monotonic()):
+            self._ledger_key = key
+            self._ledger_final = end != wire.LedgerEnd.RUNNING
+
+    def _ledger_at_sigterm(self, final: bool) -> None:
+        """The SIGTERM handler's snapshot: every record in exactly one column (sent, dropped,
+        queued), waiting at most ``SIGTERM_WAIT_S`` for a flush cycle in progress. ``final``: the
+        process is about to die of the signal (a handler of the trainer's own might not exit)."""
+        got = self._cycle_lock.acquire(timeout=SIGTERM_WAIT_S)
+        try:
+            self._write_ledger(wire.LedgerEnd.SIGTERM if final else wire.LedgerEnd.RUNNING)
+        finally:
+            if got:
+                self._cycle_lock.release()
+
     def _refresh_wandb(self) -> None:
         info = wandb_run_info()
         if info != self._wandb:
@@ -444,6 +507,7 @@ class Publisher:
                        or time.monotonic() - self._transport_since < CONNECT_GRACE_S)
         if self._transport is not None:
             self._transport.abandon()
+        self._ledger.abandon()
         self._init_threading()
         self._closed = closed
         self._exit_waits_for_subscriber = daemon_seen
@@ -459,6 +523,58 @@ class Publisher:
         every multiprocessing child): send what is queued, bounded like ``close``."""
         if self._pid == os.getpid():
             self.close()
+
+
+SIGTERM_WAIT_S = 0.5
+"""The SIGTERM handler waits at most this long for a flush cycle in progress (a cycle never
+blocks: its sends are non-blocking)."""
+
+SIGTERM_ENV = "DFLASH_TELEMETRY_SIGTERM"
+"""Set to ``0`` to leave SIGTERM alone (then a SIGTERMed process is booked as ``ended_unclean``)."""
+
+_sigterm_state: dict[str, Any] = {"pid": None, "previous": None}
+
+
+def _install_sigterm_handler() -> None:
+    """Once per process, from the main thread only: a SIGTERM handler that writes every live
+    publisher's final ledger and then lets the signal do what it did before: with the default
+    disposition the process still dies of SIGTERM (the handler restores it and re-raises), a
+    Python handler of the trainer's own is called next. Not installed over SIG_IGN or a handler
+    installed from C, off the main thread (Python cannot), or with ``DFLASH_TELEMETRY_SIGTERM=0``.
+    Caveat (docs/RELIABILITY.md): a Python handler runs between bytecodes, so a SIGTERM that
+    arrives while the main thread is inside one long C call takes effect when that call returns."""
+    pid = os.getpid()
+    if _sigterm_state["pid"] == pid or os.environ.get(SIGTERM_ENV, "1") == "0":
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is _on_sigterm:  # inherited across fork
+            _sigterm_state["pid"] = pid
+            return
+        if previous is not signal.SIG_DFL and not callable(previous):
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _sigterm_state.update(pid=pid, previous=previous)
+    except Exception as exc:  # noqa: BLE001 - e.g. an embedded interpreter without signals
+        log.debug("trainer_shim: no SIGTERM handler: %r", exc)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    previous = _sigterm_state["previous"]
+    chained = callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN)
+    try:
+        for publisher in list(_LIVE):
+            if publisher._pid == os.getpid():
+                publisher._ledger_at_sigterm(final=not chained)
+    except Exception:  # noqa: BLE001 - the signal must still take effect
+        pass
+    if chained:
+        previous(signum, frame)
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _safe_repr(obj: object) -> str:

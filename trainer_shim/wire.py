@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import enum
 import math
+import struct
+import zlib
 from collections.abc import Mapping
 from typing import Any, Final, TypeGuard
 
@@ -189,3 +191,107 @@ def encode_batch(
         [PROTOCOL_VERSION, MessageKind.BATCH, sender, seq, role, worker, step, records_total,
          dropped, records]
     )
+
+
+# -- the sender's ledger ---------------------------------------------------------------------------
+# Not a message: a small file per publisher in ``<socket path>.ledger/`` (``endpoint.ledger_dir``),
+# rewritten by the shim's flusher after each flush cycle and read by the daemon once the process is
+# gone. It carries the same totals a batch does, so the daemon can reconcile what the sender made
+# with what arrived even when the last frames never left the process. See docs/PROTOCOL.md.
+
+LEDGER_VERSION: Final = 1
+LEDGER_MAGIC: Final = b"DFL1"
+LEDGER_SLOT_OFFSETS: Final = (0, 1 << 20)
+"""Two slots, written alternately: a process killed in the middle of a write leaves the other slot
+intact. The second starts at 1 MiB (the file is sparse); a slot holds at most
+``LEDGER_MAX_PAYLOAD`` bytes."""
+_LEDGER_HEADER = struct.Struct("<4sIIQ")  # magic, payload length, crc32 of seq+payload, seq
+LEDGER_MAX_PAYLOAD: Final = (1 << 20) - _LEDGER_HEADER.size
+LEDGER_SUFFIX: Final = ".ledger"
+
+
+class LedgerEnd(enum.IntEnum):
+    """How the ledger's last write came about."""
+
+    RUNNING = 0
+    """Written after a flush cycle of a running process: what it made after this is unknown."""
+    CLOSED = 1
+    """Written by ``close()`` after the last flush: the process's final totals."""
+    SIGTERM = 2
+    """Written by the SIGTERM handler just before the process died of the signal: final totals."""
+
+
+class LedgerChannel(msgspec.Struct, array_like=True):
+    """One channel's totals: ``records_total`` and ``dropped`` as in a BATCH; ``pending``: records
+    queued in the channel and not yet drained; ``at_join``: ``records_total`` when the sender last
+    saw a subscriber join; ``subscribed``: whether one was connected at this write."""
+
+    sender: int
+    role: str
+    worker: str
+    records_total: int
+    pending: int
+    at_join: int
+    subscribed: bool
+    dropped: dict[str, int]
+
+
+class Ledger(msgspec.Struct, array_like=True):
+    """A publisher's ledger. ``start_ticks``: the process's start time in clock ticks since boot
+    (``/proc/<pid>/stat`` field 22), which with the pid names the process even after the pid is
+    reused. ``omitted``: channels left out because the slot was full (their totals are unknown)."""
+
+    version: int
+    pid: int
+    start_ticks: int
+    started_unix_s: float
+    end: int
+    flush_interval_s: float
+    channels: list[LedgerChannel]
+    omitted: int = 0
+
+
+def ledger_file_name(pid: int, start_ticks: int, token: str) -> str:
+    """``<pid>-<start ticks>-<token>.ledger``: the daemon checks whether the process is gone from
+    the name alone, without opening the file."""
+    return f"{pid}-{start_ticks}-{token}{LEDGER_SUFFIX}"
+
+
+def parse_ledger_file_name(name: str) -> tuple[int, int] | None:
+    """``(pid, start_ticks)`` of a ledger file name, or None if it is not one."""
+    if not name.endswith(LEDGER_SUFFIX):
+        return None
+    parts = name[: -len(LEDGER_SUFFIX)].split("-")
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or not parts[2].isalnum():
+        return None
+    pid, ticks = int(parts[0]), int(parts[1])
+    return (pid, ticks) if 0 < pid < 2**31 and ticks < 2**63 else None
+
+
+def encode_ledger_slot(seq: int, payload: bytes) -> bytes:
+    """A slot: header then ``payload``. Raises ``ValueError`` if ``payload`` is over
+    ``LEDGER_MAX_PAYLOAD``."""
+    if len(payload) > LEDGER_MAX_PAYLOAD:
+        raise ValueError("ledger payload too large")
+    seq_bytes = seq.to_bytes(8, "little")
+    crc = zlib.crc32(seq_bytes + payload)
+    return _LEDGER_HEADER.pack(LEDGER_MAGIC, len(payload), crc, seq) + payload
+
+
+def read_ledger_slots(read: Any) -> bytes | None:
+    """The payload of the newest intact slot, or None. ``read(offset, n)`` returns up to ``n``
+    bytes of the file at ``offset`` (``os.pread`` on an open descriptor)."""
+    best: tuple[int, bytes] | None = None
+    for offset in LEDGER_SLOT_OFFSETS:
+        head = read(offset, _LEDGER_HEADER.size)
+        if len(head) < _LEDGER_HEADER.size:
+            continue
+        magic, length, crc, seq = _LEDGER_HEADER.unpack(head)
+        if magic != LEDGER_MAGIC or length > LEDGER_MAX_PAYLOAD:
+            continue
+        payload = read(offset + _LEDGER_HEADER.size, length)
+        if len(payload) != length or zlib.crc32(seq.to_bytes(8, "little") + payload) != crc:
+            continue  # torn: the writer died in the middle of this slot
+        if best is None or seq > best[0]:
+            best = (seq, payload)
+    return None if best is None else best[1]

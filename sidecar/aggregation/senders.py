@@ -13,12 +13,16 @@ saw its first message (a daemon started or restarted after the trainer).
 
 from __future__ import annotations
 
+import os
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.model.messages import BatchMessage, HelloMessage
+from sidecar.model.names import label_value
 from sidecar.model.window import LIVE_S, LabelTotals
+from trainer_shim.wire import Ledger, LedgerChannel
 
 MAX_SENDERS = 4096
 MAX_LABEL_PAIRS = 1024
@@ -46,6 +50,10 @@ CLAIM_SLACK_S = 60.0
 little."""
 NO_HELLO_SLACK_S = 1.0
 """Added to the age of a sender without a hello (no clock to disagree with)."""
+MAX_ENDED = 16384
+"""Sender ids whose exit was booked, remembered so that a frame of theirs arriving afterwards is
+never counted a second time (``messages_dropped{reason="after_exit"}``)."""
+_MAX_COUNT = 2**63 - 1
 
 
 @dataclass(slots=True)
@@ -69,6 +77,8 @@ class SenderState:
     seen_batch: bool = False
     peer_pid: int | None = None
     """The process whose connection this sender's first message came on (ipc only)."""
+    peer_uid: int | None = None
+    """The owner of that process when its first message came (its ledger file must be its)."""
 
     @property
     def pid(self) -> int | None:
@@ -96,6 +106,8 @@ class SenderRegistry:
         self.messages_dropped: dict[str, int] = {}
         self.evicted: dict[str, int] = {}
         """Entries evicted from a full table for a new one, by table (``senders``, ``labels``)."""
+        self.ended: OrderedDict[int, None] = OrderedDict()
+        """Senders whose exit was booked from their ledger (oldest first, at most ``MAX_ENDED``)."""
 
     def __iter__(self) -> Iterator[SenderState]:
         return iter(self.senders.values())
@@ -132,6 +144,7 @@ class SenderRegistry:
             return False
         if state.peer_pid is None:
             state.peer_pid = peer_pid
+            state.peer_uid = _process_uid(peer_pid)
         if state.peer_pid != peer_pid:
             self.drop_message("wrong_peer")
             return True
@@ -140,6 +153,9 @@ class SenderRegistry:
     def on_hello(self, msg: HelloMessage, now: float, peer_pid: int | None = None) -> SenderState | None:
         """Record a hello. Returns the sender's state, or None if refused (too many senders, or
         from another process than the sender's)."""
+        if msg.sender in self.ended:
+            self.drop_message("after_exit")
+            return None
         info = msg.info
         role, worker = info.get("role"), info.get("worker")
         role = role if isinstance(role, str) else "unknown"  # decoded: exactly str or not at all
@@ -159,6 +175,9 @@ class SenderRegistry:
                  peer_pid: int | None = None) -> SenderState | None:
         """Account a batch's header. Returns the state to aggregate into, or None if the batch
         must be dropped (counted here)."""
+        if msg.sender in self.ended:
+            self.drop_message("after_exit")  # its ledger was booked: these records are in it
+            return None
         state = self._state(msg.sender, msg.role, msg.worker, now)
         if state is None:
             self.drop_message("too_many_senders")
@@ -174,15 +193,9 @@ class SenderRegistry:
         if previous is not None and msg.records_total - n < previous:
             self.drop_message("bad_sequence")  # a replayed or forged counter: never count twice
             return None
-        key = (msg.role, msg.worker)
-        totals = self.totals.pop(key, None)
+        totals = self._totals((msg.role, msg.worker), now)
         if totals is None:
-            if len(self.totals) >= self.max_label_pairs and not self._evict(self.totals, "labels", now):
-                self.drop_message("too_many_labels")  # a label-value flood: bounded, counted
-                return None
-            totals = LabelTotals()
-        self.totals[key] = totals  # most recently used last
-        totals.last_seen = now
+            return None
         if (state.role, state.worker) != (msg.role, msg.worker):
             state.role, state.worker = msg.role, msg.worker
             state.cache.clear()
@@ -205,6 +218,72 @@ class SenderRegistry:
         totals.last_seen_unix_s = now_unix
         self._check_seq(state, msg.seq)
         return state
+
+    def _totals(self, key: tuple[str, str], now: float) -> LabelTotals | None:
+        """The totals of a label pair, made most recently used; None (counted ``too_many_labels``)
+        if the table is full and none may go."""
+        totals = self.totals.pop(key, None)
+        if totals is None:
+            if len(self.totals) >= self.max_label_pairs and not self._evict(self.totals, "labels", now):
+                self.drop_message("too_many_labels")  # a label-value flood: bounded, counted
+                return None
+            totals = LabelTotals()
+        self.totals[key] = totals  # most recently used last
+        totals.last_seen = now
+        return totals
+
+    def book_exit(self, ledger: Ledger, uid: int, final: bool, now: float, now_unix: float) -> int:
+        """Book the ledger of a process that is gone (or closed its publisher): per channel, what
+        it made and this daemon has not counted. ``uid``: the ledger file's owner; ``final``: the
+        ledger holds the process's last totals (``lost_at_exit``), else those of its last flush
+        (``ended_unclean``; what it made after that flush is unknown). Returns the channels booked;
+        a channel that does not belong to the file's process, or claims what no process can, is
+        refused (``messages_dropped{reason="ledger_refused"}``)."""
+        booked = 0
+        for entry in ledger.channels:
+            if entry.sender in self.ended:
+                continue
+            if self._book_channel(entry, ledger, uid, final, now, now_unix):
+                booked += 1
+            self.ended[entry.sender] = None
+            if len(self.ended) > MAX_ENDED:
+                self.ended.popitem(last=False)
+        return booked
+
+    def _book_channel(self, entry: LedgerChannel, ledger: Ledger, uid: int, final: bool, now: float,
+                      now_unix: float) -> bool:
+        role, worker = label_value(entry.role), label_value(entry.worker)
+        counts = [entry.records_total, entry.pending, entry.at_join, *entry.dropped.values()]
+        reasons = [label_value(r) for r in entry.dropped]
+        state = self.senders.get(entry.sender)
+        if (role is None or worker is None or None in reasons or not all(0 <= c <= _MAX_COUNT for c in counts)
+                or (state is not None and not _owned_by(state, ledger.pid, uid))
+                or (state is not None and state.seen_batch and entry.records_total < state.records_total)
+                or sum(counts) - entry.at_join > MAX_CALLS_PER_S * (_ledger_age_s(ledger, now_unix) + CLAIM_SLACK_S)):
+            self.drop_message("ledger_refused")
+            return False
+        seen = state is not None and state.seen_batch
+        key = (state.role, state.worker) if seen and state is not None else (role, worker)
+        totals = self._totals(key, now)
+        if totals is None:
+            return False
+        if seen and state is not None:
+            before, lost = 0, entry.records_total - state.records_total + entry.pending
+            known = state.sender_dropped
+        else:
+            # Never a batch in this life: what it sent before its latest subscriber joined went to
+            # an earlier daemon (or none), as ``before_join`` says for a batch; the rest is lost.
+            before = min(entry.at_join, entry.records_total) if entry.subscribed else entry.records_total
+            lost = entry.records_total - before + entry.pending
+            known = {}
+        totals.add_dropped("before_join", before)
+        for reason, count in entry.dropped.items():
+            totals.add_dropped("sender_" + reason, count - known.get(reason, 0))
+        totals.add_dropped("lost_at_exit" if final else "ended_unclean", lost)
+        if state is not None:
+            state.records_total = max(state.records_total, entry.records_total)
+            state.sender_dropped = {**state.sender_dropped, **entry.dropped}
+        return True
 
     def account_ingest(self, state: SenderState, accepted: int, rejected: dict[str, int]) -> None:
         """Add the aggregator's outcome for one batch of ``state``'s records."""
@@ -234,6 +313,25 @@ class SenderRegistry:
     def live(self, now: float, within_s: float = LIVE_S) -> list[SenderState]:
         """Senders heard from in the last ``within_s`` seconds (``LIVE_S``: the live ones)."""
         return [st for st in self.senders.values() if now - st.last_seen <= within_s]
+
+
+def _owned_by(state: SenderState, pid: int, uid: int) -> bool:
+    """Whether a ledger of process ``pid`` in a file owned by ``uid`` may speak for ``state``: the
+    kernel's pid and owner of the process its messages came from, where known."""
+    return (state.peer_pid is None or state.peer_pid == pid) and (state.peer_uid is None or state.peer_uid == uid)
+
+
+def _process_uid(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def _ledger_age_s(ledger: Ledger, now_unix: float) -> float:
+    """How long the ledger's process can have been making calls (at most ``MAX_SENDER_AGE_S``)."""
+    started = ledger.started_unix_s
+    return min(MAX_SENDER_AGE_S, max(0.0, now_unix - started)) if started == started else 0.0
 
 
 def _age_s(state: SenderState, now: float, now_unix: float) -> float:

@@ -1,0 +1,217 @@
+"""The daemon's side of the senders' ledgers: the directory beside each ipc socket, and the files
+in it of processes that are gone.
+
+Each shim publisher rewrites a small file there after its flush cycles (``trainer_shim.ledger``).
+This module creates the directory (the daemon's own: mode 3730, sticky and setgid, so members of
+the socket's group can create files but not list, replace or remove each other's), and once per
+``SCAN_S`` lists it and reports the ledgers that are ready to be booked: the process named by the
+file is gone (its pid no longer exists, or exists with another start time), or its publisher
+closed, for at least ``EXIT_GRACE_S``. What the ledger says beyond what arrived is booked by
+``SenderRegistry.book_exit``; the file is then removed. Nothing here raises: an unreadable file is
+skipped, a malformed one counted and removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from dataclasses import dataclass
+
+import msgspec
+
+from trainer_shim import wire
+from trainer_shim.endpoint import ledger_dir
+
+log = logging.getLogger("sidecar")
+
+SCAN_S = 1.0
+"""How often the ledger directories are listed (seconds)."""
+EXIT_GRACE_S = 5.0
+"""A gone process's ledger waits this long (and each of its senders must have been silent this
+long) before it is booked, so that its last frames, still in the kernel's socket buffer or
+ZeroMQ's queue when it died, are counted as received first. With 1 s, a short-lived process's
+only batch arrived after its booking on a box at load 9-19 (2 cores), and was counted as
+``lost_at_exit`` (and its frame as ``after_exit``) instead of accepted."""
+MAX_FILES_PER_SCAN = 4096
+"""Entries looked at per directory per scan: a directory flooded with files costs a bounded scan."""
+MAX_LEDGER_BYTES = wire.LEDGER_SLOT_OFFSETS[1] + wire.LEDGER_MAX_PAYLOAD + 64
+DIR_MODE = 0o3730
+
+_decoder = msgspec.msgpack.Decoder(wire.Ledger)
+
+
+@dataclass(slots=True)
+class ReadyLedger:
+    """A ledger to book. ``uid``: the file's owner; ``final``: written by ``close()`` or the SIGTERM
+    handler (the totals are exact), else the last flush of a process that died without either."""
+
+    path: str
+    ledger: wire.Ledger
+    uid: int
+    final: bool
+
+
+@dataclass(slots=True)
+class _Seen:
+    mtime_ns: int
+    ledger: wire.Ledger | None
+    uid: int
+    ready_since: float | None = None
+
+
+class LedgerDirectory:
+    """The ledger directories of a daemon's ipc endpoints."""
+
+    def __init__(self, endpoints: list[str]) -> None:
+        self.directories = [d for d in (ledger_dir(e) for e in endpoints) if d is not None]
+        self._seen: dict[str, _Seen] = {}
+        self._next_scan = 0.0
+        self.malformed = 0
+        """Files of gone processes that held no intact ledger (removed), since the caller last
+        reset it."""
+
+    def prepare(self) -> None:
+        """Create each directory (after the socket is bound: the socket's directory exists and is
+        ours), or take over one a previous life left. A path that is not a directory of this user
+        disables its ledgers, with a warning."""
+        usable = []
+        for directory in self.directories:
+            try:
+                os.mkdir(directory, 0o700)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                log.warning("sidecar: cannot create %s (%s): losses at exit will not be booked", directory,
+                            exc.strerror)
+                continue
+            try:
+                st = os.lstat(directory)
+                if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                    raise PermissionError("not a directory of this user")
+                os.chmod(directory, DIR_MODE)
+            except OSError as exc:
+                log.warning("sidecar: ignoring %s (%s): losses at exit will not be booked", directory, exc)
+                continue
+            usable.append(directory)
+        self.directories = usable
+
+    def due(self, now: float) -> bool:
+        """Whether a scan is due (monotonic seconds)."""
+        return bool(self.directories) and now >= self._next_scan
+
+    def scan(self, now: float) -> list[ReadyLedger]:
+        """The ledgers ready to be booked now (gone or closed for ``EXIT_GRACE_S``)."""
+        self._next_scan = now + SCAN_S
+        ready: list[ReadyLedger] = []
+        present: set[str] = set()
+        for directory in self.directories:
+            try:
+                with os.scandir(directory) as it:
+                    for i, entry in enumerate(it):
+                        if i >= MAX_FILES_PER_SCAN:
+                            break
+                        present.add(entry.path)
+                        found = self._look(entry, now)
+                        if found is not None:
+                            ready.append(found)
+            except OSError:
+                continue
+        for path in [p for p in self._seen if p not in present]:
+            del self._seen[path]
+        return ready
+
+    def _look(self, entry: os.DirEntry[str], now: float) -> ReadyLedger | None:
+        ident = wire.parse_ledger_file_name(entry.name)
+        if ident is None:
+            return None
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        seen = self._seen.get(entry.path)
+        if seen is None or seen.mtime_ns != st.st_mtime_ns:
+            seen = _Seen(st.st_mtime_ns, self._read(entry.path), st.st_uid,
+                         seen.ready_since if seen is not None else None)
+            self._seen[entry.path] = seen
+        ledger = seen.ledger
+        pid, ticks = ident
+        gone = _gone(pid, ticks)
+        if ledger is None or ledger.pid != pid:
+            if gone:  # not a ledger (a live process may be writing its first slot: wait for it)
+                self.malformed += 1
+                self.remove(entry.path)
+            return None
+        final = ledger.end != wire.LedgerEnd.RUNNING
+        if not (final or gone):
+            seen.ready_since = None
+            return None
+        if seen.ready_since is None:
+            seen.ready_since = now
+        if now - seen.ready_since < EXIT_GRACE_S:
+            return None
+        return ReadyLedger(entry.path, ledger, seen.uid, final)
+
+    def _read(self, path: str) -> wire.Ledger | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            payload = wire.read_ledger_slots(lambda offset, n: os.pread(fd, min(n, MAX_LEDGER_BYTES), offset))
+            if payload is None:
+                return None
+            ledger = _decoder.decode(payload)
+            return ledger if ledger.version == wire.LEDGER_VERSION else None
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """At daemon exit: remove each directory if it is empty (ledgers of live senders, or of
+        gone ones not booked yet, keep it for the next daemon). Idempotent."""
+        for directory in self.directories:
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
+
+    def remove(self, path: str) -> None:
+        """Remove a booked (or unusable) ledger file."""
+        self._seen.pop(path, None)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _gone(pid: int, ticks: int) -> bool:
+    """Whether the process that wrote a ledger under ``pid`` and start time ``ticks`` is gone: no
+    such pid, the pid of a later process, or a zombie (dead, not yet reaped by its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read(4096)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return not _exists(pid)  # no /proc: only whether the pid exists
+    fields = data[data.rfind(b")") + 2:].split()
+    if fields[:1] in ([b"Z"], [b"X"]):
+        return True
+    try:
+        return ticks != 0 and int(fields[19]) != ticks
+    except (IndexError, ValueError):
+        return False
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
