@@ -199,7 +199,8 @@ class Daemon:
         """The window's pipeline insight, or None (counted, logged once) if computing it failed:
         the insight must never stop the raw exports."""
         try:
-            insight = compute_insight(report.window, InsightSettings.from_config(self.config), self.gpus.facts())
+            insight = compute_insight(report.window, InsightSettings.from_config(self.config), self.gpus.facts(),
+                                      report.senders)
         except Exception:  # noqa: BLE001
             self.insight_failures += 1
             if self.insight_failures == 1:
