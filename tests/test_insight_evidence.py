@@ -71,7 +71,8 @@ def test_unmapped_timings_are_unattributed_and_named_never_host_bound() -> None:
     snap = [snapshot("trainer", "0", f"{p}_ms", ms, p) for p, ms in phases.items()]
     snap += [snapshot("trainer", "0", "t_update_ms", 40, ""), snapshot("trainer", "0", "step_ms", 101, "step")]
     insight = compute_insight(report(snap).window, None, None, report(snap).senders)
-    assert insight.verdict.name == "balanced" and insight.roles["trainer"].time_share["other"] == pytest.approx(0.01, abs=0.001)
+    assert insight.verdict.name == "balanced"
+    assert insight.roles["trainer"].time_share["other"] == pytest.approx(0.01, abs=0.001)
     assert insight.roles["trainer"].unmapped == pytest.approx({"t_update_ms": 40 / 101})
 
 
