@@ -99,3 +99,40 @@ def test_no_live_sender_is_idle_and_hysteresis_takes_it_at_once() -> None:
     h.update(Verdict("host-bound", confidence=1.0))
     assert h.update(v).name == "idle"
     assert h.update(Verdict("input-bound", confidence=0.6)).name == "input-bound"  # after idle: at once
+
+
+def _screen(rep: IngestReport) -> tuple[str, str, str]:
+    """(console line, /metrics text, ``top`` frame) for one window as the daemon exports it."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from rich.console import Console
+
+    from sidecar.exporters.console import ConsoleExporter
+    from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
+    from sidecar.top import render
+
+    window = dataclasses.replace(rep, insight=compute_insight(rep.window, None, None, rep.senders))
+    registry = CollectorRegistry()
+    registry.register(SidecarCollector(ExportState("box", 0.0, report=window)))
+    text = generate_latest(registry).decode()
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((s.labels, s.value))
+    console = Console(width=160, record=True)
+    console.print(render(samples))
+    return ConsoleExporter().line(window), text, console.export_text()
+
+
+def test_idle_and_the_first_window_show_no_confidence_and_no_nan() -> None:
+    gone = report(worker("trainer", "0", STEP, 10), senders=(sender("trainer", "0", last_seen_age_s=30.0),))
+    line, text, top = _screen(gone)
+    assert "verdict idle (no live trainer)" in line and "confidence" not in line
+    assert 'dflash_pipeline_bottleneck{host="box",verdict="idle"} 1.0' in text
+    assert "dflash_pipeline_verdict_confidence_ratio{" not in text
+    assert "bottleneck: idle (no live trainer)" in top and "confidence" not in top and "nan" not in top.lower()
+    line, text, top = _screen(report([], senders=(sender("trainer", "0"),)))  # a first window: nothing mapped yet
+    assert "verdict unknown" in line and "confidence" not in line
+    assert "bottleneck: unknown" in top and "confidence" not in top and "nan" not in top.lower()
+    _, _, top = _screen(report(worker("trainer", "0", STEP, 10)))
+    assert "bottleneck: host-bound (confidence" in top and "nan" not in top.lower()
