@@ -40,6 +40,9 @@ UNATTRIBUTED = UNATTRIBUTED_SHARE
 COMPUTE_PHASES = ("forward", "backward", "forward_backward")
 """A worker that times none of these leaves its model's own work untimed: its gap is not host time."""
 
+STRAGGLER_MIN_STEP_SHARE = 0.1
+"""A straggler's extra busy time per batch must be at least this share of its step (0-1)."""
+
 SNAPSHOT_MAX_AGE_WINDOWS = 3.5
 """A snapshot series without a new snapshot in a window keeps its last mean this many windows."""
 
@@ -251,22 +254,28 @@ def _worker_insights(role: str, members: dict[str, _Worker], duration: float,
                      straggler_score: float) -> list[WorkerInsight]:
     """Per-worker rates and relative scores. The score compares median busy time per batch
     (best / own) when every worker of the role reports work phases, else batch rates
-    (own / best): a worker that is slow at its own work, not one that waits for input."""
+    (own / best): a worker that is slow at its own work, not one that waits for input. A worker
+    whose extra busy time is under ``STRAGGLER_MIN_STEP_SHARE`` of its step is not flagged: a
+    few milliseconds of noise on a step of a few milliseconds of work limit nothing."""
     rates = {name: w.counter("batches", "rate") for name, w in members.items()}
     busy = {name: _busy_ms(w) for name, w in members.items()}
     scores: dict[str, float | None] = dict.fromkeys(members)
+    negligible: set[str] = set()
     if len(members) >= 2:
         if all(b is not None and b > 0 for b in busy.values()):
             best = min(b for b in busy.values() if b is not None)
             scores = {n: best / b for n, b in busy.items() if b is not None}
+            negligible = {n for n, b in busy.items() if b is not None and rates[n] > 0
+                          and (b - best) * rates[n] / 1000.0 < STRAGGLER_MIN_STEP_SHARE}
         elif max(rates.values()) > 0:
             best_rate = max(rates.values())
             scores = {n: r / best_rate for n, r in rates.items()}
     out = []
     for name in sorted(members, key=_worker_key):
         score = scores.get(name)
+        flagged = score is not None and score < straggler_score and name not in negligible
         out.append(WorkerInsight(role, name, rates[name], members[name].counter("tokens", "rate"),
-                                 busy[name], score, score is not None and score < straggler_score))
+                                 busy[name], score, flagged))
     return out
 
 
@@ -318,13 +327,13 @@ def _time_share(members: dict[str, _Worker], duration: float,
             # A worker with a fresh snapshot this window is read from it alone (a phase missing
             # from it is not carried over); without one, its last snapshot stands while recent.
             fresh = any(w.window(TIMING, p) for p in PHASES)
-            if not fresh and alive_s <= 0 and name in alive:
-                continue  # its sender is gone: its last snapshot no longer stands
             age = 0.0 if fresh else max_age
             means = {p: m for p in PHASES if (m := w.snapshot_mean(p, age)) is not None}
             if not means:
                 continue
-            extra = {n: float(v.window["mean"]) for n, v in w.unmapped.items() if v.snapshot and v.window}
+            # an unmapped timing sent every occurrence beside the snapshots (a user's own timer
+            # in a framework callback's step) counts its mean once per cycle
+            extra = {n: float(v.window["mean"]) for n, v in w.unmapped.items() if v.window}
             step = w.snapshot_mean("step", age) if w.snapshot("step") else None
             covered = sum(means.values())
             cycle = max(step or 0.0, covered)
