@@ -232,7 +232,7 @@ def _unattributed(v: Verdict, f: RoleFacts) -> Verdict:
         return v
     name, part = next(iter(f.unmapped.items()))
     note = (f"{part:.0%} of the step in {name}" + (f" and {len(f.unmapped) - 1} more" if len(f.unmapped) > 1 else "")
-            + ", unmapped: add a rule (dflash-sidecar explain)")
+            + ", unmapped: add a rule, see dflash-sidecar explain")
     return replace(v, evidence=v.evidence + ((f"{f.role}.unattributed", share),),
                    detail=f"{v.detail}; {note}" if v.detail else note,
                    confidence=round(v.confidence * max(0.0, 1.0 - share), 3))
