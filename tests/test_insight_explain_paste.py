@@ -74,7 +74,7 @@ def test_pasting_explains_config_gives_the_verdict(tmp_path: Path) -> None:
         second = DaemonProc(tmp_path, "--config", str(path), endpoint=first.endpoint)
         wait_for(lambda: verdict(second) == "input-bound", timeout_s=30, what="input-bound after the paste")
         shares = {lab["phase"]: v for lab, v in second.samples()["dflash_pipeline_time_share_ratio"]}
-        assert shares["data_wait"] > 0.5 and shares["optimizer"] > 0.05 and "unattributed" not in shares
+        assert shares["data_wait"] >= 0.25 and shares["optimizer"] > 0 and "unattributed" not in shares
     finally:
         stop.touch()
         try:

@@ -126,20 +126,21 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
     return dict(roles)
 
 
-def alive_seconds(senders: Sequence[SenderView], duration_s: float) -> dict[str, dict[str, float]]:
-    """Role -> worker -> seconds of the window (of ``duration_s``, ending now) its senders were
-    alive: from the first message the daemon had from it (or the window's start) to its last (or
-    the window's end). Records arrive when they are flushed, every 0.1 s, so a running sender's
-    last message is at most a flush old; one that exited stops there. A label with several
-    senders (a restart) counts the longest."""
-    out: dict[str, dict[str, float]] = defaultdict(dict)
+def alive_seconds(senders: Sequence[SenderView], duration_s: float) -> dict[str, dict[str, tuple[float, bool]]]:
+    """Role -> worker -> (seconds of the window, of ``duration_s`` ending now, its senders were
+    alive; whether one started inside it): alive from the first message the daemon had from it
+    (or the window's start) to its last (or the window's end). Records arrive when they are
+    flushed, every 0.1 s, so a running sender's last message is at most a flush old; one that
+    exited stops there. A label with several senders (a restart) counts the longest."""
+    out: dict[str, dict[str, tuple[float, bool]]] = defaultdict(dict)
     for s in senders:
         first = s.first_seen_age_s if s.first_seen_age_s is not None else math.inf
         start = max(0.0, duration_s - first)
         end = min(duration_s, duration_s - max(0.0, s.last_seen_age_s))
         seconds = max(0.0, end - start)
         worker = out[s.role]
-        worker[s.worker] = max(worker.get(s.worker, 0.0), seconds)
+        before = worker.get(s.worker, (0.0, False))
+        worker[s.worker] = (max(before[0], seconds), before[1] or first < duration_s)
     return dict(out)
 
 
@@ -196,14 +197,14 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
 
 
 def _alive_by_series_label(roles_data: Mapping[str, Mapping[str, _Worker]], senders: Sequence[SenderView] | None,
-                           duration: float) -> dict[str, dict[str, float]]:
-    """Role -> worker -> alive seconds for the labels the series carry. A series whose role or
-    worker came from its key (one monitor thread publishing every role) has no sender of its
-    own: it counts the longest-alive sender of the window."""
+                           duration: float) -> dict[str, dict[str, tuple[float, bool]]]:
+    """Role -> worker -> (alive seconds, started in the window) for the labels the series carry.
+    A series whose role or worker came from its key (one monitor thread publishing every role)
+    has no sender of its own: it counts the longest-alive sender of the window."""
     if senders is None:
         return {}
     by_label = alive_seconds(senders, duration)
-    longest = max((v for ws in by_label.values() for v in ws.values()), default=0.0)
+    longest = max((v for ws in by_label.values() for v in ws.values()), default=(0.0, False))
     return {role: {w: by_label.get(role, {}).get(w, longest) for w in members} for role, members in roles_data.items()}
 
 
@@ -289,7 +290,7 @@ def _busy_ms(w: _Worker) -> float | None:
 
 
 def _role_insight(role: str, members: dict[str, _Worker], workers: list[WorkerInsight],
-                  duration: float, alive: Mapping[str, float]) -> RoleInsight:
+                  duration: float, alive: Mapping[str, tuple[float, bool]]) -> RoleInsight:
     rates = [w.batches_per_s for w in workers]
     cv = None
     if len(rates) >= 2:
@@ -302,18 +303,20 @@ def _role_insight(role: str, members: dict[str, _Worker], workers: list[WorkerIn
 
 
 def _time_share(members: dict[str, _Worker], duration: float,
-                alive: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float], bool]:
+                alive: Mapping[str, tuple[float, bool]]) -> tuple[dict[str, float], dict[str, float], bool]:
     """(phase -> share of wall time, unmapped timing -> share, whether ``other`` is host time),
     averaged over the role's workers, each weighted by the part of the window it was alive
-    (``alive``: worker -> seconds; a worker missing from it counts the whole window; one alive
-    for none of it is not read). Every occurrence: each phase (and each unmapped timing) is the
+    (``alive``: worker -> (seconds, started in the window); a worker missing from it counts the
+    whole window; one alive for none of it is not read). Every occurrence: each phase (and each unmapped timing) is the
     window's sum of that timing over the worker's alive time; ``other`` is what no timing covers;
     shares are scaled down when their sum exceeds 1 (a step that began in the previous window,
     or unmapped timings nested in mapped ones); a phase published before but not in this window
     counts 0. Snapshots: each timing's per-batch mean over the cycle (the ``step`` mean, else the
     sum of the means); ``other`` is the part of ``step`` no timing covers (absent without
     ``step``: it cannot be told). ``other`` is host time only where every worker read times its
-    compute (``COMPUTE_PHASES``); else the gap may be the model's own untimed work."""
+    compute (``COMPUTE_PHASES``), else the gap may be the model's own untimed work; and, every
+    occurrence, not in the window its sender started in (what it sent before the daemon's
+    subscription reached it is lost by design, so that window's gap is not measured)."""
     if duration <= 0 or not members:
         return {}, {}, False
     totals: dict[str, float] = defaultdict(float)
@@ -322,7 +325,8 @@ def _time_share(members: dict[str, _Worker], duration: float,
     measured = True
     max_age = SNAPSHOT_MAX_AGE_WINDOWS * duration
     for name, w in members.items():
-        alive_s = min(duration, alive.get(name, duration))
+        alive_s, started = alive.get(name, (duration, False))
+        alive_s = min(duration, alive_s)
         if any(w.snapshot(p) for p in PHASES):
             # A worker with a fresh snapshot this window is read from it alone (a phase missing
             # from it is not carried over); without one, its last snapshot stands while recent.
@@ -373,7 +377,7 @@ def _time_share(members: dict[str, _Worker], duration: float,
         for n, share in extra.items():
             unmapped[n] += weight * share * fit
         totals[OTHER] += weight * max(0.0, room - spare * fit)
-        measured = measured and any(sums.get(p) for p in COMPUTE_PHASES)
+        measured = measured and not started and any(sums.get(p) for p in COMPUTE_PHASES)
     if weight_sum <= 0:
         return {}, {}, False
     out = {phase: value / weight_sum for phase, value in totals.items() if phase != OTHER}
