@@ -81,7 +81,8 @@ def markdown(results: dict[str, list[tuple[float, str, str]]], command: str, ela
     lines = [title, "",
              f"Command: `{command}`", "",
              f"Machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.platform()}; "
-             f"{time.strftime('%Y-%m-%d')}; wall time {elapsed_s:.0f} s (scenarios run side by side, "
+             f"{time.strftime('%Y-%m-%d')}; wall time {elapsed_s:.0f} s; load average at the end "
+             f"{os.getloadavg()[0]:.2f} (scenarios run side by side, "
              "`--parallel` at a time, so the machine is loaded on purpose).", "",
              "Rows: scenario (`tests/verdict_demo.py` `SCENARIOS`: the DFlash demo with per-worker channels; "
              "`seed-*` the same pipeline published as one profile dict per interval from a monitor thread; "

@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 EFFECTS: dict[str, dict[str, float]] = {
-    "base": {}, "input": {"data_ms": 60.0}, "host": {"host_ms": 60.0}, "unmapped": {"unmapped_ms": 40.0},
+    "base": {}, "input": {"data_ms": 60.0}, "host": {"host_ms": 60.0}, "unmapped": {"unmapped_ms": 80.0},
     "comm": {"comm_ms": 60.0}, "straggler": {"slow_ms": 60.0}, "saturated": {},
 }
 
 
-SCALE = {"hf": 4.0}
+SCALE = {"hf": 6.0}
 """Effects are scaled up where the framework's own step is long (the Trainer's per-step work on a
-loaded CPU is ~0.2 s), so each condition dominates the step as it would in a real run."""
+loaded CPU is 0.1-0.6 s), so each condition dominates the step as it would in a real run."""
 
 
 class Control:

@@ -48,6 +48,9 @@ anywhere in the loop lands inside one of them and is not host time the daemon ca
 straggler of ``ddp`` is not a cell: DistributedDataParallel's backward waits for the slow rank,
 so both ranks' forward+backward read the same (``plain`` is the 2-rank gloo straggler)."""
 RANKS = {"plain": 2, "ddp": 2}
+WINDOW_SCALE = {"hf": 2.0}
+"""Rows whose steps are long (the Trainer's, its effects scaled up in ``tests/matrix_loops.py``)
+run windows this many times longer, so each window still holds a few steps."""
 
 
 @dataclass
@@ -85,6 +88,7 @@ def run_row(framework: str, workdir: Path, windows: int = 7, interval_s: float =
 
     row_dir = workdir / framework
     row_dir.mkdir(parents=True, exist_ok=True)
+    interval_s *= WINDOW_SCALE.get(framework, 1.0)
     library = build_fake_nvml("full")
     nvml = FakeNvml(row_dir / "nvml-control.txt", library, {"devices": 1})
     _set_gpu(nvml, 30)
@@ -103,11 +107,12 @@ def run_row(framework: str, workdir: Path, windows: int = 7, interval_s: float =
     try:
         deadline = time.monotonic() + startup_timeout_s
         # started once every rank has finished a few steps (imports, model build and compile done)
-        while (d.value("dflash_trainer_batches_total") or 0) < 5 * RANKS.get(framework, 1):
+        while (d.value("dflash_trainer_batches_total") or 0) < 10 * RANKS.get(framework, 1):
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 raise RuntimeError(f"{framework}: no verdict from the trainer; trainer log:\n"
                                    + (row_dir / "trainer0.log").read_text(errors="replace")[-3000:])
             time.sleep(0.2)
+        time.sleep(2 * interval_s)  # the first steps' own costs (loader start, gloo's first collectives) pass
         marks: list[tuple[str, int]] = []
         for cond in conditions:
             _set_gpu(nvml, 97 if cond == "saturated" else 30)
