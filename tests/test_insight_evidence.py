@@ -42,6 +42,10 @@ def test_busy_gpus_are_compute_bound_whatever_the_host_shares_say() -> None:
     assert verdict(rep, GpuFacts(busy={"0": 0.96})).name == "compute-bound"
     # idle GPUs: the largest idle cause decides
     assert verdict(rep, GpuFacts(busy={"0": 0.3})).name == "input-bound"
+    # a slow rank on busy GPUs costs no GPU time: compute-bound, not straggler; idle GPUs: straggler
+    ranks = worker("trainer", "0", STEP, 10) + worker("trainer", "1", {k: v * 2 for k, v in STEP.items()}, 5)
+    assert verdict(report(ranks), GpuFacts(busy={"0": 0.97, "1": 0.97})).name == "compute-bound"
+    assert verdict(report(ranks), GpuFacts(busy={"0": 0.5, "1": 0.5})).name == "straggler"
 
 
 def test_untimed_work_is_not_host_time() -> None:

@@ -35,7 +35,8 @@ idle, or no GPU reading) the largest wait over its threshold decides: ``input-bo
 ``other`` is measured host time: the gap inside the worker's step, or its alive time, that no
 timing covers, from workers that time their own forward/backward); else ``balanced``. Time in
 unmapped timings (``unattributed``) never decides: it is named in the evidence and lowers the
-confidence by its share. ``throttled`` and ``straggler`` override as above.
+confidence by its share. ``throttled`` and ``straggler`` override as above, except that a
+straggler does not override ``compute-bound`` (busy GPUs are not idle waiting for it).
 
 Every verdict has a confidence (0-1): 0.5 at its deciding threshold, rising to 1 as the deciding
 number moves one threshold's worth past it (for ``balanced``: how far the largest signal stays
@@ -264,6 +265,8 @@ def _override(base: Verdict, limit: str | None, roles: Mapping[str, RoleFacts],
         detail = " ".join(f"gpu{g}:{'+'.join(r)}" for g, r in hot.items())
         return Verdict("throttled", (("throttled_gpus", float(len(hot))),) + base.evidence[:2],
                        f"{detail}, otherwise {base.name}", 1.0)
+    if base.name == "compute-bound":
+        return base  # the GPUs are busy: a slow worker is not what leaves them idle
     if limit is None:
         candidates = list(roles.values())
     else:
