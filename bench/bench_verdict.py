@@ -125,7 +125,8 @@ def matrix_markdown(rows: dict, command: str, elapsed_s: float, windows: int, in
     lines = [title, "", f"Command: `{command}`", "",
              f"Machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.platform()}; "
              f"{time.strftime('%Y-%m-%d')}; wall time {elapsed_s:.0f} s; load average before / after: {load}. "
-             f"{interval_s:g} s windows, {windows} per condition, the first two of each not scored; three "
+             f"{interval_s:g} s windows (hf: twice that, `WINDOW_SCALE`), {windows} per condition, the first "
+             "two of each not scored; three "
              "frameworks side by side on a machine shared with other work, so timings are noisy.", "",
              "Rows: framework / injected condition (`tests/verdict_matrix.py` `ROWS`, trainers in "
              "`tests/matrix_loops.py`). Columns: the verdict of each scored window. `stray host-bound`: windows "
