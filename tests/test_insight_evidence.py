@@ -140,3 +140,27 @@ def test_idle_and_the_first_window_show_no_confidence_and_no_nan() -> None:
     assert "bottleneck: unknown" in top and "confidence" not in top and "nan" not in top.lower()
     _, _, top = _screen(report(worker("trainer", "0", STEP, 10)))
     assert "bottleneck: host-bound (confidence" in top and "nan" not in top.lower()
+
+
+def test_gpu_busy_is_the_mean_over_the_window_not_the_last_poll() -> None:
+    from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups
+    from sidecar.model.gpu import GpuReading, GpuSnapshot
+
+    def poll(t: float, util: float, sm: float | None = None) -> GpuSnapshot:
+        return GpuSnapshot(t, 0.001, 3, (GpuReading(0, "GPU-0", "fake", utilization_ratio=util,
+                                                    sm_activity_ratio=sm),))
+
+    polls = (poll(1.0, 0.2), poll(2.0, 0.2), poll(3.0, 0.2), poll(4.0, 0.98))  # busy only at the last poll
+    asked: list[float] = []
+
+    def recent(seconds: float) -> tuple[GpuSnapshot, ...]:
+        asked.append(seconds)
+        return polls
+
+    gpus = GpuAggregates(GpuGroups.parse(["trainer=0"]), lambda: polls[-1], None, recent)
+    facts = gpus.facts(4.0)
+    assert facts is not None and facts.busy["0"] == pytest.approx(0.395) and asked == [4.0]
+    assert gpus.facts().busy["0"] == pytest.approx(0.98)  # type: ignore[union-attr]  # no window: latest poll
+    sm = GpuAggregates(GpuGroups.parse(()), lambda: poll(2.0, 1.0, 0.5), None,
+                       lambda s: (poll(1.0, 1.0, 0.3), poll(2.0, 1.0, 0.5)))
+    assert sm.facts(2.0).busy["0"] == pytest.approx(0.4)  # type: ignore[union-attr]  # GPM SM activity first
