@@ -151,7 +151,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("insight_queue_full_ratio", "Verdict: drafter-bound when the queue is at least this full and targets "
             "publish no queue_put_wait timing.", type=_ratio("insight_queue_full_ratio"),
             default=INSIGHT_DEFAULTS["queue_full_ratio"]),
-    Setting("insight_host_wait_ratio", "Verdict: host-bound when the limiting role waits on the host data loader "
+    Setting("insight_host_wait_ratio", "Verdict: input-bound when the limiting role waits on the host data loader "
             "(data_wait) for at least this share of wall time.", type=_ratio("insight_host_wait_ratio"),
             default=INSIGHT_DEFAULTS["host_wait_ratio"]),
     Setting("insight_handoff_ratio", "Verdict: queue-starved when drafters starve and targets spend at least this "
@@ -164,10 +164,10 @@ SETTINGS: tuple[Setting, ...] = (
             "least this share of wall time in collective waits (comm_wait).", type=_ratio("insight_comm_wait_ratio"),
             default=INSIGHT_DEFAULTS["comm_wait_ratio"]),
     Setting("insight_host_overhead_ratio", "Verdict (single-role loops): host-bound when at least this share of "
-            "the role's wall time is covered by no phase timing (host/Python overhead).",
+            "the role's wall time is measured host time between its timed phases (inside its step).",
             type=_ratio("insight_host_overhead_ratio"), default=INSIGHT_DEFAULTS["host_overhead_ratio"]),
-    Setting("insight_compute_busy_ratio", "Verdict (single-role loops): compute-bound when nothing waits and the "
-            "role's GPUs are at least this busy (GPM SM activity, else NVML utilization).",
+    Setting("insight_compute_busy_ratio", "Verdict (single-role loops): compute-bound when the role's GPUs are at "
+            "least this busy (GPM SM activity, else NVML utilization), whatever the host-side shares say.",
             type=_ratio("insight_compute_busy_ratio"), default=INSIGHT_DEFAULTS["compute_busy_ratio"]),
     Setting("mapping", "Your own series names -> role, worker and phase (docs/SHIM.md, 'Your own names'): "
             "[[mapping]] tables, each with a glob (match) or a regex (regex) and what it gives: phase (or meaning), "

@@ -55,7 +55,7 @@ class Daemon:
         self.nvml = NvmlSource(interval_s=config.nvml_interval) if config.gpu_metrics else None
         nvml = self.nvml
         self.gpus = GpuAggregates(GpuGroups.parse(config.gpu_group), nvml.latest if nvml else None,
-                                  nvml.status if nvml else None)
+                                  nvml.status if nvml else None, nvml.recent if nvml else None)
         self.insight_failures = 0
         self.hysteresis = Hysteresis()
         """Keeps the shown verdict from flapping (ingest thread only)."""
@@ -201,7 +201,8 @@ class Daemon:
         """The window's pipeline insight, or None (counted, logged once) if computing it failed:
         the insight must never stop the raw exports."""
         try:
-            insight = compute_insight(report.window, InsightSettings.from_config(self.config), self.gpus.facts())
+            insight = compute_insight(report.window, InsightSettings.from_config(self.config),
+                                      self.gpus.facts(report.window.duration_s), report.senders)
         except Exception:  # noqa: BLE001
             self.insight_failures += 1
             if self.insight_failures == 1:

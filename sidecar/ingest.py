@@ -225,7 +225,7 @@ class IngestLoop:
         senders = tuple(
             SenderView(s.sender, s.role, s.worker, s.pid, s.hello, now - s.last_seen, s.records_total,
                        s.received, s.accepted, s.before_join, s.lost_in_transit, s.messages_lost,
-                       dict(s.rejected), dict(s.sender_dropped))
+                       dict(s.rejected), dict(s.sender_dropped), first_seen_age_s=now - s.first_seen)
             for s in registry
         )
         totals = {k: LabelTotals(v.accepted, dict(v.dropped), v.last_seen_unix_s) for k, v in registry.totals.items()}

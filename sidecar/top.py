@@ -17,6 +17,16 @@ from rich.table import Table
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 """Sample name -> (labels, value) of each sample, as scraped."""
 
+ABSENT = "-"
+"""What a cell shows for a value the daemon does not export (never ``nan``)."""
+
+
+def fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
+    """``value * scale`` formatted with ``spec``; ``ABSENT`` for a missing or NaN value."""
+    if value is None or value != value:
+        return ABSENT
+    return format(value * scale, spec)
+
 
 def scrape(url: str, timeout_s: float = 2.0) -> dict[str, list[tuple[dict[str, str], float]]]:
     """Samples by name from ``url``. Raises ``OSError`` if the daemon cannot be reached."""
@@ -43,7 +53,7 @@ def render(samples: dict[str, list[tuple[dict[str, str], float]]]) -> Group:
                     key = (labels.get("role", ""), labels.get("worker", ""), timing)
                     rows[key][labels["quantile"]] = value * 1000
     for (role, worker, timing), q in sorted(rows.items()):
-        timings.add_row(role, worker, timing, *(f"{q.get(k, float('nan')):.1f}" for k in ("0.5", "0.95", "1")))
+        timings.add_row(role, worker, timing, *(fmt(q.get(k), ".1f") for k in ("0.5", "0.95", "1")))
     return Group(*pipeline_parts(samples), timings, gpu_table(samples), accounting_table(samples))
 
 
@@ -58,8 +68,8 @@ def gpu_table(samples: Samples) -> Table:
         for labels, value in samples.get(metric, []):
             by_gpu[labels.get("gpu", "?")][column] = value
     for gpu, v in sorted(by_gpu.items()):
-        gpus.add_row(gpu, f"{v.get('util', float('nan')):.0%}", f"{v.get('mem', float('nan')) / 2**30:.1f}",
-                     f"{v.get('power', float('nan')):.0f}", f"{v.get('temp', float('nan')):.0f}")
+        gpus.add_row(gpu, fmt(v.get("util"), ".0%"), fmt(v.get("mem"), ".1f", 2**-30), fmt(v.get("power"), ".0f"),
+                     fmt(v.get("temp"), ".0f"))
     if not by_gpu:
         gpus.caption = no_gpu_reason(samples)
     return gpus
@@ -102,27 +112,29 @@ def accounting_table(samples: Samples) -> Table:
     return acct
 
 
-_NAN = float("nan")
-
-
-def _one(samples: Samples, name: str) -> float:
+def _one(samples: Samples, name: str) -> float | None:
     items = samples.get("dflash_pipeline_" + name)
-    return items[0][1] if items else _NAN
+    return items[0][1] if items else None
+
+
+QUEUE_PARTS = (("queue fill", "queue_fill_ratio", ".0%"), ("ready deficit", "ready_deficit_ratio", ".0%"),
+               ("target:drafter batches", "target_drafter_batch_ratio", ".2f"),
+               ("prefetch fill", "prefetch_fill_ratio", ".0%"), ("tokens/batch", "batch_tokens_mean", ",.0f"),
+               ("loss tokens", "loss_token_ratio", ".0%"), ("bucket entropy (bits)", "bucket_entropy", ".2f"))
+"""The optional window values ``top`` shows in one line, each only when the daemon exports it."""
 
 
 def pipeline_parts(samples: Samples) -> list[RenderableType]:
     """The pipeline insight: verdict, queue health, roles (rates, time shares), workers. Empty
-    before the daemon's first window."""
+    before the daemon's first window; the confidence only for a verdict that has one, and only
+    the values the trainer publishes (no ``nan``)."""
     verdict = [labels.get("verdict") for labels, v in samples.get("dflash_pipeline_bottleneck", []) if v == 1]
     if not verdict:
         return []
-    style = "green" if verdict[0] == "balanced" else "yellow" if verdict[0] == "unknown" else "bold red"
-    queue = (f"queue fill {_one(samples, 'queue_fill_ratio'):.0%} · ready deficit "
-             f"{_one(samples, 'ready_deficit_ratio'):.0%} · target:drafter batches "
-             f"{_one(samples, 'target_drafter_batch_ratio'):.2f} · prefetch fill "
-             f"{_one(samples, 'prefetch_fill_ratio'):.0%}"
-             f" · {_one(samples, 'batch_tokens_mean'):,.0f} tokens/batch · loss tokens "
-             f"{_one(samples, 'loss_token_ratio'):.0%} · bucket entropy {_one(samples, 'bucket_entropy'):.2f} bits")
+    quiet = verdict[0] in ("unknown", "idle")
+    style = "green" if verdict[0] == "balanced" else "yellow" if quiet else "bold red"
+    queue = " · ".join(f"{label} {fmt(value, spec)}" for label, name, spec in QUEUE_PARTS
+                       if (value := _one(samples, name)) is not None)
     roles = Table(title="pipeline roles (last window)", expand=True)
     for col in ("role", "tokens/s", "batches/s", "rate CV", "time share"):
         roles.add_column(col)
@@ -135,8 +147,7 @@ def pipeline_parts(samples: Samples) -> list[RenderableType]:
         shares[labels.get("role", "")].append((value, labels.get("phase", "")))
     for role, v in sorted(by_role.items()):
         top = " ".join(f"{phase} {share:.0%}" for share, phase in sorted(shares[role], reverse=True)[:4])
-        roles.add_row(role, f"{v.get('tokens', _NAN):,.0f}", f"{v.get('batches', _NAN):.1f}",
-                      f"{v.get('cv', _NAN):.2f}", top)
+        roles.add_row(role, fmt(v.get("tokens"), ",.0f"), fmt(v.get("batches"), ".1f"), fmt(v.get("cv"), ".2f"), top)
     workers = Table(title="pipeline workers", expand=True)
     for col in ("role", "worker", "batches/s", "score", "straggler"):
         workers.add_column(col)
@@ -146,16 +157,22 @@ def pipeline_parts(samples: Samples) -> list[RenderableType]:
         for labels, value in samples.get("dflash_pipeline_" + name, []):
             by_worker[labels.get("role", ""), labels.get("worker", "")][key] = value
     for (role, worker), v in sorted(by_worker.items()):
-        workers.add_row(role, worker, f"{v.get('rate', _NAN):.1f}", f"{v.get('score', _NAN):.2f}",
+        workers.add_row(role, worker, fmt(v.get("rate"), ".1f"), fmt(v.get("score"), ".2f"),
                         "[bold red]yes[/bold red]" if v.get("straggler") == 1 else "")
     idle: dict[str, dict[str, float]] = defaultdict(dict)
     for labels, value in samples.get("dflash_pipeline_gpu_idle_ratio", []):
         idle[labels.get("group", "")]["idle"] = value
     for labels, value in samples.get("dflash_pipeline_gpu_idle_reason_ratio", []):
         idle[labels.get("group", "")][labels.get("reason", "")] = value
-    idle_lines = [f"gpu idle {group}: {v.get('idle', _NAN):.0%} = "
+    idle_lines = [f"gpu idle {group}: {fmt(v.get('idle'), '.0%')} = "
                   + " + ".join(f"{reason} {share:.0%}" for reason, share in v.items() if reason != "idle")
                   for group, v in sorted(idle.items())]
-    head = f"[{style}]bottleneck: {verdict[0]}[/{style}] (confidence {_one(samples, 'verdict_confidence_ratio'):.2f})"
-    return [head, queue, *idle_lines, roles, workers]
+    confidence = _one(samples, "verdict_confidence_ratio")
+    head = f"[{style}]bottleneck: {verdict[0]}[/{style}]" + (
+        f" (confidence {confidence:.2f})" if confidence is not None and not quiet else
+        " (no live trainer)" if verdict[0] == "idle" else "")
+    parts: list[RenderableType] = [head]
+    if queue:
+        parts.append(queue)
+    return [*parts, *idle_lines, roles, workers]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sidecar.aggregation.series import entropy_bits
-from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, IngestReport, SeriesView, WindowReport
+from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, IngestReport, SenderView, SeriesView, WindowReport
 
 
 def timing(role: str, worker: str, name: str, ms_per_batch: float, batches: int) -> SeriesView:
@@ -30,9 +30,23 @@ def category(role: str, worker: str, name: str, counts: dict[str, int]) -> Serie
     return SeriesView(CATEGORY, name, role, worker, window, {"totals": dict(counts)}, name)
 
 
-def report(series: list[SeriesView], duration_s: float = 1.0) -> IngestReport:
+def sender(role: str, worker: str, last_seen_age_s: float = 0.0, first_seen_age_s: float | None = None,
+           sender_id: int = 1) -> SenderView:
+    """A sender as the window's accounting shows it: heard ``last_seen_age_s`` before the window's
+    end, first heard ``first_seen_age_s`` before it (None: long ago)."""
+    return SenderView(sender_id, role, worker, 1000 + sender_id, {}, last_seen_age_s, 0, 0, 0, 0, 0, 0, {}, {},
+                      first_seen_age_s)
+
+
+def report(series: list[SeriesView], duration_s: float = 1.0, senders: tuple[SenderView, ...] | None = None
+           ) -> IngestReport:
+    """A window of ``series``; ``senders`` default: one live sender per (role, worker) of the series
+    that was alive the whole window."""
     window = WindowReport(1_700_000_000.0, duration_s, tuple(series))
-    return IngestReport(window, (), {}, {}, {}, 0, 0, 0, len(series), 0)
+    if senders is None:
+        labels = sorted({(v.role, v.worker) for v in series})
+        senders = tuple(sender(r, w, sender_id=i + 1) for i, (r, w) in enumerate(labels))
+    return IngestReport(window, senders, {}, {}, {}, 0, 0, 0, len(series), 0)
 
 
 def worker(role: str, name: str, phases: dict[str, float], batches: int, tokens_per_batch: int = 4096,

@@ -140,7 +140,8 @@ def daemon_with_facts(facts) -> tuple[Daemon, Recorder]:
 
 
 def test_daemon_computes_the_insight_once_per_window() -> None:
-    daemon, recorder = daemon_with_facts(lambda: GpuFacts({"6": frozenset({"hw_thermal_slowdown"})}, {"6": "drafter"}))
+    hot = GpuFacts({"6": frozenset({"hw_thermal_slowdown"})}, {"6": "drafter"})
+    daemon, recorder = daemon_with_facts(lambda *_: hot)
     rep = drafter_bound_report()
     daemon._on_window(rep)
     [window] = recorder.windows

@@ -112,8 +112,13 @@ def test_explain_names_what_a_plain_loop_lacks() -> None:
     missing = data["missing"]
     assert [m["input"] for m in missing["input-bound"]] == ["trainer data_wait"]
     assert missing["input-bound"][0]["supply"].startswith('timing("data_wait_ms", ...)')
-    assert "host-bound (single role)" not in missing  # every occurrence: no step timing needed
+    assert "host-bound" not in missing  # every occurrence, compute timed: no step timing needed
+    assert [m["input"] for m in missing["step breakdown (every verdict's confidence)"]] == [
+        "trainer optimizer", "trainer step"]
     assert "GPU busy share (NVML disabled" in missing["compute-bound"][0]["input"]
     assert "throttled" in missing and "straggler" in missing
-    assert missing["target-bound / queue-starved / host-bound (DFlash)"][0]["supply"].startswith(
+    assert not any("DFlash" in k for k in missing)  # a single-role loop gets no DFlash lines
+    dflash = explain_data(pipeline({"forward": 80}, {"forward": 10}), Mapper())["missing"]
+    assert dflash["target-bound / queue-starved / input-bound (DFlash)"][0]["supply"].startswith(
         'timing("drafter.queue_wait_ms", ...)')
+    assert "input-bound" not in dflash and "host-bound" not in dflash

@@ -67,14 +67,16 @@ def test_queue_starved_without_target_timings() -> None:
     assert v.name == "queue-starved" and v.detail == "no target timings"
 
 
-def test_host_bound_targets_wait_on_data() -> None:
+def test_input_bound_targets_wait_on_data() -> None:
+    # one word, one meaning: the data loader is input-bound in the DFlash rules too (was host-bound)
     v = verdict_of(pipeline({"data_wait": 60, "forward": 30, "pack": 3}, DRAFTER | {"queue_wait": 30}))
-    assert v.name == "host-bound" and evidence(v)["target.data_wait"] == pytest.approx(60 / 93)
+    assert v.name == "input-bound" and evidence(v)["target.data_wait"] == pytest.approx(60 / 93)
+    assert v.detail == "formerly host-bound"
 
 
-def test_host_bound_drafters_wait_on_data() -> None:
+def test_input_bound_drafters_wait_on_data() -> None:
     v = verdict_of(pipeline(TARGET | {"queue_put_wait": 30}, DRAFTER | {"data_wait": 20}))
-    assert v.name == "host-bound" and "drafter.data_wait" in evidence(v)
+    assert v.name == "input-bound" and "drafter.data_wait" in evidence(v)
 
 
 def test_straggler_in_the_limiting_role() -> None:
@@ -164,4 +166,4 @@ def test_verdict_text_and_settings_are_immutable() -> None:
         v.name = "balanced"  # type: ignore[misc]
     assert list(VERDICT_CODES) == ["unknown", "balanced", "target-bound", "drafter-bound", "queue-starved",
                                    "host-bound", "throttled", "straggler", "input-bound", "communication-bound",
-                                   "compute-bound"]
+                                   "compute-bound", "idle"]

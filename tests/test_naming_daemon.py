@@ -48,7 +48,7 @@ SEED = {
                       "drafter.queue_get_ms": 0.5, "drafter.forward_ms": 40, "drafter.backward_ms": 80},
     "queue-starved": {"target.model_forward_ms": 60, "target.pack_hidden_ms": 90, "target.queue_put_ms": 1,
                       "drafter.queue_get_ms": 50, "drafter.forward_ms": 16, "drafter.backward_ms": 26},
-    "host-bound": {"target.data_wait_ms": 120, "target.model_forward_ms": 60, "target.pack_hidden_ms": 6,
+    "input-bound": {"target.data_wait_ms": 120, "target.model_forward_ms": 60, "target.pack_hidden_ms": 6,
                    "target.queue_put_ms": 0.5, "drafter.queue_get_ms": 60, "drafter.forward_ms": 16,
                    "drafter.backward_ms": 26},
 }
@@ -92,7 +92,7 @@ def test_seed_profile_dict_from_one_monitor_thread_gets_real_verdicts(tmp_path: 
     d = DaemonProc(tmp_path)
     mon = Monitor(tmp_path, d.endpoint, SEED["balanced"])
     try:
-        for expected in ("balanced", "target-bound", "drafter-bound", "queue-starved", "host-bound", "balanced"):
+        for expected in ("balanced", "target-bound", "drafter-bound", "queue-starved", "input-bound", "balanced"):
             mon.set(SEED[expected])
             wait_for(lambda expected=expected: verdict(d) == expected, timeout_s=20, what=f"verdict {expected}")
         # the roles came from the keys, the channel's role (monitor) carries none of the timings
@@ -119,8 +119,11 @@ def test_explain_lists_series_mappings_and_what_each_verdict_lacks(tmp_path: Pat
         assert "monitor/3 timing 'loader.3.fetch_ms' -> data_wait [mapping[1]; snapshot]" in text
         assert "drafter/0 timing 'forward_ms' -> forward [key grammar + preset dflash; snapshot]" in text
         assert "monitor/0 timing 'mystery_ms' -> unmapped [-; snapshot]" in text
-        assert "drafter queue_wait: timing(\"drafter.queue_wait_ms\", ...)" in text
-        assert 'mapping = [{ match = "<your name>", role = "drafter", phase = "queue_wait" }]' in text
+        # in the form this trainer publishes: a key of its profile dict
+        assert 'drafter queue_wait: "drafter.queue_wait_ms": <ms> in the dict you publish(step, {...})' in text
+        assert 'a [[mapping]] block in the config with match = "<your name>", role = "drafter", phase = "queue_wait"' \
+            in text
+        assert '# [[mapping]]\n# match = "mystery_ms"\n# phase = "<one of:' in text  # no guess: commented out
         assert "mapping rules that matched no series yet:\n  match = 'never.*.seen_ms' -> comm_wait" in text
         data = json.loads(explain(d, "--json"))
         assert {"verdict", "series", "missing", "unused_rules"} <= set(data)
@@ -178,7 +181,7 @@ def test_idle_attribution_follows_fake_nvml_utilization_per_gpu(tmp_path: Path) 
     fake.gpu(1, gpm_supported=1, gpm_sm_util=60, utilization_gpu=100)  # drafters': GPM says idle 0.4
     d = DaemonProc(tmp_path, "--nvml-interval", "0.2", "--gpu-group", "target=0", "--gpu-group", "drafter=1", gpu=True,
                    extra_env={"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(fake.path)})
-    mon = Monitor(tmp_path, d.endpoint, SEED["host-bound"])
+    mon = Monitor(tmp_path, d.endpoint, SEED["input-bound"])
 
     def idle() -> dict[str, dict[str, float]]:
         samples = d.samples()

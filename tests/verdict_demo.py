@@ -22,7 +22,7 @@ from pathlib import Path
 from tests.daemon_harness import ROOT, free_port
 
 _DFLASH = {"none": "balanced", "target": "target-bound", "drafter": "drafter-bound", "queue": "queue-starved",
-           "host": "host-bound", "straggler": "straggler"}
+           "host": "input-bound", "straggler": "straggler"}
 _LOOP = {"none": "balanced", "input": "input-bound", "host": "host-bound", "comm": "communication-bound",
          "straggler": "straggler"}
 SCENARIOS: dict[str, tuple[list[str], str, str]] = {
@@ -35,7 +35,8 @@ SCENARIOS: dict[str, tuple[list[str], str, str]] = {
     **{f"snap-{b}": (["--style", "generic", "--form", "snapshot", "--profile-interval", "0.5", "--bottleneck", b],
                      v, "") for b, v in _LOOP.items()},
 }
-"""Scenario -> (demo arguments, expected verdict, fake-NVML set-up or ""). ``throttled``: the
+"""Scenario -> (demo arguments, expected verdict, fake-NVML set-up or ""). The DFlash ``host``
+bottleneck (targets wait on the data loader) is ``input-bound``: one word, one meaning. ``throttled``: the
 balanced demo with the fake driver reporting hw_slowdown on the drafters' GPU; ``loop-compute``:
 the balanced loop on a GPU whose GPM SM activity reads 97 %; ``loop-throttled``: on a GPU at 60 %
 in hw_slowdown. The seed-style dict is per-batch means over all workers, so it carries no

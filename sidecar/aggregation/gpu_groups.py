@@ -167,8 +167,12 @@ class GpuAggregates:
     Nothing here calls NVML: a read costs what the aggregation of one snapshot costs."""
 
     def __init__(self, groups: GpuGroups, latest: Callable[[], GpuSnapshot | None] | None = None,
-                 status: Callable[[], NvmlStatus] | None = None) -> None:
+                 status: Callable[[], NvmlStatus] | None = None,
+                 recent: Callable[[float], tuple[GpuSnapshot, ...]] | None = None) -> None:
+        """``recent(seconds)``: the snapshots of that many last seconds (the source's), for a
+        window's busy share; without it, the latest poll stands for the window."""
         self.groups = groups
+        self._recent = recent
         self._latest = latest or (lambda: None)
         self._status = status or (lambda: NVML_DISABLED)
         self._warned_unknown = False
@@ -177,10 +181,12 @@ class GpuAggregates:
         """The GPUs now (for a scrape, or a window's W&B row)."""
         return gpu_view(self._latest(), self._status(), self.groups)
 
-    def facts(self) -> GpuFacts | None:
-        """Active clock-event (throttle) reasons, the group and the busy share of each GPU (GPM SM
-        activity where the GPU has it, else NVML utilization; latest poll), for the insight; None
-        before the first snapshot or without NVML. Warns once about configured GPUs this host lacks."""
+    def facts(self, window_s: float | None = None) -> GpuFacts | None:
+        """Active clock-event (throttle) reasons (latest poll), the group and the busy share of each
+        GPU (GPM SM activity where the GPU has it, else NVML utilization), for the insight: the
+        mean over the polls of the last ``window_s`` seconds when given (and the source keeps
+        them), else the latest poll's; None before the first snapshot or without NVML. Warns once
+        about configured GPUs this host lacks."""
         snapshot = self._latest()
         if snapshot is None:
             return None
@@ -191,6 +197,13 @@ class GpuAggregates:
         events = {str(r.index): frozenset(name for name, on in (r.clock_events() or ()) if on)
                   for r in snapshot.gpus if r.up}
         roles = {str(gpu): group for group, gpus in self.groups.resolve(snapshot).items() for gpu in gpus}
-        busy = {str(r.index): r.sm_activity_ratio if r.sm_activity_ratio is not None else r.utilization_ratio
-                for r in snapshot.gpus if r.up and (r.sm_activity_ratio is not None or r.utilization_ratio is not None)}
-        return GpuFacts(events, roles, busy)  # type: ignore[arg-type]  # None filtered out above
+        polls = (self._recent(window_s) if self._recent is not None and window_s else ()) or (snapshot,)
+        samples: dict[str, list[float]] = {}
+        for snap in polls:
+            for r in snap.gpus:
+                value = r.sm_activity_ratio if r.sm_activity_ratio is not None else r.utilization_ratio
+                if r.up and value is not None:
+                    samples.setdefault(str(r.index), []).append(value)
+        up = {str(r.index) for r in snapshot.gpus if r.up}
+        busy = {gpu: sum(v) / len(v) for gpu, v in samples.items() if gpu in up}
+        return GpuFacts(events, roles, busy)

@@ -20,17 +20,28 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sidecar.aggregation.series import entropy_bits
-from sidecar.aggregation.verdict import InsightSettings, RoleFacts, decide
+from sidecar.aggregation.verdict import OTHER_SHARE, UNATTRIBUTED_SHARE, InsightSettings, RoleFacts, decide
 from sidecar.model.insight import GpuFacts, PipelineInsight, RoleInsight, WorkerInsight
 from sidecar.model.meanings import BUSY_PHASES, PHASES, WAIT_PHASES  # noqa: F401 - re-exported
-from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, SeriesView, WindowReport
+from sidecar.model.window import CATEGORY, COUNT, GAUGE, LIVE_S, TIMING, SenderView, SeriesView, WindowReport
 
-OTHER = "other"
-"""Wall time not covered by any phase timing (Python overhead, logging, untracked work)."""
+OTHER = OTHER_SHARE
+"""The gap no timing covers: host time between the timed phases (Python overhead, logging). Told
+only when it is measured: every occurrence, the part of the worker's alive time outside every
+timing; snapshots, the part of its ``step`` outside every timing (absent without ``step``)."""
+
+UNATTRIBUTED = UNATTRIBUTED_SHARE
+"""Time in timings that map to no meaning (a phase under a name no preset or rule knows)."""
+
+COMPUTE_PHASES = ("forward", "backward", "forward_backward")
+"""A worker that times none of these leaves its model's own work untimed: its gap is not host time."""
+
+STRAGGLER_MIN_STEP_SHARE = 0.1
+"""A straggler's extra busy time per batch must be at least this share of its step (0-1)."""
 
 SNAPSHOT_MAX_AGE_WINDOWS = 3.5
 """A snapshot series without a new snapshot in a window keeps its last mean this many windows."""
@@ -43,10 +54,12 @@ IDLE_REASONS = {"data": ("data_wait",), "queue": ("queue_wait", "queue_put_wait"
 class _Worker:
     """The series of one (role, worker) in a window, by (kind, name)."""
 
-    __slots__ = ("views", "stale")
+    __slots__ = ("views", "stale", "unmapped")
 
     def __init__(self) -> None:
         self.views: dict[tuple[int, str], SeriesView] = {}
+        self.unmapped: dict[str, SeriesView] = {}
+        """Timings that map to no meaning, by the name they are kept under (with data this window)."""
         self.stale: dict[tuple[int, str], SeriesView] = {}
         """Series without data this window (for values published once, e.g. a capacity)."""
 
@@ -86,8 +99,11 @@ class _Worker:
 def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
     roles: dict[str, dict[str, _Worker]] = defaultdict(dict)
     stale: list[SeriesView] = []
+    unmapped: list[SeriesView] = []
     for view in series:
         if not view.meaning:
+            if view.kind == TIMING and view.window is not None:
+                unmapped.append(view)
             continue
         if view.window is None:
             stale.append(view)
@@ -103,22 +119,48 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
             w = roles[view.role].setdefault(view.worker, _Worker())
         if w is not None:
             w.stale[view.kind, view.meaning] = view
+    for view in unmapped:  # only beside mapped series: a worker of unmapped names alone is not read
+        w = roles.get(view.role, {}).get(view.worker)
+        if w is not None:
+            w.unmapped[view.raw or view.name] = view
     return dict(roles)
 
 
+def alive_seconds(senders: Sequence[SenderView], duration_s: float) -> dict[str, dict[str, tuple[float, bool]]]:
+    """Role -> worker -> (seconds of the window, of ``duration_s`` ending now, its senders were
+    alive; whether one started inside it): alive from the first message the daemon had from it
+    (or the window's start) to its last (or the window's end). Records arrive when they are
+    flushed, every 0.1 s, so a running sender's last message is at most a flush old; one that
+    exited stops there. A label with several senders (a restart) counts the longest."""
+    out: dict[str, dict[str, tuple[float, bool]]] = defaultdict(dict)
+    for s in senders:
+        first = s.first_seen_age_s if s.first_seen_age_s is not None else math.inf
+        start = max(0.0, duration_s - first)
+        end = min(duration_s, duration_s - max(0.0, s.last_seen_age_s))
+        seconds = max(0.0, end - start)
+        worker = out[s.role]
+        before = worker.get(s.worker, (0.0, False))
+        worker[s.worker] = (max(before[0], seconds), before[1] or first < duration_s)
+    return dict(out)
+
+
 def compute_insight(window: WindowReport, settings: InsightSettings | None = None,
-                    gpus: GpuFacts | None = None) -> PipelineInsight:
+                    gpus: GpuFacts | None = None, senders: Sequence[SenderView] | None = None) -> PipelineInsight:
     """The insight for one window. Never raises on odd input: missing series give ``None``
-    metrics and, without pipeline data, the verdict ``unknown``."""
+    metrics and, without pipeline data, the verdict ``unknown``. ``senders``: the window's
+    senders (``IngestReport.senders``), to weigh each worker by the part of the window it was
+    alive and to say ``idle`` when none is live; None (synthetic windows): every worker counts the
+    whole window."""
     settings = settings or InsightSettings()
     duration = window.duration_s
     roles_data = _group(window.series)
+    alive = _alive_by_series_label(roles_data, senders, duration)
     roles: dict[str, RoleInsight] = {}
     workers: list[WorkerInsight] = []
     for role, members in sorted(roles_data.items()):
         role_workers = _worker_insights(role, members, duration, settings.straggler_score)
         workers.extend(role_workers)
-        roles[role] = _role_insight(role, members, role_workers, duration)
+        roles[role] = _role_insight(role, members, role_workers, duration, alive.get(role, {}))
     target = roles_data.get(settings.target_role, {})
     drafter = roles_data.get(settings.drafter_role, {})
     t_rate = roles[settings.target_role].batches_per_s if settings.target_role in roles else None
@@ -127,13 +169,15 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
     ready_deficit = drafter_role.time_share.get("queue_wait") if drafter_role else None
     composition = drafter or target
     throttled = throttled_gpus(gpus, settings.throttle_reasons)
-    facts = {r: RoleFacts(r, ri.time_share, tuple(w for w in workers if w.role == r)) for r, ri in roles.items()}
+    facts = {r: RoleFacts(r, ri.time_share, tuple(w for w in workers if w.role == r), ri.unmapped,
+                          ri.host_measured) for r, ri in roles.items()}
     queue_fill = _fill(list(target.values()) + list(drafter.values()), "queue_depth", "queue_capacity")
     if queue_fill is None:
         queue_fill = _gauge_mean(list(target.values()) + list(drafter.values()), "queue_fill")
     busy = role_busy(gpus, roles)
+    live = None if senders is None else sum(1 for s in senders if s.last_seen_age_s <= LIVE_S)
     verdict = decide(facts, duration, ready_deficit, queue_fill, throttled, gpus.roles if gpus else {}, settings,
-                     busy)
+                     busy, live)
     return PipelineInsight(
         end_unix_s=window.end_unix_s,
         duration_s=duration,
@@ -150,6 +194,18 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
         verdict=verdict,
         gpu_idle=idle_attribution(busy, roles),
     )
+
+
+def _alive_by_series_label(roles_data: Mapping[str, Mapping[str, _Worker]], senders: Sequence[SenderView] | None,
+                           duration: float) -> dict[str, dict[str, tuple[float, bool]]]:
+    """Role -> worker -> (alive seconds, started in the window) for the labels the series carry.
+    A series whose role or worker came from its key (one monitor thread publishing every role)
+    has no sender of its own: it counts the longest-alive sender of the window."""
+    if senders is None:
+        return {}
+    by_label = alive_seconds(senders, duration)
+    longest = max((v for ws in by_label.values() for v in ws.values()), default=(0.0, False))
+    return {role: {w: by_label.get(role, {}).get(w, longest) for w in members} for role, members in roles_data.items()}
 
 
 def role_busy(gpus: GpuFacts | None, roles: Mapping[str, RoleInsight]) -> dict[str, float]:
@@ -170,11 +226,15 @@ def idle_attribution(busy: Mapping[str, float], roles: Mapping[str, RoleInsight]
     """Per GPU group: its idle share (1 - busy) split by what the group's role did meanwhile.
     The role's waiting shares (``IDLE_REASONS``) are taken as GPU idle time; when they add up to
     more than the idle share they are scaled down to it, and what they leave unexplained is
-    ``unexplained`` (e.g. gaps between kernels inside compute phases). Parts sum to ``idle``."""
+    ``unexplained`` (e.g. gaps between kernels inside compute phases, time in unmapped timings,
+    or a gap that is not measured host time). Parts sum to ``idle``."""
     out: dict[str, dict[str, float]] = {}
     for group, b in busy.items():
         idle = 1.0 - b
-        share = roles[group].time_share if group in roles else {}
+        role = roles.get(group)
+        share = dict(role.time_share) if role is not None else {}
+        if role is not None and not role.host_measured:
+            share.pop(OTHER, None)
         parts = {reason: sum(share.get(p, 0.0) for p in phases) for reason, phases in IDLE_REASONS.items()}
         explained = sum(parts.values())
         if explained > idle:
@@ -195,22 +255,28 @@ def _worker_insights(role: str, members: dict[str, _Worker], duration: float,
                      straggler_score: float) -> list[WorkerInsight]:
     """Per-worker rates and relative scores. The score compares median busy time per batch
     (best / own) when every worker of the role reports work phases, else batch rates
-    (own / best): a worker that is slow at its own work, not one that waits for input."""
+    (own / best): a worker that is slow at its own work, not one that waits for input. A worker
+    whose extra busy time is under ``STRAGGLER_MIN_STEP_SHARE`` of its step is not flagged: a
+    few milliseconds of noise on a step of a few milliseconds of work limit nothing."""
     rates = {name: w.counter("batches", "rate") for name, w in members.items()}
     busy = {name: _busy_ms(w) for name, w in members.items()}
     scores: dict[str, float | None] = dict.fromkeys(members)
+    negligible: set[str] = set()
     if len(members) >= 2:
         if all(b is not None and b > 0 for b in busy.values()):
             best = min(b for b in busy.values() if b is not None)
             scores = {n: best / b for n, b in busy.items() if b is not None}
+            negligible = {n for n, b in busy.items() if b is not None and rates[n] > 0
+                          and (b - best) * rates[n] / 1000.0 < STRAGGLER_MIN_STEP_SHARE}
         elif max(rates.values()) > 0:
             best_rate = max(rates.values())
             scores = {n: r / best_rate for n, r in rates.items()}
     out = []
     for name in sorted(members, key=_worker_key):
         score = scores.get(name)
+        flagged = score is not None and score < straggler_score and name not in negligible
         out.append(WorkerInsight(role, name, rates[name], members[name].counter("tokens", "rate"),
-                                 busy[name], score, score is not None and score < straggler_score))
+                                 busy[name], score, flagged))
     return out
 
 
@@ -224,68 +290,103 @@ def _busy_ms(w: _Worker) -> float | None:
 
 
 def _role_insight(role: str, members: dict[str, _Worker], workers: list[WorkerInsight],
-                  duration: float) -> RoleInsight:
+                  duration: float, alive: Mapping[str, tuple[float, bool]]) -> RoleInsight:
     rates = [w.batches_per_s for w in workers]
     cv = None
     if len(rates) >= 2:
         mean = sum(rates) / len(rates)
         if mean > 0:
             cv = math.sqrt(sum((r - mean) ** 2 for r in rates) / len(rates)) / mean
-    return RoleInsight(role, len(members), sum(rates), sum(w.tokens_per_s for w in workers), cv,
-                       _time_share(members, duration))
+    shares, unmapped, measured = _time_share(members, duration, alive)
+    return RoleInsight(role, len(members), sum(rates), sum(w.tokens_per_s for w in workers), cv, shares,
+                       unmapped, measured)
 
 
-def _time_share(members: dict[str, _Worker], duration: float) -> dict[str, float]:
-    """Phase -> share of wall time, averaged over the role's workers (module docstring: both
-    forms). Every occurrence: each phase is the window's sum of that timing over ``duration``;
-    ``other`` is what no phase covers; shares are scaled down when their sum exceeds 1 (a step
-    that began in the previous window); a phase published before but not in this window counts
-    0. Snapshots: each phase's per-batch mean over the cycle (the ``step`` mean, else the sum of
-    the phase means); ``other`` is the part of ``step`` no phase covers (absent without
-    ``step``: it cannot be told)."""
+def _time_share(members: dict[str, _Worker], duration: float,
+                alive: Mapping[str, tuple[float, bool]]) -> tuple[dict[str, float], dict[str, float], bool]:
+    """(phase -> share of wall time, unmapped timing -> share, whether ``other`` is host time),
+    averaged over the role's workers, each weighted by the part of the window it was alive
+    (``alive``: worker -> (seconds, started in the window); a worker missing from it counts the
+    whole window; one alive for none of it is not read). Every occurrence: each phase (and each unmapped timing) is the
+    window's sum of that timing over the worker's alive time; ``other`` is what no timing covers;
+    shares are scaled down when their sum exceeds 1 (a step that began in the previous window,
+    or unmapped timings nested in mapped ones); a phase published before but not in this window
+    counts 0. Snapshots: each timing's per-batch mean over the cycle (the ``step`` mean, else the
+    sum of the means); ``other`` is the part of ``step`` no timing covers (absent without
+    ``step``: it cannot be told). ``other`` is host time only where every worker read times its
+    compute (``COMPUTE_PHASES``), else the gap may be the model's own untimed work; and, every
+    occurrence, not in the window its sender started in (what it sent before the daemon's
+    subscription reached it is lost by design, so that window's gap is not measured)."""
     if duration <= 0 or not members:
-        return {}
+        return {}, {}, False
     totals: dict[str, float] = defaultdict(float)
-    counted = 0
-    other_known = 0
+    unmapped: dict[str, float] = defaultdict(float)
+    weight_sum = other_weight = 0.0
+    measured = True
     max_age = SNAPSHOT_MAX_AGE_WINDOWS * duration
-    for w in members.values():
+    for name, w in members.items():
+        alive_s, started = alive.get(name, (duration, False))
+        alive_s = min(duration, alive_s)
         if any(w.snapshot(p) for p in PHASES):
             # A worker with a fresh snapshot this window is read from it alone (a phase missing
             # from it is not carried over); without one, its last snapshot stands while recent.
-            age = 0.0 if any(w.window(TIMING, p) for p in PHASES) else max_age
+            fresh = any(w.window(TIMING, p) for p in PHASES)
+            age = 0.0 if fresh else max_age
             means = {p: m for p in PHASES if (m := w.snapshot_mean(p, age)) is not None}
             if not means:
                 continue
+            # an unmapped timing sent every occurrence beside the snapshots (a user's own timer
+            # in a framework callback's step) counts its mean once per cycle
+            extra = {n: float(v.window["mean"]) for n, v in w.unmapped.items() if v.window}
             step = w.snapshot_mean("step", age) if w.snapshot("step") else None
             covered = sum(means.values())
             cycle = max(step or 0.0, covered)
             if cycle <= 0:
                 continue
-            counted += 1
+            room = max(0.0, cycle - covered)
+            spare = sum(extra.values())
+            fit = min(1.0, room / spare) if spare > 0 else 1.0
+            weight_sum += 1.0
             for phase, m in means.items():
                 totals[phase] += m / cycle
+            for n, m in extra.items():
+                unmapped[n] += m * fit / cycle
             if step:
-                other_known += 1
-                totals[OTHER] += max(0.0, 1.0 - covered / cycle)
+                other_weight += 1.0
+                totals[OTHER] += max(0.0, 1.0 - (covered + spare * fit) / cycle)
+            measured = measured and any(p in means for p in COMPUTE_PHASES)
+            continue
+        if alive_s <= 0:
             continue
         sums = {p: s for p in PHASES if (s := w.timing_sum_ms(p)) is not None}
         sums.update((p, 0.0) for p in PHASES if p not in sums and (TIMING, p) in w.stale)
         if not sums:
             continue
-        counted += 1
-        other_known += 1
-        covered = sum(sums.values()) / (duration * 1000.0)
+        wall_ms = alive_s * 1000.0
+        weight = alive_s / duration
+        weight_sum += weight
+        other_weight += weight
+        covered = sum(sums.values()) / wall_ms
         scale = 1.0 / covered if covered > 1.0 else 1.0
-        for phase, s in sums.items():
-            totals[phase] += s / (duration * 1000.0) * scale
-        totals[OTHER] += max(0.0, 1.0 - covered * scale)
-    if not counted:
-        return {}
-    out = {phase: value / counted for phase, value in totals.items() if phase != OTHER}
-    if other_known == counted:
-        out[OTHER] = totals[OTHER] / counted
-    return out
+        for phase, sm in sums.items():
+            totals[phase] += weight * sm / wall_ms * scale
+        extra = {n: float(v.window["sum"]) / wall_ms for n, v in w.unmapped.items() if v.window}
+        room = max(0.0, 1.0 - covered * scale)
+        spare = sum(extra.values())
+        fit = min(1.0, room / spare) if spare > 0 else 1.0
+        for n, share in extra.items():
+            unmapped[n] += weight * share * fit
+        totals[OTHER] += weight * max(0.0, room - spare * fit)
+        measured = measured and not started and any(sums.get(p) for p in COMPUTE_PHASES)
+    if weight_sum <= 0:
+        return {}, {}, False
+    out = {phase: value / weight_sum for phase, value in totals.items() if phase != OTHER}
+    by_name = {n: v / weight_sum for n, v in sorted(unmapped.items(), key=lambda kv: -kv[1])}
+    if by_name:
+        out[UNATTRIBUTED] = sum(by_name.values())
+    if other_weight == weight_sum:
+        out[OTHER] = totals[OTHER] / weight_sum
+    return out, by_name, measured and OTHER in out
 
 
 def _fill(members: list[_Worker], depth: str, capacity: str) -> float | None:

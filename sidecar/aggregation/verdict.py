@@ -5,29 +5,38 @@ the two roles, because whichever side of a bounded queue waits is not the limit:
 
 1. Drafters wait on an empty queue (ready deficit >= ``starved_ratio``): the supply side limits.
    Which part of it is read from the target workers' time breakdown: waiting for the host data
-   loader -> ``host-bound``; packing/handing off hidden states -> ``queue-starved``; both sides
+   loader -> ``input-bound``; packing/handing off hidden states -> ``queue-starved``; both sides
    waiting on each other (targets blocked on a full queue too) -> ``queue-starved`` (the queue is
    too small); targets busy in their forward pass -> ``target-bound``; no target timings to say
    more -> ``queue-starved``.
 2. Otherwise targets wait for room in a full queue (put-wait share >= ``backpressure_ratio``, or,
    without that timing, the queue fill >= ``queue_full_ratio``): the drafters limit ->
-   ``drafter-bound`` (``host-bound`` if the drafters themselves wait on the data loader).
+   ``drafter-bound`` (``input-bound`` if the drafters themselves wait on the data loader).
 3. Otherwise ``balanced``: neither side waits for the other.
+
+(Until 0.3 the DFlash rules said ``host-bound`` where they now say ``input-bound``; the detail
+says ``formerly host-bound`` for one release.)
 
 Two causes then override, because they explain the limit rather than locate it: ``throttled``
 when a GPU of the limiting role (or of an unknown role, or any GPU when balanced) reports a
 throttling clock-event reason; else ``straggler`` when a worker of the limiting role (any role
 when balanced) scores below ``straggler_score``. Windows shorter than ``MIN_WINDOW_S``, without
 data from either role, or with nothing that tells whether a side waits (no ``queue_wait`` or
-``queue_put_wait`` timing, no queue gauges) get ``unknown``.
+``queue_put_wait`` timing, no queue gauges) get ``unknown``; a window without a live trainer
+process gets ``idle``.
 
 Any other trainer (no target or drafter role, e.g. a plain training loop) gets the single-role
-rules on its main role (the one with the most workers that publishes phase timings), the largest
-signal over its threshold deciding: ``input-bound`` (``data_wait`` share >= ``host_wait_ratio``),
-``communication-bound`` (``comm_wait`` share >= ``comm_wait_ratio``), ``host-bound`` (the share no
-phase covers, ``other``, >= ``host_overhead_ratio``); else ``compute-bound`` when the role's GPUs
-are busy (GPM SM activity, else NVML utilization) >= ``compute_busy_ratio``; else ``balanced``.
-``throttled`` and ``straggler`` override as above.
+rules on its main role (the one with the most workers that publishes phase timings). Evidence
+first: where its GPUs have a busy reading (GPM SM activity, else NVML utilization), busy >=
+``compute_busy_ratio`` is ``compute-bound`` whatever the host-side shares say. Otherwise (GPUs
+idle, or no GPU reading) the largest wait over its threshold decides: ``input-bound``
+(``data_wait`` share >= ``host_wait_ratio``), ``communication-bound`` (``comm_wait`` share >=
+``comm_wait_ratio``), ``host-bound`` (``other`` >= ``host_overhead_ratio``, and only where
+``other`` is measured host time: the gap inside the worker's step, or its alive time, that no
+timing covers, from workers that time their own forward/backward); else ``balanced``. Time in
+unmapped timings (``unattributed``) never decides: it is named in the evidence and lowers the
+confidence by its share. ``throttled`` and ``straggler`` override as above, except that a
+straggler does not override ``compute-bound`` (busy GPUs are not idle waiting for it).
 
 Every verdict has a confidence (0-1): 0.5 at its deciding threshold, rising to 1 as the deciding
 number moves one threshold's worth past it (for ``balanced``: how far the largest signal stays
@@ -41,7 +50,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from sidecar.model.insight import Verdict
+from sidecar.model.insight import RENAMED_FROM_HOST_BOUND, Verdict
+from sidecar.model.meanings import BUSY_PHASES
+
+OTHER_SHARE = "other"
+"""The time-share key of the gap no timing covers (``sidecar.aggregation.insight.OTHER``)."""
+UNATTRIBUTED_SHARE = "unattributed"
+"""The time-share key of time in unmapped timings (``sidecar.aggregation.insight.UNATTRIBUTED``)."""
 
 MIN_WINDOW_S = 0.5
 """Windows shorter than this (the partial last window at shutdown) get ``unknown``."""
@@ -111,6 +126,10 @@ class RoleFacts:
     role: str
     time_share: Mapping[str, float]
     workers: tuple[_WorkerLike, ...]
+    unmapped: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Unmapped timing name -> share of wall time (``time_share["unattributed"]`` in parts)."""
+    host_measured: bool = False
+    """Whether ``time_share["other"]`` is measured host time (``sidecar.aggregation.insight``)."""
 
 
 def confidence(value: float, threshold: float) -> float:
@@ -122,11 +141,14 @@ def confidence(value: float, threshold: float) -> float:
 
 def decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: float | None,
            queue_fill: float | None, throttled: Mapping[str, tuple[str, ...]], gpu_roles: Mapping[str, str],
-           s: InsightSettings, gpu_busy: Mapping[str, float] | None = None) -> Verdict:
-    """Apply the rules above to one window. ``gpu_busy``: role -> busy share of its GPUs."""
+           s: InsightSettings, gpu_busy: Mapping[str, float] | None = None, live_senders: int | None = None) -> Verdict:
+    """Apply the rules above to one window. ``gpu_busy``: role -> busy share of its GPUs over
+    the window; ``live_senders``: how many trainer processes are live (None: not told)."""
     target, drafter = roles.get(s.target_role), roles.get(s.drafter_role)
     if duration_s < MIN_WINDOW_S:
         return Verdict("unknown", (("window_s", duration_s),), "window too short")
+    if live_senders == 0:
+        return Verdict("idle", (), "no live trainer")
     if target is None and drafter is None:
         timed = [f for f in roles.values() if f.time_share]
         if not timed:
@@ -150,7 +172,8 @@ def decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: flo
         evidence = _pairs((f"{s.target_role}.queue_put_wait", put_wait), ("queue_fill", queue_fill),
                           ("ready_deficit", ready_deficit))
         if data_wait >= s.host_wait_ratio:
-            base = Verdict("host-bound", _pairs((f"{s.drafter_role}.data_wait", data_wait)) + evidence[:2])
+            base = Verdict("input-bound", _pairs((f"{s.drafter_role}.data_wait", data_wait)) + evidence[:2],
+                           RENAMED_FROM_HOST_BOUND)
         else:
             base = Verdict("drafter-bound", evidence)
     elif ready_deficit is None and put_wait is None and queue_fill is None:
@@ -174,23 +197,46 @@ def _single_role(f: RoleFacts, busy: float | None, s: InsightSettings) -> tuple[
     share = f.time_share
     r = f.role
     gpu = _pairs(("gpu_busy", busy))
+    gap = share.get(OTHER_SHARE) if f.host_measured else None
     signals = [("input-bound", f"{r}.data_wait", share.get("data_wait"), s.host_wait_ratio),
                ("communication-bound", f"{r}.comm_wait", share.get("comm_wait"), s.comm_wait_ratio),
-               ("host-bound", f"{r}.other", share.get("other"), s.host_overhead_ratio)]
+               ("host-bound", f"{r}.other", gap, s.host_overhead_ratio)]
     known = [(n, k, v, t) for n, k, v, t in signals if v is not None]
+    evidence = tuple((k, v) for _, k, v, _ in known)
+    if busy is not None and busy >= s.compute_busy_ratio:
+        busy_share = sum(share.get(p, 0.0) for p in BUSY_PHASES)
+        v = Verdict("compute-bound", gpu + ((f"{r}.busy", busy_share),) + evidence[:2],
+                    confidence=confidence(busy, s.compute_busy_ratio))
+        return _unattributed(v, f), r
     over = [x for x in known if x[2] >= x[3]]
     if over:
         name, key, value, threshold = max(over, key=lambda x: x[2] / x[3])
-        rest = [(k, v) for _, k, v, _ in known if k != key]
-        return Verdict(name, ((key, value),) + gpu + tuple(rest), confidence=confidence(value, threshold)), r
-    busy_share = sum(share.get(p, 0.0) for p in ("forward", "backward", "optimizer", "pack"))
-    evidence = tuple((k, v) for _, k, v, _ in known) + gpu
-    if busy is not None and busy >= s.compute_busy_ratio:
-        return Verdict("compute-bound", gpu + ((f"{r}.busy", busy_share),) + evidence[:2],
-                       confidence=confidence(busy, s.compute_busy_ratio)), r
+        rest = tuple((k, v) for k, v in evidence if k != key)
+        v = Verdict(name, ((key, value),) + gpu + rest, confidence=confidence(value, threshold))
+        return _unattributed(v, f), r
     closest = max((v / t for _, _, v, t in known), default=0.0)
-    detail = "" if busy is not None else "no GPU busy data from NVML to tell compute-bound"
-    return Verdict("balanced", evidence, detail, confidence=confidence(min(closest, 1.0), 1.0)), r
+    if busy is None:
+        detail = "no GPU busy data from NVML to tell compute-bound"
+    else:
+        detail = f"GPUs {busy:.0%} busy, no wait over its threshold"
+    if OTHER_SHARE in share and not f.host_measured:
+        detail += "; the gap between timings is not host time: no forward/backward timing"
+    v = Verdict("balanced", evidence + gpu, detail, confidence=confidence(min(closest, 1.0), 1.0))
+    return _unattributed(v, f), r
+
+
+def _unattributed(v: Verdict, f: RoleFacts) -> Verdict:
+    """Name the time in unmapped timings in the verdict's evidence and lower its confidence by
+    that share: it never decides, but the verdict may be wrong by as much."""
+    share = f.time_share.get(UNATTRIBUTED_SHARE, 0.0)
+    if share <= 0.01 or not f.unmapped:
+        return v
+    name, part = next(iter(f.unmapped.items()))
+    note = (f"{part:.0%} of the step in {name}" + (f" and {len(f.unmapped) - 1} more" if len(f.unmapped) > 1 else "")
+            + ", unmapped: add a rule, see dflash-sidecar explain")
+    return replace(v, evidence=v.evidence + ((f"{f.role}.unattributed", share),),
+                   detail=f"{v.detail}; {note}" if v.detail else note,
+                   confidence=round(v.confidence * max(0.0, 1.0 - share), 3))
 
 
 def _supply_verdict(deficit: float, t_share: Mapping[str, float], put_wait: float | None,
@@ -204,7 +250,7 @@ def _supply_verdict(deficit: float, t_share: Mapping[str, float], put_wait: floa
         return Verdict("queue-starved", head + ((f"{s.target_role}.queue_put_wait", put_wait),),
                        "both sides wait: queue too small")
     if data_wait >= s.host_wait_ratio and data_wait >= pack:
-        return Verdict("host-bound", head + ((f"{s.target_role}.data_wait", data_wait),))
+        return Verdict("input-bound", head + ((f"{s.target_role}.data_wait", data_wait),), RENAMED_FROM_HOST_BOUND)
     if pack >= s.handoff_ratio:
         return Verdict("queue-starved", head + ((f"{s.target_role}.pack", pack),))
     if forward is not None:
@@ -219,6 +265,8 @@ def _override(base: Verdict, limit: str | None, roles: Mapping[str, RoleFacts],
         detail = " ".join(f"gpu{g}:{'+'.join(r)}" for g, r in hot.items())
         return Verdict("throttled", (("throttled_gpus", float(len(hot))),) + base.evidence[:2],
                        f"{detail}, otherwise {base.name}", 1.0)
+    if base.name == "compute-bound":
+        return base  # the GPUs are busy: a slow worker is not what leaves them idle
     if limit is None:
         candidates = list(roles.values())
     else:
@@ -241,7 +289,7 @@ class Hysteresis:
     """Keeps the shown verdict from flapping on noise: a new verdict replaces the shown one only
     when it is decided in ``windows`` consecutive windows, or at once when its confidence is at
     least ``strong`` (a clear change is not delayed). Until then the shown verdict stays, its
-    detail naming the candidate. The first verdict, and any after ``unknown``, is taken at once;
+    detail naming the candidate. The first verdict, and any after ``unknown`` or ``idle``, is taken at once;
     a too-short window (the flush at shutdown) changes nothing. Not thread-safe: the ingest
     thread owns it."""
 
@@ -257,7 +305,7 @@ class Hysteresis:
         if v.name == "unknown" and v.detail == "window too short":
             return v
         shown = self.shown
-        if shown is None or shown.name == "unknown" or v.name == shown.name or v.confidence >= self.strong:
+        if shown is None or shown.name in ("unknown", "idle") or v.name == shown.name or v.confidence >= self.strong:
             return self._take(v)
         if v.name == self._candidate:
             self._seen += 1

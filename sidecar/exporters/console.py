@@ -54,7 +54,7 @@ def format_insight(insight: PipelineInsight) -> str:
     """``verdict drafter-bound (target.queue_put_wait=0.64 queue_fill=0.97) | drafter 82.0 b/s ...``:
     the verdict with its evidence, then the headline numbers."""
     v = insight.verdict
-    parts = [f"verdict {v.text()}" + (f" confidence {v.confidence:.2f}" if v.name != "unknown" else "")]
+    parts = [f"verdict {v.text()}" + (f" confidence {v.confidence:.2f}" if v.name not in ("unknown", "idle") else "")]
     rates = [f"{r.role} {r.batches_per_s:.1f} b/s" for r in insight.roles.values() if r.batches_per_s > 0]
     if rates:
         parts.append(", ".join(rates))

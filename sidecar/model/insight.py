@@ -14,10 +14,17 @@ from dataclasses import dataclass, field
 VERDICT_CODES: dict[str, int] = {
     "unknown": 0, "balanced": 1, "target-bound": 2, "drafter-bound": 3, "queue-starved": 4,
     "host-bound": 5, "throttled": 6, "straggler": 7, "input-bound": 8, "communication-bound": 9,
-    "compute-bound": 10,
+    "compute-bound": 10, "idle": 11,
 }
-"""Each verdict and its numeric code (the W&B ``pipeline/verdict_code``)."""
+"""Each verdict and its numeric code (the W&B ``pipeline/verdict_code``). ``host-bound`` (5) means
+host overhead between timed phases everywhere; until 0.3 the DFlash rules also said ``host-bound``
+for targets waiting on the data loader, which is now ``input-bound`` (8) there too
+(``RENAMED_FROM_HOST_BOUND``). ``idle``: no live trainer sent anything in the window."""
 VERDICTS = tuple(VERDICT_CODES)
+
+RENAMED_FROM_HOST_BOUND = "formerly host-bound"
+"""The alias of the renamed DFlash label, kept one release: a DFlash ``input-bound`` verdict's
+detail says it, so a search for the old word in logs and W&B still finds it (docs/METRICS.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +80,9 @@ class WorkerInsight:
 @dataclass(frozen=True, slots=True)
 class RoleInsight:
     """One role in one window. ``time_share``: phase -> share of the role's wall time (mean over
-    its workers, 0-1, including ``other``); empty when the role publishes no phase timing.
+    its workers weighted by the part of the window each was alive, 0-1): the mapped phases,
+    ``unattributed`` (timings that map to no meaning) and ``other`` (the gap no timing covers,
+    when it can be told); empty when the role publishes no phase timing.
     ``rate_cv``: coefficient of variation of its workers' batch rates (None below 2 workers)."""
 
     role: str
@@ -82,6 +91,12 @@ class RoleInsight:
     tokens_per_s: float
     rate_cv: float | None
     time_share: dict[str, float]
+    unmapped: dict[str, float] = field(default_factory=dict)
+    """Unmapped timing name -> its share of the role's wall time (the parts of ``time_share``'s
+    ``unattributed``), largest first."""
+    host_measured: bool = False
+    """True when ``other`` is measured host time: every worker counted times its own work
+    (forward, backward or forward_backward), so the gap is not untimed model work."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "comm_wait": ("wait", "waiting in collectives: all-reduce, all-gather, barrier, NCCL sync"),
     "forward": ("busy", "forward pass of one batch"),
     "backward": ("busy", "backward pass of one batch"),
+    "forward_backward": ("busy", "forward and backward of one batch, timed as one phase (a framework hook pair)"),
     "optimizer": ("busy", "optimizer step"),
     "pack": ("busy", "packing / copying one batch's hidden states for the drafters"),
     "step": ("cycle", "the whole step of one batch (its phases and everything between them)"),

@@ -114,6 +114,8 @@ class SenderView:
     messages_lost: int
     rejected: dict[str, int]
     sender_dropped: dict[str, int]
+    first_seen_age_s: float | None = None
+    """Seconds since the daemon had this sender's first message (None: not told)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from collections.abc import Iterable
 from typing import Any
 
 from sidecar.model.meanings import CATEGORY, COUNT, GAUGE, MEANINGS, SCALAR, TIMING
@@ -16,59 +17,89 @@ from sidecar.processing.mapping import Mapper
 
 KIND_NAMES = {TIMING: "timing", COUNT: "counter", GAUGE: "gauge", CATEGORY: "category", SCALAR: "scalar"}
 
-INPUTS: dict[str, tuple[tuple[str, str], ...]] = {
-    "target-bound / queue-starved / host-bound (DFlash)": (("drafter", "queue_wait"), ("target", "forward"),
-                                                          ("target", "pack"), ("target", "data_wait")),
+DFLASH_INPUTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "target-bound / queue-starved / input-bound (DFlash)": (("drafter", "queue_wait"), ("target", "forward"),
+                                                           ("target", "pack"), ("target", "data_wait")),
     "drafter-bound (DFlash)": (("target", "queue_put_wait"), ("target", "queue_depth"), ("target", "queue_capacity")),
+}
+LOOP_INPUTS: dict[str, tuple[tuple[str, str], ...]] = {
     "input-bound": (("*", "data_wait"),),
     "communication-bound": (("*", "comm_wait"),),
-    "host-bound (single role)": (("*", "step"),),
-    "compute-bound": (("*", "forward"), ("*", "backward")),
+    "host-bound": (("*", "forward"), ("*", "backward"), ("*", "step")),
+    "step breakdown (every verdict's confidence)": (("*", "optimizer"), ("*", "step")),
 }
 """Verdict -> the (role, meaning) inputs it reads; ``*`` is the loop's own role (any role but the
-DFlash ones). Besides these: ``host-bound`` from snapshots needs ``step`` (every-occurrence timings
-do without), ``compute-bound`` and ``throttled`` need GPU telemetry, ``straggler`` two workers."""
+DFlash ones). Only the family of the roles seen is listed (both before any series). ``host-bound``
+needs the loop's compute timed (``forward`` and ``backward``, or ``forward_backward`` for both) and,
+from snapshots, ``step`` (every-occurrence timings do without); ``compute-bound`` and
+``throttled`` need GPU telemetry, ``straggler`` two workers."""
+INPUTS = {**DFLASH_INPUTS, **LOOP_INPUTS}
 
 GPU_SUPPLY = ("GPU telemetry on (not --no-gpu-metrics) on a box with NVML, and the GPUs' role: --gpu-group "
               "<role>=<ids>, or the trainer's hello (its process on the GPU)")
 
+PHASE_HINTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("comm_wait", ("comm", "reduce", "gather", "nccl", "barrier", "collective", "sync")),
+    ("data_wait", ("data", "load", "fetch", "input", "next_batch", "batch_wait")),
+    ("forward_backward", ("fwd_bwd", "forward_backward", "fwdbwd")),
+    ("optimizer", ("optim", "update", "opt_step", "adam", "sgd")),
+    ("backward", ("backward", "bwd", "grad")),
+    ("forward", ("forward", "fwd", "model")),
+    ("step", ("step", "iter")),
+)
+"""Phase guessed from words in an unmapped timing's name, first hit wins (``explain``'s config)."""
+TIMING_MEANINGS = ("data_wait", "forward", "backward", "forward_backward", "optimizer", "comm_wait", "step")
+
 
 def explain_data(report: Any, mapper: Mapper, gpu_missing: str | None = None) -> dict[str, Any]:
     """The mapping report of the latest window (``report``: an ``IngestReport`` or None).
-    ``gpu_missing``: why the insight has no GPU busy/throttle data (None when it has)."""
+    ``gpu_missing``: why the insight has no GPU busy/throttle data (None when it has). Its
+    ``config`` is TOML to paste into the config file: one ``[[mapping]]`` block per unmapped
+    timing, its phase guessed from the name (commented out where nothing in the name says)."""
     series = []
     present: set[tuple[str, str]] = set()
     snapshot_roles: set[str] = set()
     workers: dict[str, set[str]] = {}
+    unmapped: list[Any] = []
     if report is not None:
         for v in report.window.series:
             kind = KIND_NAMES.get(v.kind, str(v.kind))
             series.append({"kind": kind, "role": v.role, "worker": v.worker, "name": v.raw or v.name,
                            "meaning": v.meaning or "unmapped", "rule": v.rule or "-",
                            "form": "snapshot" if v.snapshot else "every occurrence"})
+            if v.snapshot:
+                snapshot_roles.add(v.role)
             if v.meaning:
                 present.add((v.role, v.meaning))
+                if v.meaning == "forward_backward":
+                    present |= {(v.role, "forward"), (v.role, "backward")}
                 workers.setdefault(v.role, set()).add(v.worker)
-                if v.snapshot:
-                    snapshot_roles.add(v.role)
+            elif v.kind == TIMING:
+                unmapped.append(v)
     insight = report.insight if report is not None else None
-    own = sorted(r for r in workers if r not in ("target", "drafter"))
+    dflash = {"target", "drafter"} | set(mapper.known_roles)
+    own = sorted(r for r in workers if r not in dflash)
     main = max(own, key=lambda r: (len(workers[r]), r)) if own else "*"
+    families: dict[str, tuple[tuple[str, str], ...]] = {}
+    if own or not workers:
+        families.update(LOOP_INPUTS)
+    if set(workers) & dflash or not workers:
+        families.update(DFLASH_INPUTS)
     missing: dict[str, list[dict[str, str]]] = {}
-    for verdict, needs in INPUTS.items():
+    for verdict, needs in families.items():
         lack = []
         for role, meaning in needs:
             want = main if role == "*" else role
-            if meaning == "step" and want not in snapshot_roles:
+            if meaning == "step" and want not in snapshot_roles and verdict == "host-bound":
                 continue  # every-occurrence timings tell host overhead without a step timing
             if (want, meaning) not in present:
                 lack.append({"input": f"{want if want != '*' else '<your role>'} {meaning}",
-                             "supply": supply_line(want, meaning, want in mapper.known_roles)})
-        if gpu_missing is not None and verdict == "compute-bound":
-            lack.append({"input": f"GPU busy share ({gpu_missing})", "supply": GPU_SUPPLY})
+                             "supply": supply_line(want, meaning, want in mapper.known_roles,
+                                                   want in snapshot_roles)})
         if lack:
             missing[verdict] = lack
     if gpu_missing is not None:
+        missing["compute-bound"] = [{"input": f"GPU busy share ({gpu_missing})", "supply": GPU_SUPPLY}]
         missing["throttled"] = [{"input": f"GPU clock-event reasons ({gpu_missing})", "supply": GPU_SUPPLY}]
     if not any(len(w) >= 2 for w in workers.values()):
         missing["straggler"] = [{"input": "two workers (ranks) of one role", "supply":
@@ -79,21 +110,68 @@ def explain_data(report: Any, mapper: Mapper, gpu_missing: str | None = None) ->
         "series": sorted(series, key=lambda s: (s["role"], s["worker"], s["name"])),
         "missing": missing,
         "unused_rules": [r.source for r in mapper.unused_rules()],
+        "config": mapping_config(unmapped, mapper.known_roles),
     }
 
 
-def supply_line(role: str, meaning: str, role_in_key: bool) -> str:
-    """How a trainer supplies one input: the preset name (with the role in the key when the key
-    grammar takes it there), or the mapping line for a name of its own."""
+def guess_phase(name: str) -> str | None:
+    """The phase an unmapped timing's name suggests (``PHASE_HINTS``), or None."""
+    token = name.lower()
+    for suffix in ("_ms", "_msec", "_millis"):
+        token = token.removesuffix(suffix)
+    for phase, words in PHASE_HINTS:
+        if any(w in token for w in words):
+            return phase
+    return None
+
+
+def mapping_config(unmapped: Iterable[Any], known_roles: Iterable[str]) -> str:
+    """TOML ``[[mapping]]`` blocks for the unmapped timings seen, each matching the name as the
+    trainer sends it (the dict key for ``publish()``, the name for ``timing()``); a name whose
+    role came from its key (``target.t_update_ms``) keeps that role."""
+    blocks: list[str] = []
+    seen: set[str] = set()
+    roles = set(known_roles)
+    for v in sorted(unmapped, key=lambda v: (v.role, v.raw or v.name)):
+        name = v.raw or v.name
+        sent = f"{v.role}.{name}" if v.rule == "key grammar" and v.role in roles else name
+        if sent in seen:
+            continue
+        seen.add(sent)
+        phase = guess_phase(name)
+        lines = ["[[mapping]]", f"match = {json.dumps(sent)}"]
+        if sent != name:
+            lines.append(f"role = {json.dumps(v.role)}")
+        form = "snapshot key" if v.snapshot else "timing()"
+        if phase is not None:
+            lines.append(f'phase = "{phase}"  # {form} of role {v.role}: phase guessed from the name, check it')
+            blocks.append("\n".join(lines))
+        else:
+            lines.append(f'phase = "<one of: {", ".join(TIMING_MEANINGS)}>"  # {form} of role {v.role}')
+            blocks.append("\n".join("# " + line for line in lines))
+    if not blocks:
+        return ""
+    head = ("# dflash-sidecar explain: rules for the timings sent under names no preset knows. Paste into the\n"
+            "# config file (--config FILE), check each phase, then send the daemon SIGHUP (or restart it).")
+    return head + "\n\n" + "\n\n".join(blocks) + "\n"
+
+
+def supply_line(role: str, meaning: str, role_in_key: bool, snapshot: bool = False) -> str:
+    """How a trainer supplies one input, in the form it publishes: the preset name (a key of the
+    dict it publishes, or a ``timing()`` name; with the role in the key when the key grammar
+    takes it there), or a ``[[mapping]]`` block for a name of its own."""
     cls = MEANINGS[meaning][0]
     call = {"wait": "timing", "busy": "timing", "cycle": "timing", "counter": "count", "gauge": "gauge",
             "category": "category"}[cls]
     suffix = "_ms" if call == "timing" else ""
     prefix = f"{role}." if role_in_key else ""
-    role_part = f'role = "{role}", ' if prefix else ""
+    role_part = f' role = "{role}",' if prefix else ""
     field = "phase" if call == "timing" else "meaning"
-    return (f'{call}("{prefix}{meaning}{suffix}", ...), or for a name of your own, in the config: '
-            f'mapping = [{{ match = "<your name>", {role_part}{field} = "{meaning}" }}]')
+    name = f"{prefix}{meaning}{suffix}"
+    how = (f'"{name}": <ms> in the dict you publish(step, {{...}})' if snapshot and call == "timing"
+           else f'{call}("{name}", ...)')
+    return (f'{how}; or, for a name of your own, a [[mapping]] block in the config with '
+            f'match = "<your name>",{role_part} {field} = "{meaning}"')
 
 
 def format_text(data: dict[str, Any]) -> str:
@@ -114,6 +192,8 @@ def format_text(data: dict[str, Any]) -> str:
     unused = data.get("unused_rules") or []
     if unused:
         lines += ["", "mapping rules that matched no series yet:"] + [f"  {u}" for u in unused]
+    if data.get("config"):
+        lines += ["", "config for the unmapped timings (paste into the --config file):", "", data["config"]]
     return "\n".join(lines)
 
 

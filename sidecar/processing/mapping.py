@@ -62,6 +62,7 @@ PRESETS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
                               "barrier", "grad_sync")),
     ("generic", "forward", ("forward_time", "fwd_time")),
     ("generic", "backward", ("backward_time", "bwd_time")),
+    ("generic", "forward_backward", ("forward_backward", "fwd_bwd", "forward_backward_time", "fwd_bwd_time")),
     ("generic", "optimizer", ("optimizer_time", "optim_time", "step_optimizer")),
     ("generic", "loss", ("loss", "train_loss")),
     ("generic", "lr", ("lr", "learning_rate")),

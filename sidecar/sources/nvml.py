@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,6 +35,9 @@ from sidecar.sources.nvml_gpm import GpmSampler
 from sidecar.sources.nvml_gpu import GpuReader
 
 _LOG = logging.getLogger("sidecar.nvml")
+
+RECENT_SNAPSHOTS = 256
+"""Polls ``recent`` keeps: over four minutes at the default 1 s interval (a window is 10 s)."""
 
 
 class NvmlSource:
@@ -83,6 +87,7 @@ class NvmlSource:
         self._reason = ""
         self._since: float | None = None
         self._latest: GpuSnapshot | None = None
+        self._recent: deque[GpuSnapshot] = deque(maxlen=RECENT_SNAPSHOTS)
         self._polls = 0
         self._trainer: Mapping[int, tuple[str, str]] = {}
         self._readers: list[GpuReader] = []
@@ -123,6 +128,13 @@ class NvmlSource:
     def latest(self) -> GpuSnapshot | None:
         """The newest snapshot (None before the first poll or without NVML). Never blocks."""
         return self._latest
+
+    def recent(self, within_s: float) -> tuple[GpuSnapshot, ...]:
+        """The snapshots of polls started within the last ``within_s`` seconds, oldest first (at
+        most ``RECENT_SNAPSHOTS``): what the insight averages a window's GPU busy share over."""
+        since = self._clock() - within_s
+        with self._lock:
+            return tuple(s for s in self._recent if s.taken_monotonic_s >= since)
 
     def set_trainer_processes(self, procs: Mapping[int, tuple[str, str]]) -> None:
         """Set the trainer processes to look for on the GPUs: ``{pid: (role, worker)}``.
@@ -295,6 +307,7 @@ class NvmlSource:
                                self._driver_version)
         with self._lock:
             self._latest = snapshot
+            self._recent.append(snapshot)
             self._polls += 1
             if self._state is NvmlState.STARTING:
                 self._state = NvmlState.AVAILABLE

@@ -44,10 +44,13 @@ class StepClock:
                 self._profile[name] = (t1 - t0) / 1e6
 
     def step_end(self, step: int, tokens: int | None = None) -> None:
-        """Publish the step's profile under ``step`` (the framework's global step)."""
+        """Publish the step's profile under ``step`` (the framework's global step). Its
+        ``step_ms`` runs from the previous step's end (the first step: its begin), so the data
+        wait lies inside it like every other phase."""
         now = perf_counter_ns()
         if self._begin is not None:
-            self._profile[names.STEP_MS] = (now - self._begin) / 1e6
+            start = self._last_end if self._last_end is not None else self._begin
+            self._profile[names.STEP_MS] = (now - start) / 1e6
         self._tm.publish(int(step), self._profile)
         self._tm.count(names.BATCHES)
         if tokens:

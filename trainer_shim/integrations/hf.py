@@ -3,9 +3,11 @@
     from trainer_shim.integrations.hf import SidecarCallback
     trainer = Trainer(..., callbacks=[SidecarCallback()])
 
-Per optimizer step it publishes the step (``state.global_step``) with ``step_ms``,
-``data_wait_ms`` (the gap between a step's end and the next step's begin, where the Trainer
-fetches the next batches) and ``optimizer_step_ms`` (from ``on_pre_optimizer_step`` to
+Per optimizer step it publishes the step (``state.global_step``) with ``step_ms`` (from the
+previous step's end to this one's), ``data_wait_ms`` (the gap between a step's end and the next
+step's begin, where the Trainer fetches the next batches), ``forward_backward_ms`` (from
+``on_step_begin`` to ``on_pre_optimizer_step``: every micro-batch's forward and backward, and
+gradient clipping) and ``optimizer_step_ms`` (from ``on_pre_optimizer_step`` to
 ``on_optimizer_step``), and counts ``batches`` (and ``tokens`` when the Trainer counts input
 tokens, ``include_num_input_tokens_seen``). ``loss`` and ``lr`` come from the Trainer's own logs,
 which hold Python floats already: nothing here reads a tensor, so nothing synchronizes. When the
@@ -48,6 +50,7 @@ class SidecarCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._clock.mark("optimizer")
+        self._clock.span(names.FORWARD_BACKWARD_MS, "begin", "optimizer")
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._clock.span(names.OPTIMIZER_STEP_MS, "optimizer")

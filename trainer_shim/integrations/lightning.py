@@ -3,12 +3,12 @@
     from trainer_shim.integrations.lightning import SidecarCallback
     trainer = L.Trainer(..., callbacks=[SidecarCallback()])
 
-Per training batch it publishes ``trainer.global_step`` with ``step_ms`` (batch start to batch
-end), ``data_wait_ms`` (the gap between a batch's end and the next batch's start, where the loop
-fetches the next batch), ``forward_ms`` (batch start to ``on_before_backward``: the training
-step), ``backward_ms`` (``on_before_backward`` to ``on_after_backward``) and
-``optimizer_step_ms`` (``on_after_backward`` to batch end: the optimizer step, with gradient
-clipping if any), and counts ``batches``. The
+Per training batch it publishes ``trainer.global_step`` with ``step_ms`` (the previous batch's
+end to this batch's end, so its data wait included), ``data_wait_ms`` (the gap between a
+batch's end and the next batch's start, where the loop fetches the next batch), ``forward_ms``
+(batch start to ``on_before_backward``: the training step), ``backward_ms``
+(``on_before_backward`` to ``on_after_backward``) and ``optimizer_step_ms`` (``on_after_backward``
+to batch end: the optimizer step, with gradient clipping if any), and counts ``batches``. The
 loss goes through ``telemetry.scalar`` (a CUDA loss is copied asynchronously, never read), the
 learning rate is the first optimizer's first group's ``lr`` (a Python float). The W&B run, when
 the trainer has one, is announced at train start. Names: ``trainer_shim.integrations.names``.

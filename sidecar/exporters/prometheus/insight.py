@@ -26,8 +26,9 @@ def insight_families(insight: PipelineInsight, host: str) -> list[Metric]:
     for name in VERDICTS:
         verdict.add_metric(h + [name], 1.0 if name == insight.verdict.name else 0.0)
     conf = _gauge("verdict_confidence_ratio", "Confidence of the bottleneck verdict (0-1: 0.5 at its deciding "
-                  "threshold, 1 a threshold's worth past it).", [])
-    conf.add_metric(h, insight.verdict.confidence)
+                  "threshold, 1 a threshold's worth past it); absent while the verdict is unknown or idle.", [])
+    if insight.verdict.name not in ("unknown", "idle"):
+        conf.add_metric(h, insight.verdict.confidence)
     families: list[Metric] = [verdict, conf, *_role_families(insight, host), *_worker_families(insight, host),
                               *_idle_families(insight, host)]
     for item in INSIGHT_VALUES:

@@ -1,0 +1,176 @@
+"""The verdict conformance matrix: real frameworks (``tests/matrix_loops.py``) publishing through
+the real shim to a real daemon on the fake NVML driver, each under the conditions a user meets,
+switched while it runs; the daemon's console verdict of every window is scored against the
+injected condition. ``tests/test_verdict_matrix.py`` runs it in CI, ``bench/bench_verdict.py
+--matrix`` at length.
+
+One daemon and one trainer (two ranks for ``plain`` and ``ddp``) per framework; the conditions of
+a row run one after another in the same trainer (``ROWS``), each for ``windows`` windows, the
+fake GPU reading 97 % utilization in ``saturated`` and 30 % otherwise. A cell's first two
+windows are not scored (the condition changed inside the first; hysteresis may hold the
+previous verdict one more). Every window of the run, from the trainer's start to after its
+exit, is also checked for ``host-bound`` where the condition is not host overhead: only the
+``host`` cell and the two windows after it may say it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.daemon_harness import DaemonProc, env, free_port
+from tests.verdict_demo import LINE
+
+EXPECTED = {"input": "input-bound", "host": "host-bound", "comm": "communication-bound", "straggler": "straggler",
+            "saturated": "compute-bound", "unmapped": "balanced"}
+"""Injected condition -> the verdict it must get. ``unmapped``: the step is fully timed, one
+phase under a name no preset knows, the GPU 30 % busy and nothing waiting: ``balanced``, the
+name in the evidence (never ``host-bound``)."""
+
+ROWS: dict[str, tuple[str, ...]] = {
+    "plain": ("unmapped", "input", "host", "saturated", "comm", "straggler"),
+    "snapshot": ("unmapped", "input", "host", "saturated"),
+    "hf": ("unmapped", "input", "host", "saturated"),
+    "lightning": ("unmapped", "input", "saturated"),
+    "compile": ("unmapped", "input", "host", "saturated"),
+    "ddp": ("input", "host", "saturated", "comm"),
+}
+"""Framework -> its conditions, in run order. Lightning has no ``host`` cell: its callback's
+timings cover the whole step back to back (data wait, forward, backward, optimizer), so host work
+anywhere in the loop lands inside one of them and is not host time the daemon can tell; the
+straggler of ``ddp`` is not a cell: DistributedDataParallel's backward waits for the slow rank,
+so both ranks' forward+backward read the same (``plain`` is the 2-rank gloo straggler)."""
+RANKS = {"plain": 2, "ddp": 2}
+WINDOW_SCALE = {"hf": 2.0}
+"""Rows whose steps are long (the Trainer's, its effects scaled up in ``tests/matrix_loops.py``)
+run windows this many times longer, so each window still holds a few steps."""
+
+
+@dataclass
+class RowResult:
+    framework: str
+    cells: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    """Condition -> (verdict, evidence) of each scored window."""
+    stray_host: list[tuple[int, str, str]] = field(default_factory=list)
+    """(window index, where, evidence) of ``host-bound`` windows outside host overhead."""
+    windows: list[tuple[str, str]] = field(default_factory=list)
+    """Every window of the run: (verdict, evidence)."""
+    idle_after_exit: bool = False
+    log_tail: str = ""
+
+
+def _set_gpu(control: object, busy: int) -> None:
+    control.gpu("*", utilization_gpu=busy, gpm_supported=0, clock_reasons=0)  # type: ignore[attr-defined]
+
+
+def _write(path: Path, state: dict[str, object]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(path)
+
+
+def _lines(d: DaemonProc) -> list[tuple[float, str, str]]:
+    return [(float(m["dur"]), m["verdict"], m["evidence"] or "") for m in map(LINE.search, d.log().splitlines()) if m]
+
+
+def run_row(framework: str, workdir: Path, windows: int = 7, interval_s: float = 0.5,
+            startup_timeout_s: float = 120.0) -> RowResult:
+    """Run one framework through its conditions; see the module docstring."""
+    from tests.fake_nvml.build import build_fake_nvml
+    from tests.fake_nvml.control import FakeNvml
+
+    row_dir = workdir / framework
+    row_dir.mkdir(parents=True, exist_ok=True)
+    interval_s *= WINDOW_SCALE.get(framework, 1.0)
+    library = build_fake_nvml("full")
+    nvml = FakeNvml(row_dir / "nvml-control.txt", library, {"devices": 1})
+    _set_gpu(nvml, 30)
+    control = row_dir / "control.json"
+    conditions = ROWS[framework]
+    _write(control, {"condition": conditions[0]})
+    d = DaemonProc(row_dir, "--nvml-interval", "0.25", "--gpu-group", "trainer=0", interval=interval_s, gpu=True,
+                   extra_env={"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(nvml.path)})
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.matrix_loops", framework, d.endpoint, str(control),
+                               str(rank), str(RANKS.get(framework, 1)), str(port)],
+                              env=env(MATRIX_OUT=str(row_dir / "out")), cwd=row_dir,
+                              stdout=subprocess.DEVNULL, stderr=open(row_dir / f"trainer{rank}.log", "wb"))
+             for rank in range(RANKS.get(framework, 1))]
+    result = RowResult(framework)
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        # started once every rank has finished a few steps (imports, model build and compile done)
+        while (d.value("dflash_trainer_batches_total") or 0) < 10 * RANKS.get(framework, 1):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"{framework}: no verdict from the trainer; trainer log:\n"
+                                   + (row_dir / "trainer0.log").read_text(errors="replace")[-3000:])
+            time.sleep(0.2)
+        time.sleep(2 * interval_s)  # the first steps' own costs (loader start, gloo's first collectives) pass
+        marks: list[tuple[str, int]] = []
+        for cond in conditions:
+            _set_gpu(nvml, 97 if cond == "saturated" else 30)
+            _write(control, {"condition": cond})
+            marks.append((cond, len(_lines(d))))
+            time.sleep(windows * interval_s)
+        end_mark = len(_lines(d))
+        _write(control, {"stop": True})
+        for p in procs:
+            p.wait(60)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (not _lines(d) or _lines(d)[-1][1] != "idle"):
+            time.sleep(0.25)
+        lines = _lines(d)
+        result.idle_after_exit = bool(lines) and lines[-1][1] == "idle"
+        result.windows = [(v, e) for _, v, e in lines]
+        bounds = [m for _, m in marks] + [end_mark]
+        for i, (cond, start) in enumerate(marks):
+            cell = lines[start:bounds[i + 1]]
+            result.cells[cond] = [(v, e) for dur, v, e in cell[2:] if dur >= 0.5 * interval_s]
+        host_ok: set[int] = set()
+        for i, (cond, start) in enumerate(marks):
+            if cond == "host":
+                host_ok |= set(range(start, bounds[i + 1] + 2))
+        result.stray_host = [(i, "run", e) for i, (_, v, e) in enumerate(lines)
+                             if v == "host-bound" and i not in host_ok]
+        result.log_tail = "\n".join(d.log().splitlines()[-15:])
+    finally:
+        _write(control, {"stop": True})
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        d.stop()
+    return result
+
+
+def run_matrix(frameworks: list[str] | None = None, windows: int = 7, interval_s: float = 0.5,
+               parallel: int = 3) -> dict[str, RowResult]:
+    """Framework -> its row, ``parallel`` rows at a time."""
+    names = frameworks or list(ROWS)
+    with tempfile.TemporaryDirectory(prefix="dflash-matrix-") as workdir:
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            rows = pool.map(lambda f: run_row(f, Path(workdir), windows, interval_s), names)
+            return dict(zip(names, rows, strict=True))
+
+
+def accuracy(cell: list[tuple[str, str]], condition: str) -> float:
+    return sum(1 for v, _ in cell if v == EXPECTED[condition]) / len(cell) if cell else 0.0
+
+
+def counts(cell: list[tuple[str, str]]) -> Counter[str]:
+    return Counter(v for v, _ in cell)
+
+
+if __name__ == "__main__":  # a quick look: python -m tests.verdict_matrix hf
+    for name, row in run_matrix(sys.argv[1:] or None, parallel=int(os.environ.get("PARALLEL", "3"))).items():
+        print(name, {c: dict(counts(cell)) for c, cell in row.cells.items()}, "stray host:", row.stray_host,
+              "idle after exit:", row.idle_after_exit)
