@@ -12,7 +12,11 @@ original recording function with the real values, as plain Python.
 
 The operators take only what an operator schema can: an int naming the recording function
 (an index into ``_fns``), a str, an int, a tensor; a float travels as a 0-d tensor
-(``_as_tensor``). A ``publish`` dict becomes one call: its names joined by ``SEP`` and its values
+(``_as_tensor``). Every operator takes at least one tensor: an operator without one (an int or
+str record) has no device for inductor, whose scheduler then does not flush the CPU kernels it
+holds back before emitting the call; the held-back kernel ran after the frees planned for it
+(``UnboundLocalError: buf0`` in a training graph). ``record_int`` and ``record_str`` take the
+empty CPU tensor ``CARRIER`` for that (a graph input, no kernel). A ``publish`` dict becomes one call: its names joined by ``SEP`` and its values
 as one float64 tensor. Whatever does not fit
 (a non-str name, a value of another type, a dict with non-number values) goes through the
 original function behind ``torch.compiler.disable``: the graph breaks there, the record arrives.
@@ -36,11 +40,11 @@ def _float(fid: int, name: str, value: torch.Tensor) -> None:
     _fns[fid](name, value.item())  # a 0-d float64 tensor: see _as_tensor
 
 
-def _int(fid: int, name: str, value: int) -> None:
+def _int(carrier: torch.Tensor, fid: int, name: str, value: int) -> None:
     _fns[fid](name, value)  # value is a SymInt in the graph, an int here
 
 
-def _str(fid: int, name: str, value: str) -> None:
+def _str(carrier: torch.Tensor, fid: int, name: str, value: str) -> None:
     _fns[fid](name, value)
 
 
@@ -58,8 +62,8 @@ def _nothing(*args: Any) -> None:
 
 _SCHEMAS: dict[Callable[..., None], str] = {
     _float: "record_float(int fid, str name, Tensor value) -> ()",
-    _int: "record_int(int fid, str name, SymInt value) -> ()",
-    _str: "record_str(int fid, str name, str value) -> ()",
+    _int: "record_int(Tensor carrier, int fid, str name, SymInt value) -> ()",
+    _str: "record_str(Tensor carrier, int fid, str name, str value) -> ()",
     _tensor: "record_tensor(int fid, str name, Tensor value) -> ()",
     _profile: "record_profile(int fid, SymInt step, str names, Tensor values) -> ()",
 }
@@ -78,6 +82,8 @@ for _impl, _schema in _SCHEMAS.items():
     # Ordered effects: never dead-code eliminated (they return nothing), never reordered.
     torch.library._register_effectful_op(f"dflash_sidecar::{_name}",
                                          torch.library.EffectType.ORDERED, lib=_lib)
+CARRIER = torch.empty(0, device="cpu")
+"""The tensor argument of the operators whose values are no tensor (see the module docstring)."""
 _ops = torch.ops.dflash_sidecar
 record_float = _ops.record_float.default
 record_int = _ops.record_int.default
@@ -127,11 +133,11 @@ def in_graph(kind: str, fn: Callable[..., Any]) -> Callable[..., None]:
         elif isinstance(value, torch.Tensor):
             record_tensor(fid, name, value)
         elif isinstance(value, int):
-            record_int(fid, name, value)
+            record_int(CARRIER, fid, name, value)
         elif isinstance(value, float):
             record_float(fid, name, _as_tensor(value))
         elif isinstance(value, str):
-            record_str(fid, name, value)
+            record_str(CARRIER, fid, name, value)
         else:
             fallback(name, value)
 
