@@ -264,3 +264,99 @@ def test_without_operators_the_fallback_says_what_it_loses() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "calls in functions dynamo inlines record nothing" in proc.stderr
     assert proc.stdout.split() == ["1", "0", "3"]  # 3 root calls; the 3 inlined ones are lost
+
+
+class ShimMLP(torch.nn.Module):
+    """An MLP whose ``forward`` makes every kind of shim call (the timer records nothing in
+    compiled code): 7 records a step on the default channel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
+        with telemetry.timer("forward_block_ms"):
+            loss = (self.net(x) * y).mean()  # the prediction is not kept for backward
+        telemetry.count("batches")
+        telemetry.count("samples", x.shape[0])  # a SymInt: the batch size changes
+        telemetry.timing("forward_ms", 1.5)
+        telemetry.gauge("lr", 0.01)
+        telemetry.category("bucket", "short")
+        telemetry.publish(step, {"data_ms": 0.5, "tokens": 8})
+        telemetry.scalar("loss", loss)
+        return loss
+
+
+TRAIN_STEPS = 200
+BATCHES = [4 + i % 3 for i in range(TRAIN_STEPS)]
+
+
+def compiled_optimizer(opt: torch.optim.Optimizer, backend: str, with_shim: bool) -> tuple[
+        Callable[[], None], CompileCounterWithBackend]:
+    """``opt.step`` compiled (torch's optimizer breaks the graph around its step by design, so
+    not ``fullgraph``), with or without a shim call after it."""
+    cc = CompileCounterWithBackend(backend)
+
+    def opt_step() -> None:
+        opt.step()
+        if with_shim:
+            telemetry.count("optimizer_steps")
+
+    return torch.compile(opt_step, backend=cc), cc
+
+
+def dynamo_counts() -> dict[str, int]:
+    return {"graph_breaks": sum(counters["graph_break"].values()),
+            "recompiles": sum(counters["recompiles"].values())}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_compiled_training_loop_with_every_call_kind(backend: str, shim: Any) -> None:
+    """A compiled MLP (``torch.compile(model, fullgraph=True, dynamic=True)``, parameters and
+    inputs with grad) trained with AdamW for 200 steps, the optimizer step compiled too and
+    counting: nothing raises, one graph for the model, no graph break, no recompile although
+    the batch size and the step change, the optimizer's graphs and breaks are those of the same
+    step without the call, and exactly one record per call. Inductor used to raise
+    ``UnboundLocalError`` on every step (a ``count`` operator without a tensor argument)."""
+    torch.manual_seed(0)
+    model = ShimMLP()
+    torch._dynamo.reset()
+    counters.clear()
+    plain_step, cc_plain = compiled_optimizer(torch.optim.AdamW(model.parameters()), backend, False)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    for _ in range(3):
+        plain_step()
+    plain = {"graphs": cc_plain.frame_count, **dynamo_counts()}
+
+    torch._dynamo.reset()
+    counters.clear()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt_step, cc_opt = compiled_optimizer(opt, backend, True)
+    cc_model = CompileCounterWithBackend(backend)
+    compiled = torch.compile(model, backend=cc_model, fullgraph=True, dynamic=True)
+    for step, batch in enumerate(BATCHES):
+        x = torch.randn(batch, 8, requires_grad=True)
+        loss = compiled(x, torch.randn(batch, 1), step)
+        loss.backward()
+        opt_step()
+        opt.zero_grad(set_to_none=False)
+    assert x.grad is not None and model.net[0].weight.grad is not None
+    assert cc_model.frame_count == 1
+    assert {"graphs": cc_opt.frame_count, **dynamo_counts()} == plain
+    assert plain["recompiles"] == 0
+    assert telemetry.flush(wait_s=20)
+    wait_until(lambda: sum(b.received for b in ledgers(shim.messages()).values())
+               >= 8 * TRAIN_STEPS + 1)
+    book = {(b.role, b.worker): b for b in ledgers(shim.messages()).values()}[("trainer", "c0")]
+    records = [r for r in book.records if r[1] != "warmup"]
+    names = [r[1] for r in records if r[0] != RecordKind.PROFILE]
+    assert {n: names.count(n) for n in set(names)} == {
+        n: TRAIN_STEPS for n in ("batches", "samples", "forward_ms", "lr", "bucket", "loss",
+                                 "optimizer_steps")}
+    assert [r[2] for r in records if r[1] == "samples"] == BATCHES
+    assert [r[2] for r in records if r[1] == "batches"] == [1] * TRAIN_STEPS
+    assert all(isinstance(r[2], float) for r in records if r[1] == "loss")
+    assert [(r[1], r[2]) for r in records if r[0] == RecordKind.PROFILE] == [
+        (i, {"data_ms": 0.5, "tokens": 8.0}) for i in range(TRAIN_STEPS)]
+    assert book.consistent() and telemetry.stats()[("trainer", "c0")]["dropped"] == {}

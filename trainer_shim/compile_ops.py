@@ -16,9 +16,9 @@ The operators take only what an operator schema can: an int naming the recording
 str record) has no device for inductor, whose scheduler then does not flush the CPU kernels it
 holds back before emitting the call; the held-back kernel ran after the frees planned for it
 (``UnboundLocalError: buf0`` in a training graph). ``record_int`` and ``record_str`` take the
-empty CPU tensor ``CARRIER`` for that (a graph input, no kernel). A ``publish`` dict becomes one call: its names joined by ``SEP`` and its values
-as one float64 tensor. Whatever does not fit
-(a non-str name, a value of another type, a dict with non-number values) goes through the
+empty CPU tensor ``CARRIER`` for that (a graph input, no kernel). A ``publish`` dict becomes
+one call: its names joined by ``SEP`` and its values as one float64 tensor. Whatever does not
+fit (a non-str name, a value of another type, a dict with non-number values) goes through the
 original function behind ``torch.compiler.disable``: the graph breaks there, the record arrives.
 """
 
