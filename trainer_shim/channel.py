@@ -247,7 +247,7 @@ def _recording_functions(ch: Channel) -> dict[str, Any]:
         (ms) when the block ends, also when it raises. Host wall time only: for GPU work this
         measures launch time, not execution. Inside a ``torch.compile``d function it records
         nothing (see docs/SHIM.md)."""
-        t = new(Timer)  # no __init__ call: a third of the timer's cost
+        t = new(Timer)  # no __init__ call
         t._ch = ch
         t._name = name
         return t

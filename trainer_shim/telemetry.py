@@ -297,7 +297,9 @@ def timer(name: str) -> AbstractContextManager[None]:
     """Context manager timing its block (host wall time) as a timing in ms, also when the block
     raises. Inside a ``torch.compile``d function it records nothing (see
     ``trainer_shim.compile_support``)."""
-    t = _new(_Timer)  # no __init__ call: a third of the timer's cost
+    if not _cap:  # first call or strict mode: the channel's own timer (creates, validates)
+        return _default_channel().timer(name)
+    t = _new(_Timer)  # no __init__ call
     t._name = name
     return t
 
