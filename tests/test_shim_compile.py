@@ -360,3 +360,54 @@ def test_compiled_training_loop_with_every_call_kind(backend: str, shim: Any) ->
     assert [(r[1], r[2]) for r in records if r[0] == RecordKind.PROFILE] == [
         (i, {"data_ms": 0.5, "tokens": 8.0}) for i in range(TRAIN_STEPS)]
     assert book.consistent() and telemetry.stats()[("trainer", "c0")]["dropped"] == {}
+
+
+class ShimLM(torch.nn.Module):
+    """A Hugging Face GPT-2 (tiny, random weights) whose training forward makes shim calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        self.lm = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1,
+                                             n_head=2))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        logits = self.lm(input_ids=ids).logits  # (its own loss logs a warning: a graph break)
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+        telemetry.count("sequences", ids.shape[0])
+        telemetry.count("lm_steps")
+        telemetry.gauge("tokens", ids.numel())
+        telemetry.publish(0, {"lm_ms": 1.0})
+        telemetry.scalar("lm_loss", loss.detach())
+        return loss
+
+
+def test_compiled_hf_model_training_step(shim: Any) -> None:
+    """``torch.compile(model, fullgraph=True)`` (inductor) of a Hugging Face model's training
+    forward with shim calls, then backward and an AdamW step: one graph, no recompile, one
+    record per call. (A step int passed in would cost one recompile, calls or not: see the
+    inlining test.)"""
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = ShimLM()
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    cc = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, backend=cc, fullgraph=True)
+    steps = 3
+    for _ in range(steps):
+        loss = compiled(torch.randint(0, 64, (4, 8)))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert cc.frame_count == 1 and dynamo_counts() == {"graph_breaks": 0, "recompiles": 0}
+    assert telemetry.flush(wait_s=20)
+    wait_until(lambda: sum(b.received for b in ledgers(shim.messages()).values()) >= 5 * steps + 1)
+    book = {(b.role, b.worker): b for b in ledgers(shim.messages()).values()}[("trainer", "c0")]
+    records = [r for r in book.records if r[1] != "warmup"]
+    assert [(r[1], r[2]) for r in records if r[0] != RecordKind.PROFILE and r[1] != "lm_loss"] == [
+        ("sequences", 4), ("lm_steps", 1), ("tokens", 32)] * steps
+    assert len([r for r in records if r[1] == "lm_loss"]) == steps
+    assert [r[2] for r in records if r[0] == RecordKind.PROFILE] == [{"lm_ms": 1.0}] * steps
