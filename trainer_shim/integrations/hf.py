@@ -19,21 +19,29 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from trainer_shim.integrations import names
+from trainer_shim.integrations import names, wandb_metrics
 from trainer_shim.integrations._steps import StepClock, announce_wandb_run
 
 
 class SidecarCallback(TrainerCallback):  # type: ignore[misc]
     """Publishes the Trainer's step-time breakdown, loss and learning rate to the sidecar."""
 
-    def __init__(self, channel: Any = None) -> None:
+    def __init__(self, channel: Any = None, wandb_open_metrics: bool | str = False) -> None:
         """``channel``: a ``telemetry.channel(...)`` to publish on; default: the process's
-        default channel."""
+        default channel. ``wandb_open_metrics``: True (or the daemon's ``HOST:PORT``) to have
+        the W&B run that the framework starts scrape the sidecar's ``/metrics/wandb`` page
+        (``trainer_shim.integrations.wandb_metrics``: sets wandb's environment now, names the
+        verdict codes in the run's config at train start). Off by default."""
+        self._open_metrics = wandb_metrics.option_addr(wandb_open_metrics)
+        if self._open_metrics:
+            wandb_metrics.enable_in_environment(self._open_metrics)
         self._clock = StepClock(channel)
         self._tokens_seen = 0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         announce_wandb_run()
+        if self._open_metrics:
+            wandb_metrics.describe_run(addr=self._open_metrics)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._clock.step_begin()

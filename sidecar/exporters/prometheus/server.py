@@ -47,6 +47,7 @@ from prometheus_client.exposition import gzip_accepted
 from sidecar.exporters.prometheus import exposition as ex
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector, explain_json
 from sidecar.exporters.prometheus.page import MetricsPage
+from sidecar.exporters.prometheus.wandb_page import WandbPage
 from sidecar.model.address import parse_host_port
 
 log = logging.getLogger("sidecar")
@@ -346,13 +347,17 @@ def _environ(head: bytes) -> dict[str, Any] | None:
     return environ
 
 
+WANDB_PATH = "/metrics/wandb"
+"""The page made for W&B's open-metrics scraper (``wandb_page``)."""
 GZIP_LEVEL = 1
 """Fast: 2 MB of exposition (10,000 series) in about 9 ms to 280 kB; level 9 takes 80 ms."""
 
 
-def metrics_app(page: MetricsPage, registry: CollectorRegistry) -> Callable[..., list[bytes]]:
+def metrics_app(page: MetricsPage, registry: CollectorRegistry,
+                wandb_page: WandbPage | None = None) -> Callable[..., list[bytes]]:
     """A WSGI app serving ``page`` on every path, as prometheus_client's does; a scrape filtered
-    with ``name[]`` is rare and is answered by prometheus_client from ``registry``."""
+    with ``name[]`` is rare and is answered by prometheus_client from ``registry``.
+    ``wandb_page`` answers ``/metrics/wandb`` (and its ``/legend``)."""
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         method = environ["REQUEST_METHOD"]
@@ -368,6 +373,14 @@ def metrics_app(page: MetricsPage, registry: CollectorRegistry) -> Callable[...,
         if environ.get("PATH_INFO") == "/explain" and page.collector.state.explain is not None:
             start_response("200 OK", [("Content-Type", "application/json")])
             return [explain_json(page.collector)]
+        if wandb_page is not None and environ.get("PATH_INFO", "").startswith(WANDB_PATH):
+            wandb_route = environ["PATH_INFO"][len(WANDB_PATH):].rstrip("/")
+            if wandb_route == "/legend":
+                start_response("200 OK", [("Content-Type", "application/json")])
+                return [wandb_page.legend()]
+            if wandb_route == "":
+                start_response("200 OK", [("Content-Type", ex.CONTENT_TYPE)])
+                return [wandb_page.render()]
         names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
         output = generate_latest(registry.restricted_registry(names)) if names else page.render()
         headers = [("Content-Type", ex.CONTENT_TYPE)]
@@ -393,7 +406,8 @@ def serve(state: ExportState, addr: str, certfile: str | None = None,
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(certfile=certfile, keyfile=keyfile)
     page = MetricsPage(collector)
-    server = MetricsServer(metrics_app(page, registry), host, port, context, prepare=page.prepare)
+    server = MetricsServer(metrics_app(page, registry, WandbPage(collector)), host, port, context,
+                           prepare=page.prepare)
     state.http = lambda: server.families(state.host)
     server.start()
     return server, server._thread
