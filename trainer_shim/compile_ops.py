@@ -24,7 +24,10 @@ original function behind ``torch.compiler.disable``: the graph breaks there, the
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any
 
 import torch
@@ -56,6 +59,23 @@ def _profile(fid: int, step: int, names: str, values: torch.Tensor) -> None:
     _fns[fid](step, dict(zip(names.split(SEP), values.tolist(), strict=True)) if names else {})
 
 
+_starts = threading.local()
+"""Per thread: the host clock (ns) at each open compiled timer, innermost last."""
+
+
+def _timer_start(carrier: torch.Tensor, fid: int, name: str) -> None:
+    stack = getattr(_starts, "stack", None)
+    if stack is None or len(stack) > 64:  # > 64: blocks left by exceptions, never closed
+        stack = _starts.stack = []
+    stack.append(perf_counter_ns())
+
+
+def _timer_end(carrier: torch.Tensor, fid: int, name: str) -> None:
+    stack = getattr(_starts, "stack", None)
+    if stack:
+        _fns[fid](name, (perf_counter_ns() - stack.pop()) * 1e-6)
+
+
 def _nothing(*args: Any) -> None:
     """The fake kernel: at trace time an operator records nothing."""
 
@@ -66,6 +86,8 @@ _SCHEMAS: dict[Callable[..., None], str] = {
     _str: "record_str(Tensor carrier, int fid, str name, str value) -> ()",
     _tensor: "record_tensor(int fid, str name, Tensor value) -> ()",
     _profile: "record_profile(int fid, SymInt step, str names, Tensor values) -> ()",
+    _timer_start: "timer_start(Tensor carrier, int fid, str name) -> ()",
+    _timer_end: "timer_end(Tensor carrier, int fid, str name) -> ()",
 }
 IMPLS: tuple[Callable[..., None], ...] = tuple(_SCHEMAS)
 """The operators' Python bodies (``compile_support`` makes dynamo run them as plain Python)."""
@@ -90,6 +112,8 @@ record_int = _ops.record_int.default
 record_str = _ops.record_str.default
 record_tensor = _ops.record_tensor.default
 record_profile = _ops.record_profile.default
+timer_start = _ops.timer_start.default
+timer_end = _ops.timer_end.default
 
 
 def _as_tensor(value: float) -> torch.Tensor:
@@ -99,6 +123,36 @@ def _as_tensor(value: float) -> torch.Tensor:
     the frame eagerly); as an operand of a tensor op, a float that dynamo has made symbolic stays
     a graph input."""
     return torch.zeros((), dtype=torch.float64, device="cpu") + value
+
+
+class _GraphTimer:
+    """What ``timer(name)`` is inside compiled code: two operator calls around the block. The
+    time recorded is host wall time between the two calls when the graph runs, which inductor
+    may not bracket the block's own kernels exactly (it orders the operators only among
+    themselves)."""
+
+    def __init__(self, fid: int, name: str) -> None:
+        self.fid = fid
+        self.name = name
+
+    def __enter__(self) -> None:
+        timer_start(CARRIER, self.fid, self.name)
+
+    def __exit__(self, *exc: object) -> None:
+        timer_end(CARRIER, self.fid, self.name)
+
+
+def timer_in_graph(timing: Callable[[str, float], None]) -> Callable[[Any], Any]:
+    """The function dynamo traces instead of a channel's ``timer``: ``timing`` records."""
+    fid = len(_fns)
+    _fns.append(timing)
+
+    def compiled_timer(name: Any) -> Any:
+        if type(name) is not str:
+            return contextlib.nullcontext()  # no operator takes it; nothing recorded
+        return _GraphTimer(fid, name)
+
+    return compiled_timer
 
 
 def in_graph(kind: str, fn: Callable[..., Any]) -> Callable[..., None]:
