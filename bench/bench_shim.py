@@ -2,6 +2,7 @@
 
     python bench/bench_shim.py            # full run, a few minutes on 2 cores
     python bench/bench_shim.py --quick    # smoke run, ~30 s
+    python bench/bench_shim.py --versus . /tmp/first-build --rounds 7   # hot path, interleaved
 
 Contenders, each record kind as its users call it:
 
@@ -386,6 +387,99 @@ def summary(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+HOT_PATH = """
+import json, statistics, sys, time
+from time import perf_counter_ns
+from trainer_shim import telemetry
+ch = telemetry.configure(endpoint=sys.argv[1])
+telemetry.count("warmup")
+time.sleep(0.7)  # past the connect grace: every flush drains (no_receiver)
+N, SAMPLES = 2000, 25
+profile = {f"k{i}_ms": float(i) for i in range(20)}
+
+def flush():
+    try:
+        telemetry.flush(0.5)
+    except TypeError:  # an early shim: flush() without a wait
+        telemetry.flush()
+        time.sleep(0.12)
+
+class Empty:
+    __slots__ = ()
+    def __enter__(self): pass
+    def __exit__(self, *exc): pass
+
+empty = Empty()
+
+def floor():  # a with block on a Python context manager and two clock reads
+    with empty:
+        perf_counter_ns()
+        perf_counter_ns()
+
+def t_timer():
+    with telemetry.timer("b"):
+        pass
+
+def c_timer():
+    with ch.timer("b"):
+        pass
+
+CALLS = {
+    "telemetry.count": lambda: telemetry.count("n"),
+    "telemetry.timing": lambda: telemetry.timing("t", 1.5),
+    "telemetry.gauge": lambda: telemetry.gauge("g", 1.5),
+    "telemetry.publish": lambda: telemetry.publish(1, profile),
+    "ch.count": lambda: ch.count("n"),
+    "ch.timing": lambda: ch.timing("t", 1.5),
+    "ch.gauge": lambda: ch.gauge("g", 1.5),
+    "ch.publish": lambda: ch.publish(1, profile),
+    "telemetry.timer": t_timer,
+    "ch.timer": c_timer,
+    "floor: with + 2 clock reads": floor,
+}
+
+def per_call(fn):
+    out = []
+    for _ in range(SAMPLES):
+        t0 = perf_counter_ns()
+        for _ in range(N):
+            fn()
+        out.append((perf_counter_ns() - t0) / N)
+        flush()
+    return statistics.median(out)
+
+base = per_call(lambda: None)
+print(json.dumps({name: per_call(fn) - base for name, fn in CALLS.items()}))
+"""
+
+
+def versus(trees: list[str], rounds: int) -> int:
+    """Interleaved hot-path comparison: each round runs every shim tree once, in a fresh
+    interpreter with that tree first on ``PYTHONPATH`` (no receiver: only the trainer side is
+    measured). Prints per call kind the median over rounds of each tree's per-call cost (ns,
+    mean over batches of 2,000 calls, median of 25 batches, empty-call loop subtracted) and the
+    ratio of every tree to the first."""
+    results: dict[str, list[dict[str, float]]] = {t: [] for t in trees}
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="dfs-vs-", dir="/tmp") as workdir:
+        for r in range(rounds):
+            for tree in trees if r % 2 == 0 else trees[::-1]:
+                env = {**os.environ, "PYTHONPATH": tree}
+                env.pop("DFLASH_SIDECAR_ENDPOINT", None)
+                out = subprocess.run([sys.executable, "-c", HOT_PATH, f"ipc://{workdir}/nobody.sock"],
+                                     env=env, capture_output=True, text=True, check=True, timeout=600)
+                results[tree].append(json.loads(out.stdout))
+            print(f"round {r + 1}/{rounds} done, load {os.getloadavg()}", flush=True)
+    print(f"load average at end: {os.getloadavg()}")
+    head = " | ".join(f"`{t}`" for t in trees)
+    print(f"\n| call | {head} | ratios to the first |\n| --- |{' --- |' * len(trees)} --- |")
+    for kind in results[trees[0]][0]:
+        med = [statistics.median(run[kind] for run in results[t]) for t in trees]
+        ratios = ", ".join(f"{m / med[0]:.2f}" for m in med[1:])
+        print(f"| {kind} | " + " | ".join(f"{m:.0f} ns" for m in med) + f" | {ratios} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="10x fewer calls: a smoke run")
@@ -396,7 +490,13 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["shim", "statsd", "dogstatsd", "prometheus", "wandb"])
     parser.add_argument("--states", nargs="*", default=None, choices=list(SHIM_STATES),
                         help="receiver states to run (default: all)")
+    parser.add_argument("--versus", nargs="+", metavar="TREE",
+                        help="instead: interleaved hot-path costs of these source trees' shims "
+                             "(e.g. this checkout and a scratch worktree of the first build)")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of --versus")
     args = parser.parse_args(argv)
+    if args.versus:
+        return versus(args.versus, args.rounds)
     scale = 10 if args.quick else 1
     repeats = args.repeats or (1 if args.quick else 3)
     n_b2b, n_spaced = 90_000 // scale, 20_000 // scale  # b2b below max_pending: no overflow

@@ -115,3 +115,123 @@ def test_fork_pool_workers_deliver_at_close_and_join(workdir: Path, ep: str,
     books = books_by_worker(rx, 200)
     assert all(w.startswith("0/pid") for w in books) and len(books) <= 2
     assert sum(b.received for b in books.values()) == 200
+
+
+def configure_only(workdir: Path) -> dict[str, str]:
+    """Script environment where only ``configure(endpoint=...)`` names the endpoint: the
+    script's main block removes the variable before it configures (a spawned child re-runs the
+    module's top level, never that block), and the per-user default points into the test's
+    directory, where no daemon listens."""
+    return {"XDG_RUNTIME_DIR": str(workdir)}
+
+
+def test_spawn_dataloader_workers_follow_configure(workdir: Path, ep: str,
+                                                   receivers: Callable[..., Any]) -> None:
+    """The endpoint came from ``configure()`` only: spawned DataLoader workers (fresh
+    interpreters) publish there too, every one of the 256 samples, under loader labels of
+    their own. They used to publish to the default endpoint: 0 of 256 arrived."""
+    rx = receivers(ep)
+    proc = run_script(workdir, f"""
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+        class Samples(Dataset):
+            def __len__(self):
+                return 256
+            def __getitem__(self, i):
+                telemetry.count("samples")
+                return torch.tensor([float(i)])
+
+        if __name__ == "__main__":
+            os.environ.pop("DFLASH_SIDECAR_ENDPOINT")
+            telemetry.configure(endpoint={ep!r})
+            loader = DataLoader(Samples(), batch_size=16, num_workers=2,
+                                multiprocessing_context="spawn")
+            assert sum(len(b) for b in loader) == 256
+    """, ep, env=configure_only(workdir))
+    wait_until(lambda: sum(b.received for b in ledgers(rx.messages()).values()) >= 256,
+               timeout_s=60)
+    rx.stop()
+    books = [b for b in ledgers(rx.messages()).values() if b.hellos]
+    assert sorted(b.hellos[0]["worker"] for b in books) == ["0/loader0", "0/loader1"]
+    assert sum(b.received for b in books) == 256 and all(b.consistent() for b in books)
+    assert "reaches no daemon" not in proc.stderr
+
+
+def test_spawn_pool_terminate_after_completed_work(workdir: Path, ep: str,
+                                                   receivers: Callable[..., Any]) -> None:
+    """``Pool.terminate()`` of spawned counting workers (endpoint from ``configure()`` only)
+    neither raises nor hangs, and the records of the work they completed and flushed arrive.
+    (What a worker killed by the signal had not flushed yet is the sender ledger's to book.)"""
+    rx = receivers(ep)
+    run_script(workdir, f"""
+        import multiprocessing as mp
+
+        def task(i):
+            telemetry.count("tasks")
+            assert telemetry.flush(wait_s=10)
+            return i
+
+        if __name__ == "__main__":
+            os.environ.pop("DFLASH_SIDECAR_ENDPOINT")
+            telemetry.configure(endpoint={ep!r})
+            pool = mp.get_context("spawn").Pool(2)
+            assert sum(pool.map(task, range(40), chunksize=5)) == sum(range(40))
+            pool.terminate()
+            pool.join()
+    """, ep, env=configure_only(workdir))
+    books = books_by_worker(rx, 40)
+    assert 1 <= len(books) <= 2 and all(w.startswith("0/pid") for w in books)
+    assert sum(b.received for b in books.values()) == 40
+
+
+def test_child_that_reaches_no_daemon_says_so_once(workdir: Path, ep: str) -> None:
+    """A spawned child whose endpoint has no daemon says so once on stderr, and its records are
+    counted as ``no_receiver``."""
+    proc = run_script(workdir, """
+        import multiprocessing as mp
+        import time
+
+        def child():
+            for _ in range(3):
+                for _ in range(10):
+                    telemetry.count("lost")
+                time.sleep(0.6)  # past the connect grace: each batch is dropped
+                telemetry.flush(wait_s=5)
+            print(telemetry.stats()[("trainer", "0")]["dropped"])
+
+        if __name__ == "__main__":
+            p = mp.get_context("spawn").Process(target=child)
+            p.start()
+            p.join()
+            assert p.exitcode == 0
+    """, ep)
+    assert proc.stderr.count("reaches no daemon") == 1, proc.stderr
+    assert proc.stdout.strip() == "{'no_receiver': 30}"
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_process_children_follow_configure(method: str, workdir: Path, ep: str,
+                                           receivers: Callable[..., Any]) -> None:
+    """The endpoint and role ``configure()`` chose reach a child of a fresh interpreter."""
+    rx = receivers(ep)
+    run_script(workdir, f"""
+        import multiprocessing as mp
+
+        def child():
+            for _ in range(100):
+                telemetry.count("child_records")
+
+        if __name__ == "__main__":
+            os.environ.pop("DFLASH_SIDECAR_ENDPOINT")
+            telemetry.configure(endpoint={ep!r}, role="drafter")
+            telemetry.count("parent_records")
+            p = mp.get_context({method!r}).Process(target=child)
+            p.start()
+            p.join()
+            assert p.exitcode == 0
+    """, ep, env=configure_only(workdir))
+    books = books_by_worker(rx, 101)
+    child = [b for w, b in books.items() if w != "0"]
+    assert len(books) == 2 and len(child) == 1 and child[0].received == 100
+    assert {b.hellos[0]["role"] for b in books.values()} == {"drafter"}

@@ -190,33 +190,35 @@ def _recording_functions(ch: Channel) -> dict[str, Any]:
     """The hot path of one channel as plain functions (see ``Channel``); each builds one small
     tuple and appends it to the bounded queue."""
     q, pq, cap = ch._q, ch._pq, ch._cap
+    append = q.append  # one lookup less per call
     overflow, count_dropped = ch._count_overflow, ch._count_dropped
+    new = object.__new__
 
     def timing(name: str, ms: float) -> None:
         """Record a duration of ``ms`` milliseconds under ``name``."""
         if len(q) < cap:
-            q.append((_TIMING, name, ms))
+            append((_TIMING, name, ms))
         else:
             overflow()
 
     def count(name: str, n: float = 1) -> None:
         """Add ``n`` (>= 0) to the counter ``name``."""
         if len(q) < cap:
-            q.append((_COUNT, name, n))
+            append((_COUNT, name, n))
         else:
             overflow()
 
     def gauge(name: str, value: float) -> None:
         """Record the current ``value`` of ``name`` (a queue depth, a batch size...)."""
         if len(q) < cap:
-            q.append((_GAUGE, name, value))
+            append((_GAUGE, name, value))
         else:
             overflow()
 
     def category(name: str, key: str | int) -> None:
         """Record one categorical sample, e.g. the hidden-state bucket a batch came from."""
         if len(q) < cap:
-            q.append((_CATEGORY, name, key))
+            append((_CATEGORY, name, key))
         else:
             overflow()
 
@@ -245,7 +247,10 @@ def _recording_functions(ch: Channel) -> dict[str, Any]:
         (ms) when the block ends, also when it raises. Host wall time only: for GPU work this
         measures launch time, not execution. Inside a ``torch.compile``d function it records
         nothing (see docs/SHIM.md)."""
-        return Timer(ch, name)
+        t = new(Timer)  # no __init__ call
+        t._ch = ch
+        t._name = name
+        return t
 
     def scalar(name: str, tensor: Any) -> None:
         """Publish a 1-element tensor's value without synchronizing with the GPU: a CUDA tensor is
@@ -262,13 +267,13 @@ def _recording_functions(ch: Channel) -> dict[str, Any]:
 class Timer:
     """What ``Channel.timer(name)`` returns: times its ``with`` block (host clock, ns
     resolution) and queues one timing in milliseconds at the end, also when the block raises.
-    Use each instance once."""
+    Use each instance once. Built without ``__init__`` (see ``_recording_functions``)."""
 
     __slots__ = ("_ch", "_name", "_start")
 
-    def __init__(self, ch: Channel, name: str) -> None:
-        self._ch = ch
-        self._name = name
+    _ch: Channel
+    _name: str
+    _start: int
 
     def __enter__(self) -> None:
         self._start = perf_counter_ns()

@@ -12,15 +12,22 @@ original recording function with the real values, as plain Python.
 
 The operators take only what an operator schema can: an int naming the recording function
 (an index into ``_fns``), a str, an int, a tensor; a float travels as a 0-d tensor
-(``_as_tensor``). A ``publish`` dict becomes one call: its names joined by ``SEP`` and its values
-as one float64 tensor. Whatever does not fit
-(a non-str name, a value of another type, a dict with non-number values) goes through the
+(``_as_tensor``). Every operator takes at least one tensor: an operator without one (an int or
+str record) has no device for inductor, whose scheduler then does not flush the CPU kernels it
+holds back before emitting the call; the held-back kernel ran after the frees planned for it
+(``UnboundLocalError: buf0`` in a training graph). ``record_int`` and ``record_str`` take the
+empty CPU tensor ``CARRIER`` for that (a graph input, no kernel). A ``publish`` dict becomes
+one call: its names joined by ``SEP`` and its values as one float64 tensor. Whatever does not
+fit (a non-str name, a value of another type, a dict with non-number values) goes through the
 original function behind ``torch.compiler.disable``: the graph breaks there, the record arrives.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any
 
 import torch
@@ -36,11 +43,11 @@ def _float(fid: int, name: str, value: torch.Tensor) -> None:
     _fns[fid](name, value.item())  # a 0-d float64 tensor: see _as_tensor
 
 
-def _int(fid: int, name: str, value: int) -> None:
+def _int(carrier: torch.Tensor, fid: int, name: str, value: int) -> None:
     _fns[fid](name, value)  # value is a SymInt in the graph, an int here
 
 
-def _str(fid: int, name: str, value: str) -> None:
+def _str(carrier: torch.Tensor, fid: int, name: str, value: str) -> None:
     _fns[fid](name, value)
 
 
@@ -52,16 +59,35 @@ def _profile(fid: int, step: int, names: str, values: torch.Tensor) -> None:
     _fns[fid](step, dict(zip(names.split(SEP), values.tolist(), strict=True)) if names else {})
 
 
+_starts = threading.local()
+"""Per thread: the host clock (ns) at each open compiled timer, innermost last."""
+
+
+def _timer_start(carrier: torch.Tensor, fid: int, name: str) -> None:
+    stack = getattr(_starts, "stack", None)
+    if stack is None or len(stack) > 64:  # > 64: blocks left by exceptions, never closed
+        stack = _starts.stack = []
+    stack.append(perf_counter_ns())
+
+
+def _timer_end(carrier: torch.Tensor, fid: int, name: str) -> None:
+    stack = getattr(_starts, "stack", None)
+    if stack:
+        _fns[fid](name, (perf_counter_ns() - stack.pop()) * 1e-6)
+
+
 def _nothing(*args: Any) -> None:
     """The fake kernel: at trace time an operator records nothing."""
 
 
 _SCHEMAS: dict[Callable[..., None], str] = {
     _float: "record_float(int fid, str name, Tensor value) -> ()",
-    _int: "record_int(int fid, str name, SymInt value) -> ()",
-    _str: "record_str(int fid, str name, str value) -> ()",
+    _int: "record_int(Tensor carrier, int fid, str name, SymInt value) -> ()",
+    _str: "record_str(Tensor carrier, int fid, str name, str value) -> ()",
     _tensor: "record_tensor(int fid, str name, Tensor value) -> ()",
     _profile: "record_profile(int fid, SymInt step, str names, Tensor values) -> ()",
+    _timer_start: "timer_start(Tensor carrier, int fid, str name) -> ()",
+    _timer_end: "timer_end(Tensor carrier, int fid, str name) -> ()",
 }
 IMPLS: tuple[Callable[..., None], ...] = tuple(_SCHEMAS)
 """The operators' Python bodies (``compile_support`` makes dynamo run them as plain Python)."""
@@ -78,12 +104,16 @@ for _impl, _schema in _SCHEMAS.items():
     # Ordered effects: never dead-code eliminated (they return nothing), never reordered.
     torch.library._register_effectful_op(f"dflash_sidecar::{_name}",
                                          torch.library.EffectType.ORDERED, lib=_lib)
+CARRIER = torch.empty(0, device="cpu")
+"""The tensor argument of the operators whose values are no tensor (see the module docstring)."""
 _ops = torch.ops.dflash_sidecar
 record_float = _ops.record_float.default
 record_int = _ops.record_int.default
 record_str = _ops.record_str.default
 record_tensor = _ops.record_tensor.default
 record_profile = _ops.record_profile.default
+timer_start = _ops.timer_start.default
+timer_end = _ops.timer_end.default
 
 
 def _as_tensor(value: float) -> torch.Tensor:
@@ -93,6 +123,36 @@ def _as_tensor(value: float) -> torch.Tensor:
     the frame eagerly); as an operand of a tensor op, a float that dynamo has made symbolic stays
     a graph input."""
     return torch.zeros((), dtype=torch.float64, device="cpu") + value
+
+
+class _GraphTimer:
+    """What ``timer(name)`` is inside compiled code: two operator calls around the block. The
+    time recorded is host wall time between the two calls when the graph runs, which inductor
+    may not bracket the block's own kernels exactly (it orders the operators only among
+    themselves)."""
+
+    def __init__(self, fid: int, name: str) -> None:
+        self.fid = fid
+        self.name = name
+
+    def __enter__(self) -> None:
+        timer_start(CARRIER, self.fid, self.name)
+
+    def __exit__(self, *exc: object) -> None:
+        timer_end(CARRIER, self.fid, self.name)
+
+
+def timer_in_graph(timing: Callable[[str, float], None]) -> Callable[[Any], Any]:
+    """The function dynamo traces instead of a channel's ``timer``: ``timing`` records."""
+    fid = len(_fns)
+    _fns.append(timing)
+
+    def compiled_timer(name: Any) -> Any:
+        if type(name) is not str:
+            return contextlib.nullcontext()  # no operator takes it; nothing recorded
+        return _GraphTimer(fid, name)
+
+    return compiled_timer
 
 
 def in_graph(kind: str, fn: Callable[..., Any]) -> Callable[..., None]:
@@ -127,11 +187,11 @@ def in_graph(kind: str, fn: Callable[..., Any]) -> Callable[..., None]:
         elif isinstance(value, torch.Tensor):
             record_tensor(fid, name, value)
         elif isinstance(value, int):
-            record_int(fid, name, value)
+            record_int(CARRIER, fid, name, value)
         elif isinstance(value, float):
             record_float(fid, name, _as_tensor(value))
         elif isinstance(value, str):
-            record_str(fid, name, value)
+            record_str(CARRIER, fid, name, value)
         else:
             fallback(name, value)
 

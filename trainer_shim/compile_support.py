@@ -12,9 +12,11 @@ dispatcher call per shim call (a few microseconds, see docs/SHIM.md). Where the 
 be defined (an older torch), the functions become reorderable logging calls instead, and the
 limits above apply (a warning says so).
 
-``timer()`` returns a context manager, which no operator can. Inside compiled code it is
-replaced by ``contextlib.nullcontext``: dynamo neither breaks the graph nor skips the function,
-and the timer records nothing; time the compiled call from outside.
+``timer()`` returns a context manager, which no operator can. Inside compiled code it returns
+a small context manager whose ``__enter__`` and ``__exit__`` each call a shim operator (dynamo
+traces it without a graph break): the first reads the host clock when the graph runs, the
+second records the timing through the channel's ``timing``. Without the operators it is
+``contextlib.nullcontext`` and records nothing.
 
 Nothing here imports torch: the functions are registered when the trainer imports
 ``torch._dynamo`` (at once if it already did, else from an import hook), so a trainer that
@@ -39,6 +41,8 @@ _DYNAMO = "torch._dynamo"
 _lock = threading.Lock()
 _fns: list[tuple[str, Callable[..., Any]]] = []
 _applied: set[int] = set()
+_timings: dict[int, Callable[..., Any]] = {}
+"""For each registered ``timer``: its channel's ``timing`` (what a compiled timer records with)."""
 _ops: ModuleType | None = None
 _ops_failed = False
 _hook: _DynamoImportHook | None = None
@@ -52,6 +56,8 @@ def register(fns: dict[str, Callable[..., Any]]) -> None:
     try:
         with _lock:
             _fns.extend(fns.items())
+            if "timer" in fns and "timing" in fns:
+                _timings[id(fns["timer"])] = fns["timing"]
         # Without "torch" in sys.modules (removed by someone), registering would import a second
         # torch: the functions wait for the next registration then.
         if _DYNAMO in sys.modules and "torch" in sys.modules:
@@ -71,7 +77,9 @@ def _apply() -> None:
         for name, fn in _fns:
             if id(fn) in _applied:
                 continue
-            if name == "timer":
+            if name == "timer" and ops is not None and id(fn) in _timings:
+                substitute_in_graph(fn, skip_signature_check=True)(ops.timer_in_graph(_timings[id(fn)]))
+            elif name == "timer":
                 substitute_in_graph(fn, skip_signature_check=True)(_null_timer_for(fn))
             elif ops is not None:
                 substitute_in_graph(fn, skip_signature_check=True)(ops.in_graph(name, fn))

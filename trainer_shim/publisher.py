@@ -345,6 +345,7 @@ class Publisher:
                 if records:
                     ch._count_dropped("no_receiver", len(records))
                     self._accounted = len(records)
+                    _say_unreachable_once(self.endpoint)
                 return
             if ch.hello_due or now - ch.last_hello_monotonic >= HELLO_REFRESH_S:
                 self._send_hello(transport, ch, now)
@@ -603,6 +604,28 @@ def _in_multiprocessing_child() -> bool:
         return process is not None and process.parent_process() is not None
     except Exception:  # noqa: BLE001
         return False
+
+
+_said_unreachable: list[int] = []
+"""The pid that said it reaches no daemon (a forked child says so again, for itself)."""
+
+
+def _say_unreachable_once(endpoint: str) -> None:
+    """In a multiprocessing child, say once on stderr that records are being dropped because
+    nothing subscribed at ``endpoint`` (its parent may have configured an endpoint the child
+    never learnt of; the drops are counted as ``no_receiver``)."""
+    pid = os.getpid()
+    if pid in _said_unreachable or not _in_multiprocessing_child():
+        return
+    _said_unreachable[:] = [pid]
+    try:
+        sys.stderr.write(f"trainer_shim: process {pid} reaches no daemon at {endpoint}: its "
+                         "records are dropped and counted (no_receiver); set "
+                         "DFLASH_SIDECAR_ENDPOINT or call telemetry.configure(endpoint=...) "
+                         "before starting children\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - no stderr: the count still says it
+        pass
 
 
 def _register_multiprocessing_exit(publisher: Publisher) -> None:

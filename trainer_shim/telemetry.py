@@ -23,6 +23,7 @@ import os
 import threading
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
+from time import perf_counter_ns
 from typing import Any
 
 from trainer_shim import compile_support
@@ -35,7 +36,7 @@ from trainer_shim.channel import (
     Channel,
     strict_from_env,
 )
-from trainer_shim.endpoint import shim_endpoint
+from trainer_shim.endpoint import ENDPOINT_ENV, shim_endpoint
 from trainer_shim.publisher import Publisher, env_worker
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "timing",
 ]
 
+ROLE_ENV = "DFLASH_ROLE"
 _lock = threading.Lock()
 _publisher: Publisher | None = None
 _default: Channel | None = None
@@ -77,7 +79,10 @@ def configure(
     wandb_run_id: str | None = None,
 ) -> Channel:
     """(Re)create the process's publisher and default channel; returns the default channel.
-    Unset arguments come from the environment. Raises ``ValueError`` for impossible settings
+    Unset arguments come from the environment. A given ``endpoint`` and ``role`` are also
+    written to the environment (``DFLASH_SIDECAR_ENDPOINT``, ``DFLASH_ROLE``), so children
+    started afterwards by any start method (spawn and forkserver too) publish to the same
+    daemon, each under a worker label of its own. Raises ``ValueError`` for impossible settings
     (this runs once at set-up, where failing loudly is right)."""
     with _lock:
         old, ch = _configure_locked(endpoint, role, worker, devices, flush_interval_s, max_pending,
@@ -99,6 +104,7 @@ def _configure_locked(
     wandb_run_id: str | None,
 ) -> tuple[Publisher | None, Channel]:
     global _publisher, _default
+    _export_to_children(endpoint, role)
     publisher = Publisher(
         endpoint or shim_endpoint(),
         flush_interval_s=flush_interval_s,
@@ -113,6 +119,17 @@ def _configure_locked(
                                  default_worker=_is_default_worker(worker))
     _bind(_default)
     return old, _default
+
+
+def _export_to_children(endpoint: str | None, role: str | None) -> None:
+    """Put what ``configure()`` was given into the environment, where every child inherits it:
+    a spawned or forkserver child starts a fresh interpreter that knows nothing of this
+    process's publisher (a forked one inherits it anyway), and its shim reads the endpoint and
+    role from the environment. The worker label is not exported: each child has its own."""
+    if endpoint:
+        os.environ[ENDPOINT_ENV] = endpoint
+    if role:
+        os.environ[ROLE_ENV] = role
 
 
 def channel(role: str | None = None, worker: str | None = None, devices: list[int] | None = None) -> Channel:
@@ -151,7 +168,7 @@ def stats() -> dict[tuple[str, str], dict[str, Any]]:
 
 
 def _identity(role: str | None, worker: str | None) -> tuple[str, str]:
-    role = role or _defaults.get("role") or os.environ.get("DFLASH_ROLE") or "trainer"
+    role = role or _defaults.get("role") or os.environ.get(ROLE_ENV) or "trainer"
     worker = worker or _defaults.get("worker") or env_worker()
     return str(role), str(worker)
 
@@ -254,10 +271,37 @@ def category(name: str, key: str | int) -> None:
         _slow(_CATEGORY, name, key)
 
 
+class _Timer:
+    """What ``timer(name)`` returns: the default channel's fast path, like ``timing``."""
+
+    __slots__ = ("_name", "_start")
+
+    _name: str
+    _start: int
+
+    def __enter__(self) -> None:
+        self._start = perf_counter_ns()
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        ms = (perf_counter_ns() - self._start) * 1e-6
+        if len(_q) < _cap:
+            _q.append((_TIMING, self._name, ms))
+        else:
+            _slow(_TIMING, self._name, ms)
+
+
+_new = object.__new__
+
+
 def timer(name: str) -> AbstractContextManager[None]:
-    """Context manager timing its block (host wall time) as a timing in ms. Inside a
-    ``torch.compile``d function it records nothing (see ``trainer_shim.compile_support``)."""
-    return _default_channel().timer(name)
+    """Context manager timing its block (host wall time) as a timing in ms, also when the block
+    raises. Inside a ``torch.compile``d function it records nothing (see
+    ``trainer_shim.compile_support``)."""
+    if not _cap:  # first call or strict mode: the channel's own timer (creates, validates)
+        return _default_channel().timer(name)
+    t = _new(_Timer)  # no __init__ call
+    t._name = name
+    return t
 
 
 def scalar(name: str, tensor: Any) -> None:
