@@ -32,9 +32,12 @@ def test_promql_metric_names_refuses_name_matchers() -> None:
 
 def test_metric_names_file_is_well_formed() -> None:
     names = load_metric_names()
-    assert all(source in {"daemon", "trainer", "nvml", "insight", "wandb", "prometheus"}
+    assert all(source in {"daemon", "trainer", "nvml", "insight", "wandb", "prometheus", "dcgm"}
                for _, source in names.values())
-    for name, (kind, _) in names.items():
+    for name, (kind, source) in names.items():
+        if source == "dcgm":  # dcgm-exporter's own spelling: upper case, counters without _total
+            assert re.fullmatch(r"DCGM_FI_[A-Z0-9_]+", name), name
+            continue
         assert re.fullmatch(r"[a-z_:][a-z0-9_:]*", name), name
         assert name == "up" or name.startswith("dflash_"), f"{name}: not a dflash_ name"
         assert (kind == "counter") == name.endswith("_total"), f"{name}: counters and only counters end in _total"
