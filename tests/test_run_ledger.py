@@ -251,3 +251,44 @@ def test_scripted_run_with_a_trainer_and_a_daemon_restart(tmp_path: Path) -> Non
     table = subprocess.run([sys.executable, "-m", "sidecar", "report", "--state-dir", str(state)],
                            capture_output=True, text=True, env=env(), timeout=60)
     assert table.returncode == 0 and "run run-abc · role trainer" in table.stdout and "restart_gap" in table.stdout
+
+
+def test_the_ledger_is_shown_in_the_console_line_a_wandb_row_top_and_a_promtool_clean_page(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sidecar.exporters.console import format_ledger
+    from sidecar.exporters.prometheus.ledger import ledger_families
+    from sidecar.exporters.wandb.ledger_row import ledger_row
+    from sidecar.report import format_table
+    from sidecar.top_ledger import ledger_table
+    from tests.daemon_harness import require_tool
+
+    led = RunLedger()
+    for end in range(101, 105):
+        led.add(window(end, (sender("1@100", 100, end, end),)))
+    view = led.view()
+    assert format_ledger(view) == ["goodput trainer 50% of 4 s (data 30%)"]
+    row = ledger_row(view)
+    assert row["ledger/trainer/seconds/data"] == pytest.approx(1.2) and row["ledger/trainer/wall_s"] == 4.0
+    assert row["ledger/trainer/goodput_ratio"] == 0.5 and "ledger/trainer/mfu_ratio" not in row  # no FLOPs stated
+
+    class Source:
+        def collect(self):  # type: ignore[no-untyped-def]
+            return ledger_families(view, "box")
+
+    registry = CollectorRegistry()
+    registry.register(Source())  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    page = tmp_path / "page.txt"
+    page.write_text(text)
+    lint = subprocess.run([require_tool("promtool"), "check", "metrics"], stdin=page.open(), capture_output=True,
+                          text=True, timeout=60)
+    assert lint.returncode == 0 and not (lint.stdout + lint.stderr).strip(), lint
+    samples = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples
+               if s.labels.get("cause") in (None, "productive")}
+    assert samples["dflash_ledger_seconds_total"].value == pytest.approx(2.0)
+    table = ledger_table({name: [(dict(s.labels), s.value) for f in text_string_to_metric_families(text)
+                                 for s in f.samples if s.name == name] for name in ("dflash_ledger_seconds_total",)})
+    assert table is not None and table.row_count == 1
+    assert "productive" in format_table(view) and "goodput 50.0%" in format_table(view)
