@@ -34,7 +34,8 @@ class Setting:
     """Key in the TOML file and field of ``Config``; the flag is ``--`` + name with dashes."""
     help: str
     kind: str = "value"
-    """``value``, ``list`` (flag repeatable, TOML array), ``switch`` (``--no-<name>`` turns it off)
+    """``value``, ``list`` (flag repeatable, TOML array), ``switch`` (``--no-<name>`` turns it off;
+    ``--<name>`` turns on one whose default is off)
     or ``tables`` (TOML array of tables only, no flag: ``[[mapping]]``)."""
     type: Callable[[str], Any] = str
     default: Any = None
@@ -107,6 +108,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("nvml_interval", "NVML polling period (seconds). Sub-second polling has cost throughput elsewhere.",
             type=_positive(float, "nvml_interval"), default=1.0),
     Setting("gpu_metrics", "Poll GPUs through NVML (--no-gpu-metrics turns it off).", kind="switch", default=True),
+    Setting("dcgm_compat", "Also export dcgm-exporter's names, units and labels (DCGM_FI_*) for what NVML "
+            "can feed, so dashboards and alerts written for it work unchanged (docs/METRICS.md).",
+            kind="switch", default=False),
     Setting("gpu_group", "Role to GPUs mapping NAME=IDS (repeatable), e.g. target=0-5, drafter=6,7. "
             "Unset: discovered from the trainers' processes.", kind="list", default=[], example="target=0-5",
             default_note="none, roles are discovered from the trainers' processes"),
@@ -184,6 +188,7 @@ class Config:
     interval: float = _default("interval")
     nvml_interval: float = _default("nvml_interval")
     gpu_metrics: bool = _default("gpu_metrics")
+    dcgm_compat: bool = _default("dcgm_compat")
     gpu_group: tuple[str, ...] = _default("gpu_group")
     max_series: int = _default("max_series")
     wandb_queue: int = _default("wandb_queue")
@@ -214,7 +219,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         flag = "--" + s.name.replace("_", "-")
         if s.kind == "tables":
             continue
-        if s.kind == "switch":
+        if s.kind == "switch" and s.default is False:
+            parser.add_argument(flag, dest=s.name, action="store_true", default=argparse.SUPPRESS, help=s.help)
+        elif s.kind == "switch":
             parser.add_argument("--no-" + s.name.replace("_", "-"), dest=s.name, action="store_false",
                                 default=argparse.SUPPRESS, help=s.help)
         elif s.kind == "list":

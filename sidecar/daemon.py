@@ -69,7 +69,7 @@ class Daemon:
         self.prometheus = PrometheusExporter(
             self.host, config.prometheus_addr, config.prometheus_tls_cert, config.prometheus_tls_key,
             gpus=self.gpus.view, ingest=self._ingest_health, wandb=self.wandb.stats if self.wandb else None,
-            explain=self._explain)
+            explain=self._explain, dcgm_compat=config.dcgm_compat)
         self.exporters: list[Exporter] = [ConsoleExporter(), self.prometheus]
         """Every destination; each window goes to each, in this order."""
         if self.wandb is not None:
@@ -149,7 +149,7 @@ class Daemon:
             return
         finally:
             systemd.notify("READY=1")
-        live = {"interval", "log_level", "mapping"} | {
+        live = {"interval", "log_level", "mapping", "dcgm_compat"} | {
             f for f in Config.__dataclass_fields__ if f.startswith("insight_")}
         changed = {f for f in Config.__dataclass_fields__ if getattr(new, f) != getattr(self.config, f)}
         if "interval" in changed and self.ingest is not None:
@@ -157,6 +157,8 @@ class Daemon:
         if ({"mapping", "insight_target_role", "insight_drafter_role"} & changed) and self.ingest is not None:
             self.mapper = Mapper.from_config(new)
             self.ingest.set_mapper(self.mapper)
+        if "dcgm_compat" in changed:
+            self.prometheus.state.dcgm_compat = new.dcgm_compat
         if "log_level" in changed:
             logging.getLogger("sidecar").setLevel(new.log_level.upper())
         restart = sorted(changed - live)

@@ -42,7 +42,8 @@ def test_old_driver_falls_back_and_logs_each_missing_function_once(tmp_path: Pat
     library = library_or_skip("old")
     control = FakeNvml(tmp_path / "control.txt", library, {"devices": 2})
     control.gpu(0, memory_total=80 * GIB, memory_used=20 * GIB, memory_reserved=1 * GIB, temperature_gpu=71,
-                clock_reasons=0x4, power_mw=250_000, power_limit_mw=500_000, processes={4242: 3 * GIB})
+                clock_reasons=0x4, power_mw=250_000, power_limit_mw=500_000, processes={4242: 3 * GIB},
+                violation_thermal=0.5, violation_reliability="unsupported")
     report = run_child({"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(control.path)},
                        "--polls", "5", "--trainer", json.dumps({"4242": ["target", "0"]}))
     assert report["status"]["state"] == "available"
@@ -58,6 +59,10 @@ def test_old_driver_falls_back_and_logs_each_missing_function_once(tmp_path: Pat
     assert gpu["processes"] == [{"pid": 4242, "role": "target", "worker": "0", "memory_bytes": 3 * GIB}]
     assert gpu["profiling"] == "unsupported" and gpu["sm_activity_ratio"] is None
     assert gpu["pcie_rx_bytes_per_second"] is None  # no counter field and no GPM on this driver
+    # the violation fields are refused: nvmlDeviceGetViolationStatus per policy fills in
+    shares = dict(gpu["violation_ratio"])
+    assert shares["thermal"] == pytest.approx(0.5, abs=0.05) and shares["power"] == 0.0
+    assert "reliability" not in dict(gpu["violation_seconds_total"])
     assert report["status"]["errors"] == []
     missing = [line["message"] for line in _sidecar_logs(report) if "not in this driver's library" in line["message"]]
     for function in ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetTemperatureV",

@@ -81,15 +81,18 @@ def test_values_are_mapped_to_base_units(fake_nvml: FakeNvml, nvml_source: Facto
 def test_batched_field_values_keep_calls_per_gpu_low(fake_nvml: FakeNvml, nvml_source: Factory) -> None:
     fake_nvml.set(devices=8)
     power_calls = fake_nvml.call_count("nvmlDeviceGetPowerUsage")
+    violation_calls = fake_nvml.call_count("nvmlDeviceGetViolationStatus")
     process_calls = fake_nvml.call_count("nvmlDeviceGetComputeRunningProcesses_v3")
     source = nvml_source()
     snapshot = polls_after(source, 4)
     assert len(snapshot.gpus) == 8
-    # fields batch + utilization + memory + temperature + 2 clocks + clock events + 2 GPM, and one
-    # event-set drain for all GPUs
+    # fields batch (with the violation counters) + utilization + memory + temperature + 2 clocks +
+    # clock events + 2 GPM, and one event-set drain for all GPUs
     assert snapshot.nvml_calls <= 9 * 8 + 1
     assert all(g.power_watts == pytest.approx(300.0) for g in snapshot.gpus)
     assert fake_nvml.call_count("nvmlDeviceGetPowerUsage") == power_calls  # power came from the batch
+    assert fake_nvml.call_count("nvmlDeviceGetViolationStatus") == violation_calls  # and the violation counters
+    assert all(len(g.violation_seconds_total) == 6 for g in snapshot.gpus)
     assert fake_nvml.call_count("nvmlDeviceGetComputeRunningProcesses_v3") == process_calls  # no trainer pids yet
 
 
@@ -342,9 +345,9 @@ def test_nvml_runs_on_the_poller_thread_only(fake_nvml: FakeNvml, nvml_source: F
     threads: set[str] = set()
     real_call = nvml_driver.NvmlDriver.call_raw
 
-    def recording(self: Any, function: str, *args: Any, label: str | None = None) -> Any:
+    def recording(self: Any, function: str, *args: Any, label: str | None = None, gpu: int | None = None) -> Any:
         threads.add(threading.current_thread().name)
-        return real_call(self, function, *args, label=label)
+        return real_call(self, function, *args, label=label, gpu=gpu)
 
     monkeypatch.setattr(nvml_driver.NvmlDriver, "call_raw", recording)
     source = nvml_source()

@@ -27,6 +27,18 @@ CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
     (0x400, "reliability"),
 )
 
+# nvmlPerfPolicyType_t values of the violation counters (fields NVML_FI_DEV_PERF_POLICY_*, or
+# nvmlDeviceGetViolationStatus), with the exported reason
+# names (NVML's violation counters: time the clocks were held below the application clocks).
+VIOLATION_POLICIES: tuple[tuple[int, str], ...] = (
+    (0, "power"),
+    (1, "thermal"),
+    (2, "sync_boost"),
+    (3, "board_limit"),
+    (4, "low_utilization"),
+    (5, "reliability"),
+)
+
 
 class NvmlState(enum.Enum):
     """Where the NVML source stands."""
@@ -79,6 +91,8 @@ class GpuReading:
     name: str
     up: bool = True
     """False once the GPU is lost (``NVML_ERROR_GPU_IS_LOST``); it stays down until restart."""
+    pci_bus_id: str = ""
+    """PCI bus id as NVML gives it (``00000000:1B:00.0``); "" when unknown."""
     utilization_ratio: float | None = None
     """Fraction of the sample period during which a kernel ran (NVML "GPU utilization")."""
     memory_utilization_ratio: float | None = None
@@ -86,6 +100,8 @@ class GpuReading:
     memory_used_bytes: int | None = None
     memory_free_bytes: int | None = None
     memory_total_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    """Memory the driver reserves (``nvmlMemory_v2_t.reserved``); None with the v1 call."""
     power_watts: float | None = None
     power_limit_watts: float | None = None
     """Enforced power limit."""
@@ -107,8 +123,23 @@ class GpuReading:
     """XID events seen since the source started; None when XID events are not available."""
     last_xid: int | None = None
     """Code of the most recent XID event, None before the first one."""
+    xid_counts: tuple[tuple[int, int], ...] = ()
+    """XID events seen since the source started, per XID code, sorted by code."""
+    violation_seconds_total: tuple[tuple[str, float], ...] = ()
+    """Per ``VIOLATION_POLICIES`` reason the GPU supports: seconds its clocks were held below
+    the application clocks since the driver was loaded (NVML's violation counter)."""
+    violation_ratio: tuple[tuple[str, float], ...] = ()
+    """Per reason: the share (0-1) of the last poll interval the reason held the clocks down;
+    absent for a reason on the first poll or after its counter went back."""
     processes: tuple[GpuProcess, ...] = ()
+    foreign_processes: int | None = None
+    """Compute processes on the GPU that are not known trainer processes; None when the
+    processes were not listed (no trainer known, or the driver cannot list them)."""
+    foreign_memory_bytes: int | None = None
+    """GPU memory of those foreign processes, bytes (the ones the driver reports)."""
     profiling: ProfilingState = ProfilingState.UNSUPPORTED
+    graphics_activity_ratio: float | None = None
+    """GPM: fraction of time any graphics or compute engine was active."""
     sm_activity_ratio: float | None = None
     """GPM: fraction of SMs busy, averaged over the interval."""
     sm_occupancy_ratio: float | None = None
@@ -165,6 +196,9 @@ class NvmlStatus:
     errors: tuple[tuple[str, int], ...] = ()
     """Cumulative NVML errors by reason (e.g. ``gpu_is_lost``, ``unknown``, ``stalled_call``), sorted."""
     gpus_lost: tuple[int, ...] = ()
+    hung_gpus: tuple[int, ...] = ()
+    """GPUs whose NVML call has been running longer than one poll interval: exporters report
+    them down (``up`` 0, no values) until the call returns."""
     profiler_busy_gpus: tuple[int, ...] = ()
     """GPUs whose GPM counters are held by another profiler right now."""
 

@@ -156,6 +156,9 @@ class NvmlSource:
                 state, since, stalled_call = NvmlState.STALLED, in_flight[1], in_flight[0]
                 reason = f"NVML call {in_flight[0]} has not returned for {hanging_s:.1f} s"
         gpus = latest.gpus if latest is not None else ()
+        hung: tuple[int, ...] = ()
+        if in_flight is not None and in_flight[2] is not None and self._clock() - in_flight[1] > self.interval_s:
+            hung = (in_flight[2],)  # it has missed its poll: "up" drops before a second one is missed
         return NvmlStatus(
             state=state,
             reason=reason,
@@ -166,6 +169,7 @@ class NvmlSource:
             polls_total=polls,
             errors=tuple(sorted(self._driver.error_counts().items())),
             gpus_lost=tuple(g.index for g in gpus if not g.up),
+            hung_gpus=hung,
             profiler_busy_gpus=tuple(g.index for g in gpus if g.profiling is ProfilingState.BUSY),
         )
 
@@ -239,7 +243,7 @@ class NvmlSource:
 
     def _open_gpu(self, index: int) -> GpuReader:
         driver = self._driver
-        uuid = name = ""
+        uuid = name = pci_bus_id = ""
         gpm: GpmSampler | None = None
         try:
             outcome, handle = driver.try_call("nvmlDeviceGetHandleByIndex", index, gpu=index)
@@ -248,6 +252,8 @@ class NvmlSource:
             if handle is not None:
                 uuid = str(driver.try_call("nvmlDeviceGetUUID", handle, gpu=index)[1] or "")
                 name = str(driver.try_call("nvmlDeviceGetName", handle, gpu=index)[1] or "")
+                pci = driver.try_call("nvmlDeviceGetPciInfo", handle, gpu=index)[1]
+                pci_bus_id = _text(getattr(pci, "busId", ""))
                 gpm = GpmSampler(driver, handle, index, self._log, self._profiler_backoff_s, self._max_backoff_s)
                 gpm.setup()
         except GpuLostError:
@@ -258,7 +264,7 @@ class NvmlSource:
             handle, gpm = None, None
         if handle is None:
             return GpuReader(driver, index, None, "", "", self._log, None)
-        return GpuReader(driver, index, handle, uuid, name, self._log, gpm)
+        return GpuReader(driver, index, handle, uuid, name, self._log, gpm, pci_bus_id)
 
     def _poll_loop(self) -> None:
         next_at = self._clock()
@@ -338,6 +344,11 @@ def probe_nvml(library_path: str | None = None, timeout_s: float = 5.0) -> tuple
         return result[0]
     in_flight = driver.in_flight
     return False, f"NVML did not answer within {timeout_s:g} s ({in_flight[0] if in_flight else 'a call'} is hanging)"
+
+
+def _text(value: Any) -> str:
+    """An NVML string field as str (pynvml gives bytes or str depending on the structure)."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
 
 
 def _device_name(driver: NvmlDriver, index: int) -> str:

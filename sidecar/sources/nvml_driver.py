@@ -109,9 +109,9 @@ class NvmlUnavailableError(Exception):
 class NvmlDriver:
     """Thin, counting, error-mapping wrapper around ``pynvml``; used from one thread only.
 
-    ``in_flight`` and ``calls`` are plain attributes other threads may read without a lock
-    (a tuple or int assignment is atomic); ``error_counts()`` copies under a short lock that is
-    never held across an NVML call.
+    ``in_flight`` (``(function, started monotonic s, gpu index or None)``) and ``calls`` are
+    plain attributes other threads may read without a lock (a tuple or int assignment is atomic);
+    ``error_counts()`` copies under a short lock that is never held across an NVML call.
     """
 
     def __init__(self, log: logging.Logger, clock: Callable[[], float] = time.monotonic,
@@ -120,7 +120,7 @@ class NvmlDriver:
         self.clock = clock
         self.stall_after_s = stall_after_s
         self.calls = 0
-        self.in_flight: tuple[str, float] | None = None
+        self.in_flight: tuple[str, float, int | None] | None = None
         self._errors: dict[str, int] = {}
         self._errors_lock = threading.Lock()
         self._logged: set[tuple[object, ...]] = set()
@@ -157,18 +157,19 @@ class NvmlDriver:
 
     # ------------------------------------------------------------------ calls
 
-    def call_raw(self, function: str, *args: Any, label: str | None = None) -> Any:
+    def call_raw(self, function: str, *args: Any, label: str | None = None, gpu: int | None = None) -> Any:
         """Call ``pynvml.<function>(*args)``; raises ``NvmlCallError`` with the NVML code.
 
         ``label`` names the C function in logs and errors when it differs from the pynvml one
         (``nvmlDeviceGetMemoryInfo(handle, nvmlMemory_v2)`` calls ``nvmlDeviceGetMemoryInfo_v2``).
+        ``gpu``: the GPU the call is about (None for system calls), shown in ``in_flight``.
         """
         name = label or function
         target = getattr(pynvml, function, None)
         if target is None:
             raise NvmlCallError(name, FUNCTION_NOT_FOUND)
         started = self.clock()
-        self.in_flight = (name, started)
+        self.in_flight = (name, started, gpu)
         self.calls += 1
         try:
             return target(*args)
@@ -188,7 +189,7 @@ class NvmlDriver:
         Raises ``GpuLostError`` on ``NVML_ERROR_GPU_IS_LOST``.
         """
         try:
-            return Outcome.OK, self.call_raw(function, *args, label=label)
+            return Outcome.OK, self.call_raw(function, *args, label=label, gpu=gpu)
         except NvmlCallError as exc:
             return self.classify(exc, gpu), None
 
@@ -265,7 +266,7 @@ class NvmlDriver:
         for slot, metric_id in zip(slots, metric_ids):
             _set_field(slot, "metricId", metric_id)
         try:
-            self.call_raw("nvmlGpmMetricsGet", request)
+            self.call_raw("nvmlGpmMetricsGet", request, gpu=gpu)
         except NvmlCallError as exc:
             return self.classify_gpm(exc, gpu), exc.code, {}
         return Outcome.OK, SUCCESS, {
@@ -277,7 +278,7 @@ class NvmlDriver:
     def gpm_sample(self, handle: Any, sample: Any, gpu: int) -> tuple[Outcome, int]:
         """``nvmlGpmSampleGet`` into ``sample``; returns ``(outcome, nvml code)``."""
         try:
-            self.call_raw("nvmlGpmSampleGet", handle, sample)
+            self.call_raw("nvmlGpmSampleGet", handle, sample, gpu=gpu)
         except NvmlCallError as exc:
             return self.classify_gpm(exc, gpu), exc.code
         return Outcome.OK, SUCCESS

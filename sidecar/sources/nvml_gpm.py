@@ -26,6 +26,7 @@ _MIB = 1024.0 * 1024.0
 
 # metric id -> (GpuReading attribute, scale from NVML's unit to the base unit)
 METRICS: dict[int, tuple[str, float]] = {
+    constant("NVML_GPM_METRIC_GRAPHICS_UTIL", 1): ("graphics_activity_ratio", 0.01),
     constant("NVML_GPM_METRIC_SM_UTIL", 2): ("sm_activity_ratio", 0.01),
     constant("NVML_GPM_METRIC_SM_OCCUPANCY", 3): ("sm_occupancy_ratio", 0.01),
     constant("NVML_GPM_METRIC_ANY_TENSOR_UTIL", 5): ("tensor_activity_ratio", 0.01),

@@ -1,11 +1,13 @@
 """Reads one GPU per poll through ``NvmlDriver`` and builds its ``GpuReading``.
 
 Per GPU and poll: one ``nvmlDeviceGetFieldValues`` batch (energy, power, power limit, memory
-temperature, PCIe byte counters, ECC totals) plus utilization, memory, temperature, two clocks
-and clock-event reasons; the running processes only while trainer pids are known; one or two
-GPM calls on Hopper+. A value the GPU or driver does not support is asked once and then left
-out (``None``) until restart; a versioned function missing from an old driver falls back to
-the older version (logged once by the driver).
+temperature, PCIe byte counters, ECC totals, the six throttle-policy violation counters) plus
+utilization, memory, temperature, two clocks and clock-event reasons; the running processes only
+while trainer pids are known; one or two GPM calls on Hopper+. A violation counter the batch
+does not give falls back to ``nvmlDeviceGetViolationStatus`` for that policy. A value the GPU
+or driver does not support is asked once and then left out (``None``) until restart; a
+versioned function missing from an old driver falls back to the older version (logged once by
+the driver).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.model.gpu import GpuProcess, GpuReading, ProfilingState
+from sidecar.model.gpu import VIOLATION_POLICIES, GpuProcess, GpuReading, ProfilingState
 from sidecar.sources.nvml_driver import (
     SUCCESS,
     GpuLostError,
@@ -27,6 +29,9 @@ from sidecar.sources.nvml_driver import (
 from sidecar.sources.nvml_gpm import GpmSampler
 
 MHZ = 1e6
+MAX_XID_CODES = 64
+"""Distinct XID codes counted per GPU; later new codes are counted under ``OTHER_XID``."""
+OTHER_XID = -1
 
 FIELD_ENERGY = constant("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 83)  # mJ
 FIELD_MEMORY_TEMP = constant("NVML_FI_DEV_MEMORY_TEMP", 82)  # C
@@ -36,8 +41,14 @@ FIELD_PCIE_TX = constant("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 197)  # bytes, may w
 FIELD_PCIE_RX = constant("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 198)
 FIELD_ECC_CORRECTED = constant("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", 3)
 FIELD_ECC_UNCORRECTED = constant("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", 4)
+# Violation counters (ns the clocks were held below the application clocks), one per
+# nvmlPerfPolicyType_t in VIOLATION_POLICIES' order: NVML_FI_DEV_PERF_POLICY_POWER .. _RELIABILITY.
+FIELD_VIOLATIONS: dict[int, str] = {
+    constant(f"NVML_FI_DEV_PERF_POLICY_{name}", 74 + policy): reason
+    for (policy, reason), name in zip(VIOLATION_POLICIES, ("POWER", "THERMAL", "SYNC_BOOST", "BOARD_LIMIT",
+                                                             "LOW_UTILIZATION", "RELIABILITY"), strict=True)}
 FIELDS: tuple[int, ...] = (FIELD_ENERGY, FIELD_MEMORY_TEMP, FIELD_POWER, FIELD_POWER_LIMIT, FIELD_PCIE_TX,
-                           FIELD_PCIE_RX, FIELD_ECC_CORRECTED, FIELD_ECC_UNCORRECTED)
+                           FIELD_PCIE_RX, FIELD_ECC_CORRECTED, FIELD_ECC_UNCORRECTED, *FIELD_VIOLATIONS)
 
 # Fields an older driver may lack, with the single-value function that gives the same number.
 # PCIe has no such fallback: nvmlDeviceGetPcieThroughput samples for 20 ms per call, which
@@ -72,20 +83,29 @@ SM_CLOCK = (Call("nvmlDeviceGetClockInfo", (CLOCK_SM,), "nvmlDeviceGetClockInfo(
 MEM_CLOCK = (Call("nvmlDeviceGetClockInfo", (CLOCK_MEM,), "nvmlDeviceGetClockInfo(MEM)"),)
 CLOCK_EVENTS = (Call("nvmlDeviceGetCurrentClocksEventReasons"), Call("nvmlDeviceGetCurrentClocksThrottleReasons"))
 PROCESSES = (Call("nvmlDeviceGetComputeRunningProcesses_v3"), Call("nvmlDeviceGetComputeRunningProcesses_v2"))
+VIOLATION_STATUS = {
+    reason: (Call("nvmlDeviceGetViolationStatus", (policy,), f"nvmlDeviceGetViolationStatus({reason})"),)
+    for policy, reason in VIOLATION_POLICIES}
 
 
 class GpuReader:
     """Everything the poller remembers about one GPU; used by the poller thread only."""
 
     def __init__(self, driver: NvmlDriver, index: int, handle: Any, uuid: str, name: str,
-                 log: logging.Logger, gpm: GpmSampler | None) -> None:
+                 log: logging.Logger, gpm: GpmSampler | None, pci_bus_id: str = "") -> None:
         self.index = index
         self.handle = handle
         self.uuid = uuid
         self.name = name
+        self.pci_bus_id = pci_bus_id
         self.lost = handle is None
         self.xid_errors_total: int | None = None
         self.last_xid: int | None = None
+        self._xid_counts: dict[int, int] = {}
+        self._violations: dict[str, tuple[int, float]] = {}
+        """Per reason: the last (violation time ns, its timestamp µs)."""
+        self._violation_fallback: list[str] = []
+        """Reasons the field batch does not give: read with nvmlDeviceGetViolationStatus."""
         self._driver = driver
         self._log = log
         self._gpm = gpm
@@ -103,6 +123,14 @@ class GpuReader:
         """Count one XID event (from ``XidWatcher``)."""
         self.xid_errors_total = (self.xid_errors_total or 0) + 1
         self.last_xid = xid
+        if xid in self._xid_counts or len(self._xid_counts) < MAX_XID_CODES:
+            self._xid_counts[xid] = self._xid_counts.get(xid, 0) + 1
+        else:  # a driver inventing codes must not grow the series without bound
+            self._xid_counts[OTHER_XID] = self._xid_counts.get(OTHER_XID, 0) + 1
+
+    def xid_counts(self) -> tuple[tuple[int, int], ...]:
+        """XID events per code, sorted by code."""
+        return tuple(sorted(self._xid_counts.items()))
 
     def read(self, trainer: Mapping[int, tuple[str, str]], now: float) -> GpuReading:
         """This poll's reading; a lost GPU is marked down (and never asked again)."""
@@ -116,8 +144,9 @@ class GpuReader:
                                 "until the daemon restarts", self.index, self.uuid, exc.function)
                 if self._gpm is not None:
                     self._gpm.close()
-        return GpuReading(self.index, self.uuid, self.name, up=False,
-                          xid_errors_total=self.xid_errors_total, last_xid=self.last_xid)
+        return GpuReading(self.index, self.uuid, self.name, up=False, pci_bus_id=self.pci_bus_id,
+                          xid_errors_total=self.xid_errors_total, last_xid=self.last_xid,
+                          xid_counts=self.xid_counts())
 
     def close(self) -> None:
         """Release NVML resources held for this GPU."""
@@ -134,7 +163,8 @@ class GpuReader:
         mem_clock = self._first("mem_clock", MEM_CLOCK)
         clock_events = self._first("clock_events", CLOCK_EVENTS)
         fields = self._read_fields(now)
-        processes = self._processes(trainer) if trainer else ()
+        violation_totals, violation_ratios = self._read_violations(fields)
+        processes, foreign, foreign_memory = self._processes(trainer) if trainer else ((), None, None)
         gpm: dict[str, float | None] = {}
         profiling = ProfilingState.UNSUPPORTED
         if self._gpm is not None:
@@ -143,12 +173,13 @@ class GpuReader:
         pcie_rx = self._rate(FIELD_PCIE_RX, fields)
         pcie_tx = self._rate(FIELD_PCIE_TX, fields)
         return GpuReading(
-            self.index, self.uuid, self.name,
+            self.index, self.uuid, self.name, pci_bus_id=self.pci_bus_id,
             utilization_ratio=None if utilization is None else utilization.gpu / 100.0,
             memory_utilization_ratio=None if utilization is None else utilization.memory / 100.0,
             memory_used_bytes=None if memory is None else int(memory.used),
             memory_free_bytes=None if memory is None else int(memory.free),
             memory_total_bytes=None if memory is None else int(memory.total),
+            memory_reserved_bytes=_reserved(memory),
             power_watts=_scaled(fields.get(FIELD_POWER), 1e-3),
             power_limit_watts=_scaled(fields.get(FIELD_POWER_LIMIT), 1e-3),
             energy_joules=_scaled(fields.get(FIELD_ENERGY), 1e-3),
@@ -163,8 +194,14 @@ class GpuReader:
             ecc_uncorrected_total=_integer(fields.get(FIELD_ECC_UNCORRECTED)),
             xid_errors_total=self.xid_errors_total,
             last_xid=self.last_xid,
+            xid_counts=self.xid_counts(),
+            violation_seconds_total=violation_totals,
+            violation_ratio=violation_ratios,
             processes=processes,
+            foreign_processes=foreign,
+            foreign_memory_bytes=foreign_memory,
             profiling=profiling,
+            graphics_activity_ratio=gpm.get("graphics_activity_ratio"),
             sm_activity_ratio=gpm.get("sm_activity_ratio"),
             sm_occupancy_ratio=gpm.get("sm_occupancy_ratio"),
             tensor_activity_ratio=gpm.get("tensor_activity_ratio"),
@@ -223,6 +260,8 @@ class GpuReader:
             self._fields.remove(field_id)
             if field_id in LEGACY_FUNCTIONS:
                 self._legacy.append(field_id)
+            if field_id in FIELD_VIOLATIONS:
+                self._violation_fallback.append(FIELD_VIOLATIONS[field_id])
 
     def _rate(self, field_id: int, fields: Mapping[int, tuple[float, float]]) -> float | None:
         """Per-second rate of a cumulative counter field since the previous poll."""
@@ -236,15 +275,56 @@ class GpuReader:
             return None  # first sample, clock went back, or the counter wrapped/reset
         return (value - previous[0]) / (at - previous[1])
 
-    def _processes(self, trainer: Mapping[int, tuple[str, str]]) -> tuple[GpuProcess, ...]:
-        running = self._first("processes", PROCESSES) or ()
+    def _read_violations(self, fields: Mapping[int, tuple[float, float]]
+                         ) -> tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]]:
+        """Violation counters: (seconds since driver load, share of the last interval) per reason."""
+        totals: list[tuple[str, float]] = []
+        ratios: list[tuple[str, float]] = []
+        for field_id, reason in FIELD_VIOLATIONS.items():
+            if field_id in fields:
+                violation_ns, reference_us = int(fields[field_id][0]), fields[field_id][1] * 1e6
+            elif reason in self._violation_fallback and (
+                    status := self._first(f"violation-{reason}", VIOLATION_STATUS[reason])) is not None:
+                violation_ns, reference_us = int(status.violationTime), float(status.referenceTime)
+            else:
+                self._violations.pop(reason, None)
+                continue
+            totals.append((reason, violation_ns / 1e9))
+            previous = self._violations.get(reason)
+            self._violations[reason] = (violation_ns, reference_us)
+            if previous is not None and reference_us > previous[1] and violation_ns >= previous[0]:
+                share = (violation_ns - previous[0]) / 1e3 / (reference_us - previous[1])
+                ratios.append((reason, min(1.0, share)))  # the two clocks are read apart: a hair over 1 is 1
+        return tuple(totals), tuple(ratios)
+
+    def _processes(self, trainer: Mapping[int, tuple[str, str]]
+                   ) -> tuple[tuple[GpuProcess, ...], int | None, int | None]:
+        """Trainer processes on this GPU, and the count and memory (bytes) of the others;
+        the last two are None when the driver cannot list processes."""
+        running = self._first("processes", PROCESSES)
+        if running is None:
+            return (), None, None
         found = []
+        foreign = foreign_memory = 0
         for process in running:
+            used = None if process.usedGpuMemory is None else int(process.usedGpuMemory)
             identity = trainer.get(int(process.pid))
             if identity is not None:
-                used = None if process.usedGpuMemory is None else int(process.usedGpuMemory)
                 found.append(GpuProcess(int(process.pid), identity[0], identity[1], used))
-        return tuple(sorted(found, key=lambda p: p.pid))
+            else:
+                foreign += 1
+                foreign_memory += used or 0
+        return tuple(sorted(found, key=lambda p: p.pid)), foreign, foreign_memory
+
+
+def _reserved(memory: Any) -> int | None:
+    """``reserved`` of an ``nvmlMemory_v2_t``; None for the v1 structure, which has none."""
+    if memory is None:
+        return None
+    try:
+        return int(memory.reserved)
+    except AttributeError:
+        return None
 
 
 def _scaled(entry: tuple[float, float] | None, scale: float) -> float | None:

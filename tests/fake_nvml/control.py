@@ -15,7 +15,7 @@ Keys (``<i>`` is a GPU index or ``*`` for every GPU; per-GPU keys override ``gpu
 - ``gpu.<i>.processes``: ``{pid: used_bytes}``; ``gpu.<i>.xids``: every XID raised so far
   (append to raise more; only those added after event registration are delivered)
 - ``gpu.<i>.gpm_supported``, ``gpu.<i>.gpm_busy`` (GPM calls return ``NVML_ERROR_IN_USE``),
-  ``gpu.<i>.events_supported``, ``gpu.<i>.name``, ``gpu.<i>.uuid``
+  ``gpu.<i>.events_supported``, ``gpu.<i>.name``, ``gpu.<i>.uuid``, ``gpu.<i>.pci_bus_id``
 """
 
 from __future__ import annotations
@@ -54,8 +54,16 @@ VALUES: dict[str, str] = {
     "gpm_pcie_rx_mib_per_s": "MiB/s",
     "gpm_nvlink_tx_mib_per_s": "MiB/s",
     "gpm_nvlink_rx_mib_per_s": "MiB/s",
+    "gpm_graphics_util": "percent",
+    "violation_power": "share of time (0-1); the violation counter grows at this rate",
+    "violation_thermal": "share of time (0-1)",
+    "violation_sync_boost": "share of time (0-1)",
+    "violation_board_limit": "share of time (0-1)",
+    "violation_low_utilization": "share of time (0-1)",
+    "violation_reliability": "share of time (0-1)",
 }
-_GPU_KEYS = {"lost", "gpm_supported", "gpm_busy", "events_supported", "name", "uuid", "processes", "xids", *VALUES}
+_GPU_KEYS = {"lost", "gpm_supported", "gpm_busy", "events_supported", "name", "uuid", "pci_bus_id", "processes", "xids",
+             *VALUES}
 _KEY = re.compile(
     r"^(devices|driver_version|nvml_version|(sleep_ms|fail)\.nvml\w+"
     r"|gpu\.(\*|\d+)\.((sleep_ms|fail)\.nvml\w+|(?P<gpu_key>\w+)))$"

@@ -44,7 +44,9 @@ enum slot {
     S_CLOCK_SM, S_CLOCK_MEM, S_CLOCK_REASONS, S_POWER_MW, S_POWER_LIMIT_MW, S_ENERGY_MJ,
     S_PCIE_TX_BPS, S_PCIE_RX_BPS, S_ECC_SBE, S_ECC_DBE,
     S_GPM_SM_UTIL, S_GPM_SM_OCC, S_GPM_TENSOR, S_GPM_DRAM_BW, S_GPM_PCIE_TX, S_GPM_PCIE_RX,
-    S_GPM_NVLINK_TX, S_GPM_NVLINK_RX, S_COUNT
+    S_GPM_NVLINK_TX, S_GPM_NVLINK_RX, S_GPM_GRAPHICS,
+    S_VIOL_POWER, S_VIOL_THERMAL, S_VIOL_SYNC_BOOST, S_VIOL_BOARD_LIMIT, S_VIOL_LOW_UTIL, S_VIOL_RELIABILITY,
+    S_COUNT
 };
 
 static const char *const SLOT_NAMES[S_COUNT] = {
@@ -54,13 +56,16 @@ static const char *const SLOT_NAMES[S_COUNT] = {
     "ecc_sbe_volatile", "ecc_dbe_volatile",
     "gpm_sm_util", "gpm_sm_occupancy", "gpm_any_tensor_util", "gpm_dram_bw_util",
     "gpm_pcie_tx_mib_per_s", "gpm_pcie_rx_mib_per_s", "gpm_nvlink_tx_mib_per_s",
-    "gpm_nvlink_rx_mib_per_s",
+    "gpm_nvlink_rx_mib_per_s", "gpm_graphics_util",
+    "violation_power", "violation_thermal", "violation_sync_boost", "violation_board_limit",
+    "violation_low_utilization", "violation_reliability",
 };
 
 static const double SLOT_DEFAULTS[S_COUNT] = {
     50, 30, 85899345920.0, 10737418240.0, 536870912.0, 45, 50,
     1980, 2619, 0, 300000, 700000, 1e9, 1e9, 2e9, 0, 0,
-    60, 25, 40, 35, 1000, 2000, 5000, 6000,
+    60, 25, 40, 35, 1000, 2000, 5000, 6000, 70,
+    0, 0, 0, 0, 0, 0,
 };
 
 typedef struct {
@@ -79,6 +84,7 @@ typedef struct {
     int lost, gpm_supported, gpm_busy, events_supported;
     char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    char pci_bus_id[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
     unsigned nprocs;
     unsigned proc_pid[MAX_PROCS];
     unsigned long long proc_mem[MAX_PROCS];
@@ -191,6 +197,7 @@ static void config_defaults(config_t *c)
         g->events_supported = 1;
         snprintf(g->name, sizeof(g->name), "NVIDIA H100 80GB HBM3 (fake)");
         snprintf(g->uuid, sizeof(g->uuid), "GPU-fa4e0000-0000-4000-8000-%012u", i);
+        snprintf(g->pci_bus_id, sizeof(g->pci_bus_id), "00000000:%02X:00.0", 0x18 + i);
     }
 }
 
@@ -248,6 +255,7 @@ static void apply_gpu_key(config_t *c, int index, const char *rest, char *value)
     else if (strcmp(rest, "events_supported") == 0) g->events_supported = atoi(value);
     else if (strcmp(rest, "name") == 0) copy_str(g->name, sizeof(g->name), value);
     else if (strcmp(rest, "uuid") == 0) copy_str(g->uuid, sizeof(g->uuid), value);
+    else if (strcmp(rest, "pci_bus_id") == 0) copy_str(g->pci_bus_id, sizeof(g->pci_bus_id), value);
     else if (strcmp(rest, "processes") == 0) parse_procs(g, value);
     else if (strcmp(rest, "xids") == 0) parse_xids(g, value);
     else if (strncmp(rest, "sleep_ms.", 9) == 0) add_rule(c->sleeps, &c->nsleeps, rest + 9, index, atol(value));
@@ -433,6 +441,20 @@ static unsigned long long counter_of(int gpu, enum slot s, nvmlReturn_t *rc)
     return (unsigned long long)v;
 }
 
+/* Violation counters grow with real time: the slot is the share of time the policy holds the
+ * clocks down (0-1), so the counter is share * seconds since load, in ns (set it before load:
+ * changing it later moves the counter at once, as counter_of's counters do). Policy 0-5 are
+ * nvmlPerfPolicyType_t POWER .. RELIABILITY, the order of fields NVML_FI_DEV_PERF_POLICY_*. */
+static unsigned long long violation_ns(int gpu, int policy, nvmlReturn_t *rc)
+{
+    pthread_mutex_lock(&g_lock);
+    slot_t share = g_cfg.gpu[gpu].slot[S_VIOL_POWER + policy];
+    double t = elapsed_s();
+    pthread_mutex_unlock(&g_lock);
+    *rc = share.rc;
+    return share.rc == NVML_SUCCESS ? (unsigned long long)(share.value * t * 1e9) : 0;
+}
+
 /* ---------------------------------------------------------------- init, system */
 
 static nvmlReturn_t do_init(const char *fn)
@@ -567,6 +589,38 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int len
     nvmlReturn_t rc = copy_out(uuid, length, g_cfg.gpu[gpu].uuid);
     pthread_mutex_unlock(&g_lock);
     return rc;
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    ENTER_DEVICE("nvmlDeviceGetPciInfo_v3", device, gpu);
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof(*pci));
+    pthread_mutex_lock(&g_lock);
+    copy_str(pci->busId, sizeof(pci->busId), g_cfg.gpu[gpu].pci_bus_id);
+    copy_str(pci->busIdLegacy, sizeof(pci->busIdLegacy), g_cfg.gpu[gpu].pci_bus_id + 4);
+    pthread_mutex_unlock(&g_lock);
+    unsigned domain = 0, bus = 0, dev = 0;
+    sscanf(pci->busId, "%x:%x:%x", &domain, &bus, &dev);
+    pci->domain = domain;
+    pci->bus = bus;
+    pci->device = dev;
+    pci->pciDeviceId = 0x233010DEu;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t device, nvmlPerfPolicyType_t perfPolicyType,
+                                          nvmlViolationTime_t *violTime)
+{
+    ENTER_DEVICE("nvmlDeviceGetViolationStatus", device, gpu);
+    if (!violTime) return NVML_ERROR_INVALID_ARGUMENT;
+    if ((int)perfPolicyType < 0 || perfPolicyType > NVML_PERF_POLICY_RELIABILITY) return NVML_ERROR_NOT_SUPPORTED;
+    nvmlReturn_t rc;
+    unsigned long long ns = violation_ns(gpu, (int)perfPolicyType, &rc);
+    if (rc != NVML_SUCCESS) return rc;
+    violTime->referenceTime = (unsigned long long)wall_us();
+    violTime->violationTime = ns;
+    return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
@@ -728,6 +782,22 @@ static void field_value(int gpu, nvmlFieldValue_t *out)
         out->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
         out->value.ullVal = counter_of(gpu, which, &out->nvmlReturn);
         return;
+    }
+    case NVML_FI_DEV_PERF_POLICY_POWER:
+    case NVML_FI_DEV_PERF_POLICY_THERMAL:
+    case NVML_FI_DEV_PERF_POLICY_SYNC_BOOST:
+    case NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT:
+    case NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION:
+    case NVML_FI_DEV_PERF_POLICY_RELIABILITY: {
+#ifdef FAKE_NVML_OLD_DRIVER
+        /* not a real driver's limit: lets the tests exercise nvmlDeviceGetViolationStatus */
+        out->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+        return;
+#else
+        out->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        out->value.ullVal = violation_ns(gpu, (int)(out->fieldId - NVML_FI_DEV_PERF_POLICY_POWER), &out->nvmlReturn);
+        return;
+#endif
     }
     case NVML_FI_DEV_MEMORY_TEMP: s = slot_of(gpu, S_TEMP_MEM); break;
     case NVML_FI_DEV_POWER_INSTANT: s = slot_of(gpu, S_POWER_MW); break;
@@ -901,6 +971,7 @@ static int gpm_slot(unsigned metric)
     case NVML_GPM_METRIC_PCIE_RX_PER_SEC: return S_GPM_PCIE_RX;
     case NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: return S_GPM_NVLINK_TX;
     case NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: return S_GPM_NVLINK_RX;
+    case NVML_GPM_METRIC_GRAPHICS_UTIL: return S_GPM_GRAPHICS;
     default: return -1;
     }
 }

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from sidecar.exporters.prometheus import exposition as ex
+from sidecar.exporters.prometheus.dcgm import DcgmSource
 from sidecar.exporters.prometheus.gpu import gpu_metric_families
 from sidecar.exporters.prometheus.insight import insight_families
 from sidecar.exporters.prometheus.ledger import ledger_families
@@ -58,6 +59,8 @@ class ExportState:
     """JSON-able mapping report served on ``/explain`` (``dflash-sidecar explain``)."""
     http: Callable[[], list[Metric]] | None = None
     """The metrics server's own counters (connections accepted, closed early by reason)."""
+    dcgm_compat: bool = False
+    """Also render the GPUs under dcgm-exporter's names (``--dcgm-compat``)."""
 
 
 class SidecarCollector(Collector):
@@ -85,10 +88,13 @@ class SidecarCollector(Collector):
             sources.append(("self", lambda: self_families(host, ingest())))
         if wandb is not None:
             sources.append(("wandb", lambda: wandb_families(host, wandb())))
-        if gpus is not None:
-            sources.append(("gpu", lambda: gpu_metric_families(gpus(), host, time.monotonic())))
+        view = _Once(gpus) if gpus is not None else None  # one GpuView per scrape for both GPU sources
+        if view is not None:
+            sources.append(("gpu", lambda: gpu_metric_families(view(), host, time.monotonic())))
         if state.http is not None:
             sources.append(("http", state.http))
+        if view is not None and state.dcgm_compat:  # last: the page renders it with its own fast path
+            sources.append(("dcgm", DcgmSource(view, host)))
         return sources
 
     def guarded(self, name: str, source: Callable[[], Any], empty: Any = ()) -> Any:
@@ -101,6 +107,19 @@ class SidecarCollector(Collector):
                 self._failed.add(name)
                 log.exception("sidecar: metric source %s failed; its series are omitted", name)
             return empty
+
+
+class _Once:
+    """``read()`` called once, on first use: the GPU sources of one scrape share one view."""
+
+    def __init__(self, read: Callable[[], GpuView]) -> None:
+        self._read = read
+        self._view: GpuView | None = None
+
+    def __call__(self) -> GpuView:
+        if self._view is None:
+            self._view = self._read()
+        return self._view
 
 
 def explain_json(collector: SidecarCollector) -> bytes:

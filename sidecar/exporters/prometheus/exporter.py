@@ -26,14 +26,14 @@ class PrometheusExporter(Exporter):
     def __init__(self, host: str, addr: str, certfile: str | None = None, keyfile: str | None = None, *,
                  gpus: Callable[[], GpuView] | None = None, ingest: Callable[[], IngestHealth | None] | None = None,
                  wandb: Callable[[], WandbStatsLike] | None = None,
-                 explain: Callable[[], Any] | None = None) -> None:
+                 explain: Callable[[], Any] | None = None, dcgm_compat: bool = False) -> None:
         """``addr``: "host:port" (IPv6 in brackets). ``gpus``, ``ingest``, ``wandb``: readers
         called at scrape time (see ``ExportState``); None leaves their families out. ``explain``:
-        the mapping report served on ``/explain``."""
+        the mapping report served on ``/explain``. ``dcgm_compat``: also the dcgm-exporter names."""
         self.addr = addr
         self.certfile, self.keyfile = certfile, keyfile
         self.state = ExportState(host=host, started_unix_s=time.time(), gpus=gpus, ingest=ingest, wandb=wandb,
-                                 explain=explain)
+                                 explain=explain, dcgm_compat=dcgm_compat)
         self._server: Any = None
 
     def start(self) -> None:

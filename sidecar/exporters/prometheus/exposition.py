@@ -50,6 +50,12 @@ def go_float(value: float) -> str:
     d = float(value)
     if -_INF < d < 1e6:
         return repr(d)
+    if 1e6 <= d < _INF:  # floatToGoString's own rule for these, without its checks for Inf and NaN
+        s = repr(d)
+        dot = s.find(".")
+        if dot > 6:
+            return f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.") + f"e+{dot - 1:02d}"
+        return s
     return floatToGoString(d)
 
 

@@ -2,7 +2,8 @@
 
 ``gpu_metric_families`` is a pure function of a ``GpuView`` (the latest snapshot, the source
 status and the group aggregates): it never calls NVML and never waits, so the daemon's scrape-time collector can call it
-directly. A GPU that is down keeps only ``dflash_gpu_up 0`` and its XID series; a value a GPU
+directly. A GPU that is down (lost, or an NVML call on it hanging for more than a poll
+interval) keeps only ``dflash_gpu_up 0`` and its XID series; a value a GPU
 does not report has no sample at all (never a fake 0). Names use base units and the
 ``dflash_`` prefix; labels are ``host`` and ``gpu`` / ``group`` plus ``reason``, ``type``,
 ``pid``, ``role``, ``worker`` where a family needs them. The full list is in ``docs/NVML.md``.
@@ -38,17 +39,27 @@ def gpu_metric_families(view: GpuView, host: str, now_monotonic_s: float) -> lis
     if snapshot is None:
         return [family for family in families if family.samples]
     readings = snapshot.gpus
-    up = [r for r in readings if r.up]
-    families.append(_gauge("dflash_gpu_up", "1 if the GPU answers NVML, 0 once it is lost.", ["host", "gpu"],
-                           (([host, str(r.index)], 1.0 if r.up else 0.0) for r in readings)))
+    up = answering(readings, status)
+    up_indices = {r.index for r in up}
+    families.append(_gauge("dflash_gpu_up", "1 if the GPU answers NVML; 0 once it is lost or while an NVML call on it "
+                           "has hung longer than a poll interval (its values are then left out).", ["host", "gpu"],
+                           (([host, str(r.index)], 1.0 if r.index in up_indices else 0.0) for r in readings)))
     families.extend(_table_families(GPU_METRICS, up, host))
     families.extend(_table_families(XID_METRICS, readings, host))
+    families.extend(_xid_code_families(readings, host))
     families.extend(_clock_event_families(up, host))
+    families.extend(_violation_families(up, host))
     families.extend(_ecc_families(up, host))
     families.extend(_process_families(up, host))
     families.extend(_profiling_families(up, host))
     families.extend(_group_families(view.groups, host))
     return [family for family in families if family.samples]
+
+
+def answering(readings: Sequence[GpuReading], status: NvmlStatus) -> list[GpuReading]:
+    """The readings of GPUs that are up and have no NVML call hanging (``status.hung_gpus``)."""
+    hung = status.hung_gpus
+    return [r for r in readings if r.up and r.index not in hung]
 
 
 _Family = TypeVar("_Family", GaugeMetricFamily, CounterMetricFamily)
@@ -113,6 +124,27 @@ def _clock_event_families(readings: list[GpuReading], host: str) -> list[Metric]
                    ["host", "gpu", "reason"], samples)]
 
 
+def _xid_code_families(readings: Sequence[GpuReading], host: str) -> list[Metric]:
+    samples = [([host, str(r.index), str(code)], float(n)) for r in readings for code, n in r.xid_counts]
+    return [_counter("dflash_gpu_xid_events", "XID error events seen since the sidecar started, per XID code "
+                     "(xid=-1: codes beyond the first 64 distinct ones).", ["host", "gpu", "xid"], samples)]
+
+
+def _violation_families(readings: list[GpuReading], host: str) -> list[Metric]:
+    labels = ["host", "gpu", "reason"]
+    totals = [([host, str(r.index), reason], seconds)
+              for r in readings for reason, seconds in r.violation_seconds_total]
+    ratios = [([host, str(r.index), reason], share) for r in readings for reason, share in r.violation_ratio]
+    return [
+        _counter("dflash_gpu_throttle_seconds",
+                 "Seconds the GPU clocks were held below the application clocks, per reason, since the driver "
+                 "was loaded (NVML violation counters: fields NVML_FI_DEV_PERF_POLICY_*).", labels, totals),
+        _gauge("dflash_gpu_throttle_ratio",
+               "Share (0-1) of the last NVML poll interval the reason held the clocks down "
+               "(NVML violation counters).", labels, ratios),
+    ]
+
+
 def _ecc_families(readings: list[GpuReading], host: str) -> list[Metric]:
     samples = []
     for reading in readings:
@@ -126,8 +158,18 @@ def _ecc_families(readings: list[GpuReading], host: str) -> list[Metric]:
 def _process_families(readings: list[GpuReading], host: str) -> list[Metric]:
     samples = [([host, str(r.index), str(p.pid), p.role, p.worker], float(p.memory_bytes))
                for r in readings for p in r.processes if p.memory_bytes is not None]
-    return [_gauge("dflash_gpu_process_memory_bytes", "GPU memory used by a trainer process, in bytes.",
-                   ["host", "gpu", "pid", "role", "worker"], samples)]
+    labels = ["host", "gpu"]
+    return [
+        _gauge("dflash_gpu_process_memory_bytes", "GPU memory used by a trainer process, in bytes.",
+               ["host", "gpu", "pid", "role", "worker"], samples),
+        _gauge("dflash_gpu_foreign_processes", "Compute processes on the GPU that are not trainer processes "
+               "known from the shims' hellos (listed while any trainer is known).", labels,
+               [([host, str(r.index)], float(r.foreign_processes)) for r in readings
+                if r.foreign_processes is not None]),
+        _gauge("dflash_gpu_foreign_process_memory_bytes", "GPU memory used by those foreign processes, in bytes.",
+               labels, [([host, str(r.index)], float(r.foreign_memory_bytes)) for r in readings
+                        if r.foreign_memory_bytes is not None]),
+    ]
 
 
 def _profiling_families(readings: list[GpuReading], host: str) -> list[Metric]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from sidecar.exporters.prometheus import exposition as ex
 from sidecar.exporters.prometheus.collector import SidecarCollector, report_sources, start_family
+from sidecar.exporters.prometheus.dcgm import DcgmSource
 from sidecar.model.window import IngestReport
 
 
@@ -37,8 +38,11 @@ class MetricsPage:
         parts = [ex.render_metrics([start_family(state)])]
         if report is not None:
             parts.append(self._text_of(report))
-        parts.append(ex.render_metrics([m for name, source in collector.dynamic_sources()
+        dynamic = collector.dynamic_sources()
+        parts.append(ex.render_metrics([m for name, source in dynamic if not isinstance(source, DcgmSource)
                                         for m in collector.guarded(name, source)]))
+        parts += [collector.guarded(name, source.text, "") for name, source in dynamic  # last, rendered fast
+                  if isinstance(source, DcgmSource)]
         return "".join(parts).encode()
 
     def prepare(self) -> None:
