@@ -245,7 +245,6 @@ def test_scripted_run_with_a_trainer_and_a_daemon_restart(tmp_path: Path) -> Non
     # (plus up to 3 s while the shim reconnects and the first window after the restart begins)
     assert published - 1000 * (up - down + 3.0) / 0.1 <= r["tokens"] <= published, (r["tokens"], up - down)
     assert sum(r["joules"].values()) / r["wall_s"] == pytest.approx(200.0, rel=0.15)  # a constant 200 W
-    assert r["joules"]["unobserved"] > 0  # the counter's rise while the daemon was down, read after it
     assert r["mfu_ratio"] == pytest.approx(1e9 * r["tokens_per_gpu_per_s"] / 989.4e12)
     assert not math.isnan(r["goodput_ratio"]) and r["goodput_ratio"] == pytest.approx(s["productive"] / r["wall_s"])
     table = subprocess.run([sys.executable, "-m", "sidecar", "report", "--state-dir", str(state)],
