@@ -74,6 +74,18 @@ def test_a_trainer_restart_is_a_restart_gap_until_the_successor_starts() -> None
     assert led.view().no_trainer_s == pytest.approx(2.4)  # 103 -> 105.4 with nothing alive on the box
 
 
+def test_a_predecessor_still_listed_beside_its_successor_does_not_hide_the_gap() -> None:
+    led = RunLedger()
+    for end in range(101, 104):
+        led.add(window(end, (sender("1@100", 100, end, end),)))
+    gone = SenderFact("1@100", "run-1", "trainer", 100, 103, 103, 3, alive=False)  # silent, not yet forgotten
+    led.add(window(104, (gone,)))
+    led.add(window(106, (gone, sender("2@105", 105, 106, 1)), duration=2.0))
+    r = role(led)
+    assert r.seconds["restart_gap"] == pytest.approx(2.0)  # 103 -> 105, the successor's start
+    assert r.wall_s == pytest.approx(6.0)
+
+
 def test_a_daemon_restart_continues_the_ledger_and_counts_the_time_it_missed(tmp_path: Path) -> None:
     led = RunLedger()
     for end in range(101, 104):
