@@ -6,14 +6,15 @@ folds those facts into totals kept as plain JSON-able data (``state()`` / ``RunL
 so ``sidecar.ledger_state`` can persist them across daemon restarts. How each cause is told is
 in ``sidecar.model.ledger.CAUSES`` and docs/METRICS.md ("Run ledger").
 
-A role's timeline: it starts at its first sender's process start (``started_unix_s`` of its
-hello) and runs while a sender of the role is alive. Within a window the alive time is split by
-the window's shares: the GPU group's busy share and idle attribution where NVML reads the GPUs,
-else the role's phase time shares; a timing named ``checkpoint`` or ``compile`` and the excess of
-a sender's first long steps are taken out of the idle causes first. Time between two windows a
-role was seen in (a daemon restart, or a trainer restart) is ``unobserved`` when a sender alive
-on both sides is the same process, else ``restart_gap`` up to the successor's start and
-``startup`` (or ``unobserved`` once it steps) after it. Resolution: one window for startup.
+A role's timeline: it starts at its first sender's start (``started_unix_s`` of its hello: the
+shim's first use) and is accounted, window by window, up to its senders' last message. The
+time since the last accounted moment is split by the window's shares: the GPU group's busy share
+and idle attribution where NVML reads the GPUs, else the role's phase time shares; a timing named
+``checkpoint`` or ``compile`` and the excess of a sender's first long steps are taken out of the
+idle causes first. Before a role's first step its time is held (``starting_s``) and told as
+``startup`` or ``compile`` once that step arrives. Time the daemon did not run while the same
+sender process lived is ``unobserved``; a successor's arrival turns the gap since its
+predecessor's last message into ``restart_gap`` up to the successor's start.
 """
 
 from __future__ import annotations
