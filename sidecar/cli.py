@@ -12,7 +12,7 @@ from sidecar import __version__
 from sidecar import config as config_mod
 from sidecar.config import ConfigError
 
-SUBCOMMANDS = ("run", "check", "demo", "top", "explain", "sample-config")
+SUBCOMMANDS = ("run", "check", "demo", "top", "explain", "report", "sample-config")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Host-side telemetry daemon for DFlash training: receives the trainer shim's "
                     "records, polls NVML, exports to Prometheus and W&B.")
     parser.add_argument("--version", action="version", version=f"dflash-sidecar {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{run,check,demo,top,explain,sample-config}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,check,demo,top,explain,report,sample-config}")
     run = sub.add_parser("run", help="run the daemon (the default)")
     config_mod.add_arguments(run)
     check = sub.add_parser("check", help="verify endpoint, port, NVML and W&B before deployment")
@@ -43,9 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                          help="the daemon's TOML config file: explain reads its prometheus_addr")
     explain.add_argument("--json", action="store_true", help="print the raw JSON")
+    report = sub.add_parser("report", help="the run ledger: where each run's time and energy went")
+    report.add_argument("--run", default=None, help="only this run (a W&B run id, or host:NAME)")
+    report.add_argument("--json", action="store_true", help="print JSON")
+    report.add_argument("--state-dir", default=None, help="the daemon's state folder (default: as the daemon)")
+    report.add_argument("--config", dest="config_file", metavar="FILE", default=None,
+                        help="the daemon's TOML config file: report reads its state_dir and flops_per_token")
     sample = sub.add_parser("sample-config", help="print a config file listing every setting and its default")
     for name, p in (("run", run), ("check", check), ("demo", demo), ("top", top), ("explain", explain),
-                    ("sample-config", sample)):
+                    ("report", report), ("sample-config", sample)):
         p.set_defaults(subparser=p, command=name)
     return parser
 
@@ -96,6 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             ns.subparser.exit(2, f"dflash-sidecar explain: error: {exc}\n")
         return run_explain(url.removesuffix("/metrics") + "/explain", ns.json)
+    if ns.command == "report":
+        from sidecar.report import run_report
+
+        try:
+            cfg = config_mod.load({"config_file": ns.config_file} if ns.config_file else {})
+        except ConfigError as exc:
+            ns.subparser.exit(2, f"dflash-sidecar report: error: {exc}\n")
+        return run_report(ns.state_dir or cfg.state_dir, ns.run, ns.json, cfg.flops_per_token)
     given = {k: v for k, v in vars(ns).items() if k in config_mod.Config.__dataclass_fields__}
     try:
         cfg = config_mod.load(given)

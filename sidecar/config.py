@@ -72,6 +72,13 @@ def _num(x: float) -> str:
     return f"{x:,}" if isinstance(x, int) else f"{x:g}"
 
 
+def _flops(raw: Any) -> float:
+    value = float(raw)
+    if not 1.0 <= value <= 1e18:  # NaN fails too
+        raise ValueError("flops_per_token must be between 1 and 1e18")
+    return value
+
+
 def _addr(raw: Any) -> str:
     parse_host_port(str(raw))
     return str(raw)
@@ -175,6 +182,14 @@ SETTINGS: tuple[Setting, ...] = (
             default=[]),
     Setting("insight_throttle_reasons", "Verdict: NVML clock-event reasons that count as throttling (repeatable).",
             kind="list", default=list(DEFAULT_THROTTLE_REASONS)),
+    # Run ledger (docs/METRICS.md, "Run ledger").
+    Setting("state_dir", "Folder of the run ledger's state file (kept across daemon restarts). Under systemd "
+            "$STATE_DIRECTORY wins over this.", example="/var/lib/dflash-sidecar",
+            default_note="$STATE_DIRECTORY under systemd, else $XDG_STATE_HOME/dflash-sidecar "
+            "(~/.local/state/dflash-sidecar)"),
+    Setting("flops_per_token", "Model FLOPs per trained token (forward and backward, e.g. 6 x parameters): "
+            "enables the run ledger's MFU. Unset: no MFU.", type=_flops,
+            example="4.2e10", default_note="unset, no MFU"),
 )
 
 
@@ -218,6 +233,8 @@ class Config:
     insight_host_overhead_ratio: float = _default("insight_host_overhead_ratio")
     insight_compute_busy_ratio: float = _default("insight_compute_busy_ratio")
     mapping: tuple[Rule, ...] = ()
+    state_dir: str | None = _default("state_dir")
+    flops_per_token: float | None = _default("flops_per_token")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,6 +18,7 @@ from sidecar import config as config_mod
 from sidecar import systemd
 from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups
 from sidecar.aggregation.insight import compute_insight
+from sidecar.aggregation.ledger import RunLedger, window_facts
 from sidecar.aggregation.senders import SenderState
 from sidecar.aggregation.verdict import Hysteresis, InsightSettings
 from sidecar.config import Config, ConfigError
@@ -27,7 +28,11 @@ from sidecar.exporters.prometheus.exporter import PrometheusExporter
 from sidecar.exporters.prometheus.server import raise_nofile_limit
 from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
 from sidecar.ingest import IngestLoop
+from sidecar.ledger_state import FILE_NAME, state_dir
+from sidecar.ledger_state import load as load_ledger
+from sidecar.ledger_state import save as save_ledger
 from sidecar.model.insight import PipelineInsight
+from sidecar.model.ledger import RunLedgerView
 from sidecar.model.window import IngestHealth, IngestReport
 from sidecar.processing.explain import explain_data
 from sidecar.processing.mapping import Mapper
@@ -69,6 +74,10 @@ class Daemon:
         """Every destination; each window goes to each, in this order."""
         if self.wandb is not None:
             self.exporters.append(self.wandb)
+        self.ledger_path = state_dir(config.state_dir) / FILE_NAME
+        self.ledger_errors: dict[str, int] = {}
+        """Reason -> failed loads, saves or window updates of the run ledger (ingest thread)."""
+        self.ledger = RunLedger(None, config.flops_per_token)
         self.ingest: IngestLoop | None = None
         self._signals: queue.SimpleQueue[int | str] = queue.SimpleQueue()
         self._stopped = False
@@ -79,6 +88,7 @@ class Daemon:
         """Bind the endpoints and the Prometheus port, start ingest, NVML and the exporters.
         Raises ``sources.receiver.EndpointError`` or ``OSError`` with a message saying what to fix."""
         cfg = self.config
+        self._load_ledger()
         raise_nofile_limit()  # before anything opens descriptors: the HTTP side's reserve is sized on it
         receiver = Receiver(list(cfg.endpoint))
         try:
@@ -182,6 +192,7 @@ class Daemon:
                                          complete=True)
         window = dataclasses.replace(report, insight=self._insight(report),
                                      gpu=self.gpus.view() if self.nvml is not None else None)
+        window = dataclasses.replace(window, run_ledger=self._run_ledger(window))
         for exporter in self.exporters:
             try:
                 exporter.consume(window)
@@ -212,6 +223,38 @@ class Daemon:
         if shown is not insight.verdict:
             insight = dataclasses.replace(insight, verdict=shown, raw_verdict=insight.verdict)
         return insight
+
+    def _load_ledger(self) -> None:
+        state, problem = load_ledger(self.ledger_path)
+        if problem:
+            self._ledger_error(f"load_{problem}")
+        try:
+            self.ledger = RunLedger(state, self.config.flops_per_token)
+        except (TypeError, ValueError, KeyError, AttributeError):
+            self._ledger_error("load_corrupt")
+            self.ledger = RunLedger(None, self.config.flops_per_token)
+        if state is not None:
+            log.info("dflash-sidecar: run ledger continued from %s (%d runs)", self.ledger_path, len(self.ledger.runs))
+
+    def _run_ledger(self, window: IngestReport) -> RunLedgerView | None:
+        """Fold the window into the run ledger and save it (ingest thread); None if that failed
+        (counted, logged once per reason): the ledger must never stop the other exports."""
+        try:
+            self.ledger.add(window_facts(window))
+        except Exception:  # noqa: BLE001
+            self._ledger_error("update_failed", exc_info=True)
+            return None
+        try:
+            save_ledger(self.ledger_path, self.ledger.state())
+        except OSError as exc:
+            self._ledger_error("save_failed", detail=f"{self.ledger_path}: {exc}")
+        return self.ledger.view(self.ledger_errors)
+
+    def _ledger_error(self, reason: str, detail: str = "", exc_info: bool = False) -> None:
+        self.ledger_errors[reason] = self.ledger_errors.get(reason, 0) + 1
+        if self.ledger_errors[reason] == 1:
+            log.error("sidecar: run ledger %s (counted, logged once)%s", reason.replace("_", " "),
+                      f": {detail}" if detail else "", exc_info=exc_info)
 
     def _explain(self) -> dict[str, object]:
         """What ``dflash-sidecar explain`` prints (served as JSON on ``/explain``; scrape thread)."""

@@ -17,6 +17,7 @@ a monitor thread); ``--style generic`` runs a plain single-role training loop in
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import queue
 import random
@@ -223,9 +224,11 @@ class SimulatedPipeline:
 def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
     """Run the daemon and the simulated pipeline until ``--duration`` passes or SIGTERM/Ctrl-C."""
     from sidecar.daemon import Daemon
+    from sidecar.ledger_state import state_dir
     from sidecar.sources.receiver import EndpointError
 
-    daemon = Daemon(cfg)
+    # the simulated run's ledger stays apart from real runs' (report --state-dir <state>/demo)
+    daemon = Daemon(dataclasses.replace(cfg, state_dir=str(state_dir(cfg.state_dir) / "demo")))
     try:
         daemon.start()
     except (EndpointError, OSError) as exc:

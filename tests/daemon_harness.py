@@ -71,7 +71,10 @@ def spawn_sidecar(args: list[str], log_path: Path, environ: dict[str, str] | Non
                   nofile: int | None = None) -> subprocess.Popen[bytes]:
     """``python -m sidecar ARGS`` from this checkout in ``log_path``'s folder, stdout and stderr to
     ``log_path``. ``environ``: the whole environment (default ``env()``). ``nofile``: the open-file
-    limit it runs under (soft and hard)."""
+    limit it runs under (soft and hard). The run ledger's default state folder is moved into
+    ``log_path``'s folder unless ``environ`` names one: a test never writes the user's state."""
+    environ = dict(environ if environ is not None else env())
+    environ.setdefault("XDG_STATE_HOME", str(log_path.parent / "xdg-state"))
 
     def limit() -> None:
         if nofile is not None:
@@ -79,7 +82,7 @@ def spawn_sidecar(args: list[str], log_path: Path, environ: dict[str, str] | Non
 
     with open(log_path, "wb") as log:
         return subprocess.Popen([sys.executable, "-m", "sidecar", *args], stdout=log, stderr=subprocess.STDOUT,
-                                env=environ if environ is not None else env(), cwd=log_path.parent,
+                                env=environ, cwd=log_path.parent,
                                 preexec_fn=limit if nofile is not None else None)
 
 
@@ -100,6 +103,8 @@ class DaemonProc:
             cmd += ["--interval", str(interval)]
         if endpoint is not False:
             cmd += ["--endpoint", self.endpoint]
+        if "--state-dir" not in args:  # the run ledger's file stays in the test's folder
+            cmd += ["--state-dir", str(tmp / "state")]
         self.proc = spawn_sidecar(cmd, self.log_path, env(**(extra_env or {})), nofile=nofile)
         if wait:
             self.wait_ready()

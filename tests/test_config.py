@@ -73,7 +73,7 @@ def test_the_sample_with_every_line_uncommented_loads_and_marks_defaults_truthfu
             assert getattr(loaded, name) != getattr(defaults, name), f"{name}: an example equal to the default"
         else:
             assert getattr(loaded, name) == getattr(defaults, name), f"{name} is marked default but is not"
-    assert examples == {"endpoint", "gpu_group"}
+    assert examples == {"endpoint", "gpu_group", "state_dir", "flops_per_token"}
     assert loaded.wandb_run is None and loaded.prometheus_tls_cert is None  # "" leaves them unset
 
 

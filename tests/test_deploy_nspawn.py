@@ -264,6 +264,17 @@ def trainer(box: Box) -> Iterator[int]:
 
 
 def test_restart_and_the_shim_reconnects(box: Box, trainer: int) -> None:
+    def ledger_s() -> float:
+        try:
+            samples = box.metrics()
+        except AssertionError:
+            return 0.0
+        # a fresh ledger would also reach back to the trainer's start, but as unobserved time
+        return sum(v for lab, v in samples.get("dflash_ledger_seconds_total", []) if lab["cause"] != "unobserved")
+
+    # more watched time than the first window after a restart can hold on its own
+    ledger_before = wait_until(lambda: (v := ledger_s()) > 4 * INTERVAL and v, PATIENCE_S, 0.3,
+                               "the trainer's run in the run ledger")
     before = box.container.main_pid(PLAIN)
     box.sh(f"systemctl reset-failed {PLAIN} 2>/dev/null || true; systemctl restart {PLAIN}")
     after = box.container.main_pid(PLAIN)
@@ -271,6 +282,9 @@ def test_restart_and_the_shim_reconnects(box: Box, trainer: int) -> None:
     # the new daemon's counters start at zero: anything from the trainer means it reconnected
     wait_until(lambda: box.accepted("loop") > 0, PATIENCE_S, 0.3, "the trainer's shim to reconnect")
     assert box.container.main_pid(TRAINER_UNIT) == trainer
+    # the run ledger continues from its state file in StateDirectory=, it does not start again
+    assert wait_until(ledger_s, PATIENCE_S, 0.3, "the run ledger after the restart") >= ledger_before
+    box.sh("test -s /var/lib/dflash-sidecar/run-ledger.json")
 
 
 def test_kill_9_is_recovered_by_restart(box: Box, trainer: int) -> None:

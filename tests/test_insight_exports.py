@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import subprocess
+import tempfile
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -131,7 +132,7 @@ class Recorder(Exporter):
 
 
 def daemon_with_facts(facts) -> tuple[Daemon, Recorder]:
-    daemon = Daemon(Config(), host="box")
+    daemon = Daemon(Config(state_dir=tempfile.mkdtemp(prefix="ledger-")), host="box")  # the run ledger's file
     daemon.gpus = GpuAggregates(GpuGroups.parse(()))
     daemon.gpus.facts = facts  # type: ignore[method-assign]
     recorder = Recorder()

@@ -406,4 +406,5 @@ class Aggregator:
         for sender, (role, worker, step) in self._steps.items():
             if (live is None or sender in live) and step > steps.get((role, worker), -1):
                 steps[role, worker] = step
-        return WindowReport(end_unix_s, duration_s, tuple(views), steps, dict(self._allocator))
+        return WindowReport(end_unix_s, duration_s, tuple(views), steps, dict(self._allocator),
+                            {sender: step for sender, (_, _, step) in self._steps.items()})

@@ -14,6 +14,7 @@ from typing import Any
 
 from sidecar.model.gpu import GpuView
 from sidecar.model.insight import PipelineInsight
+from sidecar.model.ledger import RunLedgerView
 from trainer_shim.wire import RecordKind
 
 TIMING, COUNT, GAUGE, CATEGORY, SCALAR, PROFILE, ALLOCATOR = (
@@ -64,6 +65,8 @@ class WindowReport:
     series: tuple[SeriesView, ...]
     steps: dict[tuple[str, str], int] = field(default_factory=dict)
     allocator: dict[tuple[str, str, int], tuple[int, int, int]] = field(default_factory=dict)
+    sender_steps: dict[int, int] = field(default_factory=dict)
+    """Sender id -> the latest step it published (the run ledger tells each sender's first step)."""
 
     def window_series(self, kind: int | None = None, name: str | None = None) -> Iterable[SeriesView]:
         """Series with data in this window, optionally of one kind and name."""
@@ -138,6 +141,8 @@ class IngestReport:
     records_accepted_in_window: int
     insight: PipelineInsight | None = None
     gpu: GpuView | None = None
+    run_ledger: RunLedgerView | None = None
+    """The run ledger's totals after this window (None if it failed or is off)."""
 
     @property
     def live_senders(self) -> tuple[SenderView, ...]:

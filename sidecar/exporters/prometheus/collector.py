@@ -29,6 +29,7 @@ from sidecar.exporters.prometheus import exposition as ex
 from sidecar.exporters.prometheus.dcgm import DcgmSource
 from sidecar.exporters.prometheus.gpu import gpu_metric_families
 from sidecar.exporters.prometheus.insight import insight_families
+from sidecar.exporters.prometheus.ledger import ledger_families
 from sidecar.exporters.prometheus.process import WandbStatsLike, self_families, wandb_families
 from sidecar.model.gpu import GpuView
 from sidecar.model.names import family_names
@@ -154,6 +155,9 @@ def report_sources(report: IngestReport | None, host: str) -> list[tuple[str, Fa
     insight = report.insight
     if insight is not None:
         sources.append(("insight", lambda: insight_families(insight, host)))
+    ledger = report.run_ledger
+    if ledger is not None:
+        sources.append(("run_ledger", lambda: ledger_families(ledger, host)))
     return sources
 
 

@@ -2,7 +2,8 @@
 
 Keys: ``trainer/<role>/<worker>/<name>/<stat>`` for the trainer's series (timings in ms, as the
 trainer sent them; counter rates per second), ``self/...`` for the daemon's own accounting,
-``pipeline/...`` for the insight (``insight_row``), ``gpu/...``, ``group/...``, ``nvml/...`` for
+``pipeline/...`` for the insight (``insight_row``), ``ledger/...`` for the run ledger
+(``ledger_row``), ``gpu/...``, ``group/...``, ``nvml/...`` for
 the GPUs (``gpu_rows``). Only series with data in the window appear, so a row never repeats
 stale values. ``window_row`` is the whole row of one window.
 """
@@ -14,6 +15,7 @@ import time
 
 from sidecar.exporters.wandb.gpu_rows import gpu_wandb_row
 from sidecar.exporters.wandb.insight_row import insight_row
+from sidecar.exporters.wandb.ledger_row import ledger_row
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING, IngestReport
 
 
@@ -23,7 +25,8 @@ def window_row(report: IngestReport, host: str) -> dict[str, float]:
     row: dict[str, float] = {}
     for part in (trainer_row(report), accounting_row(report),
                  insight_row(report.insight) if report.insight is not None else {},
-                 gpu_wandb_row(report.gpu, time.monotonic()) if report.gpu is not None else {}):
+                 gpu_wandb_row(report.gpu, time.monotonic()) if report.gpu is not None else {},
+                 ledger_row(report.run_ledger) if report.run_ledger is not None else {}):
         row.update((f"{host}/{key}", value) for key, value in part.items())
     return row
 

@@ -1,0 +1,454 @@
+"""The run ledger (goodput): windows in, per run and role where the wall time and the energy went.
+
+Pure (no I/O, no clock, no locks; the ingest thread owns it): ``window_facts(report)`` is the one
+function that reads a window (its senders, steps, insight and GPU view) and ``RunLedger.add``
+folds those facts into totals kept as plain JSON-able data (``state()`` / ``RunLedger(state)``),
+so ``sidecar.ledger_state`` can persist them across daemon restarts. How each cause is told is
+in ``sidecar.model.ledger.CAUSES`` and docs/METRICS.md ("Run ledger").
+
+A role's timeline: it starts at its first sender's start (``started_unix_s`` of its hello: the
+shim's first use) and is accounted, window by window, up to its senders' last message. The
+time since the last accounted moment is split by the window's shares: the GPU group's busy share
+and idle attribution where NVML reads the GPUs, else the role's phase time shares; a timing named
+``checkpoint`` or ``compile`` and the excess of a sender's first long steps are taken out of the
+idle causes first. Before a role's first step its time is held (``starting_s``) and told as
+``startup`` or ``compile`` once that step arrives. Time the daemon did not run while the same
+sender process lived is ``unobserved``; a successor's arrival turns the gap since its
+predecessor's last message into ``restart_gap`` up to the successor's start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.model.ledger import CAUSES, RoleLedger, RunLedgerView
+from sidecar.model.window import LIVE_S, TIMING, IngestReport
+
+GONE_AFTER_S = 3.0
+"""A sender silent for longer than this at a window's end left at its last message (a shim sends
+a heartbeat every 2 s)."""
+COMPILE_FACTOR = 5.0
+"""A step in a sender's first ``COMPILE_WINDOWS`` windows with steps at least this many times its
+window's median step marks compilation: its excess over the median is ``compile``."""
+COMPILE_WINDOWS = 2
+MAX_RUNS = 64
+"""Runs kept; beyond, the one seen least recently is forgotten (counted)."""
+MAX_SENDERS_PER_ROLE = 64
+"""Sender processes remembered per run and role (to tell a daemon restart from a trainer restart)."""
+STATE_VERSION = 1
+
+IDLE_CAUSES = {"data": "data", "queue": "queue", "collectives": "communication", "host": "host",
+               "unexplained": "unattributed", "unattributed": "unattributed"}
+"""The insight's GPU idle reasons -> ledger causes (any other reason is ``unattributed``)."""
+SHARE_CAUSES = {"data_wait": "data", "queue_wait": "queue", "queue_put_wait": "queue", "comm_wait": "communication",
+                "other": "host", "forward": "productive", "backward": "productive", "optimizer": "productive",
+                "pack": "productive", "forward_backward": "productive"}
+"""The role's phase time shares -> ledger causes, used without GPU readings."""
+TAKE_ORDER = ("unattributed", "host", "data", "queue", "communication", "productive", "throttled")
+"""Where checkpoint and compile seconds are taken from: the GPU-idle causes first."""
+
+
+@dataclass(frozen=True, slots=True)
+class SenderFact:
+    """One sender in one window: ``key`` names its process (pid and start); ``begin`` the later of
+    its start and the window's begin, ``end`` its last message (unix seconds); ``alive`` whether it
+    is still sending at the window's end (``GONE_AFTER_S``); ``step`` its latest step (None before one)."""
+
+    key: str
+    run: str
+    role: str
+    started_unix_s: float
+    begin: float
+    end: float
+    step: int | None
+    alive: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RoleFact:
+    """One role in one window: ``shares`` of its alive time by cause (summing to 1);
+    ``checkpoint_s``/``compile_s`` its workers' mean seconds in those; ``tokens`` processed;
+    ``energy_j`` its GPUs' energy since the previous window (None without readings)."""
+
+    shares: Mapping[str, float]
+    checkpoint_s: float = 0.0
+    compile_s: float = 0.0
+    first_step_excess_s: float = 0.0
+    """Mean per worker of the compile excess of its ``step`` timing this window (``COMPILE_FACTOR``;
+    counted only in a sender's first ``COMPILE_WINDOWS`` windows with steps)."""
+    tokens: float = 0.0
+    step_s: float = 0.0
+    """Mean per worker of the seconds its ``step`` timings (every occurrence) cover this window."""
+    gpus: int = 0
+    gpu_name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WindowFacts:
+    """What the ledger needs from one window. ``energy``: GPU uuid -> its energy counter (joules);
+    ``gpu_roles``: GPU uuid -> role (absent: no known role)."""
+
+    end_unix_s: float
+    duration_s: float
+    senders: tuple[SenderFact, ...]
+    roles: Mapping[str, RoleFact]
+    energy: Mapping[str, float] = field(default_factory=dict)
+    gpu_roles: Mapping[str, str] = field(default_factory=dict)
+
+
+def run_of(hello: Mapping[str, Any] | None) -> str:
+    """The run a sender belongs to: the W&B run id its hello announces, else its host name (all
+    senders of a host without a W&B run make one run)."""
+    hello = hello or {}
+    run = hello.get("wandb_run_id")
+    if isinstance(run, str) and run:
+        return run
+    host = hello.get("host")
+    return f"host:{host}" if isinstance(host, str) and host else "host:unknown"
+
+
+def window_facts(report: IngestReport) -> WindowFacts:
+    """The ledger's inputs from one window (the only place the ledger reads a window)."""
+    w = report.window
+    begin = w.end_unix_s - w.duration_s
+    senders = []
+    for s in report.senders:
+        last = w.end_unix_s - s.last_seen_age_s
+        if last < begin and s.last_seen_age_s > LIVE_S:  # a live sender silent this window still counts
+            continue
+        hello = s.hello or {}
+        started = hello.get("started_unix_s")
+        started = float(started) if isinstance(started, (int, float)) and 0 < started <= w.end_unix_s else 0.0
+        senders.append(SenderFact(f"{s.pid}@{started:.3f}" if s.pid is not None else f"sender:{s.sender}",
+                                  run_of(s.hello), s.role, started, max(begin, started), last,
+                                  w.sender_steps.get(s.sender), s.last_seen_age_s <= GONE_AFTER_S))
+    insight = report.insight
+    gpu_of_role, names, energy, uuid_roles = _gpus(report, {s.role for s in senders})
+    roles: dict[str, RoleFact] = {}
+    for role in {s.role for s in senders}:
+        mine = gpu_of_role.get(role, ())
+        throttled = (sum(1 for g in mine if g in insight.throttled_gpus) / len(mine)
+                     if insight is not None and mine else 0.0)
+        checkpoint, compile_s, first, step_s = _timed(report, role)
+        ri = insight.roles.get(role) if insight is not None else None
+        roles[role] = RoleFact(_shares(report, role, throttled), checkpoint, compile_s, first,
+                               (ri.tokens_per_s * w.duration_s) if ri is not None else 0.0, step_s,
+                               len(mine), names.get(role, ""))
+    return WindowFacts(w.end_unix_s, w.duration_s, tuple(senders), roles, energy, uuid_roles)
+
+
+def _gpus(report: IngestReport, roles: set[str]) -> tuple[dict[str, tuple[str, ...]], dict[str, str],
+                                                          dict[str, float], dict[str, str]]:
+    """Role -> its GPU indices (as text), role -> GPU name, uuid -> energy counter, uuid -> role.
+    GPUs of no group belong to the one role when exactly one role is alive."""
+    view = report.gpu
+    snap = view.snapshot if view is not None else None
+    if view is None or snap is None:
+        return {}, {}, {}, {}
+    group_of = {str(i): g.name for g in view.groups for i in g.gpus}
+    only = next(iter(roles)) if len(roles) == 1 else None
+    by_role: dict[str, list[str]] = {}
+    names: dict[str, str] = {}
+    energy: dict[str, float] = {}
+    uuid_roles: dict[str, str] = {}
+    for r in snap.gpus:
+        if not r.up:
+            continue
+        role = group_of.get(str(r.index)) or only
+        if r.energy_joules is not None:
+            energy[r.uuid] = r.energy_joules
+        if role is not None:
+            by_role.setdefault(role, []).append(str(r.index))
+            names.setdefault(role, r.name)
+            uuid_roles[r.uuid] = role
+    return {k: tuple(v) for k, v in by_role.items()}, names, energy, uuid_roles
+
+
+def _shares(report: IngestReport, role: str, throttled: float) -> dict[str, float]:
+    """Shares of the role's alive time by cause, summing to 1."""
+    insight = report.insight
+    out = dict.fromkeys(CAUSES, 0.0)
+    idle = insight.gpu_idle.get(role) if insight is not None else None
+    if idle is not None:
+        busy = max(0.0, 1.0 - idle["idle"])
+        out["productive"], out["throttled"] = busy * (1.0 - throttled), busy * throttled
+        for reason, value in idle.items():
+            if reason != "idle":
+                out[IDLE_CAUSES.get(reason, "unattributed")] += max(0.0, value)
+    else:
+        ri = insight.roles.get(role) if insight is not None else None
+        for phase, value in (ri.time_share.items() if ri is not None else ()):
+            # The gap no timing covers is host time only where the insight measured it as such.
+            cause = SHARE_CAUSES.get(phase, "unattributed") if phase != "other" or ri.host_measured else "unattributed"
+            out[cause] += max(0.0, value)
+        out["throttled"], out["productive"] = out["productive"] * throttled, out["productive"] * (1.0 - throttled)
+    total = sum(out.values())
+    if total > 1.0:
+        out = {k: v / total for k, v in out.items()}
+    out["unattributed"] += max(0.0, 1.0 - sum(out.values()))
+    return out
+
+
+def _timed(report: IngestReport, role: str) -> tuple[float, float, float, float]:
+    """The role's mean seconds per worker in timings named ``checkpoint`` and ``compile`` this
+    window, the compile excess of its ``step`` timing (``COMPILE_FACTOR``) and its ``step`` seconds."""
+    sums: dict[str, dict[str, float]] = {"checkpoint": {}, "compile": {}, "step": {}}
+    first: dict[str, float] = {}
+    workers: set[str] = set()
+    for v in report.window.window_series(TIMING):
+        if v.role != role:
+            continue
+        workers.add(v.worker)
+        win = v.window or {}
+        if v.meaning == "step" and not v.snapshot:
+            sums["step"][v.worker] = sums["step"].get(v.worker, 0.0) + float(win.get("sum", 0.0)) / 1000.0
+        for what in ("checkpoint", "compile"):
+            if what in v.name:
+                sums[what][v.worker] = sums[what].get(v.worker, 0.0) + float(win.get("sum", 0.0)) / 1000.0
+        if v.meaning == "step" and not v.snapshot and win.get("count", 0) >= 2:
+            p50, top = float(win.get("p50", 0.0)), float(win.get("max", 0.0))
+            if p50 > 0 and top >= COMPILE_FACTOR * p50:
+                first[v.worker] = (top - p50) / 1000.0
+    n = max(1, len(workers))
+    first = {w: max(0.0, x - sums["checkpoint"].get(w, 0.0)) for w, x in first.items()}  # a step that saved
+    return (sum(sums["checkpoint"].values()) / n, sum(sums["compile"].values()) / n, sum(first.values()) / n,
+            sum(sums["step"].values()) / n)
+
+
+class RunLedger:
+    """The totals, as JSON-able data (``state()``), fed one window at a time (``add``)."""
+
+    def __init__(self, state: Mapping[str, Any] | None = None, flops_per_token: float | None = None) -> None:
+        """``state``: what ``state()`` returned before (a daemon restart), validated by the caller
+        (``sidecar.ledger_state``). ``flops_per_token``: the model FLOPs per token, for MFU."""
+        self.flops_per_token = flops_per_token
+        s = dict(state or {})
+        self.runs: dict[str, dict[str, dict[str, Any]]] = s.get("runs", {})
+        self.no_trainer_s: float = float(s.get("no_trainer_s", 0.0))
+        self.no_trainer_j: float = float(s.get("no_trainer_j", 0.0))
+        self.runs_dropped: int = int(s.get("runs_dropped", 0))
+        self.energy_prev: dict[str, float] = dict(s.get("energy_prev", {}))
+        self.now_unix_s: float = float(s.get("now_unix_s", 0.0))
+        self.trainer_until: float = float(s.get("trainer_until", 0.0))
+        """Unix time of the newest sender message folded in."""
+        self.idle_until: float = float(s.get("idle_until", 0.0))
+        """No-trainer time is accounted up to here (0 while a sender is alive)."""
+        self.session_begin: float | None = None
+        """Begin of the first window this daemon folded: earlier time was not watched."""
+
+    def state(self) -> dict[str, Any]:
+        """Everything the ledger holds, as JSON-able data."""
+        return {"version": STATE_VERSION, "runs": self.runs, "no_trainer_s": self.no_trainer_s,
+                "no_trainer_j": self.no_trainer_j, "runs_dropped": self.runs_dropped,
+                "energy_prev": self.energy_prev, "now_unix_s": self.now_unix_s,
+                "trainer_until": self.trainer_until, "idle_until": self.idle_until}
+
+    def add(self, facts: WindowFacts) -> None:
+        """Fold one window in."""
+        begin = facts.end_unix_s - facts.duration_s
+        if self.session_begin is None:
+            self.session_begin = begin
+        joules = self._energy(facts)
+        groups: dict[tuple[str, str], list[SenderFact]] = {}
+        for s in facts.senders:
+            groups.setdefault((s.run, s.role), []).append(s)
+        for (run, role), senders in sorted(groups.items()):
+            fact = facts.roles.get(role) or RoleFact(dict.fromkeys(CAUSES, 0.0) | {"unattributed": 1.0})
+            self._add_role(run, role, senders, fact, joules.get(role), begin)
+        for run, members in self.runs.items():
+            for role, r in members.items():
+                r["live"] = any(s.alive for s in groups.get((run, role), ()))
+        self._no_trainer(facts, begin, sum(joules.values()))
+        self.now_unix_s = facts.end_unix_s
+        self._bound()
+
+    def _no_trainer(self, facts: WindowFacts, begin: float, joules: float) -> None:
+        """Daemon time with no live sender: from the later of the last message, the last time
+        accounted so and this session's start, to the window's end (or to the first message of a
+        sender that came after it)."""
+        floor = max(self.idle_until, self.trainer_until, self.session_begin or begin)
+        alive = [s for s in facts.senders if s.alive]
+        if facts.senders:
+            self.trainer_until = max(self.trainer_until, max(s.end for s in facts.senders))
+        if alive:
+            first = min(s.begin for s in facts.senders)
+            if self.idle_until > 0 and first > floor:
+                self.no_trainer_s += first - floor
+            self.idle_until = 0.0
+            return
+        start = max(floor, self.trainer_until)
+        if facts.end_unix_s > start:
+            self.no_trainer_s += facts.end_unix_s - start
+            if facts.duration_s > 0:
+                self.no_trainer_j += joules * min(1.0, (facts.end_unix_s - start) / facts.duration_s)
+        self.idle_until = facts.end_unix_s
+
+    def _energy(self, facts: WindowFacts) -> dict[str, float]:
+        """Role -> joules its GPUs used since the previous window ("" for GPUs of no role)."""
+        out: dict[str, float] = {}
+        for uuid, value in facts.energy.items():
+            prev = self.energy_prev.get(uuid)
+            if prev is not None and value >= prev:
+                role = facts.gpu_roles.get(uuid, "")
+                out[role] = out.get(role, 0.0) + value - prev
+        self.energy_prev.update(facts.energy)  # a window without a poll yet keeps the last readings
+        return out
+
+    def _add_role(self, run: str, role: str, senders: list[SenderFact], fact: RoleFact,
+                  joules: float | None, begin: float) -> None:
+        """Account one (run, role) from where it was accounted up to its senders' last message."""
+        r = self.runs.setdefault(run, {}).setdefault(role, _new_role(senders))
+        seconds = dict.fromkeys(CAUSES, 0.0)
+        known = r["senders"]
+        session = self.session_begin or 0.0
+        stepped = [s for s in senders if s.step is not None]
+        b = max(s.end for s in senders)
+        prev = r["observed_until"]
+        if prev is None:  # the role's first window: from its first sender's start
+            prev = _start(senders)
+            r["first_unix_s"] = prev
+            continuing = True
+        else:
+            continuing = any(s.key in known and s.end > prev for s in senders)  # a known one sent more
+        joules = (joules or 0.0) + r.get("carry_j", 0.0)
+        r["carry_j"] = 0.0
+        if b <= prev:  # nothing new from its senders: the energy waits for the seconds it goes with
+            r["carry_j"] = joules
+            return
+        released: dict[str, float] = {}
+        """Held startup seconds told this window (they take the held joules, not this window's)."""
+        pended = 0.0
+        """Seconds held this window (they take their share of this window's joules, held too)."""
+        if not continuing:  # a successor: the gap until it started; a predecessor's unfinished startup stands
+            succ = _start([s for s in senders if s.key not in known] or senders)
+            succ = min(max(succ, prev), b)
+            seconds["restart_gap"] += succ - prev
+            released["startup"] = r["pending_startup"]
+            seconds["startup"] += r["pending_startup"]
+            r["pending_startup"] = 0.0
+            prev = succ
+        if prev < session:  # the daemon was not running: the trainer was alive unseen
+            unseen = min(session, b) - prev
+            seconds["startup" if not stepped and not r["steps"] and not r["stepped"] else "unobserved"] += unseen
+            prev += unseen
+        alive = max(0.0, b - prev)
+        if stepped and not r["stepped"]:  # the first steps: the span before them is startup still
+            stepping = fact.step_s if fact.step_s > 0 else b - max(prev, begin)
+            pended += max(0.0, alive - stepping)
+            alive = min(alive, max(0.0, stepping))
+        if not stepped:  # held until the first step tells how much of it was the first step's compilation
+            pended += seconds["startup"] + alive
+            seconds["startup"] = 0.0
+        else:
+            for cause, share in fact.shares.items():
+                seconds[cause] += alive * share
+            young = any(known.get(s.key, {}).get("windows_stepped", 0) < COMPILE_WINDOWS for s in stepped)
+            excess = fact.first_step_excess_s if young else 0.0
+            pending, r["pending_startup"] = r["pending_startup"] + pended, 0.0
+            pended = 0.0
+            # with step timings the long step lies in this window's stepping part; without them
+            # it may lie in the held startup
+            from_pending = min(excess, pending) if fact.step_s <= 0 else 0.0
+            seconds["compile"] += from_pending
+            seconds["startup"] += pending - from_pending
+            released["compile"] = released.get("compile", 0.0) + from_pending
+            released["startup"] = released.get("startup", 0.0) + pending - from_pending
+            left = fact.compile_s + excess - from_pending
+            for cause, amount in (("checkpoint", fact.checkpoint_s), ("compile", left)):
+                _take(seconds, cause, min(amount, alive))
+            r["stepped"] = True
+            r["tokens"] += fact.tokens
+        progress = []
+        for s in senders:
+            k = known.setdefault(s.key, {"windows_stepped": 0, "step": None, "seen_unix_s": s.end})
+            if s.step is not None:
+                if k["step"] is not None and s.step > k["step"]:
+                    progress.append(s.step - k["step"])
+                k["windows_stepped"] += 1
+                k["step"] = s.step
+            k["seen_unix_s"] = max(k["seen_unix_s"], s.end)
+        r["steps"] += max(progress, default=0)
+        r["pending_startup"] += pended
+        self._joules(r, seconds, released, pended, joules)
+        if self.flops_per_token:
+            r["flops_per_token"] = self.flops_per_token
+        r["gpus"] = max(r["gpus"], fact.gpus)
+        r["gpu_name"] = fact.gpu_name or r["gpu_name"]
+        r["observed_until"] = b
+        if len(known) > MAX_SENDERS_PER_ROLE:
+            for key in sorted(known, key=lambda k: known[k]["seen_unix_s"])[: len(known) - MAX_SENDERS_PER_ROLE]:
+                del known[key]
+
+    @staticmethod
+    def _joules(r: dict[str, Any], seconds: dict[str, float], released: dict[str, float], pended: float,
+                joules: float) -> None:
+        """Add the window's seconds, and its GPU energy split in proportion to them: the seconds
+        the window itself accounted or held take this window's joules; held seconds told now take
+        the joules held with them."""
+        own = {c: max(0.0, v - released.get(c, 0.0)) for c, v in seconds.items()}
+        denom = sum(own.values()) + pended
+        held_j = r.get("pending_j", 0.0) if released else 0.0
+        if released:
+            r["pending_j"] = 0.0
+        told = sum(released.values())
+        for cause, value in seconds.items():
+            r["seconds"][cause] = r["seconds"].get(cause, 0.0) + value
+            j = joules * own[cause] / denom if denom > 0 else 0.0
+            j += held_j * released.get(cause, 0.0) / told if told > 0 else 0.0
+            r["joules"][cause] = r["joules"].get(cause, 0.0) + j
+        if denom > 0:
+            r["pending_j"] = r.get("pending_j", 0.0) + joules * pended / denom
+
+    def _bound(self) -> None:
+        while len(self.runs) > MAX_RUNS:
+            oldest = min(self.runs, key=lambda run: max(r["observed_until"] or 0.0 for r in self.runs[run].values()))
+            del self.runs[oldest]
+            self.runs_dropped += 1
+
+    def view(self, state_errors: Mapping[str, int] | None = None) -> RunLedgerView:
+        """The totals as exporters read them (a copy)."""
+        return view_of(self.state(), self.flops_per_token, state_errors)
+
+
+def view_of(state: Mapping[str, Any], flops_per_token: float | None = None,
+            state_errors: Mapping[str, int] | None = None) -> RunLedgerView:
+    """A ``RunLedgerView`` of ledger state (``RunLedger.state()``, or a state file read back).
+    ``flops_per_token``: overrides what the daemon stated for each role (its setting then)."""
+    now = float(state.get("now_unix_s", 0.0))
+    roles = []
+    for run, members in state.get("runs", {}).items():
+        for role, r in members.items():
+            last = float(r["observed_until"] or 0.0)
+            gone = not r.get("live", False)
+            roles.append(RoleLedger(run, role, {c: float(r["seconds"].get(c, 0.0)) for c in CAUSES},
+                                    {c: float(r["joules"].get(c, 0.0)) for c in CAUSES}, float(r["tokens"]),
+                                    int(r["steps"]), int(r["gpus"]), str(r["gpu_name"]), float(r["first_unix_s"]),
+                                    last, max(0.0, now - last) if gone else 0.0,
+                                    flops_per_token or r.get("flops_per_token"),
+                                    float(r.get("pending_startup", 0.0))))
+    return RunLedgerView(tuple(roles), float(state.get("no_trainer_s", 0.0)), float(state.get("no_trainer_j", 0.0)),
+                         int(state.get("runs_dropped", 0)), dict(state_errors or {}))
+
+
+def _start(senders: list[SenderFact]) -> float:
+    """When the first of ``senders`` started (its hello), else its first moment in a window."""
+    return min((s.started_unix_s for s in senders if s.started_unix_s > 0), default=min(s.begin for s in senders))
+
+
+def _new_role(senders: list[SenderFact]) -> dict[str, Any]:
+    return {"seconds": {}, "joules": {}, "tokens": 0.0, "steps": 0, "gpus": 0, "gpu_name": "", "senders": {},
+            "first_unix_s": min(s.begin for s in senders), "observed_until": None, "stepped": False,
+            "pending_startup": 0.0}
+
+
+def _take(seconds: dict[str, float], cause: str, amount: float) -> None:
+    """Move ``amount`` seconds to ``cause`` from the others in ``TAKE_ORDER`` (the sum is kept)."""
+    for source in TAKE_ORDER:
+        if amount <= 0:
+            return
+        moved = min(amount, seconds[source])
+        seconds[source] -= moved
+        seconds[cause] += moved
+        amount -= moved

@@ -1,0 +1,136 @@
+"""The run ledger (goodput) as every exporter reads it: per run and role, where the wall time and
+the GPU energy went, with the efficiency figures derived from them.
+
+Computed by ``sidecar.aggregation.ledger`` (how each cause is told: docs/METRICS.md, "Run
+ledger"); carried by the window (``IngestReport.run_ledger``). Seconds and joules are totals since
+the run's first sender started, kept across daemon and trainer restarts. This is the *run*
+ledger: not the per-sender loss files of the shim (``docs/PROTOCOL.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+CAUSES: tuple[str, ...] = (
+    "productive", "data", "host", "communication", "queue", "throttled", "startup", "compile", "checkpoint",
+    "unattributed", "unobserved", "restart_gap",
+)
+"""Where a role's wall time goes. ``productive``: its GPUs busy and not throttled; the others are
+badput: ``data`` (data-loader wait), ``host`` (host overhead between timed phases), ``communication``
+(collectives), ``queue`` (hidden-state queue waits), ``throttled`` (GPUs busy while a throttling
+clock-event reason was active), ``startup`` (process start to first step), ``compile`` (first steps
+marked as compilation, or a timing named ``compile``), ``checkpoint`` (a timing named
+``checkpoint``), ``unattributed`` (idle GPU time nothing explains, or a window without readings or
+phase timings), ``unobserved`` (the trainer alive while the daemon was not: a daemon restart or
+upgrade), ``restart_gap`` (the role's sender gone until its successor started)."""
+
+
+PEAK_FLOPS: tuple[tuple[str, float, str], ...] = (
+    ("H200", 989.4e12, "NVIDIA H200 datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity"),
+    ("H100 PCIe", 756.0e12, "NVIDIA H100 datasheet: H100 PCIe BF16 Tensor Core 1,513 TFLOPS with sparsity"),
+    ("H100", 989.4e12, "NVIDIA H100 datasheet: H100 SXM BF16 Tensor Core 1,979 TFLOPS with sparsity"),
+    ("A100", 312.0e12, "NVIDIA A100 datasheet: BF16 Tensor Core 312 TFLOPS (624 with sparsity)"),
+    ("L40S", 362.05e12, "NVIDIA L40S datasheet: BF16 Tensor Core 362.05 TFLOPS (733 with sparsity)"),
+    ("L4", 121.0e12, "NVIDIA L4 datasheet: BF16 Tensor Core 242 TFLOPS with sparsity"),
+    ("A10", 125.0e12, "NVIDIA A10 datasheet: BF16 Tensor Core 125 TFLOPS (250 with sparsity)"),
+)
+"""(substring of the NVML device name, dense BF16 tensor peak in FLOP/s, source). The first match
+wins, so more specific names come first. Datasheets quote sparse figures; dense is half of them."""
+
+
+def peak_flops(gpu_name: str) -> float | None:
+    """Dense BF16 peak FLOP/s of one GPU named as NVML names it, or None if the table lacks it."""
+    for part, peak, _source in PEAK_FLOPS:
+        if part.lower() in gpu_name.lower():
+            return peak
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class RoleLedger:
+    """One role of one run. ``seconds``/``joules``: cause -> total (every cause of ``CAUSES``
+    present, 0 where none). ``open_gap_s``: seconds since its last sender went silent while none
+    followed yet (not part of the wall time until a successor starts). ``flops_per_token``: the
+    model FLOPs per token the trainer states (``flops_per_token`` setting), None if not stated."""
+
+    run: str
+    role: str
+    seconds: Mapping[str, float]
+    joules: Mapping[str, float]
+    tokens: float
+    steps: int
+    gpus: int
+    gpu_name: str
+    first_unix_s: float
+    last_unix_s: float
+    open_gap_s: float = 0.0
+    flops_per_token: float | None = None
+    starting_s: float = 0.0
+    """Startup seconds not yet in the wall time: held until the first step tells how much of it
+    was the first step's compilation."""
+
+    @property
+    def wall_s(self) -> float:
+        """Seconds of wall time accounted (the causes' sum)."""
+        return sum(self.seconds.values())
+
+    @property
+    def goodput_ratio(self) -> float | None:
+        """Productive share of the wall time (0-1), None before any time is accounted."""
+        wall = self.wall_s
+        return self.seconds.get("productive", 0.0) / wall if wall > 0 else None
+
+    @property
+    def energy_j(self) -> float:
+        return sum(self.joules.values())
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float | None:
+        """Tokens per second of wall time per GPU of the role (None without tokens or GPUs)."""
+        wall = self.wall_s
+        return self.tokens / wall / self.gpus if wall > 0 and self.gpus and self.tokens > 0 else None
+
+    @property
+    def mfu_ratio(self) -> float | None:
+        """Model FLOPs utilization over the wall time (0-1): FLOPs per token x tokens/s/GPU over
+        the GPU's dense peak (``PEAK_FLOPS``); None without FLOPs per token, tokens or a known peak."""
+        rate = self.tokens_per_s_per_gpu
+        peak = peak_flops(self.gpu_name)
+        return self.flops_per_token * rate / peak if rate and peak and self.flops_per_token else None
+
+    @property
+    def joules_per_token(self) -> float | None:
+        energy = self.energy_j
+        return energy / self.tokens if energy > 0 and self.tokens > 0 else None
+
+    @property
+    def joules_per_step(self) -> float | None:
+        energy = self.energy_j
+        return energy / self.steps if energy > 0 and self.steps > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class RunLedgerView:
+    """Every run the ledger holds, and the daemon's time with no live trainer at all."""
+
+    roles: tuple[RoleLedger, ...] = ()
+    no_trainer_s: float = 0.0
+    """Seconds the daemon ran with no live sender (summed across daemon restarts)."""
+    no_trainer_j: float = 0.0
+    """GPU energy spent meanwhile, joules (every GPU NVML reports)."""
+    runs_dropped: int = 0
+    """Runs forgotten to keep the ledger bounded (the oldest first)."""
+    state_errors: dict[str, int] = field(default_factory=dict)
+    """Reason -> failed loads or saves of the state file."""
+
+    def run(self, run: str) -> tuple[RoleLedger, ...]:
+        return tuple(r for r in self.roles if r.run == run)
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """Run ids, most recent last."""
+        last: dict[str, float] = {}
+        for r in self.roles:
+            last[r.run] = max(last.get(r.run, 0.0), r.last_unix_s)
+        return tuple(sorted(last, key=lambda k: last[k]))

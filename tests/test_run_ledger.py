@@ -1,0 +1,305 @@
+"""The run ledger (goodput): where each run's wall time and GPU energy went, kept across trainer
+and daemon restarts.
+
+The unit tests feed ``RunLedger`` hand-built windows whose ledger is known by construction; the
+end-to-end test runs the real daemon over the fake NVML driver (a constant power draw, so energy
+is known) with two real shim processes in turn (a trainer restart) and a daemon restart while
+the second one runs, then reads ``dflash-sidecar report --json``."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sidecar.aggregation.ledger import RoleFact, RunLedger, SenderFact, WindowFacts
+from sidecar.ledger_state import FILE_NAME, load, save, state_dir
+from sidecar.model.ledger import CAUSES, peak_flops
+from tests.daemon_harness import DaemonProc, env, wait_for
+from tests.fake_nvml.control import FakeNvml
+from tests.fake_nvml.helpers import library_or_skip
+
+SHARES = dict.fromkeys(CAUSES, 0.0) | {"productive": 0.5, "data": 0.3, "host": 0.2}
+
+
+def window(end: float, senders: tuple[SenderFact, ...], duration: float = 1.0, **fact: float) -> WindowFacts:
+    return WindowFacts(end, duration, senders, {"trainer": RoleFact(SHARES, tokens=100.0, **fact)})
+
+
+def sender(key: str, started: float, end: float, step: int | None, duration: float = 1.0) -> SenderFact:
+    return SenderFact(key, "run-1", "trainer", started, max(started, end - duration), end, step)
+
+
+def role(ledger: RunLedger):  # type: ignore[no-untyped-def]
+    [r] = ledger.view().roles
+    return r
+
+
+def test_startup_then_steps_split_by_the_windows_shares() -> None:
+    led = RunLedger()
+    # started at 100.5; windows end at 101..106; first step published in the window ending at 103
+    for end in range(101, 107):
+        led.add(window(end, (sender("1@100.5", 100.5, end, None if end < 103 else end),)))
+    r = role(led)
+    assert r.first_unix_s == 100.5 and r.last_unix_s == 106
+    assert r.seconds["startup"] == pytest.approx(1.5)  # 100.5 -> 102, the windows without a step
+    assert r.seconds["productive"] == pytest.approx(2.0) and r.seconds["data"] == pytest.approx(1.2)
+    assert r.seconds["host"] == pytest.approx(0.8)
+    assert r.wall_s == pytest.approx(5.5)
+    assert r.goodput_ratio == pytest.approx(2.0 / 5.5)
+    assert r.steps == 106 - 103 and r.tokens == 400.0
+
+
+def test_a_trainer_restart_is_a_restart_gap_until_the_successor_starts() -> None:
+    led = RunLedger()
+    for end in range(101, 104):
+        led.add(window(end, (sender("1@100", 100, end, end),)))
+    for end in (104, 105):  # the first process is gone: an open gap, not yet wall time
+        led.add(window(end, ()))
+    assert role(led).open_gap_s == pytest.approx(2.0)
+    assert role(led).wall_s == pytest.approx(3.0)
+    # the successor started at 105.4, said its first step in the window ending at 107
+    led.add(window(106, (sender("2@105.4", 105.4, 106, None),)))
+    led.add(window(107, (sender("2@105.4", 105.4, 107, 1),)))
+    r = role(led)
+    assert r.seconds["restart_gap"] == pytest.approx(2.4)  # 103 -> 105.4
+    assert r.seconds["startup"] == pytest.approx(0.6)
+    assert r.open_gap_s == 0.0
+    assert r.wall_s == pytest.approx(107 - 100)
+    assert led.view().no_trainer_s == pytest.approx(2.4)  # 103 -> 105.4 with nothing alive on the box
+
+
+def test_a_predecessor_still_listed_beside_its_successor_does_not_hide_the_gap() -> None:
+    led = RunLedger()
+    for end in range(101, 104):
+        led.add(window(end, (sender("1@100", 100, end, end),)))
+    gone = SenderFact("1@100", "run-1", "trainer", 100, 103, 103, 3, alive=False)  # silent, not yet forgotten
+    led.add(window(104, (gone,)))
+    led.add(window(106, (gone, sender("2@105", 105, 106, 1)), duration=2.0))
+    r = role(led)
+    assert r.seconds["restart_gap"] == pytest.approx(2.0)  # 103 -> 105, the successor's start
+    assert r.wall_s == pytest.approx(6.0)
+
+
+def test_a_daemon_restart_continues_the_ledger_and_counts_the_time_it_missed(tmp_path: Path) -> None:
+    led = RunLedger()
+    for end in range(101, 104):
+        led.add(window(end, (sender("1@100", 100, end, end),)))
+    path = tmp_path / FILE_NAME
+    save(path, led.state())
+    state, problem = load(path)
+    assert problem is None
+    again = RunLedger(state)  # a new daemon: its first window begins at 106
+    again.add(window(107, (sender("1@100", 100, 107, 107),)))
+    r = role(again)
+    assert r.seconds["unobserved"] == pytest.approx(3.0)  # 103 -> 106: the same process, unseen
+    assert r.wall_s == pytest.approx(7.0)
+    assert r.steps == 107 - 101  # progress from the saved step, not from zero
+    assert again.view().no_trainer_s == 0.0
+
+
+def test_checkpoint_and_compile_come_out_of_the_idle_causes_first() -> None:
+    led = RunLedger()
+    led.add(window(101, (sender("1@100", 100, 101, 1),), checkpoint_s=0.15, first_step_excess_s=0.3))
+    s = role(led).seconds
+    # shares of the stepping second: productive 0.5, data 0.3, host 0.2; host, then data, give way
+    assert s["checkpoint"] == pytest.approx(0.15) and s["compile"] == pytest.approx(0.3)
+    assert s["host"] == 0.0 and s["data"] == pytest.approx(0.05) and s["productive"] == pytest.approx(0.5)
+    led.add(window(102, (sender("1@100", 100, 102, 2),), first_step_excess_s=0.3))
+    led.add(window(103, (sender("1@100", 100, 103, 3),), first_step_excess_s=0.3))
+    assert role(led).seconds["compile"] == pytest.approx(0.6)  # only the sender's first two windows
+    assert sum(role(led).seconds.values()) == pytest.approx(3.0)
+
+
+def test_a_long_first_step_turns_the_held_startup_into_compile() -> None:
+    led = RunLedger()
+    for end in (101, 102):  # started at 100; the first step (1.5 s of it compiling) ends in the third window
+        led.add(window(end, (sender("1@100", 100, end, None),)))
+    assert role(led).wall_s == 0.0 and role(led).starting_s == pytest.approx(2.0)  # held, not yet told
+    led.add(window(103, (sender("1@100", 100, 103, 1),), first_step_excess_s=1.5))
+    s = role(led).seconds
+    assert s["compile"] == pytest.approx(1.5) and s["startup"] == pytest.approx(0.5)
+    assert s["productive"] == pytest.approx(0.5) and role(led).wall_s == pytest.approx(3.0)
+
+
+def test_energy_goes_with_the_seconds_and_gives_joules_per_token_and_mfu() -> None:
+    led = RunLedger(flops_per_token=1e9)
+    for i, end in enumerate(range(101, 105)):
+        facts = window(end, (sender("1@100", 100, end, end),))
+        led.add(WindowFacts(facts.end_unix_s, 1.0, facts.senders,
+                            {"trainer": RoleFact(SHARES, tokens=100.0, gpus=2, gpu_name="NVIDIA H100 80GB HBM3")},
+                            {"GPU-a": 1000.0 + 300 * i, "GPU-b": 50.0 + 100 * i},
+                            {"GPU-a": "trainer", "GPU-b": "trainer"}))
+    r = role(led)
+    assert r.energy_j == pytest.approx(3 * 400)  # three deltas after the first reading
+    assert r.joules["productive"] == pytest.approx(0.5 * 1200)
+    assert r.joules_per_token == pytest.approx(1200 / 400) and r.joules_per_step == pytest.approx(1200 / 3)
+    assert r.tokens_per_s_per_gpu == pytest.approx(400 / 4 / 2)
+    assert r.mfu_ratio == pytest.approx(1e9 * 50 / 989.4e12)
+    assert peak_flops("NVIDIA H100 PCIe") == 756.0e12 and peak_flops("Tesla T4") is None
+
+
+def test_a_bad_state_file_is_moved_aside_and_a_newer_one_never_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / FILE_NAME
+    path.write_text("{not json")
+    assert load(path) == (None, "corrupt")
+    assert (tmp_path / (FILE_NAME + ".corrupt")).exists() and not path.exists()
+    path.write_text(json.dumps({"version": 99, "runs": {}}))
+    assert load(path, move_aside=False) == (None, "newer_version") and path.exists()  # a reader leaves it
+    assert load(path) == (None, "newer_version") and (tmp_path / (FILE_NAME + ".newer")).exists()
+    path.write_text(json.dumps({"version": 1, "runs": {"r": {"x": {"senders": {}, "seconds": {"a": "1"}}}}}))
+    assert load(path)[1] == "corrupt"
+
+
+def test_the_state_folder_rule(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path}/sd:{tmp_path}/other")
+    assert state_dir("/configured") == tmp_path / "sd"
+    monkeypatch.delenv("STATE_DIRECTORY")
+    assert state_dir("/configured") == Path("/configured")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert state_dir(None) == tmp_path / "xdg" / "dflash-sidecar"
+
+
+TRAINER = r"""
+import json, sys, time
+from trainer_shim import telemetry
+spec = json.loads(sys.argv[1])
+telemetry.configure(spec["endpoint"], "trainer", "0", flush_interval_s=0.05, wandb_run_id="run-abc")
+began = time.time()
+time.sleep(spec["startup_s"])
+steps = 0
+for i in range(spec["steps"]):
+    t = time.perf_counter()
+    time.sleep(0.02)
+    telemetry.timing("data_wait_ms", 20.0)
+    time.sleep(spec["first_s"] if i == 0 else 0.06)
+    telemetry.timing("forward_ms", (time.perf_counter() - t) * 1000 - 20.0)
+    if i == spec["checkpoint_at"]:
+        time.sleep(0.4)
+        telemetry.timing("checkpoint_ms", 400.0)
+    telemetry.count("tokens", 1000)
+    telemetry.timing("step_ms", (time.perf_counter() - t) * 1000)
+    steps = i + 1
+    telemetry.publish(steps, {"lr": 0.001})
+    time.sleep(max(0.0, 0.1 - (time.perf_counter() - t)) if i != spec["checkpoint_at"] else 0.0)
+telemetry.flush(1.0)
+print(json.dumps({"began": began, "ended": time.time(), "steps": steps}))
+"""
+
+
+def _trainer(endpoint: str, **spec: float) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", TRAINER, json.dumps({"endpoint": endpoint, **spec})],
+                            stdout=subprocess.PIPE, text=True, env=env())
+
+
+def _done(proc: subprocess.Popen[str]) -> dict[str, float]:
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    return {**json.loads(out.strip().splitlines()[-1]), "exited": time.time()}
+
+
+def test_scripted_run_with_a_trainer_and_a_daemon_restart(tmp_path: Path) -> None:
+    library = library_or_skip("full")
+    fake = FakeNvml(tmp_path / "nvml-control.txt", library, {"devices": 1})
+    fake.gpu(0, utilization_gpu=60, power_mw=200_000, clock_reasons=0)
+    state = tmp_path / "state"
+    args = ("--nvml-interval", "0.2", "--gpu-group", "trainer=0", "--state-dir", str(state),
+            "--flops-per-token", "1e9")
+    gpu_env = {"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(fake.path)}
+    d = DaemonProc(tmp_path, *args, interval=1.0, gpu=True, extra_env=gpu_env)
+    endpoint = d.endpoint
+    try:
+        first = _done(_trainer(endpoint, startup_s=1.5, steps=30, first_s=1.0, checkpoint_at=-1))
+        time.sleep(2.0)  # the trainer restart: nothing alive
+        second = _trainer(endpoint, startup_s=0.5, steps=80, first_s=0.06, checkpoint_at=5)
+        wait_for(lambda: (d.value("dflash_ledger_steps_total", run="run-abc") or 0) > 30, timeout_s=20,
+                 what="the successor's steps in the ledger")
+        before = d.value("dflash_ledger_seconds_total", run="run-abc")
+        d.stop()
+        down = time.time()
+        time.sleep(1.0)
+        d = DaemonProc(tmp_path, *args, interval=1.0, gpu=True, extra_env=gpu_env, endpoint=endpoint)
+        up = time.time()
+        after = wait_for(lambda: d.value("dflash_ledger_seconds_total", run="run-abc"), what="the first window")
+        assert before is not None and after is not None and after >= before  # continued, not restarted
+        second_out = _done(second)
+        wait_for(lambda: (d.value("dflash_ledger_open_gap_seconds", run="run-abc") or 0) > 0, timeout_s=20,
+                 what="the second trainer to be gone")
+    finally:
+        d.stop()
+    out = subprocess.run([sys.executable, "-m", "sidecar", "report", "--json", "--run", "run-abc",
+                          "--state-dir", str(state)], capture_output=True, text=True,
+                         env=env(), timeout=60)
+    assert out.returncode == 0, out.stderr
+    [r] = json.loads(out.stdout)["runs"]
+    s = r["seconds"]
+    # The truth lies between the trainers' own clocks at their last step and at their exit (the
+    # shim's exit flush sends the last message after the last step).
+    shortest, longest = second_out["ended"] - first["began"], second_out["exited"] - first["began"]
+    assert r["wall_s"] == pytest.approx(sum(s.values()))
+    assert 0.99 * shortest <= r["wall_s"] <= 1.01 * longest, (r["wall_s"], shortest, longest, s)
+    gap_least, gap_most = second_out["began"] - first["exited"], second_out["began"] - first["ended"]
+    # 0.2 s: a message's unix time is the window's end less its age, read on a loaded 2-core box
+    assert gap_least - 0.2 <= s["restart_gap"] <= gap_most + 0.2, (gap_least, gap_most, s)
+    assert 1.5 + 0.5 - 0.1 <= s["startup"] + s["compile"] <= 1.5 + 0.5 + 1.0 + 1.2, s  # plus a window each
+    assert s["compile"] > 0.3, s  # the first process's 1 s first step among 0.1 s ones
+    assert s["checkpoint"] == pytest.approx(0.4, abs=0.05), s
+    assert 0.3 <= s["unobserved"] <= (up - down) + 2.0, s  # the daemon was down
+    stepping = sum(s[c] for c in ("productive", "data", "host", "unattributed", "throttled", "compile", "checkpoint"))
+    assert s["productive"] / stepping == pytest.approx(0.6, abs=0.06), s  # the GPU's 60 % busy share
+    assert r["steps"] >= 0.8 * (first["steps"] + second_out["steps"])
+    published = 1000 * (first["steps"] + second_out["steps"])  # tokens sent while the daemon was down are lost
+    # (plus up to 3 s while the shim reconnects and the first window after the restart begins)
+    assert published - 1000 * (up - down + 3.0) / 0.1 <= r["tokens"] <= published, (r["tokens"], up - down)
+    assert sum(r["joules"].values()) / r["wall_s"] == pytest.approx(200.0, rel=0.15)  # a constant 200 W
+    assert r["mfu_ratio"] == pytest.approx(1e9 * r["tokens_per_gpu_per_s"] / 989.4e12)
+    assert not math.isnan(r["goodput_ratio"]) and r["goodput_ratio"] == pytest.approx(s["productive"] / r["wall_s"])
+    table = subprocess.run([sys.executable, "-m", "sidecar", "report", "--state-dir", str(state)],
+                           capture_output=True, text=True, env=env(), timeout=60)
+    assert table.returncode == 0 and "run run-abc · role trainer" in table.stdout and "restart_gap" in table.stdout
+
+
+def test_the_ledger_is_shown_in_the_console_line_a_wandb_row_top_and_a_promtool_clean_page(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sidecar.exporters.console import format_ledger
+    from sidecar.exporters.prometheus.ledger import ledger_families
+    from sidecar.exporters.wandb.ledger_row import ledger_row
+    from sidecar.report import format_table
+    from sidecar.top_ledger import ledger_table
+    from tests.daemon_harness import require_tool
+
+    led = RunLedger()
+    for end in range(101, 105):
+        led.add(window(end, (sender("1@100", 100, end, end),)))
+    view = led.view()
+    assert format_ledger(view) == ["goodput trainer 50% of 4 s (data 30%)"]
+    row = ledger_row(view)
+    assert row["ledger/trainer/seconds/data"] == pytest.approx(1.2) and row["ledger/trainer/wall_s"] == 4.0
+    assert row["ledger/trainer/goodput_ratio"] == 0.5 and "ledger/trainer/mfu_ratio" not in row  # no FLOPs stated
+
+    class Source:
+        def collect(self):  # type: ignore[no-untyped-def]
+            return ledger_families(view, "box")
+
+    registry = CollectorRegistry()
+    registry.register(Source())  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    page = tmp_path / "page.txt"
+    page.write_text(text)
+    lint = subprocess.run([require_tool("promtool"), "check", "metrics"], stdin=page.open(), capture_output=True,
+                          text=True, timeout=60)
+    assert lint.returncode == 0 and not (lint.stdout + lint.stderr).strip(), lint
+    samples = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples
+               if s.labels.get("cause") in (None, "productive")}
+    assert samples["dflash_ledger_seconds_total"].value == pytest.approx(2.0)
+    table = ledger_table({name: [(dict(s.labels), s.value) for f in text_string_to_metric_families(text)
+                                 for s in f.samples if s.name == name] for name in ("dflash_ledger_seconds_total",)})
+    assert table is not None and table.row_count == 1
+    assert "productive" in format_table(view) and "goodput 50.0%" in format_table(view)
