@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sidecar.sources.nvml_gpm import METRICS
 from tests.fake_nvml.helpers import REPO_ROOT, library_or_skip
 from tests.fake_nvml.nvidia_smi_stub import STUB
 
@@ -56,7 +57,8 @@ def test_dry_run_runs_every_part_and_writes_the_results(tmp_path: Path) -> None:
     assert nvml["polls"]["gpm on"]["profiling"] == ["active"]
     assert nvml["polls"]["gpm off"]["profiling"] == ["unsupported"]
     calls = {row["call"]: row["status"] for row in nvml["calls"]["per_gpu"]["0"]}
-    assert calls["nvmlDeviceGetUtilizationRates"] == "ok" and calls["nvmlGpmMetricsGet (8 metrics)"] == "ok"
+    assert calls["nvmlDeviceGetUtilizationRates"] == "ok"
+    assert calls[f"nvmlGpmMetricsGet ({len(METRICS)} metrics)"] == "ok"
     assert calls["nvmlDeviceGetPcieThroughput (not polled: samples 20 ms)"] == "missing"  # not in the fake
     assert nvml["daemon_cpu"]["nvml_1s_gpus_up"] == 1 and nvml["daemon_cpu"]["no_gpu_metrics_gpus_up"] == 0
     # The stub's GPU 0 readings differ from the fake's in a few fields: counted, not a dry-run failure.

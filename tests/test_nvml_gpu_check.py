@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.sources.nvml_gpm import METRICS
 from tests.fake_nvml import FakeNvml
 from tests.fake_nvml.helpers import REPO_ROOT, library_or_skip
 from tests.fake_nvml.nvidia_smi_stub import STUB
@@ -103,6 +104,6 @@ def test_calls_a_sandboxed_driver_refuses_are_tabled_not_fatal(tmp_path: Path) -
     assert calls["nvmlDeviceGetComputeRunningProcesses_v2"] == "ok"
     assert calls["nvmlDeviceGetTemperatureV"] == "error (no_permission)"
     assert calls["nvmlDeviceGetTemperature"] == "ok"
-    assert "nvmlGpmMetricsGet (8 metrics)" not in calls  # no sample, no metrics to time
+    assert f"nvmlGpmMetricsGet ({len(METRICS)} metrics)" not in calls  # no sample, no metrics to time
     assert set(report["polls"]) == {"gpm on", "gpm off", "gpm on + process query"}
     assert report["mismatches"] is None  # no nvidia-smi: nothing compared, nothing counted

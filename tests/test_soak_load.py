@@ -38,4 +38,5 @@ def test_every_record_is_accounted_for_across_kills_restarts_stalls_and_garbage(
     if os.environ.get("CI") == "true":
         assert isinstance(stall["wandb"], dict) and isinstance(stall["nvml"], dict), stall
     if isinstance(stall["nvml"], dict):
-        assert stall["nvml"]["stall_reported"] and stall["nvml"]["gpu_series_served_throughout"]
+        assert stall["nvml"]["stall_reported"] and stall["nvml"]["gpu_up_served_throughout"] \
+            and stall["nvml"]["hung_gpu_shown_down"]

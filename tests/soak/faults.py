@@ -103,7 +103,7 @@ class Faults:
             self.fake.sleep("nvmlDeviceGetUtilizationRates", NVML_HANG_MS)
             out["nvml"] = {"hang_ms_per_call": NVML_HANG_MS}
         stalled_at = time.monotonic()
-        scrape_ms, accepted, nvml_stalled, gpu_series = [], [], [], []
+        scrape_ms, accepted, nvml_stalled, gpu_series, gpu_up = [], [], [], [], []
         while time.monotonic() < max(start + load_s, stalled_at + min_stall_s):
             t0 = time.perf_counter()
             samples = daemon.samples()
@@ -111,6 +111,7 @@ class Faults:
             accepted.append(sum(v for _, v in samples.get("dflash_sidecar_records_accepted_total", [])))
             nvml_stalled.append(sum(v for _, v in samples.get("dflash_nvml_stalled", [])))
             gpu_series.append(len(samples.get("dflash_gpu_utilization_ratio", [])))
+            gpu_up.append([v for _, v in samples.get("dflash_gpu_up", [])])
             time.sleep(0.25)
         common = {"stalled_s_before_check": round(time.monotonic() - stalled_at, 2),
                   "scrapes_during_stall": len(scrape_ms), "max_scrape_ms_during_stall": round(max(scrape_ms), 1),
@@ -124,9 +125,15 @@ class Faults:
                     out[name]["failure"] = "a scrape took over 2 s during the stall"
         if isinstance(out["nvml"], dict):
             out["nvml"]["stall_reported"] = max(nvml_stalled) >= 1
-            out["nvml"]["gpu_series_served_throughout"] = min(gpu_series) == 8
-            if not out["nvml"]["stall_reported"] or not out["nvml"]["gpu_series_served_throughout"]:
-                out["nvml"]["failure"] = "the hang was not reported, or GPU series went missing during it"
+            # The GPU whose NVML call hangs shows up 0 and its value series are left out (stale,
+            # never frozen at the last reading); the others keep their last values with their age,
+            # and `up` itself is served for all 8 throughout.
+            out["nvml"]["gpu_up_served_throughout"] = min(len(u) for u in gpu_up) == 8
+            out["nvml"]["hung_gpu_shown_down"] = any(0.0 in u for u in gpu_up) and all(
+                n == sum(1 for v in u if v == 1.0) for n, u in zip(gpu_series, gpu_up))
+            if not (out["nvml"]["stall_reported"] and out["nvml"]["gpu_up_served_throughout"]
+                    and out["nvml"]["hung_gpu_shown_down"]):
+                out["nvml"]["failure"] = "the hang was not reported, or the hung GPUs were not shown down"
         return out
 
     def during_stall_checked(self, daemon: DaemonProc) -> dict[str, Any]:
