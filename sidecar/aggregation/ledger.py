@@ -179,9 +179,10 @@ def _shares(report: IngestReport, role: str, throttled: float) -> dict[str, floa
                 out[IDLE_CAUSES.get(reason, "unattributed")] += max(0.0, value)
     else:
         ri = insight.roles.get(role) if insight is not None else None
+        host_measured = ri is not None and ri.host_measured
         for phase, value in (ri.time_share.items() if ri is not None else ()):
             # The gap no timing covers is host time only where the insight measured it as such.
-            cause = SHARE_CAUSES.get(phase, "unattributed") if phase != "other" or ri.host_measured else "unattributed"
+            cause = SHARE_CAUSES.get(phase, "unattributed") if phase != "other" or host_measured else "unattributed"
             out[cause] += max(0.0, value)
         out["throttled"], out["productive"] = out["productive"] * throttled, out["productive"] * (1.0 - throttled)
     total = sum(out.values())

@@ -29,13 +29,8 @@ class SidecarCallback(Callback):  # type: ignore[misc]
 
     def __init__(self, channel: Any = None, wandb_open_metrics: bool | str = False) -> None:
         """``channel``: a ``telemetry.channel(...)`` to publish on; default: the process's
-        default channel. ``wandb_open_metrics``: True (or the daemon's ``HOST:PORT``) to have
-        the W&B run that the framework starts scrape the sidecar's ``/metrics/wandb`` page
-        (``trainer_shim.integrations.wandb_metrics``: sets wandb's environment now, names the
-        verdict codes in the run's config at train start). Off by default."""
-        self._open_metrics = wandb_metrics.option_addr(wandb_open_metrics)
-        if self._open_metrics:
-            wandb_metrics.enable_in_environment(self._open_metrics)
+        default channel. ``wandb_open_metrics``: off by default; see ``wandb_metrics.opt_in``."""
+        self._open_metrics = wandb_metrics.opt_in(wandb_open_metrics)
         self._clock = StepClock(channel)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:

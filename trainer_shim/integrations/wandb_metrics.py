@@ -95,12 +95,16 @@ def enable_in_environment(addr: str = DEFAULT_ADDR, name: str = ENDPOINT_NAME,
     return True
 
 
-def option_addr(option: bool | str) -> str | None:
-    """The callbacks' ``wandb_open_metrics`` option as the daemon's address: True is
-    ``DEFAULT_ADDR``, a non-empty string is the address itself, anything else is off (None)."""
-    if option is True:
-        return DEFAULT_ADDR
-    return option if isinstance(option, str) and option else None
+def opt_in(option: bool | str) -> str | None:
+    """The callbacks' ``wandb_open_metrics`` option: True (``DEFAULT_ADDR``) or the daemon's
+    ``HOST:PORT`` has the W&B run that the framework starts later scrape the sidecar's
+    ``/metrics/wandb`` page (``enable_in_environment`` now; the callback names the verdict codes
+    in the run's config at train start with ``describe_run``). Returns the address, or None when
+    the option is off (False, an empty string, anything else)."""
+    addr = DEFAULT_ADDR if option is True else option if isinstance(option, str) and option else None
+    if addr:
+        enable_in_environment(addr)
+    return addr
 
 
 def describe_run(run: Any = None, addr: str = DEFAULT_ADDR) -> threading.Thread | None:
