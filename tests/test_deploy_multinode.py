@@ -86,6 +86,7 @@ def test_two_daemons_one_prometheus(tmp_path: Path) -> None:
     ports = {node: free_port() for node in NODES}
     try:
         for node, pairs in NODES.items():
+            (tmp_path / node).mkdir(mode=0o700)  # the daemon creates only its own default directory
             endpoint = f"ipc://{tmp_path}/{node}/sidecar.sock"
             logs += [tmp_path / f"{node}-daemon.log", tmp_path / f"{node}-publisher.log"]
             procs.append(start_daemon(["run", "--no-gpu-metrics", "--interval", "1", "--endpoint", endpoint,
