@@ -153,3 +153,35 @@ def test_the_fair_queue_serves_a_light_peer_first_and_bounds_what_waits() -> Non
     while 1111 not in [p for _, p in fair.round(1000, 8 * 1024 * 1024)]:
         rounds += 1
     assert rounds >= 10, rounds  # 0.2 s of debt at 5 ms a round
+
+
+def test_a_pull_of_a_full_connection_is_a_backlog_so_a_fast_sender_is_not_held_to_a_coalescing_wait(
+        tmp_path: Path) -> None:
+    # A sender faster than the coalescing wait (a blocking flood, a busy shim) fills its
+    # connection's RECV_HWM; treating that pull as "queue emptied" held it to RECV_HWM frames per
+    # wait (80 frames/s: 20,000 small frames took 185 s instead of 7).
+    import time
+
+    import zmq
+
+    from sidecar.sources.receiver import BACKLOG_PULL, RECV_HWM, Receiver
+    endpoint = f"ipc://{tmp_path}/s.sock"
+    receiver = Receiver([endpoint])
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    try:
+        pub.connect(endpoint)
+        deadline = time.monotonic() + 10
+        got = 0
+        while time.monotonic() < deadline and got == 0:  # the subscription reaches the publisher
+            pub.send(b"probe")
+            got = len(receiver.poll(50))
+        for _ in range(4 * RECV_HWM):
+            pub.send(b"x" * 100)
+        time.sleep(0.3)
+        frames = receiver.poll(0)
+        assert len(frames) >= BACKLOG_PULL and receiver.backlog
+    finally:
+        pub.close(0)
+        ctx.term()
+        receiver.close()

@@ -41,6 +41,9 @@ most ``QUEUE_CEILING_BYTES`` = 16 MiB (it was 64 MiB: 16 flooding connections pe
 
 QUEUE_CEILING_BYTES = RECV_HWM * MAX_MESSAGE_BYTES
 """Most that ZeroMQ's receive queue holds per connection (bytes)."""
+BACKLOG_PULL = RECV_HWM // 2
+"""A pull of this many frames or more from ZeroMQ counts as a backlog (no coalescing wait): a
+connection may be at its mark (approximate: 15 of 16 seen), its sender blocked or dropping."""
 
 MAX_FRAMES_PER_POLL = 1000
 """Frames one ``poll`` hands over at most (the ingest loop checks its window between frames)."""
@@ -187,7 +190,8 @@ class Receiver:
         self.endpoints = list(endpoints)
         self.stats = ReceiverStats()
         self.backlog = False
-        """The last ``poll`` stopped at its frame or byte cap: more frames are waiting."""
+        """More frames are likely waiting: the last ``poll`` left frames in the fair queue, or took
+        ``BACKLOG_PULL`` frames or more from ZeroMQ."""
         self.peers: list[int | None] = []
         """For each frame of the last ``poll``: the pid of the process at the other end of its
         ipc connection (the kernel's ``SO_PEERCRED``, which ZeroMQ reads when the connection is
@@ -275,9 +279,9 @@ class Receiver:
         only when nothing is waiting. One wait covers the frames and the disconnect monitor."""
         fair = self.shares
         ready = dict(self._poller.poll(0 if fair.pending else timeout_ms))
+        taken = 0
         if self._sock in ready:
             recv = self._sock.recv
-            taken = 0
             try:
                 for _ in range(MAX_PULL):
                     msg = recv(zmq.NOBLOCK, copy=False)
@@ -295,7 +299,9 @@ class Receiver:
         frames = [msg.bytes for msg, _ in picked]
         self.peers = [peer for _, peer in picked]  # type: ignore[misc]
         self.stats.bytes += sum(len(f) for f in frames)
-        self.backlog = bool(fair.pending)
+        # A pull near a connection's high-water mark may have stopped a sender there: no coalescing
+        # wait then, or a fast sender gets RECV_HWM frames a wait (ZeroMQ's mark is approximate).
+        self.backlog = bool(fair.pending) or taken >= BACKLOG_PULL
         return frames
 
     def _drain_monitor(self) -> None:
