@@ -9,18 +9,16 @@ import json
 import re
 import signal
 import subprocess
-import urllib.parse
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from sidecar.exporters.prometheus.dcgm import DCGM_LABELS
-from tests.daemon_harness import DaemonProc, free_port, require_tool, wait_for
+from tests.daemon_harness import DaemonProc, require_tool, wait_for
 from tests.deploy_support import exposition_families, load_metric_names
 from tests.fake_nvml.control import FakeNvml
 from tests.fake_nvml.helpers import library_or_skip
+from tests.soak.prom import Prometheus
 
 DASHBOARD = json.loads((Path(__file__).parent / "data" / "dcgm_dashboard_12239.json").read_text())
 GIB = 2**30
@@ -38,14 +36,6 @@ def _gpu_env(fake: FakeNvml) -> dict[str, str]:
     return {"LD_LIBRARY_PATH": str(fake.library.parent), "FAKE_NVML_CONTROL": str(fake.path)}
 
 
-def _get(url: str) -> Any:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return json.load(resp)
-    except OSError:
-        return None
-
-
 def _grafana(expr: str, values: dict[str, list[str]]) -> str:
     """``expr`` with ``$var`` replaced as Grafana does for a multi-value regex variable (each
     value regex-escaped, the backslash doubled inside the PromQL string)."""
@@ -57,19 +47,14 @@ def _grafana(expr: str, values: dict[str, list[str]]) -> str:
 def test_every_panel_query_of_dashboard_12239_returns_data(tmp_path: Path, fake: FakeNvml) -> None:
     prometheus = require_tool("prometheus")
     d = DaemonProc(tmp_path, "--dcgm-compat", "--nvml-interval", "0.5", gpu=True, extra_env=_gpu_env(fake))
-    prom_port = free_port()
-    (tmp_path / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        f"scrape_configs:\n  - job_name: gpu\n    static_configs: [{{targets: ['127.0.0.1:{d.port}']}}]\n")
-    prom = subprocess.Popen([prometheus, f"--config.file={tmp_path}/prometheus.yml",
-                             f"--storage.tsdb.path={tmp_path}/data", f"--web.listen-address=127.0.0.1:{prom_port}"],
-                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prom.log", "wb"))
-    api = f"http://127.0.0.1:{prom_port}/api/v1"
+    prom = Prometheus(prometheus, tmp_path, d.port)
     try:
         def variable(query: str) -> list[str]:
             metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", query).groups()  # type: ignore[union-attr]
-            body = _get(f"{api}/label/{label}/values?" + urllib.parse.urlencode({"match[]": metric}))
-            return body["data"] if body else []
+            try:
+                return list(prom.api(f"label/{label}/values", **{"match[]": metric}))
+            except OSError:  # Prometheus not up yet
+                return []
 
         values = {v["name"]: wait_for(lambda q=v["query"]: variable(q), timeout_s=40, interval_s=0.5,
                                       what=f"variable {v['name']}") for v in DASHBOARD["variables"]}
@@ -77,11 +62,8 @@ def test_every_panel_query_of_dashboard_12239_returns_data(tmp_path: Path, fake:
         for panel in DASHBOARD["panels"]:
             expr = _grafana(panel["expr"], values)
 
-            def result(expr: str = expr) -> list[dict[str, Any]]:
-                body = _get(f"{api}/query?" + urllib.parse.urlencode({"query": expr}))
-                return body["data"]["result"] if body and body["status"] == "success" else []
-
-            series = wait_for(result, timeout_s=20, interval_s=0.5, what=f"panel {panel['title']!r}: {expr}")
+            series = wait_for(lambda expr=expr: prom.query(expr), timeout_s=20, interval_s=0.5,
+                              what=f"panel {panel['title']!r}: {expr}")
             if "{{gpu}}" in panel["legend"]:  # a graph per GPU, labelled as the dashboard's legend wants
                 assert sorted(s["metric"]["gpu"] for s in series) == ["0", "1"], panel["title"]
                 for s in series:
@@ -91,11 +73,9 @@ def test_every_panel_query_of_dashboard_12239_returns_data(tmp_path: Path, fake:
             else:
                 assert len(series) == 1, panel["title"]
             assert all(float(s["value"][1]) > 0 for s in series), (panel["title"], series)
-        power = _get(f"{api}/query?" + urllib.parse.urlencode({"query": _grafana(
-            DASHBOARD["panels"][3]["expr"], values)}))["data"]["result"]
+        power = prom.query(_grafana(DASHBOARD["panels"][3]["expr"], values))
         assert float(power[0]["value"][1]) == 900.0  # W: 2 GPUs x 450 W
-        clocks = _get(f"{api}/query?" + urllib.parse.urlencode({"query": _grafana(
-            DASHBOARD["panels"][4]["expr"], values)}))["data"]["result"]
+        clocks = prom.query(_grafana(DASHBOARD["panels"][4]["expr"], values))
         assert {float(s["value"][1]) for s in clocks} == {1.98e9}  # the panel's "* 1000000" from MHz
 
         page = d.text()
@@ -107,8 +87,7 @@ def test_every_panel_query_of_dashboard_12239_returns_data(tmp_path: Path, fake:
         scraped = {name: kind for name, kind in exposition_families(page).items() if name.startswith("DCGM_")}
         assert scraped == listed  # the fake supports every field: deploy/metric_names.txt lists exactly these
     finally:
-        prom.terminate()
-        prom.wait(10)
+        prom.stop()
         d.stop()
 
 
