@@ -13,6 +13,7 @@ import logging
 import queue
 import signal
 import socket
+import threading
 
 from sidecar import config as config_mod
 from sidecar import systemd
@@ -86,8 +87,14 @@ class Daemon:
 
     def start(self) -> None:
         """Bind the endpoints and the Prometheus port, start ingest, NVML and the exporters.
-        Raises ``sources.receiver.EndpointError`` or ``OSError`` with a message saying what to fix."""
+        Raises ``sources.receiver.EndpointError`` or ``OSError`` with a message saying what to fix.
+        Call from the main thread: it installs the signal handlers."""
         cfg = self.config
+        # Before anything is reachable: a SIGHUP sent as soon as /metrics answers (before ``run``)
+        # would otherwise take its default action and kill the daemon. The handlers only enqueue.
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, lambda signum, _frame: self._signals.put(signum))
         self._load_ledger()
         raise_nofile_limit()  # before anything opens descriptors: the HTTP side's reserve is sized on it
         receiver = Receiver(list(cfg.endpoint))
@@ -114,9 +121,8 @@ class Daemon:
                         missed, cfg.endpoint[0])
 
     def run(self) -> int:
-        """Serve until SIGTERM/SIGINT; returns the exit status. Must run on the main thread."""
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda signum, _frame: self._signals.put(signum))
+        """Serve until SIGTERM/SIGINT (or ``stop``); returns the exit status. Signals that arrived
+        since ``start`` are waiting in the queue."""
         systemd.notify("READY=1\nSTATUS=serving")
         while True:
             try:
