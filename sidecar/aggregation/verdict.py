@@ -1,7 +1,15 @@
 """The bottleneck verdict: which part of the DFlash pipeline limits the run, and why.
 
-The rules (docs/METRICS.md explains them for operators) follow the hidden-state queue between
-the two roles, because whichever side of a bounded queue waits is not the limit:
+Evidence first (docs/METRICS.md explains the rules for operators): where the daemon has busy
+readings for the roles' GPUs (role -> busy share over the window), they decide before anything
+else. Every pipeline role's GPUs busy >= ``compute_busy_ratio`` -> ``compute-bound``, whatever
+the queue and host-side shares say. Otherwise the idlest role's largest idle cause decides when
+it is not the queue: its own data-loader wait -> ``input-bound``, collectives ->
+``communication-bound``, measured host gap -> ``host-bound`` (each over its single-role
+threshold below, and larger than the role's queue wait). A role idle mostly on the queue, or on
+nothing over a threshold, or no GPU reading at all, leaves the verdict to the queue rules, which
+follow the hidden-state queue between the two roles, because whichever side of a bounded queue
+waits is not the limit:
 
 1. Drafters wait on an empty queue (ready deficit >= ``starved_ratio``): the supply side limits.
    Which part of it is read from the target workers' time breakdown: waiting for the host data
@@ -162,6 +170,11 @@ def decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: flo
     d_share = drafter.time_share if drafter else {}
     put_wait = t_share.get("queue_put_wait")
     limit: str | None
+    queue = (("ready_deficit", ready_deficit), ("queue_fill", queue_fill))
+    first = _pipeline_gpu_first(roles, gpu_busy or {}, queue, s)
+    if first is not None:
+        base, limit = first
+        return _override(base, limit, roles, throttled, gpu_roles, s)
     if ready_deficit is not None and ready_deficit >= s.starved_ratio:
         limit = s.target_role
         base = _supply_verdict(ready_deficit, t_share, put_wait, queue_fill, s)
@@ -190,6 +203,40 @@ def decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: flo
         base = replace(base, confidence=confidence(base.evidence[0][1], threshold) if base.evidence[0][0] in (
             "ready_deficit", f"{s.target_role}.queue_put_wait") else base.confidence)
     return _override(base, limit, roles, throttled, gpu_roles, s)
+
+
+def _pipeline_gpu_first(roles: Mapping[str, RoleFacts], busy: Mapping[str, float],
+                        queue: tuple[tuple[str, float | None], ...],
+                        s: InsightSettings) -> tuple[Verdict, str | None] | None:
+    """The DFlash rules' evidence first (module docstring): (verdict, limiting role) when the GPU
+    readings decide, None when the queue rules must (no reading, or the idlest role's GPUs wait
+    mostly on the queue, or nothing it waits on is over its threshold)."""
+    pipeline = [r for r in (s.target_role, s.drafter_role) if r in roles]
+    readings = {r: busy[r] for r in pipeline if r in busy}
+    if not readings:
+        return None
+    gpu = tuple((f"{r}.gpu_busy", b) for r, b in readings.items())
+    if len(readings) == len(pipeline) and all(b >= s.compute_busy_ratio for b in readings.values()):
+        return Verdict("compute-bound", gpu + _pairs(*queue),
+                       confidence=confidence(min(readings.values()), s.compute_busy_ratio)), None
+    idle = [r for r, b in readings.items() if b < s.compute_busy_ratio]
+    if not idle:
+        return None
+    role = min(idle, key=lambda r: readings[r])
+    f = roles[role]
+    share = f.time_share
+    causes = [("input-bound", "data_wait", share.get("data_wait", 0.0), s.host_wait_ratio),
+              ("communication-bound", "comm_wait", share.get("comm_wait", 0.0), s.comm_wait_ratio),
+              ("host-bound", OTHER_SHARE, share.get(OTHER_SHARE, 0.0) if f.host_measured else 0.0,
+               s.host_overhead_ratio)]
+    queue_wait = share.get("queue_wait", 0.0) + share.get("queue_put_wait", 0.0)
+    name, key, value, threshold = max(causes, key=lambda c: c[2])
+    if value < threshold or value <= queue_wait:
+        return None
+    detail = RENAMED_FROM_HOST_BOUND if name == "input-bound" else ""
+    v = Verdict(name, ((f"{role}.{key}", value), (f"{role}.gpu_busy", readings[role])) + _pairs(*queue)[:1],
+                detail, confidence(value, threshold))
+    return _unattributed(v, f), role
 
 
 def _single_role(f: RoleFacts, busy: float | None, s: InsightSettings) -> tuple[Verdict, str]:
