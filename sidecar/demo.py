@@ -6,8 +6,12 @@ publishes through the real shim over the real socket, with the metric names the 
 reads (docs/METRICS.md). ``--bottleneck`` makes one part slow so the effect can be seen:
 
 - ``none``: balanced; ``target``: slow target forward; ``drafter``: slow drafter step;
-- ``queue``: slow hidden-state packing/transfer with a tiny queue; ``host``: slow data loading;
+- ``queue``: slow hidden-state packing/transfer with a tiny queue; ``input``: slow data loading
+  (``input-bound``; until 0.3 this was ``host``, still accepted as an alias for one release);
 - ``straggler``: one drafter worker twice as slow as the others.
+
+Each word names the verdict it makes, the same word in both pipelines: ``input`` is always the
+data loader, ``host`` (the plain loop only) host overhead between the timed phases.
 
 ``--style seed`` publishes the same pipeline as the reference trainer does (one profile dict from
 a monitor thread); ``--style generic`` runs a plain single-role training loop instead
@@ -33,7 +37,10 @@ log = logging.getLogger("sidecar")
 
 PREFETCH = 2
 """Batches a drafter would prefetch (the demo reports the queue's head as its prefetch buffer)."""
-BOTTLENECKS = ("none", "target", "drafter", "queue", "host", "straggler")
+BOTTLENECKS = ("none", "target", "drafter", "queue", "input", "straggler")
+RENAMED_BOTTLENECKS = {"host": "input"}
+"""The DFlash pipeline's old ``--bottleneck`` words, kept as aliases for one release (until 0.4):
+``host`` meant slow data loading, the verdict ``input-bound``."""
 
 
 @dataclass(frozen=True)
@@ -60,9 +67,20 @@ class PipelineTimings:
             "target": cls(target_forward_ms=160.0),
             "drafter": cls(drafter_forward_ms=40.0, drafter_backward_ms=80.0, optimizer_ms=16.0),
             "queue": cls(pack_ms=90.0, queue_capacity=1),
-            "host": cls(data_ms=120.0),
+            "input": cls(data_ms=120.0),
             "straggler": cls(straggler_factor=2.5),
         }[kind]
+
+
+def dflash_bottleneck(word: str) -> str | None:
+    """The DFlash pipeline's bottleneck for ``--bottleneck word``: the word itself, the new
+    word for an old alias (logging a warning that names it), or None for a word it does not take."""
+    if word in RENAMED_BOTTLENECKS:
+        new = RENAMED_BOTTLENECKS[word]
+        log.warning("demo: --bottleneck %s is now --bottleneck %s for the DFlash pipeline (slow data loading, "
+                    "verdict %s-bound); the old word goes in 0.4", word, new, new)
+        return new
+    return word if word in BOTTLENECKS else None
 
 
 def positive_seconds(raw: str) -> float:
@@ -89,8 +107,10 @@ def _workers(raw: str) -> int:
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bottleneck", choices=sorted(set(BOTTLENECKS) | set(GENERIC_BOTTLENECKS)), default="none",
-                        help="make one part of the simulated pipeline the bottleneck (generic loop: none, input, "
-                             "host, comm, straggler)")
+                        help="make one part of the simulated pipeline the bottleneck, named as the verdict it "
+                             "makes (DFlash: none, target, drafter, queue, input, straggler; generic loop: none, "
+                             "input, host, comm, straggler). input is the data loader in both; the DFlash "
+                             "pipeline takes host as an old alias of input until 0.4")
     parser.add_argument("--style", choices=("channels", "seed", "generic"), default="channels",
                         help="channels: per-worker channels (default); seed: one profile dict per interval from a "
                              "monitor thread, as the reference DFlash trainer; generic: a plain training loop")
@@ -246,16 +266,17 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
         log.info("demo: plain training loop with %d ranks (%s form), bottleneck=%s; metrics on http://%s/metrics",
                  ns.ranks, ns.form, ns.bottleneck, cfg.prometheus_addr)
     else:
-        if ns.bottleneck not in BOTTLENECKS:
+        kind = dflash_bottleneck(ns.bottleneck)
+        if kind is None:
             log.error("demo: the DFlash pipeline takes --bottleneck %s", ", ".join(BOTTLENECKS))
             daemon.shutdown()
             return 2
-        pipeline = SimulatedPipeline(PipelineTimings.for_bottleneck(ns.bottleneck), ns.targets, ns.drafters,
+        pipeline = SimulatedPipeline(PipelineTimings.for_bottleneck(kind), ns.targets, ns.drafters,
                                      cfg.endpoint[0],
                                      monitor_interval_s=ns.profile_interval if ns.style == "seed" else None)
         pipeline.start()
         log.info("demo: simulated pipeline with %d target and %d drafter workers, bottleneck=%s, style=%s; "
-                 "metrics on http://%s/metrics", ns.targets, ns.drafters, ns.bottleneck, ns.style, cfg.prometheus_addr)
+                 "metrics on http://%s/metrics", ns.targets, ns.drafters, kind, ns.style, cfg.prometheus_addr)
     if ns.duration is not None:
         timer = threading.Timer(ns.duration, daemon.stop, [f"demo ran its --duration of {ns.duration:g} s"])
         timer.daemon = True  # SIGTERM before the duration ends must not wait for it

@@ -22,7 +22,7 @@ from pathlib import Path
 from tests.daemon_harness import ROOT, free_port
 
 _DFLASH = {"none": "balanced", "target": "target-bound", "drafter": "drafter-bound", "queue": "queue-starved",
-           "host": "input-bound", "straggler": "straggler"}
+           "input": "input-bound", "straggler": "straggler"}
 _LOOP = {"none": "balanced", "input": "input-bound", "host": "host-bound", "comm": "communication-bound",
          "straggler": "straggler"}
 SCENARIOS: dict[str, tuple[list[str], str, str]] = {
@@ -35,12 +35,12 @@ SCENARIOS: dict[str, tuple[list[str], str, str]] = {
     **{f"snap-{b}": (["--style", "generic", "--form", "snapshot", "--profile-interval", "0.5", "--bottleneck", b],
                      v, "") for b, v in _LOOP.items()},
 }
-"""Scenario -> (demo arguments, expected verdict, fake-NVML set-up or ""). The DFlash ``host``
-bottleneck (targets wait on the data loader) is ``input-bound``: one word, one meaning. ``throttled``: the
-balanced demo with the fake driver reporting hw_slowdown on the drafters' GPU; ``loop-compute``:
-the balanced loop on a GPU whose GPM SM activity reads 97 %; ``loop-throttled``: on a GPU at 60 %
-in hw_slowdown. The seed-style dict is per-batch means over all workers, so it carries no
-per-worker balance: there is no ``seed-straggler``."""
+"""Scenario -> (demo arguments, expected verdict, fake-NVML set-up or ""). The DFlash bottleneck
+``input`` (targets wait on the data loader; ``host`` until 0.3) is ``input-bound``: one word, one
+meaning. ``throttled``: the balanced demo with the fake driver reporting hw_slowdown on the
+drafters' GPU; ``loop-compute``: the balanced loop on a GPU whose GPM SM activity reads 97 %;
+``loop-throttled``: on a GPU at 60 % in hw_slowdown. The seed-style dict is per-batch means over
+all workers, so it carries no per-worker balance: there is no ``seed-straggler``."""
 EXPECTED = {name: expected for name, (_, expected, _) in SCENARIOS.items()}
 DFLASH_SCENARIOS = [*_DFLASH, "throttled"]
 """The scenarios of the original benchmark (``tests/test_insight_demo.py``)."""
