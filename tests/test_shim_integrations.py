@@ -93,6 +93,48 @@ def test_hf_trainer_callback(workdir: Path, ep: str, receivers: Callable[..., An
     assert run_id != "None" and run_id in {h.get("wandb_run_id") for h in book.hellos}
 
 
+LOG_MS = 150
+"""What the user's ``on_log`` hook costs in the data-wait test (ms): its sleep is a lower bound."""
+
+
+def test_hf_data_wait_leaves_out_the_logging_between_steps(workdir: Path, ep: str,
+                                                            receivers: Callable[..., Any]) -> None:
+    # Between steps the Trainer logs (here a user's on_log, listed first, sleeps LOG_MS) and then
+    # fetches the next batch (no sleep): the data wait is the fetch; the logging lies in the
+    # step and in no phase (host time between the hooks).
+    rx = receivers(ep)
+    run_script(workdir, f"""
+        import time, torch
+        from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+        from trainer_shim.integrations.hf import SidecarCallback
+
+        class Tokens(torch.utils.data.Dataset):
+            def __len__(self):
+                return 64
+            def __getitem__(self, i):
+                ids = torch.arange(i, i + 8) % 64
+                return {{"input_ids": ids, "labels": ids}}
+
+        class SlowLogger(TrainerCallback):
+            def on_log(self, args, state, control, **kwargs):
+                time.sleep({LOG_MS} / 1000)
+
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1,
+                                           n_head=2))
+        args = TrainingArguments(output_dir="out", max_steps={STEPS}, per_device_train_batch_size=4,
+                                 logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
+                                 dataloader_num_workers=0, disable_tqdm=True)
+        Trainer(model=model, args=args, train_dataset=Tokens(),
+                callbacks=[SlowLogger(), SidecarCallback()]).train()
+    """, ep)
+    steps = profiles(received(rx, lambda b: len(profiles(b)) >= STEPS))
+    inside = (names.DATA_WAIT_MS, names.FORWARD_BACKWARD_MS, names.OPTIMIZER_STEP_MS)
+    for _, p in steps[1:]:  # every step after the first follows a logged one
+        assert p[names.DATA_WAIT_MS] < LOG_MS, steps  # the fetch only (it held the sleep before)
+        assert p[names.STEP_MS] - sum(p[k] for k in inside) >= LOG_MS, steps  # in the step, in no phase
+
+
 def test_lightning_callback(workdir: Path, ep: str, receivers: Callable[..., Any]) -> None:
     rx = receivers(ep)
     run_script(workdir, f"""
@@ -129,6 +171,54 @@ def test_lightning_callback(workdir: Path, ep: str, receivers: Callable[..., Any
     assert values(book, names.LR) == [0.05] * STEPS
     losses = values(book, names.LOSS)
     assert len(losses) == STEPS and all(isinstance(v, float) and v > 0 for v in losses)
+
+
+FETCH_MS = 40
+"""What each batch costs the dataset in the Lightning data-wait test (ms, a lower bound)."""
+
+
+def test_lightning_data_wait_is_the_fetch_not_the_host_work_between_batches(
+        workdir: Path, ep: str, receivers: Callable[..., Any]) -> None:
+    # A user's callback after the sidecar's sleeps LOG_MS at each batch end (host work between
+    # batches); the dataset takes FETCH_MS per batch: the data wait is the fetch, the host work
+    # lies in the step and in no phase.
+    rx = receivers(ep)
+    run_script(workdir, f"""
+        import time, torch
+        import lightning as L
+        from trainer_shim.integrations.lightning import SidecarCallback
+
+        class Slow(torch.utils.data.Dataset):
+            def __len__(self):
+                return 64
+            def __getitem__(self, i):
+                time.sleep({FETCH_MS} / 8 / 1000)
+                return torch.randn(8), torch.randn(1)
+
+        class Tiny(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(8, 1)
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                return torch.nn.functional.mse_loss(self.layer(x), y)
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.05)
+
+        class HostWork(L.Callback):
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                time.sleep({LOG_MS} / 1000)
+
+        trainer = L.Trainer(max_steps={STEPS}, accelerator="cpu", logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, callbacks=[SidecarCallback(), HostWork()])
+        trainer.fit(Tiny(), torch.utils.data.DataLoader(Slow(), batch_size=8))
+    """, ep)
+    steps = profiles(received(rx, lambda b: len(profiles(b)) >= STEPS))
+    inside = (names.DATA_WAIT_MS, names.FORWARD_MS, names.BACKWARD_MS, names.OPTIMIZER_STEP_MS)
+    for _, p in steps[1:]:
+        assert FETCH_MS <= p[names.DATA_WAIT_MS] < LOG_MS, steps  # the fetch, without the host work
+        assert p[names.STEP_MS] - sum(p[k] for k in inside) >= LOG_MS, steps  # in the step, in no phase
 
 
 def test_loader_wrapper_times_the_wait_for_each_batch(workdir: Path, ep: str,

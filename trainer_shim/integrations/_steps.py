@@ -19,7 +19,13 @@ class StepClock:
         """``channel``: a ``telemetry.channel(...)``; default: the process's default channel."""
         self._tm = channel if channel is not None else telemetry
         self._last_end: int | None = None
+        self._wait_from: int | None = None
+        """Where the next data wait starts: the step's end, or a later ``after_step`` hook."""
         self._begin: int | None = None
+        self._fetch_ns: int | None = None
+        """Time inside the framework's batch fetch since the last step's end (``fetch_begin`` /
+        ``fetch_end``); None when no fetch was seen, and the data wait is the gap."""
+        self._fetch_start: int | None = None
         self._marks: dict[str, int] = {}
         self._profile: dict[str, float] = {}
 
@@ -27,9 +33,33 @@ class StepClock:
         now = perf_counter_ns()
         self._profile = {}
         self._marks = {"begin": now}
-        if self._last_end is not None:
-            self._profile[names.DATA_WAIT_MS] = (now - self._last_end) / 1e6
+        if self._wait_from is not None:
+            wait = self._fetch_ns if self._fetch_ns is not None else now - self._wait_from
+            self._profile[names.DATA_WAIT_MS] = wait / 1e6
+        self._fetch_ns = self._fetch_start = None
         self._begin = now
+
+    def fetch_begin(self) -> None:
+        """The framework starts fetching a batch (Lightning's data fetcher). Once a fetch is
+        seen between two steps, the data wait is the time inside fetches, and the rest of the gap
+        between the steps (other callbacks, validation, checkpoints, the loop's bookkeeping) is
+        host time between the hooks."""
+        self._fetch_start = perf_counter_ns()
+
+    def fetch_end(self) -> None:
+        """The fetch ``fetch_begin`` announced returned (or raised)."""
+        if self._fetch_start is not None:
+            self._fetch_ns = (self._fetch_ns or 0) + perf_counter_ns() - self._fetch_start
+            self._fetch_start = None
+
+    def after_step(self) -> None:
+        """A hook the framework calls after a step's end and before it fetches the next batch
+        (Hugging Face: ``on_log``, ``on_evaluate``, ``on_save``, each called once its work is
+        done): the next data wait starts here, not at the step's end. The logging, evaluation or
+        checkpoint before it stays in the next ``step_ms`` and in no phase: host time between
+        the hooks, not data wait. Outside the gap between two steps it does nothing."""
+        if self._begin is None and self._wait_from is not None:
+            self._wait_from = perf_counter_ns()
 
     def mark(self, what: str) -> None:
         """Remember when ``what`` happened (``begin`` is the step's begin)."""
@@ -55,8 +85,9 @@ class StepClock:
         self._tm.count(names.BATCHES)
         if tokens:
             self._tm.count(names.TOKENS, tokens)
-        self._last_end = now
+        self._last_end = self._wait_from = now
         self._begin = None
+        self._fetch_ns = self._fetch_start = None  # a fetch inside the step is not a wait between steps
 
     def gauge(self, name: str, value: Any) -> None:
         """A gauge from a value the framework already holds as a Python number (never a tensor

@@ -4,8 +4,9 @@
     trainer = Trainer(..., callbacks=[SidecarCallback()])
 
 Per optimizer step it publishes the step (``state.global_step``) with ``step_ms`` (from the
-previous step's end to this one's), ``data_wait_ms`` (the gap between a step's end and the next
-step's begin, where the Trainer fetches the next batches), ``forward_backward_ms`` (from
+previous step's end to this one's), ``data_wait_ms`` (from the last hook the Trainer calls
+between two steps to the next step's begin: the fetch of the next batches; see below),
+``forward_backward_ms`` (from
 ``on_step_begin`` to ``on_pre_optimizer_step``: every micro-batch's forward and backward, and
 gradient clipping) and ``optimizer_step_ms`` (from ``on_pre_optimizer_step`` to
 ``on_optimizer_step``), and counts ``batches`` (and ``tokens`` when the Trainer counts input
@@ -13,6 +14,13 @@ tokens, ``include_num_input_tokens_seen``). ``loss`` and ``lr`` come from the Tr
 which hold Python floats already: nothing here reads a tensor, so nothing synchronizes. When the
 Trainer has a W&B run (its ``WandbCallback`` starts it at train begin), the run id is announced
 at once. Names: ``trainer_shim.integrations.names``.
+
+What the data wait can see: between ``on_step_end`` and the next ``on_step_begin`` the Trainer
+logs, evaluates and saves when due, then fetches the next batches. ``on_log``, ``on_evaluate``
+and ``on_save`` come after their work, so the data wait starts at the last of them that ran:
+the logging, evaluation or checkpoint lies in ``step_ms`` and in no phase (host time between
+the hooks). What no hook marks stays in it: the step-end and log hooks of callbacks listed
+after this one (list ``SidecarCallback()`` last to keep them out).
 """
 
 from __future__ import annotations
@@ -55,8 +63,15 @@ class SidecarCallback(TrainerCallback):  # type: ignore[misc]
         tokens, self._tokens_seen = int(seen) - self._tokens_seen, int(seen)
         self._clock.step_end(state.global_step, tokens if tokens > 0 else None)
 
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._clock.after_step()
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._clock.after_step()
+
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
+        self._clock.after_step()
         logs = logs or {}
         if "loss" in logs:
             self._clock.gauge(names.LOSS, logs["loss"])

@@ -4,18 +4,27 @@
     trainer = L.Trainer(..., callbacks=[SidecarCallback()])
 
 Per training batch it publishes ``trainer.global_step`` with ``step_ms`` (the previous batch's
-end to this batch's end, so its data wait included), ``data_wait_ms`` (the gap between a
-batch's end and the next batch's start, where the loop fetches the next batch), ``forward_ms``
+end to this batch's end, so its data wait included), ``data_wait_ms`` (the time inside the
+loop's fetch of the next batch, between a batch's end and the next batch's start; see below),
+``forward_ms``
 (batch start to ``on_before_backward``: the training step), ``backward_ms``
 (``on_before_backward`` to ``on_after_backward``) and ``optimizer_step_ms`` (``on_after_backward``
 to batch end: the optimizer step, with gradient clipping if any), and counts ``batches``. The
 loss goes through ``telemetry.scalar`` (a CUDA loss is copied asynchronously, never read), the
 learning rate is the first optimizer's first group's ``lr`` (a Python float). The W&B run, when
 the trainer has one, is announced at train start. Names: ``trainer_shim.integrations.names``.
+
+What the data wait can see: between two batches the loop runs the other callbacks' batch-end
+hooks, validation and checkpoints when due, its own bookkeeping, and fetches the next batch.
+The fetch is timed through the training epoch loop's fetch hooks (the ones Lightning's profiler
+gets, ``_on_before_fetch``/``_on_after_fetch``, wrapped at train start and always passed
+through), so the rest of the gap lies in ``step_ms`` and in no phase: host time between the
+hooks. A Lightning without those hooks leaves the data wait as the whole gap.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from lightning.pytorch import Callback
@@ -34,6 +43,7 @@ class SidecarCallback(Callback):  # type: ignore[misc]
         self._clock = StepClock(channel)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        _time_fetches(trainer, self._clock)
         announce_wandb_run()
         if self._open_metrics:
             wandb_metrics.describe_run(addr=self._open_metrics)
@@ -59,3 +69,27 @@ class SidecarCallback(Callback):  # type: ignore[misc]
         if optimizers:
             self._clock.gauge(names.LR, optimizers[0].param_groups[0].get("lr"))
         self._clock.step_end(trainer.global_step)
+
+
+def _time_fetches(trainer: Any, clock: StepClock) -> None:
+    """Wrap the training epoch loop's fetch hooks (each epoch hands them to its data fetcher) so
+    that ``clock`` sees every batch fetch. Does nothing where the loop has no such hooks, or
+    already has ours; the wrappers call the originals whatever the clock does."""
+    loop: Any = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    before, after = getattr(loop, "_on_before_fetch", None), getattr(loop, "_on_after_fetch", None)
+    if not callable(before) or not callable(after) or getattr(before, "_sidecar_clock", None) is clock:
+        return
+
+    def on_before_fetch() -> None:
+        with contextlib.suppress(Exception):  # never into the trainer
+            clock.fetch_begin()
+        before()
+
+    def on_after_fetch() -> None:
+        after()
+        with contextlib.suppress(Exception):
+            clock.fetch_end()
+
+    on_before_fetch._sidecar_clock = clock  # type: ignore[attr-defined]
+    loop._on_before_fetch = on_before_fetch
+    loop._on_after_fetch = on_after_fetch

@@ -3,8 +3,9 @@ generic-loop preset maps with no user configuration. Timings are milliseconds of
 each is one sample per optimizer step (``data_wait_ms``: per batch for the loader wrapper)."""
 
 DATA_WAIT_MS = "data_wait_ms"
-"""Waiting for the next batch: the gap between a step's end and the next step's begin (callbacks),
-or the exact time spent in the loader's ``next()`` (loader wrapper)."""
+"""Waiting for the next batch: the gap between a step's end (Hugging Face: or the later log,
+evaluate or save hook that ran) and the next step's begin (callbacks), or the exact time spent in
+the loader's ``next()`` (loader wrapper)."""
 FORWARD_BACKWARD_MS = "forward_backward_ms"
 """Forward and backward of one optimizer step as one phase (Hugging Face: ``on_step_begin`` to
 ``on_pre_optimizer_step``, gradient clipping and every accumulation micro-batch included). Host
