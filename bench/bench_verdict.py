@@ -143,10 +143,22 @@ def matrix_markdown(rows: dict, command: str, elapsed_s: float, windows: int, in
             lines.append(f"| {framework} / {condition} ({vm.EXPECTED[condition]}) | "
                          + " | ".join(str(c[v]) for v in cols) + f" | {len(cell)} | {share:.1%} |")
     lines += ["", f"Overall: {right}/{total} windows correct ({right / total if total else 0:.1%}).", "",
-              "| framework | stray host-bound windows | idle after the trainer exited |", "| --- | ---: | --- |"]
+              "Per cell, the evidence of its scored windows (min / median / max; the deciding number first; "
+              "thresholds: data wait 0.25, comm wait 0.25, host gap 0.3, GPU busy 0.85, straggler score 0.7) "
+              "and its confidence:", "",
+              "| framework / condition | evidence | confidence |", "| --- | --- | --- |"]
+    for framework, row in rows.items():
+        for condition, cell in row.cells.items():
+            ranges = evidence_ranges([(0.0, v, e) for v, e in cell])
+            conf = ranges.pop("confidence", None)
+            lines.append(f"| {framework} / {condition} | "
+                         + "; ".join(f"{k} {lo:.2f} / {mid:.2f} / {hi:.2f}" for k, (lo, mid, hi) in ranges.items())
+                         + f" | {'%.2f / %.2f / %.2f' % conf if conf else '-'} |")
+    lines += ["", "| framework | stray host-bound windows | idle after the trainer exited | row wall time |",
+              "| --- | ---: | --- | ---: |"]
     for framework, row in rows.items():
         lines.append(f"| {framework} | {len(row.stray_host)} of {len(row.windows)} | "
-                     f"{'yes' if row.idle_after_exit else 'no'} |")
+                     f"{'yes' if row.idle_after_exit else 'no'} | {row.wall_s:.0f} s |")
     wrong = [(f, c, v, e) for f, r in rows.items() for c, cell in r.cells.items() for v, e in cell
              if v != vm.EXPECTED[c]]
     if wrong:

@@ -8,7 +8,9 @@
   ``drafter.optimizer_step_ms``) through ``telemetry.publish(step, profile)``.
 - ``--style generic``: a plain training loop (one role, ``trainer``, one thread per rank) with a
   generic loop's names: ``data_time_ms``, ``forward_ms``, ``backward_ms``, ``optimizer_step_ms``,
-  ``allreduce_ms``, ``step_ms``, counters ``batches`` and ``tokens``. ``--form occurrence``
+  ``allreduce_ms``, ``step_ms``, counters ``batches`` and ``tokens``. The ranks meet at each
+  step's all-reduce (a barrier, then the transfer), as data-parallel ranks do: a slow rank makes
+  the others wait for it there. ``--form occurrence``
   sends every phase through ``timing()``; ``--form snapshot`` publishes per-batch means once per
   ``--profile-interval``.
 """
@@ -86,6 +88,21 @@ class GenericLoop(_Stopper):
         self.telemetry = telemetry
         self.threads = [threading.Thread(target=self._rank, args=(i,), name=f"rank-{i}", daemon=True)
                         for i in range(ranks)]
+        self.allreduce = threading.Barrier(ranks)
+
+    def join(self) -> None:
+        self.allreduce.abort()  # a rank waiting for its peers stops waiting
+        super().join()
+
+    def _all_reduce(self) -> float:
+        """Wait for every rank, then the transfer (``comm_ms``); ms in all."""
+        start = time.perf_counter()
+        try:
+            self.allreduce.wait()
+        except threading.BrokenBarrierError:  # join() aborted it: the loop is stopping
+            return (time.perf_counter() - start) * 1000.0
+        self.sleep_ms(self.t.comm_ms)
+        return (time.perf_counter() - start) * 1000.0
 
     def _rank(self, rank: int) -> None:
         ch = self.telemetry.channel(role="trainer", worker=str(rank))
@@ -97,7 +114,7 @@ class GenericLoop(_Stopper):
         while not self.stop.is_set():
             start = time.perf_counter()
             phases = {"data_time_ms": self.sleep_ms(t.data_ms), "forward_ms": self.sleep_ms(t.forward_ms * slow),
-                      "backward_ms": self.sleep_ms(t.backward_ms * slow), "allreduce_ms": self.sleep_ms(t.comm_ms),
+                      "backward_ms": self.sleep_ms(t.backward_ms * slow), "allreduce_ms": self._all_reduce(),
                       "optimizer_step_ms": self.sleep_ms(t.optimizer_ms * slow)}
             self.sleep_ms(t.untimed_ms)
             phases["step_ms"] = (time.perf_counter() - start) * 1000.0

@@ -10,8 +10,8 @@ the step timed under a name no preset knows; ``comm`` a slow collective (a real 
 all-reduce, its slowness a sleep inside the timed collective: a slow interconnect);
 ``straggler`` rank 1 slow in its own compute; ``saturated`` changes nothing here (the fake GPU
 reads 97 %). Frameworks: ``plain`` (every occurrence, ``timed(loader)`` and ``timing()``;
-2 ranks all-reduce their gradients over gloo), ``snapshot`` (per-batch means every 0.25 s through
-``publish()``), ``hf`` (``Trainer`` + ``SidecarCallback``), ``lightning`` (``Trainer`` +
+2 ranks all-reduce their gradients over gloo), ``snapshot`` (the same, per-batch means every
+0.25 s through ``publish()``), ``hf`` (``Trainer`` + ``SidecarCallback``), ``lightning`` (``Trainer`` +
 ``SidecarCallback``), ``compile`` (a ``torch.compile``d model in a plain loop), ``ddp``
 (``DistributedDataParallel`` on gloo, 2 ranks)."""
 
@@ -244,6 +244,9 @@ def lightning(endpoint: str, control: Control) -> None:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     class UserWork(L.Callback):  # type: ignore[misc]
+        """A user's own callback after the sidecar's: a phase timed under its own name inside the
+        step, or host work at each batch end (between the batches)."""
+
         def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
             if control.stop:
                 trainer.should_stop = True
@@ -251,6 +254,9 @@ def lightning(endpoint: str, control: Control) -> None:
             if ms:
                 with telemetry.timer("ema_update_ms"):
                     sleep_ms(ms)
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            sleep_ms(control.ms("host_ms"))
 
     trainer = L.Trainer(max_steps=10**6, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False,

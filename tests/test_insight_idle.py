@@ -61,11 +61,25 @@ def test_host_bound_compute_bound_throttled_and_straggler_for_a_loop() -> None:
     assert ")" not in unknown_gpu.detail  # the console line's evidence ends at the first ")"
     hot = GpuFacts({"0": frozenset({"hw_slowdown"})}, busy={"0": 0.97})
     assert compute_insight(loop(LOOP, cycle_ms=49), gpus=hot).verdict.name == "throttled"
-    slow = {k: v * 2.5 for k, v in LOOP.items()}
-    v = compute_insight(loop(LOOP, slow=slow, cycle_ms=49)).verdict
+    # rank 1 is 2.5x slower at its own work; rank 0 waits for it in the collective meanwhile
+    slow = {k: v * (1 if k == "comm_wait" else 2.5) for k, v in LOOP.items()}
+    extra = sum(slow.values()) - sum(LOOP.values())
+    v = compute_insight(loop(LOOP | {"comm_wait": LOOP["comm_wait"] + extra}, slow=slow, cycle_ms=49)).verdict
     assert v.name == "straggler" and "trainer/1" in v.detail
     settings = InsightSettings(compute_busy_ratio=0.99)
     assert compute_insight(loop(LOOP, cycle_ms=49), settings, busy).verdict.name == "balanced"
+
+
+def test_ranks_that_wait_alike_in_collectives_hold_no_straggler() -> None:
+    # DDP under a slow interconnect: every rank waits ~60 ms per step in the collective; one
+    # rank's "busy" phases hold a wait of their own (its backward's all-reduce, 30 ms): nobody
+    # waits on it, so it is not a straggler (it was, on busy time alone)
+    phases = LOOP | {"comm_wait": 60}
+    held = phases | {"backward": LOOP["backward"] + 30}
+    v = compute_insight(loop(phases, slow=held, cycle_ms=sum(held.values()))).verdict
+    assert v.name == "communication-bound", v
+    workers = compute_insight(loop(phases, slow=held, cycle_ms=sum(held.values()))).workers
+    assert not any(w.straggler for w in workers) and min(w.score or 1 for w in workers) < 0.7
 
 
 def test_idle_parts_sum_to_the_idle_share_and_scale_down_when_waits_exceed_it() -> None:

@@ -44,7 +44,8 @@ all workers, so it carries no per-worker balance: there is no ``seed-straggler``
 EXPECTED = {name: expected for name, (_, expected, _) in SCENARIOS.items()}
 DFLASH_SCENARIOS = [*_DFLASH, "throttled"]
 """The scenarios of the original benchmark (``tests/test_insight_demo.py``)."""
-LINE = re.compile(r"window (?P<dur>[\d.]+)s \|.*\| verdict (?P<verdict>[a-z-]+)(?: \((?P<evidence>[^)]*)\))?")
+LINE = re.compile(r"window (?P<dur>[\d.]+)s \|.*\| verdict (?P<verdict>[a-z-]+)(?: \((?P<evidence>[^)]*)\))?"
+                  r"(?: confidence (?P<confidence>[\d.]+))?")
 
 
 def run_one(scenario: str, duration_s: float, interval_s: float, workdir: str) -> list[tuple[float, str, str]]:

@@ -36,18 +36,18 @@ name in the evidence (never ``host-bound``)."""
 
 ROWS: dict[str, tuple[str, ...]] = {
     "plain": ("unmapped", "input", "host", "saturated", "comm", "straggler"),
-    "snapshot": ("unmapped", "input", "host", "saturated"),
+    "snapshot": ("unmapped", "input", "host", "saturated", "comm", "straggler"),
     "hf": ("unmapped", "input", "host", "saturated"),
-    "lightning": ("unmapped", "input", "saturated"),
+    "lightning": ("unmapped", "input", "host", "saturated"),
     "compile": ("unmapped", "input", "host", "saturated"),
-    "ddp": ("input", "host", "saturated", "comm"),
+    "ddp": ("unmapped", "input", "host", "saturated", "comm", "straggler"),
 }
-"""Framework -> its conditions, in run order. Lightning has no ``host`` cell: its callback's
-timings cover the whole step back to back (data wait, forward, backward, optimizer), so host work
-anywhere in the loop lands inside one of them and is not host time the daemon can tell; the
-straggler of ``ddp`` is not a cell: DistributedDataParallel's backward waits for the slow rank,
-so both ranks' forward+backward read the same (``plain`` is the 2-rank gloo straggler)."""
-RANKS = {"plain": 2, "ddp": 2}
+"""Framework -> its conditions, in run order. ``comm`` and ``straggler`` are cells of the rows
+that run 2 ranks on gloo (``RANKS``): ``hf``, ``lightning`` and ``compile`` run one process,
+which has no collective to wait on and no peer to lag behind. Lightning's ``host`` is a user's
+callback after the sidecar's, working at each batch end (between the batches, where the
+callback's data wait, the time inside the loop's fetch, does not reach)."""
+RANKS = {"plain": 2, "snapshot": 2, "ddp": 2}
 WINDOW_SCALE = {"hf": 2.0}
 """Rows whose steps are long (the Trainer's, its effects scaled up in ``tests/matrix_loops.py``)
 run windows this many times longer, so each window still holds a few steps."""
@@ -64,6 +64,8 @@ class RowResult:
     """Every window of the run: (verdict, evidence)."""
     idle_after_exit: bool = False
     log_tail: str = ""
+    wall_s: float = 0.0
+    """Seconds the row took, from the daemon's start to the trainer's exit and the daemon's stop."""
 
 
 def _set_gpu(control: object, busy: int) -> None:
@@ -77,7 +79,10 @@ def _write(path: Path, state: dict[str, object]) -> None:
 
 
 def _lines(d: DaemonProc) -> list[tuple[float, str, str]]:
-    return [(float(m["dur"]), m["verdict"], m["evidence"] or "") for m in map(LINE.search, d.log().splitlines()) if m]
+    """(window seconds, verdict, evidence and ``confidence=C``) of each console window line."""
+    return [(float(m["dur"]), m["verdict"],
+             (m["evidence"] or "") + (f" confidence={m['confidence']}" if m["confidence"] else ""))
+            for m in map(LINE.search, d.log().splitlines()) if m]
 
 
 def run_row(framework: str, workdir: Path, windows: int = 7, interval_s: float = 0.5,
@@ -86,6 +91,7 @@ def run_row(framework: str, workdir: Path, windows: int = 7, interval_s: float =
     from tests.fake_nvml.build import build_fake_nvml
     from tests.fake_nvml.control import FakeNvml
 
+    started = time.monotonic()
     row_dir = workdir / framework
     row_dir.mkdir(parents=True, exist_ok=True)
     interval_s *= WINDOW_SCALE.get(framework, 1.0)
@@ -149,6 +155,7 @@ def run_row(framework: str, workdir: Path, windows: int = 7, interval_s: float =
                 p.kill()
                 p.wait()
         d.stop()
+    result.wall_s = time.monotonic() - started
     return result
 
 

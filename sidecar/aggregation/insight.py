@@ -43,6 +43,13 @@ COMPUTE_PHASES = ("forward", "backward", "forward_backward")
 STRAGGLER_MIN_STEP_SHARE = 0.1
 """A straggler's extra busy time per batch must be at least this share of its step (0-1)."""
 
+STRAGGLER_PEER_WAIT_SHARE = 0.5
+"""Where the role times its collectives (``comm_wait``), a straggler's fastest peer must wait in
+them, per batch, at least this share of the straggler's extra busy time longer than the
+straggler does: a slow rank makes the others wait for it. Ranks that all wait alike are not held
+up by one of them (their "busy" phases may hold collective waits of their own: DDP's backward
+all-reduces)."""
+
 SNAPSHOT_MAX_AGE_WINDOWS = 3.5
 """A snapshot series without a new snapshot in a window keeps its last mean this many windows."""
 
@@ -257,9 +264,11 @@ def _worker_insights(role: str, members: dict[str, _Worker], duration: float,
     (best / own) when every worker of the role reports work phases, else batch rates
     (own / best): a worker that is slow at its own work, not one that waits for input. A worker
     whose extra busy time is under ``STRAGGLER_MIN_STEP_SHARE`` of its step is not flagged: a
-    few milliseconds of noise on a step of a few milliseconds of work limit nothing."""
+    few milliseconds of noise on a step of a few milliseconds of work limit nothing; nor one
+    whose fastest peer does not wait for it in collectives (``STRAGGLER_PEER_WAIT_SHARE``)."""
     rates = {name: w.counter("batches", "rate") for name, w in members.items()}
     busy = {name: _busy_ms(w) for name, w in members.items()}
+    comm = {name: float(win["p50"]) for name, w in members.items() if (win := w.window(TIMING, "comm_wait"))}
     scores: dict[str, float | None] = dict.fromkeys(members)
     negligible: set[str] = set()
     if len(members) >= 2:
@@ -268,6 +277,10 @@ def _worker_insights(role: str, members: dict[str, _Worker], duration: float,
             scores = {n: best / b for n, b in busy.items() if b is not None}
             negligible = {n for n, b in busy.items() if b is not None and rates[n] > 0
                           and (b - best) * rates[n] / 1000.0 < STRAGGLER_MIN_STEP_SHARE}
+            if len(comm) == len(members):
+                fastest = min(busy, key=lambda n: busy[n] or 0.0)
+                negligible |= {n for n, b in busy.items() if b is not None and comm[fastest] - comm[n]
+                               < STRAGGLER_PEER_WAIT_SHARE * (b - best)}
         elif max(rates.values()) > 0:
             best_rate = max(rates.values())
             scores = {n: r / best_rate for n, r in rates.items()}
