@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.aggregation.aggregator import PROFILE, Aggregator
+from sidecar.pipeline import aggregate
+from sidecar.processing.mapping import Mapper
 from sidecar.sources.receiver import QUEUE_CEILING_BYTES
 from tests.daemon_harness import DaemonProc, publish, wait_for
 from tests.soak.floods import flood_process, frames_received
@@ -84,7 +86,7 @@ def test_profile_keys_beyond_the_budget_are_resolved_once_per_batch() -> None:
     agg._resolve = counted  # type: ignore[method-assign]
     profile = {f"key_{k}": 1.0 for k in range(500)}
     rejected: dict[str, int] = {}
-    agg.ingest("r", "0", {}, [[PROFILE, step, profile] for step in range(100)], rejected)
+    aggregate(agg, Mapper(), "r", "0", [[PROFILE, step, profile] for step in range(100)], rejected)
     assert agg.profile_entries_rejected["r", "0", "cardinality"] == 100 * 490
     assert len(calls) == 500, f"{len(calls)} resolutions for 500 distinct keys"
 

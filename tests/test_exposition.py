@@ -20,6 +20,7 @@ from sidecar.exporters.prometheus.server import serve
 from sidecar.ingest import IngestLoop
 from sidecar.model.gpu import GpuView, NvmlState, NvmlStatus
 from sidecar.model.window import IngestReport
+from sidecar.pipeline import OnWindow, Pipeline
 from tests.daemon_harness import free_port
 from trainer_shim import wire
 
@@ -34,7 +35,7 @@ class _Receiver:
 def _report(windows: list[list[tuple[str, str, list]]]) -> IngestReport:
     """Ingest each window's batches ((role, worker, records)) and roll; the last report."""
     reports: list[IngestReport] = []
-    loop = IngestLoop(_Receiver(), 1.0, reports.append)  # type: ignore[arg-type]
+    loop = IngestLoop(_Receiver(), 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]
     senders: dict[tuple[str, str], list[int]] = {}
     for batches in windows:
         for role, worker, records in batches:

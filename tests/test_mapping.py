@@ -10,6 +10,7 @@ from sidecar.aggregation.aggregator import PROFILE, Aggregator
 from sidecar.aggregation.verdict import Hysteresis, Verdict
 from sidecar.config import ConfigError
 from sidecar.model.meanings import COUNT, GAUGE, MEANINGS, TIMING
+from sidecar.pipeline import aggregate
 from sidecar.processing.mapping import PRESETS, Mapper, MappingError, parse_rules
 from trainer_shim.wire import MAX_NAME_BYTES
 
@@ -119,12 +120,11 @@ class CountingMapper(Mapper):
 
 
 def test_names_are_resolved_once_per_series_not_per_record() -> None:
-    agg = Aggregator(mapper=CountingMapper())
-    cache: dict = {}
+    agg = Aggregator()
     records = [[TIMING, "target.model_forward_ms", 5.0], [COUNT, "drafter.1.tokens", 10]] * 500
     records += [[PROFILE, 3, {"drafter.queue_get_ms": 1.0, "drafter.forward_ms": 2.0}]] * 100
     rejected: dict = {}
-    assert agg.ingest("monitor", "0", cache, records, rejected) == len(records) and not rejected
+    assert aggregate(agg, CountingMapper(), "monitor", "0", records, rejected) == len(records) and not rejected
     assert CountingMapper.calls == 4
     views = {(v.role, v.worker, v.name): v for v in agg.roll(0.0, 0.0, 1.0).series}
     fwd = views["target", "0", "model_forward"]
@@ -137,19 +137,19 @@ def test_names_are_resolved_once_per_series_not_per_record() -> None:
 def test_the_same_name_in_two_roles_is_two_series_not_a_collision() -> None:
     agg = Aggregator()
     rejected: dict = {}
-    agg.ingest("monitor", "0", {}, [[TIMING, "target.forward_ms", 1.0], [TIMING, "drafter.forward_ms", 2.0]], rejected)
+    records = [[TIMING, "target.forward_ms", 1.0], [TIMING, "drafter.forward_ms", 2.0]]
+    aggregate(agg, Mapper(), "monitor", "0", records, rejected)
     assert not rejected
     assert sorted(v.role for v in agg.roll(0.0, 0.0, 1.0).series) == ["drafter", "target"]
 
 
 def test_a_new_mapper_remaps_on_the_next_record() -> None:
     agg = Aggregator()
-    cache: dict = {}
-    agg.ingest("t", "0", cache, [[TIMING, "fetch_ms", 1.0]], {})
+    aggregate(agg, Mapper(), "t", "0", [[TIMING, "fetch_ms", 1.0]], {})
     assert [v.meaning for v in agg.roll(0.0, 0.0, 1.0).series] == [""]
-    agg.set_mapper(Mapper(parse_rules([{"match": "fetch_ms", "phase": "data_wait"}])))
-    cache.clear()  # the ingest loop clears every sender's cache when the generation moves
-    agg.ingest("t", "0", cache, [[TIMING, "fetch_ms", 1.0]], {})
+    agg.remap()  # what the pipeline does when it takes a reloaded mapping
+    aggregate(agg, Mapper(parse_rules([{"match": "fetch_ms", "phase": "data_wait"}])), "t", "0",
+              [[TIMING, "fetch_ms", 1.0]], {})
     assert [v.meaning for v in agg.roll(1.0, 1.0, 1.0).series] == ["data_wait"]
 
 

@@ -3,13 +3,18 @@
 Single-threaded by design: the ingest thread calls ``ingest`` for every batch and ``roll`` at each
 window boundary, so no lock is needed and a scrape never waits on ingest (exporters only read the
 immutable reports). Every rejected record is counted by reason in the caller's dict.
+
+The aggregator never maps names itself: a record whose name its sender's name table does not know
+yet is handed back (``Unresolved``) and comes again with the mapping stage's ``Mapped`` for it
+(``sidecar.pipeline.aggregate`` runs the two). The name tables are the aggregator's own, one per
+sender, dropped whenever series expire or are evicted (their adds would point at dead series).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.aggregation.series import (
@@ -22,9 +27,9 @@ from sidecar.aggregation.series import (
     TimingSeries,
     rejection,
 )
+from sidecar.model.mapped import Mapped
 from sidecar.model.names import claimed_names, counter_token, metric_token, timing_token
 from sidecar.model.window import ALLOCATOR, CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING, SeriesView, WindowReport
-from sidecar.processing.mapping import Mapper
 from trainer_shim.wire import name_problem, profile_entry_problem
 
 _FACTORIES = {TIMING: TimingSeries, COUNT: CounterSeries, GAUGE: GaugeSeries,
@@ -58,6 +63,23 @@ MAX_ALLOCATOR_SERIES = 1024
 
 _KIND_NAMES = {TIMING: "timing", COUNT: "counter", GAUGE: "gauge", CATEGORY: "category", SCALAR: "scalar"}
 
+_DEFER = object()
+"""``_resolve``'s answer for a name that needs the mapping stage first."""
+
+Resolved = Mapping[tuple[int, str], Mapped]
+"""The mapping stage's answer for some (kind, name) pairs of one sender."""
+
+
+@dataclass(slots=True)
+class Unresolved:
+    """What a batch held under names its sender's table did not know: the records and profile
+    entries, in order, and their distinct (kind, name) pairs (a profile entry's kind decided),
+    first seen first: what the mapping stage is to resolve."""
+
+    records: list[Any] = field(default_factory=list)
+    entries: list[tuple[Any, Any]] = field(default_factory=list)
+    names: dict[tuple[int, str], None] = field(default_factory=dict)
+
 
 @dataclass(frozen=True, slots=True)
 class _Owner:
@@ -74,8 +96,10 @@ class _Owner:
 class Aggregator:
     """Holds every live series, bounded by ``max_series`` (the cardinality budget)."""
 
-    def __init__(self, max_series: int = 10_000, series_ttl_s: float = 3600.0, mapper: Mapper | None = None) -> None:
-        self.mapper = mapper or Mapper()
+    def __init__(self, max_series: int = 10_000, series_ttl_s: float = 3600.0) -> None:
+        self._names: dict[Any, tuple[tuple[str, str], dict[Any, Any]]] = {}
+        """Sender -> ((role, worker) it was labelled, its name table): (kind, name) -> the series'
+        bound ``add`` or the reason such records are refused; profile entries under (PROFILE, key)."""
         self._meta: dict[tuple[int, str, str, str], tuple[str, bool, str]] = {}
         """Series key -> (meaning, snapshot, rule), decided once when the series is first resolved."""
         self._snapshot_last: dict[tuple[int, str, str, str], tuple[float, float]] = {}
@@ -99,7 +123,8 @@ class Aggregator:
         self._factories: dict[int, Callable[[], Series]] = {
             **_FACTORIES, CATEGORY: lambda: CategorySeries(budget=self._key_budget)}
         self.generation = 0
-        """Bumped whenever series expire or are evicted: senders' (kind, name) caches must then be cleared."""
+        """Bumped whenever series expire or are evicted, or names are remapped (the name tables are
+        dropped then)."""
         self._owner_of: dict[tuple[int, str, str, str], Any] = {}
         """Series key -> the sender (``ingest``'s ``owner``) that created it."""
         self._owned: dict[Any, dict[tuple[int, str, str, str], None]] = {}
@@ -118,34 +143,70 @@ class Aggregator:
     def series_count(self) -> int:
         return len(self._series)
 
-    def set_mapper(self, mapper: Mapper) -> None:
-        """Use a new mapping (config reload): every sender's cache is cleared (``generation``), so
-        each name is resolved again with its next record. Series the new mapping no longer
-        produces stop receiving data and expire with ``series_ttl_s``."""
-        self.mapper = mapper
+    def remap(self) -> None:
+        """Names map differently from now on (config reload): every name table is dropped, so each
+        name is resolved again with its next record. Series the new mapping no longer produces
+        stop receiving data and expire with ``series_ttl_s``."""
+        self._new_generation()
+
+    def _new_generation(self) -> None:
         self.generation += 1
+        self._names.clear()
+
+    def room(self, owner: Any) -> int:
+        """How many more names ``owner`` may resolve in this window (``resolve_budget``)."""
+        return max(0, self.resolve_budget - self._resolved.get(owner, 0))
+
+    def names_of(self, sender: Any) -> dict[Any, Any]:
+        """``sender``'s name table (read-only use: tests and ``explain``); empty if it has none."""
+        table = self._names.get(sender)
+        return table[1] if table is not None else {}
 
     # -- ingest ----------------------------------------------------------------------------------
 
-    def ingest(self, role: str, worker: str, cache: dict[Any, Any], records: list[Any],
-               rejected: dict[str, int], sender: int = 0, owner: Any = None) -> int:
-        """Aggregate one batch of ``records`` from a sender labelled (role, worker). ``cache`` is
-        the sender's own map from (kind, name) to the series' bound ``add`` (or to the reason such
-        records are refused); profile entries are under (PROFILE, key). ``sender`` (its id) keys
-        the steps its profiles carry. ``owner`` (hashable; default: ``sender``) is who the series
-        it creates count against: the table is shared fairly between owners (``_admit``), and each
-        owner has its own ``resolve_budget``. Returns the number accepted; rejections are added to
-        ``rejected`` by reason."""
+    def ingest(self, role: str, worker: str, records: list[Any], rejected: dict[str, int], sender: Any = 0,
+               owner: Any = None, resolved: Resolved | None = None,
+               entries: list[tuple[Any, Any]] | None = None) -> tuple[int, Unresolved | None]:
+        """Aggregate one batch of ``records`` from a sender labelled (role, worker). ``sender``
+        (its id) keys its name table and the steps its profiles carry. ``owner`` (hashable;
+        default: ``sender``) is who the series it creates count against: the table is shared
+        fairly between owners (``_admit``), and each owner has its own ``resolve_budget``.
+        Returns the number accepted (rejections are added to ``rejected`` by reason) and what
+        waits for the mapping stage (None: nothing): pass its ``records`` and ``entries`` back
+        with ``resolved`` holding the ``Mapped`` of (some of) its ``names``."""
         self._owner = owner = sender if owner is None else owner
         self._left = self.resolve_budget - self._resolved.get(owner, 0)
+        table = self._names.get(sender)
+        if table is None or table[0] != (role, worker):  # a relabelled sender resolves its names anew
+            table = self._names[sender] = ((role, worker), {})
+        pending = Unresolved()
         try:
-            return self._ingest(role, worker, cache, records, rejected, sender)
+            accepted = self._ingest(role, worker, table[1], records, rejected, sender, resolved, pending)
+            if entries:
+                self._entries(entries, role, worker, table[1], {}, resolved, pending)
         finally:
             self._resolved[owner] = self.resolve_budget - self._left
+        return accepted, pending if pending.names else None
+
+    def _deferrer(self, kind: int, name: str, pending: Unresolved, entry: bool = False) -> Adder:
+        """An ``add`` that keeps the record (or profile entry) for after the mapping stage."""
+        pending.names[kind, name] = None
+        entries, records = pending.entries, pending.records
+
+        def keep_entry(value: Any) -> bool:
+            entries.append((name, value))
+            return True
+
+        def keep_record(value: Any) -> bool:
+            records.append([kind, name, value])
+            return True
+
+        return keep_entry if entry else keep_record
 
     def _ingest(self, role: str, worker: str, cache: dict[Any, Any], records: list[Any],
-                rejected: dict[str, int], sender: int) -> int:
+                rejected: dict[str, int], sender: int, resolved: Resolved | None, pending: Unresolved) -> int:
         accepted = 0
+        deferred = len(pending.records)
         memo: dict[Any, Any] = {}
         """This batch's names whose outcome ``cache`` does not keep (``cardinality``, or rejections
         beyond its bound): each is resolved once per batch, so a batch's work is bounded by its size."""
@@ -155,14 +216,16 @@ class Aggregator:
                 continue
             kind, name, value = rec
             if kind == PROFILE or kind == ALLOCATOR:
-                reason = self._special(kind, name, value, role, worker, cache, sender, memo)
+                reason = self._special(kind, name, value, role, worker, cache, sender, memo, pending)
             else:
                 try:
                     add = cache[kind, name]
                 except KeyError:
                     add = memo.get((kind, name))
                     if add is None:
-                        add = self._resolve(kind, name, role, worker, cache)
+                        add = self._resolve(kind, name, role, worker, cache, resolved)
+                        if add is _DEFER:
+                            add = self._deferrer(kind, name, pending)
                         if (kind, name) not in cache:
                             memo[kind, name] = add
                 except TypeError:
@@ -178,22 +241,26 @@ class Aggregator:
                 accepted += 1
             else:
                 rejected[reason] = rejected.get(reason, 0) + 1
-        return accepted
+        return accepted - (len(pending.records) - deferred)  # deferred records were counted by their add
 
     def _resolve(self, kind: Any, name: Any, role: str, worker: str, cache: dict[Any, Any],
-                 snapshot: bool = False) -> Adder | str:
-        """The ``add`` of the series for (kind, name) from this sender, created if need be, or
-        the reason its records are refused; cached in ``cache`` (rejections only up to a bound,
-        and never ``cardinality``: room may free up). The mapping stage runs here, once per
-        sender and name, never per record."""
+                 resolved: Resolved | None, snapshot: bool = False) -> Adder | str | object:
+        """The ``add`` of the series for (kind, name) from this sender, created if need be, the
+        reason its records are refused, or ``_DEFER`` while the mapping stage has not resolved
+        the name (``resolved``); cached in ``cache`` (rejections only up to a bound, and never
+        ``cardinality``: room may free up). Runs once per sender and name, never per record."""
         factory = self._factories.get(kind) if kind.__class__ is int else None
         if factory is None:
             return "unknown_kind"
         if self._left <= 0:
             return "cardinality"  # over this window's budget: refused unmapped (cheap), not cached
-        self._left -= 1  # refunded below if the name finds its series
         problem = name_problem(name)
-        mapped = self.mapper.resolve(kind, name, role, worker) if problem is None else None
+        mapped = None
+        if problem is None:
+            mapped = resolved.get((kind, name)) if resolved is not None else None
+            if mapped is None:
+                return _DEFER
+        self._left -= 1  # refunded below if the name finds its series
         token = _TOKENS[kind](mapped.name) if mapped is not None else ""
         if problem is None and not token:
             problem = "bad_name"
@@ -257,7 +324,7 @@ class Aggregator:
         for key in victims:
             self._drop_series(key)
         self.evicted_series += len(victims)
-        self.generation += 1  # the victim's cached adds point at the evicted series
+        self._new_generation()  # the victim's cached adds point at the evicted series
         self._rebuild_owners()
         return True
 
@@ -279,13 +346,13 @@ class Aggregator:
             for family in claimed_names(kind, token):
                 self._family_owner.setdefault(family, _Owner(kind, token, raw, role, worker))
 
-    def _special(self, kind: int, name: Any, value: Any, role: str, worker: str,
-                 cache: dict[Any, Any], sender: int, memo: dict[Any, Any]) -> str | None:
+    def _special(self, kind: int, name: Any, value: Any, role: str, worker: str, cache: dict[Any, Any],
+                 sender: int, memo: dict[Any, Any], pending: Unresolved) -> str | None:
         if kind == PROFILE:
             if name.__class__ is not int or name < 0 or value.__class__ is not dict:
                 return "invalid_value"
             self._steps[sender] = (role, worker, name)
-            self._profile(value, role, worker, cache, memo)
+            self._entries(value.items(), role, worker, cache, memo, None, pending)
             return None
         if (name.__class__ is not int or name < 0 or value.__class__ is not list or len(value) != 3
                 or not all(v.__class__ is int and v >= 0 for v in value)):
@@ -296,12 +363,13 @@ class Aggregator:
         self._allocator[device] = (value[0], value[1], value[2])
         return None
 
-    def _profile(self, profile: dict[Any, Any], role: str, worker: str, cache: dict[Any, Any],
-                 memo: dict[Any, Any]) -> None:
-        """A profile dict's entries: ``*_ms`` keys are timings, the others gauges. The sender's
-        cache maps (PROFILE, key) to the entry's series, so the kind is decided once per key."""
+    def _entries(self, entries: Any, role: str, worker: str, cache: dict[Any, Any], memo: dict[Any, Any],
+                 resolved: Resolved | None, pending: Unresolved) -> None:
+        """A profile dict's (key, value) entries: ``*_ms`` keys are timings, the others gauges.
+        The sender's table maps (PROFILE, key) to the entry's series, so the kind is decided once
+        per key."""
         rejected = self.profile_entries_rejected
-        for entry, number in profile.items():
+        for entry, number in entries:
             try:
                 add = cache[PROFILE, entry]
             except KeyError:
@@ -312,7 +380,7 @@ class Aggregator:
                     continue
                 add = memo.get((PROFILE, entry))
                 if add is None:
-                    add = self._resolve_entry(entry, role, worker, cache)
+                    add = self._resolve_entry(entry, role, worker, cache, resolved, pending)
                     if (PROFILE, entry) not in cache:
                         memo[PROFILE, entry] = add
             except TypeError:
@@ -326,12 +394,15 @@ class Aggregator:
             k = (role, worker, reason)
             rejected[k] = rejected.get(k, 0) + 1
 
-    def _resolve_entry(self, entry: Any, role: str, worker: str, cache: dict[Any, Any]) -> Adder | str:
+    def _resolve_entry(self, entry: Any, role: str, worker: str, cache: dict[Any, Any],
+                       resolved: Resolved | None, pending: Unresolved) -> Adder | str:
         kind = TIMING if entry.__class__ is str and entry.endswith("_ms") else GAUGE
-        add = self._resolve(kind, entry, role, worker, cache, snapshot=True)
+        add = self._resolve(kind, entry, role, worker, cache, resolved, snapshot=True)
+        if add is _DEFER:
+            return self._deferrer(kind, entry, pending, entry=True)
         if add.__class__ is not str or (add != "cardinality" and len(cache) < MAX_CACHED_REJECTIONS):
             cache[PROFILE, entry] = add
-        return add
+        return add  # type: ignore[return-value]
 
     def _reset_owners(self) -> None:
         self._family_owner = {reserved: _Owner(-1, "", reserved, "", "") for reserved in RESERVED_FAMILIES}
@@ -395,12 +466,15 @@ class Aggregator:
         for key in expired:
             self._drop_series(key)
         if expired:
-            self.generation += 1
+            self._new_generation()
             self._rebuild_owners()
         self._resolved.clear()
         if known_senders is not None:
-            for gone in self._steps.keys() - set(known_senders):
+            known = set(known_senders)
+            for gone in self._steps.keys() - known:
                 del self._steps[gone]
+            for gone in self._names.keys() - known:
+                del self._names[gone]
         live = None if live_senders is None else set(live_senders)
         steps: dict[tuple[str, str], int] = {}
         for sender, (role, worker, step) in self._steps.items():

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.model.mapped import Mapped
 from sidecar.model.meanings import COUNT, MEANINGS, TIMING, accepts
 from sidecar.model.names import (
     counter_token,
@@ -79,19 +80,6 @@ RULE_KEYS = frozenset({"match", "regex", "role", "worker", "name", "meaning", "p
 
 class MappingError(ValueError):
     """An invalid user mapping rule; the message names the rule and what to fix."""
-
-
-@dataclass(frozen=True, slots=True)
-class Mapped:
-    """What a series name resolved to. ``name``: the name the series is kept and exported under
-    (as sent, less a role/worker prefix); ``meaning``: a ``MEANINGS`` key or ``""`` (unmapped);
-    ``rule``: what decided it (``mapping[2]``, ``preset dflash``, ``key grammar``)."""
-
-    role: str
-    worker: str
-    name: str
-    meaning: str
-    rule: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,3 +281,10 @@ def preset_table() -> Iterable[tuple[str, str, str, str]]:
     """(preset, meaning, class, names) rows, for docs and ``explain``."""
     for preset, meaning, names in PRESETS:
         yield preset, meaning, MEANINGS[meaning][0], ", ".join(names)
+
+
+def map_names(mapper: Mapper, names: Iterable[tuple[int, str]], role: str,
+              worker: str) -> dict[tuple[int, str], Mapped]:
+    """The mapping stage for one batch: each (kind, name) of a sender labelled (role, worker) -> its
+    ``Mapped`` (names already checked by ``trainer_shim.wire.name_problem``)."""
+    return {(kind, name): mapper.resolve(kind, name, role, worker) for kind, name in names}

@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
@@ -30,10 +30,11 @@ from sidecar.exporters.prometheus.dcgm import DcgmSource
 from sidecar.exporters.prometheus.gpu import gpu_metric_families
 from sidecar.exporters.prometheus.insight import insight_families
 from sidecar.exporters.prometheus.ledger import ledger_families
-from sidecar.exporters.prometheus.process import WandbStatsLike, self_families, wandb_families
+from sidecar.exporters.prometheus.process import self_families, wandb_families
 from sidecar.model.gpu import GpuView
+from sidecar.model.live import LiveState
 from sidecar.model.names import family_names
-from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING, IngestHealth, IngestReport
+from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING, IngestReport
 
 log = logging.getLogger("sidecar")
 
@@ -42,21 +43,16 @@ FamilySource = Callable[[], Iterable[Metric]]
 
 @dataclass
 class ExportState:
-    """What a scrape reads. ``report`` (the window, with its insight) is replaced, never mutated,
-    once per window; the readers are called at scrape time for what changes between windows:
-    the GPUs (their latest snapshot, not the window's), ingest health, the W&B exporter's stats.
-    A reader left None has no families; with ``ingest`` None, neither have the process's own
-    figures (self-telemetry is the daemon's: it passes a reader that returns None until ingest
-    runs)."""
+    """What a scrape reads: ``report`` (the window, with its insight), replaced, never mutated,
+    once per window, and ``live``, the daemon's one read-only live state, for what changes
+    between windows: the GPUs (their latest snapshot, not the window's), the daemon's own
+    telemetry, the W&B exporter's stats, ``/explain``. What the live state lacks has no
+    families (a bare ``LiveState`` in tests: the window's families only)."""
 
     host: str
     started_unix_s: float
     report: IngestReport | None = None
-    gpus: Callable[[], GpuView] | None = None
-    ingest: Callable[[], IngestHealth | None] | None = None
-    wandb: Callable[[], WandbStatsLike] | None = None
-    explain: Callable[[], Any] | None = None
-    """JSON-able mapping report served on ``/explain`` (``dflash-sidecar explain``)."""
+    live: LiveState = field(default_factory=LiveState)
     http: Callable[[], list[Metric]] | None = None
     """The metrics server's own counters (connections accepted, closed early by reason)."""
     dcgm_compat: bool = False
@@ -82,13 +78,12 @@ class SidecarCollector(Collector):
         """Sources whose families change between windows (self-telemetry, W&B, GPUs)."""
         state = self.state
         host = state.host
-        ingest, wandb, gpus = state.ingest, state.wandb, state.gpus
-        sources: list[tuple[str, FamilySource]] = []
-        if ingest is not None:
-            sources.append(("self", lambda: self_families(host, ingest())))
-        if wandb is not None:
-            sources.append(("wandb", lambda: wandb_families(host, wandb())))
-        view = _Once(gpus) if gpus is not None else None  # one GpuView per scrape for both GPU sources
+        live = state.live
+        sources: list[tuple[str, FamilySource]] = [
+            ("self", lambda: self_families(host, live.telemetry())),
+            ("wandb", lambda: wandb_families(host, live.exporter_stats("wandb"))),
+        ]
+        view = _Once(live.gpu_view) if live.has_gpus else None  # one GpuView per scrape for both GPU sources
         if view is not None:
             sources.append(("gpu", lambda: gpu_metric_families(view(), host, time.monotonic())))
         if state.http is not None:
@@ -112,20 +107,26 @@ class SidecarCollector(Collector):
 class _Once:
     """``read()`` called once, on first use: the GPU sources of one scrape share one view."""
 
-    def __init__(self, read: Callable[[], GpuView]) -> None:
+    def __init__(self, read: Callable[[], GpuView | None]) -> None:
         self._read = read
         self._view: GpuView | None = None
 
     def __call__(self) -> GpuView:
         if self._view is None:
-            self._view = self._read()
+            view = self._read()
+            if view is None:
+                raise LookupError("the live state has no GPU view")
+            self._view = view
         return self._view
 
 
-def explain_json(collector: SidecarCollector) -> bytes:
-    """The body of ``/explain``: ``state.explain()`` as JSON (``{}`` if it failed, logged once)."""
-    explain = collector.state.explain
-    data = collector.guarded("explain", lambda: [explain()], [{}])[0] if explain is not None else {}
+def explain_json(collector: SidecarCollector) -> bytes | None:
+    """The body of ``/explain``: the live state's ``explain()`` as JSON (``{}`` if it failed,
+    logged once); None where the live state has no admin side (no such page)."""
+    live = collector.state.live
+    if not live.has_admin:
+        return None
+    data = collector.guarded("explain", lambda: [live.explain()], [{}])[0]
     return json.dumps(data).encode()
 
 

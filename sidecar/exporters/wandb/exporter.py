@@ -32,7 +32,7 @@ from sidecar.exporters.base import Exporter
 from sidecar.exporters.wandb import join
 from sidecar.exporters.wandb.join import Plan, PlanKind, TrainerRun
 from sidecar.exporters.wandb.rows import window_row
-from sidecar.model.window import IngestReport
+from sidecar.model.window import IngestReport, SenderView
 
 POLL_S: Final = 0.2
 """How often the idle exporter thread looks for a new target run (seconds)."""
@@ -212,8 +212,9 @@ class WandbExporter(Exporter):
         """Queue the window's row (``rows.window_row``) against the trainer's step."""
         self.submit(window_row(window, self._host), window.window.trainer_step)
 
-    def hello(self, hello: Mapping[str, Any]) -> None:
+    def hello(self, sender: SenderView) -> None:
         """A shim hello: what it says about the trainer's W&B run (``on_trainer_hello``)."""
+        hello = sender.hello or {}
         self.on_trainer_hello(hello.get("wandb_run_id"), hello.get("wandb_project"), hello.get("wandb_entity"),
                               hello.get("wandb_mode"), hello.get("wandb_primary"))
 
