@@ -94,8 +94,9 @@ def run_handle_frame(frames: list[bytes], mapper: Any = None) -> tuple[float, di
     """CPU seconds to ingest ``frames`` into a fresh ``IngestLoop`` (plus one window roll), and
     its accounting. ``mapper``: the mapping stage to use (default: the presets only)."""
     from sidecar.ingest import IngestLoop
+    from sidecar.pipeline import Pipeline
 
-    loop = IngestLoop(_NoReceiver(), 10.0, lambda report: None, mapper=mapper)  # type: ignore[arg-type]
+    loop = IngestLoop(_NoReceiver(), 10.0, Pipeline(mapper=mapper))  # type: ignore[arg-type]
     handle = loop.handle_frame
     t0 = time.thread_time()
     for frame in frames:
@@ -223,8 +224,9 @@ def paired_ingest(frames: list[bytes], mapper_a: Any, mapper_b: Any, chunk: int 
     runs at a given moment weighs on both alike (runs of a few seconds each, one after the other,
     differed by up to 300 ns per record on a loaded 2-core box)."""
     from sidecar.ingest import IngestLoop
+    from sidecar.pipeline import Pipeline
 
-    loops = [IngestLoop(_NoReceiver(), 10.0, lambda report: None, mapper=m)  # type: ignore[arg-type]
+    loops = [IngestLoop(_NoReceiver(), 10.0, Pipeline(mapper=m))  # type: ignore[arg-type]
              for m in (mapper_a, mapper_b)]
     cpu = [0.0, 0.0]
     for n, start in enumerate(range(0, len(frames), chunk)):
@@ -507,6 +509,7 @@ def scrape_render_cpu(repeats: int) -> dict[str, float]:
             SidecarCollector,
         )
     from sidecar.ingest import IngestLoop
+    from sidecar.pipeline import OnWindow, Pipeline
 
     class _Stats:
         frames = bytes = disconnects = 0
@@ -514,7 +517,7 @@ def scrape_render_cpu(repeats: int) -> dict[str, float]:
     receiver = _NoReceiver()
     receiver.stats = _Stats()  # type: ignore[assignment]
     reports: list[Any] = []
-    loop = IngestLoop(receiver, 1.0, reports.append)  # type: ignore[arg-type]
+    loop = IngestLoop(receiver, 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]
     senders, batch = series_workload(50, 200)
     enc = msgspec.msgpack.Encoder()
     for s in senders:

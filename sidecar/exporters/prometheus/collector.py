@@ -41,7 +41,7 @@ log = logging.getLogger("sidecar")
 FamilySource = Callable[[], Iterable[Metric]]
 
 
-@dataclass
+@dataclass(slots=True)
 class ExportState:
     """What a scrape reads: ``report`` (the window, with its insight), replaced, never mutated,
     once per window, and ``live``, the daemon's one read-only live state, for what changes
