@@ -126,9 +126,11 @@ def test_names_are_resolved_once_per_series_not_per_record() -> None:
     rejected: dict = {}
     assert aggregate(agg, CountingMapper(), "monitor", "0", records, rejected) == len(records) and not rejected
     assert CountingMapper.calls == 4
+    assert aggregate(agg, CountingMapper(), "monitor", "0", records, rejected) == len(records)
+    assert CountingMapper.calls == 4  # known names go straight to their series: the mapping stage is not asked
     views = {(v.role, v.worker, v.name): v for v in agg.roll(0.0, 0.0, 1.0).series}
     fwd = views["target", "0", "model_forward"]
-    assert fwd.meaning == "forward" and not fwd.snapshot and fwd.window["count"] == 500
+    assert fwd.meaning == "forward" and not fwd.snapshot and fwd.window["count"] == 2 * 500
     assert views["drafter", "1", "tokens"].meaning == "tokens"
     get = views["drafter", "0", "queue_get"]
     assert get.meaning == "queue_wait" and get.snapshot and get.rule == "key grammar + preset dflash"
@@ -164,3 +166,13 @@ def test_hysteresis_holds_a_weak_change_for_one_window_and_takes_a_strong_one() 
     assert h.update(Verdict("host-bound", confidence=0.95)).name == "host-bound"  # clear: at once
     assert h.update(Verdict("unknown", detail="window too short")).name == "unknown"
     assert h.shown is not None and h.shown.name == "host-bound"  # the flush window changes nothing
+
+
+def test_a_relabelled_sender_maps_its_names_again() -> None:
+    agg = Aggregator()
+    assert aggregate(agg, Mapper(), "target", "0", [[TIMING, "forward_ms", 1.0]], {}, sender=5) == 1
+    assert aggregate(agg, Mapper(), "drafter", "0", [[TIMING, "forward_ms", 2.0]], {}, sender=5) == 1
+    views = {v.role: v.window["count"] for v in agg.roll(0.0, 0.0, 1.0, known_senders=[5]).series}
+    assert views == {"target": 1.0, "drafter": 1.0}
+    agg.roll(1.0, 1.0, 1.0, known_senders=[])  # a forgotten sender's name table goes with it
+    assert agg.names_of(5) == {}
