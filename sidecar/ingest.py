@@ -158,7 +158,7 @@ class IngestLoop:
     def _handle_charged(self, frame: bytes, peer: int | None) -> None:
         """``handle_frame``, its CPU time charged to the peer's share (``receiver.FairQueue``)."""
         started = time.thread_time()
-        self.handle_frame(frame, peer)
+        self.pipeline.frame(frame, self.clock(), peer)
         shares = getattr(self.receiver, "shares", None)
         if shares is not None:
             shares.charge(peer, time.thread_time() - started, len(frame))

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from sidecar.aggregation.aggregator import Aggregator
+from sidecar.aggregation.aggregator import Aggregator, Unresolved
 from sidecar.aggregation.gpu_groups import GpuAggregates
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.senders import SenderRegistry, SenderState
@@ -63,11 +63,20 @@ def aggregate(aggregator: Aggregator, mapper: Mapper, role: str, worker: str, re
     so a flood of names is refused unmapped past its budget) and their records follow. Returns
     the number accepted; rejections are added to ``rejected`` by reason."""
     accepted, pending = aggregator.ingest(role, worker, records, rejected, sender, owner)
-    while pending is not None:
-        names = list(pending.names)[:aggregator.room(sender if owner is None else owner)]
+    if pending is not None:
+        accepted += aggregate_unresolved(aggregator, mapper, role, worker, pending, rejected, sender, owner)
+    return accepted
+
+
+def aggregate_unresolved(aggregator: Aggregator, mapper: Mapper, role: str, worker: str, pending: Unresolved,
+                         rejected: dict[str, int], sender: Any = 0, owner: Any = None) -> int:
+    """The second half of ``aggregate``: map what the series stage held back, then aggregate it."""
+    accepted = 0
+    held: Unresolved | None = pending
+    while held is not None:
+        names = list(held.names)[:aggregator.room(sender if owner is None else owner)]
         resolved = map_names(mapper, names, role, worker)
-        more, pending = aggregator.ingest(role, worker, pending.records, rejected, sender, owner, resolved,
-                                          pending.entries)
+        more, held = aggregator.ingest(role, worker, held.records, rejected, sender, owner, resolved)
         accepted += more
     return accepted
 
@@ -139,8 +148,11 @@ class Pipeline:
                     return
                 rejected: dict[str, int] = {}
                 owner = state.peer_pid if state.peer_pid is not None else state.sender  # the kernel's pid (ipc)
-                accepted = aggregate(self.aggregator, self.mapper, state.role, state.worker, msg.records, rejected,
-                                     state.sender, owner)
+                role, worker, sender = state.role, state.worker, state.sender
+                accepted, pending = self.aggregator.ingest(role, worker, msg.records, rejected, sender, owner)
+                if pending is not None:  # new names: mapping, then series (``aggregate``, unrolled: the hot path)
+                    accepted += aggregate_unresolved(self.aggregator, self.mapper, role, worker, pending, rejected,
+                                                     sender, owner)
                 registry.account_ingest(state, accepted, rejected)
                 self._accepted_in_window += accepted
                 self.last_data_monotonic = now

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from sidecar.aggregation.aggregator import _ENTRY as ENTRY
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.sketch import QUANTILES, QuantileBuffer, inverted_cdf_rank
 from sidecar.model.window import GAUGE, PROFILE, TIMING
@@ -74,3 +75,23 @@ def test_exact_window_quantiles_equal_numpy_inverted_cdf() -> None:
     for n in range(1, 300):
         for q in (0.5, 0.95, 0.01, 0.99, 1.0):
             assert sorted(range(n))[inverted_cdf_rank(n, q)] == np.quantile(np.arange(n), q, method="inverted_cdf")
+
+
+def test_records_of_new_names_wait_for_the_mapping_stage_in_order_and_none_is_left_held() -> None:
+    agg = Aggregator()
+    known = [[GAUGE, "old", 1.0]]
+    assert _ingest(agg, known) == (1, {})
+    batch = [[GAUGE, "new", 1.0], [GAUGE, "old", 2.0], [PROFILE, 3, {"new": 2.0, "p_ms": 1.0}], [GAUGE, "new", 3.0],
+             [TIMING, "p_ms", 2.0]]
+    accepted, pending = agg.ingest("r", "w", batch, {})
+    assert accepted == 2 and pending is not None  # "old" and the profile record itself
+    assert [r[:2] for r in pending.records] == [[GAUGE, "new"], [PROFILE, ENTRY], [PROFILE, ENTRY], [GAUGE, "new"],
+                                                [TIMING, "p_ms"]]
+    assert list(pending.names) == [(GAUGE, "new"), (TIMING, "p_ms")]
+    assert all(v.__class__ is not str for v in agg.names_of(0).values())  # no name is left marked as held
+    agg2 = Aggregator()
+    _ingest(agg2, known)
+    assert _ingest(agg2, batch) == (5, {})
+    views = {v.name: v for v in agg2.roll(0.0, 0.0, 1.0).series}
+    assert views["new"].window["last"] == 3.0 and views["new"].window["count"] == 3.0  # 1.0, the entry 2.0, 3.0
+    assert views["old"].window["last"] == 2.0 and views["p"].window["count"] == 2.0

@@ -66,19 +66,30 @@ _KIND_NAMES = {TIMING: "timing", COUNT: "counter", GAUGE: "gauge", CATEGORY: "ca
 _DEFER = object()
 """``_resolve``'s answer for a name that needs the mapping stage first."""
 
+_HELD = "".join(("<held for ", "the mapping stage>"))
+"""What a sender's table answers, within one ``ingest`` call, for a name the mapping stage has
+yet to resolve: a str, so that the hot path's one test (``add.__class__ is str``) also catches
+it; made at run time, so that no reason string is ever the same object."""
+
+_ENTRY = "".join(("<a held ", "profile entry>"))
+"""The step of a held profile entry's record (see ``Unresolved``); never a client's (a str)."""
+
 Resolved = Mapping[tuple[int, str], Mapped]
 """The mapping stage's answer for some (kind, name) pairs of one sender."""
 
 
 @dataclass(slots=True)
 class Unresolved:
-    """What a batch held under names its sender's table did not know: the records and profile
-    entries, in order, and their distinct (kind, name) pairs (a profile entry's kind decided),
-    first seen first: what the mapping stage is to resolve."""
+    """What a batch held under names its sender's table did not know: the records, in order
+    (a held profile entry as ``[PROFILE, _ENTRY, ((key, value),)]``, so that a series fed both
+    ways keeps its order), and their distinct (kind, name) pairs (a profile entry's kind
+    decided), first seen first: what the mapping stage is to resolve."""
 
     records: list[Any] = field(default_factory=list)
-    entries: list[tuple[Any, Any]] = field(default_factory=list)
     names: dict[tuple[int, str], None] = field(default_factory=dict)
+    held: list[tuple[Any, Any]] = field(default_factory=list)
+    """Name-table keys that hold a deferring ``add`` during one ``ingest`` call (removed after it:
+    the later records of a new name are held at the cost of a table hit, not of a miss)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +108,8 @@ class Aggregator:
     """Holds every live series, bounded by ``max_series`` (the cardinality budget)."""
 
     def __init__(self, max_series: int = 10_000, series_ttl_s: float = 3600.0) -> None:
-        self._names: dict[Any, tuple[tuple[str, str], dict[Any, Any]]] = {}
-        """Sender -> ((role, worker) it was labelled, its name table): (kind, name) -> the series'
+        self._names: dict[Any, tuple[str, str, dict[Any, Any]]] = {}
+        """Sender -> (role, worker it was labelled, its name table): (kind, name) -> the series'
         bound ``add`` or the reason such records are refused; profile entries under (PROFILE, key)."""
         self._meta: dict[tuple[int, str, str, str], tuple[str, bool, str]] = {}
         """Series key -> (meaning, snapshot, rule), decided once when the series is first resolved."""
@@ -139,6 +150,8 @@ class Aggregator:
         """Owner -> charged resolutions in this window."""
         self._owner: Any = None
         self._left = 0
+        self._pending: Unresolved | None = None
+        """What the current ``ingest`` call holds for the mapping stage (made on the first hold)."""
 
     def series_count(self) -> int:
         return len(self._series)
@@ -160,53 +173,51 @@ class Aggregator:
     def names_of(self, sender: Any) -> dict[Any, Any]:
         """``sender``'s name table (read-only use: tests and ``explain``); empty if it has none."""
         table = self._names.get(sender)
-        return table[1] if table is not None else {}
+        return table[2] if table is not None else {}
 
     # -- ingest ----------------------------------------------------------------------------------
 
     def ingest(self, role: str, worker: str, records: list[Any], rejected: dict[str, int], sender: Any = 0,
-               owner: Any = None, resolved: Resolved | None = None,
-               entries: list[tuple[Any, Any]] | None = None) -> tuple[int, Unresolved | None]:
+               owner: Any = None, resolved: Resolved | None = None) -> tuple[int, Unresolved | None]:
         """Aggregate one batch of ``records`` from a sender labelled (role, worker). ``sender``
         (its id) keys its name table and the steps its profiles carry. ``owner`` (hashable;
         default: ``sender``) is who the series it creates count against: the table is shared
         fairly between owners (``_admit``), and each owner has its own ``resolve_budget``.
         Returns the number accepted (rejections are added to ``rejected`` by reason) and what
-        waits for the mapping stage (None: nothing): pass its ``records`` and ``entries`` back
+        waits for the mapping stage (None: nothing): pass its ``records`` back
         with ``resolved`` holding the ``Mapped`` of (some of) its ``names``."""
         self._owner = owner = sender if owner is None else owner
         self._left = self.resolve_budget - self._resolved.get(owner, 0)
         table = self._names.get(sender)
-        if table is None or table[0] != (role, worker):  # a relabelled sender resolves its names anew
-            table = self._names[sender] = ((role, worker), {})
-        pending = Unresolved()
+        if table is None or table[0] != role or table[1] != worker:  # a relabelled sender resolves its names anew
+            table = self._names[sender] = (role, worker, {})
+        cache = table[2]
+        self._pending = None
         try:
-            accepted = self._ingest(role, worker, table[1], records, rejected, sender, resolved, pending)
-            if entries:
-                self._entries(entries, role, worker, table[1], {}, resolved, pending)
+            accepted = self._ingest(role, worker, cache, records, rejected, sender, resolved)
         finally:
             self._resolved[owner] = self.resolve_budget - self._left
-        return accepted, pending if pending.names else None
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                for key in pending.held:  # never left behind, even by a bug: its records would be lost
+                    cache.pop(key, None)
+        return accepted, pending
 
-    def _deferrer(self, kind: int, name: str, pending: Unresolved, entry: bool = False) -> Adder:
-        """An ``add`` that keeps the record (or profile entry) for after the mapping stage."""
+    def _hold(self, kind: int, name: str, key: tuple[Any, Any], cache: dict[Any, Any]) -> str:
+        """Mark (kind, name) as waiting for the mapping stage: under ``key`` the sender's table
+        answers ``_HELD`` until this ``ingest`` call returns, so the name's later records in the
+        batch are held at the cost of a table hit."""
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = Unresolved()
         pending.names[kind, name] = None
-        entries, records = pending.entries, pending.records
-
-        def keep_entry(value: Any) -> bool:
-            entries.append((name, value))
-            return True
-
-        def keep_record(value: Any) -> bool:
-            records.append([kind, name, value])
-            return True
-
-        return keep_entry if entry else keep_record
+        pending.held.append(key)
+        cache[key] = _HELD
+        return _HELD
 
     def _ingest(self, role: str, worker: str, cache: dict[Any, Any], records: list[Any],
-                rejected: dict[str, int], sender: int, resolved: Resolved | None, pending: Unresolved) -> int:
+                rejected: dict[str, int], sender: int, resolved: Resolved | None) -> int:
         accepted = 0
-        deferred = len(pending.records)
         memo: dict[Any, Any] = {}
         """This batch's names whose outcome ``cache`` does not keep (``cardinality``, or rejections
         beyond its bound): each is resolved once per batch, so a batch's work is bounded by its size."""
@@ -216,7 +227,9 @@ class Aggregator:
                 continue
             kind, name, value = rec
             if kind == PROFILE or kind == ALLOCATOR:
-                reason = self._special(kind, name, value, role, worker, cache, sender, memo, pending)
+                reason = self._special(kind, name, value, role, worker, cache, sender, memo, resolved)
+                if reason is _ENTRY:
+                    continue  # a held profile entry, not a record
             else:
                 try:
                     add = cache[kind, name]
@@ -225,12 +238,15 @@ class Aggregator:
                     if add is None:
                         add = self._resolve(kind, name, role, worker, cache, resolved)
                         if add is _DEFER:
-                            add = self._deferrer(kind, name, pending)
+                            add = self._hold(kind, name, (kind, name), cache)
                         if (kind, name) not in cache:
                             memo[kind, name] = add
                 except TypeError:
                     add = "bad_name"
                 if add.__class__ is str:
+                    if add is _HELD:
+                        self._pending.records.append(rec)  # type: ignore[union-attr]  # made by _hold
+                        continue
                     reason = add
                 elif add(value):
                     accepted += 1
@@ -241,7 +257,7 @@ class Aggregator:
                 accepted += 1
             else:
                 rejected[reason] = rejected.get(reason, 0) + 1
-        return accepted - (len(pending.records) - deferred)  # deferred records were counted by their add
+        return accepted
 
     def _resolve(self, kind: Any, name: Any, role: str, worker: str, cache: dict[Any, Any],
                  resolved: Resolved | None, snapshot: bool = False) -> Adder | str | object:
@@ -347,12 +363,15 @@ class Aggregator:
                 self._family_owner.setdefault(family, _Owner(kind, token, raw, role, worker))
 
     def _special(self, kind: int, name: Any, value: Any, role: str, worker: str, cache: dict[Any, Any],
-                 sender: int, memo: dict[Any, Any], pending: Unresolved) -> str | None:
+                 sender: int, memo: dict[Any, Any], resolved: Resolved | None) -> str | None:
         if kind == PROFILE:
+            if name is _ENTRY:
+                self._entries(value, role, worker, cache, memo, resolved)
+                return _ENTRY
             if name.__class__ is not int or name < 0 or value.__class__ is not dict:
                 return "invalid_value"
             self._steps[sender] = (role, worker, name)
-            self._entries(value.items(), role, worker, cache, memo, None, pending)
+            self._entries(value.items(), role, worker, cache, memo, resolved)
             return None
         if (name.__class__ is not int or name < 0 or value.__class__ is not list or len(value) != 3
                 or not all(v.__class__ is int and v >= 0 for v in value)):
@@ -364,7 +383,7 @@ class Aggregator:
         return None
 
     def _entries(self, entries: Any, role: str, worker: str, cache: dict[Any, Any], memo: dict[Any, Any],
-                 resolved: Resolved | None, pending: Unresolved) -> None:
+                 resolved: Resolved | None) -> None:
         """A profile dict's (key, value) entries: ``*_ms`` keys are timings, the others gauges.
         The sender's table maps (PROFILE, key) to the entry's series, so the kind is decided once
         per key."""
@@ -380,12 +399,15 @@ class Aggregator:
                     continue
                 add = memo.get((PROFILE, entry))
                 if add is None:
-                    add = self._resolve_entry(entry, role, worker, cache, resolved, pending)
+                    add = self._resolve_entry(entry, role, worker, cache, resolved)
                     if (PROFILE, entry) not in cache:
                         memo[PROFILE, entry] = add
             except TypeError:
                 add = "bad_name"
             if add.__class__ is str:
+                if add is _HELD:
+                    self._pending.records.append([PROFILE, _ENTRY, ((entry, number),)])  # type: ignore[union-attr]
+                    continue
                 reason = add
             elif add(number):
                 continue
@@ -395,11 +417,11 @@ class Aggregator:
             rejected[k] = rejected.get(k, 0) + 1
 
     def _resolve_entry(self, entry: Any, role: str, worker: str, cache: dict[Any, Any],
-                       resolved: Resolved | None, pending: Unresolved) -> Adder | str:
+                       resolved: Resolved | None) -> Adder | str:
         kind = TIMING if entry.__class__ is str and entry.endswith("_ms") else GAUGE
         add = self._resolve(kind, entry, role, worker, cache, resolved, snapshot=True)
         if add is _DEFER:
-            return self._deferrer(kind, entry, pending, entry=True)
+            return self._hold(kind, entry, (PROFILE, entry), cache)
         if add.__class__ is not str or (add != "cardinality" and len(cache) < MAX_CACHED_REJECTIONS):
             cache[PROFILE, entry] = add
         return add  # type: ignore[return-value]
