@@ -88,7 +88,7 @@ class Unresolved:
     records: list[Any] = field(default_factory=list)
     names: dict[tuple[int, str], None] = field(default_factory=dict)
     held: list[tuple[Any, Any]] = field(default_factory=list)
-    """Name-table keys that hold a deferring ``add`` during one ``ingest`` call (removed after it:
+    """Name-table keys that answer ``_HELD`` during one ``ingest`` call (removed when it returns:
     the later records of a new name are held at the cost of a table hit, not of a miss)."""
 
 
