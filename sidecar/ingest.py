@@ -220,7 +220,10 @@ class IngestLoop:
     def _roll(self, now: float, duration_s: float) -> None:
         registry = self.registry
         registry.expire(now)
-        window = self.aggregator.roll(now, time.time(), duration_s, [s.sender for s in registry.live(now)],
+        # The window's end on the unix clock at ``now`` itself (not some time later), so a silent
+        # sender's last message, placed at the end less its age, is placed alike in every window.
+        end_unix_s = time.time() - (self.clock() - now)
+        window = self.aggregator.roll(now, end_unix_s, duration_s, [s.sender for s in registry.live(now)],
                                       registry.senders.keys())
         senders = tuple(
             SenderView(s.sender, s.role, s.worker, s.pid, s.hello, now - s.last_seen, s.records_total,

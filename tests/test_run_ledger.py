@@ -144,6 +144,80 @@ def test_energy_goes_with_the_seconds_and_gives_joules_per_token_and_mfu() -> No
     assert peak_flops("NVIDIA H100 PCIe") == 756.0e12 and peak_flops("Tesla T4") is None
 
 
+def test_a_predecessor_placed_a_little_later_in_a_later_window_does_not_hide_the_gap() -> None:
+    # Each window places a silent sender's last message again (its end less its age): the same
+    # message may come out some milliseconds later. It is not a message sent since (it hid the
+    # restart gap of the end-to-end test now and then).
+    led = RunLedger()
+    for end in range(101, 104):
+        led.add(window(end, (sender("1@100", 100, end, end),)))
+    again = SenderFact("1@100", "run-1", "trainer", 100, 103.004, 103.004, 3)  # silent 2 s: still "alive"
+    led.add(window(105, (again, sender("2@104.5", 104.5, 105, None)), duration=2.0))
+    led.add(window(106, (sender("2@104.5", 104.5, 106, 1),)))
+    r = role(led)
+    assert r.seconds["restart_gap"] == pytest.approx(1.5)  # 103 -> 104.5, the successor's start
+    assert r.wall_s == pytest.approx(6.0)
+
+
+def test_a_long_first_step_alone_in_its_window_is_compile_once_the_next_window_has_a_median() -> None:
+    led = RunLedger()
+    # the first step (0.9 s, compiling) is the only step timing of its window: no median yet
+    led.add(window(101, (sender("1@100", 100, 101, 1),), step_s=0.9, lone_step_s=0.9))
+    assert role(led).seconds["compile"] == 0.0
+    led.add(window(102, (sender("1@100", 100, 102, 11),), step_s=1.0, median_step_s=0.1))
+    s = role(led).seconds
+    assert s["compile"] == pytest.approx(0.8)  # its excess over the next window's median
+    assert sum(s.values()) == pytest.approx(2.0)  # moved from what the first window told, not added
+    led.add(window(103, (sender("1@100", 100, 103, 21),), step_s=1.0, median_step_s=0.1))
+    assert role(led).seconds["compile"] == pytest.approx(0.8)
+
+
+def host_sender(key: str, started: float, end: float, step: int | None) -> SenderFact:
+    return SenderFact(key, "host:box", "trainer", started, max(started, end - 1.0), end, step)
+
+
+def test_runs_without_a_wandb_run_or_label_are_cut_at_gaps_longer_than_run_gap_s() -> None:
+    led = RunLedger(run_gap_s=5.0)
+    for end in range(101, 104):
+        led.add(window(end, (host_sender("1@100", 100, end, end),)))
+    for end in range(104, 107):
+        led.add(window(end, ()))
+    # a restart 3 s after the last message: the same run, a restart gap
+    for end in range(107, 110):
+        led.add(window(end, (host_sender("2@106", 106, end, end),)))
+    for end in range(110, 119):
+        led.add(window(end, ()))
+    # 9.5 s after the last message: a new run, named by its start
+    for end in range(119, 122):
+        led.add(window(end, (host_sender("3@118.5", 118.5, end, end),)))
+    view = led.view()
+    assert view.runs == ("host:box@19700101T000140Z", "host:box@19700101T000158Z")
+    [first] = view.run("host:box@19700101T000140Z")
+    [second] = view.run("host:box@19700101T000158Z")
+    assert first.seconds["restart_gap"] == pytest.approx(3.0) and first.wall_s == pytest.approx(9.0)
+    assert second.seconds["restart_gap"] == 0.0 and second.wall_s == pytest.approx(121 - 118.5)
+    assert led.view().no_trainer_s == pytest.approx(3.0 + 9.5)
+    again = RunLedger(led.state(), run_gap_s=5.0)  # a daemon restart keeps the host's current run
+    again.add(window(123, (host_sender("3@118.5", 118.5, 123, 123),)))
+    assert again.view().runs == view.runs
+
+
+def test_the_run_is_the_wandb_run_then_the_label_then_the_host_and_flops_come_from_the_hello() -> None:
+    from sidecar.aggregation.ledger import _flops_of, run_of
+
+    assert run_of({"wandb_run_id": "abc", "run_label": "slurm:7", "host": "box"}) == "abc"
+    assert run_of({"run_label": "slurm:7", "host": "box"}) == "slurm:7"
+    assert run_of({"run_label": "", "host": "box"}) == "host:box" and run_of(None) == "host:unknown"
+    assert _flops_of({"flops_per_token": 2e9}) == 2e9
+    assert _flops_of({"flops_per_token": float("nan")}) is None and _flops_of({"flops_per_token": True}) is None
+    led = RunLedger(flops_per_token=1e9)  # the daemon's setting, for trainers that state none
+    stated = SenderFact("1@100", "run-1", "trainer", 100, 100, 101, 1, flops_per_token=4e9)
+    led.add(WindowFacts(101, 1.0, (stated, SenderFact("2@100", "run-2", "trainer", 100, 100, 101, 1)),
+                        {"trainer": RoleFact(SHARES, tokens=1000.0, gpus=1, gpu_name="NVIDIA H100 80GB HBM3")}))
+    mfu = {r.run: r.mfu_ratio for r in led.view().roles}
+    assert mfu["run-1"] == pytest.approx(4e9 * 1000 / 989.4e12) and mfu["run-2"] == pytest.approx(1e9 * 1000 / 989.4e12)
+
+
 def test_a_bad_state_file_is_moved_aside_and_a_newer_one_never_overwritten(tmp_path: Path) -> None:
     path = tmp_path / FILE_NAME
     path.write_text("{not json")

@@ -38,6 +38,7 @@ from trainer_shim.channel import (
 )
 from trainer_shim.endpoint import ENDPOINT_ENV, shim_endpoint
 from trainer_shim.publisher import Publisher, env_worker
+from trainer_shim.run_label import FLOPS_ENV, RUN_LABEL_ENV
 
 __all__ = [
     "announce_wandb_run",
@@ -77,16 +78,21 @@ def configure(
     strict: bool | None = None,
     allocator_interval_s: float = 5.0,
     wandb_run_id: str | None = None,
+    run_label: str | None = None,
+    flops_per_token: float | None = None,
 ) -> Channel:
     """(Re)create the process's publisher and default channel; returns the default channel.
-    Unset arguments come from the environment. A given ``endpoint`` and ``role`` are also
-    written to the environment (``DFLASH_SIDECAR_ENDPOINT``, ``DFLASH_ROLE``), so children
-    started afterwards by any start method (spawn and forkserver too) publish to the same
-    daemon, each under a worker label of its own. Raises ``ValueError`` for impossible settings
-    (this runs once at set-up, where failing loudly is right)."""
+    Unset arguments come from the environment. A given ``endpoint``, ``role``, ``run_label`` and
+    ``flops_per_token`` are also written to the environment (``DFLASH_SIDECAR_ENDPOINT``,
+    ``DFLASH_ROLE``, ``DFLASH_RUN_LABEL``, ``DFLASH_FLOPS_PER_TOKEN``), so children started
+    afterwards by any start method (spawn and forkserver too) publish to the same daemon, in the
+    same run, each under a worker label of its own. ``run_label`` names the run where the trainer
+    has no W&B run (default: from the launcher, ``trainer_shim.run_label``); ``flops_per_token``:
+    the model FLOPs per trained token, for the run ledger's MFU. Raises ``ValueError`` for
+    impossible settings (this runs once at set-up, where failing loudly is right)."""
     with _lock:
         old, ch = _configure_locked(endpoint, role, worker, devices, flush_interval_s, max_pending,
-                                    strict, allocator_interval_s, wandb_run_id)
+                                    strict, allocator_interval_s, wandb_run_id, run_label, flops_per_token)
     if old is not None:
         old.close()
     return ch
@@ -102,9 +108,10 @@ def _configure_locked(
     strict: bool | None,
     allocator_interval_s: float,
     wandb_run_id: str | None,
+    run_label: str | None = None,
+    flops_per_token: float | None = None,
 ) -> tuple[Publisher | None, Channel]:
     global _publisher, _default
-    _export_to_children(endpoint, role)
     publisher = Publisher(
         endpoint or shim_endpoint(),
         flush_interval_s=flush_interval_s,
@@ -112,7 +119,14 @@ def _configure_locked(
         strict=strict_from_env() if strict is None else strict,
         allocator_interval_s=allocator_interval_s,
         wandb_run_id=wandb_run_id,
+        run_label=run_label,
+        flops_per_token=flops_per_token,
     )
+    _export_to_children(endpoint, role)
+    if publisher.run_label and run_label is not None:
+        os.environ[RUN_LABEL_ENV] = publisher.run_label
+    if publisher.flops_per_token and flops_per_token is not None:
+        os.environ[FLOPS_ENV] = repr(publisher.flops_per_token)
     old, _publisher = _publisher, publisher
     _defaults.update(role=role, worker=worker, devices=devices)
     _default = publisher.channel(*_identity(role, worker), devices=devices or _env_devices(),

@@ -167,6 +167,10 @@ class Hello(msgspec.Struct):
     wandb_entity: str | None = None
     wandb_mode: str | None = None
     wandb_primary: bool | None = None
+    run_label: str | None = None
+    """The launcher's name for the run (``trainer_shim.run_label``), None when none names it."""
+    flops_per_token: float | None = None
+    """Model FLOPs per trained token the trainer states (for the run ledger's MFU), or None."""
 
 
 def encode_hello(encoder: msgspec.msgpack.Encoder, sender: int, seq: int, hello: Hello) -> bytes:
