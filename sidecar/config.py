@@ -188,8 +188,13 @@ SETTINGS: tuple[Setting, ...] = (
             default_note="$STATE_DIRECTORY under systemd, else $XDG_STATE_HOME/dflash-sidecar "
             "(~/.local/state/dflash-sidecar)"),
     Setting("flops_per_token", "Model FLOPs per trained token (forward and backward, e.g. 6 x parameters): "
-            "enables the run ledger's MFU. Unset: no MFU.", type=_flops,
-            example="4.2e10", default_note="unset, no MFU"),
+            "enables the run ledger's MFU for trainers whose shim states none (DFLASH_FLOPS_PER_TOKEN or "
+            "configure(flops_per_token=...) win over this). Unset: MFU only where a trainer states it.", type=_flops,
+            example="4.2e10", default_note="unset, MFU only where a trainer states it"),
+    Setting("run_gap_s", "Run ledger: a host's trainers with neither a W&B run nor a run label start a new run "
+            "when no sender of the host's current run sent for longer than this (seconds); within it, a new "
+            "trainer is a restart of the same run.", type=float, default=300.0, bounds=(1.0, 7 * 86400.0),
+            unit="seconds"),
 )
 
 
@@ -235,6 +240,7 @@ class Config:
     mapping: tuple[Rule, ...] = ()
     state_dir: str | None = _default("state_dir")
     flops_per_token: float | None = _default("flops_per_token")
+    run_gap_s: float = _default("run_gap_s")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -78,7 +78,7 @@ class Daemon:
         self.ledger_path = state_dir(config.state_dir) / FILE_NAME
         self.ledger_errors: dict[str, int] = {}
         """Reason -> failed loads, saves or window updates of the run ledger (ingest thread)."""
-        self.ledger = RunLedger(None, config.flops_per_token)
+        self.ledger = RunLedger(None, config.flops_per_token, config.run_gap_s)
         self.ingest: IngestLoop | None = None
         self._signals: queue.SimpleQueue[int | str] = queue.SimpleQueue()
         self._stopped = False
@@ -235,10 +235,10 @@ class Daemon:
         if problem:
             self._ledger_error(f"load_{problem}")
         try:
-            self.ledger = RunLedger(state, self.config.flops_per_token)
+            self.ledger = RunLedger(state, self.config.flops_per_token, self.config.run_gap_s)
         except (TypeError, ValueError, KeyError, AttributeError):
             self._ledger_error("load_corrupt")
-            self.ledger = RunLedger(None, self.config.flops_per_token)
+            self.ledger = RunLedger(None, self.config.flops_per_token, self.config.run_gap_s)
         if state is not None:
             log.info("dflash-sidecar: run ledger continued from %s (%d runs)", self.ledger_path, len(self.ledger.runs))
 

@@ -144,6 +144,23 @@ def test_energy_goes_with_the_seconds_and_gives_joules_per_token_and_mfu() -> No
     assert peak_flops("NVIDIA H100 PCIe") == 756.0e12 and peak_flops("Tesla T4") is None
 
 
+def test_the_gpus_energy_during_a_restart_gap_is_the_gaps() -> None:
+    led = RunLedger()
+    counter = iter(range(1000, 100000, 100))  # 100 J per 1 s window
+    def facts(end: int, senders: tuple[SenderFact, ...]) -> WindowFacts:
+        return WindowFacts(end, 1.0, senders, {"trainer": RoleFact(SHARES, gpus=1)},
+                           {"GPU-a": float(next(counter))}, {"GPU-a": "trainer"})
+    for end in range(101, 104):
+        led.add(facts(end, (sender("1@100", 100, end, end),)))
+    for end in (104, 105):  # gone (its exit booked): no sender of the role listed
+        led.add(facts(end, ()))
+    led.add(facts(106, (sender("2@105", 105, 106, 1),)))
+    r = role(led)
+    assert r.seconds["restart_gap"] == pytest.approx(2.0)
+    assert r.joules["restart_gap"] == pytest.approx(200.0)  # the two gap windows' energy, none of the next
+    assert r.energy_j == pytest.approx(500.0)  # every rise after the first reading
+
+
 def test_a_predecessor_placed_a_little_later_in_a_later_window_does_not_hide_the_gap() -> None:
     # Each window places a silent sender's last message again (its end less its age): the same
     # message may come out some milliseconds later. It is not a message sent since (it hid the
@@ -188,8 +205,10 @@ def test_runs_without_a_wandb_run_or_label_are_cut_at_gaps_longer_than_run_gap_s
     for end in range(110, 119):
         led.add(window(end, ()))
     # 9.5 s after the last message: a new run, named by its start
+    gone = SenderFact("2@106", "host:box", "trainer", 106, 109, 109, 9, alive=False)  # still listed: not moved
     for end in range(119, 122):
-        led.add(window(end, (host_sender("3@118.5", 118.5, end, end),)))
+        led.add(window(end, (gone, host_sender("3@118.5", 118.5, end, end)) if end == 119 else
+                       (host_sender("3@118.5", 118.5, end, end),)))
     view = led.view()
     assert view.runs == ("host:box@19700101T000140Z", "host:box@19700101T000158Z")
     [first] = view.run("host:box@19700101T000140Z")
@@ -243,7 +262,8 @@ TRAINER = r"""
 import json, sys, time
 from trainer_shim import telemetry
 spec = json.loads(sys.argv[1])
-telemetry.configure(spec["endpoint"], "trainer", "0", flush_interval_s=0.05, wandb_run_id="run-abc")
+telemetry.configure(spec["endpoint"], "trainer", "0", flush_interval_s=0.05, wandb_run_id="run-abc",
+                    flops_per_token=2e9)
 began = time.time()
 time.sleep(spec["startup_s"])
 steps = 0
@@ -331,11 +351,68 @@ def test_scripted_run_with_a_trainer_and_a_daemon_restart(tmp_path: Path) -> Non
     # (plus up to 3 s while the shim reconnects and the first window after the restart begins)
     assert published - 1000 * (up - down + 3.0) / 0.1 <= r["tokens"] <= published, (r["tokens"], up - down)
     assert sum(r["joules"].values()) / r["wall_s"] == pytest.approx(200.0, rel=0.15)  # a constant 200 W
-    assert r["mfu_ratio"] == pytest.approx(1e9 * r["tokens_per_gpu_per_s"] / 989.4e12)
+    # the trainer's statement (its hello) wins over the daemon's --flops-per-token
+    assert r["mfu_ratio"] == pytest.approx(2e9 * r["tokens_per_gpu_per_s"] / 989.4e12)
     assert not math.isnan(r["goodput_ratio"]) and r["goodput_ratio"] == pytest.approx(s["productive"] / r["wall_s"])
     table = subprocess.run([sys.executable, "-m", "sidecar", "report", "--state-dir", str(state)],
                            capture_output=True, text=True, env=env(), timeout=60)
     assert table.returncode == 0 and "run run-abc · role trainer" in table.stdout and "restart_gap" in table.stdout
+
+
+RUN = r"""
+import json, sys, time
+from trainer_shim import telemetry
+telemetry.configure(sys.argv[1], "trainer", "0", flush_interval_s=0.05)
+began = time.time()
+for step in range(1, 21):
+    time.sleep(0.05)
+    telemetry.timing("step_ms", 50.0)
+    telemetry.publish(step, {"lr": 0.001})
+telemetry.flush(1.0)
+print(json.dumps({"began": began, "ended": time.time()}))
+"""
+
+
+def test_separate_runs_without_wandb_are_separate_ledgers_and_a_restart_is_one(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    d = DaemonProc(tmp_path, "--state-dir", str(state), "--run-gap-s", "3", interval=0.5)
+
+    def run(**environ: str) -> dict[str, float]:
+        proc = subprocess.run([sys.executable, "-c", RUN, d.endpoint], capture_output=True, text=True,
+                              env=env(**environ), timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return {**json.loads(proc.stdout.strip().splitlines()[-1]), "exited": time.time()}
+
+    def runs() -> list[dict[str, object]]:
+        out = subprocess.run([sys.executable, "-m", "sidecar", "report", "--json", "--state-dir", str(state)],
+                             capture_output=True, text=True, env=env(), timeout=60)
+        return json.loads(out.stdout)["runs"] if out.returncode == 0 else []
+
+    try:
+        first = run()
+        time.sleep(1.0)
+        restarted = run()  # within --run-gap-s: the same run restarted
+        wait_for(lambda: any(r["seconds"]["restart_gap"] > 0 for r in runs()), timeout_s=20,  # type: ignore[index]
+                 what="the restart in the ledger")
+        time.sleep(3.5)  # longer than --run-gap-s with nothing alive: the next trainer is a new run
+        later = run()
+        labelled = run(SLURM_JOB_ID="4242", SLURM_STEP_ID="0")  # named by the launcher: its own run
+        wait_for(lambda: len(runs()) == 3 and all(r["steps"] > 0 for r in runs()), timeout_s=20,
+                 what="three runs in the ledger")
+    finally:
+        d.stop()
+    by_run = {str(r["run"]): r for r in runs()}
+    host = [name for name in by_run if name.startswith("host:")]
+    assert len(host) == 2 and "slurm:4242.0" in by_run, by_run.keys()
+    one, two = sorted(host, key=lambda name: float(by_run[name]["first_unix_s"]))  # type: ignore[arg-type]
+    gap = by_run[one]["seconds"]["restart_gap"]  # type: ignore[index]
+    # a message is placed when the daemon read it (up to a coalescing wait after it was sent)
+    assert restarted["began"] - first["exited"] - 0.3 <= gap <= restarted["began"] - first["ended"] + 0.2, \
+        (gap, first, restarted)
+    assert by_run[two]["seconds"]["restart_gap"] == 0.0  # type: ignore[index]
+    assert by_run["slurm:4242.0"]["seconds"]["restart_gap"] == 0.0  # type: ignore[index]
+    assert float(by_run[one]["first_unix_s"]) <= first["began"] < restarted["began"] < float(  # type: ignore[arg-type]
+        by_run[two]["first_unix_s"]) <= later["began"] < labelled["began"]  # type: ignore[arg-type]
 
 
 def test_the_ledger_is_shown_in_the_console_line_a_wandb_row_top_and_a_promtool_clean_page(tmp_path: Path) -> None:

@@ -303,6 +303,7 @@ class RunLedger:
         groups: dict[tuple[str, str], list[SenderFact]] = {}
         for s in self._host_runs(facts.senders):
             groups.setdefault((s.run, s.role), []).append(s)
+        self._hold_gap_energy(joules, {role for _, role in groups})
         for (run, role), senders in sorted(groups.items()):
             fact = facts.roles.get(role) or RoleFact(dict.fromkeys(CAUSES, 0.0) | {"unattributed": 1.0})
             self._add_role(run, role, senders, fact, joules.get(role), begin)
@@ -313,30 +314,52 @@ class RunLedger:
         self.now_unix_s = facts.end_unix_s
         self._bound()
 
+    def _hold_gap_energy(self, joules: Mapping[str, float], present: set[str]) -> None:
+        """The energy of a role's GPUs while none of its senders is there is held in the role of
+        the most recent run that has it (``gap_j``): a successor tells it as ``restart_gap``; if
+        the run ended, it stays outside the run like the gap's seconds. GPUs of no role go to
+        that run's role when it has only one."""
+        latest: dict[str, tuple[float, dict[str, Any]]] = {}
+        runs = sorted(self.runs.values(), key=lambda m: max(float(r["observed_until"] or 0.0) for r in m.values()))
+        for members in runs:
+            for role, r in members.items():
+                latest[role] = (float(r["observed_until"] or 0.0), r)
+        if runs and len(runs[-1]) == 1 and "" in joules:
+            [(role, r)] = runs[-1].items()
+            if role not in present and r["observed_until"] is not None:
+                r["gap_j"] = r.get("gap_j", 0.0) + joules[""]
+        for role, j in joules.items():
+            if role and role not in present and role in latest:
+                r = latest[role][1]
+                if r["observed_until"] is not None:
+                    r["gap_j"] = r.get("gap_j", 0.0) + j
+
     def _host_runs(self, senders: tuple[SenderFact, ...]) -> list[SenderFact]:
-        """``senders`` with each host run (``host:<name>``: no W&B run, no run label) resolved to
-        the host's current run, or to a new one, ``host:<name>@<its first sender's start, UTC>``,
-        when no sender of the current run sent for longer than ``run_gap_s`` before it started."""
+        """``senders`` with each host run (``host:<name>``: no W&B run, no run label) resolved: a
+        sender the host's current run knows stays in it; new ones join it when they started within
+        ``run_gap_s`` of its last message, else they start a new run, ``host:<name>@<their first
+        start, UTC>``."""
         resolved: dict[str, str] = {}
         for base in sorted({s.run for s in senders if s.run.startswith(HOST_RUN)}):
             mine = [s for s in senders if s.run == base]
             current = self.host_runs.get(base) or base  # a state from before run gaps: the host's one run
-            members = self.runs.get(current)
-            if members is None or not self._continues(members, mine):
-                current = f"{base}@{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(_start(mine)))}"
-            self.host_runs[base] = resolved[base] = current
-        return [dataclasses.replace(s, run=resolved.get(s.run, s.run)) for s in senders]
-
-    def _continues(self, members: Mapping[str, Mapping[str, Any]], senders: list[SenderFact]) -> bool:
-        """Whether ``senders`` continue the run of ``members`` (its roles): one of them is a known
-        sender of it, or one of its roles is live, or they started within ``run_gap_s`` of its
-        last message."""
-        if any(s.key in r["senders"] for r in members.values() for s in senders):
-            return True
-        if any(r.get("live") for r in members.values()):
-            return True
-        last = max(float(r["observed_until"] or r["first_unix_s"]) for r in members.values())
-        return _start(senders) - last <= self.run_gap_s
+            members = self.runs.get(current, {})
+            runs = [run for run in self.runs if run == base or run.startswith(base + "@")]
+            for s in mine:  # a sender stays in the run that knows it, the current one or an earlier one
+                run = next((run for run in runs if any(s.key in r["senders"] for r in self.runs[run].values())), None)
+                if run is not None:
+                    resolved[s.key] = run
+            known = [s for s in mine if resolved.get(s.key) == current]
+            new = [s for s in mine if s.key not in resolved]
+            if new:
+                ends = [float(r["observed_until"] or r["first_unix_s"]) for r in members.values()]
+                last = max(ends + [s.end for s in known], default=None)
+                if last is None or _start(new) - last > self.run_gap_s:
+                    current = f"{base}@{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(_start(new)))}"
+                for s in new:
+                    resolved[s.key] = current
+            self.host_runs[base] = current
+        return [dataclasses.replace(s, run=resolved[s.key]) if s.key in resolved else s for s in senders]
 
     def _no_trainer(self, facts: WindowFacts, begin: float, joules: float) -> None:
         """Daemon time with no live sender: from the later of the last message, the last time
@@ -347,7 +370,7 @@ class RunLedger:
         if facts.senders:
             self.trainer_until = max(self.trainer_until, max(s.end for s in facts.senders))
         if alive:
-            first = min(s.begin for s in facts.senders)
+            first = min(s.begin for s in alive)  # a gone one still listed began long before
             if self.idle_until > 0 and first > floor:
                 self.no_trainer_s += first - floor
             self.idle_until = 0.0
@@ -395,10 +418,15 @@ class RunLedger:
         """Held startup seconds told this window (they take the held joules, not this window's)."""
         pended = 0.0
         """Seconds held this window (they take their share of this window's joules, held too)."""
+        apart = 0.0
+        """Restart-gap seconds before this window whose energy was held apart (``gap_j``)."""
         if not continuing:  # a successor: the gap until it started; a predecessor's unfinished startup stands
             succ = _start([s for s in senders if s.key not in known] or senders)
             succ = min(max(succ, prev), b)
             seconds["restart_gap"] += succ - prev
+            if "gap_j" in r:
+                r["joules"]["restart_gap"] = r["joules"].get("restart_gap", 0.0) + r.pop("gap_j")
+                apart = max(0.0, min(succ, begin) - prev)
             released["startup"] = r["pending_startup"]
             seconds["startup"] += r["pending_startup"]
             r["pending_startup"] = 0.0
@@ -446,7 +474,7 @@ class RunLedger:
             k["seen_unix_s"] = max(k["seen_unix_s"], s.end)
         r["steps"] += max(progress, default=0)
         r["pending_startup"] += pended
-        self._joules(r, seconds, released, pended, joules)
+        self._joules(r, seconds, released, pended, joules, apart)
         stated = next((s.flops_per_token for s in senders if s.flops_per_token), None)
         if stated or self.flops_per_token:  # the trainer's statement wins over the daemon's setting
             r["flops_per_token"] = stated or self.flops_per_token
@@ -471,11 +499,12 @@ class RunLedger:
 
     @staticmethod
     def _joules(r: dict[str, Any], seconds: dict[str, float], released: dict[str, float], pended: float,
-                joules: float) -> None:
+                joules: float, apart: float = 0.0) -> None:
         """Add the window's seconds, and its GPU energy split in proportion to them: the seconds
         the window itself accounted or held take this window's joules; held seconds told now take
-        the joules held with them."""
+        the joules held with them; ``apart`` restart-gap seconds took the gap's own (none here)."""
         own = {c: max(0.0, v - released.get(c, 0.0)) for c, v in seconds.items()}
+        own["restart_gap"] = max(0.0, own["restart_gap"] - apart)
         denom = sum(own.values()) + pended
         held_j = r.get("pending_j", 0.0) if released else 0.0
         if released:
