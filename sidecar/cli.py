@@ -17,9 +17,10 @@ SUBCOMMANDS = ("run", "check", "demo", "top", "explain", "report", "sample-confi
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="dflash-sidecar",
+        prog="dflash-sidecar", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Host-side telemetry daemon for DFlash training: receives the trainer shim's "
-                    "records, polls NVML, exports to Prometheus and W&B.")
+                    "records, polls NVML, exports to Prometheus and W&B.",
+        epilog=config_mod.summary_help())
     parser.add_argument("--version", action="version", version=f"dflash-sidecar {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{run,check,demo,top,explain,report,sample-config}")
     run = sub.add_parser("run", help="run the daemon (the default)")
@@ -110,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             ns.subparser.exit(2, f"dflash-sidecar report: error: {exc}\n")
         return run_report(ns.state_dir or cfg.state_dir, ns.run, ns.json, cfg.flops_per_token)
-    given = {k: v for k, v in vars(ns).items() if k in config_mod.Config.__dataclass_fields__}
+    given = config_mod.given(vars(ns))
     try:
         cfg = config_mod.load(given)
     except ConfigError as exc:
@@ -131,8 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_daemon(cfg: config_mod.Config, cli_overrides: dict[str, object]) -> int:
     from sidecar.daemon import Daemon
     from sidecar.sources.receiver import EndpointError
+    from sidecar.sources.settings import remote_endpoints
 
-    for endpoint in config_mod.remote_endpoints(cfg.endpoint):  # only there with --endpoint-allow-remote
+    for endpoint in remote_endpoints(cfg.endpoint):  # only there with --endpoint-allow-remote
         logging.getLogger("sidecar").warning(
             "dflash-sidecar: %s binds beyond loopback (--endpoint-allow-remote): any host that can reach it may "
             "send records; keep it behind a firewall", endpoint)
