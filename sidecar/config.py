@@ -15,7 +15,7 @@ import textwrap
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from sidecar.aggregation.settings import GpuGroupSettings, LedgerSettings, WindowSettings
 from sidecar.aggregation.verdict import InsightSettings
@@ -35,6 +35,9 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class DaemonSettings:
     """The daemon's own."""
+
+    TITLE: ClassVar[str] = "daemon"
+    """The options' group in ``--help`` and the docs."""
 
     log_level: str = setting("info", check=one_of("debug", "info", "warning", "error"), live=True,
                              metavar="LEVEL", help="debug, info, warning or error.")
@@ -79,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", dest="config_file", metavar="FILE", default=argparse.SUPPRESS,
                         help="TOML config file; flags override it.")
     for cls in SECTIONS:
-        group = parser.add_argument_group(f"{_title(cls)} options")
+        group = parser.add_argument_group(f"{getattr(cls, 'TITLE', cls.__name__)} options")
         for s in declared(cls):
             if s.kind == "tables":
                 continue
@@ -89,12 +92,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             else:
                 group.add_argument(s.flag, action="append" if s.kind == "list" else "store", metavar=s.metavar,
                                    **common)
-
-
-def _title(cls: type) -> str:
-    """``ReceiverSettings`` -> ``receiver``: the component, for help and docs."""
-    return cls.__name__.removesuffix("Settings").replace("GpuGroup", "GPU group").replace("Nvml", "NVML") \
-        .replace("Wandb", "W&B").lower().replace("nvml", "NVML").replace("w&b", "W&B").replace("gpu", "GPU")
 
 
 SUMMARY_HEAD = "run options (the main ones; 'dflash-sidecar run --help' lists all, with their ranges):"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from sidecar.aggregation.gpu_groups import GpuGroups
 from sidecar.model.settings import setting
@@ -23,6 +23,9 @@ def flops(raw: Any) -> float:
 class WindowSettings:
     """The aggregation window and the series it may hold."""
 
+    TITLE: ClassVar[str] = "window"
+    """The options' group in ``--help`` and the docs."""
+
     # Bounds: a window under 0.1 s spent a whole core rolling windows (13,500/s at 1e-06); over an
     # hour no window ever closes in practice.
     interval: float = setting(10.0, check=float, bounds=(0.1, 3600.0), unit="seconds", live=True, metavar="S",
@@ -35,6 +38,9 @@ class WindowSettings:
 @dataclass(frozen=True)
 class GpuGroupSettings:
     """Which GPUs each role runs on."""
+
+    TITLE: ClassVar[str] = "GPU group"
+    """The options' group in ``--help`` and the docs."""
 
     gpu_group: tuple[str, ...] = setting(
         (), kind="list", metavar="NAME=IDS", example="target=0-5",
@@ -54,6 +60,9 @@ class GpuGroupSettings:
 @dataclass(frozen=True)
 class LedgerSettings:
     """The run ledger (docs/METRICS.md, "Run ledger")."""
+
+    TITLE: ClassVar[str] = "run ledger"
+    """The options' group in ``--help`` and the docs."""
 
     state_dir: str | None = setting(
         None, metavar="DIR", example="/var/lib/dflash-sidecar",

@@ -84,6 +84,7 @@ class InsightSettings(RoleSettings):
     (``sidecar.model.settings``), all applied live on SIGHUP."""
 
     KEY_PREFIX: ClassVar[str] = "insight_"
+    TITLE: ClassVar[str] = "insight"
 
     starved_ratio: float = setting(0.15, live=True, check=ratio("insight_starved_ratio"), help=(
         f"{_RULE}: drafters starve (the supply side limits) when they spend at least this share of wall time "

@@ -9,7 +9,10 @@ option tables; nothing else names a setting's default, bound or help.
 
 A section's key prefix (``KEY_PREFIX``, a class attribute, default none) goes before each field
 name to make the TOML key and the flag (``insight_`` + ``starved_ratio``), so a component keeps
-short field names while the keys say whose they are.
+short field names while the keys say whose they are. ``TITLE`` (a class attribute) names the
+section's group of options in ``--help``. A section whose settings must agree with each other
+defines ``check_settings(self) -> Mapping[str, Any]``: it raises ``ValueError`` with the message
+to show, or returns corrections (field -> value, e.g. a default computed from the others).
 """
 
 from __future__ import annotations

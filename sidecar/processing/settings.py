@@ -6,7 +6,7 @@ stage loads the wire format, and ``--version`` must work without it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sidecar.model.settings import setting
 
@@ -24,6 +24,9 @@ def rules(raw: Any) -> tuple[Rule, ...]:
 @dataclass(frozen=True)
 class MappingSettings:
     """The user's series-name rules, tried before the built-in presets."""
+
+    TITLE: ClassVar[str] = "mapping"
+    """The options' group in ``--help`` and the docs."""
 
     mapping: tuple[Rule, ...] = setting(
         (), kind="tables", check=rules, live=True,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from sidecar.model.address import parse_host_port
 from sidecar.model.settings import setting
@@ -45,6 +45,9 @@ def remote_endpoints(endpoints: tuple[str, ...]) -> list[str]:
 class ReceiverSettings:
     """Where the daemon listens for shims."""
 
+    TITLE: ClassVar[str] = "receiver"
+    """The options' group in ``--help`` and the docs."""
+
     endpoint: tuple[str, ...] = setting(
         default_factory=lambda: (daemon_endpoint(),), kind="list", check=endpoint, metavar="URL",
         example="ipc:///run/dflash-sidecar/sidecar.sock",
@@ -71,6 +74,9 @@ class ReceiverSettings:
 @dataclass(frozen=True)
 class NvmlSettings:
     """The NVML poller."""
+
+    TITLE: ClassVar[str] = "NVML"
+    """The options' group in ``--help`` and the docs."""
 
     nvml_interval: float = setting(1.0, check=float, bounds=(0.1, 3600.0), unit="seconds", metavar="S", help=(
         "NVML polling period (seconds). Sub-second polling has cost throughput elsewhere."),

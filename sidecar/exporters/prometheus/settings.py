@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from sidecar.model.address import parse_host_port
 from sidecar.model.settings import setting
@@ -21,6 +21,9 @@ def listen_addr(raw: Any) -> str:
 @dataclass(frozen=True)
 class PrometheusSettings:
     """The ``/metrics`` endpoint."""
+
+    TITLE: ClassVar[str] = "Prometheus"
+    """The options' group in ``--help`` and the docs."""
 
     prometheus_addr: str = setting(
         "127.0.0.1:9478", check=listen_addr, metavar="HOST:PORT",

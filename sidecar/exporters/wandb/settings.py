@@ -5,7 +5,7 @@ queue size with these same declarations."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from sidecar.model.settings import declared, setting
 
@@ -21,6 +21,9 @@ def run_id(raw: Any) -> str:
 @dataclass(frozen=True)
 class WandbSettings:
     """Which W&B run the sidecar writes into (docs/WANDB.md). Unset ``wandb_run``: no W&B export."""
+
+    TITLE: ClassVar[str] = "W&B"
+    """The options' group in ``--help`` and the docs."""
 
     wandb_run: str | None = setting(None, check=run_id, metavar="ID|auto", help=(
         "W&B run id to join (shared mode), or 'auto' to follow the run the trainer's shim announces. "
