@@ -32,15 +32,16 @@ def build_parser() -> argparse.ArgumentParser:
     from sidecar.demo import add_demo_arguments, positive_seconds
 
     add_demo_arguments(demo)
+    addr_help = f"the daemon's HOST:PORT (default: {config_mod.BY_NAME['prometheus_addr'].default})"
     top = sub.add_parser("top", help="live terminal view of a running daemon")
     top.add_argument("--url", default=None, help="metrics URL (default: from --prometheus-addr or --config)")
-    top.add_argument("--prometheus-addr", default=None, help="the daemon's HOST:PORT (default: 127.0.0.1:9478)")
+    top.add_argument("--prometheus-addr", default=None, help=addr_help)
     top.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                      help="the daemon's TOML config file: top reads its prometheus_addr (and TLS)")
     top.add_argument("--refresh", type=positive_seconds, default=2.0, help="seconds between refreshes (> 0)")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     explain = sub.add_parser("explain", help="what a running daemon mapped each series to, and what each verdict lacks")
-    explain.add_argument("--prometheus-addr", default=None, help="the daemon's HOST:PORT (default: 127.0.0.1:9478)")
+    explain.add_argument("--prometheus-addr", default=None, help=addr_help)
     explain.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                          help="the daemon's TOML config file: explain reads its prometheus_addr")
     explain.add_argument("--json", action="store_true", help="print the raw JSON")

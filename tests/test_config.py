@@ -126,3 +126,17 @@ def test_host_port_errors(text: str, message: str) -> None:
 
     with pytest.raises(ValueError, match=message):
         parse_host_port(text)
+
+
+def test_reading_a_config_loads_no_component() -> None:
+    """The sections are declared beside their components, not inside them: a config (``check``,
+    ``top``, ``report``, ``--version``) loads no transport, no outside service and no mapping stage."""
+    import subprocess
+    import sys
+
+    heavy = ("zmq", "wandb", "pynvml", "prometheus_client", "sidecar.processing.mapping", "sidecar.sources.receiver")
+    code = (f"import sys, sidecar.config as c; c.load({{}}); c.sample_toml(); "
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, check=True)
+    assert out.stdout.strip() == "[]", out
