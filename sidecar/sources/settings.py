@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sidecar.model.address import parse_host_port
-from sidecar.model.settings import setting
+from sidecar.model.settings import declared, setting
 from trainer_shim.endpoint import daemon_endpoint
 
 
@@ -83,3 +83,7 @@ class NvmlSettings:
         summary="GPU polling period, default 1 s")
     gpu_metrics: bool = setting(True, kind="switch", help="Poll GPUs through NVML (--no-gpu-metrics turns it off).",
                                 summary="turn NVML off (a box without GPUs)")
+
+
+NVML_INTERVAL, _ = declared(NvmlSettings)
+"""The poll period's declaration (``NvmlSource``'s default is its default)."""

@@ -68,7 +68,7 @@ class WandbConfig:
     """W&B project; falls back to the trainer's announced project, then ``WANDB_PROJECT``."""
     entity: str | None = None
     """W&B entity; falls back to the trainer's announced entity, then ``WANDB_ENTITY``."""
-    queue_size: int = 256
+    queue_size: int = QUEUE.default
     """Rows held while W&B is slow or not yet attached; further rows are dropped and counted."""
     shutdown_timeout_s: float = 5.0
     """Longest ``shutdown()`` waits to flush and close (seconds)."""
