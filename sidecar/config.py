@@ -43,13 +43,8 @@ class DaemonSettings:
                              metavar="LEVEL", help="debug, info, warning or error.")
 
 
-SECTIONS: tuple[type, ...] = (ReceiverSettings, WindowSettings, NvmlSettings, GpuGroupSettings, PrometheusSettings,
-                              WandbSettings, DaemonSettings, InsightSettings, MappingSettings, LedgerSettings)
-"""Every component's settings, in the order of the flags, the sample config and the docs."""
-
-
 @dataclass(frozen=True)
-class Config(ReceiverSettings, WindowSettings, NvmlSettings, GpuGroupSettings, PrometheusSettings,  # SECTIONS
+class Config(ReceiverSettings, WindowSettings, NvmlSettings, GpuGroupSettings, PrometheusSettings,
              WandbSettings, DaemonSettings, InsightSettings, MappingSettings, LedgerSettings):
     """Validated settings: every component's section at once, so each component takes it as its own
     settings (``Config`` is an ``InsightSettings``, a ``WandbSettings``, ...). The fields, defaults
@@ -59,6 +54,8 @@ class Config(ReceiverSettings, WindowSettings, NvmlSettings, GpuGroupSettings, P
     """The TOML file these came from (not a setting: ``--config``)."""
 
 
+SECTIONS: tuple[type, ...] = Config.__bases__
+"""Every component's settings, in the order of the flags, the sample config and the docs."""
 SETTINGS: tuple[Setting, ...] = tuple(s for section in SECTIONS for s in declared(section))
 """Every setting, as declared by its component."""
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
@@ -80,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add every setting as a flag, one argument group per component. Defaults are suppressed so
     ``load`` can tell what was given; each flag's ``dest`` is its setting's name."""
     parser.add_argument("--config", dest="config_file", metavar="FILE", default=argparse.SUPPRESS,
-                        help="TOML config file; flags override it.")
+                        help=CONFIG_HELP)
     for cls in SECTIONS:
         group = parser.add_argument_group(f"{getattr(cls, 'TITLE', cls.__name__)} options")
         for s in declared(cls):
@@ -94,6 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                    **common)
 
 
+CONFIG_HELP = "TOML config with every setting; flags override it; SIGHUP reloads it"
 SUMMARY_HEAD = "run options (the main ones; 'dflash-sidecar run --help' lists all, with their ranges):"
 
 
@@ -102,7 +100,7 @@ def summary() -> list[tuple[str, str]]:
     has a ``summary``, then ``--config``. ``dflash-sidecar --help`` and the README's table show these."""
     rows = [(f"{s.flag} {s.metavar}" if s.kind in ("value", "list") else s.flag, s.spec.summary)
             for s in SETTINGS if s.spec.summary]
-    rows.append(("--config FILE", "TOML config with every setting; flags override it; SIGHUP reloads it"))
+    rows.append(("--config FILE", CONFIG_HELP))
     return [(flag, str(what)) for flag, what in rows]
 
 
