@@ -238,7 +238,9 @@ class Mapper:
     """Resolves names; immutable after construction except for the per-rule hit counts."""
 
     rules: tuple[Rule, ...] = ()
-    known_roles: frozenset[str] = frozenset({"target", "drafter"})
+    known_roles: frozenset[str] = frozenset({RoleSettings.target_role, RoleSettings.drafter_role})
+    """Heads of a series key that count as a role (``target.0.forward_ms``): the configured role names
+    (``insight_target_role``, ``insight_drafter_role``; by default their declared defaults)."""
     hits: dict[int, int] = field(default_factory=dict)
     """Rule index -> series it has mapped (``explain`` names rules that never matched)."""
 
