@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.deploy_support import exposition_families, free_port, http_get, load_metric_names, start_daemon, stop
+from tests.deploy_support import env, exposition_families, free_port, http_get, load_metric_names, spawn_sidecar, stop
 from tests.fake_nvml.control import FakeNvml
 from tests.fake_nvml.helpers import library_or_skip
 
@@ -30,17 +30,20 @@ def demo_scrape(tmp_path_factory: pytest.TempPathFactory) -> str:
     port = free_port()
     expected = {n for n, (_, source) in load_metric_names().items() if source in PRESENT_NOW} - OCCASIONAL
     # without --duration the demo runs until SIGTERM
-    proc = start_daemon(["demo", "--interval", "1", "--nvml-interval", "0.2",
-                         "--wandb-run", "auto", "--endpoint", f"ipc://{tmp}/sidecar.sock",
-                         "--prometheus-addr", f"127.0.0.1:{port}"], tmp / "demo.log",
-                        extra_env={"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(fake.path),
-                                   "WANDB_MODE": "offline", "WANDB_DIR": str(tmp), "WANDB_SILENT": "true"})
+    proc = spawn_sidecar(["demo", "--interval", "1", "--nvml-interval", "0.2",
+                          "--wandb-run", "auto", "--endpoint", f"ipc://{tmp}/sidecar.sock",
+                          "--prometheus-addr", f"127.0.0.1:{port}"], tmp / "demo.log",
+                         env(LD_LIBRARY_PATH=str(library.parent), FAKE_NVML_CONTROL=str(fake.path),
+                             WANDB_MODE="offline", WANDB_DIR=str(tmp), WANDB_SILENT="true"))
     fake.gpu(0, processes={proc.pid: 2**30})
     text = ""
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and proc.poll() is None:
-            text = http_get(f"http://127.0.0.1:{port}/metrics") or ""
+            try:
+                text = http_get(f"http://127.0.0.1:{port}/metrics")
+            except OSError:  # not up yet
+                text = ""
             if "dflash_gpu_up" in text and "gpu.0.xids" not in fake.path.read_text():
                 fake.gpu(0, xids=[79])  # XIDs count once the source has registered for events
             if expected <= exposition_families(text).keys():
