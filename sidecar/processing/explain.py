@@ -33,10 +33,11 @@ LOOP_INPUTS: dict[str, tuple[tuple[str, str], ...]] = {
     "step breakdown (every verdict's confidence)": ((LOOP, "optimizer"), (LOOP, "step")),
 }
 """Verdict -> the (role, meaning) inputs it reads; ``*`` is the loop's own role (any role but the
-DFlash ones, which are the configured target and drafter roles). Only the family of the roles seen is listed (both before any series). ``host-bound``
-needs the loop's compute timed (``forward`` and ``backward``, or ``forward_backward`` for both) and,
-from snapshots, ``step`` (every-occurrence timings do without); ``compute-bound`` and
-``throttled`` need GPU telemetry, ``straggler`` two workers."""
+DFlash ones, which are the configured target and drafter roles). Only the family of the roles
+seen is listed (both before any series). ``host-bound`` needs the loop's compute timed
+(``forward`` and ``backward``, or ``forward_backward`` for both) and, from snapshots, ``step``
+(every-occurrence timings do without); ``compute-bound`` and ``throttled`` need GPU telemetry,
+``straggler`` two workers."""
 INPUTS = {**DFLASH_INPUTS, **LOOP_INPUTS}
 
 GPU_SUPPLY = ("GPU telemetry on (not --no-gpu-metrics) on a box with NVML, and the GPUs' role: --gpu-group "
