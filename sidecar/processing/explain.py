@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from sidecar.model.meanings import CATEGORY, COUNT, GAUGE, MEANINGS, SCALAR, TIMING
+from sidecar.model.settings import RoleSettings
 from sidecar.processing.mapping import Mapper
 
 KIND_NAMES = {TIMING: "timing", COUNT: "counter", GAUGE: "gauge", CATEGORY: "category", SCALAR: "scalar"}
@@ -56,12 +57,11 @@ PHASE_HINTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 TIMING_MEANINGS = ("data_wait", "forward", "backward", "forward_backward", "optimizer", "comm_wait", "step")
 
 
-def explain_data(report: Any, mapper: Mapper, gpu_missing: str | None = None, *, target_role: str,
-                 drafter_role: str) -> dict[str, Any]:
+def explain_data(report: Any, mapper: Mapper, roles: RoleSettings, gpu_missing: str | None = None) -> dict[str, Any]:
     """The mapping report of the latest window (``report``: an ``IngestReport`` or None).
     ``gpu_missing``: why the insight has no GPU busy/throttle data (None when it has).
-    ``target_role``, ``drafter_role``: the role names the insight reads the DFlash pipeline
-    under (the ``insight_*_role`` settings), so its missing inputs are named as configured. Its
+    ``roles``: the role names the insight reads the DFlash pipeline under (the
+    ``insight_*_role`` settings), so its missing inputs are looked for and named as configured. Its
     ``config`` is TOML to paste into the config file: one ``[[mapping]]`` block per unmapped
     timing, its phase guessed from the name (commented out where nothing in the name says)."""
     series = []
@@ -85,9 +85,9 @@ def explain_data(report: Any, mapper: Mapper, gpu_missing: str | None = None, *,
             elif v.kind == TIMING:
                 unmapped.append(v)
     insight = report.insight if report is not None else None
-    dflash = {target_role, drafter_role} | set(mapper.known_roles)
+    dflash = {roles.target_role, roles.drafter_role} | set(mapper.known_roles)
     own = sorted(r for r in workers if r not in dflash)
-    roles = {TARGET: target_role, DRAFTER: drafter_role,
+    named = {TARGET: roles.target_role, DRAFTER: roles.drafter_role,
              LOOP: max(own, key=lambda r: (len(workers[r]), r)) if own else LOOP}
     families: dict[str, tuple[tuple[str, str], ...]] = {}
     if own or not workers:
@@ -98,7 +98,7 @@ def explain_data(report: Any, mapper: Mapper, gpu_missing: str | None = None, *,
     for verdict, needs in families.items():
         lack = []
         for role, meaning in needs:
-            want = roles[role]
+            want = named[role]
             if meaning == "step" and want not in snapshot_roles and verdict == "host-bound":
                 continue  # every-occurrence timings tell host overhead without a step timing
             if (want, meaning) not in present:
