@@ -272,7 +272,7 @@ class Daemon:
         else:
             status = self.nvml.status()
             gpu_missing = f"NVML {status.state.value}{': ' + status.reason if status.reason else ''}"
-        return explain_data(self.prometheus.state.report, self.mapper, gpu_missing)
+        return explain_data(self.prometheus.state.report, self.mapper, self.config, gpu_missing)
 
     def _ingest_health(self) -> IngestHealth | None:
         ingest = self.ingest

@@ -31,8 +31,9 @@ class WandbSettings:
         summary="join the trainer's W&B run in shared mode, or follow the run its shim announces "
                 "(docs/WANDB.md); unset: no W&B export")
     wandb_project: str | None = setting(
-        None, metavar="P", help="W&B project where the trainer's shim announces none (default: $WANDB_PROJECT).",
-        summary="W&B project where the trainer announces none (default: $WANDB_PROJECT)")
+        None, metavar="P", help="W&B project where the trainer's shim announces none (default: $WANDB_PROJECT; the "
+             "sidecar's own offline run without either: dflash-sidecar).",
+        summary="W&B project where the trainer announces none (default: $WANDB_PROJECT, offline: dflash-sidecar)")
     wandb_entity: str | None = setting(
         None, metavar="E", help="W&B entity where the trainer's shim announces none (default: $WANDB_ENTITY).",
         summary="W&B entity where the trainer announces none (default: $WANDB_ENTITY)")
