@@ -297,6 +297,25 @@ def _done(proc: subprocess.Popen[str]) -> dict[str, float]:
     return {**json.loads(out.strip().splitlines()[-1]), "exited": time.time()}
 
 
+def test_the_fake_drivers_energy_counter_reads_on_across_processes(tmp_path: Path) -> None:
+    # A real driver counts energy since it loaded, so a restarted daemon reads on; the fake counted
+    # from each process's load, and the scripted run's daemon restart lost the energy of the time
+    # it was down (now and then past the 15 % the energy check allows).
+    library = library_or_skip("full")
+    fake = FakeNvml(tmp_path / "nvml-control.txt", library, {"devices": 1})
+    fake.gpu(0, power_mw=200_000)
+    code = ("import time, pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); "
+            "print(time.monotonic(), pynvml.nvmlDeviceGetTotalEnergyConsumption(h))")
+    environ = env(LD_LIBRARY_PATH=str(library.parent), FAKE_NVML_CONTROL=str(fake.path))
+    reads = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=60)
+        assert out.returncode == 0, out.stderr
+        reads.append([float(x) for x in out.stdout.split()])
+    (t0, mj0), (t1, mj1) = reads
+    assert mj1 - mj0 == pytest.approx(200_000 * (t1 - t0), rel=0.05, abs=2_000)  # 200 W between the reads
+
+
 def test_scripted_run_with_a_trainer_and_a_daemon_restart(tmp_path: Path) -> None:
     library = library_or_skip("full")
     fake = FakeNvml(tmp_path / "nvml-control.txt", library, {"devices": 1})
