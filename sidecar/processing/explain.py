@@ -12,10 +12,9 @@ import urllib.request
 from collections.abc import Iterable
 from typing import Any
 
-from sidecar.model.meanings import CATEGORY, COUNT, GAUGE, MEANINGS, SCALAR, TIMING
+from sidecar.model.meanings import MEANINGS
+from sidecar.model.window import KIND_NAMES, TIMING
 from sidecar.processing.mapping import Mapper
-
-KIND_NAMES = {TIMING: "timing", COUNT: "counter", GAUGE: "gauge", CATEGORY: "category", SCALAR: "scalar"}
 
 DFLASH_INPUTS: dict[str, tuple[tuple[str, str], ...]] = {
     "target-bound / queue-starved / input-bound (DFlash)": (("drafter", "queue_wait"), ("target", "forward"),
