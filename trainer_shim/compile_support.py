@@ -45,6 +45,7 @@ _timings: dict[int, Callable[..., Any]] = {}
 """For each registered ``timer``: its channel's ``timing`` (what a compiled timer records with)."""
 _ops: ModuleType | None = None
 _ops_failed = False
+_deferred_failed = False
 _hook: _DynamoImportHook | None = None
 
 
@@ -82,7 +83,7 @@ def _apply() -> None:
             elif name == "timer":
                 substitute_in_graph(fn, skip_signature_check=True)(_null_timer_for(fn))
             elif ops is not None:
-                substitute_in_graph(fn, skip_signature_check=True)(ops.in_graph(name, fn))
+                substitute_in_graph(fn, skip_signature_check=True)(_in_graph(ops, name, fn))
             else:
                 from torch._dynamo import config
 
@@ -108,6 +109,26 @@ def _operators() -> ModuleType | None:
             log.warning("trainer_shim: no shim operators for torch.compile (%r); calls in "
                         "functions dynamo inlines record nothing", exc)
     return _ops
+
+
+def _in_graph(ops: ModuleType, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """What dynamo traces instead of ``fn``: a call deferred to the end of the graph where
+    dynamo's internals allow it (``trainer_shim.compile_deferred``), else a shim operator."""
+    operator_form = ops.in_graph(name, fn)
+    deferred = _deferred()
+    return deferred.in_graph(name, fn, operator_form) if deferred is not None else operator_form
+
+
+def _deferred() -> ModuleType | None:
+    try:
+        from trainer_shim import compile_deferred
+    except Exception as exc:  # noqa: BLE001 - operators instead, say so once
+        global _deferred_failed
+        if not _deferred_failed:
+            log.warning("trainer_shim: shim calls in compiled code run as operators (%r)", exc)
+        _deferred_failed = True
+        return None
+    return compile_deferred if compile_deferred.AVAILABLE else None
 
 
 def _never_trace(fn: Callable[..., Any]) -> None:

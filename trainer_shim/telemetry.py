@@ -34,6 +34,7 @@ from trainer_shim.channel import (
     _STEP_KEY,
     _TIMING,
     Channel,
+    _enter,
     strict_from_env,
 )
 from trainer_shim.endpoint import ENDPOINT_ENV, shim_endpoint
@@ -272,15 +273,16 @@ def category(name: str, key: str | int) -> None:
 
 
 class _Timer:
-    """What ``timer(name)`` returns: the default channel's fast path, like ``timing``."""
+    """What ``timer(name)`` returns: the default channel's fast path, like ``timing``. The clock
+    is read in ``timer()``, so ``__enter__`` is a C function that does nothing (see
+    ``channel.Timer``)."""
 
     __slots__ = ("_name", "_start")
 
     _name: str
     _start: int
 
-    def __enter__(self) -> None:
-        self._start = perf_counter_ns()
+    __enter__ = _enter
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         ms = (perf_counter_ns() - self._start) * 1e-6
@@ -294,13 +296,14 @@ _new = object.__new__
 
 
 def timer(name: str) -> AbstractContextManager[None]:
-    """Context manager timing its block (host wall time) as a timing in ms, also when the block
-    raises. Inside a ``torch.compile``d function it records nothing (see
+    """Context manager timing its block (host wall time, from this call to the block's end) as a
+    timing in ms, also when the block raises. Inside a ``torch.compile``d function it records nothing (see
     ``trainer_shim.compile_support``)."""
     if not _cap:  # first call or strict mode: the channel's own timer (creates, validates)
         return _default_channel().timer(name)
     t = _new(_Timer)  # no __init__ call
     t._name = name
+    t._start = perf_counter_ns()
     return t
 
 
