@@ -127,8 +127,9 @@ def main() -> None:
     calls = {"plain": 1, "timer": max(1, n // 4)}
     extra = {name: (med - medians["plain"]) / calls.get(name, n)
              for name, med in medians.items() if name != "plain"}
-    print(f"torch {torch.__version__}, {n} calls per step ({' '.join(args.kinds)}), {args.rounds} rounds x {args.steps} "
-          f"steps, load average {load_start[0]:.2f} at start, {os.getloadavg()[0]:.2f} at end")
+    print(f"torch {torch.__version__}, {n} calls per step ({' '.join(args.kinds)}), "
+          f"{args.rounds} rounds x {args.steps} steps, load average {load_start[0]:.2f} at start, "
+          f"{os.getloadavg()[0]:.2f} at end")
     for name, med in medians.items():
         unit = "per timer block" if name == "timer" else "per call"
         more = f"   extra {unit} {extra[name]:6.2f} us" if name in extra else ""

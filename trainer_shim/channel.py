@@ -265,7 +265,7 @@ def _recording_functions(ch: Channel) -> dict[str, Any]:
             "publish": publish, "timer": timer, "scalar": scalar}
 
 
-_enter = None.__init__
+_enter: Callable[..., None] = None.__init__  # type: ignore[misc]
 """A timer's ``__enter__``: a C function that takes any arguments and returns None
 (``object.__init__`` bound to None). A builtin stored on a class is not bound to the instance,
 so ``with`` calls it without one and ``ExitStack.enter_context`` with one; a Python
