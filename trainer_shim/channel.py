@@ -122,7 +122,7 @@ class Channel:
             setattr(self, name, fn)
         from trainer_shim import compile_support
 
-        compile_support.register(fns)
+        compile_support.register(fns, fresh_scalar=self._append_resolved)
 
     def _scalar(self, name: str, tensor: Any) -> None:
         try:

@@ -104,13 +104,19 @@ def _deferrable(item: Any) -> bool:
     return isinstance(item, _VALUES)
 
 
-def in_graph(kind: str, fn: Callable[..., Any],
-             operator_form: Callable[..., None]) -> Callable[..., None]:
+def in_graph(kind: str, fn: Callable[..., Any], operator_form: Callable[..., None],
+             fresh: Callable[..., None] | None = None) -> Callable[..., None]:
     """The function dynamo traces instead of recording function ``fn`` (``kind``: its name,
     ``publish`` or one of the (name, value) calls); ``operator_form`` is the same call as a shim
-    operator (``trainer_shim.compile_ops.in_graph``), traced once deferring is ``broken``."""
+    operator (``trainer_shim.compile_ops.in_graph``), traced once deferring is ``broken``;
+    ``fresh``, where given, is deferred instead of ``fn`` for a 0-d floating-point CPU tensor
+    (``compile_support.register``)."""
     fid = len(_fns)
     _fns.append(fn)
+    fresh_fid = fid
+    if fresh is not None:
+        fresh_fid = len(_fns)
+        _fns.append(fresh)
     fallback = torch.compiler.disable(fn, reason="trainer_shim: argument types without an operator")
 
     if kind == "publish":
@@ -137,9 +143,12 @@ def in_graph(kind: str, fn: Callable[..., Any],
                 value, (int, float, str, torch.Tensor)):
             fallback(name, value)
             return
+        index = fid  # noqa: F841 - read by _defer at trace time
         if isinstance(value, torch.Tensor):  # the value now: the graph may change it later
+            if value.device.type == "cpu" and value.dim() == 0 and value.is_floating_point():
+                index = fresh_fid  # noqa: F841 - read by _defer at trace time
             value = value.detach().clone()
-        index, args = fid, (name, value)  # noqa: F841 - read by _defer at trace time
+        args = (name, value)  # noqa: F841 - read by _defer at trace time
         comptime(_defer)
         if broken:
             operator_form(name, value)

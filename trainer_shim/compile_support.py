@@ -43,22 +43,33 @@ _fns: list[tuple[str, Callable[..., Any]]] = []
 _applied: set[int] = set()
 _timings: dict[int, Callable[..., Any]] = {}
 """For each registered ``timer``: its channel's ``timing`` (what a compiled timer records with)."""
+_fresh: dict[int, Callable[..., Any]] = {}
+"""For each registered ``scalar`` that has one: the function a deferred call of it makes with a
+0-d floating-point CPU tensor the graph computed (see ``register``)."""
 _ops: ModuleType | None = None
 _ops_failed = False
 _deferred_failed = False
 _hook: _DynamoImportHook | None = None
 
 
-def register(fns: dict[str, Callable[..., Any]]) -> None:
-    """Make a channel's recording functions compile-safe: ``timer`` is replaced by a null
-    context inside compiled code, every other one by a call of a shim operator
-    (``trainer_shim.compile_ops``). Takes effect at once if dynamo is loaded, else when it is
-    imported. Never raises."""
+def register(fns: dict[str, Callable[..., Any]],
+             fresh_scalar: Callable[[str, Any], None] | None = None) -> None:
+    """Make a channel's recording functions compile-safe: ``timer`` is replaced inside compiled
+    code by two shim operators around the block, every other one by a call deferred to the end
+    of the graph (``trainer_shim.compile_deferred``) or a shim operator
+    (``trainer_shim.compile_ops``). ``fresh_scalar(name, tensor)``, where given, is what a
+    deferred ``scalar`` call of a 0-d floating-point CPU tensor calls instead of
+    ``fns["scalar"]``: the tensor is a copy the graph made for that call, which nothing else
+    sees, so it may be queued as it is and read by the flusher (``.item()`` cost the trainer
+    ~0.5 us). Takes effect at once if dynamo is loaded, else when it is imported. Never
+    raises."""
     try:
         with _lock:
             _fns.extend(fns.items())
             if "timer" in fns and "timing" in fns:
                 _timings[id(fns["timer"])] = fns["timing"]
+            if fresh_scalar is not None and "scalar" in fns:
+                _fresh[id(fns["scalar"])] = fresh_scalar
         # Without "torch" in sys.modules (removed by someone), registering would import a second
         # torch: the functions wait for the next registration then.
         if _DYNAMO in sys.modules and "torch" in sys.modules:
@@ -116,7 +127,12 @@ def _in_graph(ops: ModuleType, name: str, fn: Callable[..., Any]) -> Callable[..
     dynamo's internals allow it (``trainer_shim.compile_deferred``), else a shim operator."""
     operator_form = ops.in_graph(name, fn)
     deferred = _deferred()
-    return deferred.in_graph(name, fn, operator_form) if deferred is not None else operator_form
+    if deferred is None:
+        return operator_form
+    fresh = _fresh.get(id(fn))
+    if fresh is not None:
+        _never_trace(fresh)
+    return deferred.in_graph(name, fn, operator_form, fresh)
 
 
 def _deferred() -> ModuleType | None:

@@ -31,6 +31,7 @@ from trainer_shim.channel import (
     _CATEGORY,
     _COUNT,
     _GAUGE,
+    _SCALAR,
     _STEP_KEY,
     _TIMING,
     Channel,
@@ -312,5 +313,15 @@ def scalar(name: str, tensor: Any) -> None:
     _default_channel().scalar(name, tensor)
 
 
+def _fresh_scalar(name: str, value: Any) -> None:
+    """``scalar`` of a tensor that compiled code computed for this call alone (see
+    ``compile_support.register``): queued as it is, read by the flusher."""
+    if len(_q) < _cap:
+        _q.append((_SCALAR, name, value))
+    else:
+        _default_channel().scalar(name, value)
+
+
 compile_support.register({"publish": publish, "timing": timing, "count": count, "gauge": gauge,
-                          "category": category, "timer": timer, "scalar": scalar})
+                          "category": category, "timer": timer, "scalar": scalar},
+                         fresh_scalar=_fresh_scalar)
