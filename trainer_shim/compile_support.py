@@ -3,19 +3,20 @@
 Dynamo traces any Python function it meets. Traced, a shim call would put guards on the
 channel's queue (which the flusher drains concurrently: guards then fail or raise) and on the
 values passed. So dynamo never traces a recording function: ``torch.compiler.substitute_in_graph``
-replaces each inside compiled code by a call of a shim operator (``trainer_shim.compile_ops``),
-a graph node that runs the original function with the real values. Unlike dynamo's
-``reorderable_logging_functions`` (replayed after the graph, but dropped when made in a function
-dynamo inlines, and a graph break for a dict or a symbolic int), an operator works in inlined
-functions, takes a ``publish`` dict as one call, and takes a symbolic int. Its cost is one
-dispatcher call per shim call (a few microseconds, see docs/SHIM.md). Where the operators cannot
-be defined (an older torch), the functions become reorderable logging calls instead, and the
-limits above apply (a warning says so).
+replaces each inside compiled code by a small function that dynamo traces. Where dynamo's
+internals allow it, that function defers the call to the end of the graph
+(``trainer_shim.compile_deferred``): one plain call of the recording function after the graph,
+made by the outermost compiled frame, so a call in an inlined function is kept; no graph node,
+a fraction of a microsecond (docs/SHIM.md). Otherwise it calls a shim operator
+(``trainer_shim.compile_ops``), a graph node that runs the original function with the real
+values (a few microseconds). Where the operators cannot be defined either (an older torch), the
+functions become dynamo's reorderable logging calls, which lose the calls made in inlined
+functions and break the graph for a dict or a symbolic int (a warning says so).
 
-``timer()`` returns a context manager, which no operator can. Inside compiled code it returns
-a small context manager whose ``__enter__`` and ``__exit__`` each call a shim operator (dynamo
-traces it without a graph break): the first reads the host clock when the graph runs, the
-second records the timing through the channel's ``timing``. Without the operators it is
+``timer()`` returns a context manager, which neither form can defer. Inside compiled code it
+returns a small context manager whose ``__enter__`` and ``__exit__`` each call a shim operator
+(dynamo traces it without a graph break): the first reads the host clock when the graph runs,
+the second records the timing through the channel's ``timing``. Without the operators it is
 ``contextlib.nullcontext`` and records nothing.
 
 Nothing here imports torch: the functions are registered when the trainer imports
@@ -54,8 +55,8 @@ _hook: _DynamoImportHook | None = None
 
 def register(fns: dict[str, Callable[..., Any]],
              fresh_scalar: Callable[[str, Any], None] | None = None) -> None:
-    """Make a channel's recording functions compile-safe: ``timer`` is replaced inside compiled
-    code by two shim operators around the block, every other one by a call deferred to the end
+    """Make a channel's recording functions compile-safe (see the module docstring): ``timer``
+    is replaced inside compiled code by two shim operators around the block, every other one by a call deferred to the end
     of the graph (``trainer_shim.compile_deferred``) or a shim operator
     (``trainer_shim.compile_ops``). ``fresh_scalar(name, tensor)``, where given, is what a
     deferred ``scalar`` call of a 0-d floating-point CPU tensor calls instead of
