@@ -56,9 +56,9 @@ _hook: _DynamoImportHook | None = None
 def register(fns: dict[str, Callable[..., Any]],
              fresh_scalar: Callable[[str, Any], None] | None = None) -> None:
     """Make a channel's recording functions compile-safe (see the module docstring): ``timer``
-    is replaced inside compiled code by two shim operators around the block, every other one by a call deferred to the end
-    of the graph (``trainer_shim.compile_deferred``) or a shim operator
-    (``trainer_shim.compile_ops``). ``fresh_scalar(name, tensor)``, where given, is what a
+    is replaced inside compiled code by two shim operators around the block, every other one by
+    a call deferred to the end of the graph (``trainer_shim.compile_deferred``) or a shim
+    operator (``trainer_shim.compile_ops``). ``fresh_scalar(name, tensor)``, where given, is what a
     deferred ``scalar`` call of a 0-d floating-point CPU tensor calls instead of
     ``fns["scalar"]``: the tensor is a copy the graph made for that call, which nothing else
     sees, so it may be queued as it is and read by the flusher (``.item()`` cost the trainer
