@@ -10,7 +10,8 @@ mode ``DFLASH_TELEMETRY_STRICT``. ``configure()`` overrides them; worker threads
 told apart take their own ``channel(role, worker)``.
 
 The module's functions are plain functions that never change (``torch.compile`` guards on
-their identity and calls a shim operator in their place, see ``trainer_shim.compile_support``). Each
+their identity and defers a call of them to the end of the graph, see
+``trainer_shim.compile_support``). Each
 appends to the default channel's queue, held in module globals; until the default channel exists
 the queue's capacity is 0, so the first call takes the slow path, which creates the channel. In
 strict mode the capacity stays 0 and every call goes through the strict channel's checks.
