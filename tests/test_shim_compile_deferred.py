@@ -167,3 +167,39 @@ def test_when_deferring_fails_the_calls_run_as_operators(shim: Any, monkeypatch:
     assert len(got) == 8 * STEPS
     assert [r[2] for r in got if r[1] == "rows"] == [4] * STEPS
     torch._dynamo.reset()  # the frames compiled with operators stay behind otherwise
+
+
+CKPT = torch.nn.Linear(4, 4)
+
+
+def checkpointed(x: torch.Tensor) -> torch.Tensor:
+    telemetry.count("in_checkpoint")
+    return CKPT(x).tanh()
+
+
+def test_a_call_inside_activation_checkpointing_is_an_operator_and_the_rest_stay_deferred(
+        shim: Any) -> None:
+    """Values inside a higher-order operator's subgraph (here ``checkpoint``) cannot be outputs
+    of the outer graph: that one call is traced as a shim operator, the call outside stays
+    deferred, and deferring stays on for every later call (it used to be switched off for the
+    whole process by the first such call). Trained with backward: one record per call."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        y = torch.utils.checkpoint.checkpoint(checkpointed, x, use_reentrant=False)
+        telemetry.count("outside")
+        return y.sum()
+
+    torch._dynamo.reset()
+    counters.clear()
+    cc = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(step, backend=cc)
+    for _ in range(STEPS):
+        compiled(torch.randn(2, 4, requires_grad=True)).backward()
+    assert cc.frame_count == 1 and sum(counters["graph_break"].values()) == 0
+    assert not compile_deferred.broken
+    assert shim_nodes(cc) == []  # the outer graph: the checkpointed body is a subgraph
+    body = [str(n.target) for g in cc.graphs for m in g.modules() if m is not g
+            for n in getattr(m, "graph", torch.fx.Graph()).nodes if "dflash_sidecar" in str(n.target)]
+    assert body == ["dflash_sidecar.record_int.default"]
+    got = records(shim, 2 * STEPS)
+    assert [r[1] for r in got] == ["in_checkpoint", "outside"] * STEPS

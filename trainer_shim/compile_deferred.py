@@ -19,7 +19,9 @@ Records are queued when the graph has run (in call order), not where the call st
 function; a graph that raises queues nothing of its calls. A ``publish`` dict is rebuilt from
 the values it held at the call. Whatever does not fit (a non-str name, a value of another type,
 a dict with non-number values) goes through the original function behind
-``torch.compiler.disable``: the graph breaks there, the record arrives.
+``torch.compiler.disable``: the graph breaks there, the record arrives. A call inside a
+higher-order operator's subgraph (activation checkpointing, ``torch.cond``), whose values cannot
+be outputs of the outer graph, is traced as a shim operator (``trainer_shim.compile_ops``).
 
 This uses dynamo internals (the instruction translator's ``debug_locals`` and
 ``DebuggingVariable``); ``AVAILABLE`` says whether they exist. If deferring fails at trace time
@@ -55,9 +57,9 @@ except ImportError:  # pragma: no cover - a torch without these internals: opera
     AVAILABLE = False
 
 broken = False
-"""Set once deferring has failed at trace time: every call traced afterwards is an operator call
-(a module global that the traced functions read, so dynamo guards on it: frames compiled before
-recompile once)."""
+"""Set once deferring has failed at trace time (dynamo's internals are not what this module
+expects): every call traced afterwards is an operator call. A module global that the traced
+functions read, so dynamo guards on it: frames compiled before recompile once."""
 
 _fns: list[Callable[..., Any]] = []
 _VALUES: tuple[type, ...] = (
@@ -67,34 +69,44 @@ _VALUES: tuple[type, ...] = (
 
 def _defer(ctx: Any) -> None:
     """At trace time, in the frame of a replacement function: append the call of
-    ``_fns[index]`` with the local ``args`` (a tuple) to the outermost frame's deferred calls. Never raises: on
-    failure sets ``broken`` (the caller then traces an operator call instead)."""
+    ``_fns[index]`` with the local ``args`` (a tuple) to the outermost frame's deferred calls.
+    Where this one call cannot be deferred (an argument dynamo holds in a form it cannot hand
+    out of the graph, a call inside a higher-order operator's subgraph such as activation
+    checkpointing, whose values cannot be outputs of the outer graph) it sets the local
+    ``deferred`` to False, and the caller traces an operator call for it. Never raises: on any
+    other failure sets ``broken``."""
     global broken
     if broken:
         return
     try:
         tx = ctx._i_will_not_complain_if_bc_breaks_InstructionTranslator()
-        fid = ctx.get_local("index")._i_will_not_complain_if_bc_breaks_VariableTracker()
-        args = ctx.get_local("args")._i_will_not_complain_if_bc_breaks_VariableTracker()
-        fn = _fns[fid.as_python_constant()]
-        items = list(args.items)
-        for item in items:
-            if not _deferrable(item):
-                raise TypeError(f"cannot defer an argument {type(item).__name__}")
-        root = tx
-        while root.parent is not None:
-            root = root.parent
-        if root.export:  # an exported graph has no Python around it: as dynamo's logging calls
-            return
-        if root.output.current_tracer.parent is not None:
-            raise TypeError("inside a higher-order operator's subgraph")
-        name = root.output.install_global_by_id("___dflash_shim_fn", fn)
-        root.debug_locals.append((DebuggingVariable(fn, source=GlobalSource(name)), items))
+        if not _append(ctx, tx):
+            tx.symbolic_locals["deferred"] = ConstantVariable.create(False)
     except Exception as exc:  # noqa: BLE001 - fall back to operators, say so once
         if not broken:
             log.warning("trainer_shim: cannot defer shim calls in compiled code (%r); they run "
                         "as shim operators (a few microseconds each)", exc)
         broken = True
+
+
+def _append(ctx: Any, tx: Any) -> bool:
+    """Append the call to the outermost frame's deferred calls; False where it cannot be."""
+    fid = ctx.get_local("index")._i_will_not_complain_if_bc_breaks_VariableTracker()
+    args = ctx.get_local("args")._i_will_not_complain_if_bc_breaks_VariableTracker()
+    fn = _fns[fid.as_python_constant()]
+    items = list(args.items)
+    if not all(_deferrable(item) for item in items):
+        return False
+    root = tx
+    while root.parent is not None:
+        root = root.parent
+    if root.export:  # an exported graph has no Python around it: as dynamo's logging calls
+        return True
+    if tx.output.current_tracer.parent is not None:
+        return False
+    name = root.output.install_global_by_id("___dflash_shim_fn", fn)
+    root.debug_locals.append((DebuggingVariable(fn, source=GlobalSource(name)), items))
+    return True
 
 
 def _deferrable(item: Any) -> bool:
@@ -131,9 +143,10 @@ def in_graph(kind: str, fn: Callable[..., Any], operator_form: Callable[..., Non
                     fallback(step, profile)
                     return
                 snapshot[key] = value
+            deferred = True  # noqa: F841 - read and set by _defer at trace time
             index, args = fid, (step, snapshot)  # noqa: F841 - read by _defer at trace time
             comptime(_defer)
-            if broken:
+            if broken or not deferred:
                 operator_form(step, profile)
 
         return publish_in_graph
@@ -149,8 +162,9 @@ def in_graph(kind: str, fn: Callable[..., Any], operator_form: Callable[..., Non
                 index = fresh_fid  # noqa: F841 - read by _defer at trace time
             value = value.detach().clone()
         args = (name, value)  # noqa: F841 - read by _defer at trace time
+        deferred = True  # noqa: F841 - read and set by _defer at trace time
         comptime(_defer)
-        if broken:
+        if broken or not deferred:
             operator_form(name, value)
 
     return record_in_graph
