@@ -21,7 +21,7 @@ from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.ledger import RunLedger, window_facts
 from sidecar.aggregation.senders import SenderState
-from sidecar.aggregation.verdict import Hysteresis, InsightSettings
+from sidecar.aggregation.verdict import Hysteresis
 from sidecar.config import Config, ConfigError
 from sidecar.exporters.base import Exporter
 from sidecar.exporters.console import ConsoleExporter
@@ -65,8 +65,9 @@ class Daemon:
         self.insight_failures = 0
         self.hysteresis = Hysteresis()
         """Keeps the shown verdict from flapping (ingest thread only)."""
-        self.mapper = Mapper.from_config(config)
-        self.wandb = WandbExporter(wandb_config(config), host=self.host) if config.wandb_run else None
+        self.mapper = Mapper.from_settings(config, config)
+        self.wandb = WandbExporter(WandbConfig.from_settings(config, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S / 2),
+                                   host=self.host) if config.wandb_run else None
         self.prometheus = PrometheusExporter(
             self.host, config.prometheus_addr, config.prometheus_tls_cert, config.prometheus_tls_key,
             gpus=self.gpus.view, ingest=self._ingest_health, wandb=self.wandb.stats if self.wandb else None,
@@ -155,13 +156,12 @@ class Daemon:
             return
         finally:
             systemd.notify("READY=1")
-        live = {"interval", "log_level", "mapping", "dcgm_compat"} | {
-            f for f in Config.__dataclass_fields__ if f.startswith("insight_")}
-        changed = {f for f in Config.__dataclass_fields__ if getattr(new, f) != getattr(self.config, f)}
+        live = config_mod.LIVE  # each setting's declaration says whether it applies live
+        changed = config_mod.changed(self.config, new)
         if "interval" in changed and self.ingest is not None:
             self.ingest.set_interval(new.interval)
         if ({"mapping", "insight_target_role", "insight_drafter_role"} & changed) and self.ingest is not None:
-            self.mapper = Mapper.from_config(new)
+            self.mapper = Mapper.from_settings(new, new)
             self.ingest.set_mapper(self.mapper)
         if "dcgm_compat" in changed:
             self.prometheus.state.dcgm_compat = new.dcgm_compat
@@ -218,7 +218,7 @@ class Daemon:
         """The window's pipeline insight, or None (counted, logged once) if computing it failed:
         the insight must never stop the raw exports."""
         try:
-            insight = compute_insight(report.window, InsightSettings.from_config(self.config),
+            insight = compute_insight(report.window, self.config,
                                       self.gpus.facts(report.window.duration_s), report.senders)
         except Exception:  # noqa: BLE001
             self.insight_failures += 1
@@ -272,14 +272,9 @@ class Daemon:
         else:
             status = self.nvml.status()
             gpu_missing = f"NVML {status.state.value}{': ' + status.reason if status.reason else ''}"
-        return explain_data(self.prometheus.state.report, self.mapper, gpu_missing)
+        return explain_data(self.prometheus.state.report, self.mapper, self.config, gpu_missing)
 
     def _ingest_health(self) -> IngestHealth | None:
         ingest = self.ingest
         return ingest.health() if ingest is not None else None
 
-
-def wandb_config(config: Config) -> WandbConfig:
-    """The W&B exporter's settings from the daemon's."""
-    return WandbConfig(run=config.wandb_run, project=config.wandb_project, entity=config.wandb_entity,
-                       queue_size=config.wandb_queue, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S / 2)
