@@ -10,7 +10,8 @@ mode ``DFLASH_TELEMETRY_STRICT``. ``configure()`` overrides them; worker threads
 told apart take their own ``channel(role, worker)``.
 
 The module's functions are plain functions that never change (``torch.compile`` guards on
-their identity and calls a shim operator in their place, see ``trainer_shim.compile_support``). Each
+their identity and defers a call of them to the end of the graph, see
+``trainer_shim.compile_support``). Each
 appends to the default channel's queue, held in module globals; until the default channel exists
 the queue's capacity is 0, so the first call takes the slow path, which creates the channel. In
 strict mode the capacity stays 0 and every call goes through the strict channel's checks.
@@ -31,9 +32,11 @@ from trainer_shim.channel import (
     _CATEGORY,
     _COUNT,
     _GAUGE,
+    _SCALAR,
     _STEP_KEY,
     _TIMING,
     Channel,
+    _enter,
     strict_from_env,
 )
 from trainer_shim.endpoint import ENDPOINT_ENV, shim_endpoint
@@ -286,15 +289,16 @@ def category(name: str, key: str | int) -> None:
 
 
 class _Timer:
-    """What ``timer(name)`` returns: the default channel's fast path, like ``timing``."""
+    """What ``timer(name)`` returns: the default channel's fast path, like ``timing``. The clock
+    is read in ``timer()``, so ``__enter__`` is a C function that does nothing (see
+    ``channel.Timer``)."""
 
     __slots__ = ("_name", "_start")
 
     _name: str
     _start: int
 
-    def __enter__(self) -> None:
-        self._start = perf_counter_ns()
+    __enter__ = _enter
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         ms = (perf_counter_ns() - self._start) * 1e-6
@@ -308,13 +312,14 @@ _new = object.__new__
 
 
 def timer(name: str) -> AbstractContextManager[None]:
-    """Context manager timing its block (host wall time) as a timing in ms, also when the block
-    raises. Inside a ``torch.compile``d function it records nothing (see
+    """Context manager timing its block (host wall time, from this call to the block's end) as a
+    timing in ms, also when the block raises. Inside a ``torch.compile``d function it records nothing (see
     ``trainer_shim.compile_support``)."""
     if not _cap:  # first call or strict mode: the channel's own timer (creates, validates)
         return _default_channel().timer(name)
     t = _new(_Timer)  # no __init__ call
     t._name = name
+    t._start = perf_counter_ns()
     return t
 
 
@@ -323,5 +328,15 @@ def scalar(name: str, tensor: Any) -> None:
     _default_channel().scalar(name, tensor)
 
 
+def _fresh_scalar(name: str, value: Any) -> None:
+    """``scalar`` of a tensor that compiled code computed for this call alone (see
+    ``compile_support.register``): queued as it is, read by the flusher."""
+    if len(_q) < _cap:
+        _q.append((_SCALAR, name, value))
+    else:
+        _default_channel().scalar(name, value)
+
+
 compile_support.register({"publish": publish, "timing": timing, "count": count, "gauge": gauge,
-                          "category": category, "timer": timer, "scalar": scalar})
+                          "category": category, "timer": timer, "scalar": scalar},
+                         fresh_scalar=_fresh_scalar)

@@ -12,11 +12,10 @@ import urllib.request
 from collections.abc import Iterable
 from typing import Any
 
-from sidecar.model.meanings import CATEGORY, COUNT, GAUGE, MEANINGS, SCALAR, TIMING
+from sidecar.model.meanings import MEANINGS
 from sidecar.model.settings import RoleSettings
+from sidecar.model.window import KIND_NAMES, TIMING
 from sidecar.processing.mapping import Mapper
-
-KIND_NAMES = {TIMING: "timing", COUNT: "counter", GAUGE: "gauge", CATEGORY: "category", SCALAR: "scalar"}
 
 TARGET, DRAFTER, LOOP = "<target>", "<drafter>", "*"
 """Role placeholders of the inputs below: the configured target and drafter roles
