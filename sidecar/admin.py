@@ -14,6 +14,7 @@ from typing import Any
 from sidecar.aggregation.gpu_groups import GpuAggregates
 from sidecar.model.gpu import NvmlStatus
 from sidecar.model.live import DaemonTelemetry, LiveState
+from sidecar.model.settings import RoleSettings
 from sidecar.processing.explain import explain_data
 from sidecar.processing.mapping import Mapper
 from sidecar.selfstats import read_self
@@ -22,10 +23,10 @@ from sidecar.selfstats import read_self
 class Admin:
     """``explain`` and ``telemetry`` for the live state (any thread)."""
 
-    def __init__(self, live: LiveState, mapper: Callable[[], Mapper], gpus: GpuAggregates,
+    def __init__(self, live: LiveState, mapper: Callable[[], tuple[Mapper, RoleSettings]], gpus: GpuAggregates,
                  nvml_status: Callable[[], NvmlStatus] | None) -> None:
-        """``mapper``: the mapping in force (it changes on reload); ``nvml_status``: the NVML
-        source's ``status`` (None: GPU metrics are off)."""
+        """``mapper``: the mapping and the role names in force (they change on reload);
+        ``nvml_status``: the NVML source's ``status`` (None: GPU metrics are off)."""
         self.live = live
         self._mapper = mapper
         self._gpus = gpus
@@ -41,7 +42,8 @@ class Admin:
         else:
             status = self._nvml_status()
             gpu_missing = f"NVML {status.state.value}{': ' + status.reason if status.reason else ''}"
-        return explain_data(self.live.window(), self._mapper(), gpu_missing)
+        mapper, roles = self._mapper()
+        return explain_data(self.live.window(), mapper, roles, gpu_missing)
 
     def telemetry(self) -> DaemonTelemetry:
         stats = read_self()

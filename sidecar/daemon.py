@@ -19,7 +19,6 @@ from sidecar import config as config_mod
 from sidecar import systemd
 from sidecar.admin import Admin
 from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups
-from sidecar.aggregation.verdict import InsightSettings
 from sidecar.config import Config, ConfigError
 from sidecar.exporters.base import Exporter
 from sidecar.exporters.console import ConsoleExporter
@@ -56,7 +55,8 @@ class Daemon:
         nvml = self.nvml
         self.gpus = GpuAggregates(GpuGroups.parse(config.gpu_group), nvml.latest if nvml else None,
                                   nvml.status if nvml else None, nvml.recent if nvml else None)
-        self.wandb = WandbExporter(wandb_config(config), host=self.host) if config.wandb_run else None
+        self.wandb = WandbExporter(WandbConfig.from_settings(config, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S / 2),
+                                   host=self.host) if config.wandb_run else None
         self.live = LiveState(gpus=self.gpus if nvml is not None else None,
                               exporters={"wandb": self.wandb} if self.wandb is not None else None)
         """What every exporter reads between windows; the ingest side is attached when it runs."""
@@ -68,16 +68,16 @@ class Daemon:
         until the end); each window goes to each."""
         if self.wandb is not None:
             self.exporters.append(self.wandb)
-        self.ledger = LedgerStage(state_dir(config.state_dir) / FILE_NAME, config.flops_per_token)
-        self.insight = InsightStage(InsightSettings.from_config(config), self.gpus)
+        self.ledger = LedgerStage(state_dir(config.state_dir) / FILE_NAME, config.flops_per_token, config.run_gap_s)
+        self.insight = InsightStage(config, self.gpus)
         stages: list[WindowStage] = [self.insight, self.ledger]
         listeners: list[Listener] = [*self.exporters, self.live]
         if nvml is not None:
             stages.insert(0, GpuStage(self.gpus))
             listeners.append(TrainerAttribution(nvml.attribute_trainers))
-        self.pipeline = Pipeline(mapper=Mapper.from_config(config), max_series=config.max_series,
+        self.pipeline = Pipeline(mapper=Mapper.from_settings(config, config), max_series=config.max_series,
                                  stages=stages, listeners=listeners)
-        self.live.attach(admin=Admin(self.live, self._mapper, self.gpus, nvml.status if nvml else None))
+        self.live.attach(admin=Admin(self.live, self._mapping_in_force, self.gpus, nvml.status if nvml else None))
         self.ingest: IngestLoop | None = None
         self._signals: queue.SimpleQueue[int | str] = queue.SimpleQueue()
         self._stopped = False
@@ -157,15 +157,14 @@ class Daemon:
             return
         finally:
             systemd.notify("READY=1")
-        live = {"interval", "log_level", "mapping", "dcgm_compat"} | {
-            f for f in Config.__dataclass_fields__ if f.startswith("insight_")}
-        changed = {f for f in Config.__dataclass_fields__ if getattr(new, f) != getattr(self.config, f)}
+        live = config_mod.LIVE  # each setting's declaration says whether it applies live
+        changed = config_mod.changed(self.config, new)
         if "interval" in changed and self.ingest is not None:
             self.ingest.set_interval(new.interval)
         if {"mapping", "insight_target_role", "insight_drafter_role"} & changed:
-            self._mapping = Mapper.from_config(new)
+            self._mapping = Mapper.from_settings(new, new)
             self.pipeline.set_mapper(self._mapping)
-        self.insight.settings = InsightSettings.from_config(new)  # read by the next window
+        self.insight.settings = new  # the verdict's settings, read by the next window
         if "dcgm_compat" in changed:
             self.prometheus.state.dcgm_compat = new.dcgm_compat
         if "log_level" in changed:
@@ -191,13 +190,8 @@ class Daemon:
             exporter.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2)
         log.info("dflash-sidecar stopped")
 
-    def _mapper(self) -> Mapper:
-        """The mapping in force (what ``/explain`` reports; the pipeline takes a reloaded one with
-        its next frame)."""
-        return self._mapping
+    def _mapping_in_force(self) -> tuple[Mapper, Config]:
+        """The mapping and the settings in force (what ``/explain`` reports; the pipeline takes a
+        reloaded mapping with its next frame)."""
+        return self._mapping, self.config
 
-
-def wandb_config(config: Config) -> WandbConfig:
-    """The W&B exporter's settings from the daemon's."""
-    return WandbConfig(run=config.wandb_run, project=config.wandb_project, entity=config.wandb_entity,
-                       queue_size=config.wandb_queue, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S / 2)

@@ -168,4 +168,7 @@ class IngestLoop:
         self.pipeline.frame(frame, self.clock(), peer_pid)
 
     def _roll(self, now: float, duration_s: float) -> None:
-        self.pipeline.close_window(now, duration_s, self.receiver.stats)
+        # The window's end on the unix clock at ``now`` itself (not some time later), so a silent
+        # sender's last message, placed at the end less its age, is placed alike in every window.
+        end_unix_s = time.time() - (self.clock() - now)
+        self.pipeline.close_window(now, end_unix_s, duration_s, self.receiver.stats)

@@ -127,12 +127,13 @@ class LedgerStage:
     to load, update or save is counted by reason and logged once; the ledger never stops the
     other exports (its part is None where the update failed)."""
 
-    def __init__(self, path: Path, flops_per_token: Any) -> None:
+    def __init__(self, path: Path, flops_per_token: Any, run_gap_s: float) -> None:
         self.path = path
         self.flops_per_token = flops_per_token
+        self.run_gap_s = run_gap_s
         self.errors: dict[str, int] = {}
         """Reason -> failed loads, saves or window updates of the run ledger."""
-        self.ledger = RunLedger(None, flops_per_token)
+        self.ledger = RunLedger(None, flops_per_token, run_gap_s)
 
     def load(self) -> None:
         """Continue from the state file (an unusable one is moved aside, counted)."""
@@ -140,10 +141,10 @@ class LedgerStage:
         if problem:
             self._error(f"load_{problem}")
         try:
-            self.ledger = RunLedger(state, self.flops_per_token)
+            self.ledger = RunLedger(state, self.flops_per_token, self.run_gap_s)
         except (TypeError, ValueError, KeyError, AttributeError):
             self._error("load_corrupt")
-            self.ledger = RunLedger(None, self.flops_per_token)
+            self.ledger = RunLedger(None, self.flops_per_token, self.run_gap_s)
         if state is not None:
             log.info("dflash-sidecar: run ledger continued from %s (%d runs)", self.path, len(self.ledger.runs))
 

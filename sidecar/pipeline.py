@@ -165,11 +165,12 @@ class Pipeline:
 
     # -- a window ----------------------------------------------------------------------------------
 
-    def close_window(self, now: float, duration_s: float, receiver_stats: Any) -> IngestReport:
+    def close_window(self, now: float, end_unix_s: float, duration_s: float, receiver_stats: Any) -> IngestReport:
         """window -> insight -> fan-out: roll the aggregates, copy the accounting, run the window
-        stages and hand the result to every listener. ``receiver_stats``: the receiver's counters
-        (``frames``, ``bytes``, ``disconnects``, ``refused``). Returns the window as fanned out."""
-        report = self.window(now, duration_s, receiver_stats)
+        stages and hand the result to every listener. ``now``: the window's end on the monotonic
+        clock, ``end_unix_s`` the same moment on the unix clock; ``receiver_stats``: the receiver's
+        counters (``frames``, ``bytes``, ``disconnects``, ``refused``). Returns the window as fanned out."""
+        report = self.window(now, end_unix_s, duration_s, receiver_stats)
         try:
             window = self.finish(report)
         except Exception:  # noqa: BLE001 - the stages guard themselves; a bug here must not stop ingest
@@ -179,11 +180,11 @@ class Pipeline:
         self.fan_out(window)
         return window
 
-    def window(self, now: float, duration_s: float, receiver_stats: Any) -> IngestReport:
+    def window(self, now: float, end_unix_s: float, duration_s: float, receiver_stats: Any) -> IngestReport:
         """The window stage: the aggregates and the accounting as one immutable report."""
         registry = self.registry
         registry.expire(now)
-        aggregates = self.aggregator.roll(now, time.time(), duration_s, [s.sender for s in registry.live(now)],
+        aggregates = self.aggregator.roll(now, end_unix_s, duration_s, [s.sender for s in registry.live(now)],
                                           registry.senders.keys())
         senders = tuple(sender_view(s, now) for s in registry)
         totals = {k: LabelTotals(v.accepted, dict(v.dropped), v.last_seen_unix_s) for k, v in registry.totals.items()}

@@ -25,12 +25,22 @@ from sidecar.aggregation.series import (
     KeyBudget,
     Series,
     TimingSeries,
-    rejection,
 )
 from sidecar.model.mapped import Mapped
 from sidecar.model.names import claimed_names, counter_token, metric_token, timing_token
-from sidecar.model.window import ALLOCATOR, CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING, SeriesView, WindowReport
-from trainer_shim.wire import name_problem, profile_entry_problem
+from sidecar.model.window import (
+    ALLOCATOR,
+    CATEGORY,
+    COUNT,
+    GAUGE,
+    KIND_NAMES,
+    PROFILE,
+    SCALAR,
+    TIMING,
+    SeriesView,
+    WindowReport,
+)
+from trainer_shim.wire import name_problem, profile_entry_kind, profile_entry_problem, record_problem, record_rule
 
 _FACTORIES = {TIMING: TimingSeries, COUNT: CounterSeries, GAUGE: GaugeSeries,
               CATEGORY: CategorySeries, SCALAR: GaugeSeries}
@@ -60,8 +70,6 @@ MAX_ALLOCATOR_SERIES = 1024
 """Distinct (role, worker, device) allocator samples held; a further one is refused as
 ``cardinality`` (device indexes come from the client and are otherwise unbounded)."""
 
-
-_KIND_NAMES = {TIMING: "timing", COUNT: "counter", GAUGE: "gauge", CATEGORY: "category", SCALAR: "scalar"}
 
 _DEFER = object()
 """``_resolve``'s answer for a name that needs the mapping stage first."""
@@ -238,11 +246,11 @@ class Aggregator:
                     if add is None:
                         add = self._resolve(kind, name, role, worker, cache, resolved)
                         if add is _DEFER:
-                            add = self._hold(kind, name, (kind, name), cache)
+                            add = self._hold(int(kind), name, (kind, name), cache)
                         if (kind, name) not in cache:
                             memo[kind, name] = add
-                except TypeError:
-                    add = "bad_name"
+                except TypeError:  # an unhashable kind or name
+                    add = record_problem(kind, name, value) or "bad_name"
                 if add.__class__ is str:
                     if add is _HELD:
                         self._pending.records.append(rec)  # type: ignore[union-attr]  # made by _hold
@@ -252,7 +260,7 @@ class Aggregator:
                     accepted += 1
                     continue
                 else:
-                    reason = rejection(value)
+                    reason = record_problem(kind, name, value) or "invalid_value"  # the rule's reason
             if reason is None:
                 accepted += 1
             else:
@@ -265,8 +273,11 @@ class Aggregator:
         reason its records are refused, or ``_DEFER`` while the mapping stage has not resolved
         the name (``resolved``); cached in ``cache`` (rejections only up to a bound, and never
         ``cardinality``: room may free up). Runs once per sender and name, never per record."""
-        factory = self._factories.get(kind) if kind.__class__ is int else None
-        if factory is None:
+        if record_rule(kind) is None:
+            return "unknown_kind"
+        kind = int(kind)  # True and 1.0 are 1 (as in the cache's keys), in the table as here
+        factory = self._factories.get(kind)
+        if factory is None:  # PROFILE and ALLOCATOR, which have no series of their own
             return "unknown_kind"
         if self._left <= 0:
             return "cardinality"  # over this window's budget: refused unmapped (cheap), not cached
@@ -364,18 +375,16 @@ class Aggregator:
 
     def _special(self, kind: int, name: Any, value: Any, role: str, worker: str, cache: dict[Any, Any],
                  sender: int, memo: dict[Any, Any], resolved: Resolved | None) -> str | None:
+        if name is _ENTRY:  # held profile entries (never a client's record: a str step is refused below)
+            self._entries(value, role, worker, cache, memo, resolved)
+            return _ENTRY
+        problem = record_problem(kind, name, value)
+        if problem is not None:
+            return problem
         if kind == PROFILE:
-            if name is _ENTRY:
-                self._entries(value, role, worker, cache, memo, resolved)
-                return _ENTRY
-            if name.__class__ is not int or name < 0 or value.__class__ is not dict:
-                return "invalid_value"
             self._steps[sender] = (role, worker, name)
             self._entries(value.items(), role, worker, cache, memo, resolved)
             return None
-        if (name.__class__ is not int or name < 0 or value.__class__ is not list or len(value) != 3
-                or not all(v.__class__ is int and v >= 0 for v in value)):
-            return "invalid_value"
         device = (role, worker, name)
         if device not in self._allocator and len(self._allocator) >= MAX_ALLOCATOR_SERIES:
             return "cardinality"
@@ -412,13 +421,13 @@ class Aggregator:
             elif add(number):
                 continue
             else:
-                reason = profile_entry_problem(entry, number) or rejection(number)
+                reason = profile_entry_problem(entry, number) or "invalid_value"  # the rule's reason
             k = (role, worker, reason)
             rejected[k] = rejected.get(k, 0) + 1
 
     def _resolve_entry(self, entry: Any, role: str, worker: str, cache: dict[Any, Any],
                        resolved: Resolved | None) -> Adder | str:
-        kind = TIMING if entry.__class__ is str and entry.endswith("_ms") else GAUGE
+        kind = profile_entry_kind(entry)
         add = self._resolve(kind, entry, role, worker, cache, resolved, snapshot=True)
         if add is _DEFER:
             return self._hold(kind, entry, (PROFILE, entry), cache)
@@ -438,11 +447,11 @@ class Aggregator:
         if owner.kind == -1:
             other = f"the daemon's own {owner.raw}"
         else:
-            other = (f"{_KIND_NAMES.get(owner.kind, owner.kind)} {owner.raw!r} of role {owner.role!r} "
+            other = (f"{KIND_NAMES.get(owner.kind, owner.kind)} {owner.raw!r} of role {owner.role!r} "
                      f"worker {owner.worker!r}")
         log.warning("trainer name collision: %s %r of role %r worker %r maps onto the same Prometheus names as %s; "
                     "its records are dropped (counted as reason=\"name_collision\" for that role and worker). "
-                    "Rename one of them.", _KIND_NAMES.get(kind, kind), name, role, worker, other)
+                    "Rename one of them.", KIND_NAMES.get(kind, kind), name, role, worker, other)
 
     # -- windows ---------------------------------------------------------------------------------
 

@@ -32,7 +32,9 @@ from sidecar.model.names import (
     metric_token,
     timing_token,
 )
+from sidecar.model.settings import RoleSettings
 from sidecar.processing import regex_example
+from sidecar.processing.settings import MappingSettings
 from trainer_shim.wire import MAX_NAME_BYTES
 
 PRESETS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -224,14 +226,16 @@ class Mapper:
     """Resolves names; immutable after construction except for the per-rule hit counts."""
 
     rules: tuple[Rule, ...] = ()
-    known_roles: frozenset[str] = frozenset({"target", "drafter"})
+    known_roles: frozenset[str] = frozenset({RoleSettings.target_role, RoleSettings.drafter_role})
+    """Heads of a series key that count as a role (``target.0.forward_ms``): the configured role names
+    (``insight_target_role``, ``insight_drafter_role``; by default their declared defaults)."""
     hits: dict[int, int] = field(default_factory=dict)
     """Rule index -> series it has mapped (``explain`` names rules that never matched)."""
 
     @classmethod
-    def from_config(cls, cfg: Any) -> Mapper:
-        """From a ``sidecar.config.Config`` (its validated ``mapping`` rules and insight roles)."""
-        return cls(tuple(cfg.mapping), frozenset({cfg.insight_target_role, cfg.insight_drafter_role}))
+    def from_settings(cls, mapping: MappingSettings, roles: RoleSettings) -> Mapper:
+        """From the validated ``mapping`` rules and the role names (both in ``sidecar.config.Config``)."""
+        return cls(tuple(mapping.mapping), frozenset({roles.target_role, roles.drafter_role}))
 
     def resolve(self, kind: int, raw: str, role: str, worker: str) -> Mapped:
         """The mapping of one series name (``raw`` as sent) from a channel labelled (role, worker)."""

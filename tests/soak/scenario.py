@@ -27,12 +27,12 @@ from typing import Any
 
 from sidecar.ingest import COALESCE_S
 from tests.daemon_harness import DaemonProc, free_port
+from tests.launcher import cpu_seconds
 from tests.soak import faults
 from tests.soak.procs import (
     GarbageProc,
     PublisherProc,
     Sampler,
-    cpu_seconds,
     label_accounting,
     sender_drops,
     transport_total,

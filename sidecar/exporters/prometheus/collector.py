@@ -25,7 +25,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from sidecar.exporters.prometheus import exposition as ex
 from sidecar.exporters.prometheus.dcgm import DcgmSource
 from sidecar.exporters.prometheus.gpu import gpu_metric_families
 from sidecar.exporters.prometheus.insight import insight_families
@@ -33,8 +32,17 @@ from sidecar.exporters.prometheus.ledger import ledger_families
 from sidecar.exporters.prometheus.process import self_families, wandb_families
 from sidecar.model.gpu import GpuView
 from sidecar.model.live import LiveState
-from sidecar.model.names import family_names
-from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING, IngestReport
+from sidecar.model.names import TRAINER_FAMILIES
+from sidecar.model.window import (
+    ALLOCATOR,
+    CATEGORY,
+    COUNT,
+    GAUGE,
+    PROFILE,
+    SCALAR,
+    TIMING,
+    IngestReport,
+)
 
 log = logging.getLogger("sidecar")
 
@@ -162,23 +170,29 @@ def report_sources(report: IngestReport | None, host: str) -> list[tuple[str, Fa
     return sources
 
 
-def trainer_families(report: IngestReport, host: str) -> list[Metric]:
-    """Families for the trainer's own series (timings, counters, gauges, scalars, categories)."""
-    families: dict[str, Metric] = {}
-    labels = ["host", "role", "worker"]
+_FACTORIES: dict[str, Callable[..., Metric]] = {"summary": SummaryMetricFamily, "counter": CounterMetricFamily,
+                                                "gauge": GaugeMetricFamily}
 
-    def family(name: str, factory: Callable[..., Metric], doc: str, extra: list[str] | None = None) -> Any:
+
+def trainer_families(report: IngestReport, host: str) -> list[Metric]:
+    """Families for the trainer's own series (timings, counters, gauges, scalars, categories),
+    steps and CUDA allocator samples, as ``TRAINER_FAMILIES`` declares them."""
+    families: dict[str, Metric] = {}
+
+    def family(kind: int, token: str = "", which: int = 0) -> Any:
+        declared = TRAINER_FAMILIES[kind][which]
+        name = declared.name.format(token)
         fam = families.get(name)
         if fam is None:
-            fam = families[name] = factory(name, doc, labels=labels + (extra or []))
+            fam = families[name] = _FACTORIES[declared.type](name, declared.help.format(token),
+                                                             labels=list(declared.labels))
         return fam
 
+    labels = ["host", "role", "worker"]
     for view in report.window.series:
         base = [host, view.role, view.worker]
-        names = family_names(view.kind, view.name)
         if view.kind == TIMING:
-            fam = family(names[0], SummaryMetricFamily,
-                         ex.TIMING_HELP.format(view.name))
+            fam = family(TIMING, view.name)
             window = view.window
             quantiles = ([("0.5", window["p50"] / 1000.0), ("0.95", window["p95"] / 1000.0),
                           ("1", window["max"] / 1000.0)] if window else [])
@@ -186,34 +200,25 @@ def trainer_families(report: IngestReport, host: str) -> list[Metric]:
             for q, v in quantiles:
                 fam.samples.append(Sample(fam.name, dict(zip(labels, base)) | {"quantile": q}, v))
         elif view.kind == COUNT:
-            family(names[0], CounterMetricFamily,
-                   ex.COUNTER_HELP.format(view.name)).add_metric(base, view.cumulative["total"])
+            family(COUNT, view.name).add_metric(base, view.cumulative["total"])
         elif view.kind in (GAUGE, SCALAR):
             last = view.cumulative["last"]
             if isinstance(last, float) and math.isnan(last):
                 continue
-            family(names[0], GaugeMetricFamily,
-                   (ex.GAUGE_HELP if view.kind == GAUGE else ex.SCALAR_HELP).format(view.name)).add_metric(base, last)
+            family(view.kind, view.name).add_metric(base, last)
         elif view.kind == CATEGORY:
-            fam = family(names[0], CounterMetricFamily,
-                         ex.CATEGORY_HELP.format(view.name), ["key"])
+            fam = family(CATEGORY, view.name)
             for key, count in view.cumulative["totals"].items():
                 fam.add_metric(base + [key], count)
             if view.window:
-                family(names[1], GaugeMetricFamily,
-                       ex.ENTROPY_HELP.format(view.name)).add_metric(base, view.window["entropy_bits"])
-    steps = GaugeMetricFamily("dflash_trainer_step", ex.STEP_HELP, labels=labels)
+                family(CATEGORY, view.name, 1).add_metric(base, view.window["entropy_bits"])
+    steps = family(PROFILE)
     for (role, worker), step in report.window.steps.items():
         steps.add_metric([host, role, worker], step)
-    families[steps.name] = steps
-    alloc = {k: GaugeMetricFamily(f"dflash_cuda_allocator_{k}_bytes",
-                                  ex.ALLOCATOR_HELP.format(k.replace("_", " ")),
-                                  labels=["host", "gpu", "role", "worker"])
-             for k in ex.ALLOCATOR_KINDS}
+    alloc = [family(ALLOCATOR, which=i) for i in range(len(TRAINER_FAMILIES[ALLOCATOR]))]
     for (role, worker, device), values in report.window.allocator.items():
-        for fam, value in zip(alloc.values(), values):
+        for fam, value in zip(alloc, values):
             fam.add_metric([host, str(device), role, worker], value)
-    families.update((f.name, f) for f in alloc.values())
     return list(families.values())
 
 
