@@ -30,6 +30,7 @@ from sidecar.aggregation.aggregator import Aggregator, Unresolved
 from sidecar.aggregation.gpu_groups import GpuAggregates
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.senders import SenderRegistry, SenderState
+from sidecar.aggregation.settings import WindowSettings
 from sidecar.aggregation.verdict import Hysteresis, InsightSettings
 from sidecar.model.insight import PipelineInsight
 from sidecar.model.messages import BatchMessage
@@ -92,7 +93,7 @@ class Pipeline:
     """decode -> accounting -> mapping -> series -> window -> insight -> fan-out (module docstring).
     Ingest thread only, except ``set_mapper`` and ``health`` (any thread)."""
 
-    def __init__(self, *, mapper: Mapper | None = None, max_series: int = 10_000,
+    def __init__(self, *, mapper: Mapper | None = None, max_series: int = WindowSettings.max_series,
                  stages: Sequence[WindowStage] = (), listeners: Sequence[Listener] = (),
                  clock: Callable[[], float] = time.monotonic) -> None:
         """``stages``: run in order on each window before the fan-out; ``listeners``: get each

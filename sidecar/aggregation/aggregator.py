@@ -26,6 +26,7 @@ from sidecar.aggregation.series import (
     Series,
     TimingSeries,
 )
+from sidecar.aggregation.settings import WindowSettings
 from sidecar.model.mapped import Mapped
 from sidecar.model.names import claimed_names, counter_token, metric_token, timing_token
 from sidecar.model.window import (
@@ -115,7 +116,7 @@ class _Owner:
 class Aggregator:
     """Holds every live series, bounded by ``max_series`` (the cardinality budget)."""
 
-    def __init__(self, max_series: int = 10_000, series_ttl_s: float = 3600.0) -> None:
+    def __init__(self, max_series: int = WindowSettings.max_series, series_ttl_s: float = 3600.0) -> None:
         self._names: dict[Any, tuple[str, str, dict[Any, Any]]] = {}
         """Sender -> (role, worker it was labelled, its name table): (kind, name) -> the series'
         bound ``add`` or the reason such records are refused; profile entries under (PROFILE, key)."""
