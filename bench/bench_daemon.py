@@ -60,10 +60,10 @@ from daemon_proc import (
     DAEMON_CORE,
     accounting,
     code_root,
+    cpu_seconds,
+    memory_bytes,
     pctl,
     pin,
-    proc_cpu_s,
-    proc_rss,
     read_json_line,
     running_daemon,
     sample_values,
@@ -94,8 +94,9 @@ def run_handle_frame(frames: list[bytes], mapper: Any = None) -> tuple[float, di
     """CPU seconds to ingest ``frames`` into a fresh ``IngestLoop`` (plus one window roll), and
     its accounting. ``mapper``: the mapping stage to use (default: the presets only)."""
     from sidecar.ingest import IngestLoop
+    from sidecar.pipeline import Pipeline
 
-    loop = IngestLoop(_NoReceiver(), 10.0, lambda report: None, mapper=mapper)  # type: ignore[arg-type]
+    loop = IngestLoop(_NoReceiver(), 10.0, Pipeline(mapper=mapper))  # type: ignore[arg-type]
     handle = loop.handle_frame
     t0 = time.thread_time()
     for frame in frames:
@@ -223,8 +224,9 @@ def paired_ingest(frames: list[bytes], mapper_a: Any, mapper_b: Any, chunk: int 
     runs at a given moment weighs on both alike (runs of a few seconds each, one after the other,
     differed by up to 300 ns per record on a loaded 2-core box)."""
     from sidecar.ingest import IngestLoop
+    from sidecar.pipeline import Pipeline
 
-    loops = [IngestLoop(_NoReceiver(), 10.0, lambda report: None, mapper=m)  # type: ignore[arg-type]
+    loops = [IngestLoop(_NoReceiver(), 10.0, Pipeline(mapper=m))  # type: ignore[arg-type]
              for m in (mapper_a, mapper_b)]
     cpu = [0.0, 0.0]
     for n, start in enumerate(range(0, len(frames), chunk)):
@@ -282,7 +284,7 @@ def bench_e2e_once(batch: int, records: int, publishers: int, nodrop: bool) -> d
         try:
             for p in procs:
                 read_json_line(p)
-            cpu = [(time.time(), proc_cpu_s(daemon.pid))]
+            cpu = [(time.time(), cpu_seconds(daemon.pid))]
             for p in procs:
                 assert p.stdin is not None
                 p.stdin.write("go\n")
@@ -292,23 +294,23 @@ def bench_e2e_once(batch: int, records: int, publishers: int, nodrop: bool) -> d
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
                 time.sleep(0.1)
-                cpu.append((time.time(), proc_cpu_s(daemon.pid)))
+                cpu.append((time.time(), cpu_seconds(daemon.pid)))
                 for p in procs[len(done):len(done) + 1]:
                     assert p.stdout is not None
                     if select.select([p.stdout], [], [], 0)[0]:
                         done.append(read_json_line(p))
                 if len(done) == len(procs) and len(cpu) % 5 == 0:
                     sent = sum(d["sent"] for d in done)
-                    acct = accounting(daemon.metrics())
+                    acct = accounting(daemon.text())
                     if acct["accepted"] + sum(acct["dropped"].values()) >= sent:
                         break
-            _, peak = proc_rss(daemon.pid)
+            _, peak = memory_bytes(daemon.pid)
         finally:
             for p in procs:
                 if p.stdin:
                     p.stdin.close()
                 p.wait(10)
-        windows = [w for w in window_rates(daemon.log.name) if w[1] > cpu[0][0] and w[2] > 0]
+        windows = [w for w in window_rates(daemon.log_path) if w[1] > cpu[0][0] and w[2] > 0]
     t_go = cpu[0][0]
     # full windows: begun after "go", and not the last active one (its records ran out mid-window)
     rates = [r for start, _, r in windows[:-1] if start >= t_go]
@@ -356,34 +358,34 @@ def bench_paced_once(seconds: float, idle_s: float, rate: int, interval: float, 
     ``--no-gpu-metrics``. The daemon's own ``dflash_nvml_*`` gauges are read at every scrape."""
     with running_daemon(interval, fake_gpus=gpus) as daemon:
         time.sleep(1.0)
-        c0, t0 = proc_cpu_s(daemon.pid), time.monotonic()
+        c0, t0 = cpu_seconds(daemon.pid), time.monotonic()
         time.sleep(idle_s)
-        idle_share = (proc_cpu_s(daemon.pid) - c0) / (time.monotonic() - t0)
+        idle_share = (cpu_seconds(daemon.pid) - c0) / (time.monotonic() - t0)
         shim = spawn("shim", ["--endpoint", daemon.endpoint, "--rate", str(rate), "--seconds", str(seconds)])
         if gpus:
             train_on_every_gpu(daemon.fake, gpus, shim.pid)
         read_json_line(shim)
         warmup = min(3.0, seconds / 5)
         time.sleep(warmup)
-        c0, t0 = proc_cpu_s(daemon.pid), time.monotonic()
+        c0, t0 = cpu_seconds(daemon.pid), time.monotonic()
         rss_samples = []
         poll_ms: list[float] = []
         next_scrape = t0 + 15.0  # Prometheus's default scrape interval
         while time.monotonic() - t0 < seconds - warmup - 1.0:
             time.sleep(0.5)
-            rss_samples.append(proc_rss(daemon.pid)[0])
+            rss_samples.append(memory_bytes(daemon.pid)[0])
             if time.monotonic() >= next_scrape:
-                poll_ms += [v * 1000 for v in sample_values(daemon.metrics(), "dflash_nvml_poll_duration_seconds")]
+                poll_ms += [v * 1000 for v in sample_values(daemon.text(), "dflash_nvml_poll_duration_seconds")]
                 next_scrape += 15.0
-        share = (proc_cpu_s(daemon.pid) - c0) / (time.monotonic() - t0)
-        nvml = _nvml_readings(daemon.metrics())
+        share = (cpu_seconds(daemon.pid) - c0) / (time.monotonic() - t0)
+        nvml = _nvml_readings(daemon.text())
         poll_ms += [v * 1000 for v in nvml["dflash_nvml_poll_duration_seconds"]]
         result = read_json_line(shim, seconds + 30)
         shim.wait(10)
         sent = result["records_total"]
         acct = wait_accounted(daemon, sent, interval * 2 + 5)
         transit = {k: v for k, v in acct["dropped"].items() if not k.startswith("sender_")}
-        _, peak = proc_rss(daemon.pid)
+        _, peak = memory_bytes(daemon.pid)
     return {"gpus": gpus, "rate": rate, "seconds": seconds, "interval": interval, "cpu_share": share,
             "idle_share": idle_share, "rss_mb": statistics.median(rss_samples) / 2**20, "peak_rss_mb": peak / 2**20,
             "sent": sent, "accepted": acct["accepted"], "dropped": acct["dropped"],
@@ -456,7 +458,7 @@ def bench_scrape_once(scrapes: int, interval: float) -> dict[str, Any]:
         try:
             read_json_line(proc)
             deadline = time.monotonic() + 60
-            while accounting(daemon.metrics())["series"] < 10_000 and time.monotonic() < deadline:
+            while accounting(daemon.text())["series"] < 10_000 and time.monotonic() < deadline:
                 time.sleep(0.5)
             time.sleep(interval * 1.5)  # a full window with data in every series
             timings: dict[str, list[float]] = {"plain": [], "prometheus": [], "warm": []}
@@ -507,6 +509,7 @@ def scrape_render_cpu(repeats: int) -> dict[str, float]:
             SidecarCollector,
         )
     from sidecar.ingest import IngestLoop
+    from sidecar.pipeline import OnWindow, Pipeline
 
     class _Stats:
         frames = bytes = disconnects = 0
@@ -514,7 +517,7 @@ def scrape_render_cpu(repeats: int) -> dict[str, float]:
     receiver = _NoReceiver()
     receiver.stats = _Stats()  # type: ignore[assignment]
     reports: list[Any] = []
-    loop = IngestLoop(receiver, 1.0, reports.append)  # type: ignore[arg-type]
+    loop = IngestLoop(receiver, 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]
     senders, batch = series_workload(50, 200)
     enc = msgspec.msgpack.Encoder()
     for s in senders:

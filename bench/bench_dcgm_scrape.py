@@ -36,6 +36,7 @@ from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups  # noqa: E40
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector  # noqa: E402
 from sidecar.exporters.prometheus.page import MetricsPage  # noqa: E402
 from sidecar.exporters.prometheus.server import GZIP_LEVEL, serve  # noqa: E402
+from sidecar.model.live import LiveState  # noqa: E402
 from sidecar.sources.nvml import NvmlSource  # noqa: E402
 from tests.fake_nvml import FakeNvml, build_fake_nvml  # noqa: E402
 
@@ -53,6 +54,7 @@ def trainer_report(workers: int, names: int) -> object:
     from daemon_load import series_workload
 
     from sidecar.ingest import IngestLoop
+    from sidecar.pipeline import OnWindow, Pipeline
 
     class _Stats:
         frames = bytes = disconnects = 0
@@ -61,7 +63,7 @@ def trainer_report(workers: int, names: int) -> object:
         stats = _Stats()
 
     reports: list[object] = []
-    loop = IngestLoop(_NoReceiver(), 1.0, reports.append)  # type: ignore[arg-type]
+    loop = IngestLoop(_NoReceiver(), 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]
     senders, batch = series_workload(workers, names)
     encoder = msgspec.msgpack.Encoder()
     for sender in senders:
@@ -131,9 +133,10 @@ def main() -> int:
     groups = GpuAggregates(GpuGroups.parse(["target=0-5", "drafter=6,7"]), source.latest, source.status)
     cases = []
     for name, report in (("no trainer series", None), ("8 workers x 20 names", trainer_report(8, 20))):
-        state = ExportState(host="bench", started_unix_s=time.time(), gpus=groups.view, report=report)  # type: ignore[arg-type]
+        state = ExportState(host="bench", started_unix_s=time.time(), live=LiveState(gpus=groups),
+                            report=report)  # type: ignore[arg-type]
         cases.append((name, measure(state, MetricsPage(SidecarCollector(state)), args.scrapes)))
-    http_state = ExportState(host="bench", started_unix_s=time.time(), gpus=groups.view,
+    http_state = ExportState(host="bench", started_unix_s=time.time(), live=LiveState(gpus=groups),
                              report=trainer_report(8, 20))  # type: ignore[arg-type]
     http = measure_http(http_state, args.scrapes)
     source.shutdown()

@@ -9,8 +9,9 @@ Loops (tiny models, one torch thread, so a 2-core box shared with other jobs can
 * ``dataloader``: the same, its batches from a DataLoader with 2 persistent fork workers whose
   dataset publishes a count and a timing per item (the workers' flushers run too);
 * ``compiled``: the step function under ``torch.compile`` (inductor), with shim calls inside it
-  (``timing``, ``count``, ``scalar`` of the loss: shim operators in the graph) and ``publish``
-  outside;
+  (``timing``, ``count``, ``scalar`` of the loss: calls deferred to the end of the graph) and
+  ``publish`` and ``count`` outside; the compiled function's call is also timed alone, in both
+  conditions, which gives the cost of the calls inside it;
 * ``hf``: a Hugging Face ``Trainer`` on a tiny GPT-2 built from a config, with and without
   ``SidecarCallback``;
 * ``lightning``: a Lightning ``Trainer`` on a tiny module, with and without ``SidecarCallback``.
@@ -168,6 +169,8 @@ class Compiled:
         self.fns = {False: torch.compile(step_plain), True: torch.compile(step_shim)}
         for fn in self.fns.values():  # compile outside the measurement
             fn(self.x, self.y).backward()
+        self.forward_ns: dict[bool, list[int]] = {False: [], True: []}
+        """The compiled function's call alone, per condition (the in-graph calls' cost)."""
 
     interleaved = True
 
@@ -179,6 +182,7 @@ class Compiled:
             shim = step % 2 == 1
             t_start = time.perf_counter_ns()
             loss = self.fns[shim](x, y)
+            self.forward_ns[shim].append(time.perf_counter_ns() - t_start)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -374,16 +378,25 @@ def main(argv: list[str] | None = None) -> int:
                   "| shim time on the training thread per step | as % of the step |")
             print("| --- | --- | --- | --- | --- | --- | --- |")
             plain_loop = None
+            notes: list[str] = []
             for name in args.loops:
                 loop = LOOPS[name](workdir)
                 if name == "plain":
                     plain_loop = loop
                 r = compare(loop, args.rounds, args.steps)
-                direct = ("n/a (shim operators inside the compiled graph)" if r["direct_us"] != r["direct_us"]
+                direct = ("n/a (calls inside the compiled function: see below)" if r["direct_us"] != r["direct_us"]
                           else f"{r['direct_us']:.1f} us")
                 pct = "n/a" if r["direct_pct"] != r["direct_pct"] else f"{r['direct_pct']:.3f} %"
                 print(f"| {name} | {r['steps']} | {r['without_us']:.1f} us | {r['with_us']:.1f} us "
                       f"| {r['overhead_pct']:+.2f} % | {direct} | {pct} |", flush=True)
+                if isinstance(loop, Compiled):
+                    fwd = {k: statistics.median(v) / 1e3 for k, v in loop.forward_ns.items()}
+                    notes.append(f"compiled loop, the compiled forward call alone (3 shim calls "
+                                 f"inside with the shim): median {fwd[False]:.1f} us without, "
+                                 f"{fwd[True]:.1f} us with, {(fwd[True] - fwd[False]) / 3:+.2f} us "
+                                 f"per call ({len(loop.forward_ns[True])} calls each)")
+            for note in notes:
+                print(f"\n{note}")
             if plain_loop is not None and plain_loop.in_loop_ns:
                 in_loop = statistics.median(plain_loop.in_loop_ns) / CALLS_PER_STEP
                 print(f"\nper shim call, plain loop: {in_loop:.0f} ns inside the loop (median of "

@@ -3,30 +3,29 @@ the load processes, and reading the daemon's accounting and per-window rates."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.append(ROOT)  # after PYTHONPATH: the ``sidecar`` under test stays the one imported
 
-from tests.daemon_harness import free_port  # noqa: E402 - the tests' harness, shared
+from tests.launcher import DaemonProc, code_root, cpu_seconds, env, memory_bytes  # noqa: E402 - the one launcher
+
+__all__ = ["code_root", "cpu_seconds", "memory_bytes"]  # the launcher's, re-exported for bench_daemon.py
 
 LOAD = os.path.join(ROOT, "bench", "daemon_load.py")
-TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 DAEMON_CORE, CLIENT_CORE = 0, 1
 
 
@@ -38,92 +37,18 @@ def pin(pid: int, core: int) -> str:
     return f"core {core}"
 
 
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of every thread of ``pid`` (seconds), from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S
-
-
-def proc_rss(pid: int) -> tuple[int, int]:
-    """(VmRSS, VmHWM) of ``pid`` in bytes."""
-    rss = hwm = 0
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) * 1024
-            elif line.startswith("VmHWM:"):
-                hwm = int(line.split()[1]) * 1024
-    return rss, hwm
-
-
-def code_root() -> str:
-    """The checkout whose ``sidecar`` this process imports (PYTHONPATH picks it): the daemon and
-    the publishers run the same code, so a before/after comparison needs only PYTHONPATH."""
-    import sidecar
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(sidecar.__file__)))
-
-
-def env_with_root() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([code_root(), ROOT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return env
-
-
-def http_get(url: str, gz: bool = False, timeout: float = 10.0) -> bytes:
-    req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"} if gz else {})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        body = resp.read()
-        if resp.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-    return body
-
-
-class Daemon:
-    """A real daemon process, pinned to ``DAEMON_CORE``. ``gpu_env``: with NVML (the daemon's
-    default ``--nvml-interval``), these variables added to its environment (the fake driver's);
-    None: ``--no-gpu-metrics``."""
+class Daemon(DaemonProc):
+    """The launcher's daemon, pinned to ``DAEMON_CORE`` before it serves, logging warnings only.
+    ``gpu_env``: with NVML (the daemon's default ``--nvml-interval``), these variables added to
+    its environment (the fake driver's); None: ``--no-gpu-metrics``."""
 
     def __init__(self, workdir: str, interval: float, extra: list[str] | None = None,
                  gpu_env: dict[str, str] | None = None) -> None:
-        self.endpoint = f"ipc://{workdir}/sidecar.sock"
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/metrics"
-        cmd = [sys.executable, "-m", "sidecar", "run", *([] if gpu_env is not None else ["--no-gpu-metrics"]),
-               "--interval", str(interval), "--endpoint", self.endpoint,
-               "--prometheus-addr", f"127.0.0.1:{self.port}", "--log-level", "warning", *(extra or [])]
+        super().__init__(Path(workdir), "--log-level", "warning", *(extra or []), interval=interval,
+                         gpu=gpu_env is not None, extra_env=gpu_env, wait=False)
         self.fake: Any = None
-        self.log = open(os.path.join(workdir, "daemon.log"), "w")
-        self.proc = subprocess.Popen(cmd, env={**env_with_root(), **(gpu_env or {})}, stdout=self.log,
-                                     stderr=subprocess.STDOUT, cwd=workdir)
-        self.pinning = pin(self.proc.pid, DAEMON_CORE)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                http_get(self.url, timeout=1.0)
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"daemon did not start (see {self.log.name})") from None
-                time.sleep(0.05)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def metrics(self) -> str:
-        return http_get(self.url).decode()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        self.pinning = pin(self.pid, DAEMON_CORE)
+        self.wait_ready()
 
 
 @contextmanager
@@ -201,14 +126,14 @@ def wait_accounted(daemon: Daemon, sent: int, timeout_s: float) -> dict[str, Any
     """Poll /metrics until accepted + dropped == sent (or the timeout); returns the last figures."""
     deadline = time.monotonic() + timeout_s
     while True:
-        acct = accounting(daemon.metrics())
+        acct = accounting(daemon.text())
         if acct["accepted"] + sum(acct["dropped"].values()) >= sent or time.monotonic() > deadline:
             return acct
         time.sleep(0.5)
 
 
 def spawn(role: str, args: list[str]) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, LOAD, role, *args], env=env_with_root(),
+    proc = subprocess.Popen([sys.executable, LOAD, role, *args], env=env(),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     pin(proc.pid, CLIENT_CORE)
     return proc
@@ -233,7 +158,7 @@ _WINDOW_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) "
                           r".*window ([\d.]+)s \| \d+ senders \| ([\d,]+) rec/s")
 
 
-def window_rates(log_path: str) -> list[tuple[float, float, float]]:
+def window_rates(log_path: str | Path) -> list[tuple[float, float, float]]:
     """(start, end, records/s) of each window from the daemon's console lines (wall clock)."""
     out = []
     with open(log_path) as f:

@@ -35,6 +35,7 @@ with atheris.instrument_imports(include=["sidecar", "trainer_shim"]):
     import msgspec
 
     from sidecar.ingest import IngestLoop
+    from sidecar.pipeline import Pipeline
     from sidecar.sources.decode import DecodeError, decode
     from sidecar.sources.receiver import ReceiverStats
     from trainer_shim import wire
@@ -135,7 +136,7 @@ def test_one_input(data: bytes) -> None:
         except DecodeError as exc:
             if exc.reason not in REASONS:
                 raise AssertionError(f"unknown decode reason {exc.reason!r}") from None
-    loop = IngestLoop(_NoSocket(), 10.0, lambda report: None)
+    loop = IngestLoop(_NoSocket(), 10.0, Pipeline())
     for frame in frames:
         loop.handle_frame(frame)
     if loop.internal_errors:

@@ -48,7 +48,7 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_check_common import Daemon, cpu_share, write_json
+from gpu_check_common import cpu_share, gpus_up, start_daemon, write_json
 from gpu_check_nvml_calls import gpu_calls, per_poll_estimate, print_table, system_calls
 
 from sidecar.model.gpu import GpuReading, GpuSnapshot
@@ -296,11 +296,11 @@ def daemon_cpu(seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"seconds": seconds}
     with tempfile.TemporaryDirectory(prefix="dfs-nvml-", dir="/tmp") as tmp:
         for key, gpu_metrics in (("nvml_1s", True), ("no_gpu_metrics", False)):
-            daemon = Daemon(Path(tmp), gpu_metrics=gpu_metrics, nvml_interval_s=1.0)
+            daemon = start_daemon(Path(tmp), gpu_metrics=gpu_metrics, nvml_interval_s=1.0)
             try:
                 time.sleep(1.5)  # start-up work and the first poll are not the steady state
                 out[key] = cpu_share(daemon.pid, seconds)
-                out[f"{key}_gpus_up"] = daemon.gpus_up()
+                out[f"{key}_gpus_up"] = gpus_up(daemon)
             finally:
                 daemon.stop()
     return out

@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from gpu_check_common import Daemon, http_get, proc_cpu_s, write_json
+from gpu_check_common import DaemonProc, cpu_seconds, gpus_up, http_get, start_daemon, write_json
 from gpu_check_shim import build, timed
 
 from trainer_shim import telemetry
@@ -48,7 +48,7 @@ SETUPS = (BASELINE, NVML, NO_GPU)
 TARGET_RATIO = 0.995
 
 
-def accepted(daemon: Daemon) -> float:
+def accepted(daemon: DaemonProc) -> float:
     """Records the daemon has accepted so far (all senders); 0 if /metrics is unreadable."""
     try:
         text = http_get(daemon.url)
@@ -64,7 +64,7 @@ def one_run(setup: str, workdir: Path, model: torch.nn.Module, opt: torch.optim.
     if setup == BASELINE:
         return {"steps_per_s": steps / timed(device, model, opt, x, y, steps, shim=False)}
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=workdir))
-    daemon = Daemon(run_dir, gpu_metrics=setup == NVML, nvml_interval_s=1.0, extra=("--interval", "1"))
+    daemon = start_daemon(run_dir, gpu_metrics=setup == NVML, nvml_interval_s=1.0, extra=("--interval", "1"))
     try:
         telemetry.configure(endpoint=daemon.endpoint, role="trainer", worker="0",
                             devices=[device.index or 0] if device.type == "cuda" else [])
@@ -74,10 +74,10 @@ def one_run(setup: str, workdir: Path, model: torch.nn.Module, opt: torch.optim.
             telemetry.flush(wait_s=1.0)
         if accepted(daemon) == 0:
             raise RuntimeError(f"{setup}: the daemon accepted no record within 20 s")
-        cpu0, wall0 = proc_cpu_s(daemon.pid), time.monotonic()
+        cpu0, wall0 = cpu_seconds(daemon.pid), time.monotonic()
         seconds = timed(device, model, opt, x, y, steps, shim=True)
-        cpu = (proc_cpu_s(daemon.pid) - cpu0) / (time.monotonic() - wall0)
-        gpus = daemon.gpus_up()
+        cpu = (cpu_seconds(daemon.pid) - cpu0) / (time.monotonic() - wall0)
+        gpus = gpus_up(daemon)
     finally:
         telemetry.close()
         daemon.stop()

@@ -180,8 +180,9 @@ def compiled_step(model: torch.nn.Module, device: torch.device, backend: str, gr
     ``graphs`` gets the number of operators of each graph dynamo hands to ``backend``, to show
     that the model really ran compiled (a frame dynamo gives up on runs eagerly).
 
-    The shim calls follow the forward, in the same graph (each is a shim operator there, see
-    docs/SHIM.md); a graph break is counted and reported. ``timer_around_forward``
+    The shim calls follow the forward, in the same frame (each a call dynamo makes after the
+    graph, a timer two shim operators in it, see docs/SHIM.md); a graph break is counted and
+    reported. ``timer_around_forward``
     puts ``telemetry.timer`` around the forward instead: a break inside a ``with`` block of a
     context manager dynamo cannot trace makes it run the whole frame eagerly."""
     amp_device = device.type

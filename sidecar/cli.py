@@ -17,9 +17,10 @@ SUBCOMMANDS = ("run", "check", "demo", "top", "explain", "report", "sample-confi
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="dflash-sidecar",
+        prog="dflash-sidecar", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Host-side telemetry daemon for DFlash training: receives the trainer shim's "
-                    "records, polls NVML, exports to Prometheus and W&B.")
+                    "records, polls NVML, exports to Prometheus and W&B.",
+        epilog=config_mod.summary_help())
     parser.add_argument("--version", action="version", version=f"dflash-sidecar {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{run,check,demo,top,explain,report,sample-config}")
     run = sub.add_parser("run", help="run the daemon (the default)")
@@ -31,15 +32,16 @@ def build_parser() -> argparse.ArgumentParser:
     from sidecar.demo import add_demo_arguments, positive_seconds
 
     add_demo_arguments(demo)
+    addr_help = f"the daemon's HOST:PORT (default: {config_mod.BY_NAME['prometheus_addr'].default})"
     top = sub.add_parser("top", help="live terminal view of a running daemon")
     top.add_argument("--url", default=None, help="metrics URL (default: from --prometheus-addr or --config)")
-    top.add_argument("--prometheus-addr", default=None, help="the daemon's HOST:PORT (default: 127.0.0.1:9478)")
+    top.add_argument("--prometheus-addr", default=None, help=addr_help)
     top.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                      help="the daemon's TOML config file: top reads its prometheus_addr (and TLS)")
     top.add_argument("--refresh", type=positive_seconds, default=2.0, help="seconds between refreshes (> 0)")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     explain = sub.add_parser("explain", help="what a running daemon mapped each series to, and what each verdict lacks")
-    explain.add_argument("--prometheus-addr", default=None, help="the daemon's HOST:PORT (default: 127.0.0.1:9478)")
+    explain.add_argument("--prometheus-addr", default=None, help=addr_help)
     explain.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                          help="the daemon's TOML config file: explain reads its prometheus_addr")
     explain.add_argument("--json", action="store_true", help="print the raw JSON")
@@ -110,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             ns.subparser.exit(2, f"dflash-sidecar report: error: {exc}\n")
         return run_report(ns.state_dir or cfg.state_dir, ns.run, ns.json, cfg.flops_per_token)
-    given = {k: v for k, v in vars(ns).items() if k in config_mod.Config.__dataclass_fields__}
+    given = config_mod.given(vars(ns))
     try:
         cfg = config_mod.load(given)
     except ConfigError as exc:
@@ -131,8 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_daemon(cfg: config_mod.Config, cli_overrides: dict[str, object]) -> int:
     from sidecar.daemon import Daemon
     from sidecar.sources.receiver import EndpointError
+    from sidecar.sources.settings import remote_endpoints
 
-    for endpoint in config_mod.remote_endpoints(cfg.endpoint):  # only there with --endpoint-allow-remote
+    for endpoint in remote_endpoints(cfg.endpoint):  # only there with --endpoint-allow-remote
         logging.getLogger("sidecar").warning(
             "dflash-sidecar: %s binds beyond loopback (--endpoint-allow-remote): any host that can reach it may "
             "send records; keep it behind a firewall", endpoint)

@@ -1,4 +1,5 @@
-"""Settings: one declaration per option feeds the CLI, the TOML config file and the sample config.
+"""Settings: each component declares its own (``sidecar.model.settings``); this module gathers
+them into ``Config`` and generates the flags, the TOML keys, the sample config and the validation.
 
 Precedence: built-in default < config file (``--config``) < command-line flag. Everything is
 validated at start-up (and on SIGHUP reload); ``ConfigError`` says what to fix.
@@ -9,20 +10,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import ipaddress
 import os
+import textwrap
 import tomllib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
-from sidecar.aggregation.gpu_groups import GpuGroups
-from sidecar.aggregation.verdict import DEFAULT_THROTTLE_REASONS, INSIGHT_DEFAULTS
-from sidecar.model.address import parse_host_port
-from trainer_shim.endpoint import daemon_endpoint
+from sidecar.aggregation.settings import GpuGroupSettings, LedgerSettings, WindowSettings
+from sidecar.aggregation.verdict import InsightSettings
+from sidecar.exporters.prometheus.settings import PrometheusSettings
+from sidecar.exporters.wandb.settings import WandbSettings
+from sidecar.model.settings import Setting, declared, one_of, setting
+from sidecar.processing.settings import MappingSettings
+from sidecar.sources.settings import NvmlSettings, ReceiverSettings
 
-if TYPE_CHECKING:  # the mapping stage loads the wire format; `--version` must work without it
-    from sidecar.processing.mapping import Rule
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -30,235 +33,96 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class Setting:
-    name: str
-    """Key in the TOML file and field of ``Config``; the flag is ``--`` + name with dashes."""
-    help: str
-    kind: str = "value"
-    """``value``, ``list`` (flag repeatable, TOML array), ``switch`` (``--no-<name>`` turns it off;
-    ``--<name>`` turns on one whose default is off)
-    or ``tables`` (TOML array of tables only, no flag: ``[[mapping]]``)."""
-    type: Callable[[str], Any] = str
-    default: Any = None
-    example: str | None = None
-    """Shown in the sample config instead of the default, marked as an example (for settings whose
-    default is computed or empty); ``default_note`` then says what the default is."""
-    default_note: str | None = None
-    bounds: tuple[float, float] | None = None
-    """Inclusive (lowest, highest) a numeric setting accepts, checked after ``type``; stated in the
-    help (and so in the sample config and ``--help``) from this one declaration."""
-    unit: str = ""
-    """What the bounds count (``seconds``), for messages."""
+class DaemonSettings:
+    """The daemon's own."""
 
-    def check_bounds(self, value: Any) -> Any:
-        """``value`` if within ``bounds``. Raises ``ValueError`` naming the range otherwise."""
-        if self.bounds is not None:
-            low, high = self.bounds
-            if not low <= value <= high:  # also refuses NaN
-                unit = f" {self.unit}" if self.unit else ""
-                raise ValueError(f"{self.name} must be between {_num(low)} and {_num(high)}{unit}")
-        return value
+    TITLE: ClassVar[str] = "daemon"
+    """The options' group in ``--help`` and the docs."""
 
-    @property
-    def full_help(self) -> str:
-        """``help`` plus the accepted range, if any."""
-        if self.bounds is None:
-            return self.help
-        unit = f" {self.unit}" if self.unit else ""
-        return f"{self.help} Range: {_num(self.bounds[0])} to {_num(self.bounds[1])}{unit}."
-
-
-def _num(x: float) -> str:
-    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
-
-
-def _flops(raw: Any) -> float:
-    value = float(raw)
-    if not 1.0 <= value <= 1e18:  # NaN fails too
-        raise ValueError("flops_per_token must be between 1 and 1e18")
-    return value
-
-
-def _addr(raw: Any) -> str:
-    parse_host_port(str(raw))
-    return str(raw)
-
-
-def _endpoint(raw: Any) -> str:
-    value = str(raw)
-    if value.startswith("ipc://") and len(value) > len("ipc://"):
-        return value
-    if value.startswith("tcp://"):
-        parse_host_port(value[len("tcp://"):], example="tcp://127.0.0.1:5557")
-        return value
-    raise ValueError("expected ipc:///path/to/socket or tcp://HOST:PORT, e.g. tcp://127.0.0.1:5557")
-
-
-def _level(raw: Any) -> str:
-    value = str(raw).lower()
-    if value not in {"debug", "info", "warning", "error"}:
-        raise ValueError("expected one of debug, info, warning, error")
-    return value
-
-
-def _ratio(what: str) -> Callable[[Any], float]:
-    def check(raw: Any) -> float:
-        value = float(raw)
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"{what} must be a ratio between 0 and 1")
-        return value
-    return check
-
-
-SETTINGS: tuple[Setting, ...] = (
-    Setting("wandb_run", "W&B run id to join (shared mode), or 'auto' to follow the run the trainer's "
-            "shim announces. Unset: no W&B export."),
-    Setting("wandb_project", "W&B project (default: $WANDB_PROJECT)."),
-    Setting("wandb_entity", "W&B entity (default: $WANDB_ENTITY)."),
-    Setting("endpoint", "ZeroMQ endpoint to bind for shims (repeatable): ipc:///path or tcp://127.0.0.1:PORT.",
-            kind="list", type=_endpoint, default=None, example="ipc:///run/dflash-sidecar/sidecar.sock",
-            default_note="sidecar.sock in $RUNTIME_DIRECTORY under systemd, else in the per-user directory"),
-    Setting("prometheus_addr", "Listen address of the Prometheus endpoint (HOST:PORT). Loopback by default.",
-            type=_addr, default="127.0.0.1:9478"),
-    Setting("prometheus_tls_cert", "PEM certificate: serve /metrics over TLS (needs prometheus_tls_key)."),
-    Setting("prometheus_tls_key", "PEM private key for prometheus_tls_cert."),
-    Setting("endpoint_allow_remote", "Allow a tcp:// endpoint on an address other than loopback (anyone who can "
-            "reach it may then send records; a warning is logged). Off: tcp is loopback-only.", kind="switch",
-            default=False),
-    # Bounds: a window under 0.1 s spent a whole core rolling windows (13,500/s at 1e-06); over an
-    # hour no window ever closes in practice.
-    Setting("interval", "Aggregation window (seconds).", type=float, default=10.0, bounds=(0.1, 3600.0),
-            unit="seconds"),
-    Setting("nvml_interval", "NVML polling period (seconds). Sub-second polling has cost throughput elsewhere.",
-            type=float, default=1.0, bounds=(0.1, 3600.0), unit="seconds"),
-    Setting("gpu_metrics", "Poll GPUs through NVML (--no-gpu-metrics turns it off).", kind="switch", default=True),
-    Setting("dcgm_compat", "Also export dcgm-exporter's names, units and labels (DCGM_FI_*) for what NVML "
-            "can feed, so dashboards and alerts written for it work unchanged (docs/METRICS.md).",
-            kind="switch", default=False),
-    Setting("gpu_group", "Role to GPUs mapping NAME=IDS (repeatable), e.g. target=0-5, drafter=6,7. "
-            "Unset: discovered from the trainers' processes.", kind="list", default=[], example="target=0-5",
-            default_note="none, roles are discovered from the trainers' processes"),
-    # 100,000 timing series hold about 540 MB (10,000: 54 MB), the daemon's whole memory target.
-    Setting("max_series", "Cardinality budget: most distinct trainer series held.",
-            type=int, default=10_000, bounds=(1, 100_000), unit="series"),
-    Setting("wandb_queue", "Rows the W&B exporter may queue before dropping (counted).",
-            type=int, default=256, bounds=(1, 100_000), unit="rows"),
-    Setting("log_level", "debug, info, warning or error.", type=_level, default="info"),
-    # Pipeline insight (docs/METRICS.md): role names and bottleneck-verdict thresholds (ratios 0-1).
-    Setting("insight_target_role", "Role name of the target workers (those that fill the hidden-state queue).",
-            default=INSIGHT_DEFAULTS["target_role"]),
-    Setting("insight_drafter_role", "Role name of the drafter workers (those that drain the hidden-state queue).",
-            default=INSIGHT_DEFAULTS["drafter_role"]),
-    Setting("insight_starved_ratio", "Verdict: drafters starve (the supply side limits) when they spend at least "
-            "this share of wall time waiting on an empty queue (the ready deficit).",
-            type=_ratio("insight_starved_ratio"), default=INSIGHT_DEFAULTS["starved_ratio"]),
-    Setting("insight_backpressure_ratio", "Verdict: drafters limit (drafter-bound) when targets spend at least "
-            "this share of wall time blocked on a full queue.", type=_ratio("insight_backpressure_ratio"),
-            default=INSIGHT_DEFAULTS["backpressure_ratio"]),
-    Setting("insight_queue_full_ratio", "Verdict: drafter-bound when the queue is at least this full and targets "
-            "publish no queue_put_wait timing.", type=_ratio("insight_queue_full_ratio"),
-            default=INSIGHT_DEFAULTS["queue_full_ratio"]),
-    Setting("insight_host_wait_ratio", "Verdict: input-bound when the limiting role waits on the host data loader "
-            "(data_wait) for at least this share of wall time.", type=_ratio("insight_host_wait_ratio"),
-            default=INSIGHT_DEFAULTS["host_wait_ratio"]),
-    Setting("insight_handoff_ratio", "Verdict: queue-starved when drafters starve and targets spend at least this "
-            "share of wall time packing hidden states (pack).", type=_ratio("insight_handoff_ratio"),
-            default=INSIGHT_DEFAULTS["handoff_ratio"]),
-    Setting("insight_straggler_score", "Verdict: a worker whose score (best median busy time per batch of its "
-            "role / its own) is below this is a straggler.", type=_ratio("insight_straggler_score"),
-            default=INSIGHT_DEFAULTS["straggler_score"]),
-    Setting("insight_comm_wait_ratio", "Verdict (single-role loops): communication-bound when the role spends at "
-            "least this share of wall time in collective waits (comm_wait).", type=_ratio("insight_comm_wait_ratio"),
-            default=INSIGHT_DEFAULTS["comm_wait_ratio"]),
-    Setting("insight_host_overhead_ratio", "Verdict (single-role loops): host-bound when at least this share of "
-            "the role's wall time is measured host time between its timed phases (inside its step).",
-            type=_ratio("insight_host_overhead_ratio"), default=INSIGHT_DEFAULTS["host_overhead_ratio"]),
-    Setting("insight_compute_busy_ratio", "Verdict (single-role loops): compute-bound when the role's GPUs are at "
-            "least this busy (GPM SM activity, else NVML utilization), whatever the host-side shares say.",
-            type=_ratio("insight_compute_busy_ratio"), default=INSIGHT_DEFAULTS["compute_busy_ratio"]),
-    Setting("mapping", "Your own series names -> role, worker and phase (docs/SHIM.md, 'Your own names'): "
-            "[[mapping]] tables, each with a glob (match) or a regex (regex) and what it gives: phase (or meaning), "
-            "role, worker, name (captures as $1, ${name}). Checked at start-up; reloaded on SIGHUP.", kind="tables",
-            default=[]),
-    Setting("insight_throttle_reasons", "Verdict: NVML clock-event reasons that count as throttling (repeatable).",
-            kind="list", default=list(DEFAULT_THROTTLE_REASONS)),
-    # Run ledger (docs/METRICS.md, "Run ledger").
-    Setting("state_dir", "Folder of the run ledger's state file (kept across daemon restarts). Under systemd "
-            "$STATE_DIRECTORY wins over this.", example="/var/lib/dflash-sidecar",
-            default_note="$STATE_DIRECTORY under systemd, else $XDG_STATE_HOME/dflash-sidecar "
-            "(~/.local/state/dflash-sidecar)"),
-    Setting("flops_per_token", "Model FLOPs per trained token (forward and backward, e.g. 6 x parameters): "
-            "enables the run ledger's MFU. Unset: no MFU.", type=_flops,
-            example="4.2e10", default_note="unset, no MFU"),
-)
-
-
-def _default(name: str) -> Any:
-    """The declared default of setting ``name`` (lists as tuples: ``Config`` is immutable)."""
-    default = next(s.default for s in SETTINGS if s.name == name)
-    return tuple(default) if isinstance(default, list) else default
+    log_level: str = setting("info", check=one_of("debug", "info", "warning", "error"), live=True,
+                             metavar="LEVEL", help="debug, info, warning or error.")
 
 
 @dataclass(frozen=True)
-class Config:
-    """Validated settings (see ``SETTINGS`` for each field's meaning and default)."""
+class Config(ReceiverSettings, WindowSettings, NvmlSettings, GpuGroupSettings, PrometheusSettings,
+             WandbSettings, DaemonSettings, InsightSettings, MappingSettings, LedgerSettings):
+    """Validated settings: every component's section at once, so each component takes it as its own
+    settings (``Config`` is an ``InsightSettings``, a ``WandbSettings``, ...). The fields, defaults
+    and meanings are the sections' (``SETTINGS``)."""
 
-    wandb_run: str | None = _default("wandb_run")
-    wandb_project: str | None = _default("wandb_project")
-    wandb_entity: str | None = _default("wandb_entity")
-    endpoint: tuple[str, ...] = field(default_factory=lambda: (daemon_endpoint(),))
-    prometheus_addr: str = _default("prometheus_addr")
-    prometheus_tls_cert: str | None = _default("prometheus_tls_cert")
-    prometheus_tls_key: str | None = _default("prometheus_tls_key")
-    interval: float = _default("interval")
-    nvml_interval: float = _default("nvml_interval")
-    gpu_metrics: bool = _default("gpu_metrics")
-    endpoint_allow_remote: bool = _default("endpoint_allow_remote")
-    dcgm_compat: bool = _default("dcgm_compat")
-    gpu_group: tuple[str, ...] = _default("gpu_group")
-    max_series: int = _default("max_series")
-    wandb_queue: int = _default("wandb_queue")
-    log_level: str = _default("log_level")
     config_file: str | None = None
-    insight_target_role: str = _default("insight_target_role")
-    insight_drafter_role: str = _default("insight_drafter_role")
-    insight_starved_ratio: float = _default("insight_starved_ratio")
-    insight_backpressure_ratio: float = _default("insight_backpressure_ratio")
-    insight_queue_full_ratio: float = _default("insight_queue_full_ratio")
-    insight_host_wait_ratio: float = _default("insight_host_wait_ratio")
-    insight_handoff_ratio: float = _default("insight_handoff_ratio")
-    insight_straggler_score: float = _default("insight_straggler_score")
-    insight_throttle_reasons: tuple[str, ...] = _default("insight_throttle_reasons")
-    insight_comm_wait_ratio: float = _default("insight_comm_wait_ratio")
-    insight_host_overhead_ratio: float = _default("insight_host_overhead_ratio")
-    insight_compute_busy_ratio: float = _default("insight_compute_busy_ratio")
-    mapping: tuple[Rule, ...] = ()
-    state_dir: str | None = _default("state_dir")
-    flops_per_token: float | None = _default("flops_per_token")
+    """The TOML file these came from (not a setting: ``--config``)."""
+
+
+SECTIONS: tuple[type, ...] = Config.__bases__
+"""Every component's settings, in the order of the flags, the sample config and the docs."""
+SETTINGS: tuple[Setting, ...] = tuple(s for section in SECTIONS for s in declared(section))
+"""Every setting, as declared by its component."""
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+LIVE: frozenset[str] = frozenset(s.name for s in SETTINGS if s.live)
+"""The settings a SIGHUP reload applies at once; a change to any other needs a restart."""
+
+
+def section(cls: type[T], config: Config) -> T:
+    """``config``'s values of section ``cls`` as a ``cls`` of its own (e.g. to compare two)."""
+    return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+
+
+def changed(old: Config, new: Config) -> set[str]:
+    """The names of the settings whose values differ between ``old`` and ``new``."""
+    return {s.name for s in SETTINGS if s.value(old) != s.value(new)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add every setting as a flag. Defaults are suppressed so ``load`` can tell what was given."""
+    """Add every setting as a flag, one argument group per component. Defaults are suppressed so
+    ``load`` can tell what was given; each flag's ``dest`` is its setting's name."""
     parser.add_argument("--config", dest="config_file", metavar="FILE", default=argparse.SUPPRESS,
-                        help="TOML config file; flags override it.")
-    for s in SETTINGS:
-        flag = "--" + s.name.replace("_", "-")
-        if s.kind == "tables":
-            continue
-        if s.kind == "switch" and s.default is False:
-            parser.add_argument(flag, dest=s.name, action="store_true", default=argparse.SUPPRESS, help=s.help)
-        elif s.kind == "switch":
-            parser.add_argument("--no-" + s.name.replace("_", "-"), dest=s.name, action="store_false",
-                                default=argparse.SUPPRESS, help=s.help)
-        elif s.kind == "list":
-            parser.add_argument(flag, dest=s.name, action="append", default=argparse.SUPPRESS, help=s.full_help)
-        else:
-            parser.add_argument(flag, dest=s.name, default=argparse.SUPPRESS, help=s.full_help)
+                        help=CONFIG_HELP)
+    for cls in SECTIONS:
+        group = parser.add_argument_group(f"{getattr(cls, 'TITLE', cls.__name__)} options")
+        for s in declared(cls):
+            if s.kind == "tables":
+                continue
+            common: dict[str, Any] = {"dest": s.name, "default": argparse.SUPPRESS, "help": s.full_help}
+            if s.kind == "switch":
+                group.add_argument(s.flag, action="store_false" if s.default else "store_true", **common)
+            else:
+                group.add_argument(s.flag, action="append" if s.kind == "list" else "store", metavar=s.metavar,
+                                   **common)
+
+
+CONFIG_HELP = "TOML config with every setting; flags override it; SIGHUP reloads it"
+SUMMARY_HEAD = "run options (the main ones; 'dflash-sidecar run --help' lists all, with their ranges):"
+
+
+def summary() -> list[tuple[str, str]]:
+    """(option as typed, what it does) for the main run options: the settings whose declaration
+    has a ``summary``, then ``--config``. ``dflash-sidecar --help`` and the README's table show these."""
+    rows = [(f"{s.flag} {s.metavar}" if s.kind in ("value", "list") else s.flag, s.spec.summary)
+            for s in SETTINGS if s.spec.summary]
+    rows.append(("--config FILE", CONFIG_HELP))
+    return [(flag, str(what)) for flag, what in rows]
+
+
+def summary_help() -> str:
+    """The main run options as the top-level ``--help`` lists them."""
+    width = max(len(flag) for flag, _ in summary()) + 4
+    lines = [SUMMARY_HEAD]
+    for flag, what in summary():
+        wrapped = textwrap.wrap(what, 100 - width) or [""]
+        lines.append(f"  {flag.ljust(width - 2)}{wrapped[0]}")
+        lines += [" " * width + more for more in wrapped[1:]]
+    return "\n".join(lines)
+
+
+def given(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings (and ``config_file``) among parsed flags, by setting name (``vars(namespace)``)."""
+    return {k: v for k, v in flags.items() if k in BY_NAME or k == "config_file"}
 
 
 def load(cli: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> Config:
-    """Build a validated ``Config`` from parsed flags (and the config file they name).
-    Raises ``ConfigError``."""
+    """Build a validated ``Config`` from settings given by name (parsed flags; the config file
+    that ``config_file`` names fills in the rest). Raises ``ConfigError``."""
     values: dict[str, Any] = {}
     path = cli.get("config_file")
     if path:
@@ -277,7 +141,7 @@ def read_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    known = [s.name for s in SETTINGS]
+    known = list(BY_NAME)
     unknown = sorted(set(data) - set(known))
     if unknown:
         described = []
@@ -291,81 +155,55 @@ def read_file(path: str) -> dict[str, Any]:
 
 def _validate(values: Mapping[str, Any], path: str | None) -> Config:
     out: dict[str, Any] = {"config_file": path}
-    for s in SETTINGS:
-        if s.name not in values:
-            continue
-        raw = values[s.name]
-        where = f"--{s.name.replace('_', '-')}" + (f" (or '{s.name}' in {path})" if path else "")
+    for name, raw in values.items():
+        s = BY_NAME.get(name)
+        if s is None:
+            raise ConfigError(f"unknown setting {name!r}")
+        where = f"{s.flag}" + (f" (or '{s.name}' in {path})" if path else "")
         if s.kind == "tables":
-            from sidecar.processing.mapping import MappingError, parse_rules
-
-            try:
-                out[s.name] = parse_rules(raw if isinstance(raw, list) else [raw])
-            except MappingError as exc:
-                raise ConfigError(f"invalid [[{s.name}]] in {path}: {exc}") from None
-            continue
-        try:
-            if s.kind == "list":
-                items = raw if isinstance(raw, list) else [raw]
-                checked = []
-                for item in items:
-                    try:
-                        checked.append(s.type(item))
-                    except (TypeError, ValueError) as exc:
-                        raise ConfigError(f"invalid {where}: {item!r}: {exc}") from None
-                out[s.name] = tuple(checked)
-            elif s.kind == "switch":
-                if not isinstance(raw, bool):
-                    raise ValueError("expected true or false")
-                out[s.name] = raw
-            elif raw is None or (raw == "" and s.default is None):
-                out[s.name] = None  # TOML has no null: "" leaves an optional setting unset
-            else:
-                if isinstance(raw, bool) and s.bounds is not None:
-                    raise ValueError("expected a number")  # TOML true would read as 1
-                out[s.name] = s.check_bounds(s.type(raw))
-        except ConfigError:
-            raise
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"invalid {where}: {raw!r}: {exc}") from None
-    config = Config(**out)
-    if bool(config.prometheus_tls_cert) != bool(config.prometheus_tls_key):
-        raise ConfigError("--prometheus-tls-cert and --prometheus-tls-key must be given together")
-    for f in (config.prometheus_tls_cert, config.prometheus_tls_key):
-        if f and not os.access(f, os.R_OK):
-            raise ConfigError(f"cannot read TLS file {f}")
+            where = f"[[{s.name}]] in {path}"
+        out[s.attr] = _checked(s, raw, where)
     try:
-        GpuGroups.parse(config.gpu_group)
+        config = Config(**out)
+        for cls in SECTIONS:
+            check = vars(cls).get("check_settings")
+            if check is not None:
+                config = dataclasses.replace(config, **check(config))
     except ValueError as exc:
-        raise ConfigError(f"invalid --gpu-group: {exc}") from None
-    if config.wandb_run is not None:
-        run = config.wandb_run
-        if not run.strip() or any(c in run for c in "/ \t"):
-            raise ConfigError(f"invalid --wandb-run: {run!r}: expected a W&B run id or 'auto'")
-    if not config.endpoint:
-        config = dataclasses.replace(config, endpoint=(daemon_endpoint(),))
-    remote = remote_endpoints(config.endpoint)
-    if remote and not config.endpoint_allow_remote:
-        raise ConfigError(f"endpoint {remote[0]} is not on loopback: anyone who can reach that address could send "
-                          "records to the daemon. Bind tcp://127.0.0.1:PORT (shims connect from the same host), or "
-                          "pass --endpoint-allow-remote (endpoint_allow_remote = true) behind a firewall")
+        raise ConfigError(str(exc)) from None
     return config
 
 
-def remote_endpoints(endpoints: tuple[str, ...]) -> list[str]:
-    """The tcp endpoints that bind an address other than loopback (``*``, ``0.0.0.0``, a NIC's address)."""
-    out = []
-    for endpoint in endpoints:
-        if endpoint.startswith("tcp://"):
-            host = endpoint[len("tcp://"):].rpartition(":")[0].strip("[]")
-            if host != "localhost":
-                try:
-                    loopback = ipaddress.ip_address(host).is_loopback
-                except ValueError:
-                    loopback = False
-                if not loopback:
-                    out.append(endpoint)
-    return out
+def _checked(s: Setting, raw: Any, where: str) -> Any:
+    """``raw`` through ``s``'s declaration. Raises ``ConfigError`` naming ``where`` and the value."""
+    try:
+        if s.kind == "tables":
+            return s.spec.check(raw)
+        if s.kind == "list":
+            return tuple(_checked_one(s, item, where) for item in (raw if isinstance(raw, list) else [raw]))
+        if s.kind == "switch":
+            if not isinstance(raw, bool):
+                raise ValueError("expected true or false")
+            return raw
+        if raw is None or (raw == "" and s.default is None):
+            return None  # TOML has no null: "" leaves an optional setting unset
+        return _checked_one(s, raw, where)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        shown = f"{where}: {exc}" if s.kind == "tables" else f"{where}: {raw!r}: {exc}"
+        raise ConfigError(f"invalid {shown}") from None
+
+
+def _checked_one(s: Setting, raw: Any, where: str) -> Any:
+    if isinstance(raw, bool) and s.bounds is not None:
+        raise ValueError("expected a number")  # TOML true would read as 1
+    try:
+        return s.check_bounds(s.spec.check(raw))
+    except (TypeError, ValueError) as exc:
+        if s.kind == "list":
+            raise ConfigError(f"invalid {where}: {raw!r}: {exc}") from None
+        raise
 
 
 def sample_toml() -> str:
@@ -376,7 +214,7 @@ def sample_toml() -> str:
              "# Each line shows the default ('# default') or, where the default is computed or empty,",
              "# an example to adapt ('# example'). Every line is valid uncommented as it is.", ""]
     for s in SETTINGS:
-        lines.append(f"# {s.full_help}")
+        lines.append(f"# {s.full_help}" + (" Applied live on reload (SIGHUP)." if s.live else ""))
         if s.kind == "tables":
             lines += [f"# {s.name} = []  # default: none", "## e.g.:", "## [[mapping]]",
                       '## match = "loader.*.fetch_ms"', '## worker = "$1"', '## phase = "data_wait"', ""]

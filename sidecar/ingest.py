@@ -1,9 +1,9 @@
-"""The ingest thread: receiver -> decode -> sender accounting -> aggregation -> window reports.
+"""The ingest thread: it takes frames from the receiver and drives ``sidecar.pipeline.Pipeline``.
 
-One thread owns the socket, the registry and the aggregator, so none of them needs a lock. At
-each window boundary it rolls the aggregator and hands an immutable ``IngestReport`` to
-``on_window``, which must not block (exporters queue or swap references). Nothing a client sends
-can raise out of this loop: bad frames and records are counted by reason.
+One thread owns the socket and the pipeline (its registry and aggregator), so none of them needs
+a lock. This module decides *when* (polling, coalescing, window boundaries, the final drain, the
+exit ledgers); the pipeline decides what happens to a frame and a window, in which order.
+Nothing a client sends can raise out of this loop: bad frames and records are counted by reason.
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ import time
 from collections.abc import Callable
 
 from sidecar.aggregation.aggregator import Aggregator
-from sidecar.aggregation.senders import SenderRegistry, SenderState
-from sidecar.model.messages import BatchMessage
-from sidecar.model.window import IngestHealth, IngestReport, LabelTotals, SenderView
-from sidecar.processing.mapping import Mapper
-from sidecar.sources.decode import DecodeError, decode
+from sidecar.aggregation.senders import SenderRegistry
+from sidecar.model.window import IngestHealth
+from sidecar.pipeline import Pipeline
 from sidecar.sources.ledgers import EXIT_GRACE_S, LedgerDirectory
 from sidecar.sources.receiver import Receiver
 
@@ -40,33 +38,29 @@ for the final window roll and closing the socket (a frame's work is bounded by i
 class IngestLoop:
     """Runs the receive/aggregate loop on its own thread."""
 
-    def __init__(
-        self,
-        receiver: Receiver,
-        interval_s: float,
-        on_window: Callable[[IngestReport], None],
-        on_hello: Callable[[SenderState], None] | None = None,
-        max_series: int = 10_000,
-        clock: Callable[[], float] = time.monotonic,
-        mapper: Mapper | None = None,
-    ) -> None:
+    def __init__(self, receiver: Receiver, interval_s: float, pipeline: Pipeline,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.receiver = receiver
         self.interval_s = interval_s
-        self.on_window = on_window
-        self.on_hello = on_hello
-        self.aggregator = Aggregator(max_series=max_series, mapper=mapper)
-        self._next_mapper: Mapper | None = None
-        self.registry = SenderRegistry()
+        self.pipeline = pipeline
         self.ledgers = LedgerDirectory(list(getattr(receiver, "endpoints", [])))
         self.clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._generation = 0
         self._window_start = 0.0
-        self._accepted_in_window = 0
-        self.last_data_monotonic: float | None = None
-        self.internal_errors = 0
         self._drain_deadline = float("inf")
+
+    @property
+    def registry(self) -> SenderRegistry:
+        return self.pipeline.registry
+
+    @property
+    def aggregator(self) -> Aggregator:
+        return self.pipeline.aggregator
+
+    @property
+    def internal_errors(self) -> int:
+        return self.pipeline.internal_errors
 
     def start(self) -> None:
         self.ledgers.prepare()
@@ -89,17 +83,11 @@ class IngestLoop:
 
     def health(self) -> IngestHealth:
         """Internal errors survived and the age of the newest trainer data (any thread)."""
-        last = self.last_data_monotonic
-        return IngestHealth(self.internal_errors, None if last is None else self.clock() - last)
+        return self.pipeline.health()
 
     def set_interval(self, interval_s: float) -> None:
         """Takes effect from the next window (config reload)."""
         self.interval_s = interval_s
-
-    def set_mapper(self, mapper: Mapper) -> None:
-        """Use ``mapper`` from the next frame on (config reload; any thread): the ingest thread
-        swaps it in, so the aggregator stays single-threaded."""
-        self._next_mapper = mapper
 
     def _run(self) -> None:
         self._window_start = self.clock()
@@ -155,10 +143,7 @@ class IngestLoop:
                 registry.book_exit(ready.ledger, ready.uid, ready.final, now, time.time())
                 self.ledgers.remove(ready.path)
         except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on
-            self.internal_errors += 1
-            registry.drop_message("internal_error")
-            if self.internal_errors == 1:
-                log.exception("sidecar: internal error while booking ledgers (counted, continuing): %r", exc)
+            self.pipeline.internal_error("booking ledgers", exc)
 
     def _roll_if_due(self) -> None:
         now = self.clock()
@@ -173,74 +158,17 @@ class IngestLoop:
     def _handle_charged(self, frame: bytes, peer: int | None) -> None:
         """``handle_frame``, its CPU time charged to the peer's share (``receiver.FairQueue``)."""
         started = time.thread_time()
-        self.handle_frame(frame, peer)
+        self.pipeline.frame(frame, self.clock(), peer)
         shares = getattr(self.receiver, "shares", None)
         if shares is not None:
             shares.charge(peer, time.thread_time() - started, len(frame))
 
     def handle_frame(self, frame: bytes, peer_pid: int | None = None) -> None:
-        """Decode, account and aggregate one frame. ``peer_pid``: the process at the other end of
-        its connection, where the kernel says (ipc). Never raises."""
-        registry = self.registry
-        if self._next_mapper is not None:
-            self.aggregator.set_mapper(self._next_mapper)
-            self._next_mapper = None
-        try:
-            msg = decode(frame)
-        except DecodeError as exc:
-            registry.drop_message(exc.reason)
-            return
-        now = self.clock()
-        try:
-            if isinstance(msg, BatchMessage):
-                state = registry.on_batch(msg, now, time.time(), peer_pid)
-                if state is None:
-                    return
-                if self.aggregator.generation != self._generation:
-                    self._generation = self.aggregator.generation
-                    for s in registry:
-                        s.cache.clear()
-                rejected: dict[str, int] = {}
-                owner = state.peer_pid if state.peer_pid is not None else state.sender  # the kernel's pid (ipc)
-                accepted = self.aggregator.ingest(state.role, state.worker, state.cache, msg.records, rejected,
-                                                  state.sender, owner)
-                registry.account_ingest(state, accepted, rejected)
-                self._accepted_in_window += accepted
-                self.last_data_monotonic = now
-            else:
-                state = registry.on_hello(msg, now, peer_pid)
-                if state is not None and self.on_hello is not None:
-                    self.on_hello(state)
-        except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on
-            self.internal_errors += 1
-            registry.drop_message("internal_error")
-            if self.internal_errors == 1:
-                log.exception("sidecar: internal error while ingesting (counted, continuing): %r", exc)
+        """The pipeline's ``frame`` at the loop's clock. Never raises."""
+        self.pipeline.frame(frame, self.clock(), peer_pid)
 
     def _roll(self, now: float, duration_s: float) -> None:
-        registry = self.registry
-        registry.expire(now)
-        window = self.aggregator.roll(now, time.time(), duration_s, [s.sender for s in registry.live(now)],
-                                      registry.senders.keys())
-        senders = tuple(
-            SenderView(s.sender, s.role, s.worker, s.pid, s.hello, now - s.last_seen, s.records_total,
-                       s.received, s.accepted, s.before_join, s.lost_in_transit, s.messages_lost,
-                       dict(s.rejected), dict(s.sender_dropped), first_seen_age_s=now - s.first_seen)
-            for s in registry
-        )
-        totals = {k: LabelTotals(v.accepted, dict(v.dropped), v.last_seen_unix_s) for k, v in registry.totals.items()}
-        stats = self.receiver.stats
-        dropped = dict(registry.messages_dropped)
-        for reason, n in getattr(stats, "refused", {}).items():  # dropped unread by the receiver (CPU share)
-            dropped[reason] = dropped.get(reason, 0) + n
-        report = IngestReport(
-            window, senders, totals, dropped,
-            dict(self.aggregator.profile_entries_rejected), stats.frames, stats.bytes,
-            stats.disconnects, self.aggregator.series_count(), self._accepted_in_window,
-        )
-        self._accepted_in_window = 0
-        try:
-            self.on_window(report)
-        except Exception:  # noqa: BLE001
-            self.internal_errors += 1
-            log.exception("sidecar: window consumer failed (continuing)")
+        # The window's end on the unix clock at ``now`` itself (not some time later), so a silent
+        # sender's last message, placed at the end less its age, is placed alike in every window.
+        end_unix_s = time.time() - (self.clock() - now)
+        self.pipeline.close_window(now, end_unix_s, duration_s, self.receiver.stats)

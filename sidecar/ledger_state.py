@@ -10,6 +10,7 @@ a torn disk never stops the daemon and never overwrites what a newer daemon wrot
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -18,7 +19,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sidecar.aggregation.ledger import STATE_VERSION
+from sidecar.aggregation.ledger import STATE_VERSION, RunLedger, window_facts
+from sidecar.model.ledger import RunLedgerView
+from sidecar.model.window import IngestReport
 
 log = logging.getLogger("sidecar")
 
@@ -116,3 +119,53 @@ def _aside(path: Path, why: str, detail: str, move: bool) -> tuple[None, str]:
     log.error("sidecar: run ledger state %s is unusable (%s); moved aside to %s, starting an empty ledger",
               path, detail, path.name + suffix)
     return None, why
+
+
+class LedgerStage:
+    """The pipeline's run-ledger stage: window -> window with the ledger's totals after it
+    (``IngestReport.run_ledger``), the state saved after each window (ingest thread). A failure
+    to load, update or save is counted by reason and logged once; the ledger never stops the
+    other exports (its part is None where the update failed)."""
+
+    def __init__(self, path: Path, flops_per_token: Any, run_gap_s: float) -> None:
+        self.path = path
+        self.flops_per_token = flops_per_token
+        self.run_gap_s = run_gap_s
+        self.errors: dict[str, int] = {}
+        """Reason -> failed loads, saves or window updates of the run ledger."""
+        self.ledger = RunLedger(None, flops_per_token, run_gap_s)
+
+    def load(self) -> None:
+        """Continue from the state file (an unusable one is moved aside, counted)."""
+        state, problem = load(self.path)
+        if problem:
+            self._error(f"load_{problem}")
+        try:
+            self.ledger = RunLedger(state, self.flops_per_token, self.run_gap_s)
+        except (TypeError, ValueError, KeyError, AttributeError):
+            self._error("load_corrupt")
+            self.ledger = RunLedger(None, self.flops_per_token, self.run_gap_s)
+        if state is not None:
+            log.info("dflash-sidecar: run ledger continued from %s (%d runs)", self.path, len(self.ledger.runs))
+
+    def __call__(self, report: IngestReport) -> IngestReport:
+        return dataclasses.replace(report, run_ledger=self.view_after(report))
+
+    def view_after(self, window: IngestReport) -> RunLedgerView | None:
+        """Fold the window into the ledger and save it; None if the update failed."""
+        try:
+            self.ledger.add(window_facts(window))
+        except Exception:  # noqa: BLE001
+            self._error("update_failed", exc_info=True)
+            return None
+        try:
+            save(self.path, self.ledger.state())
+        except OSError as exc:
+            self._error("save_failed", detail=f"{self.path}: {exc}")
+        return self.ledger.view(self.errors)
+
+    def _error(self, reason: str, detail: str = "", exc_info: bool = False) -> None:
+        self.errors[reason] = self.errors.get(reason, 0) + 1
+        if self.errors[reason] == 1:
+            log.error("sidecar: run ledger %s (counted, logged once)%s", reason.replace("_", " "),
+                      f": {detail}" if detail else "", exc_info=exc_info)

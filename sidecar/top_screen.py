@@ -26,7 +26,8 @@ from sidecar.backoff import Backoff
 from sidecar.model.address import parse_host_port
 from sidecar.top import render, scrape
 
-DEFAULT_ADDR = "127.0.0.1:9478"
+DEFAULT_ADDR: str = config_mod.BY_NAME["prometheus_addr"].default
+"""The daemon's default listen address (its ``prometheus_addr`` setting)."""
 
 _KEYS = {b"q": "quit", b"Q": "quit", b"\x1b[A": "up", b"k": "up", b"\x1b[B": "down", b"j": "down",
          b"\x1b[5~": "page_up", b"b": "page_up", b"\x1b[6~": "page_down", b" ": "page_down",

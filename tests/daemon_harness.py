@@ -1,38 +1,31 @@
 """Real processes for daemon tests: the daemon as a subprocess, shim publishers as subprocesses,
 and readers of the daemon's Prometheus endpoint. No mocks: real sockets between real processes.
 
-The one shared harness of the tests (and of the benchmarks that reuse it): free ports
-(``free_port``), the daemon launcher (``spawn_sidecar``, and ``DaemonProc`` on top of it), outside
-tools (``require_tool``) and waits (``wait_for``, on ``tests.waiting.wait_until``)."""
+The one shared harness of the tests (and of the benchmarks that reuse it): the daemon launcher
+(``DaemonProc``, ``spawn_sidecar``), free ports and the child's environment, all re-exported from
+``tests.launcher`` (which the GPU check imports without pytest); shim publishers (``publish``),
+outside tools (``require_tool``) and waits (``wait_for``, on ``tests.waiting.wait_until``)."""
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import time
-import urllib.request
-from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.sources.receiver import ReceiverStats
+from tests.launcher import ROOT, DaemonProc, Samples, env, free_port, spawn_sidecar
 from tests.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
-
-Samples = dict[str, list[tuple[dict[str, str], float]]]
+__all__ = ["ROOT", "DaemonProc", "Samples", "env", "free_port", "spawn_sidecar"]  # the launcher's, re-exported
 
 
 def in_ci() -> bool:
@@ -50,112 +43,6 @@ def require_tool(name: str, package: str | None = None) -> str:
     if in_ci():
         pytest.fail(f"{message}; CI must install it (.ci/run)")
     pytest.skip(message)
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    """A port on 127.0.0.1 free right now (TCP, or UDP with ``socket.SOCK_DGRAM``)."""
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def env(**extra: str) -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    e["PYTHONUNBUFFERED"] = "1"
-    e.update(extra)
-    return e
-
-
-def spawn_sidecar(args: list[str], log_path: Path, environ: dict[str, str] | None = None,
-                  nofile: int | None = None) -> subprocess.Popen[bytes]:
-    """``python -m sidecar ARGS`` from this checkout in ``log_path``'s folder, stdout and stderr to
-    ``log_path``. ``environ``: the whole environment (default ``env()``). ``nofile``: the open-file
-    limit it runs under (soft and hard). The run ledger's default state folder is moved into
-    ``log_path``'s folder unless ``environ`` names one: a test never writes the user's state."""
-    environ = dict(environ if environ is not None else env())
-    environ.setdefault("XDG_STATE_HOME", str(log_path.parent / "xdg-state"))
-
-    def limit() -> None:
-        if nofile is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-
-    with open(log_path, "wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "sidecar", *args], stdout=log, stderr=subprocess.STDOUT,
-                                env=environ, cwd=log_path.parent,
-                                preexec_fn=limit if nofile is not None else None)
-
-
-class DaemonProc:
-    """``python -m sidecar`` in a subprocess, stderr captured to a file."""
-
-    def __init__(self, tmp: Path, *args: str, endpoint: str | None = None, port: int | None = None,
-                 interval: float | None = 0.5, extra_env: dict[str, str] | None = None, wait: bool = True,
-                 gpu: bool = False, nofile: int | None = None) -> None:
-        """``nofile``: run the daemon with this open-file limit, soft and hard."""
-        self.port = port or free_port()
-        self.endpoint = endpoint or f"ipc://{tmp}/sidecar.sock"
-        self.log_path = tmp / f"daemon-{self.port}.log"
-        cmd = ["run", "--prometheus-addr", f"127.0.0.1:{self.port}", *args]
-        if not gpu:
-            cmd.append("--no-gpu-metrics")
-        if interval is not None:
-            cmd += ["--interval", str(interval)]
-        if endpoint is not False:
-            cmd += ["--endpoint", self.endpoint]
-        if "--state-dir" not in args:  # the run ledger's file stays in the test's folder
-            cmd += ["--state-dir", str(tmp / "state")]
-        self.proc = spawn_sidecar(cmd, self.log_path, env(**(extra_env or {})), nofile=nofile)
-        if wait:
-            self.wait_ready()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/metrics"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self, timeout_s: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                self.text()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise AssertionError(f"daemon not ready after {timeout_s}s:\n{self.log()}")
-
-    def text(self) -> str:
-        with urllib.request.urlopen(self.url, timeout=5) as resp:
-            return resp.read().decode()
-
-    def samples(self) -> Samples:
-        out: Samples = defaultdict(list)
-        for family in text_string_to_metric_families(self.text()):
-            for s in family.samples:
-                out[s.name].append((s.labels, s.value))
-        return out
-
-    def value(self, name: str, **labels: str) -> float | None:
-        """Sum of the samples of ``name`` whose labels include ``labels`` (None if none)."""
-        found = [v for lab, v in self.samples().get(name, []) if all(lab.get(k) == x for k, x in labels.items())]
-        return sum(found) if found else None
-
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> float:
-        """Signal the daemon and wait; returns seconds it took to exit."""
-        start = time.monotonic()
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                raise AssertionError(f"daemon did not exit within {timeout_s}s:\n{self.log()}") from None
-        return time.monotonic() - start
 
 
 PUBLISHER = textwrap.dedent("""

@@ -3,26 +3,26 @@
 The ``test_deploy_*`` modules import it as ``tests.deploy_support``. Outside tools
 (``promtool``, ``systemd-analyze``, ...) are looked up with ``require_tool``
 (``tests.daemon_harness``): missing on a developer's box the test is skipped with the package to
-install; missing under ``CI=true`` the test fails.
+install; missing under ``CI=true`` the test fails. Daemons start through the one launcher
+(``tests.launcher.spawn_sidecar``), pages are read with its ``http_get``.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import free_port, in_ci, require_tool, spawn_sidecar
+from tests.daemon_harness import in_ci, require_tool
+from tests.launcher import env, free_port, http_get, spawn_sidecar
 
-__all__ = ["free_port", "in_ci", "require_tool"]  # re-exported for the deploy tests
+__all__ = ["env", "free_port", "http_get", "in_ci", "require_tool", "spawn_sidecar"]  # re-exported for the deploy tests
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -71,20 +71,6 @@ def build_project_wheel(dest: Path) -> Path:
     return built
 
 
-def python_env() -> dict[str, str]:
-    """Environment for a subprocess that must import this checkout's ``sidecar``/``trainer_shim``."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("DFLASH_SIDECAR_ENDPOINT", None)
-    return env
-
-
-def start_daemon(args: list[str], log: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """``python -m sidecar ARGS`` from this checkout, stdout/stderr to ``log``, without the shim's
-    endpoint variable in its environment."""
-    return spawn_sidecar(args, log, {**python_env(), **(extra_env or {})})
-
-
 def verify(systemd_analyze: str, *paths: Path) -> str:
     """What ``systemd-analyze verify`` says about ``paths`` (empty: nothing), with a non-zero exit noted."""
     result = run([systemd_analyze, "verify", *map(str, paths)], cwd=paths[0].parent)
@@ -103,15 +89,6 @@ def stop(procs: Iterable[subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait(5)
-
-
-def http_get(url: str, timeout: float = 2.0) -> str | None:
-    """The body of ``url``, or None while it does not answer."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.read().decode()
-    except OSError:
-        return None
 
 
 # -- metric names --------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ from sidecar.aggregation.aggregator import MAX_ALLOCATOR_SERIES, RESERVED_FAMILI
 from sidecar.aggregation.senders import MAX_LABEL_PAIRS
 from sidecar.ingest import IngestLoop
 from sidecar.model.messages import BatchMessage, HelloMessage
+from sidecar.pipeline import Pipeline, aggregate
+from sidecar.processing.mapping import Mapper
 from sidecar.sources.decode import MAX_PROFILE_KEYS, DecodeError, decode
 from tests.daemon_harness import NoSocket
 from trainer_shim import wire
@@ -22,7 +24,7 @@ FOUR_MIB = wire.MAX_MESSAGE_BYTES - 64  # near the limit (it was 4 MiB)
 
 
 def _loop() -> IngestLoop:
-    return IngestLoop(NoSocket(), 10.0, lambda report: None)
+    return IngestLoop(NoSocket(), 10.0, Pipeline())
 
 
 def _identities_hold(loop: IngestLoop) -> bool:
@@ -94,7 +96,7 @@ def test_limits_are_named_and_a_bad_record_does_not_sink_its_batch() -> None:
                               [3, "g", [1, [2]]]]]))
     assert isinstance(msg, BatchMessage) and msg.records == [[2, "c", 1], None, None, None]
     rejected: dict[str, int] = {}
-    assert Aggregator().ingest("r", "w", {}, msg.records, rejected) == 1
+    assert aggregate(Aggregator(), Mapper(), "r", "w", msg.records, rejected) == 1
     assert rejected == {"malformed_record": 3}
 
 
@@ -119,8 +121,8 @@ def test_a_label_value_flood_is_capped_and_counted() -> None:
 def test_an_allocator_device_flood_is_capped_and_counted() -> None:
     agg = Aggregator()
     rejected: dict[str, int] = {}
-    accepted = agg.ingest("r", "w", {}, [[7, device, [1, 2, 3]] for device in range(MAX_ALLOCATOR_SERIES + 300)],
-                          rejected)
+    accepted = aggregate(agg, Mapper(), "r", "w",
+                         [[7, device, [1, 2, 3]] for device in range(MAX_ALLOCATOR_SERIES + 300)], rejected)
     assert accepted == MAX_ALLOCATOR_SERIES and rejected == {"cardinality": 300}
     assert len(agg.roll(0.0, 0.0, 1.0).allocator) == MAX_ALLOCATOR_SERIES
 
@@ -128,9 +130,9 @@ def test_an_allocator_device_flood_is_capped_and_counted() -> None:
 def test_expired_names_release_their_family() -> None:
     agg = Aggregator(series_ttl_s=10.0)
     rejected: dict[str, int] = {}
-    agg.ingest("r", "w", {}, [[3, f"name_{i}", 1.0] for i in range(100)], rejected)
+    aggregate(agg, Mapper(), "r", "w", [[3, f"name_{i}", 1.0] for i in range(100)], rejected)
     agg.roll(0.0, 0.0, 1.0)
     agg.roll(20.0, 20.0, 1.0)  # idle past the TTL: expired
     # only the reserved families remain
     assert agg.series_count() == 0 and len(agg._family_owner) == len(RESERVED_FAMILIES)
-    assert agg.ingest("r", "w", {}, [[3, "name.0", 1.0]], rejected) == 1  # and the name can be reused
+    assert aggregate(agg, Mapper(), "r", "w", [[3, "name.0", 1.0]], rejected) == 1  # and the name can be reused

@@ -9,6 +9,7 @@ import msgspec
 
 from sidecar.aggregation.senders import EVICT_IDLE_S, MAX_LABEL_PAIRS, MAX_SENDERS
 from sidecar.ingest import IngestLoop
+from sidecar.pipeline import Pipeline
 from tests.daemon_harness import NoSocket
 
 enc = msgspec.msgpack.Encoder()
@@ -41,7 +42,7 @@ def _flood_labels(loop: IngestLoop, n: int, start: int) -> None:
 
 def test_a_trainer_starting_after_a_label_flood_gets_in_and_is_counted_exactly() -> None:
     clock = _Clock()
-    loop = IngestLoop(NoSocket(), 10.0, lambda report: None, clock=clock)
+    loop = IngestLoop(NoSocket(), 10.0, Pipeline(clock=clock), clock=clock)
     _flood_labels(loop, 10_000, 0)
     assert len(loop.registry.totals) == MAX_LABEL_PAIRS
     honest = [0, 0]
@@ -59,7 +60,7 @@ def test_a_trainer_starting_after_a_label_flood_gets_in_and_is_counted_exactly()
 
 def test_a_trainer_starting_after_a_sender_id_flood_gets_in() -> None:
     clock = _Clock()
-    loop = IngestLoop(NoSocket(), 10.0, lambda report: None, clock=clock)
+    loop = IngestLoop(NoSocket(), 10.0, Pipeline(clock=clock), clock=clock)
     for i in range(10_000):
         loop.handle_frame(_batch(100_000 + i, 0, "flood", "0", 1, 1))
     assert len(loop.registry.senders) == MAX_SENDERS
@@ -89,7 +90,7 @@ def test_a_trainer_starting_after_a_series_flood_is_admitted_at_once_and_keeps_i
     # The report: a flood of distinct profile keys filled the 10,000-series table and a trainer
     # starting afterwards had every record refused as cardinality, still 70 s later.
     clock = _Clock()
-    loop = IngestLoop(NoSocket(), 10.0, lambda report: None, clock=clock)
+    loop = IngestLoop(NoSocket(), 10.0, Pipeline(clock=clock), clock=clock)
     agg = loop.aggregator
     _profile_flood(loop, 12, 1000, 0)
     assert agg.series_count() == agg.max_series
@@ -112,16 +113,16 @@ def test_a_flood_of_new_names_is_refused_unmapped_beyond_its_budget() -> None:
     # Mapping a name costs about 10 us; a 1 MiB frame of new profile keys (60,000 of them) took
     # 0.6 s. Beyond the owner's budget per window its new names are refused without mapping.
     clock = _Clock()
-    loop = IngestLoop(NoSocket(), 10.0, lambda report: None, clock=clock)
+    loop = IngestLoop(NoSocket(), 10.0, Pipeline(clock=clock), clock=clock)
     agg = loop.aggregator
     calls = []
-    resolve = agg.mapper.resolve
+    resolve = loop.pipeline.mapper.resolve
 
     def counted(*args: object) -> object:
         calls.append(args[1])
         return resolve(*args)  # type: ignore[arg-type]
 
-    agg.mapper.resolve = counted  # type: ignore[method-assign]
+    loop.pipeline.mapper.resolve = counted  # type: ignore[method-assign]
     _profile_flood(loop, 30, 1000, 0)
     assert len(calls) == agg.resolve_budget, len(calls)
     assert agg.profile_entries_rejected["flood", "p", "cardinality"] == 30_000 - agg.max_series

@@ -22,6 +22,8 @@ from sidecar.aggregation.aggregator import Aggregator
 from sidecar.config import ConfigError
 from sidecar.exporters.prometheus.collector import ExportState
 from sidecar.exporters.prometheus.server import serve
+from sidecar.pipeline import aggregate
+from sidecar.processing.mapping import Mapper
 from sidecar.sources import receiver as receiver_mod
 from sidecar.sources.receiver import EndpointError, Receiver
 from tests.daemon_harness import env, free_port
@@ -45,8 +47,8 @@ def test_every_numeric_setting_declares_its_bounds() -> None:
 def test_a_setting_outside_its_bounds_is_refused_with_the_range(setting: config.Setting) -> None:
     assert setting.bounds is not None
     low, high = setting.bounds
-    assert getattr(config.load({setting.name: str(low)}), setting.name) == low
-    assert getattr(config.load({setting.name: str(high)}), setting.name) == high
+    assert setting.value(config.load({setting.name: str(low)})) == low
+    assert setting.value(config.load({setting.name: str(high)})) == high
     step = 1 if isinstance(low, int) else low / 2
     for bad in (low - step, high * 10, math.nan):
         if isinstance(low, int) and isinstance(bad, float) and math.isnan(bad):
@@ -181,11 +183,12 @@ def test_the_value_bounds_of_the_protocol_are_the_codes() -> None:
     for kind, (low, high) in bounds.items():
         for value in (low, high):  # the stated bounds are accepted, by the daemon and by the shim's check
             rejected: dict[str, int] = {}
-            assert agg.ingest("r", "0", {}, [[kind, f"k{kind}", value]], rejected) == 1, (kind, value, rejected)
+            accepted = aggregate(agg, Mapper(), "r", "0", [[kind, f"k{kind}", value]], rejected)
+            assert accepted == 1, (kind, value, rejected)
             assert wire.record_problem(kind, f"k{kind}", value) is None
         for value in (math.nextafter(high, math.inf), 1e308, math.nextafter(low, -math.inf) if low else -1.0):
             rejected = {}
-            agg.ingest("r", "0", {}, [[kind, f"k{kind}", value]], rejected)
+            aggregate(agg, Mapper(), "r", "0", [[kind, f"k{kind}", value]], rejected)
             reason = "out_of_range" if value != -1.0 else "invalid_value"
             assert rejected == {reason: 1}, (kind, value, rejected)
             assert wire.record_problem(kind, f"k{kind}", value) == reason, (kind, value)

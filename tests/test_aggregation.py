@@ -15,6 +15,8 @@ from sidecar.aggregation.sketch import EXACT_LIMIT, RANK_ERROR, QuantileBuffer
 from sidecar.model.messages import BatchMessage, HelloMessage
 from sidecar.model.names import counter_token, family_names, metric_token, timing_token
 from sidecar.model.window import COUNT, GAUGE, TIMING
+from sidecar.pipeline import aggregate
+from sidecar.processing.mapping import Mapper
 from sidecar.sources.decode import DecodeError, decode
 from trainer_shim import wire
 
@@ -67,9 +69,9 @@ def test_name_tokens() -> None:
     assert family_names(TIMING, "forward") == ("dflash_trainer_forward_seconds",)
 
 
-def _ingest(agg: Aggregator, records: list, role: str = "r", worker: str = "w", cache: dict | None = None):
+def _ingest(agg: Aggregator, records: list, role: str = "r", worker: str = "w"):
     rejected: dict[str, int] = {}
-    accepted = agg.ingest(role, worker, {} if cache is None else cache, records, rejected)
+    accepted = aggregate(agg, Mapper(), role, worker, records, rejected)
     return accepted, rejected
 
 

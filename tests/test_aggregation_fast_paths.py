@@ -8,14 +8,17 @@ import math
 
 import numpy as np
 
+from sidecar.aggregation.aggregator import _ENTRY as ENTRY
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.sketch import QUANTILES, QuantileBuffer, inverted_cdf_rank
 from sidecar.model.window import GAUGE, PROFILE, TIMING
+from sidecar.pipeline import aggregate
+from sidecar.processing.mapping import Mapper
 
 
-def _ingest(agg: Aggregator, cache: dict, records: list) -> tuple[int, dict[str, int]]:
+def _ingest(agg: Aggregator, records: list) -> tuple[int, dict[str, int]]:
     rejected: dict[str, int] = {}
-    return agg.ingest("r", "w", cache, records, rejected), rejected
+    return aggregate(agg, Mapper(), "r", "w", records, rejected), rejected
 
 
 def _window(agg: Aggregator, kind: int, token: str) -> dict:
@@ -24,37 +27,37 @@ def _window(agg: Aggregator, kind: int, token: str) -> dict:
 
 
 def test_profile_entries_and_direct_records_share_a_series() -> None:
-    agg, cache = Aggregator(), {}
+    agg = Aggregator()
     for _ in range(2):  # the second batch runs from the cache
-        assert _ingest(agg, cache, [[PROFILE, 1, {"fwd_ms": 2.0, "loss": 1.5}], [TIMING, "fwd_ms", 4.0],
+        assert _ingest(agg, [[PROFILE, 1, {"fwd_ms": 2.0, "loss": 1.5}], [TIMING, "fwd_ms", 4.0],
                                     [GAUGE, "loss", 0.5]]) == (3, {})
     assert _window(agg, TIMING, "fwd")["count"] == 4.0
-    agg2, cache2 = Aggregator(), {}
-    assert _ingest(agg2, cache2, [[TIMING, "fwd_ms", 4.0], [PROFILE, 1, {"fwd_ms": 2.0}]]) == (2, {})
+    agg2 = Aggregator()
+    assert _ingest(agg2, [[TIMING, "fwd_ms", 4.0], [PROFILE, 1, {"fwd_ms": 2.0}]]) == (2, {})
     assert _window(agg2, TIMING, "fwd")["count"] == 2.0
 
 
 def test_rejected_profile_entries_are_counted_the_same_from_the_cache() -> None:
-    agg, cache = Aggregator(), {}
+    agg = Aggregator()
     profile = {"": 1.0, "x" * 300: 1.0, 5: 2.0, "neg_ms": -1.0, "nan": math.nan, "ok": 1.0}
     for n in (1, 2):
-        assert _ingest(agg, cache, [[PROFILE, n, profile]]) == (1, {})
+        assert _ingest(agg, [[PROFILE, n, profile]]) == (1, {})
         assert agg.profile_entries_rejected == {("r", "w", "bad_name"): 3 * n, ("r", "w", "invalid_value"): 2 * n}
 
 
 def test_a_profile_step_is_never_taken_for_a_cached_entry() -> None:
-    agg, cache = Aggregator(), {}
-    _ingest(agg, cache, [[PROFILE, 1, {7: 1.0}]])  # int key: a bad name, cached under (PROFILE, 7)
-    assert _ingest(agg, cache, [[PROFILE, 7, {"loss": 1.0}]]) == (1, {})
+    agg = Aggregator()
+    _ingest(agg, [[PROFILE, 1, {7: 1.0}]])  # int key: a bad name, cached under (PROFILE, 7)
+    assert _ingest(agg, [[PROFILE, 7, {"loss": 1.0}]]) == (1, {})
     assert agg.roll(0.0, 0.0, 1.0).steps == {("r", "w"): 7}
 
 
 def test_cardinality_refusals_are_not_cached() -> None:
-    agg, cache = Aggregator(max_series=1), {}
-    assert _ingest(agg, cache, [[PROFILE, 1, {"a": 1.0, "b": 2.0}]]) == (1, {})
+    agg = Aggregator(max_series=1)
+    assert _ingest(agg, [[PROFILE, 1, {"a": 1.0, "b": 2.0}]]) == (1, {})
     assert agg.profile_entries_rejected == {("r", "w", "cardinality"): 1}
-    assert (PROFILE, "b") not in cache and (GAUGE, "b") not in cache
-    assert _ingest(agg, cache, [[GAUGE, "b", 1.0]]) == (0, {"cardinality": 1})
+    assert (PROFILE, "b") not in agg.names_of(0) and (GAUGE, "b") not in agg.names_of(0)
+    assert _ingest(agg, [[GAUGE, "b", 1.0]]) == (0, {"cardinality": 1})
 
 
 def test_exact_window_quantiles_equal_numpy_inverted_cdf() -> None:
@@ -72,3 +75,23 @@ def test_exact_window_quantiles_equal_numpy_inverted_cdf() -> None:
     for n in range(1, 300):
         for q in (0.5, 0.95, 0.01, 0.99, 1.0):
             assert sorted(range(n))[inverted_cdf_rank(n, q)] == np.quantile(np.arange(n), q, method="inverted_cdf")
+
+
+def test_records_of_new_names_wait_for_the_mapping_stage_in_order_and_none_is_left_held() -> None:
+    agg = Aggregator()
+    known = [[GAUGE, "old", 1.0]]
+    assert _ingest(agg, known) == (1, {})
+    batch = [[GAUGE, "new", 1.0], [GAUGE, "old", 2.0], [PROFILE, 3, {"new": 2.0, "p_ms": 1.0}], [GAUGE, "new", 3.0],
+             [TIMING, "p_ms", 2.0]]
+    accepted, pending = agg.ingest("r", "w", batch, {})
+    assert accepted == 2 and pending is not None  # "old" and the profile record itself
+    assert [r[:2] for r in pending.records] == [[GAUGE, "new"], [PROFILE, ENTRY], [PROFILE, ENTRY], [GAUGE, "new"],
+                                                [TIMING, "p_ms"]]
+    assert list(pending.names) == [(GAUGE, "new"), (TIMING, "p_ms")]
+    assert all(v.__class__ is not str for v in agg.names_of(0).values())  # no name is left marked as held
+    agg2 = Aggregator()
+    _ingest(agg2, known)
+    assert _ingest(agg2, batch) == (5, {})
+    views = {v.name: v for v in agg2.roll(0.0, 0.0, 1.0).series}
+    assert views["new"].window["last"] == 3.0 and views["new"].window["count"] == 3.0  # 1.0, the entry 2.0, 3.0
+    assert views["old"].window["last"] == 2.0 and views["p"].window["count"] == 2.0

@@ -145,3 +145,60 @@ def test_every_folder_of_code_is_a_package_the_build_finds() -> None:
 
     folders = {".".join(p.parent.relative_to(ROOT).parts) for p in modules(*PRODUCT)}
     assert folders - set(find_packages(str(ROOT), include=["trainer_shim*", "sidecar*"])) == set()
+
+
+STAGES = ("sources", "processing", "aggregation", "exporters")
+"""In the order a record goes through them; ``sidecar.pipeline`` wires them, in that order."""
+SHARED_HELPERS = ("sidecar.model", "sidecar.backoff")
+"""What a stage may import from the daemon besides its own package."""
+
+
+def _sidecar_imports(path: Path) -> set[str]:
+    return {n for n in imported(path) if n == "sidecar" or n.startswith("sidecar.")}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_stage_never_calls_another_stage_only_the_pipeline_wires_them(stage: str) -> None:
+    """No stage imports another: not a later one (a callback forward) and not an earlier one (a
+    record going back, e.g. aggregation calling the mapping stage). They meet in ``sidecar.model``
+    types, passed along by ``sidecar.pipeline``."""
+    own = f"sidecar.{stage}"
+    offenders = {rel(p): sorted(n for n in _sidecar_imports(p)
+                                if n != "sidecar" and not n.startswith((own + ".", *SHARED_HELPERS)) and n != own)
+                 for p in modules(f"sidecar/{stage}")}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_aggregation_never_imports_processing() -> None:
+    assert importers("sidecar.processing", "sidecar/aggregation") == []
+
+
+def test_the_pipeline_is_where_the_stages_meet() -> None:
+    """The check above sees imports of stages: the pipeline's own are found."""
+    found = {n.split(".")[1] for n in _sidecar_imports(ROOT / "sidecar" / "pipeline.py") if n.count(".") >= 1}
+    assert set(STAGES) - {"exporters"} <= found  # exporters are handed in as listeners
+
+
+def test_the_prometheus_exporter_takes_no_callbacks_beyond_the_live_state() -> None:
+    """Everything a scrape reads besides the window comes through ``LiveState``: neither the
+    exporter nor the state it renders takes a function from the daemon (``http``, the server's own
+    counters, is set by the exporter's own server)."""
+    import typing
+
+    from sidecar.exporters.prometheus.collector import ExportState
+    from sidecar.exporters.prometheus.exporter import PrometheusExporter
+
+    def callables(hints: dict[str, object]) -> set[str]:
+        return {name for name, hint in hints.items() if "Callable" in str(hint) or "callable" in str(hint)}
+
+    assert callables(typing.get_type_hints(PrometheusExporter.__init__)) == set()
+    assert callables(typing.get_type_hints(ExportState)) == {"http"}
+    assert "live" in typing.get_type_hints(PrometheusExporter.__init__)
+
+
+def test_the_daemon_keeps_only_the_lifecycle() -> None:
+    from sidecar.daemon import Daemon
+
+    public = {name for name in vars(Daemon) if not name.startswith("_") and callable(vars(Daemon)[name])}
+    assert public == {"start", "run", "stop", "reload", "shutdown"}
+    assert not {name for name in vars(Daemon) if "window" in name or "hello" in name}

@@ -70,29 +70,45 @@ def test_the_sample_with_every_line_uncommented_loads_and_marks_defaults_truthfu
         assert "  # default" in mark or "  # example; default: " in mark, line
         if "# example" in mark:
             examples.add(name)
-            assert getattr(loaded, name) != getattr(defaults, name), f"{name}: an example equal to the default"
+            assert config.BY_NAME[name].value(loaded) != config.BY_NAME[name].value(defaults), \
+                f"{name}: an example equal to the default"
         else:
-            assert getattr(loaded, name) == getattr(defaults, name), f"{name} is marked default but is not"
+            assert config.BY_NAME[name].value(loaded) == config.BY_NAME[name].value(defaults), \
+                f"{name} is marked default but is not"
     assert examples == {"endpoint", "gpu_group", "state_dir", "flops_per_token"}
     assert loaded.wandb_run is None and loaded.prometheus_tls_cert is None  # "" leaves them unset
 
 
-def test_each_default_is_declared_once() -> None:
-    """``Config``'s field defaults are the settings' (and the verdict settings' own)."""
+def test_each_setting_is_declared_once_by_its_component() -> None:
+    """``Config`` is the components' sections and nothing else: each of its fields (but
+    ``config_file``) is one declared setting, with the section's default."""
     import dataclasses
 
     from sidecar.aggregation.verdict import InsightSettings
 
     fields = {f.name: f for f in dataclasses.fields(config.Config)}
+    assert set(fields) - {"config_file"} == {s.attr for s in config.SETTINGS}
+    assert len({s.attr for s in config.SETTINGS}) == len(config.SETTINGS)  # no two sections share a field
     for s in config.SETTINGS:
-        if s.name == "endpoint":  # computed at start-up from the environment
-            continue
-        expected = tuple(s.default) if isinstance(s.default, list) else s.default
-        assert fields[s.name].default == expected, s.name
-    for f in dataclasses.fields(InsightSettings):
-        default = fields["insight_" + f.name].default
-        assert (frozenset(default) if f.name == "throttle_reasons" else default) == f.default, f.name
+        own = {f.name: f for f in dataclasses.fields(s.section)}[s.attr]
+        assert fields[s.attr].default == own.default and fields[s.attr].metadata is own.metadata, s.name
+        assert s.flag in {"", f"--{s.name.replace('_', '-')}", f"--no-{s.name.replace('_', '-')}"}
+    assert {s.name for s in config.SETTINGS if s.section is InsightSettings} == {
+        "insight_" + f.name for f in dataclasses.fields(InsightSettings)}
     assert "sw_power_cap" not in InsightSettings().throttle_reasons
+    assert issubclass(config.Config, InsightSettings)  # the daemon hands its Config to the verdict as it is
+
+
+def test_help_is_grouped_by_component_and_the_top_level_lists_the_main_options() -> None:
+    from sidecar.cli import build_parser
+
+    top = build_parser().format_help()
+    for flag, _ in config.summary():
+        assert flag in top, flag
+    run = build_parser()._subparsers._group_actions[0].choices["run"].format_help()  # type: ignore[union-attr]
+    assert "insight options:" in run and "W&B options:" in run
+    for s in config.SETTINGS:
+        assert s.kind == "tables" or s.flag in run, s.name
 
 
 @pytest.mark.parametrize("text, expected", [("127.0.0.1:9478", ("127.0.0.1", 9478)), ("[::1]:1", ("::1", 1)),
@@ -110,3 +126,17 @@ def test_host_port_errors(text: str, message: str) -> None:
 
     with pytest.raises(ValueError, match=message):
         parse_host_port(text)
+
+
+def test_reading_a_config_loads_no_component() -> None:
+    """The sections are declared beside their components, not inside them: a config (``check``,
+    ``top``, ``report``, ``--version``) loads no transport, no outside service and no mapping stage."""
+    import subprocess
+    import sys
+
+    heavy = ("zmq", "wandb", "pynvml", "prometheus_client", "sidecar.processing.mapping", "sidecar.sources.receiver")
+    code = (f"import sys, sidecar.config as c; c.load({{}}); c.sample_toml(); "
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, check=True)
+    assert out.stdout.strip() == "[]", out

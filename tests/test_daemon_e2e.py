@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon_harness import DaemonProc, env, free_port, publish, require_tool, wait_for
+from tests.launcher import http_get
 
 
 def _role_totals(d: DaemonProc, role: str, worker: str) -> tuple[float, dict[str, float]]:
@@ -103,13 +104,11 @@ def test_real_prometheus_scrapes_exact_values(tmp_path: Path) -> None:
         res = publish(d.endpoint, "drafter", "3", 1234)
         import json
         import urllib.parse
-        import urllib.request
 
         def query(expr: str) -> list[dict]:
             url = f"http://127.0.0.1:{prom_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
             try:
-                with urllib.request.urlopen(url, timeout=5) as resp:
-                    return json.load(resp)["data"]["result"]
+                return json.loads(http_get(url))["data"]["result"]
             except OSError:
                 return []
 

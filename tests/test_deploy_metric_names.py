@@ -1,12 +1,15 @@
-"""deploy/metric_names.txt agrees with what the daemon really exports: a scrape of `dflash-sidecar demo`."""
+"""deploy/metric_names.txt and the W&B key scheme (``sidecar.exporters.wandb.keys``) agree with
+what the daemon really exports: a scrape of `dflash-sidecar demo`, and the rows of its offline
+W&B run."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.deploy_support import exposition_families, free_port, http_get, load_metric_names, start_daemon, stop
+from tests.deploy_support import env, exposition_families, free_port, http_get, load_metric_names, spawn_sidecar, stop
 from tests.fake_nvml.control import FakeNvml
 from tests.fake_nvml.helpers import library_or_skip
 
@@ -19,10 +22,10 @@ instead), or with a setting the demo leaves unset (MFU needs flops_per_token).""
 
 
 @pytest.fixture(scope="module")
-def demo_scrape(tmp_path_factory: pytest.TempPathFactory) -> str:
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     """The exposition of a running demo, with the fake NVML driver (GPM, ECC, XID, a throttle
-    reason, the demo's own process on GPU 0) and W&B in offline mode, once it shows every family
-    listed as exported."""
+    reason, the demo's own process on GPU 0) and W&B in offline mode (its own offline run, under
+    the returned folder), once it shows every family listed as exported; the demo is stopped."""
     tmp = tmp_path_factory.mktemp("demo")
     library = library_or_skip("full")
     fake = FakeNvml(tmp / "nvml-control.txt", library, {"devices": 2})
@@ -30,17 +33,20 @@ def demo_scrape(tmp_path_factory: pytest.TempPathFactory) -> str:
     port = free_port()
     expected = {n for n, (_, source) in load_metric_names().items() if source in PRESENT_NOW} - OCCASIONAL
     # without --duration the demo runs until SIGTERM
-    proc = start_daemon(["demo", "--interval", "1", "--nvml-interval", "0.2",
-                         "--wandb-run", "auto", "--endpoint", f"ipc://{tmp}/sidecar.sock",
-                         "--prometheus-addr", f"127.0.0.1:{port}"], tmp / "demo.log",
-                        extra_env={"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(fake.path),
-                                   "WANDB_MODE": "offline", "WANDB_DIR": str(tmp), "WANDB_SILENT": "true"})
+    proc = spawn_sidecar(["demo", "--interval", "1", "--nvml-interval", "0.2",
+                          "--wandb-run", "demo-run", "--endpoint", f"ipc://{tmp}/sidecar.sock",
+                          "--prometheus-addr", f"127.0.0.1:{port}"], tmp / "demo.log",
+                         env(LD_LIBRARY_PATH=str(library.parent), FAKE_NVML_CONTROL=str(fake.path),
+                             WANDB_MODE="offline", WANDB_DIR=str(tmp), WANDB_SILENT="true"))
     fake.gpu(0, processes={proc.pid: 2**30})
     text = ""
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and proc.poll() is None:
-            text = http_get(f"http://127.0.0.1:{port}/metrics") or ""
+            try:
+                text = http_get(f"http://127.0.0.1:{port}/metrics")
+            except OSError:  # not up yet
+                text = ""
             if "dflash_gpu_up" in text and "gpu.0.xids" not in fake.path.read_text():
                 fake.gpu(0, xids=[79])  # XIDs count once the source has registered for events
             if expected <= exposition_families(text).keys():
@@ -49,7 +55,12 @@ def demo_scrape(tmp_path_factory: pytest.TempPathFactory) -> str:
     finally:
         stop([proc])
     assert text, f"the demo never answered; its log:\n{(tmp / 'demo.log').read_text()}"
-    return text
+    return text, tmp
+
+
+@pytest.fixture(scope="module")
+def demo_scrape(demo: tuple[str, Path]) -> str:
+    return demo[0]
 
 
 def test_demo_exports_every_family_listed_as_exported_today(demo_scrape: str) -> None:
@@ -74,3 +85,32 @@ def test_every_sample_carries_host(demo_scrape: str) -> None:
     for line in demo_scrape.splitlines():
         if line and not line.startswith("#"):
             assert 'host="' in line, line
+
+
+NOT_IN_DEMO = {*(f"trainer/<role>/<worker>/cuda<device>/{v}" for v in ("allocated_bytes", "reserved_bytes",
+                                                                        "max_reserved_bytes")),
+               "ledger/<role>/mfu_ratio", "self/records_dropped/<reason>", "self/messages_dropped/<reason>"}
+"""Key patterns the demo cannot show: the CUDA allocator sampler needs CUDA, MFU needs
+flops_per_token, and the demo drops nothing (tests/test_wandb_keys.py builds rows with drops and
+the allocator)."""
+
+
+def test_every_wandb_key_the_demo_logs_is_in_the_key_scheme(demo: tuple[str, Path]) -> None:
+    """Each key of the demo's W&B rows is an instance of one pattern of the scheme docs/METRICS.md
+    shows, and each pattern (but ``NOT_IN_DEMO``) is the best fit of a logged key: the documented
+    scheme is the one the exporter writes."""
+    from sidecar.exporters.wandb.join import STEP_KEY
+    from sidecar.exporters.wandb.keys import KEY_SCHEME, pattern_of
+    from tests.wandb_records import history_rows
+
+    _, tmp = demo
+    [path] = [p for p in tmp.rglob("run-*.wandb") if "latest-run" not in p.parts]
+    keys = {k for row in history_rows(path) for k in row if not k.startswith("_")}
+    assert STEP_KEY in keys
+    host = next(iter(k for k in keys if k != STEP_KEY)).split("/")[1]
+    assert all(k == STEP_KEY or k.startswith(f"sidecar/{host}/") for k in keys)
+    fits = {k: pattern_of(k) for k in keys - {STEP_KEY}}
+    assert [k for k, p in fits.items() if p is None] == []
+    shown = {p.pattern for p in fits.values() if p is not None}
+    assert sorted({p.pattern for p in KEY_SCHEME} - shown - NOT_IN_DEMO) == []
+    assert NOT_IN_DEMO <= {p.pattern for p in KEY_SCHEME}

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy_support import PROMETHEUS_DIR, free_port, http_get, python_env, require_tool, start_daemon, stop
+from tests.deploy_support import PROMETHEUS_DIR, env, free_port, http_get, require_tool, spawn_sidecar, stop
 from tests.waiting import wait_until
 
 PUBLISHER = """
@@ -42,7 +42,7 @@ NODES = {"node-a": ["drafter/0"], "node-b": ["target/0", "drafter/1"]}
 def start_publisher(endpoint: str, pairs: list[str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
         return subprocess.Popen([sys.executable, "-c", PUBLISHER, endpoint, *pairs], stdout=out,
-                                stderr=subprocess.STDOUT, env=python_env())
+                                stderr=subprocess.STDOUT, env=env())
 
 
 def prometheus_config(tmp: Path, targets: dict[str, int]) -> Path:
@@ -59,8 +59,9 @@ def prometheus_config(tmp: Path, targets: dict[str, int]) -> Path:
 
 
 def query(base: str, promql: str) -> list[dict]:
-    body = http_get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
-    if body is None:
+    try:
+        body = http_get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+    except OSError:  # Prometheus not up yet
         return []
     reply = json.loads(body)
     assert reply["status"] == "success", reply
@@ -89,8 +90,8 @@ def test_two_daemons_one_prometheus(tmp_path: Path) -> None:
             (tmp_path / node).mkdir(mode=0o700)  # the daemon creates only its own default directory
             endpoint = f"ipc://{tmp_path}/{node}/sidecar.sock"
             logs += [tmp_path / f"{node}-daemon.log", tmp_path / f"{node}-publisher.log"]
-            procs.append(start_daemon(["run", "--no-gpu-metrics", "--interval", "1", "--endpoint", endpoint,
-                                       "--prometheus-addr", f"127.0.0.1:{ports[node]}"], logs[-2]))
+            procs.append(spawn_sidecar(["run", "--no-gpu-metrics", "--interval", "1", "--endpoint", endpoint,
+                                        "--prometheus-addr", f"127.0.0.1:{ports[node]}"], logs[-2]))
             procs.append(start_publisher(endpoint, pairs, logs[-1]))
         config = prometheus_config(tmp_path, ports)
         web = free_port()
@@ -126,7 +127,7 @@ def test_two_daemons_one_prometheus(tmp_path: Path) -> None:
         assert {m["instance"] for m in label_sets(raw)} == {f"127.0.0.1:{p}" for p in ports.values()}
 
         # every shipped rule loaded and evaluates without error against real series
-        groups = json.loads(http_get(f"{base}/api/v1/rules") or "{}")["data"]["groups"]
+        groups = json.loads(http_get(f"{base}/api/v1/rules"))["data"]["groups"]
         assert {g["name"] for g in groups} == {"dflash-host", "dflash-cluster", "dflash-alerts"}
         broken = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] == "err"]
         assert broken == []

@@ -6,6 +6,7 @@ import gzip
 import math
 import random
 import urllib.request
+from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -19,7 +20,9 @@ from sidecar.exporters.prometheus.page import MetricsPage
 from sidecar.exporters.prometheus.server import serve
 from sidecar.ingest import IngestLoop
 from sidecar.model.gpu import GpuView, NvmlState, NvmlStatus
+from sidecar.model.live import LiveState
 from sidecar.model.window import IngestReport
+from sidecar.pipeline import OnWindow, Pipeline
 from tests.daemon_harness import free_port
 from trainer_shim import wire
 
@@ -34,7 +37,7 @@ class _Receiver:
 def _report(windows: list[list[tuple[str, str, list]]]) -> IngestReport:
     """Ingest each window's batches ((role, worker, records)) and roll; the last report."""
     reports: list[IngestReport] = []
-    loop = IngestLoop(_Receiver(), 1.0, reports.append)  # type: ignore[arg-type]
+    loop = IngestLoop(_Receiver(), 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]
     senders: dict[tuple[str, str], list[int]] = {}
     for batches in windows:
         for role, worker, records in batches:
@@ -57,7 +60,7 @@ def _every_kind(rng: random.Random) -> list:
 def _page_and_reference(report: IngestReport, gpus: GpuView | None = None) -> tuple[bytes, bytes]:
     state = ExportState(host='h"o\\st', started_unix_s=1.5e9, report=report)
     if gpus is not None:
-        state.gpus = lambda: gpus
+        state.live = LiveState(gpus=SimpleNamespace(view=lambda: gpus))
     collector = SidecarCollector(state)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
@@ -98,7 +101,7 @@ def test_a_failing_source_is_omitted_not_the_scrape() -> None:
         raise RuntimeError("boom")
 
     state = ExportState(host="h", started_unix_s=0.0, report=_report([[("t", "0", [[2, "tokens", 1]])]]))
-    state.gpus = broken
+    state.live = LiveState(gpus=SimpleNamespace(view=broken))
     page = MetricsPage(SidecarCollector(state)).render()
     assert b"dflash_trainer_tokens_total" in page and b"dflash_sidecar_start_time_seconds" in page
 

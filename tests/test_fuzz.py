@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidecar.ingest import IngestLoop
+from sidecar.pipeline import Pipeline
 from tests.daemon_harness import DaemonProc, NoSocket, publish, raw_publisher, wait_for
 from trainer_shim import wire
 
@@ -38,7 +39,7 @@ frames = st.one_of(st.binary(max_size=300), encoded, encoded.map(lambda f: f[: l
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(frames, max_size=8))
 def test_any_frame_sequence_is_counted_never_raised(frame_list: list[bytes]) -> None:
-    loop = IngestLoop(NoSocket(), 10.0, lambda report: None)
+    loop = IngestLoop(NoSocket(), 10.0, Pipeline())
     for frame in frame_list:
         loop.handle_frame(frame)
     assert loop.internal_errors == 0

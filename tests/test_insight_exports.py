@@ -109,11 +109,11 @@ def test_console_line_carries_verdict_and_evidence() -> None:
 
 def test_settings() -> None:
     cfg = config_mod.load({})
-    assert InsightSettings.from_config(cfg) == InsightSettings()  # one set of defaults
+    assert config_mod.section(InsightSettings, cfg) == InsightSettings()  # one set of defaults
     cfg = config_mod.load({"insight_starved_ratio": "0.3", "insight_throttle_reasons": ["sw_power_cap"],
                            "insight_drafter_role": "student"})
-    settings = InsightSettings.from_config(cfg)
-    assert settings.starved_ratio == 0.3 and settings.throttle_reasons == {"sw_power_cap"}
+    settings = config_mod.section(InsightSettings, cfg)
+    assert settings.starved_ratio == 0.3 and settings.throttle_reasons == ("sw_power_cap",)
     assert settings.drafter_role == "student"
     with pytest.raises(ConfigError, match="insight_straggler_score"):
         config_mod.load({"insight_straggler_score": "1.5"})
@@ -133,18 +133,23 @@ class Recorder(Exporter):
 
 def daemon_with_facts(facts) -> tuple[Daemon, Recorder]:
     daemon = Daemon(Config(state_dir=tempfile.mkdtemp(prefix="ledger-")), host="box")  # the run ledger's file
-    daemon.gpus = GpuAggregates(GpuGroups.parse(()))
-    daemon.gpus.facts = facts  # type: ignore[method-assign]
+    daemon.insight.gpus = GpuAggregates(GpuGroups.parse(()))
+    daemon.insight.gpus.facts = facts  # type: ignore[method-assign]
     recorder = Recorder()
-    daemon.exporters.append(recorder)
+    daemon.pipeline.listeners.append(recorder)
     return daemon, recorder
+
+
+def on_window(daemon: Daemon, report: IngestReport) -> None:
+    """What the pipeline does with a window the window stage made: its stages, then the fan-out."""
+    daemon.pipeline.fan_out(daemon.pipeline.finish(report))
 
 
 def test_daemon_computes_the_insight_once_per_window() -> None:
     hot = GpuFacts({"6": frozenset({"hw_thermal_slowdown"})}, {"6": "drafter"})
     daemon, recorder = daemon_with_facts(lambda *_: hot)
     rep = drafter_bound_report()
-    daemon._on_window(rep)
+    on_window(daemon, rep)
     [window] = recorder.windows
     assert window.insight is not None and window.insight.verdict.name == "throttled"
     assert rep.insight is None and window.window is rep.window  # the ingest's report is not mutated
@@ -160,9 +165,9 @@ def test_daemon_survives_a_failing_insight() -> None:
 
     daemon, recorder = daemon_with_facts(broken)
     rep = drafter_bound_report()
-    daemon._on_window(rep)
+    on_window(daemon, rep)
     [window] = recorder.windows
-    assert window.insight is None and window.window is rep.window and daemon.insight_failures == 1
+    assert window.insight is None and window.window is rep.window and daemon.insight.failures == 1
     assert daemon.prometheus.state.report is window
 
 
@@ -187,23 +192,26 @@ def test_top_shows_verdict_queue_and_roles() -> None:
 def test_thresholds_come_from_flags_and_reload_live(tmp_path) -> None:
     from sidecar.cli import build_parser
 
-    ns = build_parser().parse_args(["run", "--insight-starved-ratio", "0.2", "--insight-throttle-reasons", "x"])
-    assert config_mod.load({k: v for k, v in vars(ns).items() if k in Config.__dataclass_fields__}
-                           ).insight_throttle_reasons == ("x",)
+    ns = build_parser().parse_args(["run", "--insight-starved-ratio", "0.2", "--insight-throttle-reasons",
+                                    "hw_slowdown"])
+    loaded = config_mod.load(config_mod.given(vars(ns)))
+    assert loaded.throttle_reasons == ("hw_slowdown",) and loaded.starved_ratio == 0.2
+    with pytest.raises(ConfigError, match="invalid --insight-throttle-reasons: 'x': expected one of gpu_idle"):
+        config_mod.load({"insight_throttle_reasons": ["x"]})  # a typo would never match a reason
     path = tmp_path / "sidecar.toml"
     path.write_text("insight_starved_ratio = 0.2\n")
     daemon = Daemon(config_mod.load({"config_file": str(path)}), host="box")
     recorder = Recorder()
-    daemon.exporters.append(recorder)
+    daemon.pipeline.listeners.append(recorder)
     rep = pipeline({"forward": 80}, {"queue_wait": 15, "forward": 10, "backward": 20})  # ready deficit 1/3
-    daemon._on_window(rep)
+    on_window(daemon, rep)
     insight = recorder.windows[-1].insight
     assert insight is not None and insight.verdict.name == "target-bound"
     path.write_text("insight_starved_ratio = 0.5\n")
     daemon.reload()
-    assert daemon.config.insight_starved_ratio == 0.5
+    assert daemon.config.starved_ratio == 0.5
     for _ in range(2):  # hysteresis: a change of low confidence takes two windows
         rep = pipeline({"forward": 80}, {"queue_wait": 15, "forward": 10, "backward": 20})
-        daemon._on_window(rep)
+        on_window(daemon, rep)
     insight = recorder.windows[-1].insight
     assert insight is not None and insight.verdict.name == "balanced"

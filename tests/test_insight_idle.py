@@ -15,9 +15,11 @@ from sidecar.aggregation.verdict import InsightSettings
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.wandb.insight_row import insight_row
 from sidecar.model.insight import GpuFacts, PipelineInsight
+from sidecar.model.settings import RoleSettings
 from sidecar.model.window import IngestReport
 from sidecar.processing.explain import explain_data
 from sidecar.processing.mapping import Mapper
+from sidecar.processing.settings import MappingSettings
 from sidecar.top import render
 from tests.insight_synth import pipeline, report, worker
 
@@ -26,6 +28,9 @@ def compute_insight(rep: IngestReport, settings: InsightSettings | None = None,
                     gpus: GpuFacts | None = None) -> PipelineInsight:
     return compute_window(rep.window, settings, gpus)
 
+
+ROLES = RoleSettings()
+"""The default role names (the daemon passes its config, a ``RoleSettings``)."""
 
 LOOP = {"data_wait": 3, "forward": 14, "backward": 24, "optimizer": 5, "comm_wait": 3}
 
@@ -122,7 +127,7 @@ def test_idle_and_confidence_reach_prometheus_wandb_and_top() -> None:
 
 def test_explain_names_what_a_plain_loop_lacks() -> None:
     rep = report(worker("trainer", "0", {"forward": 10, "backward": 20}, 30))
-    data = explain_data(rep, Mapper(), gpu_missing="NVML disabled: --no-gpu-metrics")
+    data = explain_data(rep, Mapper(), ROLES, gpu_missing="NVML disabled: --no-gpu-metrics")
     missing = data["missing"]
     assert [m["input"] for m in missing["input-bound"]] == ["trainer data_wait"]
     assert missing["input-bound"][0]["supply"].startswith('timing("data_wait_ms", ...)')
@@ -132,7 +137,25 @@ def test_explain_names_what_a_plain_loop_lacks() -> None:
     assert "GPU busy share (NVML disabled" in missing["compute-bound"][0]["input"]
     assert "throttled" in missing and "straggler" in missing
     assert not any("DFlash" in k for k in missing)  # a single-role loop gets no DFlash lines
-    dflash = explain_data(pipeline({"forward": 80}, {"forward": 10}), Mapper())["missing"]
+    dflash = explain_data(pipeline({"forward": 80}, {"forward": 10}), Mapper(), ROLES)["missing"]
     assert dflash["target-bound / queue-starved / input-bound (DFlash)"][0]["supply"].startswith(
         'timing("drafter.queue_wait_ms", ...)')
     assert "input-bound" not in dflash and "host-bound" not in dflash
+
+
+def test_explain_reads_the_dflash_inputs_under_the_configured_role_names() -> None:
+    """``insight_target_role = "teacher"``, ``insight_drafter_role = "student"``: the inputs the
+    DFlash verdicts read are looked for, and named, under those roles (explain used to look for
+    ``target`` and ``drafter`` whatever the settings said)."""
+    roles = RoleSettings(target_role="teacher", drafter_role="student")
+    mapper = Mapper.from_settings(MappingSettings(), roles)  # as the daemon builds it
+    full = {"forward": 40, "pack": 5, "data_wait": 5, "queue_put_wait": 2}
+    rep = pipeline(full, {"queue_wait": 5, "forward": 30}, queue_fill=0.5, roles=("teacher", "student"))
+    missing = explain_data(rep, mapper, roles)["missing"]
+    assert "target-bound / queue-starved / input-bound (DFlash)" not in missing  # all present
+    assert "drafter-bound (DFlash)" not in missing
+    assert "input-bound" not in missing  # teacher and student are the DFlash roles, not a loop
+    lacking = explain_data(pipeline({"forward": 40}, {"forward": 30}, roles=("teacher", "student")),
+                           mapper, roles)["missing"]["target-bound / queue-starved / input-bound (DFlash)"]
+    assert [m["input"] for m in lacking] == ["student queue_wait", "teacher pack", "teacher data_wait"]
+    assert lacking[0]["supply"].startswith('timing("student.queue_wait_ms", ...)')

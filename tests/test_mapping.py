@@ -10,6 +10,7 @@ from sidecar.aggregation.aggregator import PROFILE, Aggregator
 from sidecar.aggregation.verdict import Hysteresis, Verdict
 from sidecar.config import ConfigError
 from sidecar.model.meanings import COUNT, GAUGE, MEANINGS, TIMING
+from sidecar.pipeline import aggregate
 from sidecar.processing.mapping import PRESETS, Mapper, MappingError, parse_rules
 from trainer_shim.wire import MAX_NAME_BYTES
 
@@ -119,16 +120,17 @@ class CountingMapper(Mapper):
 
 
 def test_names_are_resolved_once_per_series_not_per_record() -> None:
-    agg = Aggregator(mapper=CountingMapper())
-    cache: dict = {}
+    agg = Aggregator()
     records = [[TIMING, "target.model_forward_ms", 5.0], [COUNT, "drafter.1.tokens", 10]] * 500
     records += [[PROFILE, 3, {"drafter.queue_get_ms": 1.0, "drafter.forward_ms": 2.0}]] * 100
     rejected: dict = {}
-    assert agg.ingest("monitor", "0", cache, records, rejected) == len(records) and not rejected
+    assert aggregate(agg, CountingMapper(), "monitor", "0", records, rejected) == len(records) and not rejected
     assert CountingMapper.calls == 4
+    assert aggregate(agg, CountingMapper(), "monitor", "0", records, rejected) == len(records)
+    assert CountingMapper.calls == 4  # known names go straight to their series: the mapping stage is not asked
     views = {(v.role, v.worker, v.name): v for v in agg.roll(0.0, 0.0, 1.0).series}
     fwd = views["target", "0", "model_forward"]
-    assert fwd.meaning == "forward" and not fwd.snapshot and fwd.window["count"] == 500
+    assert fwd.meaning == "forward" and not fwd.snapshot and fwd.window["count"] == 2 * 500
     assert views["drafter", "1", "tokens"].meaning == "tokens"
     get = views["drafter", "0", "queue_get"]
     assert get.meaning == "queue_wait" and get.snapshot and get.rule == "key grammar + preset dflash"
@@ -137,19 +139,19 @@ def test_names_are_resolved_once_per_series_not_per_record() -> None:
 def test_the_same_name_in_two_roles_is_two_series_not_a_collision() -> None:
     agg = Aggregator()
     rejected: dict = {}
-    agg.ingest("monitor", "0", {}, [[TIMING, "target.forward_ms", 1.0], [TIMING, "drafter.forward_ms", 2.0]], rejected)
+    records = [[TIMING, "target.forward_ms", 1.0], [TIMING, "drafter.forward_ms", 2.0]]
+    aggregate(agg, Mapper(), "monitor", "0", records, rejected)
     assert not rejected
     assert sorted(v.role for v in agg.roll(0.0, 0.0, 1.0).series) == ["drafter", "target"]
 
 
 def test_a_new_mapper_remaps_on_the_next_record() -> None:
     agg = Aggregator()
-    cache: dict = {}
-    agg.ingest("t", "0", cache, [[TIMING, "fetch_ms", 1.0]], {})
+    aggregate(agg, Mapper(), "t", "0", [[TIMING, "fetch_ms", 1.0]], {})
     assert [v.meaning for v in agg.roll(0.0, 0.0, 1.0).series] == [""]
-    agg.set_mapper(Mapper(parse_rules([{"match": "fetch_ms", "phase": "data_wait"}])))
-    cache.clear()  # the ingest loop clears every sender's cache when the generation moves
-    agg.ingest("t", "0", cache, [[TIMING, "fetch_ms", 1.0]], {})
+    agg.remap()  # what the pipeline does when it takes a reloaded mapping
+    aggregate(agg, Mapper(parse_rules([{"match": "fetch_ms", "phase": "data_wait"}])), "t", "0",
+              [[TIMING, "fetch_ms", 1.0]], {})
     assert [v.meaning for v in agg.roll(1.0, 1.0, 1.0).series] == ["data_wait"]
 
 
@@ -164,3 +166,13 @@ def test_hysteresis_holds_a_weak_change_for_one_window_and_takes_a_strong_one() 
     assert h.update(Verdict("host-bound", confidence=0.95)).name == "host-bound"  # clear: at once
     assert h.update(Verdict("unknown", detail="window too short")).name == "unknown"
     assert h.shown is not None and h.shown.name == "host-bound"  # the flush window changes nothing
+
+
+def test_a_relabelled_sender_maps_its_names_again() -> None:
+    agg = Aggregator()
+    assert aggregate(agg, Mapper(), "target", "0", [[TIMING, "forward_ms", 1.0]], {}, sender=5) == 1
+    assert aggregate(agg, Mapper(), "drafter", "0", [[TIMING, "forward_ms", 2.0]], {}, sender=5) == 1
+    views = {v.role: v.window["count"] for v in agg.roll(0.0, 0.0, 1.0, known_senders=[5]).series}
+    assert views == {"target": 1.0, "drafter": 1.0}
+    agg.roll(1.0, 1.0, 1.0, known_senders=[])  # a forgotten sender's name table goes with it
+    assert agg.names_of(5) == {}

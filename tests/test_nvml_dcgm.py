@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client.core import CollectorRegistry, Metric
@@ -228,6 +229,7 @@ def test_served_page_with_compat_equals_generate_latest_byte_for_byte() -> None:
     from sidecar.exporters.prometheus.exposition import go_float
     from sidecar.exporters.prometheus.page import MetricsPage
     from sidecar.model.gpu import VIOLATION_POLICIES, ProfilingState
+    from sidecar.model.live import LiveState
 
     rng = random.Random(24)
     full = GpuReading(
@@ -245,7 +247,8 @@ def test_served_page_with_compat_equals_generate_latest_byte_for_byte() -> None:
             dataclasses.replace(full, index=3))
     view = gpu_view(GpuSnapshot(1.0, 0.001, 10, gpus, "570.1"),
                     NvmlStatus(NvmlState.AVAILABLE, hung_gpus=(3,)), NO_GROUPS)
-    state = ExportState(host='h"o\\st', started_unix_s=1.5e9, gpus=lambda: view, dcgm_compat=True)
+    state = ExportState(host='h"o\\st', started_unix_s=1.5e9, live=LiveState(gpus=SimpleNamespace(view=lambda: view)),
+                        dcgm_compat=True)
     collector = SidecarCollector(state)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)  # type: ignore[arg-type]

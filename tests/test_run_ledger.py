@@ -144,6 +144,99 @@ def test_energy_goes_with_the_seconds_and_gives_joules_per_token_and_mfu() -> No
     assert peak_flops("NVIDIA H100 PCIe") == 756.0e12 and peak_flops("Tesla T4") is None
 
 
+def test_the_gpus_energy_during_a_restart_gap_is_the_gaps() -> None:
+    led = RunLedger()
+    counter = iter(range(1000, 100000, 100))  # 100 J per 1 s window
+    def facts(end: int, senders: tuple[SenderFact, ...]) -> WindowFacts:
+        return WindowFacts(end, 1.0, senders, {"trainer": RoleFact(SHARES, gpus=1)},
+                           {"GPU-a": float(next(counter))}, {"GPU-a": "trainer"})
+    for end in range(101, 104):
+        led.add(facts(end, (sender("1@100", 100, end, end),)))
+    for end in (104, 105):  # gone (its exit booked): no sender of the role listed
+        led.add(facts(end, ()))
+    led.add(facts(106, (sender("2@105", 105, 106, 1),)))
+    r = role(led)
+    assert r.seconds["restart_gap"] == pytest.approx(2.0)
+    assert r.joules["restart_gap"] == pytest.approx(200.0)  # the two gap windows' energy, none of the next
+    assert r.energy_j == pytest.approx(500.0)  # every rise after the first reading
+
+
+def test_a_predecessor_placed_a_little_later_in_a_later_window_does_not_hide_the_gap() -> None:
+    # Each window places a silent sender's last message again (its end less its age): the same
+    # message may come out some milliseconds later. It is not a message sent since (it hid the
+    # restart gap of the end-to-end test now and then).
+    led = RunLedger()
+    for end in range(101, 104):
+        led.add(window(end, (sender("1@100", 100, end, end),)))
+    again = SenderFact("1@100", "run-1", "trainer", 100, 103.004, 103.004, 3)  # silent 2 s: still "alive"
+    led.add(window(105, (again, sender("2@104.5", 104.5, 105, None)), duration=2.0))
+    led.add(window(106, (sender("2@104.5", 104.5, 106, 1),)))
+    r = role(led)
+    assert r.seconds["restart_gap"] == pytest.approx(1.5)  # 103 -> 104.5, the successor's start
+    assert r.wall_s == pytest.approx(6.0)
+
+
+def test_a_long_first_step_alone_in_its_window_is_compile_once_the_next_window_has_a_median() -> None:
+    led = RunLedger()
+    # the first step (0.9 s, compiling) is the only step timing of its window: no median yet
+    led.add(window(101, (sender("1@100", 100, 101, 1),), step_s=0.9, lone_step_s=0.9))
+    assert role(led).seconds["compile"] == 0.0
+    led.add(window(102, (sender("1@100", 100, 102, 11),), step_s=1.0, median_step_s=0.1))
+    s = role(led).seconds
+    assert s["compile"] == pytest.approx(0.8)  # its excess over the next window's median
+    assert sum(s.values()) == pytest.approx(2.0)  # moved from what the first window told, not added
+    led.add(window(103, (sender("1@100", 100, 103, 21),), step_s=1.0, median_step_s=0.1))
+    assert role(led).seconds["compile"] == pytest.approx(0.8)
+
+
+def host_sender(key: str, started: float, end: float, step: int | None) -> SenderFact:
+    return SenderFact(key, "host:box", "trainer", started, max(started, end - 1.0), end, step)
+
+
+def test_runs_without_a_wandb_run_or_label_are_cut_at_gaps_longer_than_run_gap_s() -> None:
+    led = RunLedger(run_gap_s=5.0)
+    for end in range(101, 104):
+        led.add(window(end, (host_sender("1@100", 100, end, end),)))
+    for end in range(104, 107):
+        led.add(window(end, ()))
+    # a restart 3 s after the last message: the same run, a restart gap
+    for end in range(107, 110):
+        led.add(window(end, (host_sender("2@106", 106, end, end),)))
+    for end in range(110, 119):
+        led.add(window(end, ()))
+    # 9.5 s after the last message: a new run, named by its start
+    gone = SenderFact("2@106", "host:box", "trainer", 106, 109, 109, 9, alive=False)  # still listed: not moved
+    for end in range(119, 122):
+        led.add(window(end, (gone, host_sender("3@118.5", 118.5, end, end)) if end == 119 else
+                       (host_sender("3@118.5", 118.5, end, end),)))
+    view = led.view()
+    assert view.runs == ("host:box@19700101T000140Z", "host:box@19700101T000158Z")
+    [first] = view.run("host:box@19700101T000140Z")
+    [second] = view.run("host:box@19700101T000158Z")
+    assert first.seconds["restart_gap"] == pytest.approx(3.0) and first.wall_s == pytest.approx(9.0)
+    assert second.seconds["restart_gap"] == 0.0 and second.wall_s == pytest.approx(121 - 118.5)
+    assert led.view().no_trainer_s == pytest.approx(3.0 + 9.5)
+    again = RunLedger(led.state(), run_gap_s=5.0)  # a daemon restart keeps the host's current run
+    again.add(window(123, (host_sender("3@118.5", 118.5, 123, 123),)))
+    assert again.view().runs == view.runs
+
+
+def test_the_run_is_the_wandb_run_then_the_label_then_the_host_and_flops_come_from_the_hello() -> None:
+    from sidecar.aggregation.ledger import _flops_of, run_of
+
+    assert run_of({"wandb_run_id": "abc", "run_label": "slurm:7", "host": "box"}) == "abc"
+    assert run_of({"run_label": "slurm:7", "host": "box"}) == "slurm:7"
+    assert run_of({"run_label": "", "host": "box"}) == "host:box" and run_of(None) == "host:unknown"
+    assert _flops_of({"flops_per_token": 2e9}) == 2e9
+    assert _flops_of({"flops_per_token": float("nan")}) is None and _flops_of({"flops_per_token": True}) is None
+    led = RunLedger(flops_per_token=1e9)  # the daemon's setting, for trainers that state none
+    stated = SenderFact("1@100", "run-1", "trainer", 100, 100, 101, 1, flops_per_token=4e9)
+    led.add(WindowFacts(101, 1.0, (stated, SenderFact("2@100", "run-2", "trainer", 100, 100, 101, 1)),
+                        {"trainer": RoleFact(SHARES, tokens=1000.0, gpus=1, gpu_name="NVIDIA H100 80GB HBM3")}))
+    mfu = {r.run: r.mfu_ratio for r in led.view().roles}
+    assert mfu["run-1"] == pytest.approx(4e9 * 1000 / 989.4e12) and mfu["run-2"] == pytest.approx(1e9 * 1000 / 989.4e12)
+
+
 def test_a_bad_state_file_is_moved_aside_and_a_newer_one_never_overwritten(tmp_path: Path) -> None:
     path = tmp_path / FILE_NAME
     path.write_text("{not json")
@@ -169,7 +262,8 @@ TRAINER = r"""
 import json, sys, time
 from trainer_shim import telemetry
 spec = json.loads(sys.argv[1])
-telemetry.configure(spec["endpoint"], "trainer", "0", flush_interval_s=0.05, wandb_run_id="run-abc")
+telemetry.configure(spec["endpoint"], "trainer", "0", flush_interval_s=0.05, wandb_run_id="run-abc",
+                    flops_per_token=2e9)
 began = time.time()
 time.sleep(spec["startup_s"])
 steps = 0
@@ -201,6 +295,25 @@ def _done(proc: subprocess.Popen[str]) -> dict[str, float]:
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0
     return {**json.loads(out.strip().splitlines()[-1]), "exited": time.time()}
+
+
+def test_the_fake_drivers_energy_counter_reads_on_across_processes(tmp_path: Path) -> None:
+    # A real driver counts energy since it loaded, so a restarted daemon reads on; the fake counted
+    # from each process's load, and the scripted run's daemon restart lost the energy of the time
+    # it was down (now and then past the 15 % the energy check allows).
+    library = library_or_skip("full")
+    fake = FakeNvml(tmp_path / "nvml-control.txt", library, {"devices": 1})
+    fake.gpu(0, power_mw=200_000)
+    code = ("import time, pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); "
+            "print(time.monotonic(), pynvml.nvmlDeviceGetTotalEnergyConsumption(h))")
+    environ = env(LD_LIBRARY_PATH=str(library.parent), FAKE_NVML_CONTROL=str(fake.path))
+    reads = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=60)
+        assert out.returncode == 0, out.stderr
+        reads.append([float(x) for x in out.stdout.split()])
+    (t0, mj0), (t1, mj1) = reads
+    assert mj1 - mj0 == pytest.approx(200_000 * (t1 - t0), rel=0.05, abs=2_000)  # 200 W between the reads
 
 
 def test_scripted_run_with_a_trainer_and_a_daemon_restart(tmp_path: Path) -> None:
@@ -257,11 +370,68 @@ def test_scripted_run_with_a_trainer_and_a_daemon_restart(tmp_path: Path) -> Non
     # (plus up to 3 s while the shim reconnects and the first window after the restart begins)
     assert published - 1000 * (up - down + 3.0) / 0.1 <= r["tokens"] <= published, (r["tokens"], up - down)
     assert sum(r["joules"].values()) / r["wall_s"] == pytest.approx(200.0, rel=0.15)  # a constant 200 W
-    assert r["mfu_ratio"] == pytest.approx(1e9 * r["tokens_per_gpu_per_s"] / 989.4e12)
+    # the trainer's statement (its hello) wins over the daemon's --flops-per-token
+    assert r["mfu_ratio"] == pytest.approx(2e9 * r["tokens_per_gpu_per_s"] / 989.4e12)
     assert not math.isnan(r["goodput_ratio"]) and r["goodput_ratio"] == pytest.approx(s["productive"] / r["wall_s"])
     table = subprocess.run([sys.executable, "-m", "sidecar", "report", "--state-dir", str(state)],
                            capture_output=True, text=True, env=env(), timeout=60)
     assert table.returncode == 0 and "run run-abc · role trainer" in table.stdout and "restart_gap" in table.stdout
+
+
+RUN = r"""
+import json, sys, time
+from trainer_shim import telemetry
+telemetry.configure(sys.argv[1], "trainer", "0", flush_interval_s=0.05)
+began = time.time()
+for step in range(1, 21):
+    time.sleep(0.05)
+    telemetry.timing("step_ms", 50.0)
+    telemetry.publish(step, {"lr": 0.001})
+telemetry.flush(1.0)
+print(json.dumps({"began": began, "ended": time.time()}))
+"""
+
+
+def test_separate_runs_without_wandb_are_separate_ledgers_and_a_restart_is_one(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    d = DaemonProc(tmp_path, "--state-dir", str(state), "--run-gap-s", "3", interval=0.5)
+
+    def run(**environ: str) -> dict[str, float]:
+        proc = subprocess.run([sys.executable, "-c", RUN, d.endpoint], capture_output=True, text=True,
+                              env=env(**environ), timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return {**json.loads(proc.stdout.strip().splitlines()[-1]), "exited": time.time()}
+
+    def runs() -> list[dict[str, object]]:
+        out = subprocess.run([sys.executable, "-m", "sidecar", "report", "--json", "--state-dir", str(state)],
+                             capture_output=True, text=True, env=env(), timeout=60)
+        return json.loads(out.stdout)["runs"] if out.returncode == 0 else []
+
+    try:
+        first = run()
+        time.sleep(1.0)
+        restarted = run()  # within --run-gap-s: the same run restarted
+        wait_for(lambda: any(r["seconds"]["restart_gap"] > 0 for r in runs()), timeout_s=20,  # type: ignore[index]
+                 what="the restart in the ledger")
+        time.sleep(3.5)  # longer than --run-gap-s with nothing alive: the next trainer is a new run
+        later = run()
+        labelled = run(SLURM_JOB_ID="4242", SLURM_STEP_ID="0")  # named by the launcher: its own run
+        wait_for(lambda: len(runs()) == 3 and all(r["steps"] > 0 for r in runs()), timeout_s=20,
+                 what="three runs in the ledger")
+    finally:
+        d.stop()
+    by_run = {str(r["run"]): r for r in runs()}
+    host = [name for name in by_run if name.startswith("host:")]
+    assert len(host) == 2 and "slurm:4242.0" in by_run, by_run.keys()
+    one, two = sorted(host, key=lambda name: float(by_run[name]["first_unix_s"]))  # type: ignore[arg-type]
+    gap = by_run[one]["seconds"]["restart_gap"]  # type: ignore[index]
+    # a message is placed when the daemon read it (up to a coalescing wait after it was sent)
+    assert restarted["began"] - first["exited"] - 0.3 <= gap <= restarted["began"] - first["ended"] + 0.2, \
+        (gap, first, restarted)
+    assert by_run[two]["seconds"]["restart_gap"] == 0.0  # type: ignore[index]
+    assert by_run["slurm:4242.0"]["seconds"]["restart_gap"] == 0.0  # type: ignore[index]
+    assert float(by_run[one]["first_unix_s"]) <= first["began"] < restarted["began"] < float(  # type: ignore[arg-type]
+        by_run[two]["first_unix_s"]) <= later["began"] < labelled["began"]  # type: ignore[arg-type]
 
 
 def test_the_ledger_is_shown_in_the_console_line_a_wandb_row_top_and_a_promtool_clean_page(tmp_path: Path) -> None:

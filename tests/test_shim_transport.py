@@ -462,3 +462,21 @@ def test_close_counts_unresolved_gpu_scalars(ep: str, publishers,  # type: ignor
     (stats,) = pub.stats().values()
     assert stats["dropped"] == {"no_receiver": 1, "scalar_unresolved": 1}
     assert accounted(stats) == 2 and resolver.in_flight() == 0
+
+
+def test_the_hello_names_the_run_and_states_flops_per_token(ep: str, receivers, publishers,  # type: ignore[no-untyped-def]
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("DFLASH_RUN_LABEL", "TORCHELASTIC_RUN_ID", "DFLASH_FLOPS_PER_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    rx = receivers(ep)
+    launched = publishers(ep, flops_per_token=3e9).channel("trainer", "0")  # the label from the launcher
+    named = publishers(ep, run_label=" mine ").channel("trainer", "1")
+    launched.count("n")
+    named.count("n")
+    books = wait_until(lambda: (b := ledgers(rx.messages())) and all(
+        s in b and b[s].hellos for s in (launched.sender, named.sender)) and b)
+    first, second = books[launched.sender].hellos[0], books[named.sender].hellos[0]
+    assert (first["run_label"], first["flops_per_token"]) == ("slurm:77", 3e9)
+    assert (second["run_label"], second["flops_per_token"]) == ("mine", None)

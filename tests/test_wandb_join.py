@@ -115,6 +115,17 @@ def test_joins_a_shared_trainer_run_with_announced_project_first() -> None:
     assert (plan.project, plan.entity) == ("cfg-p", "cfg-e")
 
 
+def test_own_offline_run_takes_the_trainers_project_then_the_settings_then_the_default() -> None:
+    trainer = TrainerRun("r1", "tp", None, "offline", True)
+    assert join.decide("auto", trainer, mode="online", project="cfg-p").project == "tp"
+    assert join.decide("r1", None, mode="offline", project="cfg-p").project == "cfg-p"
+    for plan in (join.decide("r1", None, mode="offline"),
+                 join.decide("auto", TrainerRun("r1", None, None, "offline", True), mode="online")):
+        assert (plan.kind, plan.project) == (PlanKind.OFFLINE, join.OFFLINE_PROJECT)
+    shared = join.decide("r1", TrainerRun("r1", None, None, "shared", True), mode="online")
+    assert shared.project is None  # joining the trainer's run: never a made-up project
+
+
 def test_waits_until_the_trainer_states_its_mode() -> None:
     assert join.decide("auto", None, mode="online").kind is PlanKind.WAIT
     plan = join.decide("r1", None, mode="online")

@@ -77,6 +77,15 @@ def _child(scenario: str, wandb_dir: str) -> dict[str, Any]:
         ex.shutdown()
         return {"stats": _plain(ex.stats())}
 
+    if scenario == "no-project":  # neither the settings nor the trainer's hello name a project
+        ex = WandbExporter(WandbConfig(run="auto", dir=wandb_dir), host="box1")
+        ex.start()
+        ex.on_trainer_hello("runN", None, None, "offline", True)
+        ex.submit({"x": 1.0}, 1)
+        until(lambda: ex.stats().rows_logged == 1)
+        ex.shutdown()
+        return {"stats": _plain(ex.stats())}
+
     if scenario == "stall":
         ex = WandbExporter(WandbConfig(run="trainer-s", dir=wandb_dir, queue_size=8),
                            host="box1")
@@ -245,6 +254,19 @@ def test_auto_mode_reattaches_when_the_trainer_announces_a_new_run(tmp_path: pat
         "runB": ("projB", [{"sidecar/y": i, "sidecar/trainer_step": 100 + i}
                            for i in range(2)]),
     }
+
+
+def test_offline_run_without_a_project_lands_in_the_documented_default(tmp_path: pathlib.Path) -> None:
+    """No ``--wandb-project``, no ``WANDB_PROJECT``, a hello without a project: the own offline
+    run goes to ``OFFLINE_PROJECT``, not to a project wandb names after the program's folder."""
+    import wandb_records
+
+    from sidecar.exporters.wandb.join import OFFLINE_PROJECT
+    result, _, _ = run_child("no-project", tmp_path, {})
+    assert result["stats"]["rows_logged"] == 1
+    [path] = [p for p in tmp_path.rglob("run-*.wandb") if "latest-run" not in p.parts]
+    (run,) = wandb_records.of_type(path, "run")
+    assert (run.run_group, run.project) == ("runN", OFFLINE_PROJECT) and OFFLINE_PROJECT == "dflash-sidecar"
 
 
 def test_stalled_wandb_service_never_blocks_submit_and_shutdown_is_bounded(

@@ -13,6 +13,7 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -32,6 +33,7 @@ from sidecar.exporters.prometheus.wandb_page import (
 )
 from sidecar.model.gpu import GpuReading, GpuSnapshot, GpuView, GroupAggregate, NvmlState, NvmlStatus
 from sidecar.model.insight import VERDICT_CODES, GpuFacts
+from sidecar.model.live import LiveState
 from tests.daemon_harness import free_port, require_tool
 from tests.insight_synth import pipeline, report, worker
 from trainer_shim.integrations import wandb_metrics
@@ -39,7 +41,7 @@ from trainer_shim.integrations import wandb_metrics
 HOST = "box1"
 
 
-def _state(ingest: Any = None) -> ExportState:
+def _state() -> ExportState:
     base = pipeline({"forward": 70.0, "pack": 5.0}, {"queue_wait": 20.0, "forward": 30.0, "backward": 45.0},
                     queue_fill=0.25)
     facts = GpuFacts(roles={"0": "target", "1": "drafter"}, busy={"0": 0.9, "1": 0.55})
@@ -50,7 +52,7 @@ def _state(ingest: Any = None) -> ExportState:
               GroupAggregate("drafter", (1,), 1, 0.55, 205.5, 48.0, 30 * 2**30))
     view = GpuView(snapshot, NvmlStatus(NvmlState.AVAILABLE), groups)
     return ExportState(host=HOST, started_unix_s=1.0, report=dataclasses.replace(base, insight=insight),
-                       gpus=lambda: view, ingest=ingest)
+                       live=LiveState(gpus=SimpleNamespace(view=lambda: view)))
 
 
 def _page(state: ExportState) -> dict[str, tuple[dict[str, str], float]]:

@@ -23,7 +23,7 @@ import pytest
 
 from sidecar.model.insight import VERDICT_CODES
 from tests import wandb_records
-from tests.daemon_harness import env, free_port
+from tests.daemon_harness import env, free_port, spawn_sidecar
 from tests.fake_nvml.control import FakeNvml
 from tests.fake_nvml.helpers import library_or_skip
 
@@ -95,12 +95,10 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]
     control.gpu("*", utilization_gpu=70, clock_reasons=0)
     addr = f"127.0.0.1:{free_port()}"
     daemon_env = env(LD_LIBRARY_PATH=str(library.parent), FAKE_NVML_CONTROL=str(control.path))
-    with open(tmp / "demo.log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sidecar", "demo", "--duration", "120", "--interval", str(INTERVAL_S),
-             "--nvml-interval", "0.5", "--gpu-group", "target=0", "--gpu-group", "drafter=1",
-             "--endpoint", f"ipc://{tmp}/demo.sock", "--prometheus-addr", addr],
-            env=daemon_env, stdout=subprocess.DEVNULL, stderr=log, cwd=tmp)
+    proc = spawn_sidecar(["demo", "--duration", "120", "--interval", str(INTERVAL_S),
+                          "--nvml-interval", "0.5", "--gpu-group", "target=0", "--gpu-group", "drafter=1",
+                          "--endpoint", f"ipc://{tmp}/demo.sock", "--prometheus-addr", addr],
+                         tmp / "demo.log", daemon_env)
     try:
         _wait_for_window(addr, proc, tmp / "demo.log")
         yield addr, tmp

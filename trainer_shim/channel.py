@@ -10,7 +10,6 @@ in the daemon, which counts every rejected record by reason; ``StrictChannel`` (
 from __future__ import annotations
 
 import collections
-import math
 import numbers
 import os
 import random
@@ -122,7 +121,7 @@ class Channel:
             setattr(self, name, fn)
         from trainer_shim import compile_support
 
-        compile_support.register(fns)
+        compile_support.register(fns, fresh_scalar=self._append_resolved)
 
     def _scalar(self, name: str, tensor: Any) -> None:
         try:
@@ -243,13 +242,14 @@ def _recording_functions(ch: Channel) -> dict[str, Any]:
             overflow()
 
     def timer(name: str) -> Timer:
-        """A context manager timing its ``with`` block on the host clock, recorded as a timing
-        (ms) when the block ends, also when it raises. Host wall time only: for GPU work this
+        """A context manager timing its ``with`` block on the host clock (from this call),
+        recorded as a timing (ms) when the block ends, also when it raises. Host wall time only: for GPU work this
         measures launch time, not execution. Inside a ``torch.compile``d function it records
         nothing (see docs/SHIM.md)."""
         t = new(Timer)  # no __init__ call
         t._ch = ch
         t._name = name
+        t._start = perf_counter_ns()
         return t
 
     def scalar(name: str, tensor: Any) -> None:
@@ -264,10 +264,18 @@ def _recording_functions(ch: Channel) -> dict[str, Any]:
             "publish": publish, "timer": timer, "scalar": scalar}
 
 
+_enter: Callable[..., None] = None.__init__  # type: ignore[misc]
+"""A timer's ``__enter__``: a C function that takes any arguments and returns None
+(``object.__init__`` bound to None). A builtin stored on a class is not bound to the instance,
+so ``with`` calls it without one and ``ExitStack.enter_context`` with one; a Python
+``__enter__`` cost a Python call (~40 ns of a ~0.4 us timer on an idle machine)."""
+
+
 class Timer:
     """What ``Channel.timer(name)`` returns: times its ``with`` block (host clock, ns
-    resolution) and queues one timing in milliseconds at the end, also when the block raises.
-    Use each instance once. Built without ``__init__`` (see ``_recording_functions``)."""
+    resolution, from the ``timer()`` call, which reads the clock) and queues one timing in
+    milliseconds at the end, also when the block raises. Use each instance once, right away.
+    Built without ``__init__`` (see ``_recording_functions``)."""
 
     __slots__ = ("_ch", "_name", "_start")
 
@@ -275,8 +283,7 @@ class Timer:
     _name: str
     _start: int
 
-    def __enter__(self) -> None:
-        self._start = perf_counter_ns()
+    __enter__ = _enter
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         ms = (perf_counter_ns() - self._start) * 1e-6
@@ -291,8 +298,10 @@ class Timer:
 class StrictChannel(Channel):
     """Development mode: validates every call and raises ``TypeError`` (wrong type: a name that
     is not a str, a value that is not a number) or ``ValueError`` (right type, unusable value:
-    NaN, inf, a negative duration, an empty or over-long name) at the call site, so a wrong
-    argument is seen where it is made. Slower; not for production."""
+    NaN, inf, a negative duration, a value out of range, an empty or over-long name) at the call
+    site, so a wrong argument is seen where it is made. The verdict is the daemon's: the record as
+    the flusher would encode it, judged by ``wire.RECORD_RULES``; the message names the reason the
+    daemon would drop it for. Slower; not for production."""
 
     __slots__ = ()
 
@@ -310,48 +319,37 @@ def _strict_functions(fast: dict[str, Any]) -> dict[str, Any]:
     """``fast``'s functions behind the strict checks."""
 
     def timing(name: str, ms: float) -> None:
-        _check_number(_TIMING, name, ms, non_negative=True)
+        _check(_TIMING, name, ms)
         fast["timing"](name, ms)
 
     def count(name: str, n: float = 1) -> None:
-        _check_number(_COUNT, name, n, non_negative=True)
+        _check(_COUNT, name, n)
         fast["count"](name, n)
 
     def gauge(name: str, value: float) -> None:
-        _check_number(_GAUGE, name, value)
+        _check(_GAUGE, name, value)
         fast["gauge"](name, value)
 
     def category(name: str, key: str | int) -> None:
-        _check_name(name)
-        if _is_integer(key):
-            pass
-        elif type(key) is not str:
-            raise TypeError(f"telemetry: category {name!r}: the key must be a str or an int, "
-                            f"not {type(key).__name__}")
-        elif not key or len(key) > wire.MAX_CATEGORY_KEY_CHARS or not key.isprintable():
-            raise ValueError(f"telemetry: category {name!r}: key {key!r:.80} must be 1 to "
-                             f"{wire.MAX_CATEGORY_KEY_CHARS} printable characters")
+        _check(_CATEGORY, name, key)
         fast["category"](name, key)
 
     def publish(step: int, profile: Mapping[str, float]) -> None:
-        if not _is_integer(step):
-            raise TypeError(f"telemetry: publish: step must be an int, not {type(step).__name__}")
-        if step < 0:
-            raise ValueError(f"telemetry: publish: step must be >= 0, got {step}")
         if not isinstance(profile, Mapping):
             raise TypeError(f"telemetry: publish: profile must be a mapping of name -> number, "
                             f"not {type(profile).__name__}")
+        _check(_PROFILE, step, dict(profile), what="publish")
         for key, value in profile.items():
-            _check_number(_PROFILE, key, value)
+            _check(wire.profile_entry_kind(key), key, value, what=f"publish: entry {key!r:.80}")
         fast["publish"](step, profile)
 
     def timer(name: str) -> Timer:
-        _check_name(name)
+        _check(_TIMING, name, 0.0)
         return fast["timer"](name)  # type: ignore[no-any-return]
 
     def scalar(name: str, tensor: Any) -> None:
-        _check_name(name)
         if getattr(tensor, "is_cuda", False) or hasattr(tensor, "numel"):
+            _check(_SCALAR, name, 0.0)
             if tensor.numel() != 1:
                 raise ValueError(f"telemetry: scalar {name!r}: the tensor has {tensor.numel()} "
                                  "elements, not 1")
@@ -361,43 +359,50 @@ def _strict_functions(fast: dict[str, Any]) -> dict[str, Any]:
             if tensor.device.type != "cpu":
                 raise ValueError(f"telemetry: scalar {name!r}: a {tensor.device.type} tensor "
                                  "cannot be read without synchronizing")
-            _check_number(_SCALAR, name, tensor.item())
+            _check(_SCALAR, name, tensor.item())
         else:
-            _check_number(_SCALAR, name, tensor)
+            _check(_SCALAR, name, tensor)
         fast["scalar"](name, tensor)
 
     return {"timing": timing, "count": count, "gauge": gauge, "category": category,
             "publish": publish, "timer": timer, "scalar": scalar}
 
 
-def _is_integer(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+_WIRE_NATIVE = frozenset({int, float, str, bool, type(None), list, dict, tuple, bytes})
+"""Types msgpack carries as they are; anything else goes through the flusher's encode hook."""
 
 
-def _check_name(name: object) -> None:
-    if type(name) is not str:
-        raise TypeError(f"telemetry: a metric name must be a str, not {type(name).__name__}")
-    if wire.name_problem(name):
-        raise ValueError(f"telemetry: metric name {name!r:.80} is unusable: it must be 1 to "
-                         f"{wire.MAX_NAME_BYTES} UTF-8 bytes without control characters")
+def _wire_form(value: object) -> object:
+    """``value`` as the daemon receives it: numpy scalars (and other real numbers) become int or
+    float as the flusher's encode hook makes them; anything else is left for the rules to refuse."""
+    if type(value) in _WIRE_NATIVE or not isinstance(value, numbers.Real):
+        return value
+    from trainer_shim.publisher import _coerce  # the flusher's own hook (publisher imports this module)
+
+    return _coerce(value)
 
 
-def _check_number(kind: int, name: object, value: object, non_negative: bool = False) -> None:
-    """Strict mode: a real number (int, float, a numpy scalar; not bool), finite, and >= 0 for
-    timings and counts."""
-    _check_name(name)
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        hint = " (use telemetry.scalar(name, tensor) for tensors)" if hasattr(value, "numel") else ""
-        raise TypeError(f"telemetry: {_what(kind)} {name!r}: the value must be a real number, not "
-                        f"{type(value).__name__}{hint}")
-    if not math.isfinite(value):
-        raise ValueError(f"telemetry: {_what(kind)} {name!r}: the value must be finite, got {value!r}")
-    if non_negative and value < 0:
-        raise ValueError(f"telemetry: {_what(kind)} {name!r}: the value must be >= 0, got {value!r}")
-
-
-def _what(kind: int) -> str:
-    return RecordKind(kind).name.lower()
+def _check(kind: int, name: object, value: object, what: str | None = None) -> None:
+    """Raise unless the daemon would accept ``[kind, name, value]`` (``wire.RECORD_RULES``):
+    ``TypeError`` for a name or value of a type the kind never takes (and for a tensor passed as
+    a plain value), else ``ValueError``. ``what`` names the argument in the message."""
+    rule = wire.RECORD_RULES[kind]
+    label = what or f"{rule.word} {name!r:.80}"
+    wire_name = _wire_form(name)
+    problem = rule.name_problem(wire_name)
+    if problem is not None:
+        error = TypeError if type(wire_name) not in rule.name_types else ValueError
+        raise error(f"telemetry: {label}: {rule.name_accepts}, got {name!r:.80} "
+                    f"(the daemon would drop it: {problem})")
+    if hasattr(value, "numel"):
+        raise TypeError(f"telemetry: {label}: the value must be a real number, not "
+                        f"{type(value).__name__} (use telemetry.scalar(name, tensor) for tensors)")
+    wire_value = _wire_form(value)
+    problem = rule.value_problem(wire_value)
+    if problem is not None:
+        error = TypeError if type(wire_value) not in rule.value_types else ValueError
+        raise error(f"telemetry: {label}: the value must be {rule.accepts}, got {value!r:.80} "
+                    f"(the daemon would drop it: {problem})")
 
 
 def strict_from_env(environ: Mapping[str, str] = os.environ) -> bool:

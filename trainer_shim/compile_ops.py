@@ -1,7 +1,9 @@
 """The custom operators that carry shim calls through ``torch.compile`` (imported only by
-``trainer_shim.compile_support``, once the trainer has imported ``torch._dynamo``).
+``trainer_shim.compile_support``, once the trainer has imported ``torch._dynamo``): a compiled
+``timer``'s two calls always, the other calls where they cannot be deferred to the end of the
+graph (``trainer_shim.compile_deferred``, which costs a fraction of an operator call).
 
-Inside compiled code each recording function is replaced (``torch.compiler.substitute_in_graph``)
+Inside compiled code such a recording function is replaced (``torch.compiler.substitute_in_graph``)
 by a small function that dynamo traces and that calls one of these operators. An operator call
 is a node of the graph like any torch op, in the compiled function and in every function dynamo
 inlines into it (a submodule's ``forward``, a helper), so no call is lost, the graph does not

@@ -3,19 +3,20 @@
 Dynamo traces any Python function it meets. Traced, a shim call would put guards on the
 channel's queue (which the flusher drains concurrently: guards then fail or raise) and on the
 values passed. So dynamo never traces a recording function: ``torch.compiler.substitute_in_graph``
-replaces each inside compiled code by a call of a shim operator (``trainer_shim.compile_ops``),
-a graph node that runs the original function with the real values. Unlike dynamo's
-``reorderable_logging_functions`` (replayed after the graph, but dropped when made in a function
-dynamo inlines, and a graph break for a dict or a symbolic int), an operator works in inlined
-functions, takes a ``publish`` dict as one call, and takes a symbolic int. Its cost is one
-dispatcher call per shim call (a few microseconds, see docs/SHIM.md). Where the operators cannot
-be defined (an older torch), the functions become reorderable logging calls instead, and the
-limits above apply (a warning says so).
+replaces each inside compiled code by a small function that dynamo traces. Where dynamo's
+internals allow it, that function defers the call to the end of the graph
+(``trainer_shim.compile_deferred``): one plain call of the recording function after the graph,
+made by the outermost compiled frame, so a call in an inlined function is kept; no graph node,
+a fraction of a microsecond (docs/SHIM.md). Otherwise it calls a shim operator
+(``trainer_shim.compile_ops``), a graph node that runs the original function with the real
+values (a few microseconds). Where the operators cannot be defined either (an older torch), the
+functions become dynamo's reorderable logging calls, which lose the calls made in inlined
+functions and break the graph for a dict or a symbolic int (a warning says so).
 
-``timer()`` returns a context manager, which no operator can. Inside compiled code it returns
-a small context manager whose ``__enter__`` and ``__exit__`` each call a shim operator (dynamo
-traces it without a graph break): the first reads the host clock when the graph runs, the
-second records the timing through the channel's ``timing``. Without the operators it is
+``timer()`` returns a context manager, which neither form can defer. Inside compiled code it
+returns a small context manager whose ``__enter__`` and ``__exit__`` each call a shim operator
+(dynamo traces it without a graph break): the first reads the host clock when the graph runs,
+the second records the timing through the channel's ``timing``. Without the operators it is
 ``contextlib.nullcontext`` and records nothing.
 
 Nothing here imports torch: the functions are registered when the trainer imports
@@ -43,21 +44,33 @@ _fns: list[tuple[str, Callable[..., Any]]] = []
 _applied: set[int] = set()
 _timings: dict[int, Callable[..., Any]] = {}
 """For each registered ``timer``: its channel's ``timing`` (what a compiled timer records with)."""
+_fresh: dict[int, Callable[..., Any]] = {}
+"""For each registered ``scalar`` that has one: the function a deferred call of it makes with a
+0-d floating-point CPU tensor the graph computed (see ``register``)."""
 _ops: ModuleType | None = None
 _ops_failed = False
+_deferred_failed = False
 _hook: _DynamoImportHook | None = None
 
 
-def register(fns: dict[str, Callable[..., Any]]) -> None:
-    """Make a channel's recording functions compile-safe: ``timer`` is replaced by a null
-    context inside compiled code, every other one by a call of a shim operator
-    (``trainer_shim.compile_ops``). Takes effect at once if dynamo is loaded, else when it is
-    imported. Never raises."""
+def register(fns: dict[str, Callable[..., Any]],
+             fresh_scalar: Callable[[str, Any], None] | None = None) -> None:
+    """Make a channel's recording functions compile-safe (see the module docstring): ``timer``
+    is replaced inside compiled code by two shim operators around the block, every other one by
+    a call deferred to the end of the graph (``trainer_shim.compile_deferred``) or a shim
+    operator (``trainer_shim.compile_ops``). ``fresh_scalar(name, tensor)``, where given, is what a
+    deferred ``scalar`` call of a 0-d floating-point CPU tensor calls instead of
+    ``fns["scalar"]``: the tensor is a copy the graph made for that call, which nothing else
+    sees, so it may be queued as it is and read by the flusher (``.item()`` cost the trainer
+    ~0.5 us). Takes effect at once if dynamo is loaded, else when it is imported. Never
+    raises."""
     try:
         with _lock:
             _fns.extend(fns.items())
             if "timer" in fns and "timing" in fns:
                 _timings[id(fns["timer"])] = fns["timing"]
+            if fresh_scalar is not None and "scalar" in fns:
+                _fresh[id(fns["scalar"])] = fresh_scalar
         # Without "torch" in sys.modules (removed by someone), registering would import a second
         # torch: the functions wait for the next registration then.
         if _DYNAMO in sys.modules and "torch" in sys.modules:
@@ -82,7 +95,7 @@ def _apply() -> None:
             elif name == "timer":
                 substitute_in_graph(fn, skip_signature_check=True)(_null_timer_for(fn))
             elif ops is not None:
-                substitute_in_graph(fn, skip_signature_check=True)(ops.in_graph(name, fn))
+                substitute_in_graph(fn, skip_signature_check=True)(_in_graph(ops, name, fn))
             else:
                 from torch._dynamo import config
 
@@ -108,6 +121,31 @@ def _operators() -> ModuleType | None:
             log.warning("trainer_shim: no shim operators for torch.compile (%r); calls in "
                         "functions dynamo inlines record nothing", exc)
     return _ops
+
+
+def _in_graph(ops: ModuleType, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """What dynamo traces instead of ``fn``: a call deferred to the end of the graph where
+    dynamo's internals allow it (``trainer_shim.compile_deferred``), else a shim operator."""
+    operator_form = ops.in_graph(name, fn)
+    deferred = _deferred()
+    if deferred is None:
+        return operator_form
+    fresh = _fresh.get(id(fn))
+    if fresh is not None:
+        _never_trace(fresh)
+    return deferred.in_graph(name, fn, operator_form, fresh)
+
+
+def _deferred() -> ModuleType | None:
+    try:
+        from trainer_shim import compile_deferred
+    except Exception as exc:  # noqa: BLE001 - operators instead, say so once
+        global _deferred_failed
+        if not _deferred_failed:
+            log.warning("trainer_shim: shim calls in compiled code run as operators (%r)", exc)
+        _deferred_failed = True
+        return None
+    return compile_deferred if compile_deferred.AVAILABLE else None
 
 
 def _never_trace(fn: Callable[..., Any]) -> None:

@@ -30,6 +30,8 @@ from trainer_shim import __version__, wire
 from trainer_shim.allocator import AllocatorSampler
 from trainer_shim.channel import Channel, StrictChannel
 from trainer_shim.ledger import LedgerWriter
+from trainer_shim.run_label import MAX_LABEL_CHARS, check_flops, flops_from_env
+from trainer_shim.run_label import run_label as env_run_label
 from trainer_shim.transport import EXIT_LINGER_MS, Transport
 from trainer_shim.wandb_info import wandb_run_info
 
@@ -105,13 +107,17 @@ class Publisher:
         strict: bool = False,
         allocator_interval_s: float = 5.0,
         wandb_run_id: str | None = None,
+        run_label: str | None = None,
+        flops_per_token: float | None = None,
     ) -> None:
         """``flush_interval_s``: how often the flusher sends (seconds). ``max_pending``: records
         each channel may queue (and, separately, ``publish`` snapshots) before further ones are
         dropped and counted (``buffer_full``).
-        ``allocator_interval_s``: CUDA allocator sampling period, 0 disables it. Raises
-        ``ValueError`` for a non-positive interval or ``max_pending``; never for the endpoint (a
-        bad endpoint is counted at run time as ``transport_error``)."""
+        ``allocator_interval_s``: CUDA allocator sampling period, 0 disables it. ``run_label`` and
+        ``flops_per_token``: said in the hello; unset, from the environment
+        (``trainer_shim.run_label``). Raises ``ValueError`` for a non-positive interval or
+        ``max_pending``, or FLOPs per token outside 1 to 1e18; never for the endpoint (a bad
+        endpoint is counted at run time as ``transport_error``)."""
         if not flush_interval_s > 0:
             raise ValueError("flush_interval_s must be > 0")
         if max_pending < 1:
@@ -121,6 +127,9 @@ class Publisher:
         self.max_pending = max_pending
         self.strict = strict
         self.wandb_run_id = wandb_run_id
+        label = str(run_label).strip()[:MAX_LABEL_CHARS] if run_label is not None else env_run_label()
+        self.run_label = label or None
+        self.flops_per_token = check_flops(flops_per_token) if flops_per_token is not None else flops_from_env()
         self.host = socket.gethostname()
         self.started_unix_s = time.time()
         self.internal_errors = 0
@@ -367,6 +376,7 @@ class Publisher:
             thread=ch.thread, started_unix_s=self.started_unix_s,
             wandb_run_id=run_id or self.wandb_run_id, wandb_project=project,
             wandb_entity=entity, wandb_mode=mode, wandb_primary=primary,
+            run_label=self.run_label, flops_per_token=self.flops_per_token,
         )
         try:
             frame = wire.encode_hello(self._encoder, ch.sender, ch.seq, hello)

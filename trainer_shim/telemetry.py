@@ -10,7 +10,8 @@ mode ``DFLASH_TELEMETRY_STRICT``. ``configure()`` overrides them; worker threads
 told apart take their own ``channel(role, worker)``.
 
 The module's functions are plain functions that never change (``torch.compile`` guards on
-their identity and calls a shim operator in their place, see ``trainer_shim.compile_support``). Each
+their identity and defers a call of them to the end of the graph, see
+``trainer_shim.compile_support``). Each
 appends to the default channel's queue, held in module globals; until the default channel exists
 the queue's capacity is 0, so the first call takes the slow path, which creates the channel. In
 strict mode the capacity stays 0 and every call goes through the strict channel's checks.
@@ -31,13 +32,16 @@ from trainer_shim.channel import (
     _CATEGORY,
     _COUNT,
     _GAUGE,
+    _SCALAR,
     _STEP_KEY,
     _TIMING,
     Channel,
+    _enter,
     strict_from_env,
 )
 from trainer_shim.endpoint import ENDPOINT_ENV, shim_endpoint
 from trainer_shim.publisher import Publisher, env_worker
+from trainer_shim.run_label import FLOPS_ENV, RUN_LABEL_ENV
 
 __all__ = [
     "announce_wandb_run",
@@ -77,16 +81,21 @@ def configure(
     strict: bool | None = None,
     allocator_interval_s: float = 5.0,
     wandb_run_id: str | None = None,
+    run_label: str | None = None,
+    flops_per_token: float | None = None,
 ) -> Channel:
     """(Re)create the process's publisher and default channel; returns the default channel.
-    Unset arguments come from the environment. A given ``endpoint`` and ``role`` are also
-    written to the environment (``DFLASH_SIDECAR_ENDPOINT``, ``DFLASH_ROLE``), so children
-    started afterwards by any start method (spawn and forkserver too) publish to the same
-    daemon, each under a worker label of its own. Raises ``ValueError`` for impossible settings
-    (this runs once at set-up, where failing loudly is right)."""
+    Unset arguments come from the environment. A given ``endpoint``, ``role``, ``run_label`` and
+    ``flops_per_token`` are also written to the environment (``DFLASH_SIDECAR_ENDPOINT``,
+    ``DFLASH_ROLE``, ``DFLASH_RUN_LABEL``, ``DFLASH_FLOPS_PER_TOKEN``), so children started
+    afterwards by any start method (spawn and forkserver too) publish to the same daemon, in the
+    same run, each under a worker label of its own. ``run_label`` names the run where the trainer
+    has no W&B run (default: from the launcher, ``trainer_shim.run_label``); ``flops_per_token``:
+    the model FLOPs per trained token, for the run ledger's MFU. Raises ``ValueError`` for
+    impossible settings (this runs once at set-up, where failing loudly is right)."""
     with _lock:
         old, ch = _configure_locked(endpoint, role, worker, devices, flush_interval_s, max_pending,
-                                    strict, allocator_interval_s, wandb_run_id)
+                                    strict, allocator_interval_s, wandb_run_id, run_label, flops_per_token)
     if old is not None:
         old.close()
     return ch
@@ -102,9 +111,10 @@ def _configure_locked(
     strict: bool | None,
     allocator_interval_s: float,
     wandb_run_id: str | None,
+    run_label: str | None = None,
+    flops_per_token: float | None = None,
 ) -> tuple[Publisher | None, Channel]:
     global _publisher, _default
-    _export_to_children(endpoint, role)
     publisher = Publisher(
         endpoint or shim_endpoint(),
         flush_interval_s=flush_interval_s,
@@ -112,7 +122,14 @@ def _configure_locked(
         strict=strict_from_env() if strict is None else strict,
         allocator_interval_s=allocator_interval_s,
         wandb_run_id=wandb_run_id,
+        run_label=run_label,
+        flops_per_token=flops_per_token,
     )
+    _export_to_children(endpoint, role)
+    if publisher.run_label and run_label is not None:
+        os.environ[RUN_LABEL_ENV] = publisher.run_label
+    if publisher.flops_per_token and flops_per_token is not None:
+        os.environ[FLOPS_ENV] = repr(publisher.flops_per_token)
     old, _publisher = _publisher, publisher
     _defaults.update(role=role, worker=worker, devices=devices)
     _default = publisher.channel(*_identity(role, worker), devices=devices or _env_devices(),
@@ -272,15 +289,16 @@ def category(name: str, key: str | int) -> None:
 
 
 class _Timer:
-    """What ``timer(name)`` returns: the default channel's fast path, like ``timing``."""
+    """What ``timer(name)`` returns: the default channel's fast path, like ``timing``. The clock
+    is read in ``timer()``, so ``__enter__`` is a C function that does nothing (see
+    ``channel.Timer``)."""
 
     __slots__ = ("_name", "_start")
 
     _name: str
     _start: int
 
-    def __enter__(self) -> None:
-        self._start = perf_counter_ns()
+    __enter__ = _enter
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         ms = (perf_counter_ns() - self._start) * 1e-6
@@ -294,13 +312,14 @@ _new = object.__new__
 
 
 def timer(name: str) -> AbstractContextManager[None]:
-    """Context manager timing its block (host wall time) as a timing in ms, also when the block
-    raises. Inside a ``torch.compile``d function it records nothing (see
+    """Context manager timing its block (host wall time, from this call to the block's end) as a
+    timing in ms, also when the block raises. Inside a ``torch.compile``d function it records nothing (see
     ``trainer_shim.compile_support``)."""
     if not _cap:  # first call or strict mode: the channel's own timer (creates, validates)
         return _default_channel().timer(name)
     t = _new(_Timer)  # no __init__ call
     t._name = name
+    t._start = perf_counter_ns()
     return t
 
 
@@ -309,5 +328,15 @@ def scalar(name: str, tensor: Any) -> None:
     _default_channel().scalar(name, tensor)
 
 
+def _fresh_scalar(name: str, value: Any) -> None:
+    """``scalar`` of a tensor that compiled code computed for this call alone (see
+    ``compile_support.register``): queued as it is, read by the flusher."""
+    if len(_q) < _cap:
+        _q.append((_SCALAR, name, value))
+    else:
+        _default_channel().scalar(name, value)
+
+
 compile_support.register({"publish": publish, "timing": timing, "count": count, "gauge": gauge,
-                          "category": category, "timer": timer, "scalar": scalar})
+                          "category": category, "timer": timer, "scalar": scalar},
+                         fresh_scalar=_fresh_scalar)

@@ -25,8 +25,8 @@ import enum
 import math
 import struct
 import zlib
-from collections.abc import Mapping
-from typing import Any, Final, TypeGuard
+from collections.abc import Callable, Mapping
+from typing import Any, Final, NamedTuple, TypeGuard
 
 import msgspec
 
@@ -86,6 +86,10 @@ window's mean over any number of values stays finite. Beyond: ``out_of_range``."
 MAX_CATEGORY_KEY_CHARS: Final = 64
 """Longest category key accepted (a str key; int keys are always fine)."""
 
+MAX_PROFILE_KEYS: Final = 1024
+"""Entries in one PROFILE record's map; a longer one is refused whole as ``malformed_record`` (the
+daemon's decoder checks the length before it decodes an entry)."""
+
 
 def name_problem(name: object) -> str | None:
     """Why ``name`` is not a usable metric name, or None. A name is a str of 1 to
@@ -98,55 +102,137 @@ def name_problem(name: object) -> str | None:
     return None
 
 
+def _index_problem(name: object) -> str | None:
+    """A PROFILE's step or an ALLOCATOR's device index: an int >= 0."""
+    return None if type(name) is int and name >= 0 else "invalid_value"
+
+
 def _is_number(value: object) -> TypeGuard[int | float]:
     return (type(value) is float or type(value) is int) and math.isfinite(value)
 
 
+VALUE_BOUNDS: Final[Mapping[int, tuple[float, float]]] = {
+    RecordKind.TIMING: (0.0, MAX_MAGNITUDE),
+    RecordKind.COUNT: (0.0, MAX_MAGNITUDE),
+    RecordKind.GAUGE: (-MAX_GAUGE_MAGNITUDE, MAX_GAUGE_MAGNITUDE),
+    RecordKind.SCALAR: (-MAX_GAUGE_MAGNITUDE, MAX_GAUGE_MAGNITUDE),
+}
+"""The accepted range of each numeric kind's value, inclusive. The daemon's series accept a value
+with one inlined comparison against these (the hottest path); ``RECORD_RULES`` gives the reason."""
+
+
+def _number_rule(kind: RecordKind) -> Callable[[object], str | None]:
+    low, high = VALUE_BOUNDS[kind]
+    below = "invalid_value" if low >= 0 else "out_of_range"  # a negative duration is no number at all
+
+    def problem(value: object) -> str | None:
+        if not _is_number(value):
+            return "invalid_value"  # wrong type, NaN, infinities
+        if value < low:
+            return below
+        return "out_of_range" if value > high else None
+
+    return problem
+
+
+def category_key_problem(value: object) -> str | None:
+    """A category key: an int, or a str of 1 to ``MAX_CATEGORY_KEY_CHARS`` printable characters."""
+    if type(value) is int or (
+        type(value) is str and 0 < len(value) <= MAX_CATEGORY_KEY_CHARS and value.isprintable()
+    ):
+        return None
+    return "invalid_value"
+
+
+def _profile_problem(value: object) -> str | None:
+    if type(value) is not dict:
+        return "invalid_value"
+    return "malformed_record" if len(value) > MAX_PROFILE_KEYS else None  # entries are judged one by one
+
+
+def _allocator_problem(value: object) -> str | None:
+    if type(value) is list and len(value) == 3 and all(type(v) is int and v >= 0 for v in value):
+        return None
+    return "invalid_value"
+
+
+class RecordRule(NamedTuple):
+    """How a record of one kind is judged, by the daemon (which drops and counts it by the
+    reason) and by the shim's strict mode (which raises at the call site). A NamedTuple, not a
+    dataclass: the shim does not import ``dataclasses`` (5 ms)."""
+
+    word: str
+    """The kind as a word in messages: ``timing``, ``count``, ..."""
+    name_problem: Callable[[object], str | None]
+    """Why the record's ``name`` is refused (a drop reason), or None."""
+    value_problem: Callable[[object], str | None]
+    """Why its ``value`` is refused, or None."""
+    name_types: tuple[type, ...]
+    value_types: tuple[type, ...]
+    """The types ``name`` and ``value`` may have on the wire: a refused value of another type is a
+    ``TypeError`` in strict mode, one of these types a ``ValueError``."""
+    accepts: str
+    """The accepted values, in words (strict mode's messages)."""
+    name_accepts: str = f"the name must be a str of 1 to {MAX_NAME_BYTES} UTF-8 bytes without control characters"
+    """The accepted names, in words."""
+
+
+RECORD_RULES: Final[Mapping[int, RecordRule]] = {
+    RecordKind.TIMING: RecordRule("timing", name_problem, _number_rule(RecordKind.TIMING), (str,), (int, float),
+                                  f"a finite number of milliseconds from 0 to {MAX_MAGNITUDE:g}"),
+    RecordKind.COUNT: RecordRule("count", name_problem, _number_rule(RecordKind.COUNT), (str,), (int, float),
+                                 f"a finite increment from 0 to {MAX_MAGNITUDE:g}"),
+    RecordKind.GAUGE: RecordRule("gauge", name_problem, _number_rule(RecordKind.GAUGE), (str,), (int, float),
+                                 f"a finite number within ±{MAX_GAUGE_MAGNITUDE:g}"),
+    RecordKind.CATEGORY: RecordRule("category", name_problem, category_key_problem, (str,), (int, str),
+                                    f"an int or 1 to {MAX_CATEGORY_KEY_CHARS} printable characters"),
+    RecordKind.SCALAR: RecordRule("scalar", name_problem, _number_rule(RecordKind.SCALAR), (str,), (int, float),
+                                  f"a finite number within ±{MAX_GAUGE_MAGNITUDE:g}"),
+    RecordKind.PROFILE: RecordRule("profile", _index_problem, _profile_problem, (int,), (dict,),
+                                   f"a dict of at most {MAX_PROFILE_KEYS} entries name -> number",
+                                   "the step must be an int >= 0"),
+    RecordKind.ALLOCATOR: RecordRule("allocator", _index_problem, _allocator_problem, (int,), (list,),
+                                     "[allocated, reserved, max_reserved] byte counts (ints >= 0)",
+                                     "the device index must be an int >= 0"),
+}
+"""One rule per record kind: the one validation both sides apply. A kind not in this table is
+``unknown_kind``."""
+
+
+def record_rule(kind: object) -> RecordRule | None:
+    """The rule of ``kind``, or None for an unknown kind. A kind is found by equality, as a dict
+    finds it: ``True`` and ``1.0`` are TIMING, ``6.0`` is PROFILE (the daemon's per-sender caches
+    are dicts keyed by kind, so it could not tell them apart without a per-record check)."""
+    try:
+        return RECORD_RULES.get(kind)  # type: ignore[call-overload]
+    except TypeError:  # unhashable
+        return None
+
+
 def record_problem(kind: object, name: object, value: object) -> str | None:
     """Why the record ``[kind, name, value]`` must be rejected (a drop reason), or None.
-    Reasons: ``unknown_kind``, ``bad_name``, ``invalid_value``, ``out_of_range``."""
-    if kind == RecordKind.PROFILE:
-        if type(name) is not int or name < 0:
-            return "invalid_value"
-        if not isinstance(value, Mapping):
-            return "invalid_value"
-        return None
-    if kind == RecordKind.ALLOCATOR:
-        if type(name) is not int or name < 0:
-            return "invalid_value"
-        if type(value) is not list or len(value) != 3 or not all(
-            type(v) is int and v >= 0 for v in value
-        ):
-            return "invalid_value"
-        return None
-    if kind not in _NAMED_KINDS:
+    Reasons: ``unknown_kind``, ``bad_name``, ``invalid_value``, ``out_of_range``,
+    ``malformed_record`` (a profile over ``MAX_PROFILE_KEYS``). The name is
+    judged before the value; a PROFILE's entries are judged apart (``profile_entry_problem``)."""
+    rule = record_rule(kind)
+    if rule is None:
         return "unknown_kind"
-    problem = name_problem(name)
-    if problem:
-        return problem
-    if kind == RecordKind.CATEGORY:
-        if type(value) is int or (
-            type(value) is str and 0 < len(value) <= MAX_CATEGORY_KEY_CHARS and value.isprintable()
-        ):
-            return None
-        return "invalid_value"
-    if not _is_number(value):
-        return "invalid_value"
-    if kind == RecordKind.TIMING or kind == RecordKind.COUNT:
-        if value < 0:
-            return "invalid_value"
-        return "out_of_range" if value > MAX_MAGNITUDE else None
-    return "out_of_range" if abs(value) > MAX_GAUGE_MAGNITUDE else None
+    return rule.name_problem(name) or rule.value_problem(value)
+
+
+def profile_entry_kind(key: object) -> int:
+    """The kind a PROFILE entry is aggregated as: TIMING for a key ending in ``_ms``, else GAUGE."""
+    return _TIMING if type(key) is str and key.endswith("_ms") else _GAUGE
+
+
+_TIMING: Final = int(RecordKind.TIMING)
+_GAUGE: Final = int(RecordKind.GAUGE)
 
 
 def profile_entry_problem(key: object, value: object) -> str | None:
-    """Why one ``key: value`` entry of a PROFILE record must be skipped, or None."""
-    return name_problem(key) or (None if _is_number(value) else "invalid_value")
-
-
-_NAMED_KINDS: Final = frozenset(
-    {RecordKind.TIMING, RecordKind.COUNT, RecordKind.GAUGE, RecordKind.CATEGORY, RecordKind.SCALAR}
-)
+    """Why one ``key: value`` entry of a PROFILE record must be skipped, or None: it is judged as
+    a record of its kind (``profile_entry_kind``)."""
+    return record_problem(profile_entry_kind(key), key, value)
 
 
 class Hello(msgspec.Struct):
@@ -167,6 +253,10 @@ class Hello(msgspec.Struct):
     wandb_entity: str | None = None
     wandb_mode: str | None = None
     wandb_primary: bool | None = None
+    run_label: str | None = None
+    """The launcher's name for the run (``trainer_shim.run_label``), None when none names it."""
+    flops_per_token: float | None = None
+    """Model FLOPs per trained token the trainer states (for the run ledger's MFU), or None."""
 
 
 def encode_hello(encoder: msgspec.msgpack.Encoder, sender: int, seq: int, hello: Hello) -> bytes:

@@ -3,13 +3,18 @@
 Single-threaded by design: the ingest thread calls ``ingest`` for every batch and ``roll`` at each
 window boundary, so no lock is needed and a scrape never waits on ingest (exporters only read the
 immutable reports). Every rejected record is counted by reason in the caller's dict.
+
+The aggregator never maps names itself: a record whose name its sender's name table does not know
+yet is handed back (``Unresolved``) and comes again with the mapping stage's ``Mapped`` for it
+(``sidecar.pipeline.aggregate`` runs the two). The name tables are the aggregator's own, one per
+sender, dropped whenever series expire or are evicted (their adds would point at dead series).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.aggregation.series import (
@@ -20,12 +25,23 @@ from sidecar.aggregation.series import (
     KeyBudget,
     Series,
     TimingSeries,
-    rejection,
 )
+from sidecar.aggregation.settings import WindowSettings
+from sidecar.model.mapped import Mapped
 from sidecar.model.names import claimed_names, counter_token, metric_token, timing_token
-from sidecar.model.window import ALLOCATOR, CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING, SeriesView, WindowReport
-from sidecar.processing.mapping import Mapper
-from trainer_shim.wire import name_problem, profile_entry_problem
+from sidecar.model.window import (
+    ALLOCATOR,
+    CATEGORY,
+    COUNT,
+    GAUGE,
+    KIND_NAMES,
+    PROFILE,
+    SCALAR,
+    TIMING,
+    SeriesView,
+    WindowReport,
+)
+from trainer_shim.wire import name_problem, profile_entry_kind, profile_entry_problem, record_problem, record_rule
 
 _FACTORIES = {TIMING: TimingSeries, COUNT: CounterSeries, GAUGE: GaugeSeries,
               CATEGORY: CategorySeries, SCALAR: GaugeSeries}
@@ -56,7 +72,33 @@ MAX_ALLOCATOR_SERIES = 1024
 ``cardinality`` (device indexes come from the client and are otherwise unbounded)."""
 
 
-_KIND_NAMES = {TIMING: "timing", COUNT: "counter", GAUGE: "gauge", CATEGORY: "category", SCALAR: "scalar"}
+_DEFER = object()
+"""``_resolve``'s answer for a name that needs the mapping stage first."""
+
+_HELD = "".join(("<held for ", "the mapping stage>"))
+"""What a sender's table answers, within one ``ingest`` call, for a name the mapping stage has
+yet to resolve: a str, so that the hot path's one test (``add.__class__ is str``) also catches
+it; made at run time, so that no reason string is ever the same object."""
+
+_ENTRY = "".join(("<a held ", "profile entry>"))
+"""The step of a held profile entry's record (see ``Unresolved``); never a client's (a str)."""
+
+Resolved = Mapping[tuple[int, str], Mapped]
+"""The mapping stage's answer for some (kind, name) pairs of one sender."""
+
+
+@dataclass(slots=True)
+class Unresolved:
+    """What a batch held under names its sender's table did not know: the records, in order
+    (a held profile entry as ``[PROFILE, _ENTRY, ((key, value),)]``, so that a series fed both
+    ways keeps its order), and their distinct (kind, name) pairs (a profile entry's kind
+    decided), first seen first: what the mapping stage is to resolve."""
+
+    records: list[Any] = field(default_factory=list)
+    names: dict[tuple[int, str], None] = field(default_factory=dict)
+    held: list[tuple[Any, Any]] = field(default_factory=list)
+    """Name-table keys that answer ``_HELD`` during one ``ingest`` call (removed when it returns:
+    the later records of a new name are held at the cost of a table hit, not of a miss)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +116,10 @@ class _Owner:
 class Aggregator:
     """Holds every live series, bounded by ``max_series`` (the cardinality budget)."""
 
-    def __init__(self, max_series: int = 10_000, series_ttl_s: float = 3600.0, mapper: Mapper | None = None) -> None:
-        self.mapper = mapper or Mapper()
+    def __init__(self, max_series: int = WindowSettings.max_series, series_ttl_s: float = 3600.0) -> None:
+        self._names: dict[Any, tuple[str, str, dict[Any, Any]]] = {}
+        """Sender -> (role, worker it was labelled, its name table): (kind, name) -> the series'
+        bound ``add`` or the reason such records are refused; profile entries under (PROFILE, key)."""
         self._meta: dict[tuple[int, str, str, str], tuple[str, bool, str]] = {}
         """Series key -> (meaning, snapshot, rule), decided once when the series is first resolved."""
         self._snapshot_last: dict[tuple[int, str, str, str], tuple[float, float]] = {}
@@ -99,7 +143,8 @@ class Aggregator:
         self._factories: dict[int, Callable[[], Series]] = {
             **_FACTORIES, CATEGORY: lambda: CategorySeries(budget=self._key_budget)}
         self.generation = 0
-        """Bumped whenever series expire or are evicted: senders' (kind, name) caches must then be cleared."""
+        """Bumped whenever series expire or are evicted, or names are remapped (the name tables are
+        dropped then)."""
         self._owner_of: dict[tuple[int, str, str, str], Any] = {}
         """Series key -> the sender (``ingest``'s ``owner``) that created it."""
         self._owned: dict[Any, dict[tuple[int, str, str, str], None]] = {}
@@ -114,37 +159,73 @@ class Aggregator:
         """Owner -> charged resolutions in this window."""
         self._owner: Any = None
         self._left = 0
+        self._pending: Unresolved | None = None
+        """What the current ``ingest`` call holds for the mapping stage (made on the first hold)."""
 
     def series_count(self) -> int:
         return len(self._series)
 
-    def set_mapper(self, mapper: Mapper) -> None:
-        """Use a new mapping (config reload): every sender's cache is cleared (``generation``), so
-        each name is resolved again with its next record. Series the new mapping no longer
-        produces stop receiving data and expire with ``series_ttl_s``."""
-        self.mapper = mapper
+    def remap(self) -> None:
+        """Names map differently from now on (config reload): every name table is dropped, so each
+        name is resolved again with its next record. Series the new mapping no longer produces
+        stop receiving data and expire with ``series_ttl_s``."""
+        self._new_generation()
+
+    def _new_generation(self) -> None:
         self.generation += 1
+        self._names.clear()
+
+    def room(self, owner: Any) -> int:
+        """How many more names ``owner`` may resolve in this window (``resolve_budget``)."""
+        return max(0, self.resolve_budget - self._resolved.get(owner, 0))
+
+    def names_of(self, sender: Any) -> dict[Any, Any]:
+        """``sender``'s name table (read-only use: tests and ``explain``); empty if it has none."""
+        table = self._names.get(sender)
+        return table[2] if table is not None else {}
 
     # -- ingest ----------------------------------------------------------------------------------
 
-    def ingest(self, role: str, worker: str, cache: dict[Any, Any], records: list[Any],
-               rejected: dict[str, int], sender: int = 0, owner: Any = None) -> int:
-        """Aggregate one batch of ``records`` from a sender labelled (role, worker). ``cache`` is
-        the sender's own map from (kind, name) to the series' bound ``add`` (or to the reason such
-        records are refused); profile entries are under (PROFILE, key). ``sender`` (its id) keys
-        the steps its profiles carry. ``owner`` (hashable; default: ``sender``) is who the series
-        it creates count against: the table is shared fairly between owners (``_admit``), and each
-        owner has its own ``resolve_budget``. Returns the number accepted; rejections are added to
-        ``rejected`` by reason."""
+    def ingest(self, role: str, worker: str, records: list[Any], rejected: dict[str, int], sender: Any = 0,
+               owner: Any = None, resolved: Resolved | None = None) -> tuple[int, Unresolved | None]:
+        """Aggregate one batch of ``records`` from a sender labelled (role, worker). ``sender``
+        (its id) keys its name table and the steps its profiles carry. ``owner`` (hashable;
+        default: ``sender``) is who the series it creates count against: the table is shared
+        fairly between owners (``_admit``), and each owner has its own ``resolve_budget``.
+        Returns the number accepted (rejections are added to ``rejected`` by reason) and what
+        waits for the mapping stage (None: nothing): pass its ``records`` back
+        with ``resolved`` holding the ``Mapped`` of (some of) its ``names``."""
         self._owner = owner = sender if owner is None else owner
         self._left = self.resolve_budget - self._resolved.get(owner, 0)
+        table = self._names.get(sender)
+        if table is None or table[0] != role or table[1] != worker:  # a relabelled sender resolves its names anew
+            table = self._names[sender] = (role, worker, {})
+        cache = table[2]
+        self._pending = None
         try:
-            return self._ingest(role, worker, cache, records, rejected, sender)
+            accepted = self._ingest(role, worker, cache, records, rejected, sender, resolved)
         finally:
             self._resolved[owner] = self.resolve_budget - self._left
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                for key in pending.held:  # never left behind, even by a bug: its records would be lost
+                    cache.pop(key, None)
+        return accepted, pending
+
+    def _hold(self, kind: int, name: str, key: tuple[Any, Any], cache: dict[Any, Any]) -> str:
+        """Mark (kind, name) as waiting for the mapping stage: under ``key`` the sender's table
+        answers ``_HELD`` until this ``ingest`` call returns, so the name's later records in the
+        batch are held at the cost of a table hit."""
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = Unresolved()
+        pending.names[kind, name] = None
+        pending.held.append(key)
+        cache[key] = _HELD
+        return _HELD
 
     def _ingest(self, role: str, worker: str, cache: dict[Any, Any], records: list[Any],
-                rejected: dict[str, int], sender: int) -> int:
+                rejected: dict[str, int], sender: int, resolved: Resolved | None) -> int:
         accepted = 0
         memo: dict[Any, Any] = {}
         """This batch's names whose outcome ``cache`` does not keep (``cardinality``, or rejections
@@ -155,25 +236,32 @@ class Aggregator:
                 continue
             kind, name, value = rec
             if kind == PROFILE or kind == ALLOCATOR:
-                reason = self._special(kind, name, value, role, worker, cache, sender, memo)
+                reason = self._special(kind, name, value, role, worker, cache, sender, memo, resolved)
+                if reason is _ENTRY:
+                    continue  # a held profile entry, not a record
             else:
                 try:
                     add = cache[kind, name]
                 except KeyError:
                     add = memo.get((kind, name))
                     if add is None:
-                        add = self._resolve(kind, name, role, worker, cache)
+                        add = self._resolve(kind, name, role, worker, cache, resolved)
+                        if add is _DEFER:
+                            add = self._hold(int(kind), name, (kind, name), cache)
                         if (kind, name) not in cache:
                             memo[kind, name] = add
-                except TypeError:
-                    add = "bad_name"
+                except TypeError:  # an unhashable kind or name
+                    add = record_problem(kind, name, value) or "bad_name"
                 if add.__class__ is str:
+                    if add is _HELD:
+                        self._pending.records.append(rec)  # type: ignore[union-attr]  # made by _hold
+                        continue
                     reason = add
                 elif add(value):
                     accepted += 1
                     continue
                 else:
-                    reason = rejection(value)
+                    reason = record_problem(kind, name, value) or "invalid_value"  # the rule's reason
             if reason is None:
                 accepted += 1
             else:
@@ -181,19 +269,26 @@ class Aggregator:
         return accepted
 
     def _resolve(self, kind: Any, name: Any, role: str, worker: str, cache: dict[Any, Any],
-                 snapshot: bool = False) -> Adder | str:
-        """The ``add`` of the series for (kind, name) from this sender, created if need be, or
-        the reason its records are refused; cached in ``cache`` (rejections only up to a bound,
-        and never ``cardinality``: room may free up). The mapping stage runs here, once per
-        sender and name, never per record."""
-        factory = self._factories.get(kind) if kind.__class__ is int else None
-        if factory is None:
+                 resolved: Resolved | None, snapshot: bool = False) -> Adder | str | object:
+        """The ``add`` of the series for (kind, name) from this sender, created if need be, the
+        reason its records are refused, or ``_DEFER`` while the mapping stage has not resolved
+        the name (``resolved``); cached in ``cache`` (rejections only up to a bound, and never
+        ``cardinality``: room may free up). Runs once per sender and name, never per record."""
+        if record_rule(kind) is None:
+            return "unknown_kind"
+        kind = int(kind)  # True and 1.0 are 1 (as in the cache's keys), in the table as here
+        factory = self._factories.get(kind)
+        if factory is None:  # PROFILE and ALLOCATOR, which have no series of their own
             return "unknown_kind"
         if self._left <= 0:
             return "cardinality"  # over this window's budget: refused unmapped (cheap), not cached
-        self._left -= 1  # refunded below if the name finds its series
         problem = name_problem(name)
-        mapped = self.mapper.resolve(kind, name, role, worker) if problem is None else None
+        mapped = None
+        if problem is None:
+            mapped = resolved.get((kind, name)) if resolved is not None else None
+            if mapped is None:
+                return _DEFER
+        self._left -= 1  # refunded below if the name finds its series
         token = _TOKENS[kind](mapped.name) if mapped is not None else ""
         if problem is None and not token:
             problem = "bad_name"
@@ -257,7 +352,7 @@ class Aggregator:
         for key in victims:
             self._drop_series(key)
         self.evicted_series += len(victims)
-        self.generation += 1  # the victim's cached adds point at the evicted series
+        self._new_generation()  # the victim's cached adds point at the evicted series
         self._rebuild_owners()
         return True
 
@@ -279,29 +374,31 @@ class Aggregator:
             for family in claimed_names(kind, token):
                 self._family_owner.setdefault(family, _Owner(kind, token, raw, role, worker))
 
-    def _special(self, kind: int, name: Any, value: Any, role: str, worker: str,
-                 cache: dict[Any, Any], sender: int, memo: dict[Any, Any]) -> str | None:
+    def _special(self, kind: int, name: Any, value: Any, role: str, worker: str, cache: dict[Any, Any],
+                 sender: int, memo: dict[Any, Any], resolved: Resolved | None) -> str | None:
+        if name is _ENTRY:  # held profile entries (never a client's record: a str step is refused below)
+            self._entries(value, role, worker, cache, memo, resolved)
+            return _ENTRY
+        problem = record_problem(kind, name, value)
+        if problem is not None:
+            return problem
         if kind == PROFILE:
-            if name.__class__ is not int or name < 0 or value.__class__ is not dict:
-                return "invalid_value"
             self._steps[sender] = (role, worker, name)
-            self._profile(value, role, worker, cache, memo)
+            self._entries(value.items(), role, worker, cache, memo, resolved)
             return None
-        if (name.__class__ is not int or name < 0 or value.__class__ is not list or len(value) != 3
-                or not all(v.__class__ is int and v >= 0 for v in value)):
-            return "invalid_value"
         device = (role, worker, name)
         if device not in self._allocator and len(self._allocator) >= MAX_ALLOCATOR_SERIES:
             return "cardinality"
         self._allocator[device] = (value[0], value[1], value[2])
         return None
 
-    def _profile(self, profile: dict[Any, Any], role: str, worker: str, cache: dict[Any, Any],
-                 memo: dict[Any, Any]) -> None:
-        """A profile dict's entries: ``*_ms`` keys are timings, the others gauges. The sender's
-        cache maps (PROFILE, key) to the entry's series, so the kind is decided once per key."""
+    def _entries(self, entries: Any, role: str, worker: str, cache: dict[Any, Any], memo: dict[Any, Any],
+                 resolved: Resolved | None) -> None:
+        """A profile dict's (key, value) entries: ``*_ms`` keys are timings, the others gauges.
+        The sender's table maps (PROFILE, key) to the entry's series, so the kind is decided once
+        per key."""
         rejected = self.profile_entries_rejected
-        for entry, number in profile.items():
+        for entry, number in entries:
             try:
                 add = cache[PROFILE, entry]
             except KeyError:
@@ -312,26 +409,32 @@ class Aggregator:
                     continue
                 add = memo.get((PROFILE, entry))
                 if add is None:
-                    add = self._resolve_entry(entry, role, worker, cache)
+                    add = self._resolve_entry(entry, role, worker, cache, resolved)
                     if (PROFILE, entry) not in cache:
                         memo[PROFILE, entry] = add
             except TypeError:
                 add = "bad_name"
             if add.__class__ is str:
+                if add is _HELD:
+                    self._pending.records.append([PROFILE, _ENTRY, ((entry, number),)])  # type: ignore[union-attr]
+                    continue
                 reason = add
             elif add(number):
                 continue
             else:
-                reason = profile_entry_problem(entry, number) or rejection(number)
+                reason = profile_entry_problem(entry, number) or "invalid_value"  # the rule's reason
             k = (role, worker, reason)
             rejected[k] = rejected.get(k, 0) + 1
 
-    def _resolve_entry(self, entry: Any, role: str, worker: str, cache: dict[Any, Any]) -> Adder | str:
-        kind = TIMING if entry.__class__ is str and entry.endswith("_ms") else GAUGE
-        add = self._resolve(kind, entry, role, worker, cache, snapshot=True)
+    def _resolve_entry(self, entry: Any, role: str, worker: str, cache: dict[Any, Any],
+                       resolved: Resolved | None) -> Adder | str:
+        kind = profile_entry_kind(entry)
+        add = self._resolve(kind, entry, role, worker, cache, resolved, snapshot=True)
+        if add is _DEFER:
+            return self._hold(kind, entry, (PROFILE, entry), cache)
         if add.__class__ is not str or (add != "cardinality" and len(cache) < MAX_CACHED_REJECTIONS):
             cache[PROFILE, entry] = add
-        return add
+        return add  # type: ignore[return-value]
 
     def _reset_owners(self) -> None:
         self._family_owner = {reserved: _Owner(-1, "", reserved, "", "") for reserved in RESERVED_FAMILIES}
@@ -345,11 +448,11 @@ class Aggregator:
         if owner.kind == -1:
             other = f"the daemon's own {owner.raw}"
         else:
-            other = (f"{_KIND_NAMES.get(owner.kind, owner.kind)} {owner.raw!r} of role {owner.role!r} "
+            other = (f"{KIND_NAMES.get(owner.kind, owner.kind)} {owner.raw!r} of role {owner.role!r} "
                      f"worker {owner.worker!r}")
         log.warning("trainer name collision: %s %r of role %r worker %r maps onto the same Prometheus names as %s; "
                     "its records are dropped (counted as reason=\"name_collision\" for that role and worker). "
-                    "Rename one of them.", _KIND_NAMES.get(kind, kind), name, role, worker, other)
+                    "Rename one of them.", KIND_NAMES.get(kind, kind), name, role, worker, other)
 
     # -- windows ---------------------------------------------------------------------------------
 
@@ -395,12 +498,15 @@ class Aggregator:
         for key in expired:
             self._drop_series(key)
         if expired:
-            self.generation += 1
+            self._new_generation()
             self._rebuild_owners()
         self._resolved.clear()
         if known_senders is not None:
-            for gone in self._steps.keys() - set(known_senders):
+            known = set(known_senders)
+            for gone in self._steps.keys() - known:
                 del self._steps[gone]
+            for gone in self._names.keys() - known:
+                del self._names[gone]
         live = None if live_senders is None else set(live_senders)
         steps: dict[tuple[str, str], int] = {}
         for sender, (role, worker, step) in self._steps.items():

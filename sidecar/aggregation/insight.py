@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from sidecar.aggregation.series import entropy_bits
@@ -455,13 +455,13 @@ def _bucket_entropy(members: dict[str, _Worker]) -> float | None:
     return entropy_bits(counts.values()) if counts else None
 
 
-def throttled_gpus(gpus: GpuFacts | None, reasons: frozenset[str]) -> dict[str, tuple[str, ...]]:
+def throttled_gpus(gpus: GpuFacts | None, reasons: Collection[str]) -> dict[str, tuple[str, ...]]:
     """GPU -> the active clock-event reasons that count as throttling (sorted); only GPUs with one."""
     if gpus is None:
         return {}
     out = {}
     for gpu, active in gpus.clock_events.items():
-        hit = sorted(set(active) & reasons)
+        hit = sorted(set(active).intersection(reasons))
         if hit:
             out[str(gpu)] = tuple(hit)
     return dict(sorted(out.items(), key=lambda kv: _worker_key(kv[0])))

@@ -15,10 +15,16 @@ idle causes first. Before a role's first step its time is held (``starting_s``) 
 ``startup`` or ``compile`` once that step arrives. Time the daemon did not run while the same
 sender process lived is ``unobserved``; a successor's arrival turns the gap since its
 predecessor's last message into ``restart_gap`` up to the successor's start.
+
+The run (``run_of``): the W&B run id of the hello, else its run label (the shim's, from the
+launcher's environment), else the host; a host's senders after no sender of its current run sent
+for ``run_gap_s`` start a new run, ``host:<name>@<UTC start>`` (``RunLedger._host_runs``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +44,15 @@ MAX_RUNS = 64
 MAX_SENDERS_PER_ROLE = 64
 """Sender processes remembered per run and role (to tell a daemon restart from a trainer restart)."""
 STATE_VERSION = 1
+RUN_GAP_S = 300.0
+"""Default ``run_gap_s``: a host's senders without a W&B run or run label start a new run when no
+sender of the host's current run sent for longer than this (seconds)."""
+SAME_MESSAGE_S = 0.02
+"""A known sender whose last message is placed within this of the moment already accounted sent
+nothing new: each window places it again (its end on the unix clock less its age), so a sender gone
+silent is placed a little differently each time (float rounding, a preemption between the two clock
+reads). A sender that did send again is placed at least a flush interval later (0.1 s by default)."""
+HOST_RUN = "host:"
 
 IDLE_CAUSES = {"data": "data", "queue": "queue", "collectives": "communication", "host": "host",
                "unexplained": "unattributed", "unattributed": "unattributed"}
@@ -64,6 +79,8 @@ class SenderFact:
     end: float
     step: int | None
     alive: bool = True
+    flops_per_token: float | None = None
+    """The model FLOPs per token its hello states (None: not stated)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +98,11 @@ class RoleFact:
     tokens: float = 0.0
     step_s: float = 0.0
     """Mean per worker of the seconds its ``step`` timings (every occurrence) cover this window."""
+    lone_step_s: float = 0.0
+    """Mean per worker of the one ``step`` timing of workers with exactly one this window (no
+    median to compare it with yet: the next window's tells whether it compiled)."""
+    median_step_s: float = 0.0
+    """Mean per worker of the median ``step`` timing of workers with two or more this window."""
     gpus: int = 0
     gpu_name: str = ""
 
@@ -99,14 +121,24 @@ class WindowFacts:
 
 
 def run_of(hello: Mapping[str, Any] | None) -> str:
-    """The run a sender belongs to: the W&B run id its hello announces, else its host name (all
-    senders of a host without a W&B run make one run)."""
+    """The run a sender belongs to: the W&B run id its hello announces, else its run label
+    (``trainer_shim.run_label``: the launcher's job id), else ``host:<its host>`` (which
+    ``RunLedger`` cuts into runs at gaps longer than ``run_gap_s``)."""
     hello = hello or {}
-    run = hello.get("wandb_run_id")
-    if isinstance(run, str) and run:
-        return run
+    for key in ("wandb_run_id", "run_label"):
+        run = hello.get(key)
+        if isinstance(run, str) and run.strip():
+            return run.strip()
     host = hello.get("host")
-    return f"host:{host}" if isinstance(host, str) and host else "host:unknown"
+    return f"{HOST_RUN}{host}" if isinstance(host, str) and host else f"{HOST_RUN}unknown"
+
+
+def _flops_of(hello: Mapping[str, Any] | None) -> float | None:
+    """The hello's ``flops_per_token`` if it is a number a model can have (1 to 1e18), else None."""
+    value = (hello or {}).get("flops_per_token")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 1.0 <= value <= 1e18:
+        return float(value)
+    return None
 
 
 def window_facts(report: IngestReport) -> WindowFacts:
@@ -123,7 +155,8 @@ def window_facts(report: IngestReport) -> WindowFacts:
         started = float(started) if isinstance(started, (int, float)) and 0 < started <= w.end_unix_s else 0.0
         senders.append(SenderFact(f"{s.pid}@{started:.3f}" if s.pid is not None else f"sender:{s.sender}",
                                   run_of(s.hello), s.role, started, max(begin, started), last,
-                                  w.sender_steps.get(s.sender), s.last_seen_age_s <= GONE_AFTER_S))
+                                  w.sender_steps.get(s.sender), s.last_seen_age_s <= GONE_AFTER_S,
+                                  _flops_of(s.hello)))
     insight = report.insight
     gpu_of_role, names, energy, uuid_roles = _gpus(report, {s.role for s in senders})
     roles: dict[str, RoleFact] = {}
@@ -131,11 +164,11 @@ def window_facts(report: IngestReport) -> WindowFacts:
         mine = gpu_of_role.get(role, ())
         throttled = (sum(1 for g in mine if g in insight.throttled_gpus) / len(mine)
                      if insight is not None and mine else 0.0)
-        checkpoint, compile_s, first, step_s = _timed(report, role)
+        checkpoint, compile_s, first, step_s, lone, median = _timed(report, role)
         ri = insight.roles.get(role) if insight is not None else None
         roles[role] = RoleFact(_shares(report, role, throttled), checkpoint, compile_s, first,
                                (ri.tokens_per_s * w.duration_s) if ri is not None else 0.0, step_s,
-                               len(mine), names.get(role, ""))
+                               lone, median, len(mine), names.get(role, ""))
     return WindowFacts(w.end_unix_s, w.duration_s, tuple(senders), roles, energy, uuid_roles)
 
 
@@ -192,11 +225,14 @@ def _shares(report: IngestReport, role: str, throttled: float) -> dict[str, floa
     return out
 
 
-def _timed(report: IngestReport, role: str) -> tuple[float, float, float, float]:
+def _timed(report: IngestReport, role: str) -> tuple[float, float, float, float, float, float]:
     """The role's mean seconds per worker in timings named ``checkpoint`` and ``compile`` this
-    window, the compile excess of its ``step`` timing (``COMPILE_FACTOR``) and its ``step`` seconds."""
+    window, the compile excess of its ``step`` timing (``COMPILE_FACTOR``), its ``step`` seconds,
+    and ``RoleFact.lone_step_s`` and ``median_step_s``."""
     sums: dict[str, dict[str, float]] = {"checkpoint": {}, "compile": {}, "step": {}}
     first: dict[str, float] = {}
+    lone: dict[str, float] = {}
+    median: dict[str, float] = {}
     workers: set[str] = set()
     for v in report.window.window_series(TIMING):
         if v.role != role:
@@ -208,25 +244,37 @@ def _timed(report: IngestReport, role: str) -> tuple[float, float, float, float]
         for what in ("checkpoint", "compile"):
             if what in v.name:
                 sums[what][v.worker] = sums[what].get(v.worker, 0.0) + float(win.get("sum", 0.0)) / 1000.0
+        if v.meaning == "step" and not v.snapshot and win.get("count", 0) == 1:
+            lone[v.worker] = float(win.get("max", 0.0)) / 1000.0
         if v.meaning == "step" and not v.snapshot and win.get("count", 0) >= 2:
             p50, top = float(win.get("p50", 0.0)), float(win.get("max", 0.0))
+            median[v.worker] = p50 / 1000.0
             if p50 > 0 and top >= COMPILE_FACTOR * p50:
                 first[v.worker] = (top - p50) / 1000.0
     n = max(1, len(workers))
     first = {w: max(0.0, x - sums["checkpoint"].get(w, 0.0)) for w, x in first.items()}  # a step that saved
+    lone = {w: max(0.0, x - sums["checkpoint"].get(w, 0.0)) for w, x in lone.items()}
     return (sum(sums["checkpoint"].values()) / n, sum(sums["compile"].values()) / n, sum(first.values()) / n,
-            sum(sums["step"].values()) / n)
+            sum(sums["step"].values()) / n, sum(lone.values()) / n,
+            sum(median.values()) / len(median) if median else 0.0)
 
 
 class RunLedger:
     """The totals, as JSON-able data (``state()``), fed one window at a time (``add``)."""
 
-    def __init__(self, state: Mapping[str, Any] | None = None, flops_per_token: float | None = None) -> None:
+    def __init__(self, state: Mapping[str, Any] | None = None, flops_per_token: float | None = None,
+                 run_gap_s: float = RUN_GAP_S) -> None:
         """``state``: what ``state()`` returned before (a daemon restart), validated by the caller
-        (``sidecar.ledger_state``). ``flops_per_token``: the model FLOPs per token, for MFU."""
+        (``sidecar.ledger_state``). ``flops_per_token``: the model FLOPs per token, for MFU, where
+        the trainer's hello states none. ``run_gap_s``: seconds without a sender after which a
+        host's next sender (no W&B run, no run label) starts a new run."""
         self.flops_per_token = flops_per_token
+        self.run_gap_s = run_gap_s
         s = dict(state or {})
         self.runs: dict[str, dict[str, dict[str, Any]]] = s.get("runs", {})
+        self.host_runs: dict[str, str] = {k: v for k, v in dict(s.get("host_runs", {})).items()
+                                          if isinstance(k, str) and isinstance(v, str)}
+        """``host:<name>`` -> the run its senders now go to (``_host_runs``)."""
         self.no_trainer_s: float = float(s.get("no_trainer_s", 0.0))
         self.no_trainer_j: float = float(s.get("no_trainer_j", 0.0))
         self.runs_dropped: int = int(s.get("runs_dropped", 0))
@@ -244,7 +292,7 @@ class RunLedger:
         return {"version": STATE_VERSION, "runs": self.runs, "no_trainer_s": self.no_trainer_s,
                 "no_trainer_j": self.no_trainer_j, "runs_dropped": self.runs_dropped,
                 "energy_prev": self.energy_prev, "now_unix_s": self.now_unix_s,
-                "trainer_until": self.trainer_until, "idle_until": self.idle_until}
+                "trainer_until": self.trainer_until, "idle_until": self.idle_until, "host_runs": self.host_runs}
 
     def add(self, facts: WindowFacts) -> None:
         """Fold one window in."""
@@ -253,8 +301,9 @@ class RunLedger:
             self.session_begin = begin
         joules = self._energy(facts)
         groups: dict[tuple[str, str], list[SenderFact]] = {}
-        for s in facts.senders:
+        for s in self._host_runs(facts.senders):
             groups.setdefault((s.run, s.role), []).append(s)
+        self._hold_gap_energy(joules, {role for _, role in groups})
         for (run, role), senders in sorted(groups.items()):
             fact = facts.roles.get(role) or RoleFact(dict.fromkeys(CAUSES, 0.0) | {"unattributed": 1.0})
             self._add_role(run, role, senders, fact, joules.get(role), begin)
@@ -265,6 +314,53 @@ class RunLedger:
         self.now_unix_s = facts.end_unix_s
         self._bound()
 
+    def _hold_gap_energy(self, joules: Mapping[str, float], present: set[str]) -> None:
+        """The energy of a role's GPUs while none of its senders is there is held in the role of
+        the most recent run that has it (``gap_j``): a successor tells it as ``restart_gap``; if
+        the run ended, it stays outside the run like the gap's seconds. GPUs of no role go to
+        that run's role when it has only one."""
+        latest: dict[str, tuple[float, dict[str, Any]]] = {}
+        runs = sorted(self.runs.values(), key=lambda m: max(float(r["observed_until"] or 0.0) for r in m.values()))
+        for members in runs:
+            for role, r in members.items():
+                latest[role] = (float(r["observed_until"] or 0.0), r)
+        if runs and len(runs[-1]) == 1 and "" in joules:
+            [(role, r)] = runs[-1].items()
+            if role not in present and r["observed_until"] is not None:
+                r["gap_j"] = r.get("gap_j", 0.0) + joules[""]
+        for role, j in joules.items():
+            if role and role not in present and role in latest:
+                r = latest[role][1]
+                if r["observed_until"] is not None:
+                    r["gap_j"] = r.get("gap_j", 0.0) + j
+
+    def _host_runs(self, senders: tuple[SenderFact, ...]) -> list[SenderFact]:
+        """``senders`` with each host run (``host:<name>``: no W&B run, no run label) resolved: a
+        sender the host's current run knows stays in it; new ones join it when they started within
+        ``run_gap_s`` of its last message, else they start a new run, ``host:<name>@<their first
+        start, UTC>``."""
+        resolved: dict[str, str] = {}
+        for base in sorted({s.run for s in senders if s.run.startswith(HOST_RUN)}):
+            mine = [s for s in senders if s.run == base]
+            current = self.host_runs.get(base) or base  # a state from before run gaps: the host's one run
+            members = self.runs.get(current, {})
+            runs = [run for run in self.runs if run == base or run.startswith(base + "@")]
+            for s in mine:  # a sender stays in the run that knows it, the current one or an earlier one
+                run = next((run for run in runs if any(s.key in r["senders"] for r in self.runs[run].values())), None)
+                if run is not None:
+                    resolved[s.key] = run
+            known = [s for s in mine if resolved.get(s.key) == current]
+            new = [s for s in mine if s.key not in resolved]
+            if new:
+                ends = [float(r["observed_until"] or r["first_unix_s"]) for r in members.values()]
+                last = max(ends + [s.end for s in known], default=None)
+                if last is None or _start(new) - last > self.run_gap_s:
+                    current = f"{base}@{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(_start(new)))}"
+                for s in new:
+                    resolved[s.key] = current
+            self.host_runs[base] = current
+        return [dataclasses.replace(s, run=resolved[s.key]) if s.key in resolved else s for s in senders]
+
     def _no_trainer(self, facts: WindowFacts, begin: float, joules: float) -> None:
         """Daemon time with no live sender: from the later of the last message, the last time
         accounted so and this session's start, to the window's end (or to the first message of a
@@ -274,7 +370,7 @@ class RunLedger:
         if facts.senders:
             self.trainer_until = max(self.trainer_until, max(s.end for s in facts.senders))
         if alive:
-            first = min(s.begin for s in facts.senders)
+            first = min(s.begin for s in alive)  # a gone one still listed began long before
             if self.idle_until > 0 and first > floor:
                 self.no_trainer_s += first - floor
             self.idle_until = 0.0
@@ -311,21 +407,26 @@ class RunLedger:
             prev = _start(senders)
             r["first_unix_s"] = prev
             continuing = True
-        else:
-            continuing = any(s.key in known and s.end > prev for s in senders)  # a known one sent more
+        else:  # a known one sent more
+            continuing = any(s.key in known and s.end > prev + SAME_MESSAGE_S for s in senders)
         joules = (joules or 0.0) + r.get("carry_j", 0.0)
         r["carry_j"] = 0.0
-        if b <= prev:  # nothing new from its senders: the energy waits for the seconds it goes with
+        if b <= prev + SAME_MESSAGE_S:  # nothing new from its senders: the energy waits for the seconds it goes with
             r["carry_j"] = joules
             return
         released: dict[str, float] = {}
         """Held startup seconds told this window (they take the held joules, not this window's)."""
         pended = 0.0
         """Seconds held this window (they take their share of this window's joules, held too)."""
+        apart = 0.0
+        """Restart-gap seconds before this window whose energy was held apart (``gap_j``)."""
         if not continuing:  # a successor: the gap until it started; a predecessor's unfinished startup stands
             succ = _start([s for s in senders if s.key not in known] or senders)
             succ = min(max(succ, prev), b)
             seconds["restart_gap"] += succ - prev
+            if "gap_j" in r:
+                r["joules"]["restart_gap"] = r["joules"].get("restart_gap", 0.0) + r.pop("gap_j")
+                apart = max(0.0, min(succ, begin) - prev)
             released["startup"] = r["pending_startup"]
             seconds["startup"] += r["pending_startup"]
             r["pending_startup"] = 0.0
@@ -347,6 +448,7 @@ class RunLedger:
                 seconds[cause] += alive * share
             young = any(known.get(s.key, {}).get("windows_stepped", 0) < COMPILE_WINDOWS for s in stepped)
             excess = fact.first_step_excess_s if young else 0.0
+            self._lone_step(r, fact, young)
             pending, r["pending_startup"] = r["pending_startup"] + pended, 0.0
             pended = 0.0
             # with step timings the long step lies in this window's stepping part; without them
@@ -372,9 +474,10 @@ class RunLedger:
             k["seen_unix_s"] = max(k["seen_unix_s"], s.end)
         r["steps"] += max(progress, default=0)
         r["pending_startup"] += pended
-        self._joules(r, seconds, released, pended, joules)
-        if self.flops_per_token:
-            r["flops_per_token"] = self.flops_per_token
+        self._joules(r, seconds, released, pended, joules, apart)
+        stated = next((s.flops_per_token for s in senders if s.flops_per_token), None)
+        if stated or self.flops_per_token:  # the trainer's statement wins over the daemon's setting
+            r["flops_per_token"] = stated or self.flops_per_token
         r["gpus"] = max(r["gpus"], fact.gpus)
         r["gpu_name"] = fact.gpu_name or r["gpu_name"]
         r["observed_until"] = b
@@ -383,12 +486,25 @@ class RunLedger:
                 del known[key]
 
     @staticmethod
+    def _lone_step(r: dict[str, Any], fact: RoleFact, young: bool) -> None:
+        """A young sender's step alone in its window (``RoleFact.lone_step_s``) is held until the
+        next window's median step tells whether it compiled: its excess is then moved from the
+        time already accounted (where the long step lay) to ``compile``, like ``_take``."""
+        held = float(r.pop("lone_step_s", 0.0))
+        reference = fact.median_step_s or fact.lone_step_s
+        if held > 0 and reference > 0 and held >= COMPILE_FACTOR * reference:
+            _retell(r, "compile", held - reference)
+        elif not held and young and fact.lone_step_s > 0 and fact.median_step_s <= 0:
+            r["lone_step_s"] = fact.lone_step_s
+
+    @staticmethod
     def _joules(r: dict[str, Any], seconds: dict[str, float], released: dict[str, float], pended: float,
-                joules: float) -> None:
+                joules: float, apart: float = 0.0) -> None:
         """Add the window's seconds, and its GPU energy split in proportion to them: the seconds
         the window itself accounted or held take this window's joules; held seconds told now take
-        the joules held with them."""
+        the joules held with them; ``apart`` restart-gap seconds took the gap's own (none here)."""
         own = {c: max(0.0, v - released.get(c, 0.0)) for c, v in seconds.items()}
+        own["restart_gap"] = max(0.0, own["restart_gap"] - apart)
         denom = sum(own.values()) + pended
         held_j = r.get("pending_j", 0.0) if released else 0.0
         if released:
@@ -407,6 +523,7 @@ class RunLedger:
             oldest = min(self.runs, key=lambda run: max(r["observed_until"] or 0.0 for r in self.runs[run].values()))
             del self.runs[oldest]
             self.runs_dropped += 1
+        self.host_runs = {k: v for k, v in self.host_runs.items() if v in self.runs}
 
     def view(self, state_errors: Mapping[str, int] | None = None) -> RunLedgerView:
         """The totals as exporters read them (a copy)."""
@@ -416,7 +533,8 @@ class RunLedger:
 def view_of(state: Mapping[str, Any], flops_per_token: float | None = None,
             state_errors: Mapping[str, int] | None = None) -> RunLedgerView:
     """A ``RunLedgerView`` of ledger state (``RunLedger.state()``, or a state file read back).
-    ``flops_per_token``: overrides what the daemon stated for each role (its setting then)."""
+    ``flops_per_token``: for roles whose state holds none (neither the trainer's hello nor the
+    daemon's setting stated one while it accounted them)."""
     now = float(state.get("now_unix_s", 0.0))
     roles = []
     for run, members in state.get("runs", {}).items():
@@ -427,7 +545,7 @@ def view_of(state: Mapping[str, Any], flops_per_token: float | None = None,
                                     {c: float(r["joules"].get(c, 0.0)) for c in CAUSES}, float(r["tokens"]),
                                     int(r["steps"]), int(r["gpus"]), str(r["gpu_name"]), float(r["first_unix_s"]),
                                     last, max(0.0, now - last) if gone else 0.0,
-                                    flops_per_token or r.get("flops_per_token"),
+                                    r.get("flops_per_token") or flops_per_token,
                                     float(r.get("pending_startup", 0.0))))
     return RunLedgerView(tuple(roles), float(state.get("no_trainer_s", 0.0)), float(state.get("no_trainer_j", 0.0)),
                          int(state.get("runs_dropped", 0)), dict(state_errors or {}))
@@ -442,6 +560,25 @@ def _new_role(senders: list[SenderFact]) -> dict[str, Any]:
     return {"seconds": {}, "joules": {}, "tokens": 0.0, "steps": 0, "gpus": 0, "gpu_name": "", "senders": {},
             "first_unix_s": min(s.begin for s in senders), "observed_until": None, "stepped": False,
             "pending_startup": 0.0}
+
+
+def _retell(r: dict[str, Any], cause: str, amount: float) -> None:
+    """Move ``amount`` seconds already in role ``r``'s totals to ``cause`` from the others in
+    ``TAKE_ORDER``, each with its share of the joules they took (the sums are kept)."""
+    seconds, joules = r["seconds"], r["joules"]
+    for source in TAKE_ORDER:
+        if amount <= 0:
+            return
+        have = seconds.get(source, 0.0)
+        moved = min(amount, have)
+        if moved <= 0:
+            continue
+        j = joules.get(source, 0.0) * moved / have
+        seconds[source] = have - moved
+        joules[source] = joules.get(source, 0.0) - j
+        seconds[cause] = seconds.get(cause, 0.0) + moved
+        joules[cause] = joules.get(cause, 0.0) + j
+        amount -= moved
 
 
 def _take(seconds: dict[str, float], cause: str, amount: float) -> None:

@@ -73,7 +73,6 @@ class SenderState:
     messages_lost: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     sender_dropped: dict[str, int] = field(default_factory=dict)
-    cache: dict[Any, Any] = field(default_factory=dict)
     seen_batch: bool = False
     peer_pid: int | None = None
     """The process whose connection this sender's first message came on (ipc only)."""
@@ -197,8 +196,7 @@ class SenderRegistry:
         if totals is None:
             return None
         if (state.role, state.worker) != (msg.role, msg.worker):
-            state.role, state.worker = msg.role, msg.worker
-            state.cache.clear()
+            state.role, state.worker = msg.role, msg.worker  # the aggregator's name table follows the labels
         if previous is None:
             state.before_join = msg.records_total - n
             totals.add_dropped("before_join", state.before_join)

@@ -1,7 +1,10 @@
 """Per-series accumulators: one object per (kind, name, role, worker).
 
-Each ``add`` validates its value and returns False to reject it (the caller counts
-``invalid_value``); nothing here raises on bad input. ``roll`` closes the window, returning its
+Each ``add`` validates its value and returns False to reject it; nothing here raises on bad
+input. The check is ``trainer_shim.wire.RECORD_RULES``' rule for the kind, inlined (one
+comparison against ``wire.VALUE_BOUNDS``: this is the hottest path); on a refusal the caller takes
+the reason from the rule itself (``wire.record_problem``), and tests/test_record_rules.py holds the
+two to the same verdicts. ``roll`` closes the window, returning its
 statistics and starting the next one; cumulative totals (for Prometheus counters) survive rolls.
 """
 
@@ -11,9 +14,12 @@ import math
 from dataclasses import dataclass, field
 
 from sidecar.aggregation.sketch import EXACT_LIMIT, QuantileBuffer
-from trainer_shim.wire import MAX_GAUGE_MAGNITUDE, MAX_MAGNITUDE
+from trainer_shim.wire import MAX_CATEGORY_KEY_CHARS, VALUE_BOUNDS, RecordKind
 
 INF = math.inf
+_TIMING_LOW, _TIMING_HIGH = VALUE_BOUNDS[RecordKind.TIMING]
+_COUNT_LOW, _COUNT_HIGH = VALUE_BOUNDS[RecordKind.COUNT]
+_GAUGE_LOW, _GAUGE_HIGH = VALUE_BOUNDS[RecordKind.GAUGE]
 
 
 MAX_CATEGORY_KEYS = 64
@@ -46,7 +52,7 @@ class TimingSeries:
     updated: float = 0.0
 
     def add(self, value: object) -> bool:
-        if (value.__class__ is float or value.__class__ is int) and 0.0 <= value <= MAX_MAGNITUDE:  # type: ignore[operator]
+        if (value.__class__ is float or value.__class__ is int) and _TIMING_LOW <= value <= _TIMING_HIGH:  # type: ignore[operator]
             window = self.values.window  # QuantileBuffer.append, inlined: the hottest path
             window.append(value)  # type: ignore[arg-type]
             if len(window) >= EXACT_LIMIT:
@@ -72,7 +78,7 @@ class CounterSeries:
     updated: float = 0.0
 
     def add(self, value: object) -> bool:
-        if (value.__class__ is int or value.__class__ is float) and 0.0 <= value <= MAX_MAGNITUDE:  # type: ignore[operator]
+        if (value.__class__ is int or value.__class__ is float) and _COUNT_LOW <= value <= _COUNT_HIGH:  # type: ignore[operator]
             self.window += value  # type: ignore[operator]
             return True
         return False
@@ -96,7 +102,7 @@ class GaugeSeries:
 
     def add(self, value: object) -> bool:
         if (value.__class__ is float or value.__class__ is int) and \
-                -MAX_GAUGE_MAGNITUDE <= value <= MAX_GAUGE_MAGNITUDE:  # type: ignore[operator]
+                _GAUGE_LOW <= value <= _GAUGE_HIGH:  # type: ignore[operator]
             self.last = value  # type: ignore[assignment]
             self.count += 1
             self.total += value  # type: ignore[operator]
@@ -126,7 +132,8 @@ class CategorySeries:
     budget: KeyBudget = field(default_factory=KeyBudget)
 
     def add(self, value: object) -> bool:
-        if value.__class__ is int or (value.__class__ is str and 0 < len(value) <= 64 and value.isprintable()):  # type: ignore[arg-type]
+        if value.__class__ is int or (value.__class__ is str and 0 < len(value) <= MAX_CATEGORY_KEY_CHARS  # type: ignore[arg-type]
+                                      and value.isprintable()):  # type: ignore[attr-defined]
             window = self.window
             if value in window:
                 window[value] += 1  # type: ignore[index]
@@ -162,15 +169,6 @@ def entropy_bits(counts: object) -> float:
     if total == 0:
         return 0.0
     return -sum((c / total) * math.log2(c / total) for c in values) + 0.0
-
-
-def rejection(value: object) -> str:
-    """Why ``add`` refused ``value``: ``out_of_range`` for a finite number beyond the bounds above,
-    ``invalid_value`` for anything else (NaN, infinities, negative durations, wrong types)."""
-    if (value.__class__ is float or value.__class__ is int) and math.isfinite(value):  # type: ignore[arg-type]
-        if abs(value) > MAX_GAUGE_MAGNITUDE or value > MAX_MAGNITUDE:  # type: ignore[operator, arg-type]
-            return "out_of_range"
-    return "invalid_value"
 
 
 Series = TimingSeries | CounterSeries | GaugeSeries | CategorySeries

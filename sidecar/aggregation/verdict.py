@@ -56,10 +56,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import ClassVar, Protocol
 
+from sidecar.model.gpu import CLOCK_EVENT_REASONS
 from sidecar.model.insight import RENAMED_FROM_HOST_BOUND, Verdict
 from sidecar.model.meanings import BUSY_PHASES
+from sidecar.model.settings import RoleSettings, one_of, ratio, setting
 
 OTHER_SHARE = "other"
 """The time-share key of the gap no timing covers (``sidecar.aggregation.insight.OTHER``)."""
@@ -80,42 +82,48 @@ limits", the normal state of a saturated GPU, and names it a clock-event reason
 hardware slowdowns; ``gpu_idle``, ``sync_boost`` and the clock settings are not limits either."""
 
 
-@dataclass(frozen=True, slots=True)
-class InsightSettings:
-    """Role names and verdict thresholds (each a ``insight_*`` setting in ``sidecar.config``)."""
-
-    target_role: str = "target"
-    drafter_role: str = "drafter"
-    starved_ratio: float = 0.15
-    """Ready deficit (drafter share of wall time waiting on an empty queue) from which drafters starve."""
-    backpressure_ratio: float = 0.15
-    """Target share of wall time blocked on a full queue from which the drafters are the limit."""
-    queue_full_ratio: float = 0.9
-    """Queue fill from which the drafters are the limit when targets publish no put-wait timing."""
-    host_wait_ratio: float = 0.25
-    """Share of the limiting role's wall time waiting on the host data loader that makes it host-bound."""
-    handoff_ratio: float = 0.25
-    """Share of target wall time packing hidden states that makes a starved queue queue-starved."""
-    straggler_score: float = 0.7
-    """A worker scoring below this (relative to the best of its role) is a straggler."""
-    throttle_reasons: frozenset[str] = frozenset(DEFAULT_THROTTLE_REASONS)
-    comm_wait_ratio: float = 0.25
-    """Single role: share of wall time in collective waits that makes it communication-bound."""
-    host_overhead_ratio: float = 0.3
-    """Single role: share of wall time no phase covers (host/Python overhead) that makes it host-bound."""
-    compute_busy_ratio: float = 0.85
-    """Single role: GPU busy share (SM activity or utilization) from which it is compute-bound."""
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> InsightSettings:
-        """From a ``sidecar.config.Config``: each field from its ``insight_<field>`` setting."""
-        values = {f.name: getattr(cfg, "insight_" + f.name) for f in dataclasses.fields(cls)}
-        values["throttle_reasons"] = frozenset(values["throttle_reasons"])
-        return cls(**values)
+_RULE = "Verdict"
+_SINGLE = "Verdict (single-role loops)"
 
 
-INSIGHT_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(InsightSettings)}
-"""Each verdict setting's default, by field name (the ``insight_*`` settings read them)."""
+@dataclass(frozen=True)
+class InsightSettings(RoleSettings):
+    """Role names (``RoleSettings``) and verdict thresholds: the ``insight_*`` settings
+    (``sidecar.model.settings``), all applied live on SIGHUP."""
+
+    KEY_PREFIX: ClassVar[str] = "insight_"
+    TITLE: ClassVar[str] = "insight"
+
+    starved_ratio: float = setting(0.15, live=True, check=ratio("insight_starved_ratio"), help=(
+        f"{_RULE}: drafters starve (the supply side limits) when they spend at least this share of wall time "
+        "waiting on an empty queue (the ready deficit)."))
+    backpressure_ratio: float = setting(0.15, live=True, check=ratio("insight_backpressure_ratio"), help=(
+        f"{_RULE}: drafters limit (drafter-bound) when targets spend at least this share of wall time blocked on "
+        "a full queue."))
+    queue_full_ratio: float = setting(0.9, live=True, check=ratio("insight_queue_full_ratio"), help=(
+        f"{_RULE}: drafter-bound when the queue is at least this full and targets publish no queue_put_wait "
+        "timing."))
+    host_wait_ratio: float = setting(0.25, live=True, check=ratio("insight_host_wait_ratio"), help=(
+        f"{_RULE}: input-bound when the limiting role waits on the host data loader (data_wait) for at least "
+        "this share of wall time."))
+    handoff_ratio: float = setting(0.25, live=True, check=ratio("insight_handoff_ratio"), help=(
+        f"{_RULE}: queue-starved when drafters starve and targets spend at least this share of wall time packing "
+        "hidden states (pack)."))
+    straggler_score: float = setting(0.7, live=True, check=ratio("insight_straggler_score"), help=(
+        f"{_RULE}: a worker whose score (best median busy time per batch of its role / its own) is below this is "
+        "a straggler."))
+    comm_wait_ratio: float = setting(0.25, live=True, check=ratio("insight_comm_wait_ratio"), help=(
+        f"{_SINGLE}: communication-bound when the role spends at least this share of wall time in collective "
+        "waits (comm_wait)."))
+    host_overhead_ratio: float = setting(0.3, live=True, check=ratio("insight_host_overhead_ratio"), help=(
+        f"{_SINGLE}: host-bound when at least this share of the role's wall time is measured host time between "
+        "its timed phases (inside its step)."))
+    compute_busy_ratio: float = setting(0.85, live=True, check=ratio("insight_compute_busy_ratio"), help=(
+        f"{_SINGLE}: compute-bound when the role's GPUs are at least this busy (GPM SM activity, else NVML "
+        "utilization), whatever the host-side shares say."))
+    throttle_reasons: tuple[str, ...] = setting(
+        DEFAULT_THROTTLE_REASONS, kind="list", live=True, check=one_of(*(name for _, name in CLOCK_EVENT_REASONS)),
+        metavar="REASON", help=f"{_RULE}: NVML clock-event reasons that count as throttling (repeatable).")
 
 
 class _WorkerLike(Protocol):

@@ -1,16 +1,16 @@
 """The one interface between the pipeline and its destinations.
 
-The daemon holds a list of exporters and, for each window, calls ``consume(window)`` on every
-one of them from the ingest thread; that is the whole route after aggregation. Lifecycle:
-create -> ``start()`` -> ``consume()``... -> ``shutdown(timeout_s)``.
+The pipeline's fan-out (``sidecar.pipeline``) calls ``consume(window)`` on every exporter from
+the ingest thread, and ``hello(sender)`` for each hello; that is the whole route after
+aggregation. What an exporter reads between windows comes from the one live state it is given
+(``sidecar.model.live.LiveState``). The daemon starts every exporter through ``start`` and stops
+it through ``shutdown``, in the reverse order. Lifecycle: create -> ``start()`` ->
+``consume()``... -> ``shutdown(timeout_s)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from sidecar.model.window import IngestReport
+from sidecar.model.window import IngestReport, SenderView
 
 
 class Exporter:
@@ -31,8 +31,8 @@ class Exporter:
     def consume(self, window: IngestReport) -> None:
         """Take one window (immutable; the same object goes to every exporter)."""
 
-    def hello(self, hello: Mapping[str, Any]) -> None:
-        """A trainer said hello (its hello fields as sent: ``wandb_run_id``, ``pid``, ...)."""
+    def hello(self, sender: SenderView) -> None:
+        """A trainer said hello (``sender.hello``: its fields as sent, ``wandb_run_id``, ``pid``, ...)."""
 
     def shutdown(self, timeout_s: float) -> None:
         """Flush what is buffered and release everything within ``timeout_s`` seconds.

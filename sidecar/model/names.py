@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
+
+from sidecar.model.window import ALLOCATOR, CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_]+")
 MAX_LABEL_CHARS = 64
@@ -34,30 +37,72 @@ def counter_token(name: str) -> str:
 TRAINER_PREFIX = "dflash_trainer_"
 
 
+class TrainerFamily(NamedTuple):
+    """One Prometheus family a record kind is exported under."""
+
+    name: str
+    """The family's name as ``prometheus_client`` keys it (a counter without ``_total``); ``{}``
+    stands for the series' sanitized token (fixed names: the daemon's own PROFILE and ALLOCATOR
+    families)."""
+    type: str
+    """Its exposition TYPE: ``summary``, ``counter`` or ``gauge``."""
+    help: str
+    """Its HELP; ``{}`` stands for the token."""
+    labels: tuple[str, ...]
+    """Its label names in the order the collector builds them (the page sorts them)."""
+    samples: tuple[str, ...] = ()
+    """Suffixes its sample names add to ``name`` (a summary's ``_count``/``_sum``, a counter's
+    ``_total``): a name no other series may claim."""
+
+    def exposed(self, token: str = "") -> str:
+        """The name its HELP, TYPE and samples carry (a counter's gains ``_total``)."""
+        name = self.name.format(token)
+        if self.type == "counter":  # as prometheus_client's CounterMetricFamily spells it
+            return (name[:-6] if name.endswith("_total") else name) + "_total"
+        return name
+
+
+ALLOCATOR_FIELDS = ("allocated", "reserved", "max_reserved")
+"""An ALLOCATOR record's values, in order: one family each."""
+
+_RW = ("host", "role", "worker")
+TRAINER_FAMILIES: dict[int, tuple[TrainerFamily, ...]] = {
+    TIMING: (TrainerFamily(TRAINER_PREFIX + "{}_seconds", "summary",
+                           "Trainer timing '{}' (seconds); quantiles over the last window.", _RW, ("_count", "_sum")),),
+    COUNT: (TrainerFamily(TRAINER_PREFIX + "{}", "counter",
+                          "Trainer counter '{}' (cumulative since the daemon started).", _RW, ("_total",)),),
+    GAUGE: (TrainerFamily(TRAINER_PREFIX + "{}", "gauge", "Trainer gauge '{}' (last value).", _RW),),
+    SCALAR: (TrainerFamily(TRAINER_PREFIX + "{}", "gauge", "Trainer GPU scalar '{}' (last value).", _RW),),
+    CATEGORY: (TrainerFamily(TRAINER_PREFIX + "{}_samples", "counter", "Samples of category '{}' per key.",
+                             _RW + ("key",), ("_total",)),
+               TrainerFamily(TRAINER_PREFIX + "{}_entropy", "gauge",
+                             "Shannon entropy (bits) of category '{}' over the last window.", _RW)),
+    PROFILE: (TrainerFamily(TRAINER_PREFIX + "step", "gauge", "Latest trainer step published.", _RW),),
+    ALLOCATOR: tuple(TrainerFamily(f"dflash_cuda_allocator_{field}_bytes", "gauge",
+                                   f"CUDA caching allocator: {field.replace('_', ' ')} (bytes, host-side counter).",
+                                   ("host", "gpu", "role", "worker")) for field in ALLOCATOR_FIELDS),
+}
+"""Record kind -> the families it is exported under, in the order the page renders them: the one
+table both Prometheus renderings (``collector.trainer_families`` and ``exposition.render_trainer``),
+the aggregator's name claims and the generated family lists (docs/METRICS.md,
+deploy/metric_names.txt) read. A PROFILE's entries are TIMING and GAUGE series; its own family is
+the step."""
+
+
 def family_names(kind: int, token: str) -> tuple[str, ...]:
     """The Prometheus family names a trainer series of ``kind`` (a ``RecordKind`` value) and
     sanitized ``token`` is exported under (counters without their ``_total`` sample suffix).
     Two series may share a family only if they have the same kind and raw name."""
-    base = TRAINER_PREFIX + token
-    if kind == 1:  # TIMING
-        return (base + "_seconds",)
-    if kind == 4:  # CATEGORY
-        return (base + "_samples", base + "_entropy")
-    return (base,)  # COUNT (exported as base_total), GAUGE, SCALAR
-
-
-_SAMPLE_SUFFIXES = {1: ("_count", "_sum"), 2: ("_total",), 4: ("_total",)}
-"""Sample names a family adds to its own name, by kind: summary (TIMING), counter (COUNT), and
-the counter of a CATEGORY (its first family)."""
+    return tuple(family.name.format(token) for family in TRAINER_FAMILIES[kind])
 
 
 def claimed_names(kind: int, token: str) -> tuple[str, ...]:
     """Every name a series' families and samples occupy in the exposition. Two series of
     different kinds or raw names must claim disjoint sets, or the page would carry a family (or
     sample) name twice and Prometheus would reject the whole scrape."""
-    families = family_names(kind, token)
-    extra = tuple(families[0] + suffix for suffix in _SAMPLE_SUFFIXES.get(kind, ()))
-    return families + extra
+    families = TRAINER_FAMILIES[kind]
+    names = tuple(family.name.format(token) for family in families)
+    return names + tuple(name + suffix for name, family in zip(names, families) for suffix in family.samples)
 
 
 def label_value(value: object) -> str | None:

@@ -21,6 +21,8 @@ TIMING, COUNT, GAUGE, CATEGORY, SCALAR, PROFILE, ALLOCATOR = (
     int(RecordKind.TIMING), int(RecordKind.COUNT), int(RecordKind.GAUGE), int(RecordKind.CATEGORY),
     int(RecordKind.SCALAR), int(RecordKind.PROFILE), int(RecordKind.ALLOCATOR),
 )
+KIND_NAMES = {TIMING: "timing", COUNT: "counter", GAUGE: "gauge", CATEGORY: "category", SCALAR: "scalar"}
+"""A series' kind as a word (logs, ``explain``)."""
 
 LIVE_S = 10.0
 """A sender is *live* while its last message is at most this old: a shim sends at least a

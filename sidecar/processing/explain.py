@@ -12,27 +12,32 @@ import urllib.request
 from collections.abc import Iterable
 from typing import Any
 
-from sidecar.model.meanings import CATEGORY, COUNT, GAUGE, MEANINGS, SCALAR, TIMING
+from sidecar.model.meanings import MEANINGS
+from sidecar.model.settings import RoleSettings
+from sidecar.model.window import KIND_NAMES, TIMING
 from sidecar.processing.mapping import Mapper
 
-KIND_NAMES = {TIMING: "timing", COUNT: "counter", GAUGE: "gauge", CATEGORY: "category", SCALAR: "scalar"}
+TARGET, DRAFTER, LOOP = "<target>", "<drafter>", "*"
+"""Role placeholders of the inputs below: the configured target and drafter roles
+(``insight_target_role``, ``insight_drafter_role``), and the loop's own role."""
 
 DFLASH_INPUTS: dict[str, tuple[tuple[str, str], ...]] = {
-    "target-bound / queue-starved / input-bound (DFlash)": (("drafter", "queue_wait"), ("target", "forward"),
-                                                           ("target", "pack"), ("target", "data_wait")),
-    "drafter-bound (DFlash)": (("target", "queue_put_wait"), ("target", "queue_depth"), ("target", "queue_capacity")),
+    "target-bound / queue-starved / input-bound (DFlash)": ((DRAFTER, "queue_wait"), (TARGET, "forward"),
+                                                           (TARGET, "pack"), (TARGET, "data_wait")),
+    "drafter-bound (DFlash)": ((TARGET, "queue_put_wait"), (TARGET, "queue_depth"), (TARGET, "queue_capacity")),
 }
 LOOP_INPUTS: dict[str, tuple[tuple[str, str], ...]] = {
-    "input-bound": (("*", "data_wait"),),
-    "communication-bound": (("*", "comm_wait"),),
-    "host-bound": (("*", "forward"), ("*", "backward"), ("*", "step")),
-    "step breakdown (every verdict's confidence)": (("*", "optimizer"), ("*", "step")),
+    "input-bound": ((LOOP, "data_wait"),),
+    "communication-bound": ((LOOP, "comm_wait"),),
+    "host-bound": ((LOOP, "forward"), (LOOP, "backward"), (LOOP, "step")),
+    "step breakdown (every verdict's confidence)": ((LOOP, "optimizer"), (LOOP, "step")),
 }
 """Verdict -> the (role, meaning) inputs it reads; ``*`` is the loop's own role (any role but the
-DFlash ones). Only the family of the roles seen is listed (both before any series). ``host-bound``
-needs the loop's compute timed (``forward`` and ``backward``, or ``forward_backward`` for both) and,
-from snapshots, ``step`` (every-occurrence timings do without); ``compute-bound`` and
-``throttled`` need GPU telemetry, ``straggler`` two workers."""
+DFlash ones, which are the configured target and drafter roles). Only the family of the roles
+seen is listed (both before any series). ``host-bound`` needs the loop's compute timed
+(``forward`` and ``backward``, or ``forward_backward`` for both) and, from snapshots, ``step``
+(every-occurrence timings do without); ``compute-bound`` and ``throttled`` need GPU telemetry,
+``straggler`` two workers."""
 INPUTS = {**DFLASH_INPUTS, **LOOP_INPUTS}
 
 GPU_SUPPLY = ("GPU telemetry on (not --no-gpu-metrics) on a box with NVML, and the GPUs' role: --gpu-group "
@@ -51,9 +56,11 @@ PHASE_HINTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 TIMING_MEANINGS = ("data_wait", "forward", "backward", "forward_backward", "optimizer", "comm_wait", "step")
 
 
-def explain_data(report: Any, mapper: Mapper, gpu_missing: str | None = None) -> dict[str, Any]:
+def explain_data(report: Any, mapper: Mapper, roles: RoleSettings, gpu_missing: str | None = None) -> dict[str, Any]:
     """The mapping report of the latest window (``report``: an ``IngestReport`` or None).
-    ``gpu_missing``: why the insight has no GPU busy/throttle data (None when it has). Its
+    ``gpu_missing``: why the insight has no GPU busy/throttle data (None when it has).
+    ``roles``: the role names the insight reads the DFlash pipeline under (the
+    ``insight_*_role`` settings), so its missing inputs are looked for and named as configured. Its
     ``config`` is TOML to paste into the config file: one ``[[mapping]]`` block per unmapped
     timing, its phase guessed from the name (commented out where nothing in the name says)."""
     series = []
@@ -77,9 +84,10 @@ def explain_data(report: Any, mapper: Mapper, gpu_missing: str | None = None) ->
             elif v.kind == TIMING:
                 unmapped.append(v)
     insight = report.insight if report is not None else None
-    dflash = {"target", "drafter"} | set(mapper.known_roles)
+    dflash = {roles.target_role, roles.drafter_role} | set(mapper.known_roles)
     own = sorted(r for r in workers if r not in dflash)
-    main = max(own, key=lambda r: (len(workers[r]), r)) if own else "*"
+    named = {TARGET: roles.target_role, DRAFTER: roles.drafter_role,
+             LOOP: max(own, key=lambda r: (len(workers[r]), r)) if own else LOOP}
     families: dict[str, tuple[tuple[str, str], ...]] = {}
     if own or not workers:
         families.update(LOOP_INPUTS)
@@ -89,11 +97,11 @@ def explain_data(report: Any, mapper: Mapper, gpu_missing: str | None = None) ->
     for verdict, needs in families.items():
         lack = []
         for role, meaning in needs:
-            want = main if role == "*" else role
+            want = named[role]
             if meaning == "step" and want not in snapshot_roles and verdict == "host-bound":
                 continue  # every-occurrence timings tell host overhead without a step timing
             if (want, meaning) not in present:
-                lack.append({"input": f"{want if want != '*' else '<your role>'} {meaning}",
+                lack.append({"input": f"{want if want != LOOP else '<your role>'} {meaning}",
                              "supply": supply_line(want, meaning, want in mapper.known_roles,
                                                    want in snapshot_roles)})
         if lack:

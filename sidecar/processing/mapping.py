@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.model.mapped import Mapped
 from sidecar.model.meanings import COUNT, MEANINGS, TIMING, accepts
 from sidecar.model.names import (
     counter_token,
@@ -31,7 +32,9 @@ from sidecar.model.names import (
     metric_token,
     timing_token,
 )
+from sidecar.model.settings import RoleSettings
 from sidecar.processing import regex_example
+from sidecar.processing.settings import MappingSettings
 from trainer_shim.wire import MAX_NAME_BYTES
 
 PRESETS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -79,19 +82,6 @@ RULE_KEYS = frozenset({"match", "regex", "role", "worker", "name", "meaning", "p
 
 class MappingError(ValueError):
     """An invalid user mapping rule; the message names the rule and what to fix."""
-
-
-@dataclass(frozen=True, slots=True)
-class Mapped:
-    """What a series name resolved to. ``name``: the name the series is kept and exported under
-    (as sent, less a role/worker prefix); ``meaning``: a ``MEANINGS`` key or ``""`` (unmapped);
-    ``rule``: what decided it (``mapping[2]``, ``preset dflash``, ``key grammar``)."""
-
-    role: str
-    worker: str
-    name: str
-    meaning: str
-    rule: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,14 +226,16 @@ class Mapper:
     """Resolves names; immutable after construction except for the per-rule hit counts."""
 
     rules: tuple[Rule, ...] = ()
-    known_roles: frozenset[str] = frozenset({"target", "drafter"})
+    known_roles: frozenset[str] = frozenset({RoleSettings.target_role, RoleSettings.drafter_role})
+    """Heads of a series key that count as a role (``target.0.forward_ms``): the configured role names
+    (``insight_target_role``, ``insight_drafter_role``; by default their declared defaults)."""
     hits: dict[int, int] = field(default_factory=dict)
     """Rule index -> series it has mapped (``explain`` names rules that never matched)."""
 
     @classmethod
-    def from_config(cls, cfg: Any) -> Mapper:
-        """From a ``sidecar.config.Config`` (its validated ``mapping`` rules and insight roles)."""
-        return cls(tuple(cfg.mapping), frozenset({cfg.insight_target_role, cfg.insight_drafter_role}))
+    def from_settings(cls, mapping: MappingSettings, roles: RoleSettings) -> Mapper:
+        """From the validated ``mapping`` rules and the role names (both in ``sidecar.config.Config``)."""
+        return cls(tuple(mapping.mapping), frozenset({roles.target_role, roles.drafter_role}))
 
     def resolve(self, kind: int, raw: str, role: str, worker: str) -> Mapped:
         """The mapping of one series name (``raw`` as sent) from a channel labelled (role, worker)."""
@@ -293,3 +285,10 @@ def preset_table() -> Iterable[tuple[str, str, str, str]]:
     """(preset, meaning, class, names) rows, for docs and ``explain``."""
     for preset, meaning, names in PRESETS:
         yield preset, meaning, MEANINGS[meaning][0], ", ".join(names)
+
+
+def map_names(mapper: Mapper, names: Iterable[tuple[int, str]], role: str,
+              worker: str) -> dict[tuple[int, str], Mapped]:
+    """The mapping stage for one batch: each (kind, name) of a sender labelled (role, worker) -> its
+    ``Mapped`` (names already checked by ``trainer_shim.wire.name_problem``)."""
+    return {(kind, name): mapper.resolve(kind, name, role, worker) for kind, name in names}

@@ -15,15 +15,13 @@ from msgspec import Meta
 
 from sidecar.model.messages import BatchMessage, HelloMessage, Message
 from sidecar.model.names import label_value
-from trainer_shim.wire import MAX_MESSAGE_BYTES, MAX_RECORDS_PER_BATCH, Hello, MessageKind
+from trainer_shim.wire import MAX_MESSAGE_BYTES, MAX_PROFILE_KEYS, MAX_RECORDS_PER_BATCH, Hello, MessageKind
 
 # Typed decoders bound what one frame can make the daemon allocate: msgspec checks each array's
 # and map's length against these limits before decoding its items, and every value is a scalar
 # or a small flat container, so a 4 MiB frame becomes at most a few times 4 MiB of Python objects
 # and a frame that breaks a limit costs almost nothing (an untyped decode of 4 MiB of nested
 # empty arrays took 26 s and 270 MB). Limits are in docs/PROTOCOL.md.
-MAX_PROFILE_KEYS = 1024
-"""Entries in one PROFILE record's map (more: the record is counted ``malformed_record``)."""
 MAX_HELLO_KEYS = 64
 MAX_HELLO_STR = 256
 MAX_DROP_REASONS = 32

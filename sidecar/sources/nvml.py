@@ -33,6 +33,7 @@ from sidecar.sources.nvml_driver import GpuLostError, NvmlDriver, NvmlUnavailabl
 from sidecar.sources.nvml_events import XidWatcher
 from sidecar.sources.nvml_gpm import GpmSampler
 from sidecar.sources.nvml_gpu import GpuReader
+from sidecar.sources.settings import NVML_INTERVAL
 
 _LOG = logging.getLogger("sidecar.nvml")
 
@@ -45,7 +46,7 @@ class NvmlSource:
 
     def __init__(
         self,
-        interval_s: float = 1.0,
+        interval_s: float = NVML_INTERVAL.default,
         library_path: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         log: logging.Logger = _LOG,

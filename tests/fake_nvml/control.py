@@ -41,7 +41,7 @@ VALUES: dict[str, str] = {
     "clock_reasons": "bit mask of nvmlClocksEventReason*",
     "power_mw": "milliwatts",
     "power_limit_mw": "milliwatts",
-    "energy_mj": "millijoules at load; grows by power_mw per second",
+    "energy_mj": "millijoules added to the counter, which grows by power_mw per second since boot (a driver's)",
     "pcie_tx_bytes_per_s": "the PCIe TX byte counter grows at this rate",
     "pcie_rx_bytes_per_s": "the PCIe RX byte counter grows at this rate",
     "ecc_sbe_volatile": "count",

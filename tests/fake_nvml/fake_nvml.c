@@ -424,7 +424,14 @@ static slot_t slot_of(int gpu, enum slot s)
     return v;
 }
 
-/* Cumulative counters grow with real time: energy from the power draw, PCIe from the rates. */
+/* Energy drawn so far (mJ) and when it was last brought up to date (CLOCK_MONOTONIC seconds). */
+static double g_energy_mj[MAX_GPUS];
+static double g_energy_at[MAX_GPUS]; /* 0 before the first read: integrate from boot */
+
+/* Cumulative counters grow with real time: PCIe from the rates since load; energy like a real
+ * driver's counter, which counts since the driver loaded, not since this process did: as if the
+ * GPU had drawn power_mw since boot, integrated from the first read on (a change of power_mw
+ * changes the slope from then), so a restarted daemon reads on where the last one left off. */
 static unsigned long long counter_of(int gpu, enum slot s, nvmlReturn_t *rc)
 {
     pthread_mutex_lock(&g_lock);
@@ -433,7 +440,10 @@ static unsigned long long counter_of(int gpu, enum slot s, nvmlReturn_t *rc)
     *rc = slots[s].rc;
     if (s == S_ENERGY_MJ) {
         if (*rc == NVML_SUCCESS) *rc = slots[S_POWER_MW].rc;
-        v = slots[S_ENERGY_MJ].value + slots[S_POWER_MW].value * t;
+        double now = (double)mono_ns() / 1e9;
+        g_energy_mj[gpu] += slots[S_POWER_MW].value * (now - g_energy_at[gpu]);
+        g_energy_at[gpu] = now;
+        v = slots[S_ENERGY_MJ].value + g_energy_mj[gpu];
     } else {
         v = slots[s].value * t;
     }

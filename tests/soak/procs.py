@@ -13,28 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from tests.daemon_harness import ROOT, Samples, env
-
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-_TICK = os.sysconf("SC_CLK_TCK")
+from tests.launcher import cpu_seconds, memory_bytes
 
 
 def rss_bytes(pid: int) -> int:
     """Resident set size of ``pid`` (bytes); 0 if it is gone."""
     try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, IndexError, ValueError):
+        return memory_bytes(pid)[0]
+    except OSError:
         return 0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of ``pid`` (seconds, all threads); 0.0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 def open_fds(pid: int) -> list[str]:
@@ -72,9 +59,12 @@ class Sampler:
 
     def _run(self, period_s: float) -> None:
         while not self._stop.is_set():
-            rss = rss_bytes(self.pid)
+            try:
+                rss, cpu = memory_bytes(self.pid)[0], cpu_seconds(self.pid)
+            except OSError:  # gone: nothing to sample
+                rss, cpu = 0, 0.0
             if rss:
-                self.samples.append((time.monotonic(), rss, cpu_seconds(self.pid)))
+                self.samples.append((time.monotonic(), rss, cpu))
             self._stop.wait(period_s)
 
     def stop(self) -> list[tuple[float, int, float]]:

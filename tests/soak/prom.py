@@ -6,11 +6,10 @@ import json
 import subprocess
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.daemon_harness import free_port
+from tests.launcher import free_port, http_get
 
 
 class Prometheus:
@@ -27,8 +26,7 @@ class Prometheus:
 
     def api(self, path: str, **params: Any) -> Any:
         url = f"http://127.0.0.1:{self.port}/api/v1/{path}?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            body = json.load(resp)
+        body = json.loads(http_get(url, timeout_s=10))
         if body.get("status") != "success":
             raise AssertionError(f"Prometheus: {body}")
         return body["data"]

@@ -27,12 +27,12 @@ from typing import Any
 
 from sidecar.ingest import COALESCE_S
 from tests.daemon_harness import DaemonProc, free_port
+from tests.launcher import cpu_seconds
 from tests.soak import faults
 from tests.soak.procs import (
     GarbageProc,
     PublisherProc,
     Sampler,
-    cpu_seconds,
     label_accounting,
     sender_drops,
     transport_total,
@@ -194,13 +194,15 @@ def run_soak(tmp: Path, cfg: SoakConfig, log=print) -> dict[str, Any]:
                 for p in pubs:
                     p.command("resume")
                 time.sleep(rng.uniform(0.3, 1.0))
-                snap = label_accounting(daemon.samples())
+                snap, snap_window_s = _snapshot_at_a_window(daemon)
                 prekill = {w: transport_total(e) for (role, w), e in snap.items() if role == ROLE}
                 fault_ctl.note_children(daemon)
                 killed_at = time.time()
                 daemon.stop(signal.SIGKILL)
                 life.exit_code = daemon.proc.returncode
-                life.unflushed_s = killed_at - last_window_unix_s(daemon.log())
+                # From the window the snapshot holds, not the last one logged: a window that rolls
+                # between the snapshot and the kill is exported, but not in ``prekill``.
+                life.unflushed_s = killed_at - snap_window_s
                 fault_ctl.after_kill()
             else:
                 prekill = {w: transport_total(e) for (role, w), e in label_accounting(daemon.samples()).items()
@@ -229,6 +231,19 @@ def run_soak(tmp: Path, cfg: SoakConfig, log=print) -> dict[str, Any]:
         garbage.kill()
         fault_ctl.cleanup()
     return _summary(cfg, lives, final, garbage_sent)
+
+
+def _snapshot_at_a_window(daemon: DaemonProc) -> tuple[dict[Any, Any], float]:
+    """The daemon's accounting and the Unix time of the window it holds: a scrape with no window
+    line logged around it (50 ms after, for a line written just after its window was served)."""
+    for _ in range(20):
+        before = last_window_unix_s(daemon.log())
+        snap = label_accounting(daemon.samples())
+        time.sleep(0.05)
+        after = last_window_unix_s(daemon.log())
+        if after == before or (math.isnan(after) and math.isnan(before)):
+            return snap, before
+    raise AssertionError("no scrape fell between two window lines in 20 tries")
 
 
 def last_window_unix_s(log_text: str) -> float:

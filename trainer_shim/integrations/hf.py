@@ -10,7 +10,10 @@ between two steps to the next step's begin: the fetch of the next batches; see b
 ``on_step_begin`` to ``on_pre_optimizer_step``: every micro-batch's forward and backward, and
 gradient clipping) and ``optimizer_step_ms`` (from ``on_pre_optimizer_step`` to
 ``on_optimizer_step``), and counts ``batches`` (and ``tokens`` when the Trainer counts input
-tokens, ``include_num_input_tokens_seen``). ``loss`` and ``lr`` come from the Trainer's own logs,
+tokens, ``include_num_input_tokens_seen``). Each checkpoint the Trainer saves is timed as
+``checkpoint_ms``: from the last hook before the save (``on_step_end``, ``on_log``,
+``on_evaluate`` or ``on_epoch_end``: the Trainer logs and evaluates, then saves) to ``on_save``,
+which it calls once the checkpoint is written. ``loss`` and ``lr`` come from the Trainer's own logs,
 which hold Python floats already: nothing here reads a tensor, so nothing synchronizes. When the
 Trainer has a W&B run (its ``WandbCallback`` starts it at train begin), the run id is announced
 at once. Names: ``trainer_shim.integrations.names``.
@@ -25,10 +28,12 @@ after this one (list ``SidecarCallback()`` last to keep them out).
 
 from __future__ import annotations
 
+from time import perf_counter_ns
 from typing import Any
 
 from transformers import TrainerCallback
 
+from trainer_shim import telemetry
 from trainer_shim.integrations import names, wandb_metrics
 from trainer_shim.integrations._steps import StepClock, announce_wandb_run
 
@@ -41,7 +46,10 @@ class SidecarCallback(TrainerCallback):  # type: ignore[misc]
         default channel. ``wandb_open_metrics``: off by default; see ``wandb_metrics.opt_in``."""
         self._open_metrics = wandb_metrics.opt_in(wandb_open_metrics)
         self._clock = StepClock(channel)
+        self._tm = channel if channel is not None else telemetry
         self._tokens_seen = 0
+        self._last_hook_ns: int | None = None
+        """When the last hook before a possible save returned (``perf_counter_ns``)."""
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         announce_wandb_run()
@@ -62,12 +70,20 @@ class SidecarCallback(TrainerCallback):  # type: ignore[misc]
         seen = getattr(state, "num_input_tokens_seen", 0) or 0
         tokens, self._tokens_seen = int(seen) - self._tokens_seen, int(seen)
         self._clock.step_end(state.global_step, tokens if tokens > 0 else None)
+        self._last_hook_ns = perf_counter_ns()
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._last_hook_ns = perf_counter_ns()
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._clock.after_step()
+        self._clock.after_step()  # the next data wait starts after the evaluation
+        self._last_hook_ns = perf_counter_ns()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._clock.after_step()
+        self._clock.after_step()  # the next data wait starts after the checkpoint
+        if self._last_hook_ns is not None:
+            self._tm.timing(names.CHECKPOINT_MS, (perf_counter_ns() - self._last_hook_ns) / 1e6)
+        self._last_hook_ns = None
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
@@ -77,3 +93,4 @@ class SidecarCallback(TrainerCallback):  # type: ignore[misc]
             self._clock.gauge(names.LOSS, logs["loss"])
         if "learning_rate" in logs:
             self._clock.gauge(names.LR, logs["learning_rate"])
+        self._last_hook_ns = perf_counter_ns()

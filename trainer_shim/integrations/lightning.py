@@ -12,7 +12,11 @@ loop's fetch of the next batch, between a batch's end and the next batch's start
 to batch end: the optimizer step, with gradient clipping if any), and counts ``batches``. The
 loss goes through ``telemetry.scalar`` (a CUDA loss is copied asynchronously, never read), the
 learning rate is the first optimizer's first group's ``lr`` (a Python float). The W&B run, when
-the trainer has one, is announced at train start. Names: ``trainer_shim.integrations.names``.
+the trainer has one, is announced at train start. Each checkpoint is timed as ``checkpoint_ms``:
+Lightning's save hook for callbacks, ``on_save_checkpoint``, runs before the checkpoint is written
+and nothing tells a callback when the write is done, so from ``setup`` to ``teardown`` the callback
+times that trainer's ``save_checkpoint`` itself (through which ``ModelCheckpoint`` and manual saves
+go: gathering the state, writing it, the ranks' barrier). Names: ``trainer_shim.integrations.names``.
 
 What the data wait can see: between two batches the loop runs the other callbacks' batch-end
 hooks, validation and checkpoints when due, its own bookkeeping, and fetches the next batch.
@@ -25,10 +29,12 @@ hooks. A Lightning without those hooks leaves the data wait as the whole gap.
 from __future__ import annotations
 
 import contextlib
+from time import perf_counter_ns
 from typing import Any
 
 from lightning.pytorch import Callback
 
+from trainer_shim import telemetry
 from trainer_shim.integrations import names, wandb_metrics
 from trainer_shim.integrations._steps import StepClock, announce_wandb_run
 
@@ -41,6 +47,15 @@ class SidecarCallback(Callback):  # type: ignore[misc]
         default channel. ``wandb_open_metrics``: off by default; see ``wandb_metrics.opt_in``."""
         self._open_metrics = wandb_metrics.opt_in(wandb_open_metrics)
         self._clock = StepClock(channel)
+        self._tm = channel if channel is not None else telemetry
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if not isinstance(trainer.__dict__.get("save_checkpoint"), _TimedSave):
+            trainer.save_checkpoint = _TimedSave(trainer.save_checkpoint, self._tm)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if isinstance(trainer.__dict__.get("save_checkpoint"), _TimedSave):
+            del trainer.save_checkpoint  # the class's method again
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         _time_fetches(trainer, self._clock)
@@ -93,3 +108,19 @@ def _time_fetches(trainer: Any, clock: StepClock) -> None:
     on_before_fetch._sidecar_clock = clock  # type: ignore[attr-defined]
     loop._on_before_fetch = on_before_fetch
     loop._on_after_fetch = on_after_fetch
+
+
+class _TimedSave:
+    """``trainer.save_checkpoint`` that also publishes how long it took as ``checkpoint_ms`` (a
+    failed save too: the time was spent; the trainer's exception goes on to the trainer)."""
+
+    def __init__(self, save: Any, tm: Any) -> None:
+        self._save = save
+        self._tm = tm
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = perf_counter_ns()
+        try:
+            return self._save(*args, **kwargs)
+        finally:
+            self._tm.timing(names.CHECKPOINT_MS, (perf_counter_ns() - t0) / 1e6)

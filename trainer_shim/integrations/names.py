@@ -21,6 +21,9 @@ STEP_MS = "step_ms"
 """A whole training step, its data wait included: from the previous step's end hook (the first
 step: its begin hook) to its own end hook. Every other timing of the callbacks lies inside it, so
 the part of it they leave uncovered is host time between the hooks."""
+CHECKPOINT_MS = "checkpoint_ms"
+"""Saving a checkpoint (Hugging Face: from the Trainer's last hook before the save to ``on_save``;
+Lightning: the whole ``trainer.save_checkpoint``). The run ledger tells it as ``checkpoint``."""
 COMM_WAIT_MS = "comm_wait_ms"
 """Waiting on collectives (reserved for trainers that measure it; no integration does)."""
 BATCHES = "batches"

@@ -18,45 +18,49 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from sidecar.exporters.prometheus import exposition as ex
 from sidecar.exporters.prometheus.dcgm import DcgmSource
 from sidecar.exporters.prometheus.gpu import gpu_metric_families
 from sidecar.exporters.prometheus.insight import insight_families
 from sidecar.exporters.prometheus.ledger import ledger_families
-from sidecar.exporters.prometheus.process import WandbStatsLike, self_families, wandb_families
+from sidecar.exporters.prometheus.process import self_families, wandb_families
 from sidecar.model.gpu import GpuView
-from sidecar.model.names import family_names
-from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING, IngestHealth, IngestReport
+from sidecar.model.live import LiveState
+from sidecar.model.names import TRAINER_FAMILIES
+from sidecar.model.window import (
+    ALLOCATOR,
+    CATEGORY,
+    COUNT,
+    GAUGE,
+    PROFILE,
+    SCALAR,
+    TIMING,
+    IngestReport,
+)
 
 log = logging.getLogger("sidecar")
 
 FamilySource = Callable[[], Iterable[Metric]]
 
 
-@dataclass
+@dataclass(slots=True)
 class ExportState:
-    """What a scrape reads. ``report`` (the window, with its insight) is replaced, never mutated,
-    once per window; the readers are called at scrape time for what changes between windows:
-    the GPUs (their latest snapshot, not the window's), ingest health, the W&B exporter's stats.
-    A reader left None has no families; with ``ingest`` None, neither have the process's own
-    figures (self-telemetry is the daemon's: it passes a reader that returns None until ingest
-    runs)."""
+    """What a scrape reads: ``report`` (the window, with its insight), replaced, never mutated,
+    once per window, and ``live``, the daemon's one read-only live state, for what changes
+    between windows: the GPUs (their latest snapshot, not the window's), the daemon's own
+    telemetry, the W&B exporter's stats, ``/explain``. What the live state lacks has no
+    families (a bare ``LiveState`` in tests: the window's families only)."""
 
     host: str
     started_unix_s: float
     report: IngestReport | None = None
-    gpus: Callable[[], GpuView] | None = None
-    ingest: Callable[[], IngestHealth | None] | None = None
-    wandb: Callable[[], WandbStatsLike] | None = None
-    explain: Callable[[], Any] | None = None
-    """JSON-able mapping report served on ``/explain`` (``dflash-sidecar explain``)."""
+    live: LiveState = field(default_factory=LiveState)
     http: Callable[[], list[Metric]] | None = None
     """The metrics server's own counters (connections accepted, closed early by reason)."""
     dcgm_compat: bool = False
@@ -82,13 +86,12 @@ class SidecarCollector(Collector):
         """Sources whose families change between windows (self-telemetry, W&B, GPUs)."""
         state = self.state
         host = state.host
-        ingest, wandb, gpus = state.ingest, state.wandb, state.gpus
-        sources: list[tuple[str, FamilySource]] = []
-        if ingest is not None:
-            sources.append(("self", lambda: self_families(host, ingest())))
-        if wandb is not None:
-            sources.append(("wandb", lambda: wandb_families(host, wandb())))
-        view = _Once(gpus) if gpus is not None else None  # one GpuView per scrape for both GPU sources
+        live = state.live
+        sources: list[tuple[str, FamilySource]] = [
+            ("self", lambda: self_families(host, live.telemetry())),
+            ("wandb", lambda: wandb_families(host, live.exporter_stats("wandb"))),
+        ]
+        view = _Once(live.gpu_view) if live.has_gpus else None  # one GpuView per scrape for both GPU sources
         if view is not None:
             sources.append(("gpu", lambda: gpu_metric_families(view(), host, time.monotonic())))
         if state.http is not None:
@@ -112,20 +115,26 @@ class SidecarCollector(Collector):
 class _Once:
     """``read()`` called once, on first use: the GPU sources of one scrape share one view."""
 
-    def __init__(self, read: Callable[[], GpuView]) -> None:
+    def __init__(self, read: Callable[[], GpuView | None]) -> None:
         self._read = read
         self._view: GpuView | None = None
 
     def __call__(self) -> GpuView:
         if self._view is None:
-            self._view = self._read()
+            view = self._read()
+            if view is None:
+                raise LookupError("the live state has no GPU view")
+            self._view = view
         return self._view
 
 
-def explain_json(collector: SidecarCollector) -> bytes:
-    """The body of ``/explain``: ``state.explain()`` as JSON (``{}`` if it failed, logged once)."""
-    explain = collector.state.explain
-    data = collector.guarded("explain", lambda: [explain()], [{}])[0] if explain is not None else {}
+def explain_json(collector: SidecarCollector) -> bytes | None:
+    """The body of ``/explain``: the live state's ``explain()`` as JSON (``{}`` if it failed,
+    logged once); None where the live state has no admin side (no such page)."""
+    live = collector.state.live
+    if not live.has_admin:
+        return None
+    data = collector.guarded("explain", lambda: [live.explain()], [{}])[0]
     return json.dumps(data).encode()
 
 
@@ -161,23 +170,29 @@ def report_sources(report: IngestReport | None, host: str) -> list[tuple[str, Fa
     return sources
 
 
-def trainer_families(report: IngestReport, host: str) -> list[Metric]:
-    """Families for the trainer's own series (timings, counters, gauges, scalars, categories)."""
-    families: dict[str, Metric] = {}
-    labels = ["host", "role", "worker"]
+_FACTORIES: dict[str, Callable[..., Metric]] = {"summary": SummaryMetricFamily, "counter": CounterMetricFamily,
+                                                "gauge": GaugeMetricFamily}
 
-    def family(name: str, factory: Callable[..., Metric], doc: str, extra: list[str] | None = None) -> Any:
+
+def trainer_families(report: IngestReport, host: str) -> list[Metric]:
+    """Families for the trainer's own series (timings, counters, gauges, scalars, categories),
+    steps and CUDA allocator samples, as ``TRAINER_FAMILIES`` declares them."""
+    families: dict[str, Metric] = {}
+
+    def family(kind: int, token: str = "", which: int = 0) -> Any:
+        declared = TRAINER_FAMILIES[kind][which]
+        name = declared.name.format(token)
         fam = families.get(name)
         if fam is None:
-            fam = families[name] = factory(name, doc, labels=labels + (extra or []))
+            fam = families[name] = _FACTORIES[declared.type](name, declared.help.format(token),
+                                                             labels=list(declared.labels))
         return fam
 
+    labels = ["host", "role", "worker"]
     for view in report.window.series:
         base = [host, view.role, view.worker]
-        names = family_names(view.kind, view.name)
         if view.kind == TIMING:
-            fam = family(names[0], SummaryMetricFamily,
-                         ex.TIMING_HELP.format(view.name))
+            fam = family(TIMING, view.name)
             window = view.window
             quantiles = ([("0.5", window["p50"] / 1000.0), ("0.95", window["p95"] / 1000.0),
                           ("1", window["max"] / 1000.0)] if window else [])
@@ -185,34 +200,25 @@ def trainer_families(report: IngestReport, host: str) -> list[Metric]:
             for q, v in quantiles:
                 fam.samples.append(Sample(fam.name, dict(zip(labels, base)) | {"quantile": q}, v))
         elif view.kind == COUNT:
-            family(names[0], CounterMetricFamily,
-                   ex.COUNTER_HELP.format(view.name)).add_metric(base, view.cumulative["total"])
+            family(COUNT, view.name).add_metric(base, view.cumulative["total"])
         elif view.kind in (GAUGE, SCALAR):
             last = view.cumulative["last"]
             if isinstance(last, float) and math.isnan(last):
                 continue
-            family(names[0], GaugeMetricFamily,
-                   (ex.GAUGE_HELP if view.kind == GAUGE else ex.SCALAR_HELP).format(view.name)).add_metric(base, last)
+            family(view.kind, view.name).add_metric(base, last)
         elif view.kind == CATEGORY:
-            fam = family(names[0], CounterMetricFamily,
-                         ex.CATEGORY_HELP.format(view.name), ["key"])
+            fam = family(CATEGORY, view.name)
             for key, count in view.cumulative["totals"].items():
                 fam.add_metric(base + [key], count)
             if view.window:
-                family(names[1], GaugeMetricFamily,
-                       ex.ENTROPY_HELP.format(view.name)).add_metric(base, view.window["entropy_bits"])
-    steps = GaugeMetricFamily("dflash_trainer_step", ex.STEP_HELP, labels=labels)
+                family(CATEGORY, view.name, 1).add_metric(base, view.window["entropy_bits"])
+    steps = family(PROFILE)
     for (role, worker), step in report.window.steps.items():
         steps.add_metric([host, role, worker], step)
-    families[steps.name] = steps
-    alloc = {k: GaugeMetricFamily(f"dflash_cuda_allocator_{k}_bytes",
-                                  ex.ALLOCATOR_HELP.format(k.replace("_", " ")),
-                                  labels=["host", "gpu", "role", "worker"])
-             for k in ex.ALLOCATOR_KINDS}
+    alloc = [family(ALLOCATOR, which=i) for i in range(len(TRAINER_FAMILIES[ALLOCATOR]))]
     for (role, worker, device), values in report.window.allocator.items():
-        for fam, value in zip(alloc.values(), values):
+        for fam, value in zip(alloc, values):
             fam.add_metric([host, str(device), role, worker], value)
-    families.update((f.name, f) for f in alloc.values())
     return list(families.values())
 
 

@@ -1,19 +1,18 @@
-"""The Prometheus exporter: serves ``/metrics`` from the latest window and the scrape-time readers."""
+"""The Prometheus exporter: serves ``/metrics`` from the latest window and the live state (and,
+beside it, the admin side's ``/explain``)."""
 
 from __future__ import annotations
 
 import errno
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from sidecar.exporters.base import Exporter
 from sidecar.exporters.prometheus.collector import ExportState
-from sidecar.exporters.prometheus.process import WandbStatsLike
 from sidecar.exporters.prometheus.server import serve
-from sidecar.model.gpu import GpuView
-from sidecar.model.window import IngestHealth, IngestReport
+from sidecar.model.live import LiveState
+from sidecar.model.window import IngestReport
 
 log = logging.getLogger("sidecar")
 
@@ -24,16 +23,14 @@ class PrometheusExporter(Exporter):
     name = "prometheus"
 
     def __init__(self, host: str, addr: str, certfile: str | None = None, keyfile: str | None = None, *,
-                 gpus: Callable[[], GpuView] | None = None, ingest: Callable[[], IngestHealth | None] | None = None,
-                 wandb: Callable[[], WandbStatsLike] | None = None,
-                 explain: Callable[[], Any] | None = None, dcgm_compat: bool = False) -> None:
-        """``addr``: "host:port" (IPv6 in brackets). ``gpus``, ``ingest``, ``wandb``: readers
-        called at scrape time (see ``ExportState``); None leaves their families out. ``explain``:
-        the mapping report served on ``/explain``. ``dcgm_compat``: also the dcgm-exporter names."""
+                 live: LiveState | None = None, dcgm_compat: bool = False) -> None:
+        """``addr``: "host:port" (IPv6 in brackets). ``live``: what is read at scrape time (see
+        ``ExportState``); a bare one leaves those families out. ``dcgm_compat``: also the
+        dcgm-exporter names."""
         self.addr = addr
         self.certfile, self.keyfile = certfile, keyfile
-        self.state = ExportState(host=host, started_unix_s=time.time(), gpus=gpus, ingest=ingest, wandb=wandb,
-                                 explain=explain, dcgm_compat=dcgm_compat)
+        self.state = ExportState(host=host, started_unix_s=time.time(), live=live or LiveState(),
+                                 dcgm_compat=dcgm_compat)
         self._server: Any = None
 
     def start(self) -> None:

@@ -20,8 +20,8 @@ from prometheus_client import generate_latest
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from sidecar.model.names import family_names
-from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING
+from sidecar.model.names import TRAINER_FAMILIES, TrainerFamily
+from sidecar.model.window import ALLOCATOR, CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -29,17 +29,6 @@ if TYPE_CHECKING:
     from sidecar.model.window import IngestReport, SeriesView
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-TIMING_HELP = "Trainer timing '{}' (seconds); quantiles over the last window."
-COUNTER_HELP = "Trainer counter '{}' (cumulative since the daemon started)."
-GAUGE_HELP = "Trainer gauge '{}' (last value)."
-SCALAR_HELP = "Trainer GPU scalar '{}' (last value)."
-CATEGORY_HELP = "Samples of category '{}' per key."
-ENTROPY_HELP = "Shannon entropy (bits) of category '{}' over the last window."
-STEP_HELP = "Latest trainer step published."
-ALLOCATOR_KINDS = ("allocated", "reserved", "max_reserved")
-ALLOCATOR_HELP = "CUDA caching allocator: {} (bytes, host-side counter)."
-"""Family help texts, shared with ``prometheus.trainer_families`` so the two renderings agree."""
 
 _INF = math.inf
 
@@ -67,14 +56,6 @@ def escape(value: str) -> str:
 def _header(name: str, kind: str, doc: str) -> str:
     doc = doc.replace("\\", r"\\").replace("\n", r"\n")
     return f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
-
-
-def _exposed(name: str, kind: str) -> str:
-    """The name a family's HELP, TYPE and samples carry: a counter's loses a trailing ``_total``
-    (as ``CounterMetricFamily`` does) and gains one."""
-    if kind == "counter":
-        return (name[:-6] if name.endswith("_total") else name) + "_total"
-    return name
 
 
 class _Families(Collector):
@@ -117,28 +98,20 @@ class _TrainerPage:
         self._of_series: dict[tuple[int, str, int], tuple[str, list[str]]] = {}
         self._labels: dict[tuple[str, str], _Labels] = {}
 
-    def family(self, name: str, kind: str, doc: str) -> tuple[str, list[str]]:
+    def family(self, family: TrainerFamily, token: str = "") -> tuple[str, list[str]]:
+        """The page's entry for ``family`` (of the series ``token``): its exposed name and lines."""
+        name = family.name.format(token)
         fam = self.families.get(name)
         if fam is None:
-            shown = _exposed(name, kind)
-            fam = self.families[name] = (shown, [_header(shown, kind, doc)])
+            shown = family.exposed(token)
+            fam = self.families[name] = (shown, [_header(shown, family.type, family.help.format(token))])
         return fam
 
     def series_family(self, kind: int, token: str, which: int = 0) -> tuple[str, list[str]]:
-        """The family of a trainer series (``which``: 1 for a category's entropy), memoized."""
+        """The family of a trainer series (``which``: its place in ``TRAINER_FAMILIES[kind]``), memoized."""
         fam = self._of_series.get((kind, token, which))
         if fam is None:
-            name = family_names(kind, token)[which]
-            if kind == TIMING:
-                fam = self.family(name, "summary", TIMING_HELP.format(token))
-            elif kind == COUNT:
-                fam = self.family(name, "counter", COUNTER_HELP.format(token))
-            elif kind == CATEGORY:
-                fam = (self.family(name, "gauge", ENTROPY_HELP.format(token)) if which
-                       else self.family(name, "counter", CATEGORY_HELP.format(token)))
-            else:
-                fam = self.family(name, "gauge", (GAUGE_HELP if kind == GAUGE else SCALAR_HELP).format(token))
-            self._of_series[kind, token, which] = fam
+            fam = self._of_series[kind, token, which] = self.family(TRAINER_FAMILIES[kind][which], token)
         return fam
 
     def add(self, view: SeriesView) -> None:
@@ -172,14 +145,13 @@ class _TrainerPage:
                 lines.append(f"{name}{lab.base} {go_float(window['entropy_bits'])}\n")
 
     def add_steps(self, steps: dict[tuple[str, str], int]) -> None:
-        _, lines = self.family("dflash_trainer_step", "gauge", STEP_HELP)
+        name, lines = self.family(TRAINER_FAMILIES[PROFILE][0])
         for (role, worker), step in steps.items():
-            lines.append(f'dflash_trainer_step{{host="{self.host}",role="{escape(role)}",'
+            lines.append(f'{name}{{host="{self.host}",role="{escape(role)}",'
                          f'worker="{escape(worker)}"}} {go_float(step)}\n')
 
     def add_allocator(self, allocator: dict[tuple[str, str, int], tuple[int, int, int]]) -> None:
-        families = [self.family(f"dflash_cuda_allocator_{k}_bytes", "gauge",
-                                ALLOCATOR_HELP.format(k.replace("_", " "))) for k in ALLOCATOR_KINDS]
+        families = [self.family(family) for family in TRAINER_FAMILIES[ALLOCATOR]]
         for (role, worker, device), values in allocator.items():
             labels = (f'{{gpu="{escape(str(device))}",host="{self.host}",role="{escape(role)}",'
                       f'worker="{escape(worker)}"}}')

@@ -1,5 +1,6 @@
-"""Self-telemetry families: the daemon's own CPU, memory, threads and descriptors, ingest health,
-and the W&B exporter's queue, built at scrape time.
+"""Self-telemetry families: the daemon's own CPU, memory, threads and descriptors, ingest health
+(as ``sidecar.admin`` reads them into the live state), and the W&B exporter's queue, built at
+scrape time.
 
 Not prometheus_client's ``ProcessCollector``: its families are ``process_*`` without the ``host``
 label, it reports no thread count, and its CPU time comes in clock ticks from /proc/self/stat,
@@ -16,8 +17,7 @@ from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sidecar.model.window import IngestHealth
-from sidecar.selfstats import read_self
+from sidecar.model.live import DaemonTelemetry
 
 
 class WandbStatsLike(Protocol):
@@ -33,9 +33,11 @@ class WandbStatsLike(Protocol):
     def rows_dropped(self) -> Mapping[str, int]: ...
 
 
-def self_families(host: str, ingest: IngestHealth | None) -> list[Metric]:
-    """The process's own figures, plus ingest health once ingest runs (``ingest`` not None)."""
-    stats = read_self()
+def self_families(host: str, stats: DaemonTelemetry | None) -> list[Metric]:
+    """The process's own figures, plus ingest health once ingest runs; none without ``stats``."""
+    if stats is None:
+        return []
+    ingest = stats.ingest
     labels = [host]
     cpu = CounterMetricFamily("dflash_sidecar_cpu_seconds", "CPU time used by the daemon (seconds).", labels=["host"])
     cpu.add_metric(labels, stats.cpu_seconds)
@@ -59,8 +61,11 @@ def self_families(host: str, ingest: IngestHealth | None) -> list[Metric]:
     return families
 
 
-def wandb_families(host: str, stats: WandbStatsLike) -> list[Metric]:
-    """The W&B exporter's queue depth, rows logged and dropped, and state (a state set)."""
+def wandb_families(host: str, stats: WandbStatsLike | None) -> list[Metric]:
+    """The W&B exporter's queue depth, rows logged and dropped, and state (a state set); none
+    without W&B (``stats`` None)."""
+    if stats is None:
+        return []
     labels = [host]
     depth = GaugeMetricFamily("dflash_sidecar_wandb_queue_depth", "Rows waiting for W&B.", labels=["host"])
     depth.add_metric(labels, stats.queue_depth)

@@ -372,9 +372,9 @@ def metrics_app(page: MetricsPage, registry: CollectorRegistry,
         if environ.get("PATH_INFO") == "/favicon.ico":
             start_response("200 OK", [])
             return [b""]
-        if environ.get("PATH_INFO") == "/explain" and page.collector.state.explain is not None:
-            start_response("200 OK", [("Content-Type", "application/json")])
-            return [explain_json(page.collector)]
+        if environ.get("PATH_INFO") == "/explain" and (explained := explain_json(page.collector)) is not None:
+            start_response("200 OK", [("Content-Type", "application/json")])  # the admin side (sidecar.admin)
+            return [explained]
         if wandb_page is not None and environ.get("PATH_INFO", "").startswith(WANDB_PATH):
             wandb_route = environ["PATH_INFO"][len(WANDB_PATH):].rstrip("/")
             if wandb_route == "/legend":

@@ -195,9 +195,10 @@ class WandbPage:
             if report.insight is not None:
                 insight = report.insight
                 families += self.collector.guarded("insight", lambda: insight_families(insight, state.host))
-        gpus = state.gpus
-        if gpus is not None:
-            families += self.collector.guarded("gpu", lambda: gpu_metric_families(gpus(), state.host, self.clock()))
+        live = state.live
+        if live.has_gpus:
+            families += self.collector.guarded(
+                "gpu", lambda: gpu_metric_families(live.gpu_view(), state.host, self.clock()))  # type: ignore[arg-type]
         index: dict[str, Samples] = {}
         for family in families:
             for sample in family.samples:

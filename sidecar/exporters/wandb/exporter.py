@@ -32,7 +32,8 @@ from sidecar.exporters.base import Exporter
 from sidecar.exporters.wandb import join
 from sidecar.exporters.wandb.join import Plan, PlanKind, TrainerRun
 from sidecar.exporters.wandb.rows import window_row
-from sidecar.model.window import IngestReport
+from sidecar.exporters.wandb.settings import QUEUE, RUN, WandbSettings
+from sidecar.model.window import IngestReport, SenderView
 
 POLL_S: Final = 0.2
 """How often the idle exporter thread looks for a new target run (seconds)."""
@@ -67,7 +68,7 @@ class WandbConfig:
     """W&B project; falls back to the trainer's announced project, then ``WANDB_PROJECT``."""
     entity: str | None = None
     """W&B entity; falls back to the trainer's announced entity, then ``WANDB_ENTITY``."""
-    queue_size: int = 256
+    queue_size: int = QUEUE.default
     """Rows held while W&B is slow or not yet attached; further rows are dropped and counted."""
     shutdown_timeout_s: float = 5.0
     """Longest ``shutdown()`` waits to flush and close (seconds)."""
@@ -78,12 +79,21 @@ class WandbConfig:
     """Directory under which wandb writes its ``wandb/`` run folders; default ``WANDB_DIR``,
     then ``$STATE_DIRECTORY`` (systemd), then the working directory."""
 
+    @classmethod
+    def from_settings(cls, settings: WandbSettings, **rest: Any) -> WandbConfig:
+        """The exporter's configuration from the daemon's W&B settings; ``rest``: the other fields."""
+        return cls(run=settings.wandb_run, project=settings.wandb_project, entity=settings.wandb_entity,
+                   queue_size=settings.wandb_queue, **rest)
+
     def validate(self) -> None:
-        """Raise ``ValueError`` with a clear message for an unusable configuration."""
-        if self.run is not None and (not self.run.strip() or any(c in self.run for c in "/ \t")):
-            raise ValueError(f"--wandb-run must be a W&B run id or 'auto', got {self.run!r}")
-        if self.queue_size < 1:
-            raise ValueError(f"W&B queue_size must be >= 1, got {self.queue_size}")
+        """Raise ``ValueError`` with a clear message for an unusable configuration: the run id and
+        queue size are checked by their settings' declarations (``settings``)."""
+        if self.run is not None:
+            try:
+                RUN.spec.check(self.run)
+            except ValueError as exc:
+                raise ValueError(f"--wandb-run: {self.run!r}: {exc}") from None
+        QUEUE.check_bounds(self.queue_size)
         if self.shutdown_timeout_s < 0:
             raise ValueError(f"W&B shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s}")
 
@@ -212,8 +222,9 @@ class WandbExporter(Exporter):
         """Queue the window's row (``rows.window_row``) against the trainer's step."""
         self.submit(window_row(window, self._host), window.window.trainer_step)
 
-    def hello(self, hello: Mapping[str, Any]) -> None:
+    def hello(self, sender: SenderView) -> None:
         """A shim hello: what it says about the trainer's W&B run (``on_trainer_hello``)."""
+        hello = sender.hello or {}
         self.on_trainer_hello(hello.get("wandb_run_id"), hello.get("wandb_project"), hello.get("wandb_entity"),
                               hello.get("wandb_mode"), hello.get("wandb_primary"))
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from sidecar.model.gpu import GPU_METRICS, XID_METRICS, GpuView, NvmlState, ProfilingState
 
-_GROUP_VALUES = (
+GROUP_VALUES = (
     ("utilization_mean_ratio", "utilization"),
     ("power_total_watts", "power_watts"),
     ("temperature_max_celsius", "temperature_max_celsius"),
     ("memory_free_min_bytes", "memory_free_min_bytes"),
     ("gpus_up", "gpus_up"),
 )
+"""(``GroupAggregate`` attribute, key under ``group/<name>/``) of each GPU group value."""
 
 
 def gpu_wandb_row(view: GpuView, now_monotonic_s: float) -> dict[str, float]:
@@ -49,7 +50,7 @@ def gpu_wandb_row(view: GpuView, now_monotonic_s: float) -> dict[str, float]:
             if process.memory_bytes is not None:
                 row[f"{prefix}process/{process.role}/{process.worker}/memory_bytes"] = float(process.memory_bytes)
     for aggregate in view.groups:
-        for attribute, key in _GROUP_VALUES:
+        for attribute, key in GROUP_VALUES:
             value = getattr(aggregate, attribute)
             if value is not None:
                 row[f"group/{aggregate.name}/{key}"] = float(value)

@@ -35,6 +35,11 @@ STEP_KEY: Final = "sidecar/trainer_step"
 KEY_PREFIX: Final = "sidecar/"
 """Every key the sidecar logs lives under this prefix, away from the trainer's keys."""
 
+OFFLINE_PROJECT: Final = "dflash-sidecar"
+"""The project of the daemon's own offline run when neither the trainer's hello nor the daemon's
+settings (``--wandb-project``, ``WANDB_PROJECT``) name one (wandb would otherwise name it after
+the program's folder, e.g. ``proj-.venv_bin`` for the installed console script)."""
+
 TRAINER_ENV_HINT: Final = "WANDB_MODE=shared WANDB_X_PRIMARY=true"
 """What the trainer's environment needs so that the sidecar may join its run."""
 
@@ -126,7 +131,8 @@ def decide(requested: str | None, trainer: TrainerRun | None, *, mode: str,
     ``trainer`` is the latest hello about the run to follow (``None`` when none arrived yet; in
     auto mode the caller passes the newest announced run). ``mode`` is ``daemon_mode(...)``.
     ``project``/``entity`` are the daemon's configured fallbacks; the trainer's announced values
-    win, since they say where the run actually lives.
+    win, since they say where the run actually lives. The daemon's own offline run without
+    either lands in ``OFFLINE_PROJECT``.
     """
     if requested is None:
         return Plan(PlanKind.DISABLED, reason="W&B export is off (no --wandb-run)")
@@ -139,15 +145,16 @@ def decide(requested: str | None, trainer: TrainerRun | None, *, mode: str,
         return Plan(PlanKind.WAIT, reason="waiting for a trainer hello announcing a W&B run id")
     where = dict(run_id=run_id, project=(trainer and trainer.project) or project,
                  entity=(trainer and trainer.entity) or entity)
+    offline = dict(where, project=where["project"] or OFFLINE_PROJECT)
     if mode == "offline":
-        return Plan(PlanKind.OFFLINE, **where, reason=(
+        return Plan(PlanKind.OFFLINE, **offline, reason=(
             f"air-gapped (WANDB_MODE=offline): logging to the sidecar's own offline run "
             f"grouped with {run_id}; upload it later with `wandb sync`"))
     trainer_mode = (trainer.mode or "").strip().lower() if trainer else ""
     if trainer_mode == "shared":
         return Plan(PlanKind.SHARED, **where, reason=f"joining run {run_id} in shared mode")
     if trainer_mode in _OFFLINE_MODES:
-        return Plan(PlanKind.OFFLINE, **where, reason=(
+        return Plan(PlanKind.OFFLINE, **offline, reason=(
             f"the trainer's run {run_id} is offline (mode={trainer_mode}): logging to the "
             f"sidecar's own offline run grouped with it; upload both later with `wandb sync`"))
     if trainer_mode == "disabled":

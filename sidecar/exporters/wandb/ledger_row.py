@@ -11,6 +11,10 @@ import math
 
 from sidecar.model.ledger import RunLedgerView
 
+FIGURES = (("goodput_ratio", "goodput_ratio"), ("tokens_per_gpu_per_s", "tokens_per_s_per_gpu"),
+           ("mfu_ratio", "mfu_ratio"), ("joules_per_token", "joules_per_token"), ("joules_per_step", "joules_per_step"))
+"""(key under ``ledger/<role>/``, attribute of the role's ledger) of each efficiency figure."""
+
 
 def ledger_row(view: RunLedgerView) -> dict[str, float]:
     """Keys for each role of the most recent run (the run a W&B row belongs to)."""
@@ -23,9 +27,8 @@ def ledger_row(view: RunLedgerView) -> dict[str, float]:
             row[f"{p}/seconds/{cause}"] = value
         for cause, value in r.joules.items():
             row[f"{p}/joules/{cause}"] = value
-        for key, maybe in (("goodput_ratio", r.goodput_ratio), ("tokens_per_gpu_per_s", r.tokens_per_s_per_gpu),
-                           ("mfu_ratio", r.mfu_ratio), ("joules_per_token", r.joules_per_token),
-                           ("joules_per_step", r.joules_per_step)):
+        for key, attribute in FIGURES:
+            maybe = getattr(r, attribute)
             if maybe is not None:
                 row[f"{p}/{key}"] = maybe
     return {k: v for k, v in row.items() if math.isfinite(v)}

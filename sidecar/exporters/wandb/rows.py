@@ -5,7 +5,8 @@ trainer sent them; counter rates per second), ``self/...`` for the daemon's own 
 ``pipeline/...`` for the insight (``insight_row``), ``ledger/...`` for the run ledger
 (``ledger_row``), ``gpu/...``, ``group/...``, ``nvml/...`` for
 the GPUs (``gpu_rows``). Only series with data in the window appear, so a row never repeats
-stale values. ``window_row`` is the whole row of one window.
+stale values. ``window_row`` is the whole row of one window. ``keys.KEY_SCHEME`` lists every
+key (docs/METRICS.md's table is generated from it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ from sidecar.exporters.wandb.gpu_rows import gpu_wandb_row
 from sidecar.exporters.wandb.insight_row import insight_row
 from sidecar.exporters.wandb.ledger_row import ledger_row
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING, IngestReport
+
+TIMING_STATS = ("mean", "p50", "p95", "max")
+"""A timing's window statistics, each logged as ``<stat>_ms``."""
+GAUGE_STATS = ("mean", "min", "max")
+"""A gauge's (or scalar's) window statistics beside its last value."""
+ALLOCATOR_VALUES = ("allocated_bytes", "reserved_bytes", "max_reserved_bytes")
+"""The CUDA caching allocator's counters, per device, in sample order."""
 
 
 def window_row(report: IngestReport, host: str) -> dict[str, float]:
@@ -39,7 +47,7 @@ def trainer_row(report: IngestReport) -> dict[str, float]:
         assert window is not None
         prefix = f"trainer/{view.role}/{view.worker}/{view.name}"
         if view.kind == TIMING:
-            for stat in ("mean", "p50", "p95", "max"):
+            for stat in TIMING_STATS:
                 row[f"{prefix}/{stat}_ms"] = window[stat]
             row[f"{prefix}/count"] = window["count"]
         elif view.kind == COUNT:
@@ -47,15 +55,14 @@ def trainer_row(report: IngestReport) -> dict[str, float]:
             row[f"{prefix}/total"] = window["total"]
         elif view.kind in (GAUGE, SCALAR):
             row[prefix] = window["last"]
-            for stat in ("mean", "min", "max"):
+            for stat in GAUGE_STATS:
                 row[f"{prefix}/{stat}"] = window[stat]
         elif view.kind == CATEGORY:
             row[f"{prefix}/entropy_bits"] = window["entropy_bits"]
-    for (role, worker, device), (allocated, reserved, max_reserved) in report.window.allocator.items():
+    for (role, worker, device), values in report.window.allocator.items():
         prefix = f"trainer/{role}/{worker}/cuda{device}"
-        row[f"{prefix}/allocated_bytes"] = allocated
-        row[f"{prefix}/reserved_bytes"] = reserved
-        row[f"{prefix}/max_reserved_bytes"] = max_reserved
+        for key, value in zip(ALLOCATOR_VALUES, values, strict=True):
+            row[f"{prefix}/{key}"] = value
     return {k: v for k, v in row.items() if isinstance(v, (int, float)) and math.isfinite(v)}
 
 

@@ -1,0 +1,82 @@
+"""The aggregation stage's settings (``sidecar.model.settings``): the window, the cardinality
+budget, the GPU groups and the run ledger. The verdict's are ``verdict.InsightSettings``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from sidecar.aggregation.gpu_groups import GpuGroups
+from sidecar.model.settings import setting
+
+
+def flops(raw: Any) -> float:
+    """FLOPs per token, 1 to 1e18. Raises ``ValueError`` otherwise."""
+    value = float(raw)
+    if not 1.0 <= value <= 1e18:  # NaN fails too
+        raise ValueError("flops_per_token must be between 1 and 1e18")
+    return value
+
+
+@dataclass(frozen=True)
+class WindowSettings:
+    """The aggregation window and the series it may hold."""
+
+    TITLE: ClassVar[str] = "window"
+    """The options' group in ``--help`` and the docs."""
+
+    # Bounds: a window under 0.1 s spent a whole core rolling windows (13,500/s at 1e-06); over an
+    # hour no window ever closes in practice.
+    interval: float = setting(10.0, check=float, bounds=(0.1, 3600.0), unit="seconds", live=True, metavar="S",
+                              help="Aggregation window (seconds).", summary="aggregation window, default 10 s")
+    # 100,000 timing series hold about 540 MB (10,000: 54 MB), the daemon's whole memory target.
+    max_series: int = setting(10_000, check=int, bounds=(1, 100_000), unit="series", metavar="N",
+                              help="Cardinality budget: most distinct trainer series held.")
+
+
+@dataclass(frozen=True)
+class GpuGroupSettings:
+    """Which GPUs each role runs on."""
+
+    TITLE: ClassVar[str] = "GPU group"
+    """The options' group in ``--help`` and the docs."""
+
+    gpu_group: tuple[str, ...] = setting(
+        (), kind="list", metavar="NAME=IDS", example="target=0-5",
+        default_note="none, roles are discovered from the trainers' processes",
+        help="Role to GPUs mapping NAME=IDS (repeatable), e.g. target=0-5, drafter=6,7. Unset: discovered from "
+             "the trainers' processes.", summary="role to GPUs, repeatable (default: from the trainers' processes)")
+
+    def check_settings(self) -> Mapping[str, Any]:
+        """Raises ``ValueError`` for groups that do not parse or overlap (``GpuGroups.parse``)."""
+        try:
+            GpuGroups.parse(self.gpu_group)
+        except ValueError as exc:
+            raise ValueError(f"invalid --gpu-group: {exc}") from None
+        return {}
+
+
+@dataclass(frozen=True)
+class LedgerSettings:
+    """The run ledger (docs/METRICS.md, "Run ledger")."""
+
+    TITLE: ClassVar[str] = "run ledger"
+    """The options' group in ``--help`` and the docs."""
+
+    state_dir: str | None = setting(
+        None, metavar="DIR", example="/var/lib/dflash-sidecar",
+        default_note="$STATE_DIRECTORY under systemd, else $XDG_STATE_HOME/dflash-sidecar "
+                     "(~/.local/state/dflash-sidecar)",
+        help="Folder of the run ledger's state file (kept across daemon restarts). Under systemd $STATE_DIRECTORY "
+             "wins over this.")
+    flops_per_token: float | None = setting(
+        None, check=flops, metavar="F", example="4.2e10", default_note="unset, MFU only where a trainer states it",
+        help="Model FLOPs per trained token (forward and backward, e.g. 6 x parameters): enables the run ledger's "
+             "MFU for trainers whose shim states none (DFLASH_FLOPS_PER_TOKEN or configure(flops_per_token=...) "
+             "win over this). Unset: MFU only where a trainer states it.")
+    run_gap_s: float = setting(
+        300.0, check=float, bounds=(1.0, 7 * 86400.0), unit="seconds", metavar="S",
+        help="A host's trainers with neither a W&B run nor a run label start a new run when no sender of the "
+             "host's current run sent for longer than this (seconds); within it, a new trainer is a restart of "
+             "the same run.")

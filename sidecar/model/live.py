@@ -1,0 +1,118 @@
+"""The live state: what every exporter may read between windows, at scrape time, in one object.
+
+An exporter gets two things: each window (``consume``) and this object. It reads the GPUs as they
+are now (not as at the window's end), ingest's health, the other exporters' statistics, the
+daemon's own telemetry and the ``/explain`` report; it never writes here and never calls a stage.
+The daemon wires the providers once, before anything starts; a provider left out reads as None.
+The latest window is kept here too (the live state is a listener of the fan-out), so that admin
+pages read it from the pipeline's side, never back out of an exporter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sidecar.model.gpu import GpuView
+from sidecar.model.window import IngestHealth, IngestReport, SenderView
+
+
+class _GpuSide(Protocol):
+    def view(self) -> GpuView: ...
+
+
+class _IngestSide(Protocol):
+    def health(self) -> IngestHealth: ...
+
+
+class _StatsSide(Protocol):
+    def stats(self) -> Any: ...
+
+
+class _AdminSide(Protocol):
+    def explain(self) -> Mapping[str, Any]: ...
+
+    def telemetry(self) -> DaemonTelemetry: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonTelemetry:
+    """The daemon's own figures at one moment (``sidecar.admin``)."""
+
+    cpu_seconds: float
+    """User + system CPU time of the process (seconds)."""
+    rss_bytes: int
+    threads: int
+    open_fds: int
+    ingest: IngestHealth | None
+    """None until ingest runs."""
+
+
+class LiveState:
+    """Read-only at scrape time (any thread); each reader returns None where its provider is
+    absent (GPU metrics off, no W&B, a bare state in a test)."""
+
+    name = "live state"
+
+    def __init__(self, *, gpus: _GpuSide | None = None, ingest: _IngestSide | None = None,
+                 exporters: Mapping[str, _StatsSide] | None = None, admin: _AdminSide | None = None) -> None:
+        """``gpus``: an ``aggregation.gpu_groups.GpuAggregates``; ``ingest``: the pipeline (its
+        ``health``), settable later with ``attach_ingest``; ``exporters``: name -> an exporter with
+        ``stats()`` (``wandb``); ``admin``: a ``sidecar.admin.Admin``."""
+        self._gpus = gpus
+        self._ingest = ingest
+        self._exporters = dict(exporters or {})
+        self._admin = admin
+        self._window: IngestReport | None = None
+
+    def attach(self, *, ingest: _IngestSide | None = None, admin: _AdminSide | None = None) -> None:
+        """Wire a provider made after this object (the daemon, before it starts anything)."""
+        if ingest is not None:
+            self._ingest = ingest
+        if admin is not None:
+            self._admin = admin
+
+    # -- readers -----------------------------------------------------------------------------------
+
+    @property
+    def has_gpus(self) -> bool:
+        """Whether GPU metrics are on (``gpu_view`` has a provider)."""
+        return self._gpus is not None
+
+    @property
+    def has_admin(self) -> bool:
+        """Whether the admin side (``explain``, ``telemetry``) is wired."""
+        return self._admin is not None
+
+    def window(self) -> IngestReport | None:
+        """The latest window as fanned out (None before the first)."""
+        return self._window
+
+    def gpu_view(self) -> GpuView | None:
+        """The GPUs now (None without GPU metrics)."""
+        return self._gpus.view() if self._gpus is not None else None
+
+    def ingest_health(self) -> IngestHealth | None:
+        return self._ingest.health() if self._ingest is not None else None
+
+    def exporter_stats(self, name: str) -> Any | None:
+        """The named exporter's ``stats()`` (None if it is not running here)."""
+        exporter = self._exporters.get(name)
+        return exporter.stats() if exporter is not None else None
+
+    def telemetry(self) -> DaemonTelemetry | None:
+        """The daemon's own CPU, memory, threads, descriptors and ingest health."""
+        return self._admin.telemetry() if self._admin is not None else None
+
+    def explain(self) -> Mapping[str, Any] | None:
+        """The mapping report ``/explain`` serves (None: the page is absent)."""
+        return self._admin.explain() if self._admin is not None else None
+
+    # -- the fan-out's side (ingest thread) ----------------------------------------------------------
+
+    def consume(self, window: IngestReport) -> None:
+        self._window = window
+
+    def hello(self, sender: SenderView) -> None:
+        """Hellos change nothing here."""

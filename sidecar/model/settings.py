@@ -1,0 +1,196 @@
+"""How a component declares its settings: one dataclass field per setting, its metadata the rest.
+
+A component's settings are a frozen dataclass; each field made by ``setting(...)`` is one option
+of the daemon: the field's default is the option's default, the metadata (``Spec``) its help,
+validator, bounds and whether a SIGHUP reload applies it live. ``sidecar.config`` gathers the
+components' dataclasses into ``Config`` and generates from these declarations the command-line
+flags, the TOML keys, the sample config, the validation messages, the reload diff and the docs'
+option tables; nothing else names a setting's default, bound or help.
+
+A section's key prefix (``KEY_PREFIX``, a class attribute, default none) goes before each field
+name to make the TOML key and the flag (``insight_`` + ``starved_ratio``), so a component keeps
+short field names while the keys say whose they are. ``TITLE`` (a class attribute) names the
+section's group of options in ``--help``. A section whose settings must agree with each other
+defines ``check_settings(self) -> Mapping[str, Any]``: it raises ``ValueError`` with the message
+to show, or returns corrections (field -> value, e.g. a default computed from the others).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+KINDS = ("value", "list", "switch", "tables")
+"""``value``: one value; ``list``: flag repeatable, TOML array (``check`` sees each item);
+``switch``: a boolean (``--no-<flag>`` turns off one whose default is on, ``--<flag>`` turns on one
+whose default is off); ``tables``: TOML array of tables only, no flag (``check`` sees the list)."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a setting is, beside its default (the dataclass field's)."""
+
+    help: str
+    check: Callable[[Any], Any] = str
+    """Turns one raw value (a flag's string, a TOML value; a list's item) into the field's value.
+    Raises ``ValueError`` or ``TypeError`` saying what is expected."""
+    kind: str = "value"
+    live: bool = False
+    """A SIGHUP reload applies a change at once; otherwise the change waits for a restart."""
+    bounds: tuple[float, float] | None = None
+    """Inclusive (lowest, highest) of a numeric setting, checked after ``check``."""
+    unit: str = ""
+    """What the bounds count (``seconds``), for messages and help."""
+    metavar: str | None = None
+    """The value's placeholder in ``--help`` and the docs (``S``, ``HOST:PORT``)."""
+    example: str | None = None
+    """Shown in the sample config instead of the default (for defaults computed or empty);
+    ``default_note`` then says what the default is."""
+    default_note: str | None = None
+    summary: str | None = None
+    """One line for the short option lists (``dflash-sidecar --help``, the README's table);
+    settings without one appear only in the full lists."""
+
+
+def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
+            help: str, **spec: Any) -> Any:
+    """A dataclass field that is a setting: ``default`` (or ``default_factory``) plus ``Spec(help, **spec)``.
+    Raises ``TypeError`` for an unknown ``Spec`` argument, ``ValueError`` for an unknown kind."""
+    declared = Spec(help, **spec)
+    if declared.kind not in KINDS:
+        raise ValueError(f"unknown setting kind {declared.kind!r}")
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={"setting": declared})
+
+
+def _num(x: float) -> str:
+    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One declared setting as the rest of the program sees it: its key and its declaration."""
+
+    name: str
+    """The TOML key (``KEY_PREFIX`` + field name); the flag is ``--`` + name with dashes."""
+    attr: str
+    """The field of the section (and of ``sidecar.config.Config``) that holds the value."""
+    section: type
+    spec: Spec
+    default: Any
+    """The declared default; ``None`` also for one computed at start-up (``default_factory``)."""
+
+    @property
+    def help(self) -> str:
+        return self.spec.help
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    @property
+    def live(self) -> bool:
+        return self.spec.live
+
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        return self.spec.bounds
+
+    @property
+    def unit(self) -> str:
+        return self.spec.unit
+
+    @property
+    def example(self) -> str | None:
+        return self.spec.example
+
+    @property
+    def default_note(self) -> str | None:
+        return self.spec.default_note
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag (``--no-`` form for a switch that is on by default); ``""`` for tables."""
+        if self.kind == "tables":
+            return ""
+        dashed = self.name.replace("_", "-")
+        return f"--no-{dashed}" if self.kind == "switch" and self.default is True else f"--{dashed}"
+
+    @property
+    def metavar(self) -> str:
+        return self.spec.metavar or self.name.upper()
+
+    def value(self, config: Any) -> Any:
+        """This setting's value in ``config`` (a section or ``Config``)."""
+        return getattr(config, self.attr)
+
+    def check_bounds(self, value: Any) -> Any:
+        """``value`` if within ``bounds``. Raises ``ValueError`` naming the range otherwise."""
+        if self.bounds is not None:
+            low, high = self.bounds
+            if not low <= value <= high:  # also refuses NaN
+                unit = f" {self.unit}" if self.unit else ""
+                raise ValueError(f"{self.name} must be between {_num(low)} and {_num(high)}{unit}")
+        return value
+
+    @property
+    def full_help(self) -> str:
+        """``help`` plus the accepted range, if any."""
+        if self.bounds is None:
+            return self.help
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{self.help} Range: {_num(self.bounds[0])} to {_num(self.bounds[1])}{unit}."
+
+
+def declared(section: type) -> tuple[Setting, ...]:
+    """The settings a section dataclass declares, in field order (fields without a ``Spec`` are
+    not settings). Raises ``TypeError`` if ``section`` is not a dataclass."""
+    prefix = str(vars(section).get("KEY_PREFIX", ""))
+    out = []
+    for f in dataclasses.fields(section):
+        spec = f.metadata.get("setting")
+        if isinstance(spec, Spec):
+            default = None if f.default is dataclasses.MISSING else f.default
+            out.append(Setting(prefix + f.name, f.name, section, spec, default))
+    return tuple(out)
+
+
+# -- validators shared by several components (each raises ValueError saying what is expected) ----
+
+def ratio(name: str) -> Callable[[Any], float]:
+    """A check for a ratio between 0 and 1 named ``name`` in its message."""
+    def check(raw: Any) -> float:
+        if isinstance(raw, bool):
+            raise ValueError("expected a number")
+        value = float(raw)
+        if not 0.0 <= value <= 1.0:  # NaN fails too
+            raise ValueError(f"{name} must be a ratio between 0 and 1")
+        return value
+    return check
+
+
+def one_of(*choices: str) -> Callable[[Any], str]:
+    """A check for one of ``choices`` (case-insensitive; returned lower-case)."""
+    def check(raw: Any) -> str:
+        value = str(raw).lower()
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return value
+    return check
+
+
+
+# -- settings that more than one stage reads --------------------------------------------------
+
+@dataclass(frozen=True)
+class RoleSettings:
+    """The DFlash role names: the mapping stage knows them as roles, the verdict reads the queue
+    between them (``sidecar.aggregation.verdict.InsightSettings`` extends this)."""
+
+    KEY_PREFIX: ClassVar[str] = "insight_"
+
+    target_role: str = setting("target", live=True, help="Role name of the target workers (those that fill the "
+                               "hidden-state queue).")
+    drafter_role: str = setting("drafter", live=True, help="Role name of the drafter workers (those that drain "
+                                "the hidden-state queue).")

@@ -1,0 +1,296 @@
+"""The daemon's pipeline: the one owner of the order a record and a window go through.
+
+A frame::
+
+    bytes --decode--> BatchMessage | HelloMessage --accounting--> SenderState (or dropped, counted)
+          --series--> known names: their series; new names: Unresolved
+          --mapping--> Mapped (per new name) --series--> the new names' series
+
+A window (at each boundary)::
+
+    aggregates + accounting --window--> IngestReport --insight--> IngestReport (+ gpu, insight,
+    run ledger) --fan-out--> every listener's ``consume`` (exporters, the live state, the NVML
+    trainer attribution), the same immutable object to each
+
+and a hello goes to every listener's ``hello`` as a ``SenderView``. Everything here runs on the
+ingest thread (``sidecar.ingest.IngestLoop`` drives it); no stage calls back into an earlier one:
+each is a plain function or object whose input and output are types of ``sidecar.model``.
+Nothing a client sends can raise out of ``frame``: bad frames and records are counted by reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from sidecar.aggregation.aggregator import Aggregator, Unresolved
+from sidecar.aggregation.gpu_groups import GpuAggregates
+from sidecar.aggregation.insight import compute_insight
+from sidecar.aggregation.senders import SenderRegistry, SenderState
+from sidecar.aggregation.settings import WindowSettings
+from sidecar.aggregation.verdict import Hysteresis, InsightSettings
+from sidecar.model.insight import PipelineInsight
+from sidecar.model.messages import BatchMessage
+from sidecar.model.window import IngestHealth, IngestReport, LabelTotals, SenderView
+from sidecar.processing.mapping import Mapper, map_names
+from sidecar.sources.decode import DecodeError, decode
+
+log = logging.getLogger("sidecar")
+
+
+class Listener(Protocol):
+    """The fan-out's one interface (``sidecar.exporters.base.Exporter`` is one). Both calls run on
+    the ingest thread and must not block; an exception is logged and reaches no other listener."""
+
+    name: str
+
+    def consume(self, window: IngestReport) -> None: ...
+
+    def hello(self, sender: SenderView) -> None: ...
+
+
+WindowStage = Callable[[IngestReport], IngestReport]
+"""A stage between the window and the fan-out: a window in, the window with its part added out
+(``dataclasses.replace``: the ingest's report is never mutated)."""
+
+
+def aggregate(aggregator: Aggregator, mapper: Mapper, role: str, worker: str, records: list[Any],
+              rejected: dict[str, int], sender: Any = 0, owner: Any = None) -> int:
+    """mapping -> series for one batch: the records of names the sender's table knows go to their
+    series at once; the new names are mapped (at most the owner's ``Aggregator.room`` at a time,
+    so a flood of names is refused unmapped past its budget) and their records follow. Returns
+    the number accepted; rejections are added to ``rejected`` by reason."""
+    accepted, pending = aggregator.ingest(role, worker, records, rejected, sender, owner)
+    if pending is not None:
+        accepted += aggregate_unresolved(aggregator, mapper, role, worker, pending, rejected, sender, owner)
+    return accepted
+
+
+def aggregate_unresolved(aggregator: Aggregator, mapper: Mapper, role: str, worker: str, pending: Unresolved,
+                         rejected: dict[str, int], sender: Any = 0, owner: Any = None) -> int:
+    """The second half of ``aggregate``: map what the series stage held back, then aggregate it."""
+    accepted = 0
+    held: Unresolved | None = pending
+    while held is not None:
+        names = list(held.names)[:aggregator.room(sender if owner is None else owner)]
+        resolved = map_names(mapper, names, role, worker)
+        more, held = aggregator.ingest(role, worker, held.records, rejected, sender, owner, resolved)
+        accepted += more
+    return accepted
+
+
+def sender_view(s: SenderState, now: float) -> SenderView:
+    """A sender as the listeners see it (a copy)."""
+    return SenderView(s.sender, s.role, s.worker, s.pid, s.hello, now - s.last_seen, s.records_total,
+                      s.received, s.accepted, s.before_join, s.lost_in_transit, s.messages_lost,
+                      dict(s.rejected), dict(s.sender_dropped), first_seen_age_s=now - s.first_seen)
+
+
+class Pipeline:
+    """decode -> accounting -> mapping -> series -> window -> insight -> fan-out (module docstring).
+    Ingest thread only, except ``set_mapper`` and ``health`` (any thread)."""
+
+    def __init__(self, *, mapper: Mapper | None = None, max_series: int = WindowSettings.max_series,
+                 stages: Sequence[WindowStage] = (), listeners: Sequence[Listener] = (),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``stages``: run in order on each window before the fan-out; ``listeners``: get each
+        window and hello, in order."""
+        self.registry = SenderRegistry()
+        self.aggregator = Aggregator(max_series=max_series)
+        self.mapper = mapper or Mapper()
+        self.stages = list(stages)
+        self.listeners = list(listeners)
+        self.clock = clock
+        self.internal_errors = 0
+        """Bugs survived (each counted, its frame dropped)."""
+        self.last_data_monotonic: float | None = None
+        self._accepted_in_window = 0
+        self._next_mapper: Mapper | None = None
+
+    def health(self) -> IngestHealth:
+        """Internal errors survived and the age of the newest trainer data (any thread)."""
+        last = self.last_data_monotonic
+        return IngestHealth(self.internal_errors, None if last is None else self.clock() - last)
+
+    def set_mapper(self, mapper: Mapper) -> None:
+        """Map with ``mapper`` from the next frame on (config reload; any thread): the ingest
+        thread swaps it in, so the stages stay single-threaded."""
+        self._next_mapper = mapper
+
+    def internal_error(self, what: str, exc: BaseException) -> None:
+        """Count a bug survived (logged the first time only)."""
+        self.internal_errors += 1
+        self.registry.drop_message("internal_error")
+        if self.internal_errors == 1:
+            log.exception("sidecar: internal error while %s (counted, continuing): %r", what, exc)
+
+    # -- a frame -----------------------------------------------------------------------------------
+
+    def frame(self, frame: bytes, now: float, peer_pid: int | None = None) -> None:
+        """decode -> accounting -> mapping -> series for one frame (a hello: -> fan-out).
+        ``peer_pid``: the process at the other end of its connection, where the kernel says
+        (ipc). Never raises."""
+        registry = self.registry
+        if self._next_mapper is not None:
+            self.mapper, self._next_mapper = self._next_mapper, None
+            self.aggregator.remap()
+        try:
+            msg = decode(frame)
+        except DecodeError as exc:
+            registry.drop_message(exc.reason)
+            return
+        try:
+            if isinstance(msg, BatchMessage):
+                state = registry.on_batch(msg, now, time.time(), peer_pid)
+                if state is None:
+                    return
+                rejected: dict[str, int] = {}
+                owner = state.peer_pid if state.peer_pid is not None else state.sender  # the kernel's pid (ipc)
+                role, worker, sender = state.role, state.worker, state.sender
+                accepted, pending = self.aggregator.ingest(role, worker, msg.records, rejected, sender, owner)
+                if pending is not None:  # new names: mapping, then series (``aggregate``, unrolled: the hot path)
+                    accepted += aggregate_unresolved(self.aggregator, self.mapper, role, worker, pending, rejected,
+                                                     sender, owner)
+                registry.account_ingest(state, accepted, rejected)
+                self._accepted_in_window += accepted
+                self.last_data_monotonic = now
+            else:
+                state = registry.on_hello(msg, now, peer_pid)
+                if state is not None:
+                    self.fan_out_hello(sender_view(state, now))
+        except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on
+            self.internal_error("ingesting", exc)
+
+    # -- a window ----------------------------------------------------------------------------------
+
+    def close_window(self, now: float, end_unix_s: float, duration_s: float, receiver_stats: Any) -> IngestReport:
+        """window -> insight -> fan-out: roll the aggregates, copy the accounting, run the window
+        stages and hand the result to every listener. ``now``: the window's end on the monotonic
+        clock, ``end_unix_s`` the same moment on the unix clock; ``receiver_stats``: the receiver's
+        counters (``frames``, ``bytes``, ``disconnects``, ``refused``). Returns the window as fanned out."""
+        report = self.window(now, end_unix_s, duration_s, receiver_stats)
+        try:
+            window = self.finish(report)
+        except Exception:  # noqa: BLE001 - the stages guard themselves; a bug here must not stop ingest
+            self.internal_errors += 1
+            log.exception("sidecar: window stage failed (continuing)")
+            window = report
+        self.fan_out(window)
+        return window
+
+    def window(self, now: float, end_unix_s: float, duration_s: float, receiver_stats: Any) -> IngestReport:
+        """The window stage: the aggregates and the accounting as one immutable report."""
+        registry = self.registry
+        registry.expire(now)
+        aggregates = self.aggregator.roll(now, end_unix_s, duration_s, [s.sender for s in registry.live(now)],
+                                          registry.senders.keys())
+        senders = tuple(sender_view(s, now) for s in registry)
+        totals = {k: LabelTotals(v.accepted, dict(v.dropped), v.last_seen_unix_s) for k, v in registry.totals.items()}
+        dropped = dict(registry.messages_dropped)
+        for reason, n in getattr(receiver_stats, "refused", {}).items():  # dropped unread by the receiver (CPU share)
+            dropped[reason] = dropped.get(reason, 0) + n
+        report = IngestReport(
+            aggregates, senders, totals, dropped, dict(self.aggregator.profile_entries_rejected),
+            receiver_stats.frames, receiver_stats.bytes, receiver_stats.disconnects,
+            self.aggregator.series_count(), self._accepted_in_window,
+        )
+        self._accepted_in_window = 0
+        return report
+
+    def finish(self, report: IngestReport) -> IngestReport:
+        """The window stages (GPU view, insight, run ledger), in order."""
+        for stage in self.stages:
+            report = stage(report)
+        return report
+
+    def fan_out(self, window: IngestReport) -> None:
+        """The same window to every listener, in order; one failing never stops the others."""
+        for listener in self.listeners:
+            try:
+                listener.consume(window)
+            except Exception:  # noqa: BLE001 - one listener must not stop the others
+                log.exception("sidecar: %s failed on a window", listener.name)
+
+    def fan_out_hello(self, sender: SenderView) -> None:
+        for listener in self.listeners:
+            try:
+                listener.hello(sender)
+            except Exception:  # noqa: BLE001
+                log.exception("sidecar: %s failed on a hello", listener.name)
+
+
+class GpuStage:
+    """window -> window with the GPUs' view at its end (``IngestReport.gpu``)."""
+
+    def __init__(self, gpus: GpuAggregates) -> None:
+        self.gpus = gpus
+
+    def __call__(self, report: IngestReport) -> IngestReport:
+        return dataclasses.replace(report, gpu=self.gpus.view())
+
+
+class InsightStage:
+    """window -> window with its pipeline insight, the shown verdict held by ``Hysteresis``.
+    ``settings`` may be replaced between windows (a config reload)."""
+
+    def __init__(self, settings: InsightSettings, gpus: GpuAggregates) -> None:
+        self.settings = settings
+        self.gpus = gpus
+        self.hysteresis = Hysteresis()
+        self.failures = 0
+        """Windows whose insight failed (logged once; their ``insight`` is None)."""
+
+    def __call__(self, report: IngestReport) -> IngestReport:
+        return dataclasses.replace(report, insight=self.insight(report))
+
+    def insight(self, report: IngestReport) -> PipelineInsight | None:
+        """The window's pipeline insight, or None (counted, logged once) if computing it failed:
+        the insight must never stop the raw exports."""
+        try:
+            insight = compute_insight(report.window, self.settings, self.gpus.facts(report.window.duration_s),
+                                      report.senders)
+        except Exception:  # noqa: BLE001
+            self.failures += 1
+            if self.failures == 1:
+                log.exception("sidecar: pipeline insight failed (counted, logged once)")
+            return None
+        shown = self.hysteresis.update(insight.verdict)
+        if shown is not insight.verdict:
+            insight = dataclasses.replace(insight, verdict=shown, raw_verdict=insight.verdict)
+        return insight
+
+
+class TrainerAttribution:
+    """A listener that tells the NVML source which GPU processes are trainers: a hello adds its
+    sender's pid, a window sets exactly its senders' (forgetting senders the registry forgot).
+    ``attribute``: the source's ``attribute_trainers``."""
+
+    name = "nvml attribution"
+
+    def __init__(self, attribute: Callable[..., None]) -> None:
+        self._attribute = attribute
+
+    def consume(self, window: IngestReport) -> None:
+        self._attribute({s.pid: (s.role, s.worker) for s in window.senders if s.pid is not None}, complete=True)
+
+    def hello(self, sender: SenderView) -> None:
+        if sender.pid is not None:
+            self._attribute({sender.pid: (sender.role, sender.worker)}, complete=False)
+
+
+class OnWindow:
+    """A listener that calls ``take(window)`` for each window and ignores hellos (tests, benches)."""
+
+    name = "window callback"
+
+    def __init__(self, take: Callable[[IngestReport], object]) -> None:
+        self._take = take
+
+    def consume(self, window: IngestReport) -> None:
+        self._take(window)
+
+    def hello(self, sender: SenderView) -> None:
+        """Hellos are not windows."""
