@@ -14,6 +14,7 @@ import queue
 import signal
 import socket
 import threading
+from collections.abc import Callable
 
 from sidecar import config as config_mod
 from sidecar import systemd
@@ -122,9 +123,11 @@ class Daemon:
                         "socket directory), not to this daemon: set DFLASH_SIDECAR_ENDPOINT=%s in their environment",
                         missed, cfg.endpoint[0])
 
-    def run(self) -> int:
+    def run(self, before_shutdown: Callable[[], None] | None = None) -> int:
         """Serve until SIGTERM/SIGINT (or ``stop``); returns the exit status. Signals that arrived
-        since ``start`` are waiting in the queue."""
+        since ``start`` are waiting in the queue. ``before_shutdown`` runs while the daemon still
+        receives (the demo closes its in-process senders there, so their last records and final
+        ledgers reach this daemon rather than being booked lost by the next one)."""
         systemd.notify("READY=1\nSTATUS=serving")
         while True:
             try:
@@ -136,6 +139,11 @@ class Daemon:
                 continue
             why = signum if isinstance(signum, str) else f"{signal.Signals(signum).name} received"
             log.info("dflash-sidecar: %s, flushing and exiting", why)
+            if before_shutdown is not None:
+                try:
+                    before_shutdown()
+                except Exception:  # noqa: BLE001 - the daemon's own flush must still happen
+                    log.exception("dflash-sidecar: before-shutdown step failed")
             self.shutdown()
             return 0
 

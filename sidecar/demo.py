@@ -281,12 +281,14 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
         timer = threading.Timer(ns.duration, daemon.stop, [f"demo ran its --duration of {ns.duration:g} s"])
         timer.daemon = True  # SIGTERM before the duration ends must not wait for it
         timer.start()
-    try:
-        return daemon.run()
-    finally:
+    def stop_senders() -> None:  # while the daemon still receives: their last records and final ledgers reach it
         if isinstance(pipeline, GenericLoop):
             pipeline.join()
-            pipeline.telemetry.flush()
         else:
             pipeline.shutdown()
+        pipeline.telemetry.close()
+
+    try:
+        return daemon.run(before_shutdown=stop_senders)
+    finally:
         daemon.shutdown()

@@ -44,6 +44,8 @@ class IngestLoop:
         self.interval_s = interval_s
         self.pipeline = pipeline
         self.ledgers = LedgerDirectory(list(getattr(receiver, "endpoints", [])))
+        self.started_unix_s = time.time()
+        """A ledger last written before this is of a process that ended before this daemon ran."""
         self.clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -114,6 +116,11 @@ class IngestLoop:
                     self._handle_charged(frame, peer)
                 if not frames:
                     break
+            if not self.receiver.backlog:
+                # Everything that arrived is counted: the senders that ended can be booked now, not
+                # after a grace this daemon will not live through (their next daemon would read the
+                # records as sent to it and lost).
+                self._book_ledgers(grace_s=0.0)
             now = self.clock()
             self._roll(now, max(now - self._window_start, 1e-9))
             left = " (a backlog was left unread: its senders' next daemon counts it)" if self.receiver.backlog else ""
@@ -126,21 +133,25 @@ class IngestLoop:
         """Book the ledgers of senders that are gone (``sources.ledgers``), once the receiver is not
         behind and each of their senders has been silent for ``EXIT_GRACE_S``: its last frames,
         if any are still on the way, are counted as received first."""
-        now = self.clock()
-        if getattr(self.receiver, "backlog", False) or not self.ledgers.due(now):
+        if getattr(self.receiver, "backlog", False) or not self.ledgers.due(self.clock()):
             return
+        self._book_ledgers(EXIT_GRACE_S)
+
+    def _book_ledgers(self, grace_s: float) -> None:
+        now = self.clock()
         registry = self.registry
         try:
-            ready_ledgers = self.ledgers.scan(now)
+            ready_ledgers = self.ledgers.scan(now, grace_s)
             if self.ledgers.malformed:
                 registry.messages_dropped["ledger_refused"] = (registry.messages_dropped.get("ledger_refused", 0)
                                                                + self.ledgers.malformed)
                 self.ledgers.malformed = 0
             for ready in ready_ledgers:
                 states = [registry.senders.get(c.sender) for c in ready.ledger.channels]
-                if any(st is not None and now - st.last_seen < EXIT_GRACE_S for st in states):
+                if any(st is not None and now - st.last_seen < grace_s for st in states):
                     continue  # it spoke lately: look again at the next scan
-                registry.book_exit(ready.ledger, ready.uid, ready.final, now, time.time())
+                registry.book_exit(ready.ledger, ready.uid, ready.final, now, time.time(),
+                                   witnessed=ready.written_unix_s >= self.started_unix_s)
                 self.ledgers.remove(ready.path)
         except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on
             self.pipeline.internal_error("booking ledgers", exc)

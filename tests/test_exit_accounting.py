@@ -15,11 +15,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from sidecar.sources.ledgers import EXIT_GRACE_S, SCAN_S
 from tests.daemon_harness import DaemonProc, env
 from tests.soak import exits
 
@@ -106,3 +108,65 @@ def test_sigterm_handler_can_be_left_out(tmp_path: Path) -> None:
         out = subprocess.run([sys.executable, "-c", code, f"ipc://{tmp_path}/none.sock"], capture_output=True,
                              text=True, timeout=30, env=env(DFLASH_TELEMETRY_SIGTERM=value))
         assert out.stdout.strip() == default, (value, out.stderr)
+
+
+CLOSE_AND_EXIT = """
+import sys
+from trainer_shim.publisher import Publisher
+pub = Publisher(sys.argv[1], flush_interval_s=0.01, allocator_interval_s=0)
+ch = pub.channel("ended", "0")
+for _ in range(200):  # until the daemon's subscription is there, then 2000 records
+    ch.count("warm")
+    if pub.flush(wait_s=0.2) and ch.records_total:
+        break
+for _ in range(2000):
+    ch.count("n")
+pub.close()
+print(ch.records_total, flush=True)
+"""
+
+
+def test_a_sender_that_closed_just_before_the_daemon_stopped_is_booked_by_that_daemon(tmp_path: Path) -> None:
+    """The demo's end, and a daemon stopped right after its trainers: a publisher closes, and the
+    daemon is stopped within the ledgers' exit grace. The daemon books the closed sender's ledger
+    at its shutdown (everything that arrived is drained by then). It used to leave the file to the
+    next daemon, which had seen none of the sender's batches and booked all it made as
+    ``lost_at_exit`` (2,000+ records the first daemon had counted)."""
+    first = DaemonProc(tmp_path)
+    try:
+        out = subprocess.run([sys.executable, "-c", CLOSE_AND_EXIT, first.endpoint], env=env(), capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        made = int(out.stdout.split()[0])
+        assert made > 2000
+    finally:
+        first.stop()
+    ledgers = tmp_path / "sidecar.sock.ledger"
+    assert not ledgers.exists(), "the stopped daemon left the closed sender's ledger (the directory goes when empty)"
+    second = DaemonProc(tmp_path)
+    try:
+        time.sleep(EXIT_GRACE_S + SCAN_S + 2.5)  # a ledger left behind would be booked by now
+        assert second.value("dflash_sidecar_records_dropped_total", role="ended") is None
+    finally:
+        second.stop()
+
+
+def test_a_ledger_written_before_the_daemon_started_is_what_an_earlier_daemon_was_sent(tmp_path: Path) -> None:
+    """A sender closed while a daemon ran that was then SIGKILLed (nothing booked): the next daemon
+    finds a ledger last written before it started. What the sender sent went to the earlier daemon:
+    booked as ``before_join``, not as records this daemon lost (``lost_at_exit``)."""
+    first = DaemonProc(tmp_path)
+    try:
+        out = subprocess.run([sys.executable, "-c", CLOSE_AND_EXIT, first.endpoint], env=env(), capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        made = int(out.stdout.split()[0])
+    finally:
+        first.stop(signal.SIGKILL)
+    second = DaemonProc(tmp_path)
+    try:
+        time.sleep(EXIT_GRACE_S + SCAN_S + 2.5)
+        assert second.value("dflash_sidecar_records_dropped_total", role="ended", reason="lost_at_exit") in (None, 0)
+        assert second.value("dflash_sidecar_records_dropped_total", role="ended", reason="before_join") == made
+    finally:
+        second.stop()

@@ -230,18 +230,21 @@ class SenderRegistry:
         totals.last_seen = now
         return totals
 
-    def book_exit(self, ledger: Ledger, uid: int, final: bool, now: float, now_unix: float) -> int:
+    def book_exit(self, ledger: Ledger, uid: int, final: bool, now: float, now_unix: float,
+                  witnessed: bool = True) -> int:
         """Book the ledger of a process that is gone (or closed its publisher): per channel, what
         it made and this daemon has not counted. ``uid``: the ledger file's owner; ``final``: the
         ledger holds the process's last totals (``lost_at_exit``), else those of its last flush
         (``ended_unclean``; what it made after that flush is unknown). Returns the channels booked;
         a channel that does not belong to the file's process, or claims what no process can, is
-        refused (``messages_dropped{reason="ledger_refused"}``)."""
+        refused (``messages_dropped{reason="ledger_refused"}``). ``witnessed``: the ledger was
+        last written while this daemon ran; if not, the process ended before it, and what it sent
+        went to an earlier daemon (``before_join``): only what it never sent is lost."""
         booked = 0
         for entry in ledger.channels:
             if entry.sender in self.ended:
                 continue
-            if self._book_channel(entry, ledger, uid, final, now, now_unix):
+            if self._book_channel(entry, ledger, uid, final, now, now_unix, witnessed):
                 booked += 1
             self.ended[entry.sender] = None
             if len(self.ended) > MAX_ENDED:
@@ -249,7 +252,7 @@ class SenderRegistry:
         return booked
 
     def _book_channel(self, entry: LedgerChannel, ledger: Ledger, uid: int, final: bool, now: float,
-                      now_unix: float) -> bool:
+                      now_unix: float, witnessed: bool) -> bool:
         role, worker = label_value(entry.role), label_value(entry.worker)
         counts = [entry.records_total, entry.pending, entry.at_join, *entry.dropped.values()]
         reasons = [label_value(r) for r in entry.dropped]
@@ -271,7 +274,9 @@ class SenderRegistry:
         else:
             # Never a batch in this life: what it sent before its latest subscriber joined went to
             # an earlier daemon (or none), as ``before_join`` says for a batch; the rest is lost.
-            before = min(entry.at_join, entry.records_total) if entry.subscribed else entry.records_total
+            # A process that ended before this daemon started sent all it sent to an earlier one.
+            before = (min(entry.at_join, entry.records_total) if entry.subscribed and witnessed
+                      else entry.records_total)
             lost = entry.records_total - before + entry.pending
             known = {}
         totals.add_dropped("before_join", before)

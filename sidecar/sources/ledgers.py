@@ -44,12 +44,14 @@ _decoder = msgspec.msgpack.Decoder(wire.Ledger)
 @dataclass(slots=True)
 class ReadyLedger:
     """A ledger to book. ``uid``: the file's owner; ``final``: written by ``close()`` or the SIGTERM
-    handler (the totals are exact), else the last flush of a process that died without either."""
+    handler (the totals are exact), else the last flush of a process that died without either;
+    ``written_unix_s``: the file's last write (its mtime, Unix seconds)."""
 
     path: str
     ledger: wire.Ledger
     uid: int
     final: bool
+    written_unix_s: float
 
 
 @dataclass(slots=True)
@@ -100,8 +102,9 @@ class LedgerDirectory:
         """Whether a scan is due (monotonic seconds)."""
         return bool(self.directories) and now >= self._next_scan
 
-    def scan(self, now: float) -> list[ReadyLedger]:
-        """The ledgers ready to be booked now (gone or closed for ``EXIT_GRACE_S``)."""
+    def scan(self, now: float, grace_s: float = EXIT_GRACE_S) -> list[ReadyLedger]:
+        """The ledgers ready to be booked now (gone or closed for ``grace_s``; 0 at the daemon's
+        shutdown, once what arrived is drained)."""
         self._next_scan = now + SCAN_S
         ready: list[ReadyLedger] = []
         present: set[str] = set()
@@ -112,7 +115,7 @@ class LedgerDirectory:
                         if i >= MAX_FILES_PER_SCAN:
                             break
                         present.add(entry.path)
-                        found = self._look(entry, now)
+                        found = self._look(entry, now, grace_s)
                         if found is not None:
                             ready.append(found)
             except OSError:
@@ -121,7 +124,7 @@ class LedgerDirectory:
             del self._seen[path]
         return ready
 
-    def _look(self, entry: os.DirEntry[str], now: float) -> ReadyLedger | None:
+    def _look(self, entry: os.DirEntry[str], now: float, grace_s: float) -> ReadyLedger | None:
         ident = wire.parse_ledger_file_name(entry.name)
         if ident is None:
             return None
@@ -150,9 +153,9 @@ class LedgerDirectory:
             return None
         if seen.ready_since is None:
             seen.ready_since = now
-        if now - seen.ready_since < EXIT_GRACE_S:
+        if now - seen.ready_since < grace_s:
             return None
-        return ReadyLedger(entry.path, ledger, seen.uid, final)
+        return ReadyLedger(entry.path, ledger, seen.uid, final, seen.mtime_ns / 1e9)
 
     def _read(self, path: str) -> wire.Ledger | None:
         try:
