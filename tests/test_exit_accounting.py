@@ -126,6 +126,14 @@ print(ch.records_total, flush=True)
 """
 
 
+def _close_and_exit(endpoint: str) -> int:
+    """Run ``CLOSE_AND_EXIT`` against ``endpoint``; the records its channel made."""
+    out = subprocess.run([sys.executable, "-c", CLOSE_AND_EXIT, endpoint], env=env(), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.split()[0])
+
+
 def test_a_sender_that_closed_just_before_the_daemon_stopped_is_booked_by_that_daemon(tmp_path: Path) -> None:
     """The demo's end, and a daemon stopped right after its trainers: a publisher closes, and the
     daemon is stopped within the ledgers' exit grace. The daemon books the closed sender's ledger
@@ -134,11 +142,7 @@ def test_a_sender_that_closed_just_before_the_daemon_stopped_is_booked_by_that_d
     ``lost_at_exit`` (2,000+ records the first daemon had counted)."""
     first = DaemonProc(tmp_path)
     try:
-        out = subprocess.run([sys.executable, "-c", CLOSE_AND_EXIT, first.endpoint], env=env(), capture_output=True,
-                             text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        made = int(out.stdout.split()[0])
-        assert made > 2000
+        assert _close_and_exit(first.endpoint) > 2000
     finally:
         first.stop()
     ledgers = tmp_path / "sidecar.sock.ledger"
@@ -157,10 +161,7 @@ def test_a_ledger_written_before_the_daemon_started_is_what_an_earlier_daemon_wa
     booked as ``before_join``, not as records this daemon lost (``lost_at_exit``)."""
     first = DaemonProc(tmp_path)
     try:
-        out = subprocess.run([sys.executable, "-c", CLOSE_AND_EXIT, first.endpoint], env=env(), capture_output=True,
-                             text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        made = int(out.stdout.split()[0])
+        made = _close_and_exit(first.endpoint)
     finally:
         first.stop(signal.SIGKILL)
     second = DaemonProc(tmp_path)
