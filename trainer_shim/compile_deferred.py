@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from trainer_shim.compile_ops import plain_publish
+
 log = logging.getLogger("trainer_shim")
 
 try:
@@ -133,16 +135,10 @@ def in_graph(kind: str, fn: Callable[..., Any], operator_form: Callable[..., Non
 
     if kind == "publish":
         def publish_in_graph(step: Any, profile: Any) -> None:
-            if type(step) is bool or not isinstance(step, int) or type(profile) is not dict:
+            if not plain_publish(step, profile):
                 fallback(step, profile)
                 return
-            snapshot = {}  # the values at the call, whatever the function does to the dict later
-            for key, value in profile.items():
-                if (type(key) is not str or type(value) is bool
-                        or not isinstance(value, (int, float))):
-                    fallback(step, profile)
-                    return
-                snapshot[key] = value
+            snapshot = dict(profile)  # the values at the call, whatever the function does to the dict later
             deferred = True  # noqa: F841 - read and set by _defer at trace time
             index, args = fid, (step, snapshot)  # noqa: F841 - read by _defer at trace time
             comptime(_defer)

@@ -157,6 +157,16 @@ def timer_in_graph(timing: Callable[[str, float], None]) -> Callable[[Any], Any]
     return compiled_timer
 
 
+def plain_publish(step: Any, profile: Any) -> bool:
+    """Whether ``publish(step, profile)`` has the form both compiled forms take (an int step, a
+    dict of str keys without ``SEP`` to int or float values); anything else runs eagerly. Read
+    while dynamo traces: the answer is a constant of the graph."""
+    if type(step) is bool or not isinstance(step, int) or type(profile) is not dict:
+        return False
+    return all(type(key) is str and SEP not in key and type(value) is not bool and isinstance(value, (int, float))
+               for key, value in profile.items())
+
+
 def in_graph(kind: str, fn: Callable[..., Any]) -> Callable[..., None]:
     """The function dynamo traces instead of recording function ``fn`` (``kind``: its name,
     ``publish`` or one of the (name, value) calls)."""
@@ -166,18 +176,11 @@ def in_graph(kind: str, fn: Callable[..., Any]) -> Callable[..., None]:
 
     if kind == "publish":
         def publish_in_graph(step: Any, profile: Any) -> None:
-            if type(step) is bool or not isinstance(step, int) or type(profile) is not dict:
+            if not plain_publish(step, profile):
                 fallback(step, profile)
                 return
-            names: list[str] = []
-            values: list[torch.Tensor] = []
-            for key, value in profile.items():
-                if (type(key) is not str or SEP in key or type(value) is bool
-                        or not isinstance(value, (int, float))):
-                    fallback(step, profile)
-                    return
-                names.append(key)
-                values.append(_as_tensor(value))
+            names = list(profile)
+            values = [_as_tensor(value) for value in profile.values()]
             record_profile(fid, step, SEP.join(names),
                            torch.stack(values) if values else torch.zeros(0, dtype=torch.float64, device="cpu"))
 
