@@ -449,7 +449,7 @@ def per_call(fn):
     return statistics.median(out)
 
 base = per_call(lambda: None)
-print(json.dumps({name: per_call(fn) - base for name, fn in CALLS.items()}))
+print(json.dumps({"__file__": telemetry.__file__, **{name: per_call(fn) - base for name, fn in CALLS.items()}}))
 """
 
 
@@ -464,11 +464,20 @@ def versus(trees: list[str], rounds: int) -> int:
     with tempfile.TemporaryDirectory(prefix="dfs-vs-", dir="/tmp") as workdir:
         for r in range(rounds):
             for tree in trees if r % 2 == 0 else trees[::-1]:
-                env = {**os.environ, "PYTHONPATH": tree}
+                # Run from the scratch directory: ``python -c`` puts its working directory ahead
+                # of PYTHONPATH, so from a checkout every tree would import that checkout's shim.
+                root = os.path.abspath(tree)
+                env = {**os.environ, "PYTHONPATH": root}
                 env.pop("DFLASH_SIDECAR_ENDPOINT", None)
                 out = subprocess.run([sys.executable, "-c", HOT_PATH, f"ipc://{workdir}/nobody.sock"],
-                                     env=env, capture_output=True, text=True, check=True, timeout=600)
-                results[tree].append(json.loads(out.stdout))
+                                     env=env, cwd=workdir, capture_output=True, text=True, check=True,
+                                     timeout=600)
+                costs = json.loads(out.stdout)
+                imported = costs.pop("__file__")
+                if not os.path.abspath(imported).startswith(root + os.sep):
+                    raise SystemExit(f"the run for {tree} imported {imported}, not that tree's shim "
+                                     "(an installed trainer_shim shadows PYTHONPATH?)")
+                results[tree].append(costs)
             print(f"round {r + 1}/{rounds} done, load {os.getloadavg()}", flush=True)
     print(f"load average at end: {os.getloadavg()}")
     head = " | ".join(f"`{t}`" for t in trees)

@@ -10,10 +10,12 @@ import importlib
 import math
 import sys
 import threading
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -69,6 +71,33 @@ def test_timer_records_even_when_the_block_raises() -> None:
     ((kind, name, ms),) = ch.drain()
     assert (kind, name) == (K.TIMING, "failing") and ms >= 0
     assert isinstance(ch.timer("x"), Timer)
+
+
+def test_a_timer_is_queued_as_its_own_record_in_the_wire_form_of_a_timing() -> None:
+    """The finished timer itself is the queued record: it encodes exactly as the tuple
+    ``timing`` queues, and its value is the block's duration in ms."""
+    ch = make()
+    before = time.perf_counter()
+    with ch.timer("block"):
+        time.sleep(0.02)
+    elapsed_ms = (time.perf_counter() - before) * 1e3
+    (record,) = ch.drain()
+    kind, name, ms = record
+    assert 20 <= ms <= elapsed_ms
+    assert msgspec.msgpack.encode([record]) == msgspec.msgpack.encode([(kind, name, ms)])
+    assert wire.record_problem(kind, name, ms) is None
+
+
+def test_a_timer_entered_again_records_once_and_counts_the_second_use() -> None:
+    ch = make()
+    t = ch.timer("reused")
+    with t:
+        pass
+    with t:  # the clock was read by timer(): a second block has no start of its own
+        time.sleep(0.01)
+    ((_, name, ms),) = ch.drain()
+    assert name == "reused" and ms < 10
+    assert ch.dropped == {"bad_argument": 1}
 
 
 def test_bound_overflow_is_counted_not_queued() -> None:
@@ -282,7 +311,7 @@ def test_module_functions_are_stable_and_feed_the_default_channel(
         pass
     assert {name: getattr(tm, name) for name in before} == before
     records = ch.drain()
-    assert [r[:2] for r in records] == [(6, 4), (1, "step_ms"), (2, "n"), (3, "g"), (4, "c"),
+    assert [tuple(r)[:2] for r in records] == [(6, 4), (1, "step_ms"), (2, "n"), (3, "g"), (4, "c"),
                                          (5, "s"), (1, "t")]
     assert ch.step == 4 and (ch.role, ch.worker) == ("trainer", threading.current_thread().name)
     tm.publish(5, None)  # type: ignore[arg-type]

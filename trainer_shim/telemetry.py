@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from time import perf_counter_ns
+from time import perf_counter
 from typing import Any
 
 from trainer_shim import compile_support
@@ -36,7 +36,7 @@ from trainer_shim.channel import (
     _STEP_KEY,
     _TIMING,
     Channel,
-    _enter,
+    Timer,
     strict_from_env,
 )
 from trainer_shim.endpoint import ENDPOINT_ENV, shim_endpoint
@@ -68,6 +68,7 @@ _defaults: dict[str, Any] = {}
 _q: collections.deque[tuple[Any, ...]] = collections.deque()
 _pq: collections.deque[dict[Any, Any]] = collections.deque()
 _cap = 0
+_timer_class: type[Timer] = Timer  # the default channel's
 
 
 def configure(
@@ -214,9 +215,9 @@ def _default_channel() -> Channel:
 
 
 def _bind(ch: Channel) -> None:
-    global _q, _pq, _cap
+    global _q, _pq, _cap, _timer_class
     _cap = 0  # while the globals change, calls take the slow path
-    _q, _pq = ch._q, ch._pq
+    _q, _pq, _timer_class = ch._q, ch._pq, ch._timer_class
     _cap = 0 if _is_strict(ch) else ch._cap
 
 
@@ -288,39 +289,14 @@ def category(name: str, key: str | int) -> None:
         _slow(_CATEGORY, name, key)
 
 
-class _Timer:
-    """What ``timer(name)`` returns: the default channel's fast path, like ``timing``. The clock
-    is read in ``timer()``, so ``__enter__`` is a C function that does nothing (see
-    ``channel.Timer``)."""
-
-    __slots__ = ("_name", "_start")
-
-    _name: str
-    _start: int
-
-    __enter__ = _enter
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        ms = (perf_counter_ns() - self._start) * 1e-6
-        if len(_q) < _cap:
-            _q.append((_TIMING, self._name, ms))
-        else:
-            _slow(_TIMING, self._name, ms)
-
-
-_new = object.__new__
-
-
 def timer(name: str) -> AbstractContextManager[None]:
     """Context manager timing its block (host wall time, from this call to the block's end) as a
     timing in ms, also when the block raises. Inside a ``torch.compile``d function it records nothing (see
-    ``trainer_shim.compile_support``)."""
+    ``trainer_shim.compile_support``). The default channel's ``timer``, inlined (see
+    ``channel.Timer``)."""
     if not _cap:  # first call or strict mode: the channel's own timer (creates, validates)
         return _default_channel().timer(name)
-    t = _new(_Timer)  # no __init__ call
-    t._name = name
-    t._start = perf_counter_ns()
-    return t
+    return _timer_class(_TIMING, name, -perf_counter())
 
 
 def scalar(name: str, tensor: Any) -> None:
