@@ -41,15 +41,9 @@ def test_hf_on_save_times_each_checkpoint(workdir: Path, ep: str, receivers: Cal
     rx = receivers(ep)
     proc = run_script(workdir, """
         import json, time, torch
-        from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+        from transformers import Trainer, TrainingArguments
+        from tests.tiny_hf import Tokens, tiny_gpt2
         from trainer_shim.integrations.hf import SidecarCallback
-
-        class Tokens(torch.utils.data.Dataset):
-            def __len__(self):
-                return 64
-            def __getitem__(self, i):
-                ids = torch.arange(i, i + 8) % 64
-                return {"input_ids": ids, "labels": ids}
 
         class SlowSave(Trainer):  # a slow disk, and the save's own clock
             def _save_checkpoint(self, *args, **kwargs):
@@ -60,7 +54,7 @@ def test_hf_on_save_times_each_checkpoint(workdir: Path, ep: str, receivers: Cal
 
         SAVES = []
         torch.manual_seed(0)
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+        model = tiny_gpt2()
         args = TrainingArguments(output_dir="out", max_steps=4, per_device_train_batch_size=4, logging_steps=1,
                                  report_to=[], use_cpu=True, save_strategy="steps", save_steps=2,
                                  dataloader_num_workers=0, disable_tqdm=True)
@@ -81,17 +75,8 @@ def test_lightning_times_each_save_checkpoint(workdir: Path, ep: str, receivers:
         import json, time, torch
         import lightning as L
         from lightning.pytorch.callbacks import ModelCheckpoint
+        from tests.tiny_lightning import Tiny
         from trainer_shim.integrations.lightning import SidecarCallback
-
-        class Tiny(L.LightningModule):
-            def __init__(self):
-                super().__init__()
-                self.layer = torch.nn.Linear(8, 1)
-            def training_step(self, batch, batch_idx):
-                x, y = batch
-                return torch.nn.functional.mse_loss(self.layer(x), y)
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), lr=0.05)
 
         class SlowWrite(L.Callback):  # a slow disk under the strategy's write, and the write's own clock
             def setup(self, trainer, pl_module, stage):

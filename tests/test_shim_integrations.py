@@ -53,19 +53,12 @@ def test_hf_trainer_callback(workdir: Path, ep: str, receivers: Callable[..., An
     rx = receivers(ep)
     proc = run_script(workdir, f"""
         import torch, wandb
-        from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+        from transformers import Trainer, TrainingArguments
+        from tests.tiny_hf import Tokens, tiny_gpt2
         from trainer_shim.integrations.hf import SidecarCallback
 
-        class Tokens(torch.utils.data.Dataset):
-            def __len__(self):
-                return 64
-            def __getitem__(self, i):
-                ids = torch.arange(i, i + 8) % 64
-                return {{"input_ids": ids, "labels": ids}}
-
         torch.manual_seed(0)
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1,
-                                           n_head=2))
+        model = tiny_gpt2()
         args = TrainingArguments(output_dir="out", max_steps={STEPS}, per_device_train_batch_size=4,
                                  logging_steps=1, report_to=["wandb"], use_cpu=True,
                                  save_strategy="no", dataloader_num_workers=0,
@@ -105,23 +98,16 @@ def test_hf_data_wait_leaves_out_the_logging_between_steps(workdir: Path, ep: st
     rx = receivers(ep)
     run_script(workdir, f"""
         import time, torch
-        from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+        from transformers import Trainer, TrainerCallback, TrainingArguments
+        from tests.tiny_hf import Tokens, tiny_gpt2
         from trainer_shim.integrations.hf import SidecarCallback
-
-        class Tokens(torch.utils.data.Dataset):
-            def __len__(self):
-                return 64
-            def __getitem__(self, i):
-                ids = torch.arange(i, i + 8) % 64
-                return {{"input_ids": ids, "labels": ids}}
 
         class SlowLogger(TrainerCallback):
             def on_log(self, args, state, control, **kwargs):
                 time.sleep({LOG_MS} / 1000)
 
         torch.manual_seed(0)
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1,
-                                           n_head=2))
+        model = tiny_gpt2()
         args = TrainingArguments(output_dir="out", max_steps={STEPS}, per_device_train_batch_size=4,
                                  logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
                                  dataloader_num_workers=0, disable_tqdm=True)
@@ -140,17 +126,8 @@ def test_lightning_callback(workdir: Path, ep: str, receivers: Callable[..., Any
     run_script(workdir, f"""
         import torch
         import lightning as L
+        from tests.tiny_lightning import Tiny
         from trainer_shim.integrations.lightning import SidecarCallback
-
-        class Tiny(L.LightningModule):
-            def __init__(self):
-                super().__init__()
-                self.layer = torch.nn.Linear(8, 1)
-            def training_step(self, batch, batch_idx):
-                x, y = batch
-                return torch.nn.functional.mse_loss(self.layer(x), y)
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), lr=0.05)
 
         data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
         loader = torch.utils.data.DataLoader(data, batch_size=8)
@@ -186,6 +163,7 @@ def test_lightning_data_wait_is_the_fetch_not_the_host_work_between_batches(
     run_script(workdir, f"""
         import time, torch
         import lightning as L
+        from tests.tiny_lightning import Tiny
         from trainer_shim.integrations.lightning import SidecarCallback
 
         class Slow(torch.utils.data.Dataset):
@@ -194,16 +172,6 @@ def test_lightning_data_wait_is_the_fetch_not_the_host_work_between_batches(
             def __getitem__(self, i):
                 time.sleep({FETCH_MS} / 8 / 1000)
                 return torch.randn(8), torch.randn(1)
-
-        class Tiny(L.LightningModule):
-            def __init__(self):
-                super().__init__()
-                self.layer = torch.nn.Linear(8, 1)
-            def training_step(self, batch, batch_idx):
-                x, y = batch
-                return torch.nn.functional.mse_loss(self.layer(x), y)
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), lr=0.05)
 
         class HostWork(L.Callback):
             def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):

@@ -195,20 +195,14 @@ def test_run_values_match_metrics_within_one_window(scraped_run: dict[str, Any])
 
 HF_TRAINER = textwrap.dedent("""
     import sys, time
-    import torch, wandb
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    import wandb
+    from transformers import Trainer, TrainingArguments
+    from tests.tiny_hf import Tokens, tiny_gpt2
     from trainer_shim.integrations.hf import SidecarCallback
 
     callback = SidecarCallback(wandb_open_metrics=sys.argv[1])  # before the Trainer's wandb sets up
 
-    class Tokens(torch.utils.data.Dataset):
-        def __len__(self):
-            return 64
-        def __getitem__(self, i):
-            ids = torch.arange(i, i + 8) % 64
-            return {"input_ids": ids, "labels": ids}
-
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    model = tiny_gpt2()
     args = TrainingArguments(output_dir="out", max_steps=4, per_device_train_batch_size=4, report_to=["wandb"],
                              use_cpu=True, save_strategy="no", disable_tqdm=True)
     Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[callback]).train()
