@@ -106,6 +106,42 @@ for _impl, _schema in _SCHEMAS.items():
     # Ordered effects: never dead-code eliminated (they return nothing), never reordered.
     torch.library._register_effectful_op(f"dflash_sidecar::{_name}",
                                          torch.library.EffectType.ORDERED, lib=_lib)
+
+
+def _python_call(name: str) -> Callable[[Any, Callable[[str], None]], None]:
+    """Inductor's Python wrapper codegen for operator ``name``: a direct call of its Python
+    body instead of a dispatcher call into it (see ``_register_direct_calls``)."""
+    alias = f"dflash_sidecar_{name}"
+    line = f"from {__name__} import {_BODIES[name].__name__} as {alias}"
+
+    def codegen(node: Any, writeline: Callable[[str], None]) -> None:
+        from torch._inductor.virtualized import V
+
+        root = V.graph.wrapper_code
+        while getattr(root, "parent_wrapper", None) is not None:
+            root = root.parent_wrapper
+        if not root.imports.contains(line):
+            root.imports.writeline(line)
+        writeline(f"{alias}({', '.join([*node.codegen_args(), *node.codegen_kwargs()])})")
+
+    return codegen
+
+
+def _register_direct_calls() -> None:
+    try:
+        from torch._inductor.codegen.custom_extern_kernel_codegen import (
+            CUSTOM_EXTERN_KERNEL_CODEGEN,
+            CustomCodegen,
+        )
+    except ImportError:
+        return
+    for name in _BODIES:
+        CUSTOM_EXTERN_KERNEL_CODEGEN[f"torch.ops.dflash_sidecar.{name}.default"] = CustomCodegen(
+            python=_python_call(name))
+
+
+_BODIES = {schema.split("(")[0]: impl for impl, schema in _SCHEMAS.items()}
+_register_direct_calls()
 CARRIER = torch.empty(0, device="cpu")
 """The tensor argument of the operators whose values are no tensor (see the module docstring)."""
 _ops = torch.ops.dflash_sidecar
