@@ -113,6 +113,7 @@ def warm_up_with_dispatcher_calls(fn: Callable[[torch.Tensor], torch.Tensor], x:
         from torch._inductor.codegen.custom_extern_kernel_codegen import CUSTOM_EXTERN_KERNEL_CODEGEN
     except ImportError:
         CUSTOM_EXTERN_KERNEL_CODEGEN = {}
+    compile_ops.register_direct_calls()  # now, not from the first trace of fn
     saved = {key: CUSTOM_EXTERN_KERNEL_CODEGEN.pop(key)
              for key in list(CUSTOM_EXTERN_KERNEL_CODEGEN) if "dflash_sidecar" in key}
     try:

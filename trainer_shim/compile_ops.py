@@ -12,6 +12,14 @@ operators are registered as ordered side effects (never eliminated or reordered)
 in a CUDA graph (inductor keeps them out of captured regions). At run time an operator calls the
 original recording function with the real values, as plain Python.
 
+How an operator call runs depends on the backend. Inductor's Python wrapper code calls the
+operator's Python body directly (``register_direct_calls``): about 0.3-0.5 us a call inside a
+compiled step, and a ``timer`` block about 1 us, the graph's fixed share included (the effect
+token and the carrier input). With ``backend="eager"``, with inductor's C++ wrapper, and with
+an inductor whose internal table for that is missing, it is a dispatcher call into the body,
+2.5-3.5 us; with ``aot_eager`` it runs through the ``with_effects`` higher-order operator,
+about 25-30 us (``bench/bench_compile_calls.py --backend``, ``bench/RESULTS_LOOPS.md``).
+
 The operators take only what an operator schema can: an int naming the recording function
 (an index into ``_fns``), a str, an int, a tensor; a float travels as a 0-d tensor
 (``_as_tensor``). Every operator takes at least one tensor: an operator without one (an int or
@@ -80,7 +88,7 @@ def _timer_end(carrier: torch.Tensor, fid: int, name: str) -> None:
 
 _direct_calls = False
 """Whether inductor's wrapper codegen has been told to call the operators' bodies directly
-(``_register_direct_calls``), or cannot be."""
+(``register_direct_calls``), or cannot be."""
 
 
 def _fake(*args: Any) -> None:
@@ -88,7 +96,7 @@ def _fake(*args: Any) -> None:
     direct calls with inductor, which by then has been imported completely if it compiles the
     graph (registering while this module is imported could import it halfway through)."""
     if not _direct_calls:
-        _register_direct_calls()
+        register_direct_calls()
 
 
 _SCHEMAS: dict[Callable[..., None], str] = {
@@ -118,7 +126,7 @@ for _impl, _schema in _SCHEMAS.items():
                                          torch.library.EffectType.ORDERED, lib=_lib)
 
 
-def _register_direct_calls() -> None:
+def register_direct_calls() -> None:
     """Have inductor's Python wrapper call each operator's Python body directly (a line
     ``dflash_sidecar_<op>(args)`` and an import of the body) instead of
     ``torch.ops.dflash_sidecar.<op>.default(args)``, a dispatcher call that unpacks the arguments
@@ -126,7 +134,7 @@ def _register_direct_calls() -> None:
     (``bench/bench_compile_calls.py``). Inductor's table of custom wrapper code for extern
     kernels is internal (``torch._inductor.codegen.custom_extern_kernel_codegen``); without it
     the operators are dispatcher calls, as with the other backends and inductor's C++ wrapper.
-    Never raises."""
+    Idempotent (the operators' fake kernel calls it at the first trace); never raises."""
     global _direct_calls
     _direct_calls = True
     try:
@@ -184,9 +192,10 @@ def _as_tensor(value: float) -> torch.Tensor:
 
 class _GraphTimer:
     """What ``timer(name)`` is inside compiled code: two operator calls around the block. The
-    time recorded is host wall time between the two calls when the graph runs, which inductor
-    may not bracket the block's own kernels exactly (it orders the operators only among
-    themselves)."""
+    time recorded (ms) is host wall time between the two calls when the graph runs, which
+    inductor may not bracket the block's own kernels exactly (it orders the operators only among
+    themselves): a kernel that fuses work inside the block with work after it runs after the
+    block's end."""
 
     def __init__(self, fid: int, name: str) -> None:
         self.fid = fid
