@@ -13,12 +13,14 @@ in a CUDA graph (inductor keeps them out of captured regions). At run time an op
 original recording function with the real values, as plain Python.
 
 How an operator call runs depends on the backend. Inductor's Python wrapper code calls the
-operator's Python body directly (``register_direct_calls``): about 0.3-0.5 us a call inside a
-compiled step, and a ``timer`` block about 1 us, the graph's fixed share included (the effect
-token and the carrier input). With ``backend="eager"``, with inductor's C++ wrapper, and with
-an inductor whose internal table for that is missing, it is a dispatcher call into the body,
-2.5-3.5 us; with ``aot_eager`` it runs through the ``with_effects`` higher-order operator,
-about 25-30 us (``bench/bench_compile_calls.py --backend``, ``bench/RESULTS_LOOPS.md``).
+operator's Python body directly (``register_direct_calls``): a ``timer`` block (two calls)
+costs 1-2 us inside a compiled step, the graph's fixed share included (the effect token and the
+carrier input), and a record operator about 2 us with its argument tensors. With
+``backend="eager"``, with inductor's C++ wrapper, and with an inductor whose internal table for
+that is missing, it is a dispatcher call into the body (a timer block about 8-9 us); with
+``aot_eager`` each call runs through the ``with_effects`` higher-order operator (a timer block
+about 70 us). Medians of ``bench/bench_compile_calls.py --backend ...`` in
+``bench/RESULTS_LOOPS.md``.
 
 The operators take only what an operator schema can: an int naming the recording function
 (an index into ``_fns``), a str, an int, a tensor; a float travels as a 0-d tensor
@@ -130,8 +132,8 @@ def register_direct_calls() -> None:
     """Have inductor's Python wrapper call each operator's Python body directly (a line
     ``dflash_sidecar_<op>(args)`` and an import of the body) instead of
     ``torch.ops.dflash_sidecar.<op>.default(args)``, a dispatcher call that unpacks the arguments
-    and calls back into Python: 0.3-0.5 us a call instead of 2.5-3 us inside a compiled step
-    (``bench/bench_compile_calls.py``). Inductor's table of custom wrapper code for extern
+    and calls back into Python: a timer block 1.4 us instead of 8.3 us, a record operator 2.2 us
+    instead of 4.75 us inside a compiled step (medians, ``bench/bench_compile_calls.py``). Inductor's table of custom wrapper code for extern
     kernels is internal (``torch._inductor.codegen.custom_extern_kernel_codegen``); without it
     the operators are dispatcher calls, as with the other backends and inductor's C++ wrapper.
     Idempotent (the operators' fake kernel calls it at the first trace); never raises."""

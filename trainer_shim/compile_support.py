@@ -17,7 +17,7 @@ functions and break the graph for a dict or a symbolic int (a warning says so).
 returns a small context manager whose ``__enter__`` and ``__exit__`` each call a shim operator
 (dynamo traces it without a graph break): the first reads the host clock when the graph runs,
 the second records the timing through the channel's ``timing``. Inductor's generated code
-calls the two operators' Python bodies directly, about 1 us a block; the other backends make
+calls the two operators' Python bodies directly, 1-2 us a block; the other backends make
 dispatcher calls (see ``trainer_shim.compile_ops``). Without the operators it is
 ``contextlib.nullcontext`` and records nothing.
 
