@@ -133,9 +133,10 @@ def register_direct_calls() -> None:
     ``dflash_sidecar_<op>(args)`` and an import of the body) instead of
     ``torch.ops.dflash_sidecar.<op>.default(args)``, a dispatcher call that unpacks the arguments
     and calls back into Python: a timer block 1.4 us instead of 8.3 us, a record operator 2.2 us
-    instead of 4.75 us inside a compiled step (medians, ``bench/bench_compile_calls.py``). Inductor's table of custom wrapper code for extern
-    kernels is internal (``torch._inductor.codegen.custom_extern_kernel_codegen``); without it
-    the operators are dispatcher calls, as with the other backends and inductor's C++ wrapper.
+    instead of 4.75 us inside a compiled step (medians, ``bench/bench_compile_calls.py``).
+    Inductor's table of custom wrapper code for extern kernels is internal
+    (``torch._inductor.codegen.custom_extern_kernel_codegen``); without it the operators are
+    dispatcher calls, as with the other backends and inductor's C++ wrapper.
     Idempotent (the operators' fake kernel calls it at the first trace); never raises."""
     global _direct_calls
     _direct_calls = True
