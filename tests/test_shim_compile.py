@@ -207,6 +207,34 @@ def test_timer_in_a_nested_compile_region_is_a_direct_call_of_the_subgraph(shim:
     assert queued_or_sent() - before == 2 * STEPS
 
 
+def test_where_the_direct_call_cannot_be_written_the_dispatcher_call_is(shim: Any,
+                                                                        monkeypatch: Any) -> None:
+    """Inductor internals that changed (here: the generated module's import buffer) must not
+    fail the compile: the operators are then dispatcher calls, and still record."""
+    from torch._inductor.utils import IndentedBuffer, run_and_get_code
+
+    def broken(self: Any, line: str) -> bool:
+        raise AttributeError("no such internal")
+
+    monkeypatch.setattr(IndentedBuffer, "contains", broken)
+    torch._dynamo.reset()
+    counters.clear()
+
+    def timed(x: torch.Tensor) -> torch.Tensor:
+        with telemetry.timer("fallback_ms"):
+            y = x.sin() @ x
+        return y
+
+    compiled = torch.compile(timed, backend="inductor", fullgraph=True)
+    before = queued_or_sent()
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        _, codes = run_and_get_code(compiled, torch.randn(4, 4))
+    assert "torch.ops.dflash_sidecar.timer_start.default(" in "\n".join(codes)
+    compiled(torch.randn(4, 4))
+    assert queued_or_sent() - before == 2
+    torch._dynamo.reset()
+
+
 def test_operators_imported_before_dynamo_still_register() -> None:
     """Importing the operators' module before dynamo (a trainer or tool importing it directly)
     must not make registering the shim with dynamo fail halfway: registering inductor's direct
