@@ -110,11 +110,15 @@ def test_calls_add_no_graph_break_no_recompile_and_arrive(backend: str, shim: An
 
 
 def queued_or_sent() -> int:
+    """The default channel's records so far. After a flush: while the flusher sends a batch its
+    records are neither queued nor counted as sent yet."""
+    assert telemetry.flush(wait_s=20)
     st = telemetry.stats()[("trainer", "c0")]
     return int(st["pending"] + st["records_total"] + sum(st["dropped"].values()))
 
 
-def test_timer_does_not_make_dynamo_skip_the_function(shim: Any) -> None:
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_timer_does_not_make_dynamo_skip_the_function(backend: str, shim: Any) -> None:
     """Dynamo used to fall back to eager for the whole function (a clock read inside a context
     manager). In compiled code the timer is two shim operators around the block: no graph
     break, one timing per call (host time between the two operators)."""
@@ -125,12 +129,143 @@ def test_timer_does_not_make_dynamo_skip_the_function(shim: Any) -> None:
         return y.cos()
 
     before = queued_or_sent()
-    assert compiled_run(with_timer, "eager", lambda i: torch.randn(4)) == {
+    assert compiled_run(with_timer, backend, lambda i: torch.randn(4)) == {
         "graphs": 1, "graph_breaks": 0, "recompiles": 0}
     assert queued_or_sent() - before == STEPS
     with telemetry.timer("eager_block_ms"):  # outside compiled code it times as before
         pass
     assert queued_or_sent() - before == STEPS + 1
+
+
+def nested_timers(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    with telemetry.timer("outer_ms"):
+        with telemetry.timer("inner_ms"):
+            c = a @ b
+        c = (c @ b).relu()
+    with telemetry.timer("second_ms"):
+        c = c @ b
+    return c.sum()
+
+
+def test_timer_in_inductor_code_calls_the_python_bodies_directly(shim: Any) -> None:
+    """Inductor's wrapper code calls the timer operators' Python bodies directly, not through
+    the dispatcher (about 1 us a block instead of 6, ``bench/bench_compile_calls.py``). The clock
+    is read when the graph runs: every step records its own times, and an outer block, whose
+    operators enclose the inner one's, never records less than it."""
+    torch._dynamo.reset()
+    counters.clear()
+    from torch._inductor.utils import run_and_get_code
+
+    compiled = torch.compile(nested_timers, backend="inductor", fullgraph=True)
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    _, codes = run_and_get_code(compiled, a, b)
+    code = "\n".join(codes)
+    assert code.count("dflash_sidecar_timer_start(") == 3
+    assert code.count("dflash_sidecar_timer_end(") == 3
+    assert "torch.ops.dflash_sidecar" not in code
+    for _ in range(STEPS - 1):
+        compiled(a, b)
+    assert dynamo_counts() == {"graph_breaks": 0, "recompiles": 0}
+    assert telemetry.flush(wait_s=20)
+    wait_until(lambda: sum(b.received for b in ledgers(shim.messages()).values()) >= 3 * STEPS + 1)
+    book = {(b.role, b.worker): b for b in ledgers(shim.messages()).values()}[("trainer", "c0")]
+    times: dict[str, list[float]] = {}
+    for r in book.records:
+        if r[1] != "warmup":
+            times.setdefault(r[1], []).append(r[2])
+    assert sorted(times) == ["inner_ms", "outer_ms", "second_ms"]
+    assert all(len(v) == STEPS and all(isinstance(t, float) and t > 0 for t in v)
+               for v in times.values())
+    assert all(o >= i for o, i in zip(times["outer_ms"], times["inner_ms"], strict=True))
+    assert len(set(times["outer_ms"])) > 1  # read at run time, not a constant of the trace
+
+
+@torch.compiler.nested_compile_region
+def timed_region(x: torch.Tensor) -> torch.Tensor:
+    with telemetry.timer("region_ms"):
+        return x.sin() @ x
+
+
+def test_timer_in_a_nested_compile_region_is_a_direct_call_of_the_subgraph(shim: Any) -> None:
+    """A region compiled once and called twice is a subgraph with its own wrapper function in
+    inductor's code: the direct calls stand in it, their import at the top of the module, and
+    each call of the region records once."""
+    torch._dynamo.reset()
+    counters.clear()
+    from torch._inductor.utils import run_and_get_code
+
+    compiled = torch.compile(lambda x: timed_region(x) + timed_region(x * 2), backend="inductor",
+                             fullgraph=True)
+    before = queued_or_sent()
+    _, codes = run_and_get_code(compiled, torch.randn(8, 8))
+    code = "\n".join(codes)
+    assert code.count("import _timer_start as dflash_sidecar_timer_start") == 1
+    assert "torch.ops.dflash_sidecar" not in code
+    for _ in range(STEPS - 1):
+        compiled(torch.randn(8, 8))
+    assert dynamo_counts() == {"graph_breaks": 0, "recompiles": 0}
+    assert queued_or_sent() - before == 2 * STEPS
+
+
+def test_where_the_direct_call_cannot_be_written_the_dispatcher_call_is(shim: Any,
+                                                                        monkeypatch: Any) -> None:
+    """Inductor internals that changed (here: the generated module's import buffer) must not
+    fail the compile: the operators are then dispatcher calls, and still record."""
+    from torch._inductor.utils import IndentedBuffer, run_and_get_code
+
+    def broken(self: Any, line: str) -> bool:
+        raise AttributeError("no such internal")
+
+    monkeypatch.setattr(IndentedBuffer, "contains", broken)
+    torch._dynamo.reset()
+    counters.clear()
+
+    def timed(x: torch.Tensor) -> torch.Tensor:
+        with telemetry.timer("fallback_ms"):
+            y = x.sin() @ x
+        return y
+
+    compiled = torch.compile(timed, backend="inductor", fullgraph=True)
+    before = queued_or_sent()
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        _, codes = run_and_get_code(compiled, torch.randn(4, 4))
+    assert "torch.ops.dflash_sidecar.timer_start.default(" in "\n".join(codes)
+    compiled(torch.randn(4, 4))
+    assert queued_or_sent() - before == 2
+    torch._dynamo.reset()
+
+
+def test_operators_imported_before_dynamo_still_register() -> None:
+    """Importing the operators' module before dynamo (a trainer or tool importing it directly)
+    must not make registering the shim with dynamo fail halfway: registering inductor's direct
+    calls while that module is imported would import inductor, and with it dynamo, whose import
+    hook would then register the shim with a module imported halfway."""
+    code = textwrap.dedent("""
+        import sys
+        import torch
+        assert "torch._dynamo" not in sys.modules
+        from trainer_shim import telemetry
+        from trainer_shim import compile_ops  # noqa: F401 - imported directly, before dynamo
+        telemetry.configure(endpoint="ipc:///nonexistent/x.sock")
+
+        def fn(x):
+            with telemetry.timer("t_ms"):
+                y = x.sin()
+            telemetry.count("n")
+            return y
+
+        compiled = torch.compile(fn, backend="inductor", fullgraph=True)
+        for _ in range(3):
+            compiled(torch.randn(4))
+        st = telemetry.stats()[("trainer", "MainThread")]
+        print(st["pending"] + st["records_total"] + sum(st["dropped"].values()))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "trainer_shim" not in proc.stderr, proc.stderr
+    assert proc.stdout.split() == ["6"]
 
 
 class Block(torch.nn.Module):
@@ -365,6 +500,7 @@ def test_compiled_training_loop_with_every_call_kind(backend: str, shim: Any) ->
     assert [r[2] for r in records if r[1] == "samples"] == BATCHES
     assert [r[2] for r in records if r[1] == "batches"] == [1] * TRAIN_STEPS
     assert all(isinstance(r[2], float) for r in records if r[1] == "loss")
+    assert all(isinstance(r[2], float) and r[2] > 0 for r in records if r[1] == "forward_block_ms")
     assert [(r[1], r[2]) for r in records if r[0] == RecordKind.PROFILE] == [
         (i, {"data_ms": 0.5, "tokens": 8.0}) for i in range(TRAIN_STEPS)]
     assert book.consistent() and telemetry.stats()[("trainer", "c0")]["dropped"] == {}

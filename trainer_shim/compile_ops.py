@@ -12,6 +12,16 @@ operators are registered as ordered side effects (never eliminated or reordered)
 in a CUDA graph (inductor keeps them out of captured regions). At run time an operator calls the
 original recording function with the real values, as plain Python.
 
+How an operator call runs depends on the backend. Inductor's Python wrapper code calls the
+operator's Python body directly (``register_direct_calls``): a ``timer`` block (two calls)
+costs 1-2 us inside a compiled step, the graph's fixed share included (the effect token and the
+carrier input), and a record operator about 2 us with its argument tensors. With
+``backend="eager"``, with inductor's C++ wrapper, and with an inductor whose internal table for
+that is missing, it is a dispatcher call into the body (a timer block about 8-9 us); with
+``aot_eager`` each call runs through the ``with_effects`` higher-order operator (a timer block
+about 70 us). Medians of ``bench/bench_compile_calls.py --backend ...`` in
+``bench/RESULTS_LOOPS.md``.
+
 The operators take only what an operator schema can: an int naming the recording function
 (an index into ``_fns``), a str, an int, a tensor; a float travels as a 0-d tensor
 (``_as_tensor``). Every operator takes at least one tensor: an operator without one (an int or
@@ -78,8 +88,17 @@ def _timer_end(carrier: torch.Tensor, fid: int, name: str) -> None:
         _fns[fid](name, (perf_counter_ns() - stack.pop()) * 1e-6)
 
 
-def _nothing(*args: Any) -> None:
-    """The fake kernel: at trace time an operator records nothing."""
+_direct_calls = False
+"""Whether inductor's wrapper codegen has been told to call the operators' bodies directly
+(``register_direct_calls``), or cannot be."""
+
+
+def _fake(*args: Any) -> None:
+    """The fake kernel: at trace time an operator records nothing. Its first call registers the
+    direct calls with inductor, which by then has been imported completely if it compiles the
+    graph (registering while this module is imported could import it halfway through)."""
+    if not _direct_calls:
+        register_direct_calls()
 
 
 _SCHEMAS: dict[Callable[..., None], str] = {
@@ -93,6 +112,7 @@ _SCHEMAS: dict[Callable[..., None], str] = {
 }
 IMPLS: tuple[Callable[..., None], ...] = tuple(_SCHEMAS)
 """The operators' Python bodies (``compile_support`` makes dynamo run them as plain Python)."""
+_BODIES = {schema.split("(")[0]: impl for impl, schema in _SCHEMAS.items()}
 
 # A plain Library definition with a CompositeExplicitAutograd kernel: a direct call measured
 # less than half of a ``torch.library.custom_op`` one (whose kernel adds wrappers).
@@ -102,10 +122,62 @@ for _impl, _schema in _SCHEMAS.items():
     _name = _schema.split("(")[0]
     _lib.define(_schema, tags=_tags)
     _lib.impl(_name, _impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"dflash_sidecar::{_name}", _nothing, lib=_lib)
+    torch.library.register_fake(f"dflash_sidecar::{_name}", _fake, lib=_lib)
     # Ordered effects: never dead-code eliminated (they return nothing), never reordered.
     torch.library._register_effectful_op(f"dflash_sidecar::{_name}",
                                          torch.library.EffectType.ORDERED, lib=_lib)
+
+
+def register_direct_calls() -> None:
+    """Have inductor's Python wrapper call each operator's Python body directly (a line
+    ``dflash_sidecar_<op>(args)`` and an import of the body) instead of
+    ``torch.ops.dflash_sidecar.<op>.default(args)``, a dispatcher call that unpacks the arguments
+    and calls back into Python: a timer block 1.4 us instead of 8.3 us, a record operator 2.2 us
+    instead of 4.75 us inside a compiled step (medians, ``bench/bench_compile_calls.py``).
+    Inductor's table of custom wrapper code for extern kernels is internal
+    (``torch._inductor.codegen.custom_extern_kernel_codegen``); without it the operators are
+    dispatcher calls, as with the other backends and inductor's C++ wrapper.
+    Idempotent (the operators' fake kernel calls it at the first trace); never raises."""
+    global _direct_calls
+    _direct_calls = True
+    try:
+        from torch._inductor.codegen.custom_extern_kernel_codegen import (
+            CUSTOM_EXTERN_KERNEL_CODEGEN,
+            CustomCodegen,
+        )
+
+        for name in _BODIES:
+            CUSTOM_EXTERN_KERNEL_CODEGEN[f"torch.ops.dflash_sidecar.{name}.default"] = CustomCodegen(
+                python=_direct_call(name))
+    except Exception:  # noqa: BLE001, S110 - another torch: dispatcher calls, as before
+        pass
+
+
+def _direct_call(name: str) -> Callable[[Any, Callable[[str], None]], None]:
+    """Inductor's wrapper code for operator ``name``: the import of its body at the top of the
+    generated module (of the outermost one, for a subgraph's wrapper), and its call; the
+    dispatcher call inductor would have written where the import cannot be added."""
+    alias = f"dflash_sidecar_{name}"
+    line = f"from {__name__} import {_BODIES[name].__name__} as {alias}"
+
+    def codegen(node: Any, writeline: Callable[[str], None]) -> None:
+        args = ", ".join([*node.codegen_args(), *node.codegen_kwargs()])
+        try:
+            from torch._inductor.virtualized import V
+
+            root: Any = V.graph.wrapper_code
+            while getattr(root, "parent_wrapper", None) is not None:
+                root = root.parent_wrapper
+            if not root.imports.contains(line):
+                root.imports.writeline(line)
+            target = alias
+        except Exception:  # noqa: BLE001 - never fail the trainer's compile over this
+            target = f"torch.ops.dflash_sidecar.{name}.default"
+        writeline(f"{target}({args})")
+
+    return codegen
+
+
 CARRIER = torch.empty(0, device="cpu")
 """The tensor argument of the operators whose values are no tensor (see the module docstring)."""
 _ops = torch.ops.dflash_sidecar
@@ -129,9 +201,10 @@ def _as_tensor(value: float) -> torch.Tensor:
 
 class _GraphTimer:
     """What ``timer(name)`` is inside compiled code: two operator calls around the block. The
-    time recorded is host wall time between the two calls when the graph runs, which inductor
-    may not bracket the block's own kernels exactly (it orders the operators only among
-    themselves)."""
+    time recorded (ms) is host wall time between the two calls when the graph runs, which
+    inductor may not bracket the block's own kernels exactly (it orders the operators only among
+    themselves): a kernel that fuses work inside the block with work after it runs after the
+    block's end."""
 
     def __init__(self, fid: int, name: str) -> None:
         self.fid = fid
