@@ -318,6 +318,19 @@ def test_module_functions_are_stable_and_feed_the_default_channel(
     assert ch.dropped == {"bad_argument": 1}
 
 
+def test_a_timer_open_across_configure_is_recorded_by_the_new_default_channel(
+    fresh_telemetry: types.ModuleType, tmp_path: Path,
+) -> None:
+    """``telemetry.timer`` queues where ``timing`` would when the block ends: a block open while
+    ``configure()`` replaces the default channel is the new channel's record, not one left in
+    the closed channel's queue, sent by nobody and counted nowhere."""
+    tm = fresh_telemetry
+    tm.count("warm")
+    with tm.timer("straddle"):
+        new = tm.configure(endpoint=f"ipc://{tmp_path}/other.sock")
+    assert [tuple(r)[:2] for r in new.drain()] == [(K.TIMING, "straddle")]
+
+
 def test_configure_overrides_environment(fresh_telemetry: types.ModuleType,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DFLASH_ROLE", "drafter")

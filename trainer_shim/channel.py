@@ -1,6 +1,7 @@
 """A channel: one worker's stream of records, and the whole cost the trainer pays per call.
 
-Each call builds one small tuple and appends it to a bounded deque (thread-safe, no lock); a
+Each call builds one small tuple (a timer: the timer itself, see ``Timer``) and appends it to a
+bounded deque (thread-safe, no lock); a
 background flusher drains the deque, encodes and sends. Nothing on this path validates, encodes,
 locks or touches a socket, so a call costs about as much as the append itself. Validation happens
 in the daemon, which counts every rejected record by reason; ``StrictChannel`` (development mode,
@@ -59,7 +60,6 @@ class Channel:
         "_overflow",
         "_overflow_lock",
         "_pq",
-        "_timer_class",
         "_q",
         "category",
         "count",
@@ -90,7 +90,6 @@ class Channel:
     publish: Callable[[int, Mapping[str, float]], None]
     scalar: Callable[[str, Any], None]
     timer: Callable[[str], AbstractContextManager[None]]
-    _timer_class: type[Timer]
 
     def __init__(self, role: str, worker: str, max_pending: int, devices: list[int]) -> None:
         self.role = role
@@ -99,7 +98,7 @@ class Channel:
         self.thread = threading.current_thread().name
         self.relabel = False
         self._cap = max_pending
-        self._q: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._q: collections.deque[tuple[Any, ...] | Timer] = collections.deque()
         self._pq: collections.deque[dict[Any, Any]] = collections.deque()  # publish() snapshots
         self.reset()
         self._bind()
@@ -174,7 +173,7 @@ class Channel:
         """Take every queued record, oldest first (profile snapshots ahead of the other records
         queued in the same interval), and fold the overflow count into ``dropped``. A record is
         a ``(kind, name, value)`` tuple or a finished ``Timer``, which unpacks and encodes the
-        same way. Only the flusher calls this."""
+        same way (it cannot be indexed). Only the flusher calls this."""
         q, pq = self._q, self._pq
         records: list[Any] = list(map(_call, repeat(q.popleft, len(q))))  # one C loop, ~15 ns a record
         if pq:
@@ -252,19 +251,17 @@ def _recording_functions(ch: Channel) -> dict[str, Any]:
             if start < 0.0:  # open (0.0: a float compare is the fast one)
                 self.value = (perf_counter() + start) * 1e3
                 if len(q) < cap:
-                    append(self)  # type: ignore[arg-type]  # a record: see Timer
+                    append(self)  # a record: see Timer
                 else:
                     overflow()
             else:
                 count_dropped("bad_argument")  # entered again
 
-    ch._timer_class = ChannelTimer
-
     def timer(name: str) -> AbstractContextManager[None]:
         """A context manager timing its ``with`` block on the host clock (from this call),
         recorded as a timing (ms) when the block ends, also when it raises. Host wall time only: for GPU work this
-        measures launch time, not execution. Inside a ``torch.compile``d function it records
-        nothing (see docs/SHIM.md)."""
+        measures launch time, not execution. Inside a ``torch.compile``d function it reads the
+        clock when the graph runs (see ``trainer_shim.compile_support``)."""
         return ChannelTimer(_TIMING, name, -perf_counter())
 
     def scalar(name: str, tensor: Any) -> None:
@@ -292,7 +289,9 @@ class Timer(msgspec.Struct, array_like=True, gc=False):
     the block's end, also when it raises, and then is its own record. Each channel has a
     subclass whose ``__exit__`` queues the timer itself, as ``timing`` queues a tuple: msgpack
     encodes it as ``[TIMING, name, ms]``, the wire form of a timing (``array_like``). Not tracked
-    by the garbage collector (``gc=False``): it holds an int, the caller's name and a float.
+    by the garbage collector (``gc=False``): it holds an int, the caller's name and a float (a
+    name that is no str and refers back to its timer would never be freed; the daemon drops such
+    a record as ``bad_name``).
 
     Why this shape: a slotted object that built a ``(kind, name, ms)`` tuple in ``__exit__`` cost
     ~0.38 us a block, this ~0.30 us, on an idle 2-core machine (one process, interleaved; see
@@ -316,7 +315,6 @@ class Timer(msgspec.Struct, array_like=True, gc=False):
     def __iter__(self) -> Iterator[Any]:
         """Unpacks as the tuples in a channel's queue do: ``kind, name, ms = timer``."""
         return iter((self.kind, self.name, self.value))
-
 
 
 

@@ -65,10 +65,9 @@ _publisher: Publisher | None = None
 _default: Channel | None = None
 _defaults: dict[str, Any] = {}
 # The default channel's queues and the capacity the fast path may use (0: take the slow path).
-_q: collections.deque[tuple[Any, ...]] = collections.deque()
+_q: collections.deque[tuple[Any, ...] | Timer] = collections.deque()
 _pq: collections.deque[dict[Any, Any]] = collections.deque()
 _cap = 0
-_timer_class: type[Timer] = Timer  # the default channel's
 
 
 def configure(
@@ -215,9 +214,9 @@ def _default_channel() -> Channel:
 
 
 def _bind(ch: Channel) -> None:
-    global _q, _pq, _cap, _timer_class
+    global _q, _pq, _cap
     _cap = 0  # while the globals change, calls take the slow path
-    _q, _pq, _timer_class = ch._q, ch._pq, ch._timer_class
+    _q, _pq = ch._q, ch._pq
     _cap = 0 if _is_strict(ch) else ch._cap
 
 
@@ -289,14 +288,29 @@ def category(name: str, key: str | int) -> None:
         _slow(_CATEGORY, name, key)
 
 
+class _Timer(Timer):
+    """What ``timer(name)`` returns: queued, when the block ends, in the default channel of that
+    moment, like ``timing`` (a block open across ``configure()`` is recorded in the new channel)."""
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        start = self.value
+        if start < 0.0:  # open (see channel.Timer)
+            self.value = ms = (perf_counter() + start) * 1e3
+            if len(_q) < _cap:
+                _q.append(self)
+            else:
+                _slow(_TIMING, self.name, ms)
+        else:
+            _default_channel()._count_dropped("bad_argument")  # entered again
+
+
 def timer(name: str) -> AbstractContextManager[None]:
     """Context manager timing its block (host wall time, from this call to the block's end) as a
-    timing in ms, also when the block raises. Inside a ``torch.compile``d function it records nothing (see
-    ``trainer_shim.compile_support``). The default channel's ``timer``, inlined (see
-    ``channel.Timer``)."""
+    timing in ms, also when the block raises. Inside a ``torch.compile``d function it reads the
+    clock when the graph runs (see ``trainer_shim.compile_support``)."""
     if not _cap:  # first call or strict mode: the channel's own timer (creates, validates)
         return _default_channel().timer(name)
-    return _timer_class(_TIMING, name, -perf_counter())
+    return _Timer(_TIMING, name, -perf_counter())
 
 
 def scalar(name: str, tensor: Any) -> None:
