@@ -411,6 +411,8 @@ class RunLedger:
             continuing = any(s.key in known and s.end > prev + SAME_MESSAGE_S for s in senders)
         joules = (joules or 0.0) + r.get("carry_j", 0.0)
         r["carry_j"] = 0.0
+        if continuing and "gap_j" in r:  # a known sender heard again (after a daemon restart, say):
+            joules += r.pop("gap_j")  # the energy held while none was heard goes with the seconds booked now
         if b <= prev + SAME_MESSAGE_S:  # nothing new from its senders: the energy waits for the seconds it goes with
             r["carry_j"] = joules
             return
