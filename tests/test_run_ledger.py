@@ -161,6 +161,27 @@ def test_the_gpus_energy_during_a_restart_gap_is_the_gaps() -> None:
     assert r.energy_j == pytest.approx(500.0)  # every rise after the first reading
 
 
+def test_the_energy_of_windows_before_a_known_sender_is_heard_again_is_that_senders() -> None:
+    # A restarted daemon: its first window hears nobody yet (the trainer reconnects late), the
+    # next one hears the same process again. The counter's rise over the daemon's downtime and
+    # that first window is the trainer's, booked with the seconds its next message covers.
+    led = RunLedger()
+    counter = iter(range(1000, 100000, 100))  # 100 J per 1 s window
+
+    def facts(end: int, senders: tuple[SenderFact, ...]) -> WindowFacts:
+        return WindowFacts(end, 1.0, senders, {"trainer": RoleFact(SHARES, gpus=1)},
+                           {"GPU-a": float(next(counter))}, {"GPU-a": "trainer"})
+
+    for end in range(101, 104):
+        led.add(facts(end, (sender("1@100", 100, end, end),)))
+    led.add(facts(104, ()))  # nobody heard in this window
+    led.add(facts(105, (sender("1@100", 100, 105, 105),)))  # the same process again
+    r = role(led)
+    assert "restart_gap" not in r.joules or r.joules["restart_gap"] == 0.0
+    assert r.energy_j == pytest.approx(400.0)  # every rise after the first reading (held ones too)
+    assert r.wall_s == pytest.approx(5.0)
+
+
 def test_a_predecessor_placed_a_little_later_in_a_later_window_does_not_hide_the_gap() -> None:
     # Each window places a silent sender's last message again (its end less its age): the same
     # message may come out some milliseconds later. It is not a message sent since (it hid the
