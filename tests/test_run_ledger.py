@@ -13,6 +13,7 @@ import math
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -144,12 +145,20 @@ def test_energy_goes_with_the_seconds_and_gives_joules_per_token_and_mfu() -> No
     assert peak_flops("NVIDIA H100 PCIe") == 756.0e12 and peak_flops("Tesla T4") is None
 
 
-def test_the_gpus_energy_during_a_restart_gap_is_the_gaps() -> None:
-    led = RunLedger()
-    counter = iter(range(1000, 100000, 100))  # 100 J per 1 s window
+def metered() -> Callable[[int, tuple[SenderFact, ...]], WindowFacts]:
+    """Windows of 1 s ending at a given time, with one trainer GPU whose energy counter rises
+    100 J per window."""
+    counter = iter(range(1000, 100000, 100))
+
     def facts(end: int, senders: tuple[SenderFact, ...]) -> WindowFacts:
         return WindowFacts(end, 1.0, senders, {"trainer": RoleFact(SHARES, gpus=1)},
                            {"GPU-a": float(next(counter))}, {"GPU-a": "trainer"})
+
+    return facts
+
+
+def test_the_gpus_energy_during_a_restart_gap_is_the_gaps() -> None:
+    led, facts = RunLedger(), metered()
     for end in range(101, 104):
         led.add(facts(end, (sender("1@100", 100, end, end),)))
     for end in (104, 105):  # gone (its exit booked): no sender of the role listed
@@ -165,13 +174,7 @@ def test_the_energy_of_windows_before_a_known_sender_is_heard_again_is_that_send
     # A restarted daemon: its first window hears nobody yet (the trainer reconnects late), the
     # next one hears the same process again. The counter's rise over the daemon's downtime and
     # that first window is the trainer's, booked with the seconds its next message covers.
-    led = RunLedger()
-    counter = iter(range(1000, 100000, 100))  # 100 J per 1 s window
-
-    def facts(end: int, senders: tuple[SenderFact, ...]) -> WindowFacts:
-        return WindowFacts(end, 1.0, senders, {"trainer": RoleFact(SHARES, gpus=1)},
-                           {"GPU-a": float(next(counter))}, {"GPU-a": "trainer"})
-
+    led, facts = RunLedger(), metered()
     for end in range(101, 104):
         led.add(facts(end, (sender("1@100", 100, end, end),)))
     led.add(facts(104, ()))  # nobody heard in this window
