@@ -1,10 +1,10 @@
 """A channel: one worker's stream of records, and the whole cost the trainer pays per call.
 
 Each call builds one small tuple (a timer: the timer itself, see ``Timer``) and appends it to a
-bounded deque (thread-safe, no lock); a
-background flusher drains the deque, encodes and sends. Nothing on this path validates, encodes,
-locks or touches a socket, so a call costs about as much as the append itself. Validation happens
-in the daemon, which counts every rejected record by reason; ``StrictChannel`` (development mode,
+bounded deque (thread-safe, no lock); a background flusher drains the deque, encodes and sends.
+Nothing on this path validates, encodes, locks or touches a socket, so a call costs about as much
+as the append itself. Validation happens in the daemon, which counts every rejected record by
+reason; ``StrictChannel`` (development mode,
 ``DFLASH_TELEMETRY_STRICT=1``) validates here and raises instead.
 """
 
@@ -294,9 +294,11 @@ class Timer(msgspec.Struct, array_like=True, gc=False):
     a record as ``bad_name``).
 
     Why this shape: a slotted object that built a ``(kind, name, ms)`` tuple in ``__exit__`` cost
-    ~0.38 us a block, this ~0.30 us, on an idle 2-core machine (one process, interleaved; see
-    bench/RESULTS.md). A msgspec Struct is built in one C call and is not tracked by the garbage
-    collector; queued as it is, it needs no encode hook.
+    0.40-0.43 us a block, this 0.31-0.34 us, on an idle 2-core machine (fresh interpreters,
+    interleaved; bench/RESULTS.md). A msgspec Struct is built in one C call and is not tracked by
+    the garbage collector; queued as it is, it needs no encode hook. The few lines that close a
+    timer are written in both subclasses' ``__exit__`` (the channel's, ``telemetry._Timer``) on
+    purpose: a shared helper would be one more Python call per block.
 
     Fields: ``kind`` (``TIMING``); ``name``; ``value``: while the block runs, minus the host clock
     at ``timer()`` (``perf_counter``, s; negative marks it open), then the duration in ms. Use a
@@ -315,7 +317,6 @@ class Timer(msgspec.Struct, array_like=True, gc=False):
     def __iter__(self) -> Iterator[Any]:
         """Unpacks as the tuples in a channel's queue do: ``kind, name, ms = timer``."""
         return iter((self.kind, self.name, self.value))
-
 
 
 class StrictChannel(Channel):
