@@ -69,7 +69,8 @@ TAKE_ORDER = ("unattributed", "host", "data", "queue", "communication", "product
 class SenderFact:
     """One sender in one window: ``key`` names its process (pid and start); ``begin`` the later of
     its start and the window's begin, ``end`` its last message (unix seconds); ``alive`` whether it
-    is still sending at the window's end (``GONE_AFTER_S``); ``step`` its latest step (None before one)."""
+    is still sending at the window's end (``GONE_AFTER_S``; not once it closed); ``step`` its latest
+    step (None before one)."""
 
     key: str
     run: str
@@ -155,7 +156,7 @@ def window_facts(report: IngestReport) -> WindowFacts:
         started = float(started) if isinstance(started, (int, float)) and 0 < started <= w.end_unix_s else 0.0
         senders.append(SenderFact(f"{s.pid}@{started:.3f}" if s.pid is not None else f"sender:{s.sender}",
                                   run_of(s.hello), s.role, started, max(begin, started), last,
-                                  w.sender_steps.get(s.sender), s.last_seen_age_s <= GONE_AFTER_S,
+                                  w.sender_steps.get(s.sender), s.last_seen_age_s <= GONE_AFTER_S and not s.closed,
                                   _flops_of(s.hello)))
     insight = report.insight
     gpu_of_role, names, energy, uuid_roles = _gpus(report, {s.role for s in senders})
