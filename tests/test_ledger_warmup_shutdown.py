@@ -73,3 +73,7 @@ def test_slow_first_steps_book_warmup_and_the_tail_books_shutdown(tmp_path: Path
     # from the last step to the exit: 2 s, less the part of the last window with steps after the last step
     tail = exited - times["last_step"]
     assert tail - 1.2 <= s["shutdown"] <= tail + 0.2, (s, tail)
+    table = subprocess.run([sys.executable, "-m", "sidecar", "report", "--run", "warm-run", "--state-dir", str(state)],
+                           capture_output=True, text=True, env=env(), timeout=60)
+    rows = {line.split()[0]: line.split()[1] for line in table.stdout.splitlines()[2:] if len(line.split()) == 4}
+    assert float(rows["warmup"]) == round(s["warmup"], 1) and float(rows["shutdown"]) == round(s["shutdown"], 1)
