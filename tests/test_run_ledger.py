@@ -249,6 +249,10 @@ def test_the_time_after_the_last_step_to_a_clean_exit_is_shutdown() -> None:
     assert s["productive"] == pytest.approx(0.5 * 6.0)  # the pause in 104 stays where its shares put it
     unclean = run(closed=False)  # gone without a closing message: no clean end to tell
     assert unclean["shutdown"] == 0.0 and sum(unclean.values()) == pytest.approx(7.5)
+    led = RunLedger()  # steps only in the first window with steps (their number untold): still steps
+    led.add(window(101, (sender("1@100", 100, 101, 3),)))
+    led.add(window(102, (SenderFact("1@100", "run-1", "trainer", 100, 101, 101.5, 3, alive=False, closed=True),)))
+    assert role(led).seconds["shutdown"] == pytest.approx(0.5) and role(led).wall_s == pytest.approx(1.5)
 
 
 def host_sender(key: str, started: float, end: float, step: int | None) -> SenderFact:

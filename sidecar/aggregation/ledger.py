@@ -14,9 +14,10 @@ and idle attribution where NVML reads the GPUs, else the role's phase time share
 idle causes first. Before a role's first step its time is held (``starting_s``) and told as
 ``startup`` or ``compile`` once that step arrives. Once its step time settles, the idle time
 nothing explained in its slow first windows is retold as ``warmup`` (``_warmup``); at a clean end
-(a sender that closed), the time told since its last step is retold as ``shutdown`` (``_shutdown``). Time the daemon did not run while the same
-sender process lived is ``unobserved``; a successor's arrival turns the gap since its
-predecessor's last message into ``restart_gap`` up to the successor's start.
+(a sender that closed), the time told since its last step is retold as ``shutdown``
+(``_shutdown``). Time the daemon did not run while the same sender process lived is
+``unobserved``; a successor's arrival turns the gap since its predecessor's last message into
+``restart_gap`` up to the successor's start.
 
 The run (``run_of``): the W&B run id of the hello, else its run label (the shim's, from the
 launcher's environment), else the host; a host's senders after no sender of its current run sent
@@ -481,6 +482,7 @@ class RunLedger:
             r["stepped"] = True
             r["tokens"] += fact.tokens
         progress = []
+        began = any(known.get(s.key, {}).get("step") is None for s in stepped)  # its first steps: progress too
         for s in senders:
             k = known.setdefault(s.key, {"windows_stepped": 0, "step": None, "seen_unix_s": s.end})
             if s.step is not None:
@@ -494,7 +496,7 @@ class RunLedger:
         self._joules(r, seconds, released, pended, joules, apart)
         if stepped:
             _warmup(r, alive, seconds["unattributed"], max(progress, default=0))
-        _shutdown(r, seconds, bool(progress), senders)
+        _shutdown(r, seconds, bool(progress) or began, senders)
         stated = next((s.flops_per_token for s in senders if s.flops_per_token), None)
         if stated or self.flops_per_token:  # the trainer's statement wins over the daemon's setting
             r["flops_per_token"] = stated or self.flops_per_token
