@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.model.ledger import CAUSES, RoleLedger, RunLedgerView
-from sidecar.model.window import LIVE_S, TIMING, IngestReport
+from sidecar.model.meanings import PHASES
+from sidecar.model.window import COUNT, LIVE_S, TIMING, IngestReport, WindowReport
 
 GONE_AFTER_S = 3.0
 """A sender silent for longer than this at a window's end left at its last message (a shim sends
@@ -81,6 +82,10 @@ class SenderFact:
     alive: bool = True
     flops_per_token: float | None = None
     """The model FLOPs per token its hello states (None: not stated)."""
+    first_step: int | None = None
+    """The first step number the daemon had from it (its first stepping window counts from it)."""
+    cycles: int | None = None
+    """Steps its label completed this window by count (``step_cycles``; None: nothing counts them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +150,7 @@ def window_facts(report: IngestReport) -> WindowFacts:
     """The ledger's inputs from one window (the only place the ledger reads a window)."""
     w = report.window
     begin = w.end_unix_s - w.duration_s
+    cycles = step_cycles(w)
     senders = []
     for s in report.senders:
         last = w.end_unix_s - s.last_seen_age_s
@@ -156,7 +162,8 @@ def window_facts(report: IngestReport) -> WindowFacts:
         senders.append(SenderFact(f"{s.pid}@{started:.3f}" if s.pid is not None else f"sender:{s.sender}",
                                   run_of(s.hello), s.role, started, max(begin, started), last,
                                   w.sender_steps.get(s.sender), s.last_seen_age_s <= GONE_AFTER_S,
-                                  _flops_of(s.hello)))
+                                  _flops_of(s.hello), w.sender_first_steps.get(s.sender),
+                                  cycles.get((s.role, s.worker))))
     insight = report.insight
     gpu_of_role, names, energy, uuid_roles = _gpus(report, {s.role for s in senders})
     roles: dict[str, RoleFact] = {}
@@ -170,6 +177,27 @@ def window_facts(report: IngestReport) -> WindowFacts:
                                (ri.tokens_per_s * w.duration_s) if ri is not None else 0.0, step_s,
                                lone, median, len(mine), names.get(role, ""))
     return WindowFacts(w.end_unix_s, w.duration_s, tuple(senders), roles, energy, uuid_roles)
+
+
+def step_cycles(window: WindowReport) -> dict[tuple[str, str], int]:
+    """(role, worker) -> steps it completed this window, told without step numbers, the first of:
+    its every-occurrence ``step`` timings (one per step), the rise of its ``batches`` counter
+    (``batches``, ``steps``, ``iterations``, ...), the recurrence of its phase timings (the count
+    of the phase timed least often: each phase recurs once a step). Labels with none are absent."""
+    step: dict[tuple[str, str], int] = {}
+    batches: dict[tuple[str, str], int] = {}
+    phases: dict[tuple[str, str], int] = {}
+    for v in window.series:
+        if v.window is None or v.snapshot:
+            continue
+        label = (v.role, v.worker)
+        if v.kind == TIMING and v.meaning == "step":
+            step[label] = step.get(label, 0) + int(v.window.get("count", 0))
+        elif v.kind == COUNT and v.meaning == "batches":
+            batches[label] = batches.get(label, 0) + max(0, round(float(v.window.get("delta", 0.0))))
+        elif v.kind == TIMING and v.meaning in PHASES:
+            phases[label] = min(phases.get(label, 1 << 62), int(v.window.get("count", 0)))
+    return {**phases, **batches, **step}
 
 
 def _gpus(report: IngestReport, roles: set[str]) -> tuple[dict[str, tuple[str, ...]], dict[str, str],
@@ -310,6 +338,8 @@ class RunLedger:
         for run, members in self.runs.items():
             for role, r in members.items():
                 r["live"] = any(s.alive for s in groups.get((run, role), ()))
+                if (run, role) not in groups and r["pending_startup"] > 0:
+                    self._unplaced(r)
         self._no_trainer(facts, begin, sum(joules.values()))
         self.now_unix_s = facts.end_unix_s
         self._bound()
@@ -400,7 +430,7 @@ class RunLedger:
         seconds = dict.fromkeys(CAUSES, 0.0)
         known = r["senders"]
         session = self.session_begin or 0.0
-        stepped = [s for s in senders if s.step is not None]
+        stepped = [s for s in senders if s.step is not None or s.cycles or known.get(s.key, {}).get("windows_stepped")]
         b = max(s.end for s in senders)
         prev = r["observed_until"]
         if prev is None:  # the role's first window: from its first sender's start
@@ -468,13 +498,9 @@ class RunLedger:
         progress = []
         for s in senders:
             k = known.setdefault(s.key, {"windows_stepped": 0, "step": None, "seen_unix_s": s.end})
-            if s.step is not None:
-                if k["step"] is not None and s.step > k["step"]:
-                    progress.append(s.step - k["step"])
-                k["windows_stepped"] += 1
-                k["step"] = s.step
+            progress.append(_advance(s, k))
             k["seen_unix_s"] = max(k["seen_unix_s"], s.end)
-        r["steps"] += max(progress, default=0)
+        r["steps"] += max(progress, default=0)  # data-parallel workers step together
         r["pending_startup"] += pended
         self._joules(r, seconds, released, pended, joules, apart)
         stated = next((s.flops_per_token for s in senders if s.flops_per_token), None)
@@ -486,6 +512,14 @@ class RunLedger:
         if len(known) > MAX_SENDERS_PER_ROLE:
             for key in sorted(known, key=lambda k: known[k]["seen_unix_s"])[: len(known) - MAX_SENDERS_PER_ROLE]:
                 del known[key]
+
+    @staticmethod
+    def _unplaced(r: dict[str, Any]) -> None:
+        """A role whose senders all went (none listed in the window: silent for ``LIVE_S``) with
+        time still held before a first step: no step ever told how much of it was startup, so
+        it is ``unobserved``, with the energy held with it (never left out of the wall time)."""
+        held, r["pending_startup"] = r["pending_startup"], 0.0
+        RunLedger._joules(r, dict.fromkeys(CAUSES, 0.0) | {"unobserved": held}, {"unobserved": held}, 0.0, 0.0)
 
     @staticmethod
     def _lone_step(r: dict[str, Any], fact: RoleFact, young: bool) -> None:
@@ -562,6 +596,28 @@ def _new_role(senders: list[SenderFact]) -> dict[str, Any]:
     return {"seconds": {}, "joules": {}, "tokens": 0.0, "steps": 0, "gpus": 0, "gpu_name": "", "senders": {},
             "first_unix_s": min(s.begin for s in senders), "observed_until": None, "stepped": False,
             "pending_startup": 0.0}
+
+
+def _advance(s: SenderFact, k: dict[str, Any]) -> int:
+    """Steps sender ``s`` advanced this window, its memory ``k`` updated. Its step number wins:
+    its rise since the previous window, and in its first window with one, the steps from the
+    first number the daemon had from it, that one included (``publish(step)`` says step ``step``
+    is done); without step numbers, its ``cycles``."""
+    n = 0
+    if s.step is not None:
+        if k["step"] is not None:
+            n = max(0, s.step - k["step"])
+        elif not k["windows_stepped"]:
+            first = s.first_step if s.first_step is not None and s.first_step <= s.step else s.step
+            n = s.step - first + 1
+        else:  # counted by cycles so far: its step numbers count from this one on
+            n = s.cycles or 0
+        k["step"] = s.step
+    elif s.cycles:
+        n = s.cycles
+    if s.step is not None or s.cycles or k["windows_stepped"]:
+        k["windows_stepped"] += 1
+    return n
 
 
 def _retell(r: dict[str, Any], cause: str, amount: float) -> None:
