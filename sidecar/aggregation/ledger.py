@@ -11,8 +11,9 @@ shim's first use) and is accounted, window by window, up to its senders' last me
 time since the last accounted moment is split by the window's shares: the GPU group's busy share
 and idle attribution where NVML reads the GPUs, else the role's phase time shares; a timing named
 ``checkpoint`` or ``compile`` and the excess of a sender's first long steps are taken out of the
-idle causes first. Before a role's first step its time is held (``starting_s``) and told as
-``startup`` or ``compile`` once that step arrives. Time the daemon did not run while the same
+idle causes first. Before a role's first step (a step number, else ``step_cycles``) its time is
+held (``starting_s``) and told as ``startup`` or ``compile`` once that step arrives, or as
+``unobserved`` if its senders all go before one. Time the daemon did not run while the same
 sender process lived is ``unobserved``; a successor's arrival turns the gap since its
 predecessor's last message into ``restart_gap`` up to the successor's start.
 

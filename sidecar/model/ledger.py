@@ -23,7 +23,8 @@ clock-event reason was active), ``startup`` (process start to first step), ``com
 marked as compilation, or a timing named ``compile``), ``checkpoint`` (a timing named
 ``checkpoint``), ``unattributed`` (idle GPU time nothing explains, or a window without readings or
 phase timings), ``unobserved`` (the trainer alive while the daemon was not: a daemon restart or
-upgrade), ``restart_gap`` (the role's sender gone until its successor started)."""
+upgrade; or a role gone without anything ever telling a step: its held startup cannot be placed),
+``restart_gap`` (the role's sender gone until its successor started)."""
 
 
 PEAK_FLOPS: tuple[tuple[str, float, str], ...] = (
