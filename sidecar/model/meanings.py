@@ -76,6 +76,13 @@ PHASES = WAIT_PHASES + BUSY_PHASES
 THROUGHPUT = tuple(m for m, (c, _) in MEANINGS.items() if c == "throughput")
 EFFICIENCY = tuple(m for m, (c, _) in MEANINGS.items() if c == "efficiency")
 
+UNITS: dict[str, str] = {
+    "tokens_per_s": "per_second", "samples_per_s": "per_second", "steps_per_s": "per_second",
+    "flops_per_s": "per_second", "mfu": "ratio", "memory_reserved": "bytes",
+}
+"""The base unit (``sidecar.processing.units``) a gauge meaning's values are exported in; a preset
+gives one of these meanings only to a name in that unit (its own or its framework's)."""
+
 SHARE_UNIT = "ratio"
 """The base unit of a share (``sidecar.model.units``): a phase gauge in it is a share of the step."""
 
