@@ -72,6 +72,17 @@ MAX_ALLOCATOR_SERIES = 1024
 ``cardinality`` (device indexes come from the client and are otherwise unbounded)."""
 
 
+def _scaled(add: Adder, scale: float) -> Adder:
+    """``add`` of values in the unit the name says, converted to the series' own by one multiply
+    (the mapping stage's ``Mapped.scale``, decided once per series): only series whose unit is
+    not the series' own pay it (a timing in ``_ms`` or a gauge in its base unit does not)."""
+    def scaled(value: Any) -> bool:
+        if value.__class__ is float or value.__class__ is int:
+            return add(value * scale)
+        return False
+    return scaled
+
+
 _DEFER = object()
 """``_resolve``'s answer for a name that needs the mapping stage first."""
 
@@ -291,7 +302,7 @@ class Aggregator:
             if mapped is None:
                 return _DEFER
         self._left -= 1  # refunded below if the name finds its series
-        token = _TOKENS[kind](mapped.name) if mapped is not None else ""
+        token = (mapped.token or _TOKENS[kind](mapped.name)) if mapped is not None else ""
         if problem is None and not token:
             problem = "bad_name"
         if problem is not None or mapped is None:
@@ -330,7 +341,10 @@ class Aggregator:
         else:
             self._meta[key] = (mapped.meaning, self._meta[key][1], mapped.rule)  # a reload may remap
             self._left += 1  # an existing series: re-resolving (after a cache clear) is free
-        cache[kind, name] = add = series.add
+        add: Adder = series.add
+        if mapped.scale != 1.0:
+            add = _scaled(add, mapped.scale)
+        cache[kind, name] = add
         return add
 
     def _admit(self, owner: Any) -> bool:
@@ -431,10 +445,14 @@ class Aggregator:
 
     def _resolve_entry(self, entry: Any, role: str, worker: str, cache: dict[Any, Any],
                        resolved: Resolved | None) -> Adder | str:
-        kind = profile_entry_kind(entry)
-        add = self._resolve(kind, entry, role, worker, cache, resolved, snapshot=True)
+        """A dict key's series: the mapping stage decides its kind (``Mapped.kind``: a key in a
+        time unit is a timing), so the key waits for it under (PROFILE, key)."""
+        mapped = resolved.get((PROFILE, entry)) if resolved is not None and entry.__class__ is str else None
+        kind = mapped.kind if mapped is not None and mapped.kind >= 0 else profile_entry_kind(entry)
+        add = self._resolve(kind, entry, role, worker, cache, {(kind, entry): mapped} if mapped else None,
+                            snapshot=True)
         if add is _DEFER:
-            return self._hold(kind, entry, (PROFILE, entry), cache)
+            return self._hold(PROFILE, entry, (PROFILE, entry), cache)
         if add.__class__ is not str or (add != "cardinality" and len(cache) < MAX_CACHED_REJECTIONS):
             cache[PROFILE, entry] = add
         return add  # type: ignore[return-value]
