@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from sidecar.aggregation.ledger import RoleFact, RunLedger, SenderFact, WindowFacts, step_cycles
+from sidecar.aggregation.ledger import RoleFact, RunLedger, SenderFact, WindowFacts, step_cycles, step_numbers
 from sidecar.model.ledger import CAUSES
-from sidecar.model.window import COUNT, TIMING, SeriesView, WindowReport
+from sidecar.model.window import COUNT, GAUGE, TIMING, SeriesView, WindowReport
 from tests.daemon_harness import DaemonProc, env, wait_for
 
 LOOP = r"""
@@ -181,3 +181,12 @@ def test_step_cycles_prefer_step_timings_then_the_batches_counter_then_the_rares
     )
     cycles = step_cycles(WindowReport(10.0, 1.0, series))
     assert cycles == {("trainer", "a"): 5, ("trainer", "b"): 6, ("trainer", "c"): 7}
+
+
+def test_a_step_field_gives_step_numbers_that_stand_in_windows_without_one() -> None:
+    fresh = SeriesView(GAUGE, "iter", "trainer", "0", {"min": 40.0, "max": 49.0, "last": 49.0}, {"last": 49.0},
+                       "step_number")
+    stale = SeriesView(GAUGE, "global_step", "trainer", "1", None, {"last": 120.0}, "step_number")
+    loss = SeriesView(GAUGE, "loss", "trainer", "2", {"min": 1.0, "last": 2.0}, {"last": 2.0}, "loss")
+    assert step_numbers(WindowReport(10.0, 1.0, (fresh, stale, loss))) == {("trainer", "0"): (49, 40),
+                                                                          ("trainer", "1"): (120, 120)}

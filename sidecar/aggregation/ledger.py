@@ -25,6 +25,7 @@ for ``run_gap_s`` start a new run, ``host:<name>@<UTC start>`` (``RunLedger._hos
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from typing import Any
 
 from sidecar.model.ledger import CAUSES, RoleLedger, RunLedgerView
 from sidecar.model.meanings import PHASES
-from sidecar.model.window import COUNT, LIVE_S, TIMING, IngestReport, WindowReport
+from sidecar.model.window import COUNT, GAUGE, LIVE_S, TIMING, IngestReport, WindowReport
 
 GONE_AFTER_S = 3.0
 """A sender silent for longer than this at a window's end left at its last message (a shim sends
@@ -152,6 +153,7 @@ def window_facts(report: IngestReport) -> WindowFacts:
     w = report.window
     begin = w.end_unix_s - w.duration_s
     cycles = step_cycles(w)
+    numbers = step_numbers(w)
     senders = []
     for s in report.senders:
         last = w.end_unix_s - s.last_seen_age_s
@@ -160,10 +162,12 @@ def window_facts(report: IngestReport) -> WindowFacts:
         hello = s.hello or {}
         started = hello.get("started_unix_s")
         started = float(started) if isinstance(started, (int, float)) and 0 < started <= w.end_unix_s else 0.0
+        step, first_step = w.sender_steps.get(s.sender), w.sender_first_steps.get(s.sender)
+        if step is None:  # no publish(step): a step field of its own (a framework's iter, global_step)
+            step, first_step = numbers.get((s.role, s.worker), (None, None))
         senders.append(SenderFact(f"{s.pid}@{started:.3f}" if s.pid is not None else f"sender:{s.sender}",
-                                  run_of(s.hello), s.role, started, max(begin, started), last,
-                                  w.sender_steps.get(s.sender), s.last_seen_age_s <= GONE_AFTER_S,
-                                  _flops_of(s.hello), w.sender_first_steps.get(s.sender),
+                                  run_of(s.hello), s.role, started, max(begin, started), last, step,
+                                  s.last_seen_age_s <= GONE_AFTER_S, _flops_of(s.hello), first_step,
                                   cycles.get((s.role, s.worker))))
     insight = report.insight
     gpu_of_role, names, energy, uuid_roles = _gpus(report, {s.role for s in senders})
@@ -199,6 +203,20 @@ def step_cycles(window: WindowReport) -> dict[tuple[str, str], int]:
         elif v.kind == TIMING and v.meaning in PHASES:
             phases[label] = min(phases.get(label, 1 << 62), int(v.window.get("count", 0)))
     return {**phases, **batches, **step}
+
+
+def step_numbers(window: WindowReport) -> dict[tuple[str, str], tuple[int, int]]:
+    """(role, worker) -> (its latest step number, the lowest it sent this window) from a gauge or
+    dict key that means ``step_number`` (``iter``, ``global_step``, ...); the latest stands in
+    windows without a new one, like a published step."""
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for v in window.series:
+        last = v.cumulative.get("last") if v.kind == GAUGE and v.meaning == "step_number" else None
+        if last is None or not math.isfinite(last) or last < 0:
+            continue
+        low = v.window.get("min", last) if v.window else last
+        out[v.role, v.worker] = (int(last), int(min(low, last)))
+    return out
 
 
 def _gpus(report: IngestReport, roles: set[str]) -> tuple[dict[str, tuple[str, ...]], dict[str, str],
