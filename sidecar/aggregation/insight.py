@@ -25,7 +25,7 @@ from typing import Any
 
 from sidecar.aggregation.series import entropy_bits
 from sidecar.aggregation.verdict import OTHER_SHARE, UNATTRIBUTED_SHARE, InsightSettings, RoleFacts, decide
-from sidecar.model.insight import GpuFacts, PipelineInsight, RoleInsight, WorkerInsight
+from sidecar.model.insight import REPORTED, GpuFacts, PipelineInsight, RoleInsight, WorkerInsight
 from sidecar.model.meanings import BUSY_PHASES, PHASES, WAIT_PHASES  # noqa: F401 - re-exported
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, LIVE_S, TIMING, SenderView, SeriesView, WindowReport
 
@@ -312,7 +312,18 @@ def _role_insight(role: str, members: dict[str, _Worker], workers: list[WorkerIn
             cv = math.sqrt(sum((r - mean) ** 2 for r in rates) / len(rates)) / mean
     shares, unmapped, measured = _time_share(members, duration, alive)
     return RoleInsight(role, len(members), sum(rates), sum(w.tokens_per_s for w in workers), cv, shares,
-                       unmapped, measured)
+                       unmapped, measured, _reported(members))
+
+
+def _reported(members: Mapping[str, _Worker]) -> dict[str, float]:
+    """The role's own throughput and efficiency figures (``REPORTED``): each worker's latest
+    value, summed or averaged over the workers that report it."""
+    out: dict[str, float] = {}
+    for fig in REPORTED:
+        values = [v for w in members.values() if (v := w.gauge_last(fig.meaning)) is not None]
+        if values:
+            out[fig.meaning] = sum(values) / (1 if fig.combine == "sum" else len(values))
+    return out
 
 
 def _time_share(members: dict[str, _Worker], duration: float,

@@ -112,6 +112,8 @@ class RoleFact:
     """Mean per worker of the median ``step`` timing of workers with two or more this window."""
     gpus: int = 0
     gpu_name: str = ""
+    reported: Mapping[str, float] = field(default_factory=dict)
+    """The trainer's own throughput and efficiency figures (``RoleInsight.reported``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +182,8 @@ def window_facts(report: IngestReport) -> WindowFacts:
         ri = insight.roles.get(role) if insight is not None else None
         roles[role] = RoleFact(_shares(report, role, throttled), checkpoint, compile_s, first,
                                (ri.tokens_per_s * w.duration_s) if ri is not None else 0.0, step_s,
-                               lone, median, len(mine), names.get(role, ""))
+                               lone, median, len(mine), names.get(role, ""),
+                               dict(ri.reported) if ri is not None else {})
     return WindowFacts(w.end_unix_s, w.duration_s, tuple(senders), roles, energy, uuid_roles)
 
 
@@ -513,7 +516,7 @@ class RunLedger:
             for cause, amount in (("checkpoint", fact.checkpoint_s), ("compile", left)):
                 _take(seconds, cause, min(amount, alive))
             r["stepped"] = True
-            r["tokens"] += fact.tokens
+            self._efficiency(r, fact, alive)
         progress = []
         for s in senders:
             k = known.setdefault(s.key, {"windows_stepped": 0, "step": None, "seen_unix_s": s.end})
@@ -531,6 +534,16 @@ class RunLedger:
         if len(known) > MAX_SENDERS_PER_ROLE:
             for key in sorted(known, key=lambda k: known[k]["seen_unix_s"])[: len(known) - MAX_SENDERS_PER_ROLE]:
                 del known[key]
+
+    @staticmethod
+    def _efficiency(r: dict[str, Any], fact: RoleFact, seconds: float) -> None:
+        """Tokens from the trainer's ``tokens`` counter, else from the tokens/s it reports over the
+        ``seconds`` accounted as stepping; its own MFU and FLOP/s per GPU over those seconds."""
+        own = fact.reported
+        r["tokens"] += fact.tokens if fact.tokens > 0 else own.get("tokens_per_s", 0.0) * seconds
+        for meaning, key in (("mfu", "reported_mfu_s"), ("flops_per_s", "reported_flop")):
+            if meaning in own:
+                r[key] = r.get(key, 0.0) + own[meaning] * seconds
 
     @staticmethod
     def _unplaced(r: dict[str, Any]) -> None:
@@ -601,7 +614,8 @@ def view_of(state: Mapping[str, Any], flops_per_token: float | None = None,
                                     int(r["steps"]), int(r["gpus"]), str(r["gpu_name"]), float(r["first_unix_s"]),
                                     last, max(0.0, now - last) if gone else 0.0,
                                     r.get("flops_per_token") or flops_per_token,
-                                    float(r.get("pending_startup", 0.0))))
+                                    float(r.get("pending_startup", 0.0)), float(r.get("reported_mfu_s", 0.0)),
+                                    float(r.get("reported_flop", 0.0))))
     return RunLedgerView(tuple(roles), float(state.get("no_trainer_s", 0.0)), float(state.get("no_trainer_j", 0.0)),
                          int(state.get("runs_dropped", 0)), dict(state_errors or {}))
 
