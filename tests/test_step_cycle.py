@@ -190,3 +190,12 @@ def test_a_step_field_gives_step_numbers_that_stand_in_windows_without_one() -> 
     loss = SeriesView(GAUGE, "loss", "trainer", "2", {"min": 1.0, "last": 2.0}, {"last": 2.0}, "loss")
     assert step_numbers(WindowReport(10.0, 1.0, (fresh, stale, loss))) == {("trainer", "0"): (49, 40),
                                                                           ("trainer", "1"): (120, 120)}
+
+
+def test_an_iterations_counter_counts_steps() -> None:
+    from sidecar.processing.presets import find
+    from sidecar.processing.units import read_unit
+
+    for name in ("iterations", "iters"):
+        hit = find(COUNT, name, read_unit(name), False)
+        assert hit is not None and hit.meaning == "batches", name
