@@ -355,8 +355,8 @@ def test_scripted_run_with_a_trainer_and_a_daemon_restart(tmp_path: Path) -> Non
         first = _done(_trainer(endpoint, startup_s=1.5, steps=30, first_s=1.0, checkpoint_at=-1))
         time.sleep(2.0)  # the trainer restart: nothing alive
         second = _trainer(endpoint, startup_s=0.5, steps=80, first_s=0.06, checkpoint_at=5)
-        wait_for(lambda: (d.value("dflash_ledger_steps_total", run="run-abc") or 0) > 30, timeout_s=20,
-                 what="the successor's steps in the ledger")
+        wait_for(lambda: (d.value("dflash_ledger_steps_total", run="run-abc") or 0) > 30 + 10, timeout_s=20,
+                 what="the successor's steps past its checkpoint (step 5) in the ledger")
         before = d.value("dflash_ledger_seconds_total", run="run-abc")
         d.stop()
         down = time.time()

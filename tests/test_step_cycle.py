@@ -96,8 +96,9 @@ def test_a_loop_without_publish_has_a_ledger_that_sums_to_its_wall_time_across_a
     assert s["unobserved"] > 0.5, s  # the daemon was down a second and more
     stepping = r["wall_s"] - s["unobserved"] - s["startup"]
     assert s["data"] / stepping == pytest.approx(0.5, abs=0.1), s  # half of each step on data
-    # the steps counted are those seen: all but those of the daemon's absence (and of its first window after)
-    seen = out["steps"] * (stepping - 1.0) / shortest
+    # the steps counted are those seen: all but those of the daemon's absence and of the seconds the
+    # shim takes to find the new one (its records meanwhile are lost and counted: up to 3 s on a loaded box)
+    seen = out["steps"] * (stepping - 3.0) / shortest
     assert seen <= r["steps"] <= out["steps"], (r["steps"], out["steps"], s)
     table = _report(state)
     assert table.returncode == 0, table.stderr
@@ -165,8 +166,9 @@ def test_time_held_before_a_step_that_never_comes_is_unobserved_once_its_senders
     assert r.seconds["unobserved"] == pytest.approx(3.0) and r.wall_s == pytest.approx(3.0) and r.starting_s == 0
 
 
-def _view(kind: int, name: str, meaning: str, window: dict[str, float], worker: str = "0") -> SeriesView:
-    return SeriesView(kind, name, "trainer", worker, window, {}, meaning)
+def _view(kind: int, name: str, meaning: str, window: dict[str, float], worker: str = "0",
+          total: int = 100) -> SeriesView:
+    return SeriesView(kind, name, "trainer", worker, window, {"count": total}, meaning)
 
 
 def test_step_cycles_prefer_step_timings_then_the_batches_counter_then_the_rarest_phase() -> None:
@@ -178,9 +180,13 @@ def test_step_cycles_prefer_step_timings_then_the_batches_counter_then_the_rares
         _view(COUNT, "batches", "batches", {"delta": 6.0}, "c"),
         _view(TIMING, "step_ms", "step", {"count": 7}, "c"),
         _view(TIMING, "loss_ms", "", {"count": 99}, "d"),
+        # a first step still running: its data wait seen, nothing else yet; the phase's first occurrence ends no step
+        _view(TIMING, "data_wait_ms", "data_wait", {"count": 1}, "e", total=1),
+        _view(TIMING, "data_wait_ms", "data_wait", {"count": 3}, "f", total=3),
     )
     cycles = step_cycles(WindowReport(10.0, 1.0, series))
-    assert cycles == {("trainer", "a"): 5, ("trainer", "b"): 6, ("trainer", "c"): 7}
+    assert cycles == {("trainer", "a"): 5, ("trainer", "b"): 6, ("trainer", "c"): 7, ("trainer", "e"): 0,
+                      ("trainer", "f"): 2}
 
 
 def test_a_step_field_gives_step_numbers_that_stand_in_windows_without_one() -> None:

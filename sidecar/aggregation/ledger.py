@@ -191,7 +191,9 @@ def step_cycles(window: WindowReport) -> dict[tuple[str, str], int]:
     """(role, worker) -> steps it completed this window, told without step numbers, the first of:
     its every-occurrence ``step`` timings (one per step), the rise of its ``batches`` counter
     (``batches``, ``steps``, ``iterations``, ...), the recurrence of its phase timings (the count
-    of the phase timed least often: each phase recurs once a step). Labels with none are absent."""
+    of the phase timed least often, from each phase's second occurrence on: each phase recurs
+    once a step, and a phase seen once may belong to a step still running). Labels with none are
+    absent."""
     step: dict[tuple[str, str], int] = {}
     batches: dict[tuple[str, str], int] = {}
     phases: dict[tuple[str, str], int] = {}
@@ -204,7 +206,10 @@ def step_cycles(window: WindowReport) -> dict[tuple[str, str], int]:
         elif v.kind == COUNT and v.meaning == "batches":
             batches[label] = batches.get(label, 0) + max(0, round(float(v.window.get("delta", 0.0))))
         elif v.kind == TIMING and v.meaning in PHASES:
-            phases[label] = min(phases.get(label, 1 << 62), int(v.window.get("count", 0)))
+            n = int(v.window.get("count", 0))
+            # a phase recurs once a step: its first occurrence ever opens the first step, it ends none
+            n -= 1 if v.cumulative.get("count") == n else 0
+            phases[label] = min(phases.get(label, 1 << 62), n)
     return {**phases, **batches, **step}
 
 
