@@ -525,7 +525,9 @@ class RunLedger:
         progress = []
         for s in senders:
             k = known.setdefault(s.key, {"windows_stepped": 0, "step": None, "seen_unix_s": s.end})
-            progress.append(_advance(s, k))
+            advanced = _advance(s, k)
+            if advanced > 0:
+                progress.append(advanced)
             k["seen_unix_s"] = max(k["seen_unix_s"], s.end)
         r["steps"] += max(progress, default=0)  # data-parallel workers step together
         r["pending_startup"] += pended
