@@ -1,17 +1,18 @@
 """The metric dicts training frameworks hand their loggers, with their own key names (read from
-each framework's sources at the version in ``VERSIONS``; ``sidecar/processing/frameworks.py`` has
-where), filled with the values a run of ``step_s`` seconds a step, ``data`` of it loading data,
-would give. A trainer publishes them as they are: ``telemetry.publish(step, metrics)``."""
+each framework's sources at the version in ``VERSIONS``, the presets' own table), filled with the
+values a run of ``step_s`` seconds a step, ``data`` of it loading data, would give. A trainer
+publishes them as they are: ``telemetry.publish(step, metrics)``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from sidecar.processing.frameworks import FRAMEWORKS
+
 Fixture = Callable[[float, float, int], dict[str, float]]
 """(seconds per step, data loading share of it 0-1, steps so far) -> the framework's dict."""
 
-VERSIONS = {"torchtitan": "00fbaaf", "megatron": "86df799", "hf": "transformers 5.24", "nanogpt": "005475c",
-            "mmengine": "main", "detectron2": "059601d", "accelerate": "1.15"}
+VERSIONS = {r.preset: r.version for r in FRAMEWORKS}
 
 TOKENS_PER_STEP = 8192
 FLOPS_PER_TOKEN = 6 * 124e6

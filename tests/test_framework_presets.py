@@ -20,9 +20,9 @@ from sidecar.model.settings import RoleSettings
 from sidecar.model.window import GAUGE, PROFILE, TIMING, IngestReport
 from sidecar.pipeline import aggregate
 from sidecar.processing.explain import explain_data
-from sidecar.processing.frameworks import FRAMEWORKS
+from sidecar.processing.frameworks import FRAMEWORKS, doc_table
 from sidecar.processing.mapping import Mapper, parse_rules
-from tests.daemon_harness import DaemonProc, env
+from tests.daemon_harness import ROOT, DaemonProc, env
 from tests.fake_nvml.helpers import library_or_skip
 from tests.framework_fixtures import DATA_TIMED, FIXTURES
 from tests.verdict_matrix import _lines, _set_gpu, _write
@@ -36,6 +36,18 @@ def test_every_framework_name_maps_to_its_meaning_as_a_dict_key(row) -> None:  #
         cls = MEANINGS[row.meaning][0]
         share = name.endswith("(%)") and cls in ("wait", "busy")
         assert m.kind == (TIMING if cls in ("wait", "busy", "cycle") and not share else GAUGE), (name, m)
+
+
+def test_metrics_md_holds_the_framework_table() -> None:
+    text = (ROOT / "docs" / "METRICS.md").read_text().splitlines()
+    begin = next(i for i, line in enumerate(text) if "generated from sidecar.processing.frameworks" in line)
+    end = text.index("<!-- END generated from frameworks -->", begin)
+    assert text[begin + 1:end] == doc_table()
+
+
+def test_a_timing_in_a_unit_that_is_no_time_stays_in_ms_and_explain_says_so() -> None:
+    m = Mapper().resolve(TIMING, "fetch(%)", "trainer", "0")
+    assert (m.scale, m.rule) == (1.0, "unit (%) is no time: taken as milliseconds")
 
 
 def test_torchtitans_dict_in_base_units_with_prometheus_names() -> None:
