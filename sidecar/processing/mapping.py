@@ -274,8 +274,12 @@ def _mapped(kind: int, role: str, worker: str, name: str, meaning: str, how: str
         token, base = (counter_token if kind == COUNT else metric_token)(name), SECONDS if kind == TIMING else ""
     if abs(scale - 1.0) < 1e-12:
         scale = 1.0  # milliseconds stay as sent: no per-record multiply
-    quiet = kind in (COUNT, CATEGORY) or not unit.written or (kind == TIMING and unit.known and scale == 1.0)
-    note = "" if quiet else unit.describe()
+    if kind in (COUNT, CATEGORY) or not unit.written or (unit.base == SECONDS and kind == TIMING and scale == 1.0):
+        note = ""
+    elif kind == TIMING and unit.base != SECONDS:
+        note = f"unit {unit.written} is no time: taken as milliseconds"
+    else:
+        note = unit.describe()
     rule = f"{how}; {note}" if how and note else (how or note)
     return Mapped(role, worker, name, meaning, rule, kind, token, scale, base)
 
