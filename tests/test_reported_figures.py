@@ -18,7 +18,7 @@ from sidecar.exporters.wandb.insight_row import insight_row
 from sidecar.model.ledger import CAUSES
 from sidecar.model.window import GAUGE, SeriesView, WindowReport
 from sidecar.top import render
-from tests.daemon_harness import DaemonProc, env, wait_for
+from tests.daemon_harness import DaemonProc, env, require_tool, wait_for
 
 TORCHTITAN = r"""
 import sys, time
@@ -44,6 +44,8 @@ def test_a_torchtitan_dict_gives_throughput_families_top_and_a_ledger_mfu(tmp_pa
         wait_for(lambda: d.value("dflash_pipeline_reported_mfu_ratio", role="trainer"), timeout_s=20,
                  what="the trainer's own MFU on /metrics")
         samples = d.samples()
+        page = tmp_path / "page.txt"
+        page.write_text(d.text())
         assert proc.wait(timeout=60) == 0
         wait_for(lambda: (d.value("dflash_ledger_open_gap_seconds", role="trainer") or 0) > 0, timeout_s=20,
                  what="the trainer to be gone")
@@ -56,6 +58,9 @@ def test_a_torchtitan_dict_gives_throughput_families_top_and_a_ledger_mfu(tmp_pa
 
     assert one("tokens_per_second") == 5000.0 and one("flops_per_second") == pytest.approx(120e12)
     assert one("mfu_ratio") == pytest.approx(0.4)
+    lint = subprocess.run([require_tool("promtool"), "check", "metrics"], stdin=page.open(), capture_output=True,
+                          text=True, timeout=60)
+    assert lint.returncode == 0 and not (lint.stdout + lint.stderr).strip(), lint
     console = Console(width=200, record=True)
     console.print(render(samples))
     shown = console.export_text()
