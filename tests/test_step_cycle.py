@@ -78,6 +78,8 @@ def test_a_loop_without_publish_has_a_ledger_that_sums_to_its_wall_time_across_a
         loop = _loop(endpoint, "trainer", 10.0, publish=False)
         before = wait_for(lambda: d.value("dflash_ledger_seconds_total", role="trainer", cause="data"),
                           timeout_s=20, what="data seconds in the ledger before the restart")
+        wait_for(lambda: d.value("dflash_pipeline_bottleneck", verdict="input-bound") == 1.0, timeout_s=20,
+                 what="the verdict of a loop that waits half of each step on data")
         d.stop()
         time.sleep(1.0)
         d = DaemonProc(tmp_path, *args, interval=1.0, endpoint=endpoint)
