@@ -191,13 +191,21 @@ def test_step_cycles_prefer_step_timings_then_the_batches_counter_then_the_rares
                       ("trainer", "f"): 2}
 
 
-def test_a_step_field_gives_step_numbers_that_stand_in_windows_without_one() -> None:
+def test_a_step_field_gives_step_numbers_in_the_windows_that_send_one() -> None:
     fresh = SeriesView(GAUGE, "iter", "trainer", "0", {"min": 40.0, "max": 49.0, "last": 49.0}, {"last": 49.0},
                        "step_number")
     stale = SeriesView(GAUGE, "global_step", "trainer", "1", None, {"last": 120.0}, "step_number")
     loss = SeriesView(GAUGE, "loss", "trainer", "2", {"min": 1.0, "last": 2.0}, {"last": 2.0}, "loss")
-    assert step_numbers(WindowReport(10.0, 1.0, (fresh, stale, loss))) == {("trainer", "0"): (49, 40),
-                                                                          ("trainer", "1"): (120, 120)}
+    assert step_numbers(WindowReport(10.0, 1.0, (fresh, stale, loss))) == {("trainer", "0"): (49, 40)}
+
+
+def test_steps_counted_between_two_step_numbers_are_not_counted_twice() -> None:
+    led = RunLedger()
+    led.add(_window(101, _sender(101, step=10, cycles=11, first=0), step_s=1.0))  # steps 0..10: 11 done
+    led.add(_window(102, _sender(102, cycles=10)))  # no number this window: the next one counts them
+    led.add(_window(103, _sender(103, step=30, cycles=10)))
+    [r] = led.view().roles
+    assert r.steps == 31
 
 
 def test_an_iterations_counter_counts_steps() -> None:

@@ -215,15 +215,15 @@ def step_cycles(window: WindowReport) -> dict[tuple[str, str], int]:
 
 def step_numbers(window: WindowReport) -> dict[tuple[str, str], tuple[int, int]]:
     """(role, worker) -> (its latest step number, the lowest it sent this window) from a gauge or
-    dict key that means ``step_number`` (``iter``, ``global_step``, ...); the latest stands in
-    windows without a new one, like a published step."""
+    dict key that means ``step_number`` (``iter``, ``global_step``, ...) sent this window (the
+    series outlives a restarted process: its last number is not the successor's)."""
     out: dict[tuple[str, str], tuple[int, int]] = {}
     for v in window.series:
-        last = v.cumulative.get("last") if v.kind == GAUGE and v.meaning == "step_number" else None
-        if last is None or not math.isfinite(last) or last < 0:
+        if v.kind != GAUGE or v.meaning != "step_number" or not v.window:
             continue
-        low = v.window.get("min", last) if v.window else last
-        out[v.role, v.worker] = (int(last), int(min(low, last)))
+        last, low = v.window.get("last"), v.window.get("min")
+        if isinstance(last, (int, float)) and isinstance(low, (int, float)) and math.isfinite(last) and last >= 0:
+            out[v.role, v.worker] = (int(last), int(max(0.0, min(low, last))))
     return out
 
 
@@ -653,7 +653,7 @@ def _advance(s: SenderFact, k: dict[str, Any]) -> int:
         else:  # counted by cycles so far: its step numbers count from this one on
             n = s.cycles or 0
         k["step"] = s.step
-    elif s.cycles:
+    elif s.cycles and k["step"] is None:  # a sender with step numbers counts them when the next one comes
         n = s.cycles
     if s.step is not None or s.cycles or k["windows_stepped"]:
         k["windows_stepped"] += 1
