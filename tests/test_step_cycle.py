@@ -36,15 +36,17 @@ while time.time() - began < spec["seconds"]:
     time.sleep(0.03)
     ch.timing("step_ms", (time.perf_counter() - t) * 1000)
     ch.count("batches")
-    if spec["publish"]:
+    if spec["publish"] == "publish":
         ch.publish(steps, {})  # 0-based, every step
+    elif spec["publish"] == "field":
+        ch.gauge("global_step", steps)  # a step field of its own, no publish(step)
     steps += 1
 telemetry.flush(1.0)
 print(json.dumps({"configuring": configuring, "began": began, "ended": time.time(), "steps": steps}))
 """
 
 
-def _loop(endpoint: str, role: str, seconds: float, publish: bool) -> subprocess.Popen[str]:
+def _loop(endpoint: str, role: str, seconds: float, publish: str = "") -> subprocess.Popen[str]:
     spec = {"endpoint": endpoint, "role": role, "seconds": seconds, "publish": publish}
     return subprocess.Popen([sys.executable, "-c", LOOP, json.dumps(spec)], stdout=subprocess.PIPE, text=True,
                             env=env())
@@ -75,7 +77,7 @@ def test_a_loop_without_publish_has_a_ledger_that_sums_to_its_wall_time_across_a
     d = DaemonProc(tmp_path, *args, interval=1.0)
     endpoint = d.endpoint
     try:
-        loop = _loop(endpoint, "trainer", 10.0, publish=False)
+        loop = _loop(endpoint, "trainer", 10.0)
         before = wait_for(lambda: d.value("dflash_ledger_seconds_total", role="trainer", cause="data"),
                           timeout_s=20, what="data seconds in the ledger before the restart")
         wait_for(lambda: d.value("dflash_pipeline_bottleneck", verdict="input-bound") == 1.0, timeout_s=20,
@@ -113,9 +115,9 @@ def test_the_ledger_counts_every_step_from_the_first_stepping_window(tmp_path: P
     state = tmp_path / "state"
     d = DaemonProc(tmp_path, "--state-dir", str(state), interval=1.0)
     try:
-        numbered = _loop(d.endpoint, "numbered", 3.0, publish=True)
-        counted = _loop(d.endpoint, "counted", 3.0, publish=False)
-        runs = {"numbered": _done(numbered), "counted": _done(counted)}
+        loops = {"numbered": _loop(d.endpoint, "numbered", 3.0, "publish"),
+                 "field": _loop(d.endpoint, "field", 3.0, "field"), "counted": _loop(d.endpoint, "counted", 3.0)}
+        runs = {role: _done(loop) for role, loop in loops.items()}
         wait_for(lambda: all((d.value("dflash_ledger_open_gap_seconds", role=role) or 0) > 0 for role in runs),
                  timeout_s=20, what="both loops to be gone")
     finally:
