@@ -165,9 +165,24 @@ def test_time_held_before_a_step_that_never_comes_is_unobserved_once_its_senders
         led.add(_window(end, _sender(end)))
     [r] = led.view().roles
     assert r.wall_s == 0.0 and r.starting_s == pytest.approx(3.0)
-    led.add(WindowFacts(104, 1.0, (), {}))  # its sender no longer listed
+    led.add(WindowFacts(110, 1.0, (), {}))  # its sender no longer listed, not yet 10 s silent
+    assert led.view().roles[0].wall_s == 0.0
+    led.add(WindowFacts(114, 1.0, (), {}))
     [r] = led.view().roles
     assert r.seconds["unobserved"] == pytest.approx(3.0) and r.wall_s == pytest.approx(3.0) and r.starting_s == 0
+
+
+def test_a_restarted_daemon_waits_for_a_starting_trainer_to_reconnect() -> None:
+    led = RunLedger()
+    for end in (101, 102, 103):
+        led.add(_window(end, _sender(end)))
+    again = RunLedger(led.state())  # a new daemon whose first windows, long after, hear nobody yet
+    again.add(WindowFacts(130, 1.0, (), {}))
+    again.add(WindowFacts(131, 1.0, (), {}))
+    again.add(_window(132, _sender(132)))  # reconnected, still starting
+    again.add(_window(133, _sender(133, cycles=3), step_s=0.3))
+    [r] = again.view().roles
+    assert r.seconds["unobserved"] == 0.0 and r.seconds["startup"] == pytest.approx(133 - 0.3 - 100)
 
 
 def _view(kind: int, name: str, meaning: str, window: dict[str, float], worker: str = "0",

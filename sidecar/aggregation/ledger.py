@@ -365,7 +365,8 @@ class RunLedger:
         for run, members in self.runs.items():
             for role, r in members.items():
                 r["live"] = any(s.alive for s in groups.get((run, role), ()))
-                if (run, role) not in groups and r["pending_startup"] > 0:
+                heard = max(float(r["observed_until"] or 0.0), self.session_begin or 0.0)
+                if (run, role) not in groups and r["pending_startup"] > 0 and facts.end_unix_s - heard > LIVE_S:
                     self._unplaced(r)
         self._no_trainer(facts, begin, sum(joules.values()))
         self.now_unix_s = facts.end_unix_s
@@ -554,9 +555,10 @@ class RunLedger:
 
     @staticmethod
     def _unplaced(r: dict[str, Any]) -> None:
-        """A role whose senders all went (none listed in the window: silent for ``LIVE_S``) with
-        time still held before a first step: no step ever told how much of it was startup, so
-        it is ``unobserved``, with the energy held with it (never left out of the wall time)."""
+        """A role whose senders all went (none listed in the window, none heard for ``LIVE_S``,
+        nor since this daemon began: a restarted daemon waits for them to reconnect) with time
+        still held before a first step: no step ever told how much of it was startup, so it is
+        ``unobserved``, with the energy held with it (never left out of the wall time)."""
         held, r["pending_startup"] = r["pending_startup"], 0.0
         RunLedger._joules(r, dict.fromkeys(CAUSES, 0.0) | {"unobserved": held}, {"unobserved": held}, 0.0, 0.0)
 
