@@ -216,7 +216,7 @@ class Mapper:
         dict key (``entry``) that cannot be a timing (no time unit, its own or its framework's)."""
         by_rule: int | None = None
         hit = None
-        sent_unit = read_unit(raw).base
+        sent_unit = read_unit(raw).base if self.rules else ""
         for rule in self.rules:
             hit = rule.apply(kind, raw, role, worker, sent_unit)
             if hit is not None:
