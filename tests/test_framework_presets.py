@@ -99,6 +99,9 @@ def test_a_users_rule_wins_over_a_preset() -> None:
     assert m.meaning == "" and m.kind == TIMING and m.token == "iter_wall" and m.rule.startswith("mapping[2]")
     assert Mapper().resolve(PROFILE, "time", "trainer", "0").meaning == "step"
     assert mapper.hits == {1: 1, 2: 1}
+    # a rule's gauge meaning for a key in seconds wins over the unmapped timing its unit makes it
+    m = Mapper(parse_rules([{"match": "warmup_left_s", "meaning": "lr"}])).resolve(PROFILE, "warmup_left_s", "t", "0")
+    assert (m.kind, m.meaning, m.token, m.scale) == (GAUGE, "lr", "warmup_left_seconds", 1.0)
 
 
 def _explain_rows(records: dict[str, float]) -> dict[str, dict[str, str]]:

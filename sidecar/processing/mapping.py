@@ -200,8 +200,11 @@ class Mapper:
         framework) says a time unit, else as a gauge (``Mapped.kind``)."""
         if kind == PROFILE:
             found = self._resolve(TIMING, raw, role, worker, entry=True)
-            if found is None or not (found[0].meaning or found[0].unit == SECONDS):
-                found = self._resolve(GAUGE, raw, role, worker, entry=True)
+            if found is None or not found[0].meaning:
+                # a gauge meaning (a user's rule for a key in seconds) wins over an unmapped timing
+                as_gauge = self._resolve(GAUGE, raw, role, worker, entry=True)
+                if found is None or (as_gauge is not None and as_gauge[0].meaning):
+                    found = as_gauge
         else:
             found = self._resolve(kind, raw, role, worker, entry=False)
         assert found is not None  # only a dict key's timing form can be refused
@@ -216,7 +219,7 @@ class Mapper:
         dict key (``entry``) that cannot be a timing (no time unit, its own or its framework's)."""
         by_rule: int | None = None
         hit = None
-        sent_unit = read_unit(raw).base
+        sent_unit = read_unit(raw).base if self.rules else ""
         for rule in self.rules:
             hit = rule.apply(kind, raw, role, worker, sent_unit)
             if hit is not None:

@@ -97,9 +97,9 @@ def find(kind: int, name: str, unit: Unit, entry: bool) -> Hit | None:
     """The first preset row that fits ``name`` (as kept, role and worker taken off) sent as a
     record of ``kind`` whose name reads as ``unit``; ``entry``: a ``publish()`` dict key (it may
     be a timing only in a time unit, its own or its framework's). None: no preset knows it."""
-    tokens = [metric_token(unit.stem).lower()] if unit.written else []
-    tokens.append((counter_token if kind == COUNT else metric_token)(name).lower())
-    for token in dict.fromkeys(tokens):
+    whole = (counter_token if kind == COUNT else metric_token)(name).lower()
+    stem = metric_token(unit.stem).lower() if unit.written else whole
+    for token in (stem, whole) if stem != whole else (whole,):
         for meaning, preset, stated in _INDEX.get(token, ()):
             u = _unit_for(kind, meaning, unit, stated, entry)
             if u is not None and accepts(meaning, kind, u.base) and UNITS.get(meaning, u.base) == u.base:
