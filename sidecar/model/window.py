@@ -77,6 +77,9 @@ class WindowReport:
     allocator: dict[tuple[str, str, int], tuple[int, int, int]] = field(default_factory=dict)
     sender_steps: dict[int, int] = field(default_factory=dict)
     """Sender id -> the latest step it published (the run ledger tells each sender's first step)."""
+    sender_first_steps: dict[int, int] = field(default_factory=dict)
+    """Sender id -> the first step it published that the daemon had (the run ledger counts a
+    sender's first stepping window from it)."""
 
     def window_series(self, kind: int | None = None, name: str | None = None) -> Iterable[SeriesView]:
         """Series with data in this window, optionally of one kind and name."""
