@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from sidecar.aggregation.aggregator import Aggregator, Unresolved
+from sidecar.aggregation.ends import EndBook
 from sidecar.aggregation.gpu_groups import GpuAggregates
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.senders import SenderRegistry, SenderState
@@ -99,6 +100,7 @@ class Pipeline:
         """``stages``: run in order on each window before the fan-out; ``listeners``: get each
         window and hello, in order."""
         self.registry = SenderRegistry()
+        self.ends = EndBook()
         self.aggregator = Aggregator(max_series=max_series)
         self.mapper = mapper or Mapper()
         self.stages = list(stages)
@@ -195,7 +197,7 @@ class Pipeline:
         report = IngestReport(
             aggregates, senders, totals, dropped, dict(self.aggregator.profile_entries_rejected),
             receiver_stats.frames, receiver_stats.bytes, receiver_stats.disconnects,
-            self.aggregator.series_count(), self._accepted_in_window,
+            self.aggregator.series_count(), self._accepted_in_window, ends=self.ends.view(),
         )
         self._accepted_in_window = 0
         return report

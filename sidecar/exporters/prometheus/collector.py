@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from sidecar.exporters.prometheus.dcgm import DcgmSource
+from sidecar.exporters.prometheus.ends import ends_families
 from sidecar.exporters.prometheus.gpu import gpu_metric_families
 from sidecar.exporters.prometheus.insight import insight_families
 from sidecar.exporters.prometheus.ledger import ledger_families
@@ -160,7 +161,8 @@ def report_sources(report: IngestReport | None, host: str) -> list[tuple[str, Fa
     if report is None:
         return []
     sources: list[tuple[str, FamilySource]] = [("trainer", lambda: trainer_families(report, host)),
-                                               ("accounting", lambda: accounting_families(report, host))]
+                                               ("accounting", lambda: accounting_families(report, host)),
+                                               ("ends", lambda: ends_families(report.ends, host))]
     insight = report.insight
     if insight is not None:
         sources.append(("insight", lambda: insight_families(insight, host)))
