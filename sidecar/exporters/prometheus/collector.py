@@ -160,9 +160,10 @@ def report_sources(report: IngestReport | None, host: str) -> list[tuple[str, Fa
     """Sources that depend on the window report alone (and so change once per window)."""
     if report is None:
         return []
+    roles = {role for role, _ in report.totals}
     sources: list[tuple[str, FamilySource]] = [("trainer", lambda: trainer_families(report, host)),
                                                ("accounting", lambda: accounting_families(report, host)),
-                                               ("ends", lambda: ends_families(report.ends, host))]
+                                               ("ends", lambda: ends_families(report.ends, roles, host))]
     insight = report.insight
     if insight is not None:
         sources.append(("insight", lambda: insight_families(insight, host)))

@@ -3,18 +3,22 @@ time from the window's ``EndsView``. docs/METRICS.md ("How senders ended") lists
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sidecar.model.ends import EndsView
+from sidecar.model.ends import HOWS, EndsView
 
 
-def ends_families(view: EndsView, host: str) -> list[Metric]:
-    """The counter of ends per role and how, and each role's last end (always present, empty
-    before the first end, so that rules and dashboards can rely on the names)."""
+def ends_families(view: EndsView, roles: Iterable[str], host: str) -> list[Metric]:
+    """The counter of ends per role and how, and each role's last end (the families are always
+    present). The counter has every how at 0 for each of ``roles`` (those with senders) before
+    their first end: ``increase()`` then sees the first end (a series born at 1 shows none)."""
     exits = CounterMetricFamily("dflash_sidecar_sender_exits", "Sender processes that ended, per role and how: "
                                 "clean, terminated, unclean, oom, crashed (docs/RELIABILITY.md).",
                                 labels=["host", "role", "how"])
-    for (role, how), n in sorted(view.counts.items()):
+    counts = {(role, how): 0 for role in roles for how in HOWS} | dict(view.counts)
+    for (role, how), n in sorted(counts.items()):
         exits.add_metric([host, role, how], n)
     last = GaugeMetricFamily("dflash_sidecar_sender_last_exit_timestamp_seconds",
                              "Each role's last sender end: Unix time of its ledger's last write, with how it "
