@@ -7,6 +7,7 @@ loss accounting unchanged (made == accepted + dropped). The cases live in ``test
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import wandb_records
 from tests.daemon_harness import DaemonProc, env, in_ci, wait_for
 from tests.soak import ends
 
@@ -146,3 +148,35 @@ def test_the_shims_signal_handling_keeps_the_trainers_behaviour(tmp_path: Path) 
                              text=True, timeout=30, env=env())
         assert out.stdout.split("\n")[0] == printed, (mode, out.stdout, out.stderr)
         assert out.returncode == status, (mode, out.returncode, out.stderr)
+
+
+def test_wandb_gets_an_event_row_and_a_rate_limited_alert(tmp_path: Path) -> None:
+    """Into a real offline W&B run: the windows with an end carry ``ends/<role>/...``; two
+    ``unclean`` ends of one role raise one alert (rate limited), a crash of another role its own,
+    a clean end none."""
+    wandb_dir = tmp_path / "wandb"
+    wandb_dir.mkdir()
+    d = DaemonProc(tmp_path, "--wandb-run", "ends-run", "--sender-gone-after", str(GONE_AFTER_S), interval=0.5,
+                   extra_env={"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true"})
+    try:
+        cases = [("sigkill", "wb"), ("sigkill", "wb"), ("segfault", "wb-crash"), ("clean", "wb-clean")]
+        procs = [(ends.start(d, mode, role), mode, role) for mode, role in cases]
+        for p, mode, role in procs:
+            ends.finish(p, role, ends.SIGNALS.get(mode))
+        wait_for(lambda: ends.ends_of(d, "wb") == {"unclean": 2} and ends.ends_of(d, "wb-crash")
+                 and ends.ends_of(d, "wb-clean"), timeout_s=60, what="four ends")
+        logged = d.value("dflash_sidecar_wandb_rows_logged_total") or 0
+        wait_for(lambda: (d.value("dflash_sidecar_wandb_rows_logged_total") or 0) >= logged + 2, timeout_s=60,
+                 what="the rows after the ends logged")
+    finally:
+        d.stop()
+    (run_file,) = list(wandb_dir.rglob("*.wandb"))
+    alerts = [(a.title, a.level) for a in wandb_records.of_type(run_file, "alert")]
+    host = socket.gethostname()
+    assert sorted(alerts) == sorted([(f"wb process ended unclean on {host}"[:63], "WARN"),
+                                     (f"wb-crash process ended crashed on {host}"[:63], "WARN")]), alerts
+    rows = [{k.replace(f"sidecar/{host}/", ""): v for k, v in row.items()}
+            for row in wandb_records.history_rows(run_file)]
+    assert max(r.get("ends/wb/unclean", 0) for r in rows) == 2
+    assert any(r.get("ends/wb-crash/crashed") == 1 and r.get("ends/wb-crash/step") == 7 for r in rows)
+    assert any(r.get("ends/wb-clean/clean") == 1 and r.get("ends/wb-clean/unknown_records") == 0 for r in rows)

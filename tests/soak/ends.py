@@ -28,6 +28,7 @@ CHILD = PRELUDE + textwrap.dedent("""
     ch.publish(7, {"step_ms": 1.0}); calls += 1
     assert telemetry.flush(wait_s=10)
     print(json.dumps({"made": calls}), flush=True)
+    time.sleep(0.3)  # flush() returns once ZeroMQ has the frames: let its I/O thread write them
     if mode == "exit":
         sys.exit(3)
     if mode == "exception":
@@ -122,9 +123,9 @@ def finish(p: subprocess.Popen[str], role: str, sig: int | None = None, timeout_
 
 
 def ends_of(d: DaemonProc, role: str) -> dict[str, int]:
-    """``dflash_sidecar_sender_exits_total`` of ``role``, per how."""
+    """``dflash_sidecar_sender_exits_total`` of ``role``, per how (those above 0)."""
     return {lab["how"]: int(v) for lab, v in d.samples().get("dflash_sidecar_sender_exits_total", [])
-            if lab.get("role") == role}
+            if lab.get("role") == role and v > 0}
 
 
 def last_end(d: DaemonProc, role: str) -> dict[str, str] | None:
