@@ -6,6 +6,7 @@ loss accounting unchanged (made == accepted + dropped). The cases live in ``test
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -180,3 +181,32 @@ def test_wandb_gets_an_event_row_and_a_rate_limited_alert(tmp_path: Path) -> Non
     assert max(r.get("ends/wb/unclean", 0) for r in rows) == 2
     assert any(r.get("ends/wb-crash/crashed") == 1 and r.get("ends/wb-crash/step") == 7 for r in rows)
     assert any(r.get("ends/wb-clean/clean") == 1 and r.get("ends/wb-clean/unknown_records") == 0 for r in rows)
+
+
+def test_report_tells_the_ends_and_the_gap_after_an_unclean_one(tmp_path: Path) -> None:
+    """A sender SIGKILLed and its successor started before the kill is told: the run ledger books
+    the restart gap under ``unclean`` once the end is told, and ``report`` shows the ends per role
+    (and keeps them across the daemon's restart: they live in its state file)."""
+    d = DaemonProc(tmp_path, "--sender-gone-after", str(GONE_AFTER_S))
+    try:
+        first = ends.start(d, "sigkill", "lr")
+        ends.finish(first, "lr", signal.SIGKILL)
+        second = ends.start(d, "sigterm", "lr")
+        assert second.stdout is not None
+        second.stdout.readline()
+        wait_for(lambda: ends.ends_of(d, "lr") == {"unclean": 1}, timeout_s=60, what="the unclean end")
+        time.sleep(1.5)  # windows with the successor alive
+        second.send_signal(signal.SIGTERM)
+        second.communicate(timeout=30)
+        wait_for(lambda: ends.ends_of(d, "lr") == {"unclean": 1, "terminated": 1}, timeout_s=60, what="both ends")
+        time.sleep(1.5)  # the window with the last end reaches the state file
+    finally:
+        d.stop()
+    out = subprocess.run([sys.executable, "-m", "sidecar", "report", "--json", "--state-dir", str(tmp_path / "state")],
+                         capture_output=True, text=True, env=env(), timeout=60, check=True)
+    (role,) = [r for r in json.loads(out.stdout)["runs"] if r["role"] == "lr"]
+    assert role["ends"] == {"unclean": 1, "terminated": 1}, role
+    assert set(role["restart_gap_after"]) == {"unclean"} and role["restart_gap_after"]["unclean"] > 0, role
+    table = subprocess.run([sys.executable, "-m", "sidecar", "report", "--state-dir", str(tmp_path / "state")],
+                           capture_output=True, text=True, env=env(), timeout=60, check=True).stdout
+    assert "sender ends" in table and "restart gap after" in table and "unclean " in table, table

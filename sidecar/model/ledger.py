@@ -69,6 +69,11 @@ class RoleLedger:
     starting_s: float = 0.0
     """Startup seconds not yet in the wall time: held until the first step tells how much of it
     was the first step's compilation."""
+    ends: Mapping[str, int] = field(default_factory=dict)
+    """Its senders' ends by how (``model.ends.HOWS``) since the run began."""
+    gap_after: Mapping[str, float] = field(default_factory=dict)
+    """Of its ``restart_gap`` seconds, those after an end, by that end's how (an ``unclean`` or
+    ``oom`` gap is the time a kill cost the run until its successor started)."""
 
     @property
     def wall_s(self) -> float:
