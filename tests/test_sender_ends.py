@@ -16,7 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from sidecar.top import render, scrape
 from tests import wandb_records
 from tests.daemon_harness import DaemonProc, env, in_ci, wait_for
 from tests.soak import ends
@@ -210,3 +212,13 @@ def test_report_tells_the_ends_and_the_gap_after_an_unclean_one(tmp_path: Path) 
     table = subprocess.run([sys.executable, "-m", "sidecar", "report", "--state-dir", str(tmp_path / "state")],
                            capture_output=True, text=True, env=env(), timeout=60, check=True).stdout
     assert "sender ends" in table and "restart gap after" in table and "unclean " in table, table
+
+
+def test_top_shows_each_roles_last_end(daemon: DaemonProc) -> None:
+    """``top`` renders an event line with each role's last end, from a real scrape."""
+    ends.finish(ends.start(daemon, "sigkill", "end-top"), "end-top", signal.SIGKILL)
+    _told(daemon, "end-top")
+    console = Console(width=400, record=True)
+    console.print(render(scrape(daemon.url)))
+    text = console.export_text()
+    assert "ended: " in text and "end-top/0 pid" in text and "unclean at step 7" in text, text
