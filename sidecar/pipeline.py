@@ -33,6 +33,7 @@ from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.senders import SenderRegistry, SenderState
 from sidecar.aggregation.settings import WindowSettings
 from sidecar.aggregation.verdict import Hysteresis, InsightSettings
+from sidecar.model.ends import EndsView
 from sidecar.model.insight import PipelineInsight
 from sidecar.model.messages import BatchMessage
 from sidecar.model.window import IngestHealth, IngestReport, LabelTotals, SenderView
@@ -116,6 +117,10 @@ class Pipeline:
         """Internal errors survived and the age of the newest trainer data (any thread)."""
         last = self.last_data_monotonic
         return IngestHealth(self.internal_errors, None if last is None else self.clock() - last)
+
+    def ends_now(self) -> EndsView:
+        """The senders' ends told so far, as of the latest (any thread)."""
+        return self.ends.latest
 
     def set_mapper(self, mapper: Mapper) -> None:
         """Map with ``mapper`` from the next frame on (config reload; any thread): the ingest

@@ -88,10 +88,15 @@ class SidecarCollector(Collector):
         state = self.state
         host = state.host
         live = state.live
+        report = state.report
+        roles = {role for role, _ in report.totals} if report is not None else set()
+        ends = live.ends() or (report.ends if report is not None else None)
         sources: list[tuple[str, FamilySource]] = [
             ("self", lambda: self_families(host, live.telemetry())),
             ("wandb", lambda: wandb_families(host, live.exporter_stats("wandb"))),
         ]
+        if ends is not None:  # between windows: an end shows at the scrape after it is told
+            sources.append(("ends", lambda: ends_families(ends, roles, host)))
         view = _Once(live.gpu_view) if live.has_gpus else None  # one GpuView per scrape for both GPU sources
         if view is not None:
             sources.append(("gpu", lambda: gpu_metric_families(view(), host, time.monotonic())))
@@ -160,10 +165,8 @@ def report_sources(report: IngestReport | None, host: str) -> list[tuple[str, Fa
     """Sources that depend on the window report alone (and so change once per window)."""
     if report is None:
         return []
-    roles = {role for role, _ in report.totals}
     sources: list[tuple[str, FamilySource]] = [("trainer", lambda: trainer_families(report, host)),
-                                               ("accounting", lambda: accounting_families(report, host)),
-                                               ("ends", lambda: ends_families(report.ends, roles, host))]
+                                               ("accounting", lambda: accounting_families(report, host))]
     insight = report.insight
     if insight is not None:
         sources.append(("insight", lambda: insight_families(insight, host)))
