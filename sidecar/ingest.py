@@ -155,21 +155,21 @@ class IngestLoop:
                 states = [registry.senders.get(c.sender) for c in ready.ledger.channels]
                 if any(st is not None and now - st.last_seen < grace_s for st in states):
                     continue  # it spoke lately: look again at the next scan
-                fresh = [c for c in ready.ledger.channels if c.sender not in registry.ended]
+                booked: list[Any] = []
                 registry.book_exit(ready.ledger, ready.uid, ready.final, now, time.time(),
-                                   witnessed=ready.written_unix_s >= self.started_unix_s)
+                                   witnessed=ready.written_unix_s >= self.started_unix_s, booked_into=booked)
                 self.ledgers.remove(ready.path)
-                self._tell_ends(ready, fresh)
+                self._tell_ends(ready, booked)
         except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on
             self.pipeline.internal_error("booking ledgers", exc)
 
-    def _tell_ends(self, ready: ReadyLedger, fresh: list[Any]) -> None:
-        """Book how the process of ``ready`` ended, once per role among its channels not booked
-        before (``fresh``), and log one line per end."""
+    def _tell_ends(self, ready: ReadyLedger, booked: list[Any]) -> None:
+        """Book how the process of ``ready`` ended, once per role among its channels booked now
+        (``booked``: not before, and not refused), and log one line per end."""
         ledger = ready.ledger
         how, signal = how_ended(ready.final, ledger.signal, ready.crash, ready.oom)
         roles: dict[str, list[Any]] = {}
-        for channel in fresh:
+        for channel in booked:
             roles.setdefault(channel.role, []).append(channel)
         for role, channels in roles.items():
             steps = [s for s in (self.aggregator.latest_step(c.sender) for c in channels) if s is not None]

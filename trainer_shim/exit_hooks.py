@@ -21,6 +21,7 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
@@ -69,7 +70,7 @@ def _excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> Non
         state = _mine()
         state["detail"] = getattr(kind, "__name__", "exception")[:64]
         if issubclass(kind, KeyboardInterrupt) and not state["signal"]:
-            state["signal"] = 2  # SIGINT: Python's own handler raised it
+            state["signal"] = int(signal.SIGINT)  # Python's own SIGINT handler raised it
     except Exception:  # noqa: BLE001 - the trainer's hook must run whatever happens here
         pass
     previous = _hook["previous"]

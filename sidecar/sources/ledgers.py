@@ -135,7 +135,7 @@ class LedgerDirectory:
         self._next_scan = now + SCAN_S
         ready: list[ReadyLedger] = []
         present: set[str] = set()
-        crashes: dict[tuple[int, int], str] = {}
+        crashes: dict[tuple[int, int], tuple[str, int]] = {}
         for directory in self.directories:
             try:
                 with os.scandir(directory) as it:
@@ -145,7 +145,7 @@ class LedgerDirectory:
                         present.add(entry.path)
                         crash = wire.parse_ledger_file_name(entry.name, wire.CRASH_SUFFIX)
                         if crash is not None:
-                            crashes[crash] = entry.path
+                            crashes[crash] = (entry.path, _owner(entry))
                         found = self._look(entry, now, grace_s)
                         if found is not None:
                             ready.append(found)
@@ -156,18 +156,19 @@ class LedgerDirectory:
         self._tell_crashes(ready, crashes)
         return ready
 
-    def _tell_crashes(self, ready: list[ReadyLedger], crashes: dict[tuple[int, int], str]) -> None:
-        """Read the crash file of each ready ledger's process; remove the crash files of gone
-        processes whose ledgers are all booked (none left in the directory)."""
+    def _tell_crashes(self, ready: list[ReadyLedger], crashes: dict[tuple[int, int], tuple[str, int]]) -> None:
+        """Read the crash file of each ready ledger's process (one its owner made: another member
+        of the socket's group cannot speak for it); remove the crash files of gone processes whose
+        ledgers are all booked (none left in the directory)."""
         for r in ready:
-            path = crashes.get((r.ledger.pid, r.ledger.start_ticks))
-            if path is not None and not r.final:
+            path, uid = crashes.get((r.ledger.pid, r.ledger.start_ticks), ("", -1))
+            if path and uid == r.uid and not r.final:
                 r.crash = _fatal_signal(path)
         self._sweep(crashes)
 
-    def _sweep(self, crashes: dict[tuple[int, int], str]) -> None:
+    def _sweep(self, crashes: dict[tuple[int, int], tuple[str, int]]) -> None:
         pending = {(s.ledger.pid, s.ledger.start_ticks) for s in self._seen.values() if s.ledger is not None}
-        for ident, path in crashes.items():
+        for ident, (path, _) in crashes.items():
             if ident not in pending and _gone(*ident):
                 self.remove(path)
 
@@ -238,7 +239,7 @@ class LedgerDirectory:
                 names = os.listdir(directory)[:MAX_FILES_PER_SCAN]
             except OSError:
                 names = []
-            crashes = {ident: os.path.join(directory, name) for name in names
+            crashes = {ident: (os.path.join(directory, name), -1) for name in names
                        if (ident := wire.parse_ledger_file_name(name, wire.CRASH_SUFFIX)) is not None}
             self._sweep(crashes)
             try:
@@ -256,6 +257,13 @@ class LedgerDirectory:
             os.unlink(path)
         except OSError:
             pass
+
+
+def _owner(entry: os.DirEntry[str]) -> int:
+    try:
+        return entry.stat(follow_symlinks=False).st_uid
+    except OSError:
+        return -1
 
 
 def _fatal_signal(path: str) -> str:
