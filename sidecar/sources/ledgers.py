@@ -166,10 +166,12 @@ class LedgerDirectory:
                 r.crash = _fatal_signal(path)
         self._sweep(crashes)
 
-    def _sweep(self, crashes: dict[tuple[int, int], tuple[str, int]]) -> None:
+    def _sweep(self, crashes: dict[tuple[int, int], tuple[str, int]], live_too: bool = False) -> None:
+        """Remove the crash files no ledger left in the directory needs, of gone processes (and of
+        live ones too with ``live_too``: at the daemon's exit, a closed publisher's)."""
         pending = {(s.ledger.pid, s.ledger.start_ticks) for s in self._seen.values() if s.ledger is not None}
         for ident, (path, _) in crashes.items():
-            if ident not in pending and _gone(*ident):
+            if ident not in pending and (live_too or _gone(*ident)):
                 self.remove(path)
 
     def _look(self, entry: os.DirEntry[str], now: float, grace_s: float) -> ReadyLedger | None:
@@ -232,16 +234,18 @@ class LedgerDirectory:
 
     def close(self) -> None:
         """At daemon exit: remove each directory if it is empty (ledgers of live senders, or of
-        gone ones not booked yet, keep it for the next daemon); the crash files of gone processes
-        whose ledgers were booked go first. Idempotent."""
+        gone ones not booked yet, keep it for the next daemon); the crash files whose ledgers were
+        all booked go first. Idempotent."""
         for directory in self.directories:
             try:
                 names = os.listdir(directory)[:MAX_FILES_PER_SCAN]
             except OSError:
                 names = []
+            ledgers = {wire.parse_ledger_file_name(name) for name in names}
             crashes = {ident: (os.path.join(directory, name), -1) for name in names
-                       if (ident := wire.parse_ledger_file_name(name, wire.CRASH_SUFFIX)) is not None}
-            self._sweep(crashes)
+                       if (ident := wire.parse_ledger_file_name(name, wire.CRASH_SUFFIX)) is not None
+                       and ident not in ledgers}
+            self._sweep(crashes, live_too=True)
             try:
                 os.rmdir(directory)
             except OSError:
