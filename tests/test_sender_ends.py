@@ -222,3 +222,35 @@ def test_top_shows_each_roles_last_end(daemon: DaemonProc) -> None:
     console.print(render(scrape(daemon.url)))
     text = console.export_text()
     assert "ended: " in text and "end-top/0 pid" in text and "unclean at step 7" in text, text
+
+
+FAULT_CHILD = """
+import ctypes, faulthandler, os, sys, time
+from trainer_shim import telemetry
+if sys.argv[2] == "before":
+    faulthandler.enable()
+telemetry.configure(endpoint=sys.argv[1], role="t", worker="0")
+telemetry.count("n")
+telemetry.flush(wait_s=2)
+time.sleep(0.3)  # the flusher wrote the ledger (and armed its crash file) after the cycle
+if sys.argv[2] == "after":
+    faulthandler.enable()
+ctypes.string_at(0)
+"""
+
+
+@pytest.mark.parametrize("trainer", ["none", "before", "after"])
+def test_the_trainers_own_faulthandler_keeps_working(tmp_path: Path, trainer: str) -> None:
+    """A segfault: where the trainer enabled faulthandler (before the shim started or after), its
+    report still goes to the trainer's stderr and the shim's crash file stays empty; where it did
+    not, stderr gets nothing (as without the shim) and the crash file names SIGSEGV."""
+    (tmp_path / "s.sock.ledger").mkdir()  # as a daemon makes it: the shim never creates it
+    out = subprocess.run([sys.executable, "-c", FAULT_CHILD, f"ipc://{tmp_path}/s.sock", trainer], capture_output=True,
+                         text=True, timeout=60, env=env())
+    assert out.returncode == -signal.SIGSEGV, out.stderr
+    crash = [p.read_text() for p in (tmp_path / "s.sock.ledger").glob("*.crash")]
+    in_stderr = "Fatal Python error: Segmentation fault" in out.stderr
+    if trainer == "none":
+        assert not in_stderr and len(crash) == 1 and crash[0].startswith("Fatal Python error: Segmentation fault")
+    else:
+        assert in_stderr and all(not text for text in crash), (out.stderr, crash)
