@@ -15,6 +15,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 
 from sidecar.model.insight import REPORTED
+from sidecar.top_ends import ends_line
 from sidecar.top_ledger import ledger_table
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -58,8 +59,9 @@ def render(samples: dict[str, list[tuple[dict[str, str], float]]]) -> Group:
     for (role, worker, timing), q in sorted(rows.items()):
         timings.add_row(role, worker, timing, *(fmt(q.get(k), ".1f") for k in ("0.5", "0.95", "1")))
     ledger = ledger_table(samples)
-    return Group(*pipeline_parts(samples), timings, gpu_table(samples), *([ledger] if ledger else []),
-                 accounting_table(samples))
+    ended = ends_line(samples)
+    return Group(*pipeline_parts(samples), *([ended] if ended else []), timings, gpu_table(samples),
+                 *([ledger] if ledger else []), accounting_table(samples))
 
 
 def gpu_table(samples: Samples) -> Table:

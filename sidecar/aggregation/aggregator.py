@@ -477,6 +477,11 @@ class Aggregator:
 
     # -- windows ---------------------------------------------------------------------------------
 
+    def latest_step(self, sender: int) -> int | None:
+        """The step of ``sender``'s latest profile (``publish(step, ...)``), None if it sent none."""
+        entry = self._steps.get(sender)
+        return None if entry is None else entry[2]
+
     def roll(self, now_monotonic: float, end_unix_s: float, duration_s: float,
              live_senders: Collection[int] | None = None, known_senders: Collection[int] | None = None) -> WindowReport:
         """Close the window: per-series statistics, cumulative values, expiry of series idle for

@@ -141,6 +141,8 @@ class WindowFacts:
     roles: Mapping[str, RoleFact]
     energy: Mapping[str, float] = field(default_factory=dict)
     gpu_roles: Mapping[str, str] = field(default_factory=dict)
+    ends: tuple[tuple[str, str], ...] = ()
+    """(role, how) of each sender end told in the window (``model.ends``)."""
 
 
 def run_of(hello: Mapping[str, Any] | None) -> str:
@@ -198,7 +200,8 @@ def window_facts(report: IngestReport) -> WindowFacts:
                                (ri.tokens_per_s * w.duration_s) if ri is not None else 0.0, step_s,
                                lone, median, len(mine), names.get(role, ""),
                                dict(ri.reported) if ri is not None else {})
-    return WindowFacts(w.end_unix_s, w.duration_s, tuple(senders), roles, energy, uuid_roles)
+    return WindowFacts(w.end_unix_s, w.duration_s, tuple(senders), roles, energy, uuid_roles,
+                       tuple((e.role, e.how) for e in report.ends.new))
 
 
 def step_cycles(window: WindowReport) -> dict[tuple[str, str], int]:
@@ -382,6 +385,8 @@ class RunLedger:
                 heard = max(float(r["observed_until"] or 0.0), self.session_begin or 0.0)
                 if (run, role) not in groups and r["pending_startup"] > 0 and facts.end_unix_s - heard > LIVE_S:
                     self._unplaced(r)
+        for role, how in facts.ends:
+            _book_end(self.runs, role, how)
         self._no_trainer(facts, begin, sum(joules.values()))
         self.now_unix_s = facts.end_unix_s
         self._bound()
@@ -500,6 +505,7 @@ class RunLedger:
             succ = _start([s for s in senders if s.key not in known] or senders)
             succ = min(max(succ, prev), b)
             seconds["restart_gap"] += succ - prev
+            _gap_after_end(r, succ - prev)
             if "gap_j" in r:
                 r["joules"]["restart_gap"] = r["joules"].get("restart_gap", 0.0) + r.pop("gap_j")
                 apart = max(0.0, min(succ, begin) - prev)
@@ -643,9 +649,35 @@ def view_of(state: Mapping[str, Any], flops_per_token: float | None = None,
                                     last, max(0.0, now - last) if gone else 0.0,
                                     r.get("flops_per_token") or flops_per_token,
                                     float(r.get("pending_startup", 0.0)), float(r.get("reported_mfu_s", 0.0)),
-                                    float(r.get("reported_flop", 0.0))))
+                                    float(r.get("reported_flop", 0.0)), dict(r.get("ends", {})),
+                                    dict(r.get("gap_after", {}))))
     return RunLedgerView(tuple(roles), float(state.get("no_trainer_s", 0.0)), float(state.get("no_trainer_j", 0.0)),
                          int(state.get("runs_dropped", 0)), dict(state_errors or {}))
+
+
+def _book_end(runs: Mapping[str, dict[str, dict[str, Any]]], role: str, how: str) -> None:
+    """Count a sender end of ``role`` (``model.ends``) in the most recent run that has the role,
+    and give it the restart gap its successor opened, if that came first (else the next one)."""
+    members = [m[role] for m in runs.values() if role in m]
+    if not members:
+        return
+    r = max(members, key=lambda m: float(m["observed_until"] or 0.0))
+    r.setdefault("ends", {})[how] = r.get("ends", {}).get(how, 0) + 1
+    gap = r.pop("gap_waiting", None)
+    if gap is None:
+        r["end_waiting"] = how
+    else:
+        r.setdefault("gap_after", {})[how] = r.get("gap_after", {}).get(how, 0.0) + gap
+
+
+def _gap_after_end(r: dict[str, Any], gap_s: float) -> None:
+    """Book a restart gap under the end that opened it (``gap_after``): the end told before its
+    successor came, or the next one told (the daemon tells an end ``sender_gone_after`` after it)."""
+    how = r.pop("end_waiting", None)
+    if how is None:
+        r["gap_waiting"] = gap_s
+    else:
+        r.setdefault("gap_after", {})[how] = r.get("gap_after", {}).get(how, 0.0) + gap_s
 
 
 def _start(senders: list[SenderFact]) -> float:

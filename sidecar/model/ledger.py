@@ -76,6 +76,11 @@ class RoleLedger:
     """The trainer's own MFU (0-1) times the seconds it stood for, summed."""
     reported_flop: float = 0.0
     """The trainer's own achieved FLOP/s per GPU times the seconds it stood for, summed (FLOPs per GPU)."""
+    ends: Mapping[str, int] = field(default_factory=dict)
+    """Its senders' ends by how (``model.ends.HOWS``) since the run began."""
+    gap_after: Mapping[str, float] = field(default_factory=dict)
+    """Of its ``restart_gap`` seconds, those after an end, by that end's how (an ``unclean`` or
+    ``oom`` gap is the time a kill cost the run until its successor started)."""
 
     @property
     def wall_s(self) -> float:

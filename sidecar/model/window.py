@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.model.ends import EndsView
 from sidecar.model.gpu import GpuView
 from sidecar.model.insight import PipelineInsight
 from sidecar.model.ledger import RunLedgerView
@@ -162,6 +163,8 @@ class IngestReport:
     gpu: GpuView | None = None
     run_ledger: RunLedgerView | None = None
     """The run ledger's totals after this window (None if it failed or is off)."""
+    ends: EndsView = field(default_factory=EndsView)
+    """How senders' processes ended: counts, the last per role, the ones told in this window."""
 
     @property
     def live_senders(self) -> tuple[SenderView, ...]:
