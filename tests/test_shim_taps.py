@@ -215,3 +215,131 @@ def test_mlflow_metrics_reach_the_sidecar_and_the_metric_files_stay_the_same(
     book = book_of(rx, lambda b: len(profiles(b)) >= 5)
     assert profiles(book) == [(i, {"data_time_ms": 20.0 + i}) for i in range(3)] + [
         (3, {"step_ms": 25.0, "loss": 0.5}), (3, {"no_step": 7})]
+
+
+NO_LOOP = """
+    import json, time, wandb
+    from sidecar import config
+    from sidecar.daemon import Daemon
+    from trainer_shim.integrations import taps
+
+    run = wandb.init(mode="offline", project="p")
+    taps.tap("wandb")
+    cfg = config.load({{"wandb_run": "auto", "endpoint": [os.environ["DFLASH_SIDECAR_ENDPOINT"]],
+                       "prometheus_addr": "127.0.0.1:{port}", "interval": 0.5, "gpu_metrics": False,
+                       "state_dir": "state"}})
+    daemon = Daemon(cfg)  # in this process, as the demo runs it
+    daemon.start()
+    for i in range({steps}):
+        time.sleep(0.1)
+        wandb.log({{"data_time_ms": 90.0, "step_ms": 100.0}}, step=i)
+    time.sleep(1.5)  # the last windows reach the W&B exporter
+    telemetry.flush(wait_s=5)
+    trainer_id = run.id
+    run.finish()  # before the daemon's shutdown, which tears the process's wandb service down
+    daemon.stop()
+    daemon.shutdown()  # flushes the exporter's rows
+    telemetry.close()
+    print(json.dumps({{"trainer": trainer_id, "shim": list(telemetry.stats().values()), "stats": taps.stats()}}))
+"""
+
+
+def test_the_sidecars_own_wandb_rows_are_never_tapped(workdir: Path, ep: str) -> None:
+    """The daemon with its W&B exporter in the trainer's process (as the demo runs it) and a
+    tapped ``wandb.log``: the exporter's ``run.log`` goes through the same patched ``Run.log``;
+    were it forwarded, the daemon would receive its own rows and export them again, without end."""
+    from tests.launcher import free_port
+
+    steps = 30
+    env = {"WANDB_DIR": str(workdir), "WANDB_SILENT": "true", "WANDB_MODE": "offline"}
+    out = result(run_script(workdir, NO_LOOP.format(port=free_port(), steps=steps), ep, env=env))
+    [shim] = out["shim"]
+    assert shim["records_total"] + sum(shim["dropped"].values()) + shim["pending"] == steps  # the trainer's rows only
+    files = [p for p in workdir.rglob("run-*.wandb") if "latest-run" not in p.parts]
+    trainer = wandb_records.find_run_file(workdir, out["trainer"])
+    [sidecar] = [p for p in files if p != trainer]
+    trainer_keys = {k for row in wandb_records.history_rows(trainer) for k in row}
+    assert trainer_keys == {"data_time_ms", "step_ms", "_step", "_timestamp", "_runtime"}
+    sidecar_keys = {k for row in wandb_records.history_rows(sidecar) for k in row}
+    assert any("data_time" in k for k in sidecar_keys), sorted(sidecar_keys)  # it exported the trainer's series
+    assert not [k for k in sidecar_keys if k.count("sidecar/") > 1 or "sidecar_" in k.removeprefix("sidecar/")]
+
+
+class CudaScalar:
+    """What a tap must never read: a one-element CUDA tensor (reading it synchronizes)."""
+
+    is_cuda = True
+
+    def numel(self) -> int:
+        return 1
+
+    def item(self) -> float:
+        raise AssertionError("read a CUDA tensor")
+
+    __float__ = __index__ = __int__ = item  # type: ignore[assignment]
+
+
+class Recorded:
+    """A sink's target that keeps what it is handed (the routing is under test here; the
+    channel's own handling of a CUDA scalar is tests/test_shim_cuda_scalar.py's)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def publish(self, step: int, data: dict[str, Any]) -> None:
+        self.calls.append(("publish", step, dict(data)))
+
+    def scalar(self, name: str, value: Any) -> None:
+        self.calls.append(("scalar", name, value))
+
+
+def test_a_cuda_scalar_goes_to_scalar_unread_and_what_is_no_number_is_counted() -> None:
+    import numpy as np
+
+    from trainer_shim.integrations.tap_values import TapSink
+
+    target, loss = Recorded(), CudaScalar()
+    sink = TapSink(target)
+    sink.mapping(7, {"a": 1.0})
+    sink.mapping(CudaScalar(), {"loss": loss, "x": 2, "np": np.float32(3.0), "flag": True, "img": object()})
+    sink.one(np.int64(9), "y", CudaScalar())
+    assert target.calls[:3] == [("publish", 7, {"a": 1.0}), ("scalar", "loss", loss),
+                                ("publish", 7, {"x": 2, "np": 3.0})]  # a CUDA step is not read: the last step
+    assert target.calls[3][:2] == ("scalar", "y") and sink.step == 9 and sink.skipped == 2
+
+
+def test_the_tap_never_raises_into_the_call_and_the_call_raises_as_before() -> None:
+    from trainer_shim.integrations.tap_targets import TapState, _wrap
+    from trainer_shim.integrations.tap_values import TapSink
+
+    state = TapState(TapSink(Recorded()))
+    failing = _wrap(lambda x: x * 2, state, lambda sink, args, kwargs: 1 / 0)
+    assert failing(21) == 42 and state.sink is not None and state.sink.errors == 1
+    error = ValueError("the library's own")
+
+    def library(x: int) -> int:
+        raise error
+
+    forwarded: list[Any] = []
+    wrapped = _wrap(library, state, lambda sink, args, kwargs: forwarded.append(args))
+    with pytest.raises(ValueError) as raised:
+        wrapped(1)
+    assert raised.value is error and forwarded == []
+
+
+def test_closing_the_channels_publisher_takes_the_tap_off(workdir: Path) -> None:
+    import tensorboardX.writer
+
+    from trainer_shim.integrations import tap_import, taps
+    from trainer_shim.publisher import Publisher
+
+    cls = tensorboardX.writer.SummaryWriter
+    originals = (cls.add_scalar, cls.add_scalars)
+    publisher = Publisher(f"ipc://{workdir}/none.sock", allocator_interval_s=0)
+    try:
+        taps.tap("tensorboard", channel=publisher.channel("trainer", "0"))
+        assert "tensorboardX.writer" in taps.tapped() and cls.add_scalar is not originals[0]
+    finally:
+        publisher.close()
+    assert taps.tapped() == () and (cls.add_scalar, cls.add_scalars) == originals
+    assert "torch.utils.tensorboard.writer" not in tap_import.waiting()
