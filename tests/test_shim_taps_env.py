@@ -1,7 +1,7 @@
 """Taps with no code (``DFLASH_SIDECAR_TAP``) in real installs: the wheel installed with pip into a
 fresh virtual environment, and ``pip install -e`` of a copy of this checkout into another. Both
-see the machine's packages (``--system-site-packages``: wandb, torch, mlflow) and nothing of this
-checkout: the scripts run with no ``PYTHONPATH``, from a folder of their own.
+see this interpreter's packages (wandb, torch, mlflow) and nothing of this checkout: the scripts
+run with no ``PYTHONPATH``, from a folder of their own.
 
 The end-to-end check: a loop that only calls its logger (``wandb.log(..., step=i)`` offline,
 ``SummaryWriter.add_scalar``, ``mlflow.log_metrics``), with the variable set and not one line of
@@ -11,10 +11,13 @@ the sidecar in it, reads ``input-bound`` at a real daemon when waiting for data 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
+import site
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,17 +33,34 @@ TAP_PTH = "dflash_sidecar_tap.pth"
 
 def make_venv(where: Path, *install: str) -> Path:
     """A virtual environment at ``where`` with ``pip install --no-deps <install>``; its python.
-    Without a pip (and a setuptools) of its own: this interpreter's pip installs into it, and an
-    editable install builds with the machine's setuptools (a venv's bundled one may lack
-    ``bdist_wheel``)."""
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(where)],
-                   check=True, timeout=120)
+    It sees this interpreter's packages (wandb, torch, mlflow) through a path file listing their
+    folders: plain path entries, so their .pth files (this checkout's own editable install among
+    them) are not run there. No pip or setuptools of its own: this interpreter's pip installs
+    into it, and a build uses this interpreter's setuptools when it can build wheels offline
+    (>= 70.1, or with ``wheel``), else pip's isolated build."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=120)
     py = where / "bin" / "python"
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    paths = sysconfig.get_paths()
+    parent = dict.fromkeys([*site.getsitepackages(), paths["purelib"], paths["platlib"]])
+    (Path(purelib) / "_parent_packages.pth").write_text("".join(f"{p}\n" for p in parent if os.path.isdir(p)))
+    offline = ["--no-index", "--no-build-isolation"] if builds_wheels_offline() else []
     proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--quiet", "--no-deps",
-                           "--no-index", "--no-build-isolation", "--disable-pip-version-check", *install],
+                           "--disable-pip-version-check", *offline, *install],
                           timeout=300, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return py
+
+
+def builds_wheels_offline() -> bool:
+    """This interpreter's setuptools can build a wheel with no download."""
+    try:
+        import setuptools
+    except ImportError:
+        return False
+    version = tuple(int(x) for x in setuptools.__version__.split(".")[:2] if x.isdigit())
+    return version >= (70, 1) or importlib.util.find_spec("wheel") is not None
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +93,11 @@ WHO = """
 
 
 def test_the_wheel_installs_the_pth_and_it_costs_an_import_only_when_set(wheel_python: Path, tmp_path: Path) -> None:
-    site = run_py(wheel_python, "import sysconfig; print(sysconfig.get_paths()['purelib'])", tmp_path).stdout
-    site = Path(site.strip())
-    assert (site / TAP_PTH).read_text() == (Path(__file__).parents[1] / TAP_PTH).read_text()
+    purelib = run_py(wheel_python, "import sysconfig; print(sysconfig.get_paths()['purelib'])", tmp_path).stdout
+    purelib_dir = Path(purelib.strip())
+    assert (purelib_dir / TAP_PTH).read_text() == (Path(__file__).parents[1] / TAP_PTH).read_text()
     unset = json.loads(run_py(wheel_python, WHO, tmp_path).stdout.splitlines()[-1])
-    assert unset["before"] == [] and unset["tapped"] == [] and unset["shim"].startswith(str(site))
+    assert unset["before"] == [] and unset["tapped"] == [] and unset["shim"].startswith(str(purelib_dir))
     on = json.loads(run_py(wheel_python, WHO, tmp_path, DFLASH_SIDECAR_TAP="wandb").stdout.splitlines()[-1])
     assert on["before"] == ["trainer_shim", "trainer_shim.integrations", "trainer_shim.integrations.tap_import"]
     assert on["tapped"] == ["wandb"]

@@ -28,6 +28,8 @@ class TapState:
 
     sink: TapSink | None = None
     excluded: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+    excluding: bool = False
+    """Whether any run was ever excluded: a trainer without one skips the weak set's lookup."""
 
 
 @dataclass(frozen=True)
@@ -96,15 +98,16 @@ def _wandb_log(original: Any, state: TapState) -> Any:
         if sink is None:
             return original(self, *args, **kwargs)
         try:
-            mine = self in state.excluded
+            mine = state.excluding and self in state.excluded
             before = None if mine else getattr(self, "_local_step", None)
         except Exception:  # noqa: BLE001 - an object that is no Run
             mine, before = False, None
         result = original(self, *args, **kwargs)
         if not mine:
             try:
-                step = _arg(args, kwargs, 1, "step")
-                sink.mapping(before if step is None else step, _arg(args, kwargs, 0, "data"))
+                step = args[1] if len(args) > 1 else kwargs.get("step")
+                data: Any = args[0] if args else kwargs.get("data")
+                sink.mapping(before if step is None else step, data)
             except Exception:  # noqa: BLE001 - the tap never raises into the trainer
                 sink.count("errors")
         return result

@@ -102,7 +102,8 @@ def exclude(run: Any) -> None:
     try:
         _state.excluded.add(run)
     except TypeError:  # no weak reference to be had: not a W&B run
-        pass
+        return
+    _state.excluding = True
 
 
 def _put_on(library: str, module: ModuleType) -> None:
