@@ -32,6 +32,22 @@ class TapState:
     """Whether any run was ever excluded: a trainer without one skips the weak set's lookup."""
 
 
+STATE = TapState()
+"""The process's taps: every wrapper reads it (``taps`` sets its sink)."""
+
+
+def exclude(run: Any) -> None:
+    """Never forward ``run.log``: a W&B run the sidecar itself writes (its W&B exporter, in the
+    daemon or a daemon run in the trainer's process), so a tapped process never sends the
+    sidecar's own rows back to it. Light to import (no ZeroMQ): the exporter calls it. Never
+    raises."""
+    try:
+        STATE.excluded.add(run)
+    except TypeError:  # no weak reference to be had: not a W&B run
+        return
+    STATE.excluding = True
+
+
 @dataclass(frozen=True)
 class Patch:
     """``owner.attr`` was ``original`` and is now ``wrapper``."""

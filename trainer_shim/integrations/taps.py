@@ -33,14 +33,16 @@ from trainer_shim import telemetry
 from trainer_shim.channel import Channel
 from trainer_shim.integrations import tap_import, tap_targets
 from trainer_shim.integrations.tap_import import LIBRARY_MODULES
-from trainer_shim.integrations.tap_targets import Patch, TapState
+from trainer_shim.integrations.tap_targets import Patch, exclude
 from trainer_shim.integrations.tap_values import TapSink
+
+__all__ = ["exclude", "stats", "tap", "tapped", "untap"]
 
 log = logging.getLogger("trainer_shim")
 
 _PATCHERS = {"wandb": tap_targets.wandb_patches, "tensorboard": tap_targets.tensorboard_patches,
              "mlflow": tap_targets.mlflow_patches}
-_state = TapState()
+_state = tap_targets.STATE
 _patches: dict[str, list[Patch]] = {}
 _last_sink: TapSink | None = None
 """The latest sink, kept after ``untap`` for ``stats``."""
@@ -93,17 +95,6 @@ def stats() -> dict[str, Any]:
     unaffected), counted since the tap was put on (kept after it came off)."""
     sink = _last_sink
     return {"tapped": tapped(), "skipped": sink.skipped if sink else 0, "errors": sink.errors if sink else 0}
-
-
-def exclude(run: Any) -> None:
-    """Never forward ``run.log``: a W&B run the sidecar itself writes (its W&B exporter, in the
-    daemon or a daemon run in the trainer's process), so a tapped process never sends the
-    sidecar's own rows back to it. Never raises."""
-    try:
-        _state.excluded.add(run)
-    except TypeError:  # no weak reference to be had: not a W&B run
-        return
-    _state.excluding = True
 
 
 def _put_on(library: str, module: ModuleType) -> None:

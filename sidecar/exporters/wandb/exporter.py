@@ -34,7 +34,7 @@ from sidecar.exporters.wandb.join import Plan, PlanKind, TrainerRun
 from sidecar.exporters.wandb.rows import window_row
 from sidecar.exporters.wandb.settings import QUEUE, RUN, WandbSettings
 from sidecar.model.window import IngestReport, SenderView
-from trainer_shim.integrations.taps import exclude as exclude_from_taps
+from trainer_shim.integrations.tap_targets import exclude as exclude_from_taps
 
 POLL_S: Final = 0.2
 """How often the idle exporter thread looks for a new target run (seconds)."""
