@@ -126,6 +126,7 @@ WANDB = """
         out.append(run.log({"loss": 0.5}, commit=False))  # no step: joins the open row (2)
         out.append(run.log({"lr": 0.1, "hist": wandb.Histogram([1, 2, 3])}))  # and commits it
         out.append(wandb.log(data={"data_time_ms": 1.0}))  # row 3
+        out.append(wandb.log({"loss": 0.25, "train/global_step": 40}))  # row 4, the Trainer's step 40
         try:
             wandb.log([1, 2])
         except Exception as exc:
@@ -162,11 +163,12 @@ def test_wandb_log_reaches_the_sidecar_and_the_run_stays_the_same(
     assert out["tapped"] == out["plain"] and "TypeError" in out["plain"][-1]
     assert out["off"] and out["stats"]["errors"] == 0 and out["stats"]["skipped"] == 4  # 3 texts, 1 histogram
     plain, tapped = (wandb_rows(workdir, run_id) for run_id in out["ids"])
-    assert plain == tapped and len(plain) == 4
-    book = book_of(rx, lambda b: len(profiles(b)) >= 6)
+    assert plain == tapped and len(plain) == 5
+    book = book_of(rx, lambda b: len(profiles(b)) >= 7)
     assert profiles(book) == [(i, {"data_time_ms": 20.0 + i, "step_ms": 25.0}) for i in range(3)] + [
-        (2, {"loss": 0.5}), (2, {"lr": 0.1}), (3, {"data_time_ms": 1.0})]
-    for step, data in profiles(book):  # each forwarded with the step of the row W&B put it in
+        (2, {"loss": 0.5}), (2, {"lr": 0.1}), (3, {"data_time_ms": 1.0}),
+        (40, {"loss": 0.25, "train/global_step": 40})]
+    for step, data in profiles(book)[:-1]:  # each forwarded with the step of the row W&B put it in
         [row] = [dict(r) for r in tapped if ("_step", str(step)) in r]
         assert {k: json.loads(row[k]) for k in data} == data
 

@@ -95,7 +95,9 @@ def _wrap(original: Any, state: TapState,
 
 def wandb_patches(wandb: Any, state: TapState) -> list[Patch]:
     """``wandb.Run.log`` (every run's ``log``), and ``wandb.log`` when it is already bound to
-    the active run (``wandb.init`` binds it to ``run.log`` as it is then)."""
+    the active run (``wandb.init`` binds it to ``run.log`` as it is then). A call's step: its
+    ``step``, else a framework's global step in the dict (``WANDB_STEP_KEYS``), else the row W&B
+    puts it in (read before the call)."""
     run_cls = wandb.sdk.wandb_run.Run
     original = run_cls.__dict__["log"]
     wrapper = _wandb_log(original, state)
@@ -123,12 +125,29 @@ def _wandb_log(original: Any, state: TapState) -> Any:
             try:
                 step = args[1] if len(args) > 1 else kwargs.get("step")
                 data: Any = args[0] if args else kwargs.get("data")
-                sink.mapping(before if step is None else step, data)
+                if step is None:
+                    step = _framework_step(data, before)
+                sink.mapping(step, data)
             except Exception:  # noqa: BLE001 - the tap never raises into the trainer
                 sink.count("errors")
         return result
 
     return log
+
+
+WANDB_STEP_KEYS = ("train/global_step", "trainer/global_step")
+"""Keys with which frameworks log their global step to W&B without ``step=`` (the Hugging Face
+Trainer's ``WandbCallback``, Lightning's ``WandbLogger``): the trainer's step, where W&B's own
+row counter is not."""
+
+
+def _framework_step(data: Any, row: Any) -> Any:
+    """The step of a ``log`` call without ``step=``: a framework's global step in ``data``, else
+    ``row`` (W&B's row)."""
+    for key in WANDB_STEP_KEYS:
+        if key in data:
+            return data[key]
+    return row
 
 
 # -- TensorBoard (torch.utils.tensorboard, tensorboardX) ---------------------------------------------

@@ -23,7 +23,6 @@ default channel, the owning publisher's ``close()`` for a channel given to ``tap
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 from types import ModuleType
 from typing import Any
@@ -38,15 +37,13 @@ from trainer_shim.integrations.tap_values import TapSink
 
 __all__ = ["exclude", "stats", "tap", "tapped", "untap"]
 
-log = logging.getLogger("trainer_shim")
-
 _PATCHERS = {"wandb": tap_targets.wandb_patches, "tensorboard": tap_targets.tensorboard_patches,
              "mlflow": tap_targets.mlflow_patches}
 _state = tap_targets.STATE
 _patches: dict[str, list[Patch]] = {}
+"""Module name -> the patches put on it."""
 _last_sink: TapSink | None = None
 """The latest sink, kept after ``untap`` for ``stats``."""
-"""Module name -> the patches put on it."""
 _lock = threading.RLock()
 
 
@@ -56,11 +53,11 @@ def tap(*libraries: str, channel: Channel | None = None) -> None:
     ``telemetry.publish`` does, following ``configure()``). Calling it again adds libraries; a
     different ``channel`` replaces the previous one for all of them. Raises ``ValueError`` for
     an unknown library name (a set-up call); never raises once the tap is on."""
+    global _last_sink
     names = libraries or tuple(LIBRARY_MODULES)
     unknown = [n for n in names if n not in LIBRARY_MODULES]
     if unknown:
         raise ValueError(f"tap: unknown {', '.join(map(repr, unknown))}; known: {', '.join(LIBRARY_MODULES)}")
-    global _last_sink
     target: Any = channel if channel is not None else telemetry
     with _lock:
         if _state.sink is None or _state.sink.target is not target:
