@@ -303,11 +303,12 @@ def test_a_cuda_scalar_goes_to_scalar_unread_and_what_is_no_number_is_counted() 
     target, loss = Recorded(), CudaScalar()
     sink = TapSink(target)
     sink.mapping(7, {"a": 1.0})
-    sink.mapping(CudaScalar(), {"loss": loss, "x": 2, "np": np.float32(3.0), "flag": True, "img": object()})
+    sink.mapping(CudaScalar(), {"loss": loss, "x": 2, "np": np.float32(3.0), "flag": True, "img": object(),
+                                "arr": np.array(4.5), "arr3": np.zeros(3)})
     sink.one(np.int64(9), "y", CudaScalar())
     assert target.calls[:3] == [("publish", 7, {"a": 1.0}), ("scalar", "loss", loss),
-                                ("publish", 7, {"x": 2, "np": 3.0})]  # a CUDA step is not read: the last step
-    assert target.calls[3][:2] == ("scalar", "y") and sink.step == 9 and sink.skipped == 2
+                                ("publish", 7, {"x": 2, "np": 3.0, "arr": 4.5})]  # a CUDA step: the last step
+    assert target.calls[3][:2] == ("scalar", "y") and sink.step == 9 and sink.skipped == 3
 
 
 def test_the_tap_never_raises_into_the_call_and_the_call_raises_as_before() -> None:

@@ -75,8 +75,8 @@ class TapSink:
                 self.target.publish(step, plain)
 
     def _sort_out(self, data: Mapping[str, Any]) -> dict[str, Any]:
-        """The real numbers of ``data``; one-element tensors go to ``scalar()``; the rest is
-        counted as skipped."""
+        """The real numbers of ``data`` (a one-element numpy array's value too); one-element
+        tensors go to ``scalar()``; the rest is counted as skipped."""
         plain: dict[str, Any] = {}
         skipped = 0
         for key, value in data.items():
@@ -84,6 +84,9 @@ class TapSink:
                 plain[key] = value
             elif _one_element_tensor(value):
                 self.target.scalar(key, value)
+            elif type(value).__name__ == "ndarray" and getattr(value, "size", 0) == 1 \
+                    and type(number := value.item()) in _PLAIN:  # numpy: host memory, read at once
+                plain[key] = number
             else:
                 skipped += 1
         if skipped:
