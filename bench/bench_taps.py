@@ -15,7 +15,8 @@ Three figures per call shape, side by side:
 
 The tap publishes to the default channel with no daemon listening (records dropped as
 ``no_receiver`` on the flusher thread; the caller's cost is the same append). Last, the cost of the
-``.pth`` line that every interpreter runs when ``DFLASH_SIDECAR_TAP`` is unset.
+``.pth`` file that every interpreter reads when ``DFLASH_SIDECAR_TAP`` is unset (``--pth-only``:
+that alone).
 """
 
 from __future__ import annotations
@@ -105,23 +106,57 @@ def tap_alone(kind: str) -> Callable[[int], Any]:
     return lambda i: wrapped(ROW, step=i)
 
 
-def pth_line_ns(n: int = 200_000) -> tuple[float, float]:
-    """(ns per ``exec`` of the ``.pth`` file's line with ``DFLASH_SIDECAR_TAP`` unset, ns per
-    ``exec`` of ``pass`` the same way): site.py execs the line once per interpreter start."""
-    line = compile((ROOT / "dflash_sidecar_tap.pth").read_text(), "dflash_sidecar_tap.pth", "exec")
-    empty = compile("pass", "empty", "exec")
+def pth_file_us(n: int = 3000, repeats: int = 7) -> tuple[float, float]:
+    """(µs per ``site.addpackage`` of the ``.pth`` file with ``DFLASH_SIDECAR_TAP`` unset, µs per
+    ``site.addpackage`` of a ``.pth`` file holding one comment): what ``site`` does with each
+    file at every interpreter start (open, read, and for the tap's line compile and exec it).
+    Medians of ``repeats`` batches of ``n``."""
+    import shutil
+    import site
+
     saved = os.environ.pop("DFLASH_SIDECAR_TAP", None)
     try:
-        out = []
-        for code in (line, empty):
-            t0 = time.perf_counter_ns()
-            for _ in range(n):
-                exec(code, {})  # noqa: S102 - what site.py does with the line
-            out.append((time.perf_counter_ns() - t0) / n)
-        return out[0], out[1]
+        with tempfile.TemporaryDirectory(prefix="dfs-pth-", dir="/tmp") as tmp:
+            shutil.copy(ROOT / "dflash_sidecar_tap.pth", tmp)
+            Path(tmp, "comment.pth").write_text("# one comment\n")
+            out = []
+            for name in ("dflash_sidecar_tap.pth", "comment.pth"):
+                batches = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter_ns()
+                    for _ in range(n):
+                        site.addpackage(tmp, name, set())
+                    batches.append((time.perf_counter_ns() - t0) / n / 1e3)
+                out.append(statistics.median(batches))
+            return out[0], out[1]
     finally:
         if saved is not None:
             os.environ["DFLASH_SIDECAR_TAP"] = saved
+
+
+def startup_ab(runs: int = 200) -> tuple[float, float]:
+    """(median ms of ``python -c pass`` with the ``.pth`` file in a fresh virtual environment's
+    site-packages, the same without it), ``DFLASH_SIDECAR_TAP`` unset, runs alternating."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory(prefix="dfs-pth-", dir="/tmp") as tmp:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", f"{tmp}/venv"], check=True)
+        py = f"{tmp}/venv/bin/python"
+        purelib = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        on, off = Path(purelib) / "dflash_sidecar_tap.pth", Path(purelib) / "dflash_sidecar_tap.pth.off"
+        off.write_text((ROOT / "dflash_sidecar_tap.pth").read_text())
+        env = {k: v for k, v in os.environ.items() if k != "DFLASH_SIDECAR_TAP"}
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for i in range(2 * runs):
+            with_pth = (i % 4) in (0, 3)  # with, without, without, with, ...
+            src, dst = (off, on) if with_pth else (on, off)
+            if src.exists():
+                src.rename(dst)
+            t0 = time.perf_counter()
+            subprocess.run([py, "-c", "pass"], env=env, check=True)
+            times[with_pth].append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times[True]), statistics.median(times[False])
 
 
 def measure(rounds: int) -> dict[str, dict[str, list[float]]]:
@@ -165,20 +200,31 @@ def table(results: dict[str, dict[str, list[float]]]) -> str:
     return "\n".join(lines)
 
 
+def pth_report() -> str:
+    """The ``.pth`` file's cost with ``DFLASH_SIDECAR_TAP`` unset, as Markdown text."""
+    start = os.getloadavg()
+    tap_us, comment_us = pth_file_us()
+    with_pth, without = startup_ab()
+    return (f"The .pth file, DFLASH_SIDECAR_TAP unset (load {start[0]:.1f} to {os.getloadavg()[0]:.1f}): "
+            f"site.addpackage {tap_us:.0f} µs, against {comment_us:.0f} µs for a .pth file of one comment "
+            f"(once per interpreter start); `python -c pass` in a fresh venv, 200 runs each, alternating: "
+            f"{with_pth:.1f} ms with the file, {without:.1f} ms without (medians)")
+
+
 def run(rounds: int = 5) -> str:
     """The whole benchmark; returns its Markdown report."""
     start = os.getloadavg()
     results = measure(rounds)
-    line, empty = pth_line_ns()
     return (f"load average at start {start}, at end {os.getloadavg()}; {rounds} rounds, plain and tapped "
-            f"alternating\n\n{table(results)}\n\nThe .pth line with DFLASH_SIDECAR_TAP unset: "
-            f"{line:.0f} ns an exec, against {empty:.0f} ns for an exec of `pass` (once per interpreter start)")
+            f"alternating\n\n{table(results)}\n\n{pth_report()}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
-    print(run(parser.parse_args(argv).rounds))
+    parser.add_argument("--pth-only", action="store_true", help="only the .pth file's cost")
+    args = parser.parse_args(argv)
+    print(pth_report() if args.pth_only else run(args.rounds))
     return 0
 
 

@@ -1,8 +1,9 @@
 """Taps with no code: ``DFLASH_SIDECAR_TAP=wandb,tensorboard,mlflow`` (or ``all``/``1``).
 
 The distribution installs ``dflash_sidecar_tap.pth`` into site-packages; Python runs its one
-line at every interpreter start. With the variable unset or empty that line is one dictionary
-lookup in ``os.environ`` (``bench/bench_shim.py --tap-startup`` measures it); set, it imports
+line at every interpreter start. With the variable unset or empty that line is one lookup in
+``os.environ`` (about 0.2 ms a start with compiling the line: ``bench/bench_taps.py
+--pth-only``); set, it imports
 this module (the standard library only) and calls ``install_from_env``, which puts a finder at
 the front of ``sys.meta_path``: when the trainer imports a named library, the library's module
 runs as usual and then the tap is put on it (``trainer_shim.integrations.taps``, imported only
