@@ -9,7 +9,8 @@ scalar event is compared as written, the script passes ``walltime``); W&B's rows
 ``_timestamp`` and ``_runtime`` (left out; every other item is compared as its JSON text, the
 items of a row sorted by key, as wandb-core writes them in no fixed order); MLflow's
 metric files are compared byte for byte (the script passes ``timestamp``), the run folders' names
-(run ids) aside.
+(run ids) aside. MLflow 3's file store refuses to open unless ``MLFLOW_ALLOW_FILE_STORE=true`` (it
+is in maintenance mode there); the scripts set it.
 """
 
 from __future__ import annotations
