@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, SupportsIndex, cast
 
 import msgspec
@@ -150,6 +150,7 @@ class Publisher:
         self._cycles_done = 0
         self._stopping = False
         self._closed = False
+        self._close_hooks: list[Callable[[], None]] = []
         self._linger_ms = EXIT_LINGER_MS
         self._exit_waits_for_subscriber = True
         """Whether the last flush may wait for a subscriber. Not in a fork child whose parent's
@@ -223,18 +224,33 @@ class Publisher:
         grace: up to ``linger_ms`` for a subscriber if none is connected yet, then up to
         ``linger_ms`` for unsent frames. Idempotent; records published afterwards stay queued
         (bounded by ``max_pending``) and are never sent. Scalars whose GPU copy has not completed
-        are counted as dropped (``scalar_unresolved``): close never waits for the GPU."""
+        are counted as dropped (``scalar_unresolved``): close never waits for the GPU. The
+        ``on_close`` callbacks run first."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._linger_ms = linger_ms
             thread = self._thread
+            hooks, self._close_hooks = self._close_hooks, []
+        for hook in hooks:
+            try:
+                hook()
+            except Exception as exc:  # noqa: BLE001 - closing goes on
+                self._internal_error("a close callback", exc)
         self._settle_scalars()
         self._stopping = True
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=2 * linger_ms / 1000 + 1.0)
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once, when this publisher closes (at once if it is closed)."""
+        with self._lock:
+            if not self._closed:
+                self._close_hooks.append(callback)
+                return
+        callback()
 
     def refresh_wandb(self, run_id: str | None = None) -> None:
         """Look for the trainer's W&B run at the next flush instead of within
@@ -675,6 +691,14 @@ def _close_if_alive(ref: weakref.ref[Publisher]) -> None:
 def _after_fork_in_child() -> None:
     for publisher in list(_LIVE):
         publisher._after_fork_in_child()
+
+
+def owner_of(channel: Channel) -> Publisher | None:
+    """The live publisher of this process that made ``channel``, or None."""
+    for publisher in list(_LIVE):
+        if any(ch is channel for ch in publisher._channels.values()):
+            return publisher
+    return None
 
 
 def _close_all_at_exit() -> None:

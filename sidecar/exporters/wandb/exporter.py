@@ -35,6 +35,7 @@ from sidecar.exporters.wandb.join import Plan, PlanKind, TrainerRun
 from sidecar.exporters.wandb.rows import window_row
 from sidecar.exporters.wandb.settings import QUEUE, RUN, WandbSettings
 from sidecar.model.window import IngestReport, SenderView
+from trainer_shim.integrations.tap_targets import exclude as exclude_from_taps
 
 POLL_S: Final = 0.2
 """How often the idle exporter thread looks for a new target run (seconds)."""
@@ -440,6 +441,7 @@ class WandbExporter(Exporter):
             _quiet_teardown()  # the failed run stays registered in the service: start afresh
             self._retry_at = time.monotonic() + self._backoff.failed()
             return
+        exclude_from_taps(run)  # a tapped wandb.log in this process must not send our rows back
         self._run, self._axis_defined = run, False
         self._backoff.reset()
         with self._lock:
