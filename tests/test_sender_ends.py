@@ -254,3 +254,35 @@ def test_the_trainers_own_faulthandler_keeps_working(tmp_path: Path, trainer: st
         assert not in_stderr and len(crash) == 1 and crash[0].startswith("Fatal Python error: Segmentation fault")
     else:
         assert in_stderr and all(not text for text in crash), (out.stderr, crash)
+
+
+CHAIN_AFTER_SHIM = """\
+import os, signal, sys, time
+from trainer_shim import telemetry
+telemetry.configure(endpoint=sys.argv[1], role='t', worker='0'); telemetry.count('n')
+seen = []
+def mine(signum, frame):  # Lightning's _SignalConnector: its handlers, then the previous one if callable
+    seen.append(signum)
+    previous = handlers[signum]
+    if callable(previous):
+        previous(signum, frame)
+handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+for s in handlers:
+    signal.signal(s, mine)
+os.kill(os.getpid(), getattr(signal, sys.argv[2]))
+time.sleep(0.2)
+print('went on after', seen, flush=True)
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM"])
+def test_a_handler_installed_after_the_shim_that_chains_to_it_keeps_the_process(tmp_path: Path,
+                                                                                  signame: str) -> None:
+    """A trainer (or Lightning's ``_SignalConnector``) that installs its handler after the shim's and
+    calls the previous handler when it is callable decides the process's fate as without the shim:
+    the shim's handler, called from another's, notes the signal but never kills the process (where
+    it replaced ``SIG_DFL``, there was nothing to call)."""
+    out = subprocess.run([sys.executable, "-c", CHAIN_AFTER_SHIM, f"ipc://{tmp_path}/none.sock", signame],
+                         capture_output=True, text=True, timeout=30, env=env())
+    assert out.returncode == 0, (out.returncode, out.stderr)
+    assert out.stdout.startswith(f"went on after [{int(getattr(signal, signame))}]"), out.stdout

@@ -601,15 +601,21 @@ def _install_signal_handlers() -> None:
 def _on_signal(signum: int, frame: Any) -> None:
     previous = _signal_state["previous"].get(signum, signal.SIG_DFL)
     chained = callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN)
+    # Called from a handler installed over ours (Lightning's, or any that calls the previous
+    # handler when it is callable): where we replaced SIG_DFL there was nothing to call, so the
+    # process's fate is that handler's, never ours.
+    kills = not chained and signal.getsignal(signum) is _on_signal
     try:
         exit_hooks.note_signal(signum)
         for publisher in list(_LIVE):
             if publisher._pid == os.getpid():
-                publisher._ledger_at_sigterm(final=not chained)
+                publisher._ledger_at_sigterm(final=kills)
     except Exception:  # noqa: BLE001 - the signal must still take effect
         pass
     if chained:
         previous(signum, frame)
+        return
+    if not kills:
         return
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
