@@ -286,3 +286,33 @@ def test_a_handler_installed_after_the_shim_that_chains_to_it_keeps_the_process(
                          capture_output=True, text=True, timeout=30, env=env())
     assert out.returncode == 0, (out.returncode, out.stderr)
     assert out.stdout.startswith(f"went on after [{int(getattr(signal, signame))}]"), out.stdout
+
+
+QUIET_FORKS = """\
+import os, sys, time
+from trainer_shim import telemetry
+telemetry.configure(endpoint=sys.argv[1], role=sys.argv[2], worker='0')
+telemetry.publish(0, {'x': 1.0}); telemetry.flush(wait_s=5)
+kids = []
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:  # a raw fork that never publishes, and ends as such a child does
+        time.sleep(0.5)
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_that_never_publishes_is_no_sender_that_ended(daemon: DaemonProc) -> None:
+    """A child forked from a publishing process that makes no record (a raw ``os.fork`` ending with
+    ``os._exit``, as forked helpers do) leaves no ledger: the daemon never saw it, and telling its end
+    as ``unclean`` (an alert, "100,000 records unknown") would be a false alarm per child. The
+    parent's clean end is told, and nothing else."""
+    out = subprocess.run([sys.executable, "-c", QUIET_FORKS, daemon.endpoint, "quietforks"], capture_output=True,
+                         text=True, timeout=60, env=env())
+    assert out.returncode == 0, out.stderr
+    assert _told(daemon, "quietforks") == {"clean": 1}
+    time.sleep(2 * GONE_AFTER_S + 2)  # the children's ends would be told by now
+    assert ends.ends_of(daemon, "quietforks") == {"clean": 1}

@@ -480,6 +480,9 @@ class Publisher:
                [(ch.records_total, ch.pending(), ch._overflow, ch.worker, *ch.dropped.values()) for ch in channels])
         if key == self._ledger_key:
             return
+        if self._ledger.path is None and not any(ch.records_total or ch.pending() or ch._overflow or ch.dropped
+                                                 for ch in channels):
+            return  # nothing made, nothing to account: no file (a forked child that never publishes)
         entries = []
         for ch in channels:
             dropped = dict(ch.dropped)
