@@ -22,7 +22,7 @@ from tests.fake_nvml.helpers import wait_until
 pytest_plugins = ["tests.fake_nvml.fixtures"]
 
 GIB = 1024**3
-ALLOWED_LABELS = {"host", "gpu", "group", "role", "worker", "reason", "type", "pid"}
+ALLOWED_LABELS = {"host", "gpu", "group", "role", "worker", "reason", "type", "pid", "call", "values"}
 
 
 class _Collector:

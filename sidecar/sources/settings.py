@@ -86,7 +86,7 @@ class NvmlSettings:
                                 summary="turn NVML off (a box without GPUs)")
     nvml_cpu_budget: float = setting(0.01, check=float, bounds=(0.001, 1.0), unit="of one core", metavar="SHARE",
                                      help=(
-        "Share of one core the NVML poller may use (0.01 = 1 %). Utilization, power, memory, clocks and "
+        "Share of one core the NVML poller may use (0.01: one percent). Utilization, power, memory, clocks and "
         "clock-event reasons are read every poll whatever it costs; the slow values (energy counter, PCIe, ECC "
         "and throttle counters, power limit, memory temperature, GPM) are read less often when needed to keep "
         "it (docs/NVML.md, cadences)."))

@@ -17,8 +17,8 @@ import sys
 import time
 from typing import Any
 
-from sidecar.sources.nvml_cadence import SLOW_PERIODS_S
 from sidecar.sources.nvml import NvmlSource, probe_nvml
+from sidecar.sources.nvml_cadence import SLOW_PERIODS_S
 
 
 class _Records(logging.Handler):

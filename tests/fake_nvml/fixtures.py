@@ -44,7 +44,7 @@ def nvml_source(fake_nvml: FakeNvml) -> Iterator[Callable[..., Any]]:
     Unless the test says otherwise, the slow groups' periods are the interval and the budget a
     whole core: the cost-aware poller then reads every value every poll, so a test of values
     sees each change at the next poll (tests/test_nvml_cadence.py tests the cadences).
-    
+
     Every source is shut down at teardown, and the test waits for poller threads that were
     left in a hanging fake call, so they cannot spill into the next test.
     """
