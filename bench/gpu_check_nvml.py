@@ -311,7 +311,7 @@ def daemon_cpu(seconds: float) -> dict[str, Any]:
         for key, extra in DAEMONS:
             daemon = start_daemon(Path(tmp), gpu_metrics=extra is not None, nvml_interval_s=1.0, extra=extra or ())
             try:
-                time.sleep(1.5)  # start-up work and the first poll are not the steady state
+                time.sleep(1.0)  # start-up work and the first poll are not the steady state
                 before = daemon.samples() if extra is not None else None
                 out[key] = cpu_share(daemon.pid, seconds if extra is not None else seconds / 2)
                 out[f"{key}_gpus_up"] = gpus_up(daemon)
@@ -365,10 +365,10 @@ def print_daemon_cpu(cpu: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="NVML cost per call and poll, daemon CPU, readings vs nvidia-smi.")
-    parser.add_argument("--seconds", type=float, default=2.0, help="polling time per scenario")
+    parser.add_argument("--seconds", type=float, default=1.5, help="polling time per scenario")
     parser.add_argument("--interval", type=float, default=0.2, help="poll interval of the scenarios (s)")
-    parser.add_argument("--reps", type=int, default=20, help="repetitions of each NVML call")
-    parser.add_argument("--daemon-seconds", type=float, default=15.0,
+    parser.add_argument("--reps", type=int, default=10, help="repetitions of each NVML call")
+    parser.add_argument("--daemon-seconds", type=float, default=12.0,
                         help="wall time per daemon CPU reading (the one without NVML: half; 0: skip)")
     parser.add_argument("--nvidia-smi", default=shutil.which("nvidia-smi") or "nvidia-smi")
     parser.add_argument("--library", default=None, help="explicit libnvidia-ml.so path")
@@ -415,6 +415,7 @@ def measure_all(args: argparse.Namespace, results: dict[str, Any], load: subproc
     finally:
         driver.shutdown()
     results["versions"], results["calls"] = versions, {"system": system, "per_gpu": per_gpu}
+    write_json(args.json, results)  # after each stage: a part killed at its time limit keeps what it measured
     print(f"driver {versions.get('driver')}, NVML {versions.get('nvml')}, CUDA (driver) {versions.get('cuda_driver')}")
     print_table(per_gpu, system)
     estimates = {g: {"base_us": per_poll_estimate(rows, False, False), "gpm_us": per_poll_estimate(rows, False, True),
@@ -458,10 +459,12 @@ def measure_all(args: argparse.Namespace, results: dict[str, Any], load: subproc
               f"errors: {p['errors'] or 'none'}")
     last = polls.get("gpm on + process query")
     results["polls"] = {k: {n: v for n, v in p.items() if n not in ("snapshot", "after")} for k, p in polls.items()}
+    write_json(args.json, results)
     if args.daemon_seconds > 0:
         try:
             results["daemon_cpu"] = cpu = daemon_cpu(args.daemon_seconds)
             print_daemon_cpu(cpu)
+            write_json(args.json, results)
         except (RuntimeError, OSError, AssertionError) as exc:
             results["daemon_cpu"] = {"error": str(exc)}
             print(f"daemon CPU: could not measure: {exc}", file=sys.stderr)
