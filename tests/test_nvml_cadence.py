@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from prometheus_client.exposition import generate_latest
 
 from sidecar import config
 from sidecar.aggregation.gpu_groups import GpuGroups, gpu_view
@@ -23,8 +24,7 @@ from sidecar.sources.nvml_cadence import FAST, SLOW_PERIODS_S, Cadence
 from sidecar.sources.nvml_driver import NvmlDriver
 from sidecar.sources.nvml_energy import EnergyEstimate
 from tests.fake_nvml import H200_COSTS_US, FakeNvml
-from tests.fake_nvml.helpers import REPO_ROOT, wait_until
-from tests.test_nvml_exporters import _promtool_check, _registry
+from tests.fake_nvml.helpers import REPO_ROOT, promtool_check, registry_of, wait_until
 
 pytest_plugins = ["tests.fake_nvml.fixtures"]
 
@@ -161,7 +161,7 @@ def test_the_cost_per_call_kind_is_exported(fake_nvml: FakeNvml, nvml_source: Fa
     wait_until(lambda: source.status().polls_total >= 3, what="3 polls")
     status = source.status()
     families = gpu_metric_families(gpu_view(source.latest(), status, GpuGroups.parse([])), "h", time.monotonic())
-    registry = _registry(lambda: families)
+    registry = registry_of(lambda: families)
     batch = registry.get_sample_value("dflash_nvml_call_cpu_seconds_total", {"host": "h",
                                                                              "call": "nvmlDeviceGetFieldValues"})
     calls = registry.get_sample_value("dflash_nvml_calls_total", {"host": "h", "call": "nvmlDeviceGetFieldValues"})
@@ -174,13 +174,7 @@ def test_the_cost_per_call_kind_is_exported(fake_nvml: FakeNvml, nvml_source: Fa
     assert registry.get_sample_value("dflash_nvml_interval_seconds", {"host": "h", "values": "power"}) == INTERVAL_S
     assert registry.get_sample_value("dflash_nvml_cpu_budget_ratio", {"host": "h"}) == 1.0
     assert registry.get_sample_value("dflash_nvml_cpu_seconds_total", {"host": "h"}) >= batch
-    _promtool_check_families(families)
-
-
-def _promtool_check_families(families: list[Any]) -> None:
-    from prometheus_client.exposition import generate_latest
-
-    _promtool_check(generate_latest(_registry(lambda: families)))
+    promtool_check(generate_latest(registry))
 
 
 @pytest.mark.parametrize("raw", ["0", "1.5", "nan", "-0.01"])
