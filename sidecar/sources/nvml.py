@@ -319,7 +319,7 @@ class NvmlSource:
 
     def _poll_once(self) -> None:
         started = self._clock()
-        cpu0 = time.thread_time()
+        cpu0 = self._cpu_s if self._cpu_s is not None else time.thread_time()  # since the last poll ended
         calls_before = self._driver.calls
         trainer = self._trainer
         if self._xids is not None:

@@ -103,15 +103,18 @@ class Cadence:
 
     def read(self, gpu: int, names: Collection[str], now: float, phase: float = 0.0) -> None:
         """Groups ``names`` of GPU ``gpu`` were read at ``now``. ``phase`` (0-1) delays the
-        second read of a group by that share of its period, once: GPUs given different phases
-        spread their slow reads over the period."""
+        second read of a group once, by that share of the shortest period of its unit (so a
+        GPU's field groups stay in step): GPUs given different phases spread their slow reads."""
         for name in names:
-            first = (gpu, name) not in self._next
-            self._next[(gpu, name)] = now + self.period(name) * (1.0 + (phase if first else 0.0))
+            delay = 0.0
+            if (gpu, name) not in self._next:
+                delay = phase * min(self.period(n) for n in self.periods if UNITS[n] == UNITS[name])
+            self._next[(gpu, name)] = now + self.period(name) + delay
 
     def measured(self, fast_cpu_s: float, slow_cpu_s: Mapping[str, list[float]],
                  readers: Mapping[str, int]) -> None:
-        """One poll's CPU time: ``fast_cpu_s`` outside the slow reads, ``slow_cpu_s`` per unit
+        """One poll's CPU time: ``fast_cpu_s`` outside the slow reads (since the previous poll
+        ended: the wait between polls costs too), ``slow_cpu_s`` per unit
         (``fields``, ``gpm``) one entry per GPU read; ``readers``: GPUs that read each unit now.
         Updates the stretch."""
         self._fast_cpu_s = _smoothed(self._fast_cpu_s, fast_cpu_s)
