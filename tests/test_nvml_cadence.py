@@ -65,6 +65,16 @@ def test_slow_groups_at_their_cadence_fast_ones_every_poll(fake_nvml: FakeNvml, 
     assert intervals["energy_counter"] == intervals["gpm"] == period  # a whole core: nothing stretched
 
 
+def test_gpm_takes_its_second_sample_at_the_next_poll_not_a_period_later(fake_nvml: FakeNvml,
+                                                                           nvml_source: Factory) -> None:
+    # GPM's metrics compare two samples: at start the second comes at once (0.15 s apart, over
+    # NVML's 100 ms minimum), then the samples follow the GPM period.
+    source = nvml_source(interval_s=0.15, slow_periods_s={**dict.fromkeys(SLOW_PERIODS_S, 30.0), "gpm": 30.0})
+    wait_until(lambda: source.status().polls_total >= 2, timeout_s=30.0, what="2 polls")
+    snapshot = source.latest()
+    assert snapshot is not None and all(g.sm_activity_ratio == pytest.approx(0.6) for g in snapshot.gpus)
+
+
 def test_every_poll_mode_reads_every_value_every_poll(fake_nvml: FakeNvml, nvml_source: Factory) -> None:
     source, calls, _ = _run(fake_nvml, nvml_source, 10, cadence="every-poll", slow_periods_s=None)
     polls = source.status().polls_total

@@ -329,7 +329,8 @@ class NvmlSource:
         for position, reader in enumerate(readers):
             slow = frozenset() if reader.lost else cadence.due(reader.index, started)
             readings.append(reader.read(trainer, started, slow))
-            cadence.read(reader.index, slow, started, phase=position / len(readers))
+            done = slow if reader.gpm_primed else slow - {"gpm"}  # GPM's first metrics need a second sample
+            cadence.read(reader.index, done, started, phase=position / len(readers))
         finished = self._clock()
         self._cpu_s = time.thread_time()
         slow_cpu = {unit: [r.slow_cpu_s[unit] for r in readers if unit in r.slow_cpu_s] for unit in ("fields", "gpm")}

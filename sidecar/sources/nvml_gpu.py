@@ -134,6 +134,11 @@ class GpuReader:
         """CPU seconds of this poll's slow reads by unit (``fields``, ``gpm``); empty when none ran."""
 
     @property
+    def gpm_primed(self) -> bool:
+        """False while GPM has a first sample but no metrics yet (``GpmSampler.primed``)."""
+        return self._gpm is None or self._gpm.primed
+
+    @property
     def profiling(self) -> ProfilingState:
         """Current GPM state of this GPU."""
         return self._gpm.state if self._gpm is not None and not self.lost else ProfilingState.UNSUPPORTED
