@@ -25,7 +25,7 @@ def ledger_json(view: RunLedgerView, run: str | None = None) -> dict[str, Any]:
         "runs": [{"run": r.run, "role": r.role, "wall_s": r.wall_s, "seconds": dict(r.seconds),
                   "joules": dict(r.joules), "goodput_ratio": r.goodput_ratio, "tokens": r.tokens, "steps": r.steps,
                   "gpus": r.gpus, "gpu_name": r.gpu_name, "tokens_per_gpu_per_s": r.tokens_per_s_per_gpu,
-                  "mfu_ratio": r.mfu_ratio, "joules_per_token": r.joules_per_token,
+                  "mfu_ratio": r.mfu_ratio, "mfu_source": r.mfu_source, "joules_per_token": r.joules_per_token,
                   "joules_per_step": r.joules_per_step, "first_unix_s": r.first_unix_s,
                   "last_unix_s": r.last_unix_s, "open_gap_s": r.open_gap_s} for r in roles],
         "no_trainer_s": view.no_trainer_s,
@@ -60,8 +60,11 @@ def _role_block(r: RoleLedger) -> list[str]:
         share = s / wall if wall > 0 else 0.0
         lines.append(f"  {cause:<14}{s:>12.1f}{share:>9.1%}{r.joules[cause]:>14.0f}")
     lines.append(f"  tokens {r.tokens:.0f} · steps {r.steps} · GPUs {r.gpus} {r.gpu_name}".rstrip())
-    lines.append(f"  tokens/s/GPU {_num(r.tokens_per_s_per_gpu, '.1f')} · MFU {_num(r.mfu_ratio, '.1%')} · "
+    told = " (the trainer's own)" if (r.mfu_source or "").startswith("trainer") else ""
+    lines.append(f"  tokens/s/GPU {_num(r.tokens_per_s_per_gpu, '.1f')} · MFU {_num(r.mfu_ratio, '.1%')}{told} · "
                  f"J/token {_num(r.joules_per_token, '.3g')} · J/step {_num(r.joules_per_step, '.3g')}")
+    if r.starting_s > 0:
+        lines.append(f"  held until its first step: {r.starting_s:.1f} s (startup or compile once a step is told)")
     return lines
 
 

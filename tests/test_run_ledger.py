@@ -53,7 +53,7 @@ def test_startup_then_steps_split_by_the_windows_shares() -> None:
     assert r.seconds["host"] == pytest.approx(0.8)
     assert r.wall_s == pytest.approx(5.5)
     assert r.goodput_ratio == pytest.approx(2.0 / 5.5)
-    assert r.steps == 106 - 103 and r.tokens == 400.0
+    assert r.steps == 106 - 103 + 1 and r.tokens == 400.0  # publish(103) says step 103 is done: it counts
 
 
 def test_a_trainer_restart_is_a_restart_gap_until_the_successor_starts() -> None:
@@ -100,7 +100,7 @@ def test_a_daemon_restart_continues_the_ledger_and_counts_the_time_it_missed(tmp
     r = role(again)
     assert r.seconds["unobserved"] == pytest.approx(3.0)  # 103 -> 106: the same process, unseen
     assert r.wall_s == pytest.approx(7.0)
-    assert r.steps == 107 - 101  # progress from the saved step, not from zero
+    assert r.steps == 107 - 101 + 1  # progress from the saved step, not from zero (step 101 counts)
     assert again.view().no_trainer_s == 0.0
 
 
@@ -139,7 +139,7 @@ def test_energy_goes_with_the_seconds_and_gives_joules_per_token_and_mfu() -> No
     r = role(led)
     assert r.energy_j == pytest.approx(3 * 400)  # three deltas after the first reading
     assert r.joules["productive"] == pytest.approx(0.5 * 1200)
-    assert r.joules_per_token == pytest.approx(1200 / 400) and r.joules_per_step == pytest.approx(1200 / 3)
+    assert r.joules_per_token == pytest.approx(1200 / 400) and r.joules_per_step == pytest.approx(1200 / 4)
     assert r.tokens_per_s_per_gpu == pytest.approx(400 / 4 / 2)
     assert r.mfu_ratio == pytest.approx(1e9 * 50 / 989.4e12)
     assert peak_flops("NVIDIA H100 PCIe") == 756.0e12 and peak_flops("Tesla T4") is None
@@ -211,6 +211,48 @@ def test_a_long_first_step_alone_in_its_window_is_compile_once_the_next_window_h
     assert sum(s.values()) == pytest.approx(2.0)  # moved from what the first window told, not added
     led.add(window(103, (sender("1@100", 100, 103, 21),), step_s=1.0, median_step_s=0.1))
     assert role(led).seconds["compile"] == pytest.approx(0.8)
+
+
+def shares(unattributed: float) -> dict[str, float]:
+    return dict.fromkeys(CAUSES, 0.0) | {"productive": 1.0 - unattributed, "unattributed": unattributed}
+
+
+def test_slow_first_steps_are_warmup_once_the_step_time_settles() -> None:
+    led = RunLedger()
+    # first step in the window ending at 101 (its steps untold), then 2 slow steps (0.5 s each),
+    # then 10 steps a second twice: the step time settled at 0.1 s with 5 % of the time unattributed
+    for end, step, idle in ((101, 1, 0.6), (102, 3, 0.3), (103, 13, 0.05), (104, 23, 0.05)):
+        led.add(WindowFacts(end, 1.0, (sender("1@100", 100, end, step),), {"trainer": RoleFact(shares(idle))}))
+        if end == 103:  # not settled yet: nothing retold
+            assert role(led).seconds["warmup"] == 0.0 and role(led).seconds["unattributed"] == pytest.approx(0.95)
+    s = role(led).seconds
+    # beyond the settled 5 %: 0.55 s of the first window, 0.25 s of the second
+    assert s["warmup"] == pytest.approx(0.8) and s["unattributed"] == pytest.approx(0.2)
+    assert s["productive"] == pytest.approx(0.4 + 0.7 + 0.95 + 0.95)
+    assert sum(s.values()) == pytest.approx(4.0) == role(led).wall_s
+    led.add(WindowFacts(105, 1.0, (sender("1@100", 100, 105, 24),), {"trainer": RoleFact(shares(0.6))}))
+    assert role(led).seconds["warmup"] == pytest.approx(0.8)  # once settled, a slow window is not warm-up
+
+
+def test_the_time_after_the_last_step_to_a_clean_exit_is_shutdown() -> None:
+    def run(closed: bool) -> dict[str, float]:
+        led = RunLedger()
+        for end, step in ((101, 1), (102, 11), (103, 21), (104, 21), (105, 31), (106, 41), (107, 41)):
+            led.add(window(end, (sender("1@100", 100, end, step),)))  # no progress in 104: a pause, not the end
+        last = SenderFact("1@100", "run-1", "trainer", 100, 107, 107.5, 41, alive=False, closed=closed)
+        led.add(window(108, (last,)))
+        return dict(role(led).seconds)
+
+    s = run(closed=True)
+    assert s["shutdown"] == pytest.approx(1.5)  # 106 (the last window with progress) -> 107.5, its last message
+    assert sum(s.values()) == pytest.approx(7.5)
+    assert s["productive"] == pytest.approx(0.5 * 6.0)  # the pause in 104 stays where its shares put it
+    unclean = run(closed=False)  # gone without a closing message: no clean end to tell
+    assert unclean["shutdown"] == 0.0 and sum(unclean.values()) == pytest.approx(7.5)
+    led = RunLedger()  # steps only in the first window with steps (their number untold): still steps
+    led.add(window(101, (sender("1@100", 100, 101, 3),)))
+    led.add(window(102, (SenderFact("1@100", "run-1", "trainer", 100, 101, 101.5, 3, alive=False, closed=True),)))
+    assert role(led).seconds["shutdown"] == pytest.approx(0.5) and role(led).wall_s == pytest.approx(1.5)
 
 
 def host_sender(key: str, started: float, end: float, step: int | None) -> SenderFact:
@@ -355,8 +397,8 @@ def test_scripted_run_with_a_trainer_and_a_daemon_restart(tmp_path: Path) -> Non
         first = _done(_trainer(endpoint, startup_s=1.5, steps=30, first_s=1.0, checkpoint_at=-1))
         time.sleep(2.0)  # the trainer restart: nothing alive
         second = _trainer(endpoint, startup_s=0.5, steps=80, first_s=0.06, checkpoint_at=5)
-        wait_for(lambda: (d.value("dflash_ledger_steps_total", run="run-abc") or 0) > 30, timeout_s=20,
-                 what="the successor's steps in the ledger")
+        wait_for(lambda: (d.value("dflash_ledger_steps_total", run="run-abc") or 0) > 30 + 10, timeout_s=20,
+                 what="the successor's steps past its checkpoint (step 5) in the ledger")
         before = d.value("dflash_ledger_seconds_total", run="run-abc")
         d.stop()
         down = time.time()

@@ -147,6 +147,8 @@ class Aggregator:
         self._last_active: dict[tuple[int, str, str, str], float] = {}
         self._steps: dict[int, tuple[str, str, int]] = {}
         """sender id -> (role, worker, latest step) of its last profile."""
+        self._first_steps: dict[int, int] = {}
+        """sender id -> the step of its first profile the daemon had (the ledger counts from it)."""
         self._allocator: dict[tuple[str, str, int], tuple[int, int, int]] = {}
         self.profile_entries_rejected: dict[tuple[str, str, str], int] = {}
         """(role, worker, reason) -> profile entries skipped."""
@@ -398,6 +400,7 @@ class Aggregator:
             return problem
         if kind == PROFILE:
             self._steps[sender] = (role, worker, name)
+            self._first_steps.setdefault(sender, name)
             self._entries(value.items(), role, worker, cache, memo, resolved)
             return None
         device = (role, worker, name)
@@ -523,6 +526,7 @@ class Aggregator:
             known = set(known_senders)
             for gone in self._steps.keys() - known:
                 del self._steps[gone]
+                self._first_steps.pop(gone, None)
             for gone in self._names.keys() - known:
                 del self._names[gone]
         live = None if live_senders is None else set(live_senders)
@@ -531,4 +535,4 @@ class Aggregator:
             if (live is None or sender in live) and step > steps.get((role, worker), -1):
                 steps[role, worker] = step
         return WindowReport(end_unix_s, duration_s, tuple(views), steps, dict(self._allocator),
-                            {sender: step for sender, (_, _, step) in self._steps.items()})
+                            {sender: step for sender, (_, _, step) in self._steps.items()}, dict(self._first_steps))

@@ -39,6 +39,7 @@ PRESETS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("generic", "data_wait", ("data_time", "data", "dataloader", "data_loading", "input_wait", "load_time")),
     ("generic", "step", ("step", "step_time", "batch_time", "iter_time", "iteration", "iteration_time",
                          "train_step")),
+    ("generic", "batches", ("iterations", "iters", "iteration_count", "num_steps")),
     ("generic", "comm_wait", ("comm", "comm_wait", "allreduce", "all_reduce", "allreduce_wait", "all_gather",
                               "reduce_scatter", "collective", "collectives", "nccl", "nccl_wait", "sync",
                               "barrier", "grad_sync")),

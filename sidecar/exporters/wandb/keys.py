@@ -20,7 +20,7 @@ from sidecar.exporters.wandb.join import KEY_PREFIX, STEP_KEY
 from sidecar.exporters.wandb.ledger_row import FIGURES
 from sidecar.exporters.wandb.rows import ALLOCATOR_VALUES, GAUGE_STATS, TIMING_STATS
 from sidecar.model.gpu import GPU_METRICS, XID_METRICS
-from sidecar.model.insight import INSIGHT_VALUES
+from sidecar.model.insight import INSIGHT_VALUES, REPORTED
 
 HOST_PREFIX = KEY_PREFIX + "<host>/"
 """What every key of ``KEY_SCHEME`` is logged under."""
@@ -80,6 +80,8 @@ def _pipeline() -> list[KeyPattern]:
             KeyPattern(p + "worker/<role>/<worker>/straggler", "0 or 1", "1 when the worker is a straggler"),
             KeyPattern(p + "gpu_idle/<group>/<reason>", "0-1",
                        "a GPU group's idle share (`<reason>` = `idle`) and its part by cause")]
+    out += [KeyPattern(f"{p}reported/{fig.wandb_key}/<role>", "as Prometheus",
+                       f"`dflash_pipeline_reported_{fig.family}`: {fig.help}") for fig in REPORTED]
     return out
 
 
