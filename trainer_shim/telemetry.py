@@ -260,7 +260,8 @@ def _slow(kind: int, name: Any, value: Any) -> None:
 # strict mode) goes through the channel itself, which creates it, counts overflow or validates.
 
 def publish(step: int, profile: Mapping[str, float]) -> None:
-    """Publish the trainer's profile dict for ``step`` (``*_ms`` keys are timings)."""
+    """Publish the trainer's profile dict for ``step`` (keys in a time unit, ``*_ms``, ``*_s``,
+    ``*(s)``, are timings: docs/METRICS.md's units grammar)."""
     if len(_pq) < _cap:
         try:
             snapshot = {**profile}
