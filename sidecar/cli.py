@@ -45,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                          help="the daemon's TOML config file: explain reads its prometheus_addr")
     explain.add_argument("--json", action="store_true", help="print the raw JSON")
+    explain.add_argument("--run", default=None,
+                         help="a run's verdicts as the run ledger kept them (its share of the run's time and windows, "
+                              "the dominant one's evidence): works after the run ended and without a daemon")
+    explain.add_argument("--state-dir", default=None, help="with --run: the daemon's state folder (default: as the "
+                                                           "daemon)")
     report = sub.add_parser("report", help="the run ledger: where each run's time and energy went")
     report.add_argument("--run", default=None, help="only this run (a W&B run id, or host:NAME)")
     report.add_argument("--json", action="store_true", help="print JSON")
@@ -101,8 +106,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             url = top_url(None, ns.prometheus_addr, ns.config_file)
+            cfg = config_mod.load({"config_file": ns.config_file} if ns.config_file else {})
         except ConfigError as exc:
             ns.subparser.exit(2, f"dflash-sidecar explain: error: {exc}\n")
+        if ns.run is not None:
+            from sidecar.report import run_verdicts
+
+            return run_verdicts(ns.state_dir or cfg.state_dir, ns.run)
         return run_explain(url.removesuffix("/metrics") + "/explain", ns.json)
     if ns.command == "report":
         from sidecar.report import run_report

@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.aggregation import run_verdicts
+from sidecar.model.insight import Verdict
 from sidecar.model.ledger import CAUSES, RoleLedger, RunLedgerView
 from sidecar.model.window import LIVE_S, TIMING, IngestReport
 
@@ -118,6 +120,8 @@ class WindowFacts:
     roles: Mapping[str, RoleFact]
     energy: Mapping[str, float] = field(default_factory=dict)
     gpu_roles: Mapping[str, str] = field(default_factory=dict)
+    verdict: Verdict | None = None
+    """The pipeline insight's verdict of the window (None without an insight)."""
 
 
 def run_of(hello: Mapping[str, Any] | None) -> str:
@@ -169,7 +173,8 @@ def window_facts(report: IngestReport) -> WindowFacts:
         roles[role] = RoleFact(_shares(report, role, throttled), checkpoint, compile_s, first,
                                (ri.tokens_per_s * w.duration_s) if ri is not None else 0.0, step_s,
                                lone, median, len(mine), names.get(role, ""))
-    return WindowFacts(w.end_unix_s, w.duration_s, tuple(senders), roles, energy, uuid_roles)
+    return WindowFacts(w.end_unix_s, w.duration_s, tuple(senders), roles, energy, uuid_roles,
+                       insight.verdict if insight is not None else None)
 
 
 def _gpus(report: IngestReport, roles: set[str]) -> tuple[dict[str, tuple[str, ...]], dict[str, str],
@@ -286,13 +291,16 @@ class RunLedger:
         """No-trainer time is accounted up to here (0 while a sender is alive)."""
         self.session_begin: float | None = None
         """Begin of the first window this daemon folded: earlier time was not watched."""
+        self.verdicts: run_verdicts.Verdicts = run_verdicts.clean(s.get("verdicts"), self.runs)
+        """Each run's verdicts (``sidecar.aggregation.run_verdicts``)."""
 
     def state(self) -> dict[str, Any]:
         """Everything the ledger holds, as JSON-able data."""
         return {"version": STATE_VERSION, "runs": self.runs, "no_trainer_s": self.no_trainer_s,
                 "no_trainer_j": self.no_trainer_j, "runs_dropped": self.runs_dropped,
                 "energy_prev": self.energy_prev, "now_unix_s": self.now_unix_s,
-                "trainer_until": self.trainer_until, "idle_until": self.idle_until, "host_runs": self.host_runs}
+                "trainer_until": self.trainer_until, "idle_until": self.idle_until, "host_runs": self.host_runs,
+                "verdicts": self.verdicts}
 
     def add(self, facts: WindowFacts) -> None:
         """Fold one window in."""
@@ -310,9 +318,24 @@ class RunLedger:
         for run, members in self.runs.items():
             for role, r in members.items():
                 r["live"] = any(s.alive for s in groups.get((run, role), ()))
+        self._verdicts(groups, facts.verdict, begin, facts.end_unix_s)
         self._no_trainer(facts, begin, sum(joules.values()))
         self.now_unix_s = facts.end_unix_s
         self._bound()
+
+    def _verdicts(self, groups: Mapping[tuple[str, str], list[SenderFact]], verdict: Verdict | None,
+                  begin: float, end: float) -> None:
+        """The window's verdict goes to each run with a live sender, for the seconds of the window
+        the run was alive: from the later of the window's begin and its senders' first start to the
+        window's end."""
+        if verdict is None:
+            return
+        by_run: dict[str, list[SenderFact]] = {}
+        for (run, _), senders in groups.items():
+            by_run.setdefault(run, []).extend(senders)
+        for run, senders in by_run.items():
+            if any(s.alive for s in senders):
+                run_verdicts.fold(self.verdicts, run, verdict, end - max(begin, min(s.begin for s in senders)))
 
     def _hold_gap_energy(self, joules: Mapping[str, float], present: set[str]) -> None:
         """The energy of a role's GPUs while none of its senders is there is held in the role of
@@ -526,6 +549,7 @@ class RunLedger:
             del self.runs[oldest]
             self.runs_dropped += 1
         self.host_runs = {k: v for k, v in self.host_runs.items() if v in self.runs}
+        self.verdicts = {k: v for k, v in self.verdicts.items() if k in self.runs}
 
     def view(self, state_errors: Mapping[str, int] | None = None) -> RunLedgerView:
         """The totals as exporters read them (a copy)."""
@@ -550,7 +574,8 @@ def view_of(state: Mapping[str, Any], flops_per_token: float | None = None,
                                     r.get("flops_per_token") or flops_per_token,
                                     float(r.get("pending_startup", 0.0))))
     return RunLedgerView(tuple(roles), float(state.get("no_trainer_s", 0.0)), float(state.get("no_trainer_j", 0.0)),
-                         int(state.get("runs_dropped", 0)), dict(state_errors or {}))
+                         int(state.get("runs_dropped", 0)), dict(state_errors or {}),
+                         run_verdicts.views(run_verdicts.clean(state.get("verdicts"), state.get("runs", {}))))
 
 
 def _start(senders: list[SenderFact]) -> float:
