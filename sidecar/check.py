@@ -11,6 +11,7 @@ import socket
 from collections.abc import Callable
 
 from sidecar.config import Config
+from sidecar.exit_status import FAILURE, OK
 from sidecar.exporters.wandb.join import NO_CREDENTIALS, credential_source
 from sidecar.model.address import parse_host_port
 from sidecar.sources.receiver import EndpointError, Receiver
@@ -115,4 +116,4 @@ def run_check(cfg: Config) -> int:
             status, message = "FAIL", f"check crashed: {exc!r}"
         failed |= status == "FAIL"
         print(f"{status:>4}  {name:<10} {message}")
-    return 1 if failed else 0
+    return FAILURE if failed else OK

@@ -33,6 +33,7 @@ from typing import Any
 
 from sidecar.config import Config
 from sidecar.demo_loops import GENERIC_BOTTLENECKS, GenericLoop, LoopTimings, SeedStyleMonitor
+from sidecar.exit_status import FAILURE, USAGE
 
 log = logging.getLogger("sidecar")
 
@@ -273,11 +274,11 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
         daemon.start()
     except (EndpointError, OSError) as exc:
         log.error("dflash-sidecar demo: %s", exc)
-        return 1
+        return FAILURE
     pipeline = _start_pipeline(cfg, ns)
     if pipeline is None:
         daemon.shutdown()
-        return 2
+        return USAGE
     if ns.duration is not None:
         timer = threading.Timer(ns.duration, daemon.stop, [f"demo ran its --duration of {ns.duration:g} s"])
         timer.daemon = True  # SIGTERM before the duration ends must not wait for it

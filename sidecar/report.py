@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sidecar.aggregation.ledger import view_of
+from sidecar.exit_status import FAILURE, OK
 from sidecar.ledger_state import FILE_NAME, load, state_dir
 from sidecar.model.ledger import CAUSES, RoleLedger, RunLedgerView, RunVerdicts
 
@@ -119,21 +120,21 @@ def run_verdicts(configured_dir: str | None, run: str, out: TextIO = sys.stdout)
     returns the exit status: 0, 1 without a ledger or such a run."""
     view, path = read_view(configured_dir, None, "explain")
     if view is None:
-        return 1
+        return FAILURE
     if not view.run(run):
         print(f"dflash-sidecar explain: no run {run!r} in {path}; runs: {', '.join(view.runs) or 'none'}",
               file=sys.stderr)
-        return 1
+        return FAILURE
     kept = view.verdicts_of(run)
     print(f"run {run} (from the run ledger, {path}):", file=out)
     print("  " + verdict_lines(kept)[0], file=out)
     if kept is None:
-        return 0
+        return OK
     for v in kept.verdicts:
         evidence = " ".join(f"{k}={x:.2f}" for k, x in v.evidence)
         print(f"  {v.name:<20} {v.seconds:>9.1f} s {kept.time_share(v):>5.0%} of the time {v.windows:>6} windows "
               f"{evidence}".rstrip(), file=out)
-    return 0
+    return OK
 
 
 def run_report(configured_dir: str | None, run: str | None, as_json: bool, flops_per_token: float | None = None,
@@ -141,13 +142,13 @@ def run_report(configured_dir: str | None, run: str | None, as_json: bool, flops
     """Print the ledger; returns the exit status: 0, 1 when there is no ledger (or no such run)."""
     view, path = read_view(configured_dir, flops_per_token, "report")
     if view is None:
-        return 1
+        return FAILURE
     if run is not None and not view.run(run):
         print(f"dflash-sidecar report: no run {run!r} in {path}; runs: {', '.join(view.runs) or 'none'}",
               file=sys.stderr)
-        return 1
+        return FAILURE
     if as_json:
         print(json.dumps(ledger_json(view, run), indent=2), file=out)
     else:
         print(format_table(view, run), file=out)
-    return 0
+    return OK
