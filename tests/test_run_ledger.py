@@ -294,6 +294,8 @@ began = time.time()
 time.sleep(spec["startup_s"])
 steps = 0
 for i in range(spec["steps"]):
+    if spec.get("stop") and os.path.exists(spec["stop"]):  # the test says when: after the daemon's restart
+        break
     t = time.perf_counter()
     time.sleep(0.02)
     telemetry.timing("data_wait_ms", 20.0)
@@ -333,7 +335,7 @@ def _senders(state: Path, run: str, role: str) -> dict[int, tuple[float, float]]
     return out
 
 
-def _trainer(endpoint: str, **spec: float) -> subprocess.Popen[str]:
+def _trainer(endpoint: str, **spec: float | str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", TRAINER, json.dumps({"endpoint": endpoint, **spec})],
                             stdout=subprocess.PIPE, text=True, env=env())
 
@@ -376,7 +378,8 @@ def test_scripted_run_with_a_trainer_and_a_daemon_restart(tmp_path: Path) -> Non
     try:
         first = _done(_trainer(endpoint, startup_s=1.5, steps=30, first_s=1.0, checkpoint_at=-1))
         time.sleep(2.0)  # the trainer restart: nothing alive
-        second = _trainer(endpoint, startup_s=0.5, steps=80, first_s=0.06, checkpoint_at=5)
+        stop = tmp_path / "stop"  # the second trainer runs until the restarted daemon has seen it step
+        second = _trainer(endpoint, startup_s=0.5, steps=1200, first_s=0.06, checkpoint_at=5, stop=str(stop))
         wait_for(lambda: (d.value("dflash_ledger_steps_total", run="run-abc") or 0) > 30, timeout_s=20,
                  what="the successor's steps in the ledger")
         before = d.value("dflash_ledger_seconds_total", run="run-abc")
@@ -387,6 +390,9 @@ def test_scripted_run_with_a_trainer_and_a_daemon_restart(tmp_path: Path) -> Non
         after = wait_for(lambda: d.value("dflash_ledger_seconds_total", run="run-abc"), what="the first window")
         up = time.time()  # the restarted daemon's first window had begun
         assert before is not None and after is not None and after >= before  # continued, not restarted
+        wait_for(lambda: (d.value("dflash_ledger_steps_total", run="run-abc") or 0) > saved["steps"], timeout_s=30,
+                 what="the restarted daemon to see the second trainer step")
+        stop.touch()
         second_out = _done(second)
         wait_for(lambda: (d.value("dflash_ledger_open_gap_seconds", run="run-abc") or 0) > 0, timeout_s=20,
                  what="the second trainer to be gone")
@@ -405,12 +411,12 @@ def test_scripted_run_with_a_trainer_and_a_daemon_restart(tmp_path: Path) -> Non
     # last publish, before the daemon saw it gone); the restart gap runs from the first one's
     # last message as the ledger placed it to the second one's start.
     assert r["wall_s"] == pytest.approx(sum(s.values()))
-    assert r["wall_s"] == pytest.approx(r["last_unix_s"] - r["first_unix_s"], abs=1e-3)
+    assert r["wall_s"] == pytest.approx(r["last_unix_s"] - r["first_unix_s"], abs=1e-3), (r, s)
     assert first["configuring"] <= r["first_unix_s"] <= first["began"], (r, first)
     assert second_out["publishing"] <= r["last_unix_s"] <= gone, (r, second_out, gone)
     senders = _senders(state, "run-abc", "trainer")
-    started, _ = senders[second_out["pid"]]
-    _, first_seen = senders[first["pid"]]
+    started, _ = senders[int(second_out["pid"])]
+    _, first_seen = senders[int(first["pid"])]
     assert second_out["configuring"] - 1e-3 <= started <= second_out["began"] + 1e-3  # the key's ms
     assert first["publishing"] <= first_seen
     # SAME_MESSAGE_S: a gone sender's last message is placed again each window, within this
@@ -426,7 +432,10 @@ def test_scripted_run_with_a_trainer_and_a_daemon_restart(tmp_path: Path) -> Non
     # before the stop) to its successor's first window (after its start, 1 s after the stop)
     assert 1.0 - SAME_MESSAGE_S <= s["unobserved"] <= up - saved["observed_until"], (s, saved, up)
     stepping = sum(s[c] for c in ("productive", "data", "host", "unattributed", "throttled", "compile", "checkpoint"))
-    assert s["productive"] / stepping == pytest.approx(0.6, abs=0.06), s  # the GPU's 60 % busy share
+    # The GPU's 60 % busy share is productive, less what compile and checkpoint took from it where a
+    # window's idle time was too short to hold them (how much depends on where the windows fell)
+    taken = s["compile"] + s["checkpoint"]
+    assert 0.6 * stepping - taken - 0.1 <= s["productive"] <= 0.6 * stepping + 0.1, s
     assert r["steps"] >= 0.8 * (first["steps"] + second_out["steps"])
     # every token of the first trainer (the daemon was up throughout) and more after the restart;
     # those sent while the daemon was down are lost
