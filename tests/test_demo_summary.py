@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.aggregation import ledger
 from sidecar.demo_report import Progress
 from tests.daemon_harness import env, free_port
 
@@ -64,9 +65,10 @@ def test_without_a_duration_the_progress_line_says_how_to_stop() -> None:
     assert " of 30 s " in Progress(lambda: None, lambda: 0, 10.0, 30.0, out=io.StringIO()).line()
 
 
-@pytest.mark.xfail(strict=True, reason="the target role and the plain loop's --form occurrence never call "
-                   "publish(step); the ledger holds their time as startup until a step is told that way "
-                   "(issue 32 item 3 tells steps without publish(step))")
+@pytest.mark.xfail(not hasattr(ledger, "step_cycles"), strict=True,
+                   reason="the target role and the plain loop's --form occurrence never call publish(step); a "
+                          "ledger that tells steps only that way holds their time as startup (issue 32 item 3 "
+                          "tells steps without it: drop this mark once it is merged)")
 @pytest.mark.parametrize("style", ["channels", "generic"])
 def test_every_role_of_the_demo_has_time_in_the_ledger(tmp_path: Path, style: str) -> None:
     state = tmp_path / "state"
