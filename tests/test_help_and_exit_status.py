@@ -58,6 +58,8 @@ def test_each_exit_status_from_a_real_command(tmp_path: Path) -> None:
         assert out.returncode == exit_status.USAGE and "error: " in out.stderr, (wrong, out.stderr)
     assert _run("report", "--state-dir", str(tmp_path / "empty")).returncode == exit_status.FAILURE
     assert _run("top", "--once", "--prometheus-addr", f"127.0.0.1:{free_port()}").returncode == exit_status.FAILURE
+    explain = _run("explain", "--prometheus-addr", f"127.0.0.1:{free_port()}")
+    assert explain.returncode == exit_status.FAILURE and "explain --run ID" in explain.stdout  # the ended run's way
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
