@@ -19,8 +19,8 @@ from tests.daemon_harness import env, free_port
 
 def _demo(tmp_path: Path, *args: str, **environ: str) -> tuple[subprocess.CompletedProcess[str], str]:
     addr = f"127.0.0.1:{free_port()}"
-    out = subprocess.run([sys.executable, "-m", "sidecar", "demo", "--duration", "6", "--no-gpu-metrics",
-                          "--interval", "3", "--endpoint", f"ipc://{tmp_path}/demo.sock", "--prometheus-addr", addr,
+    out = subprocess.run([sys.executable, "-m", "sidecar", "demo", "--duration", "7", "--no-gpu-metrics",
+                          "--interval", "5", "--endpoint", f"ipc://{tmp_path}/demo.sock", "--prometheus-addr", addr,
                           *args], capture_output=True, text=True, env=env(**environ), timeout=120)
     assert out.returncode == 0, out.stderr
     return out, addr
@@ -35,9 +35,10 @@ def test_the_demo_shows_progress_before_its_first_window_and_ends_with_a_summary
     state = tmp_path / "mine"
     out, addr = _demo(tmp_path, "--state-dir", str(state))
     lines = out.stderr.splitlines()
-    progress = [i for i, line in enumerate(lines) if line.startswith("demo ") and " of 6 s · " in line]
+    progress = [i for i, line in enumerate(lines) if line.startswith("demo ") and " of 7 s · " in line]
     windows = [i for i, line in enumerate(lines) if " INFO sidecar: window " in line]
-    assert progress and windows and progress[0] < windows[0], out.stderr  # progress before the first window
+    # progress before the first window (at 1 s; the window closes at 5 s)
+    assert progress and windows and progress[0] < windows[0], out.stderr
     summary = out.stdout
     assert "demo summary" in summary and "verdict: " in summary and "role drafter: wall " in summary, summary
     for command in (f"curl -s http://{addr}/metrics", f"dflash-sidecar top --prometheus-addr {addr}",

@@ -100,13 +100,13 @@ step = 0
 deadline = time.monotonic() + 120
 while time.monotonic() < deadline and not os.path.exists(sys.argv[2]):  # runs until the test says stop
     t = time.perf_counter()
-    time.sleep(0.06)
+    time.sleep(0.1)  # data waits dominate by far, so that a loaded box's late wake-ups cannot turn it
     telemetry.timing("data_time_ms", (time.perf_counter() - t) * 1000)
     f = time.perf_counter()
-    time.sleep(0.01)
+    time.sleep(0.005)
     telemetry.timing("forward_ms", (time.perf_counter() - f) * 1000)
     b = time.perf_counter()
-    time.sleep(0.01)
+    time.sleep(0.005)
     telemetry.timing("backward_ms", (time.perf_counter() - b) * 1000)
     telemetry.timing("step_ms", (time.perf_counter() - t) * 1000)
     step += 1
@@ -146,7 +146,7 @@ def test_after_the_run_and_the_daemon_are_gone_report_and_explain_say_why_it_was
     assert out.returncode == 0, out.stderr
     [v] = json.loads(out.stdout)["verdicts"]
     assert v["dominant"] == "input-bound", v
-    assert v["evidence"]["trainer.data_wait"] > 0.5, v
+    assert v["evidence"]["trainer.data_wait"] > 0.4, v
     by_name = {x["verdict"]: x for x in v["verdicts"]}
     # continued across the restart: the windows before it, and more
     assert by_name["input-bound"]["windows"] > before["verdicts"][0]["windows"] >= 1, (before, v)
