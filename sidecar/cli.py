@@ -118,19 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ns.subparser.exit(USAGE, f"dflash-sidecar top: error: {exc}\n")
         return run_top(url, ns.refresh, ns.once)
     if ns.command == "explain":
-        from sidecar.processing.explain import run_explain
-        from sidecar.top_screen import top_url
-
-        try:
-            url = top_url(None, ns.prometheus_addr, ns.config_file)
-            cfg = config_mod.load({"config_file": ns.config_file} if ns.config_file else {})
-        except ConfigError as exc:
-            ns.subparser.exit(USAGE, f"dflash-sidecar explain: error: {exc}\n")
-        if ns.run is not None:
-            from sidecar.report import run_verdicts
-
-            return run_verdicts(ns.state_dir or cfg.state_dir, ns.run)
-        return run_explain(url.removesuffix("/metrics") + "/explain", ns.json)
+        return _explain(ns)
     if ns.command == "report":
         from sidecar.report import run_report
 
@@ -155,6 +143,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_demo(cfg, ns)
     return run_daemon(cfg, given)
+
+
+def _explain(ns: argparse.Namespace) -> int:
+    """``explain``: the live daemon's report, or with ``--run`` a run's kept verdicts (state file)."""
+    from sidecar.processing.explain import run_explain
+    from sidecar.top_screen import top_url
+
+    try:
+        url = top_url(None, ns.prometheus_addr, ns.config_file)
+        cfg = config_mod.load({"config_file": ns.config_file} if ns.config_file else {})
+    except ConfigError as exc:
+        ns.subparser.exit(USAGE, f"dflash-sidecar explain: error: {exc}\n")
+    if ns.run is not None:
+        from sidecar.report import run_verdicts
+
+        return run_verdicts(ns.state_dir or cfg.state_dir, ns.run)
+    return run_explain(url.removesuffix("/metrics") + "/explain", ns.json)
 
 
 def run_daemon(cfg: config_mod.Config, cli_overrides: dict[str, object]) -> int:
