@@ -1,7 +1,8 @@
 """What ``dflash-sidecar demo`` tells its user: a progress line from the first second, and on exit
 a summary (the verdict, the run ledger, the commands to try next).
 
-The progress line goes to stderr, rewritten in place on a terminal (every second) and one line
+The progress line goes to stderr, rewritten in place on a terminal (every second; the daemon's log
+lines overwrite it, and it comes back below them) and one line
 every ``PIPED_EVERY_S`` otherwise (a log or a pipe keeps a readable history); it reads the daemon's
 latest window (``LiveState.window``) and the simulated trainer's step count, nothing else.
 """
@@ -45,7 +46,7 @@ class Progress:
         if self._thread.is_alive():
             self._thread.join(timeout=2.0)
         if self.tty:
-            self.out.write("\n")
+            self.out.write("\x1b[2K")  # the summary follows
             self.out.flush()
 
     def line(self) -> str:
@@ -63,7 +64,8 @@ class Progress:
         wait = 1.0
         while not self._stop.wait(wait):
             text = self.line()
-            self.out.write(f"\r\x1b[2K{text}" if self.tty else text + "\n")
+            # on a terminal the cursor goes back to the line's start: a log line overwrites it
+            self.out.write(f"\x1b[2K{text}\r" if self.tty else text + "\n")
             self.out.flush()
             wait = every
 
