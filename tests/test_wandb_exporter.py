@@ -70,6 +70,8 @@ def test_refuses_a_non_shared_trainer_run(run: str, mode: str | None,
     ex = exporter(run)
     caplog.set_level(logging.INFO, logger="test.wandb")
     ex.start()
+    assert "no W&B credentials" in caplog.text  # this environment has none: start warns of it
+    caplog.clear()
     ex.on_trainer_hello("r1", "proj", None, mode, True)
     stats = ex.stats()
     assert stats.state is WandbState.REFUSED and stats.trainer_run_id == "r1"
