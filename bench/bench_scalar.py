@@ -10,12 +10,16 @@ Python (calibrated once here to ``step_ms``: it needs the GIL the whole time, as
 does) and then submits two scalars. Each run is a fresh interpreter with that tree first on
 ``PYTHONPATH``, started from a scratch directory (it checks which ``cuda_scalar`` it imported);
 every round runs, per configuration, the same loop without scalars and with each tree's
-resolver, in rotating order.
+resolver, in alternating order.
 
-Reported per configuration and tree, medians over rounds: steps/s as a share of the same loop
-without scalars (goal: >= 99 %), the resolver thread's wake-ups per second (its context
-switches, from /proc), its CPU time as a share of the wall time (it holds the GIL while it
-runs: its share of the GIL), and the median number of scalars in flight.
+Within each run, blocks of steps with and without the scalars alternate (``--block`` seconds
+each, after the resolver drained: the blocks without scalars see an idle resolver), so load on a
+shared machine hits both sides of a pair alike. Reported per configuration and tree, over every
+pair of every round: steps/s with scalars as a share of without (median and interquartile range;
+goal: >= 99 %), the trainer thread's own CPU per step added by the two calls, the resolver
+thread's CPU time as a share of the wall time (it holds the GIL while it runs: its share of the
+GIL), its context switches per second (wake-ups and GIL hand-offs, from /proc), and the median
+number of scalars in flight.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,7 +43,7 @@ CONFIGS = (("1 ms step", 1.0, 20.0), ("0.12 ms step", 0.12, 20.0), ("1 ms step, 
 CHILD = r"""
 import json, os, statistics, sys, threading, time
 
-spins, n_scalars, delay_s, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+spins, delay_s, seconds, block_s = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 
 
 class Stream:
@@ -146,41 +151,51 @@ def switches(native_id):
         return sum(int(line.split()[-1]) for line in f if "ctxt_switches" in line)
 
 
-out = {}
-resolver = None
-if n_scalars:
-    from trainer_shim import cuda_scalar
-    out["imported"] = cuda_scalar.__file__
-    sink = Sink()
-    resolver = cuda_scalar.ScalarResolver(Backend())
-    for _ in range(3):  # the resolver thread exists and is set up before the timing starts
-        resolver.submit(sink, "warm", Tensor(0.0))
-    time.sleep(0.1)
-thread = next((t for t in threading.enumerate() if t.name == "trainer-shim-scalars"), None)
-if n_scalars and thread is None:
-    raise SystemExit("no resolver thread")
-work(spins)
-steps, in_flight = 0, []
-if thread is not None:
-    clock = time.pthread_getcpuclockid(thread.ident)
-    cpu0, sw0 = time.clock_gettime(clock), switches(thread.native_id)
-start = time.perf_counter()
-end = start + seconds
+from trainer_shim import cuda_scalar
+
+out = {"imported": cuda_scalar.__file__}
+sink = Sink()
+resolver = cuda_scalar.ScalarResolver(Backend())
+for _ in range(3):  # the resolver thread exists and is set up before the timing starts
+    resolver.submit(sink, "warm", Tensor(0.0))
+time.sleep(0.1)
+thread = next(t for t in threading.enumerate() if t.name == "trainer-shim-scalars")
+clock = time.pthread_getcpuclockid(thread.ident)
 loss, norm = Tensor(1.0), Tensor(2.0)
-while time.perf_counter() < end:
+
+
+def block(scalars):
+    # One block of steps: its steps/s, own CPU per step, the resolver's CPU share and switches.
+    while resolver.in_flight():  # the previous block's scalars resolved: an idle resolver
+        time.sleep(0.005)
     work(spins)
-    if n_scalars:
-        resolver.submit(sink, "loss", loss)
-        resolver.submit(sink, "grad_norm", norm)
-        in_flight.append(resolver.in_flight())
-    steps += 1
-wall = time.perf_counter() - start
-out["steps_per_s"] = steps / wall
-if thread is not None:
-    out["resolver_cpu_share"] = (time.clock_gettime(clock) - cpu0) / wall
-    out["wakeups_per_s"] = (switches(thread.native_id) - sw0) / wall
-    out["in_flight_median"] = statistics.median(in_flight)
-    out["dropped"] = sink.dropped
+    steps, in_flight = 0, []
+    cpu0, sw0, own0 = time.clock_gettime(clock), switches(thread.native_id), time.thread_time()
+    start = time.perf_counter()
+    end = start + block_s
+    while time.perf_counter() < end:
+        work(spins)
+        if scalars:
+            resolver.submit(sink, "loss", loss)
+            resolver.submit(sink, "grad_norm", norm)
+            in_flight.append(resolver.in_flight())
+        steps += 1
+    wall = time.perf_counter() - start
+    return {"rate": steps / wall, "own_cpu_per_step": (time.thread_time() - own0) / steps,
+            "resolver_cpu_share": (time.clock_gettime(clock) - cpu0) / wall,
+            "switches_per_s": (switches(thread.native_id) - sw0) / wall,
+            "in_flight": statistics.median(in_flight) if in_flight else 0}
+
+
+pairs = []
+for i in range(max(1, int(seconds / (2 * block_s)))):
+    first = i % 2 == 0  # alternate which goes first
+    a = block(first)
+    b = block(not first)
+    with_, without = (a, b) if first else (b, a)
+    pairs.append({"ratio": with_["rate"] / without["rate"], "with": with_, "without": without})
+out["pairs"] = pairs
+out["dropped"] = sink.dropped
 print(json.dumps(out))
 """
 
@@ -198,18 +213,20 @@ def calibrate(step_ms: float) -> int:
     return max(1, int(n * step_ms / 1000 / statistics.median(samples)))
 
 
-def run(tree: str | None, spins: int, delay_ms: float, seconds: float, workdir: str) -> dict[str, object]:
-    """One run in a fresh interpreter: ``tree``'s resolver (None: the loop without scalars)."""
-    root = os.path.abspath(tree) if tree else str(ROOT)
+def run(tree: str, spins: int, delay_ms: float, seconds: float, block_s: float, workdir: str) -> list[dict[str, Any]]:
+    """One run of ``tree``'s resolver in a fresh interpreter: its block pairs."""
+    root = os.path.abspath(tree)
     env = {**os.environ, "PYTHONPATH": root}
-    args = [str(spins), "2" if tree else "0", str(delay_ms / 1000), str(seconds)]
+    args = [str(spins), str(delay_ms / 1000), str(seconds), str(block_s)]
     proc = subprocess.run([sys.executable, "-c", CHILD, *args], env=env, cwd=workdir, capture_output=True,
                           text=True, check=True, timeout=120)
-    out: dict[str, object] = json.loads(proc.stdout)
-    imported = str(out.pop("imported", ""))
-    if tree and not os.path.abspath(imported).startswith(root + os.sep):
-        raise SystemExit(f"the run for {tree} imported {imported}, not that tree's resolver")
-    return out
+    out = json.loads(proc.stdout)
+    if not os.path.abspath(out["imported"]).startswith(root + os.sep):
+        raise SystemExit(f"the run for {tree} imported {out['imported']}, not that tree's resolver")
+    if out["dropped"]:
+        raise SystemExit(f"the run for {tree} dropped scalars: {out['dropped']}")
+    pairs: list[dict[str, Any]] = out["pairs"]
+    return pairs
 
 
 def old_tree(commit: str, workdir: str) -> str:
@@ -228,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--versus", nargs="+", metavar="TREE", help="shim trees to compare (default: this checkout)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=2.0, help="length of one run")
+    parser.add_argument("--block", type=float, default=0.25, help="length of one block of steps (s)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="dfs-scalar-", dir="/tmp") as workdir:
         trees = list(args.versus or [str(ROOT)])
@@ -237,40 +255,37 @@ def main(argv: list[str] | None = None) -> int:
             names[trees[0]] = args.old
         print(f"load average at start: {os.getloadavg()}", flush=True)
         spins = {label: calibrate(step) for label, step, _ in CONFIGS}
-        results: dict[tuple[str, str | None], list[dict[str, object]]] = {}
+        results: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for r in range(args.rounds):
             for label, _, delay in CONFIGS:
-                order: list[str | None] = [None, *trees]
-                order = order[r % len(order):] + order[:r % len(order)]
-                for tree in order:
-                    results.setdefault((label, tree), []).append(run(tree, spins[label], delay, args.seconds,
-                                                                     workdir))
+                for tree in trees if r % 2 == 0 else trees[::-1]:
+                    results.setdefault((label, tree), []).extend(
+                        run(tree, spins[label], delay, args.seconds, args.block, workdir))
             print(f"round {r + 1}/{args.rounds} done, load {os.getloadavg()}", flush=True)
         print(f"load average at end: {os.getloadavg()}\n")
         report(results, trees, names)
     return 0
 
 
-def report(results: dict[tuple[str, str | None], list[dict[str, object]]], trees: list[str],
-           names: dict[str, str]) -> None:
-    """The Markdown table: medians over rounds; ranges of the per-round ratios."""
-    print("| loop | shim | steps/s (no scalars) | with 2 scalars/step | ratio, median (range) "
-          "| resolver wake-ups/s | resolver CPU (GIL) share | in flight |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+def report(results: dict[tuple[str, str], list[dict[str, Any]]], trees: list[str], names: dict[str, str]) -> None:
+    """The Markdown table: medians over every block pair of every round."""
+    print("| loop | shim | steps/s with 2 scalars/step, share of without: median (IQR) | trainer CPU per step, "
+          "added | resolver CPU (GIL) share | resolver context switches/s | in flight |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for label, _, _ in CONFIGS:
-        base_runs = [float(str(r["steps_per_s"])) for r in results[(label, None)]]
         for tree in trees:
-            runs = results[(label, tree)]
-            rates = [float(str(r["steps_per_s"])) for r in runs]
-            ratios = [a / b for a, b in zip(rates, base_runs)]
+            pairs = results[(label, tree)]
+            ratios = sorted(p["ratio"] for p in pairs)
+            q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
 
-            def med(key: str) -> float:
-                return statistics.median(float(str(r[key])) for r in runs)
+            def med(side: str, key: str) -> float:
+                return statistics.median(float(p[side][key]) for p in pairs)
 
-            print(f"| {label} | `{names[tree]}` | {statistics.median(base_runs):.0f} | {statistics.median(rates):.0f} "
-                  f"| {statistics.median(ratios) * 100:.1f} % ({min(ratios) * 100:.1f}-{max(ratios) * 100:.1f}) "
-                  f"| {med('wakeups_per_s'):.0f} | {med('resolver_cpu_share') * 100:.2f} % "
-                  f"| {med('in_flight_median'):.0f} |")
+            added = med("with", "own_cpu_per_step") - med("without", "own_cpu_per_step")
+            print(f"| {label} | `{names[tree]}` | {statistics.median(ratios) * 100:.1f} % "
+                  f"({q1 * 100:.1f}-{q3 * 100:.1f}, {len(ratios)} pairs) | {added * 1e6:.1f} us "
+                  f"| {med('with', 'resolver_cpu_share') * 100:.2f} % | {med('with', 'switches_per_s'):.0f} "
+                  f"| {med('with', 'in_flight'):.0f} |")
 
 
 if __name__ == "__main__":
