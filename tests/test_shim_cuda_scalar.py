@@ -270,14 +270,24 @@ def test_prepare_sets_up_on_the_resolver_thread_when_cuda_is_up(monkeypatch: pyt
         telemetry.close()
 
 
-def test_prepare_does_nothing_without_torch_or_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prepare_waits_for_cuda_through_torchs_init_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without torch nothing; before CUDA's initialisation one hook, which starts the resolver
+    when CUDA initialises; a CPU-only trainer never gets the thread."""
     monkeypatch.setattr(cuda_scalar, "_resolver", None)
+    monkeypatch.setattr(cuda_scalar, "_hooked", False)
     monkeypatch.delitem(__import__("sys").modules, "torch", raising=False)
     assert cuda_scalar.prepare() is False
+    hooks: list[Any] = []
     fake_torch = types.ModuleType("torch")
-    fake_torch.cuda = types.SimpleNamespace(is_initialized=lambda: False)  # type: ignore[attr-defined]
+    fake_torch.cuda = types.SimpleNamespace(is_initialized=lambda: False, _lazy_call=hooks.append)  # type: ignore[attr-defined]
     monkeypatch.setitem(__import__("sys").modules, "torch", fake_torch)
-    assert cuda_scalar.prepare() is False and cuda_scalar.current() is None
+    backend = FakeBackend()
+    monkeypatch.setattr(cuda_scalar, "TorchBackend", lambda: backend)
+    assert cuda_scalar.prepare() is False and cuda_scalar.prepare() is False
+    assert len(hooks) == 1 and cuda_scalar.current() is None
+    hooks[0]()  # CUDA initialises
+    wait_until(lambda: backend.setups == [None])
+    assert backend.log.threads == ["trainer-shim-scalars"]
 
 
 # -- real torch, CPU -----------------------------------------------------------------------------------

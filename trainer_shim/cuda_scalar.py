@@ -20,8 +20,10 @@ The source tensor stays referenced until its batch's event completed, so the cac
 cannot hand its memory to other work before the copy ran (no ``record_stream`` needed). While a
 CUDA graph is being captured on the current stream nothing is enqueued (``graph_capture``).
 
-One-time set-up (pinned blocks, the resolver thread) runs on the resolver thread, started at
-``configure()`` when CUDA is already initialised (``prepare()``) or by the first CUDA scalar. A
+One-time set-up (pinned blocks) runs on the resolver thread, started by ``configure()`` (and the
+default channel's creation) when CUDA is already initialised, else when CUDA initialises (torch's
+lazy-initialisation hook), see ``prepare()``; failing both (torch imported after ``configure()``),
+by the first CUDA scalar. A
 scalar submitted before the set-up finished is held (its source referenced, nothing enqueued);
 the set-up thread then records an event on the caller's stream, makes a side stream wait for it
 and copies there: the value is the one the producing kernels left, unless later work on the
@@ -387,6 +389,7 @@ class ScalarResolver:
 
 _resolver: ScalarResolver | None = None
 _resolver_lock = threading.Lock()
+_hooked = False  # prepare() registered _on_cuda_init with torch
 
 
 def resolver(device: Any = None) -> ScalarResolver:
@@ -402,16 +405,32 @@ def resolver(device: Any = None) -> ScalarResolver:
 
 
 def prepare() -> bool:
-    """Start the resolver and its set-up now, off the caller's thread, if torch is imported and
-    CUDA already initialised (``configure()`` calls it); returns whether it did. Never raises."""
+    """Start the resolver and its set-up off the caller's thread as soon as CUDA is initialised
+    (``configure()`` calls it): now if it already is, else from torch's lazy-initialisation hook
+    (once per process). Returns whether it started now. Never raises."""
+    global _hooked
     torch = sys.modules.get("torch")
     try:
-        if torch is None or _resolver is not None or not torch.cuda.is_initialized():
+        if torch is None or _resolver is not None:
             return False
-        resolver(torch.cuda.current_device())
-        return True
-    except Exception:  # noqa: BLE001 - the first scalar() will try again
-        return False
+        if torch.cuda.is_initialized():
+            resolver(torch.cuda.current_device())
+            return True
+        if not _hooked:
+            _hooked = True
+            torch.cuda._lazy_call(_on_cuda_init)  # runs at CUDA's initialisation, on that thread
+    except Exception:  # noqa: BLE001 - the first scalar() will set up instead
+        pass
+    return False
+
+
+def _on_cuda_init() -> None:
+    # Inside torch's CUDA initialisation: only start the thread (its set-up waits for the
+    # initialisation to finish); never raise, which would fail the trainer's first CUDA call.
+    try:
+        resolver()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def current() -> ScalarResolver | None:
@@ -421,9 +440,10 @@ def current() -> ScalarResolver | None:
 
 def _forget_in_child() -> None:
     # CUDA state does not survive fork; a child that uses CUDA builds its own resolver.
-    global _resolver, _resolver_lock
+    global _resolver, _resolver_lock, _hooked
     _resolver = None
     _resolver_lock = threading.Lock()
+    _hooked = False
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
