@@ -48,10 +48,10 @@ from gpu_check_common import export_sys_path  # noqa: E402 - after the path set-
 
 # part -> (script, share of the time budget, arguments of a real run, arguments of a dry run)
 PARTS: dict[str, tuple[str, float, list[str], list[str]]] = {
-    "shim": ("gpu_check_shim.py", 0.24, [], ["--dry-run", "--steps", "3"]),
+    "shim": ("gpu_check_shim.py", 0.26, [], ["--dry-run", "--steps", "3"]),
     "parity": ("gpu_check_parity.py", 0.50, ["--repeats", "5", "--run-seconds", "2.5"],
                ["--dry-run", "--repeats", "1", "--run-seconds", "0.1"]),
-    "nvml": ("gpu_check_nvml.py", 0.26, [],
+    "nvml": ("gpu_check_nvml.py", 0.24, [],
              ["--dry-run", "--seconds", "0.6", "--daemon-seconds", "0.5", "--reps", "5"]),
 }
 BUDGET_S = 340.0
