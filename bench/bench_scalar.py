@@ -87,6 +87,9 @@ class Tensor:
     def detach(self):
         return self
 
+    def dim(self):
+        return 0
+
     def reshape(self, shape):
         return self
 

@@ -2,8 +2,9 @@
 fake tensors, slots, streams and events that write every operation, with the thread that made
 it, to one shared log, so tests check the order of operations the GPU would see and which thread
 issued each. Nothing here may call a synchronizing method, and a fake CUDA tensor refuses every
-attribute that is not plain metadata (``numel``, ``detach``, ``reshape``, ``dtype``, ``device``):
-arithmetic, conversions, ``clone`` or ``to`` would launch a kernel on the caller's thread."""
+attribute that is not plain metadata (``numel``, ``dim``, ``detach``, ``reshape``, ``dtype``,
+``device``): arithmetic, conversions, ``clone`` or ``to`` would launch a kernel on the caller's
+thread."""
 
 from __future__ import annotations
 
@@ -89,8 +90,6 @@ class FakeCudaTensor:
 
     is_cuda = True
     device = "cuda:0"
-    _METADATA = frozenset({"numel", "detach", "reshape", "dtype", "device", "is_cuda", "value", "log",
-                           "_numel"})
 
     def __init__(self, log: Log, value: float, numel: int = 1, dtype: str = "float32") -> None:
         self.log, self.value, self._numel, self.dtype = log, value, numel, dtype
@@ -100,6 +99,9 @@ class FakeCudaTensor:
 
     def detach(self) -> FakeCudaTensor:
         return self
+
+    def dim(self) -> int:
+        return 0
 
     def reshape(self, shape: tuple[int, ...]) -> FakeCudaTensor:
         return self

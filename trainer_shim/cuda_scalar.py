@@ -54,14 +54,15 @@ log = logging.getLogger("trainer_shim")
 MAX_IN_FLIGHT = 1024
 """Scalars awaiting their copy; beyond this new ones are dropped (``scalar_backlog``)."""
 
-POLL_INTERVAL_S = 0.01
+POLL_INTERVAL_S = 0.02
 """The resolver's cadence while anything is in flight: one event per stream and turn, one query
-of each stream's oldest batch (seconds)."""
+of each stream's oldest batch (seconds). Each turn takes the GIL from the trainer once; values
+are sent every flush interval (0.1 s by default) anyway."""
 
 IDLE_WAIT_S = 1.0
 """Longest sleep of an idle resolver; the first scalar after idleness wakes it at once."""
 
-SLOTS_PER_DTYPE = 256
+SLOTS_PER_DTYPE = MAX_IN_FLIGHT
 PREPARED_DTYPES = ("float32", "bfloat16", "float16", "float64")
 """dtypes whose pinned block the set-up allocates; another dtype's block is allocated by its
 first scalar, on the caller's thread."""
@@ -221,7 +222,9 @@ class ScalarResolver:
             if backend.capturing(tensor):
                 sink._count_dropped("graph_capture")
                 return
-            src = tensor.detach().reshape(())
+            src = tensor.detach()
+            if src.dim():
+                src = src.reshape(())
             stream = backend.current_stream(src)
             if not self._ready and self._hold(sink, name, src, stream):
                 return
