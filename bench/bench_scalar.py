@@ -7,7 +7,8 @@ A ``ScalarResolver`` from each tree runs over a fake CUDA backend whose events c
 after they are recorded (32 ms in the third loop: the GPU lagging behind the host, so many
 scalars are in flight). The "trainer" is the main thread: each step does a fixed amount of pure
 Python (calibrated once here to 1 ms or 0.12 ms: it needs the GIL the whole time, as a launch
-thread does) and then submits two scalars. Each run is a fresh interpreter with one tree first
+thread does) and then submits two scalars. A "flusher" thread wakes every 0.1 s as the shim's does, and
+takes the resolver's turn where that tree's publisher does (this one's). Each run is a fresh interpreter with one tree first
 on ``PYTHONPATH``, started from a scratch directory (it checks which ``cuda_scalar`` it
 imported); each round runs every loop with every tree, the trees' order alternating.
 
@@ -173,6 +174,19 @@ for _ in range(3):  # the resolver thread exists and is set up before the timing
     resolver.submit(sink, "warm", Tensor(0.0))
 time.sleep(0.1)
 thread = next(t for t in threading.enumerate() if t.name == "trainer-shim-scalars")
+turns = getattr(resolver, "turn", None)  # this tree's publisher has its flusher take the turns
+
+
+def flusher():
+    # The shim's flusher wakes every 0.1 s whatever the trainer does; here it also takes the
+    # resolver's turn where the tree's publisher does.
+    while True:
+        time.sleep(0.1)
+        if turns is not None:
+            turns()
+
+
+threading.Thread(target=flusher, name="flusher", daemon=True).start()
 clock = time.pthread_getcpuclockid(thread.ident)
 loss, norm = Tensor(1.0), Tensor(2.0)
 

@@ -11,7 +11,9 @@ stream after that turn's copies, the oldest batch of each stream queried, values
 from __future__ import annotations
 
 import threading
+import time
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -212,23 +214,69 @@ def test_a_failed_set_up_counts_held_and_later_scalars() -> None:
     assert ch.dropped == {"scalar_error": 2} and resolver.in_flight() == 0
 
 
-def test_no_wake_up_per_call_while_the_resolver_is_busy() -> None:
+def test_no_wake_up_per_call_below_the_high_water_mark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flusher's turns serve ordinary rates; only a backlog wakes the resolver thread."""
+    monkeypatch.setattr(cuda_scalar, "HIGH_WATER", 50)
     backend = FakeBackend(slots=100)
     resolver = ready(backend)
     ch = channel()
-    for i in range(50):
+    for i in range(49):
         resolver.submit(ch, "x", FakeCudaTensor(backend.log, float(i)))
-    assert not resolver._wake.is_set()  # a busy resolver runs on its own cadence
-    resolver._idle = True
+    assert not resolver._wake.is_set()
+    resolver.submit(ch, "x", FakeCudaTensor(backend.log, 49.0))
+    assert resolver._wake.is_set()  # the 50th in flight wakes it
+    resolver._wake.clear()
+    resolver._turning = True
     resolver.submit(ch, "x", FakeCudaTensor(backend.log, 50.0))
-    assert resolver._wake.is_set()  # an idle one is woken by the first scalar
+    assert not resolver._wake.is_set()  # already taking turns: no wake-up per call
+
+
+def test_the_resolver_thread_takes_turns_only_while_the_backlog_lasts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda_scalar, "HIGH_WATER", 8)
+    monkeypatch.setattr(cuda_scalar, "LOW_WATER", 2)
+    backend = FakeBackend(slots=16)
+    resolver = ScalarResolver(backend)
+    wait_until(lambda: backend.setups == [None])
+    ch = channel()
+    for i in range(8):
+        resolver.submit(ch, "x", FakeCudaTensor(backend.log, float(i)))
+    wait_until(lambda: "event.record" in backend.log.on("trainer-shim-scalars"))
+    wait_until(lambda: backend.complete() >= 0 and resolver.in_flight() == 0)
+    assert sorted(r[2] for r in ch.drain()) == [float(i) for i in range(8)]
+    wait_until(lambda: not resolver._turning)
+    backend.log.clear()
+    resolver.submit(ch, "y", FakeCudaTensor(backend.log, 9.0))  # one in flight: left to the flusher
+    time.sleep(0.1)
+    assert backend.log.on("trainer-shim-scalars") == [] and resolver.in_flight() == 1
+
+
+def test_the_flusher_takes_a_turn_each_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a real publisher: events recorded and queried, values read, on the flusher's thread."""
+    from trainer_shim.publisher import Publisher
+
+    backend = FakeBackend()
+    resolver = ready(backend)  # no resolver thread
+    monkeypatch.setattr(cuda_scalar, "_resolver", resolver)
+    pub = Publisher(f"ipc://{tmp_path}/nobody.sock", flush_interval_s=0.01)
+    try:
+        ch = pub.channel("trainer", "0")
+        ch.scalar("loss", FakeCudaTensor(backend.log, 1.5))
+        wait_until(lambda: "event.query" in backend.log.on("trainer-shim-flusher"))
+        backend.complete()
+        wait_until(lambda: resolver.in_flight() == 0)
+        assert {"event.record", "event.query", "slot.item"} <= set(backend.log.on("trainer-shim-flusher"))
+        assert "scalar_unresolved" not in ch.dropped
+    finally:
+        pub.close()
 
 
 def test_the_trainer_thread_issues_only_copies(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The no-kernel rule, end to end through ``Channel.scalar`` with the resolver's own thread:
-    on the trainer's thread only stream queries, pinned slots and non-blocking copies; events
-    are recorded and queried on the resolver's thread. The fake tensor fails on any attribute
-    that would launch a kernel (arithmetic, ``to``, ``clone``, ``float``...)."""
+    """The no-kernel rule, end to end through ``Channel.scalar`` with the resolver's own thread
+    taking the turns: on the trainer's thread only stream queries, pinned slots and
+    non-blocking copies; events are recorded and queried elsewhere. The fake tensor fails on any
+    attribute that would launch a kernel (arithmetic, ``to``, ``clone``, ``float``...)."""
+    monkeypatch.setattr(cuda_scalar, "HIGH_WATER", 1)  # every scalar wakes the thread: it takes the turns
+    monkeypatch.setattr(cuda_scalar, "LOW_WATER", 1)
     backend = FakeBackend(slots=64)
     resolver = ScalarResolver(backend)
     monkeypatch.setattr(cuda_scalar, "_resolver", resolver)

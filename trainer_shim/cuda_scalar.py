@@ -8,13 +8,16 @@ current stream and therefore after the kernels that produced the value:
    kernel: the shim launches no kernel on the trainer's thread, see below);
 2. appending ``(slot, source)`` to that stream's open batch, under a lock.
 
-The resolver thread, every ``POLL_INTERVAL_S`` while anything is in flight (no wake-up per
-call), records one CUDA event per stream on which copies were enqueued since its last turn:
-that event follows every copy of the batch in stream order, whichever thread enqueued it. Events
-on one stream complete in order, so it queries only the oldest batch of each stream with
-``event.query()`` (never ``synchronize()``); once it completed it reads the slots on the host,
-publishes the values and releases slots, event and sources. Its cost per turn grows with the
-number of streams, not with the scalars in flight or the calls per second.
+A resolver turn records one CUDA event per stream on which copies were enqueued since the last
+turn: that event follows every copy of the batch in stream order, whichever thread enqueued it.
+Events on one stream complete in order, so a turn queries only the oldest batch of each stream
+with ``event.query()`` (never ``synchronize()``); once it completed it reads the slots on the
+host, publishes the values and releases slots, event and sources. A turn's cost grows with the
+number of streams, not with the scalars in flight or the calls per second. The publisher's
+flusher takes one turn per flush cycle, a wake-up it makes anyway, so scalars cost the trainer
+no wake-up of their own (each wake-up of a Python thread takes the GIL from the trainer once);
+only a producer fast enough to have ``HIGH_WATER`` scalars in flight wakes the resolver thread,
+which then takes turns every ``POLL_INTERVAL_S`` until fewer than ``LOW_WATER`` are left.
 
 The source tensor stays referenced until its batch's event completed, so the caching allocator
 cannot hand its memory to other work before the copy ran (no ``record_stream`` needed). While a
@@ -54,13 +57,17 @@ log = logging.getLogger("trainer_shim")
 MAX_IN_FLIGHT = 1024
 """Scalars awaiting their copy; beyond this new ones are dropped (``scalar_backlog``)."""
 
+HIGH_WATER = MAX_IN_FLIGHT // 2
+"""Scalars in flight from which the resolver thread takes turns of its own, until they are
+fewer than ``LOW_WATER``; below it the publisher's flusher takes one turn per flush cycle."""
+
+LOW_WATER = MAX_IN_FLIGHT // 8
+
 POLL_INTERVAL_S = 0.02
-"""The resolver's cadence while anything is in flight: one event per stream and turn, one query
-of each stream's oldest batch (seconds). Each turn takes the GIL from the trainer once; values
-are sent every flush interval (0.1 s by default) anyway."""
+"""The resolver thread's cadence while it takes turns (seconds)."""
 
 IDLE_WAIT_S = 1.0
-"""Longest sleep of an idle resolver; the first scalar after idleness wakes it at once."""
+"""Longest sleep of the resolver thread while the flusher's turns suffice."""
 
 SLOTS_PER_DTYPE = MAX_IN_FLIGHT
 PREPARED_DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -199,7 +206,7 @@ class ScalarResolver:
         self._count = 0
         self._ready = False
         self._failed = False
-        self._idle = False
+        self._turning = False  # the resolver thread takes turns of its own
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         if autostart:
@@ -244,7 +251,7 @@ class ScalarResolver:
                 items = self._open[stream] = []
             items.append((sink, name, slot, src))
             self._count += 1
-        if self._idle:
+        if self._count >= HIGH_WATER and not self._turning:
             self._wake.set()
 
     def _hold(self, sink: _Sink, name: str, src: Any, stream: Any) -> bool:
@@ -257,8 +264,6 @@ class ScalarResolver:
                 return False
             self._early.append((sink, name, src, stream))
             self._count += 1
-        if self._idle:
-            self._wake.set()
         return True
 
     def setup(self, device: Any = None) -> None:
@@ -376,18 +381,23 @@ class ScalarResolver:
     def _run(self, device: Any) -> None:
         self.setup(device)
         while True:
-            if self._count == 0:
-                self._idle = True  # before the check: a submit after it sees the flag and wakes us
-                if self._count == 0:
-                    self._wake.wait(IDLE_WAIT_S)
-                self._wake.clear()
-                self._idle = False
-                continue
-            try:
-                self.resolve_ready()
-            except Exception as exc:  # noqa: BLE001 - never let the resolver die
-                log.warning("trainer_shim: scalar resolver error (counted, continuing): %r", exc)
-            time.sleep(POLL_INTERVAL_S)
+            self._wake.wait(IDLE_WAIT_S)
+            self._wake.clear()
+            self._turning = True
+            while self._count >= LOW_WATER:  # a fast producer: the flusher's turns do not suffice
+                self.turn()
+                time.sleep(POLL_INTERVAL_S)
+            self._turning = False
+
+    def turn(self) -> None:
+        """``resolve_ready()`` for a thread that must go on: an error is logged, never raised.
+        The publisher's flusher calls it once per flush cycle."""
+        if not self._count:
+            return
+        try:
+            self.resolve_ready()
+        except Exception as exc:  # noqa: BLE001 - never let the resolver die
+            log.warning("trainer_shim: scalar resolver error (counted, continuing): %r", exc)
 
 
 _resolver: ScalarResolver | None = None
