@@ -7,10 +7,11 @@ A ``ScalarResolver`` from each tree runs over a fake CUDA backend whose events c
 after they are recorded (32 ms in the third loop: the GPU lagging behind the host, so many
 scalars are in flight). The "trainer" is the main thread: each step does a fixed amount of pure
 Python (calibrated once here to 1 ms or 0.12 ms: it needs the GIL the whole time, as a launch
-thread does) and then submits two scalars. A "flusher" thread wakes every 0.1 s as the shim's does, and
-takes the resolver's turn where that tree's publisher does (this one's). Each run is a fresh interpreter with one tree first
-on ``PYTHONPATH``, started from a scratch directory (it checks which ``cuda_scalar`` it
-imported); each round runs every loop with every tree, the trees' order alternating.
+thread does) and then submits two scalars. A "flusher" thread wakes every 0.1 s as the shim's
+does, and takes the resolver's turn where that tree's publisher does (this one's). Each run is a
+fresh interpreter with one tree first on ``PYTHONPATH``, started from a scratch directory (it
+checks which ``cuda_scalar`` it imported); each round runs every loop with every tree, the
+trees' order alternating.
 
 Within each run, blocks of steps with and without the scalars alternate (``--block`` seconds
 each, after the resolver drained: the blocks without scalars see an idle resolver), so load on a
