@@ -20,7 +20,8 @@ every round: steps/s with scalars as a share of without (median and interquartil
 >= 99 %), one call's cost to the caller (500 back to back, no resolver thread running, median
 of 30), the resolver thread's CPU time as a share of the wall time (it holds the GIL while it
 runs: its share of the GIL), its context switches per second (wake-ups and GIL hand-offs, from
-/proc), and the median number of scalars in flight.
+/proc), the median number of scalars in flight, and the scalars dropped (``scalar_backlog``,
+all runs).
 """
 
 from __future__ import annotations
@@ -250,11 +251,10 @@ def run(tree: str, spins: int, delay_ms: float, seconds: float, block_s: float, 
     out = json.loads(proc.stdout)
     if not os.path.abspath(out["imported"]).startswith(root + os.sep):
         raise SystemExit(f"the run for {tree} imported {out['imported']}, not that tree's resolver")
-    if out["dropped"]:
-        raise SystemExit(f"the run for {tree} dropped scalars: {out['dropped']}")
     pairs: list[dict[str, Any]] = out["pairs"]
     for pair in pairs:
         pair["submit_ns"] = out["submit_ns"]
+        pair["dropped"] = sum(out["dropped"].values()) / len(pairs)
     return pairs
 
 
@@ -299,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
 def report(results: dict[tuple[str, str], list[dict[str, Any]]], trees: list[str], names: dict[str, str]) -> None:
     """The Markdown table: medians over every block pair of every round."""
     print("| loop | shim | steps/s with 2 scalars/step, share of without: median (IQR) | one call, no resolver "
-          "running | resolver CPU (GIL) share | resolver switches/s | in flight |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          "running | resolver CPU (GIL) share | resolver switches/s | in flight | dropped |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for label, _, _ in CONFIGS:
         for tree in trees:
             pairs = results[(label, tree)]
@@ -314,7 +314,7 @@ def report(results: dict[tuple[str, str], list[dict[str, Any]]], trees: list[str
                   f"({q1 * 100:.1f}-{q3 * 100:.1f}, {len(ratios)} pairs) "
                   f"| {statistics.median(p['submit_ns'] for p in pairs) / 1000:.2f} us "
                   f"| {med('with', 'resolver_cpu_share') * 100:.2f} % | {med('with', 'switches_per_s'):.0f} "
-                  f"| {med('with', 'in_flight'):.0f} |")
+                  f"| {med('with', 'in_flight'):.0f} | {sum(p['dropped'] for p in pairs):.0f} |")
 
 
 if __name__ == "__main__":

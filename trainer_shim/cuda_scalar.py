@@ -63,8 +63,9 @@ fewer than ``LOW_WATER``; below it the publisher's flusher takes one turn per fl
 
 LOW_WATER = MAX_IN_FLIGHT // 8
 
-POLL_INTERVAL_S = 0.02
-"""The resolver thread's cadence while it takes turns (seconds)."""
+POLL_INTERVAL_S = 0.005
+"""The resolver thread's cadence while it takes turns (seconds): a producer that fast gets the
+values out before the in-flight bound drops them."""
 
 IDLE_WAIT_S = 1.0
 """Longest sleep of the resolver thread while the flusher's turns suffice."""
