@@ -93,7 +93,9 @@ def old_resolver(path: Path | None, workdir: Path) -> tuple[Any, str]:
     spec.loader.exec_module(module)
     if not hasattr(module.ScalarResolver, "resolve_ready") or hasattr(module, "prepare"):
         raise RuntimeError(f"{path} is not the {OLD_COMMIT} resolver")
-    return module.ScalarResolver(module.TorchBackend()), str(path)
+    resolver = module.ScalarResolver(module.TorchBackend())
+    resolver.turn = lambda: None  # it polls on its own thread; this publisher's flusher asks for turns
+    return resolver, str(path)
 
 
 class Runner:

@@ -495,7 +495,10 @@ class Publisher:
         module = sys.modules.get("trainer_shim.cuda_scalar")
         resolver = module.current() if module is not None else None
         if resolver is not None:
-            resolver.turn()
+            try:
+                resolver.turn()
+            except Exception as exc:  # noqa: BLE001 - the flusher must never die
+                self._internal_error("resolving GPU scalars failed", exc)
 
     def _settle_scalars(self) -> None:
         """Publish the GPU scalars whose copies completed; count the others as dropped."""
