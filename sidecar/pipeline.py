@@ -86,7 +86,8 @@ def sender_view(s: SenderState, now: float) -> SenderView:
     """A sender as the listeners see it (a copy)."""
     return SenderView(s.sender, s.role, s.worker, s.pid, s.hello, now - s.last_seen, s.records_total,
                       s.received, s.accepted, s.before_join, s.lost_in_transit, s.messages_lost,
-                      dict(s.rejected), dict(s.sender_dropped), first_seen_age_s=now - s.first_seen)
+                      dict(s.rejected), dict(s.sender_dropped), first_seen_age_s=now - s.first_seen,
+                      closed=s.closed)
 
 
 class Pipeline:
@@ -185,8 +186,8 @@ class Pipeline:
         """The window stage: the aggregates and the accounting as one immutable report."""
         registry = self.registry
         registry.expire(now)
-        aggregates = self.aggregator.roll(now, end_unix_s, duration_s, [s.sender for s in registry.live(now)],
-                                          registry.senders.keys())
+        live = [s.sender for s in registry.live(now, duration_s)]
+        aggregates = self.aggregator.roll(now, end_unix_s, duration_s, live, registry.senders.keys())
         senders = tuple(sender_view(s, now) for s in registry)
         totals = {k: LabelTotals(v.accepted, dict(v.dropped), v.last_seen_unix_s) for k, v in registry.totals.items()}
         dropped = dict(registry.messages_dropped)

@@ -213,6 +213,48 @@ def test_a_long_first_step_alone_in_its_window_is_compile_once_the_next_window_h
     assert role(led).seconds["compile"] == pytest.approx(0.8)
 
 
+def shares(unattributed: float) -> dict[str, float]:
+    return dict.fromkeys(CAUSES, 0.0) | {"productive": 1.0 - unattributed, "unattributed": unattributed}
+
+
+def test_slow_first_steps_are_warmup_once_the_step_time_settles() -> None:
+    led = RunLedger()
+    # first step in the window ending at 101 (its steps untold), then 2 slow steps (0.5 s each),
+    # then 10 steps a second twice: the step time settled at 0.1 s with 5 % of the time unattributed
+    for end, step, idle in ((101, 1, 0.6), (102, 3, 0.3), (103, 13, 0.05), (104, 23, 0.05)):
+        led.add(WindowFacts(end, 1.0, (sender("1@100", 100, end, step),), {"trainer": RoleFact(shares(idle))}))
+        if end == 103:  # not settled yet: nothing retold
+            assert role(led).seconds["warmup"] == 0.0 and role(led).seconds["unattributed"] == pytest.approx(0.95)
+    s = role(led).seconds
+    # beyond the settled 5 %: 0.55 s of the first window, 0.25 s of the second
+    assert s["warmup"] == pytest.approx(0.8) and s["unattributed"] == pytest.approx(0.2)
+    assert s["productive"] == pytest.approx(0.4 + 0.7 + 0.95 + 0.95)
+    assert sum(s.values()) == pytest.approx(4.0) == role(led).wall_s
+    led.add(WindowFacts(105, 1.0, (sender("1@100", 100, 105, 24),), {"trainer": RoleFact(shares(0.6))}))
+    assert role(led).seconds["warmup"] == pytest.approx(0.8)  # once settled, a slow window is not warm-up
+
+
+def test_the_time_after_the_last_step_to_a_clean_exit_is_shutdown() -> None:
+    def run(closed: bool) -> dict[str, float]:
+        led = RunLedger()
+        for end, step in ((101, 1), (102, 11), (103, 21), (104, 21), (105, 31), (106, 41), (107, 41)):
+            led.add(window(end, (sender("1@100", 100, end, step),)))  # no progress in 104: a pause, not the end
+        last = SenderFact("1@100", "run-1", "trainer", 100, 107, 107.5, 41, alive=False, closed=closed)
+        led.add(window(108, (last,)))
+        return dict(role(led).seconds)
+
+    s = run(closed=True)
+    assert s["shutdown"] == pytest.approx(1.5)  # 106 (the last window with progress) -> 107.5, its last message
+    assert sum(s.values()) == pytest.approx(7.5)
+    assert s["productive"] == pytest.approx(0.5 * 6.0)  # the pause in 104 stays where its shares put it
+    unclean = run(closed=False)  # gone without a closing message: no clean end to tell
+    assert unclean["shutdown"] == 0.0 and sum(unclean.values()) == pytest.approx(7.5)
+    led = RunLedger()  # steps only in the first window with steps (their number untold): still steps
+    led.add(window(101, (sender("1@100", 100, 101, 3),)))
+    led.add(window(102, (SenderFact("1@100", "run-1", "trainer", 100, 101, 101.5, 3, alive=False, closed=True),)))
+    assert role(led).seconds["shutdown"] == pytest.approx(0.5) and role(led).wall_s == pytest.approx(1.5)
+
+
 def host_sender(key: str, started: float, end: float, step: int | None) -> SenderFact:
     return SenderFact(key, "host:box", "trainer", started, max(started, end - 1.0), end, step)
 

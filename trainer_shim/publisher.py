@@ -4,7 +4,8 @@ Lifecycle: created idle; the flusher thread (and with it the ZeroMQ context and 
 with the first channel, so constructing a publisher costs nothing and the socket is only ever
 touched by that one thread. ``close()`` is idempotent and bounded. A forked child gets a clean
 publisher (new sender ids, no inherited records, a new socket); at interpreter exit the last batch
-goes out with a short linger. After every flush cycle the publisher's totals go to its ledger
+goes out with a short linger, each channel's closing hello after it (the daemon counts the sender
+gone at once). After every flush cycle the publisher's totals go to its ledger
 (``trainer_shim.ledger``), and a SIGTERM handler writes the final one, so the daemon can book what
 never arrived once the process is gone.
 """
@@ -340,6 +341,8 @@ class Publisher:
                 self._internal_error("allocator sampling failed", exc)
         for ch in channels.values():
             self._flush_channel(transport, ch, now, live)
+            if final and live:  # after its last batch: the daemon stops counting it live at once
+                self._send_hello(transport, ch, now, closing=True)
         return True
 
     def _flush_channel(self, transport: Transport, ch: Channel, now: float, live: bool) -> None:
@@ -369,7 +372,8 @@ class Publisher:
             if lost > 0:
                 ch._count_dropped("internal_error", lost)
 
-    def _send_hello(self, transport: Transport, ch: Channel, now: float) -> None:
+    def _send_hello(self, transport: Transport, ch: Channel, now: float, closing: bool = False) -> None:
+        """Send ``ch``'s hello; ``closing``: as its last message (``wire.Hello.closing``)."""
         run_id, project, entity, mode, primary = self._wandb or (None, None, None, None, None)
         hello = wire.Hello(
             pid=os.getpid(), host=self.host, role=ch.role, worker=ch.worker,
@@ -377,7 +381,7 @@ class Publisher:
             thread=ch.thread, started_unix_s=self.started_unix_s,
             wandb_run_id=run_id or self.wandb_run_id, wandb_project=project,
             wandb_entity=entity, wandb_mode=mode, wandb_primary=primary,
-            run_label=self.run_label, flops_per_token=self.flops_per_token,
+            run_label=self.run_label, flops_per_token=self.flops_per_token, closing=closing,
         )
         try:
             frame = wire.encode_hello(self._encoder, ch.sender, ch.seq, hello)

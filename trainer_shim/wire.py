@@ -257,6 +257,9 @@ class Hello(msgspec.Struct):
     """The launcher's name for the run (``trainer_shim.run_label``), None when none names it."""
     flops_per_token: float | None = None
     """Model FLOPs per trained token the trainer states (for the run ledger's MFU), or None."""
+    closing: bool = False
+    """True in the last message of a publisher that closes (``close()``, or at interpreter exit),
+    sent after its last batch: the sender ends cleanly and sends nothing more."""
 
 
 def encode_hello(encoder: msgspec.msgpack.Encoder, sender: int, seq: int, hello: Hello) -> bytes:

@@ -27,7 +27,7 @@ from sidecar.aggregation.series import entropy_bits
 from sidecar.aggregation.verdict import OTHER_SHARE, UNATTRIBUTED_SHARE, InsightSettings, RoleFacts, decide
 from sidecar.model.insight import GpuFacts, PipelineInsight, RoleInsight, WorkerInsight
 from sidecar.model.meanings import BUSY_PHASES, PHASES, WAIT_PHASES  # noqa: F401 - re-exported
-from sidecar.model.window import CATEGORY, COUNT, GAUGE, LIVE_S, TIMING, SenderView, SeriesView, WindowReport
+from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, SenderView, SeriesView, WindowReport
 
 OTHER = OTHER_SHARE
 """The gap no timing covers: host time between the timed phases (Python overhead, logging). Told
@@ -156,7 +156,8 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
     """The insight for one window. Never raises on odd input: missing series give ``None``
     metrics and, without pipeline data, the verdict ``unknown``. ``senders``: the window's
     senders (``IngestReport.senders``), to weigh each worker by the part of the window it was
-    alive and to say ``idle`` when none is live; None (synthetic windows): every worker counts the
+    alive and to say ``idle`` when none is live (``SenderView.live``: one that closed is not, from
+    the first window after its last message); None (synthetic windows): every worker counts the
     whole window."""
     settings = settings or InsightSettings()
     duration = window.duration_s
@@ -182,7 +183,7 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
     if queue_fill is None:
         queue_fill = _gauge_mean(list(target.values()) + list(drafter.values()), "queue_fill")
     busy = role_busy(gpus, roles)
-    live = None if senders is None else sum(1 for s in senders if s.last_seen_age_s <= LIVE_S)
+    live = None if senders is None else sum(1 for s in senders if s.live(duration))
     verdict = decide(facts, duration, ready_deficit, queue_fill, throttled, gpus.roles if gpus else {}, settings,
                      busy, live)
     return PipelineInsight(

@@ -12,9 +12,12 @@ time since the last accounted moment is split by the window's shares: the GPU gr
 and idle attribution where NVML reads the GPUs, else the role's phase time shares; a timing named
 ``checkpoint`` or ``compile`` and the excess of a sender's first long steps are taken out of the
 idle causes first. Before a role's first step its time is held (``starting_s``) and told as
-``startup`` or ``compile`` once that step arrives. Time the daemon did not run while the same
-sender process lived is ``unobserved``; a successor's arrival turns the gap since its
-predecessor's last message into ``restart_gap`` up to the successor's start.
+``startup`` or ``compile`` once that step arrives. Once its step time settles, the idle time
+nothing explained in its slow first windows is retold as ``warmup`` (``_warmup``); at a clean end
+(a sender that closed), the time told since its last step is retold as ``shutdown``
+(``_shutdown``). Time the daemon did not run while the same sender process lived is
+``unobserved``; a successor's arrival turns the gap since its predecessor's last message into
+``restart_gap`` up to the successor's start.
 
 The run (``run_of``): the W&B run id of the hello, else its run label (the shim's, from the
 launcher's environment), else the host; a host's senders after no sender of its current run sent
@@ -63,13 +66,22 @@ SHARE_CAUSES = {"data_wait": "data", "queue_wait": "queue", "queue_put_wait": "q
 """The role's phase time shares -> ledger causes, used without GPU readings."""
 TAKE_ORDER = ("unattributed", "host", "data", "queue", "communication", "productive", "throttled")
 """Where checkpoint and compile seconds are taken from: the GPU-idle causes first."""
+SHUTDOWN_FROM = TAKE_ORDER
+"""The causes a window tells by its shares: after a role's last step, these seconds are its shutdown."""
+WARMUP_SETTLE = 1.25
+"""A role's step time has settled once two consecutive stretches of its windows take per step
+within this factor of each other (``_warmup``)."""
+WARMUP_MAX_STRETCHES = 20
+"""Stretches watched for the step time to settle; a role whose step time never settles in as
+many keeps its first windows' idle time ``unattributed``."""
 
 
 @dataclass(frozen=True, slots=True)
 class SenderFact:
     """One sender in one window: ``key`` names its process (pid and start); ``begin`` the later of
     its start and the window's begin, ``end`` its last message (unix seconds); ``alive`` whether it
-    is still sending at the window's end (``GONE_AFTER_S``); ``step`` its latest step (None before one)."""
+    is still sending at the window's end (``GONE_AFTER_S``; not once it closed); ``step`` its latest
+    step (None before one)."""
 
     key: str
     run: str
@@ -81,6 +93,8 @@ class SenderFact:
     alive: bool = True
     flops_per_token: float | None = None
     """The model FLOPs per token its hello states (None: not stated)."""
+    closed: bool = False
+    """Its last message said it was closing: it ended cleanly at ``end``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +169,8 @@ def window_facts(report: IngestReport) -> WindowFacts:
         started = float(started) if isinstance(started, (int, float)) and 0 < started <= w.end_unix_s else 0.0
         senders.append(SenderFact(f"{s.pid}@{started:.3f}" if s.pid is not None else f"sender:{s.sender}",
                                   run_of(s.hello), s.role, started, max(begin, started), last,
-                                  w.sender_steps.get(s.sender), s.last_seen_age_s <= GONE_AFTER_S,
-                                  _flops_of(s.hello)))
+                                  w.sender_steps.get(s.sender), s.last_seen_age_s <= GONE_AFTER_S and not s.closed,
+                                  _flops_of(s.hello), s.closed))
     insight = report.insight
     gpu_of_role, names, energy, uuid_roles = _gpus(report, {s.role for s in senders})
     roles: dict[str, RoleFact] = {}
@@ -423,6 +437,8 @@ class RunLedger:
         apart = 0.0
         """Restart-gap seconds before this window whose energy was held apart (``gap_j``)."""
         if not continuing:  # a successor: the gap until it started; a predecessor's unfinished startup stands
+            r.pop("warm", None)  # it warms up anew
+            r.pop("tail", None)
             succ = _start([s for s in senders if s.key not in known] or senders)
             succ = min(max(succ, prev), b)
             seconds["restart_gap"] += succ - prev
@@ -466,6 +482,7 @@ class RunLedger:
             r["stepped"] = True
             r["tokens"] += fact.tokens
         progress = []
+        began = any(known.get(s.key, {}).get("step") is None for s in stepped)  # its first steps: progress too
         for s in senders:
             k = known.setdefault(s.key, {"windows_stepped": 0, "step": None, "seen_unix_s": s.end})
             if s.step is not None:
@@ -477,6 +494,9 @@ class RunLedger:
         r["steps"] += max(progress, default=0)
         r["pending_startup"] += pended
         self._joules(r, seconds, released, pended, joules, apart)
+        if stepped:
+            _warmup(r, alive, seconds["unattributed"], max(progress, default=0))
+        _shutdown(r, seconds, bool(progress) or began, senders)
         stated = next((s.flops_per_token for s in senders if s.flops_per_token), None)
         if stated or self.flops_per_token:  # the trainer's statement wins over the daemon's setting
             r["flops_per_token"] = stated or self.flops_per_token
@@ -564,11 +584,11 @@ def _new_role(senders: list[SenderFact]) -> dict[str, Any]:
             "pending_startup": 0.0}
 
 
-def _retell(r: dict[str, Any], cause: str, amount: float) -> None:
-    """Move ``amount`` seconds already in role ``r``'s totals to ``cause`` from the others in
-    ``TAKE_ORDER``, each with its share of the joules they took (the sums are kept)."""
+def _retell(r: dict[str, Any], cause: str, amount: float, sources: tuple[str, ...] = TAKE_ORDER) -> None:
+    """Move ``amount`` seconds already in role ``r``'s totals to ``cause`` from ``sources``, in
+    order (as far as they hold it), each with its share of the joules they took (the sums are kept)."""
     seconds, joules = r["seconds"], r["joules"]
-    for source in TAKE_ORDER:
+    for source in sources:
         if amount <= 0:
             return
         have = seconds.get(source, 0.0)
@@ -581,6 +601,53 @@ def _retell(r: dict[str, Any], cause: str, amount: float) -> None:
         seconds[cause] = seconds.get(cause, 0.0) + moved
         joules[cause] = joules.get(cause, 0.0) + j
         amount -= moved
+
+
+def _warmup(r: dict[str, Any], alive_s: float, unattributed_s: float, steps: int) -> None:
+    """Fold one stepping window into the role's warm-up watch (``r["warm"]``; docs/METRICS.md, Run
+    ledger): its alive and ``unattributed`` seconds, and the steps it progressed, gathered into
+    stretches that each end at a window with progress (the first stepping window is a stretch of
+    its own: how many steps it holds is not told). Once two consecutive stretches take per step
+    within ``WARMUP_SETTLE`` of each other the step time has settled: the ``unattributed`` seconds
+    of every stretch before them beyond those two stretches' ``unattributed`` share are retold
+    as ``warmup``. Never settled within ``WARMUP_MAX_STRETCHES``: nothing is retold."""
+    warm = r.setdefault("warm", {"stretches": [], "open": [0.0, 0.0], "done": False})
+    if warm["done"]:
+        return
+    stretches = warm["stretches"]
+    if not stretches:
+        stretches.append([alive_s, unattributed_s, 0])
+        return
+    warm["open"] = [warm["open"][0] + alive_s, warm["open"][1] + unattributed_s]
+    if steps <= 0:
+        return
+    stretches.append([*warm["open"], steps])
+    warm["open"] = [0.0, 0.0]
+    (a1, u1, n1), (a2, u2, n2) = stretches[-2:]
+    if n1 > 0 and max(a1 / n1, a2 / n2) <= WARMUP_SETTLE * min(a1 / n1, a2 / n2):
+        share = (u1 + u2) / (a1 + a2) if a1 + a2 > 0 else 0.0
+        _retell(r, "warmup", sum(max(0.0, u - a * share) for a, u, _ in stretches[:-2]), ("unattributed",))
+        warm.update(done=True, stretches=[])
+    elif len(stretches) >= WARMUP_MAX_STRETCHES:
+        warm.update(done=True, stretches=[])
+
+
+def _shutdown(r: dict[str, Any], seconds: Mapping[str, float], progressed: bool,
+              senders: list[SenderFact]) -> None:
+    """Keep the seconds the role's windows told by their shares since its last window with step
+    progress (``r["tail"]``); when its senders' window ends with a clean end (one closed, none
+    alive), retell them as ``shutdown``: the time from its last step to its exit."""
+    tail: dict[str, float] = r.setdefault("tail", {})
+    if progressed:
+        tail.clear()
+    elif r["stepped"]:
+        for cause in SHUTDOWN_FROM:
+            if seconds.get(cause, 0.0) > 0:
+                tail[cause] = tail.get(cause, 0.0) + seconds[cause]
+    if tail and any(s.closed for s in senders) and not any(s.alive for s in senders):
+        for cause, amount in tail.items():
+            _retell(r, "shutdown", amount, (cause,))
+        tail.clear()
 
 
 def _take(seconds: dict[str, float], cause: str, amount: float) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from sidecar.model.messages import BatchMessage, HelloMessage
 from sidecar.model.names import label_value
-from sidecar.model.window import LIVE_S, LabelTotals
+from sidecar.model.window import LabelTotals, is_live
 from trainer_shim.wire import Ledger, LedgerChannel
 
 MAX_SENDERS = 4096
@@ -78,6 +78,8 @@ class SenderState:
     """The process whose connection this sender's first message came on (ipc only)."""
     peer_uid: int | None = None
     """The owner of that process when its first message came (its ledger file must be its)."""
+    closed: bool = False
+    """Its latest hello said it was closing (``trainer_shim.wire.Hello.closing``): a clean end."""
 
     @property
     def pid(self) -> int | None:
@@ -166,6 +168,7 @@ class SenderRegistry:
         if self._wrong_peer(state, peer_pid):
             return None
         state.hello = info
+        state.closed = info.get("closing") is True
         state.last_seen = now
         self._check_seq(state, msg.seq)
         return state
@@ -313,9 +316,10 @@ class SenderRegistry:
             del self.totals[key]
         return len(dead)
 
-    def live(self, now: float, within_s: float = LIVE_S) -> list[SenderState]:
-        """Senders heard from in the last ``within_s`` seconds (``LIVE_S``: the live ones)."""
-        return [st for st in self.senders.values() if now - st.last_seen <= within_s]
+    def live(self, now: float, window_s: float) -> list[SenderState]:
+        """The senders live in the window of ``window_s`` seconds ending at ``now``
+        (``sidecar.model.window.is_live``)."""
+        return [st for st in self.senders.values() if is_live(now - st.last_seen, st.closed, window_s)]
 
 
 def _owned_by(state: SenderState, pid: int, uid: int) -> bool:

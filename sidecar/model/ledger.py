@@ -13,17 +13,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 CAUSES: tuple[str, ...] = (
-    "productive", "data", "host", "communication", "queue", "throttled", "startup", "compile", "checkpoint",
-    "unattributed", "unobserved", "restart_gap",
+    "productive", "data", "host", "communication", "queue", "throttled", "startup", "compile", "warmup",
+    "checkpoint", "shutdown", "unattributed", "unobserved", "restart_gap",
 )
 """Where a role's wall time goes. ``productive``: its GPUs busy and not throttled; the others are
 badput: ``data`` (data-loader wait), ``host`` (host overhead between timed phases), ``communication``
 (collectives), ``queue`` (hidden-state queue waits), ``throttled`` (GPUs busy while a throttling
 clock-event reason was active), ``startup`` (process start to first step), ``compile`` (first steps
-marked as compilation, or a timing named ``compile``), ``checkpoint`` (a timing named
-``checkpoint``), ``unattributed`` (idle GPU time nothing explains, or a window without readings or
-phase timings), ``unobserved`` (the trainer alive while the daemon was not: a daemon restart or
-upgrade), ``restart_gap`` (the role's sender gone until its successor started)."""
+marked as compilation, or a timing named ``compile``), ``warmup`` (idle time nothing else
+explains in the first windows with steps, before the step time settles), ``checkpoint`` (a timing
+named ``checkpoint``), ``shutdown`` (from the last step to a clean exit), ``unattributed`` (idle
+GPU time nothing explains, or a window without readings or phase timings), ``unobserved`` (the
+trainer alive while the daemon was not: a daemon restart or upgrade), ``restart_gap`` (the role's
+sender gone until its successor started)."""
 
 
 PEAK_FLOPS: tuple[tuple[str, float, str], ...] = (

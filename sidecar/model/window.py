@@ -29,7 +29,15 @@ LIVE_S = 10.0
 heartbeat every 2 s, so five missed heartbeats mean it is gone (killed, exited, or cut off).
 Live senders are what ``dflash_sidecar_senders``, ``dflash_trainer_step`` and the console show;
 a sender no longer live but not yet forgotten (``aggregation.senders.SENDER_TTL_S``) still has
-its accounting."""
+its accounting. A sender that said it was closing (``trainer_shim.wire.Hello.closing``: a clean
+exit) is live only in the window its last message arrived in (``is_live``)."""
+
+
+def is_live(last_seen_age_s: float, closed: bool, window_s: float) -> bool:
+    """Whether a sender whose last message is ``last_seen_age_s`` old at the end of a window of
+    ``window_s`` seconds is live in it: heard within ``LIVE_S``, or, once it closed (its last
+    message says so), only while that message lies inside the window."""
+    return last_seen_age_s < window_s if closed else last_seen_age_s <= LIVE_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +129,12 @@ class SenderView:
     sender_dropped: dict[str, int]
     first_seen_age_s: float | None = None
     """Seconds since the daemon had this sender's first message (None: not told)."""
+    closed: bool = False
+    """Its last message said it was closing (a clean exit): it sends nothing more."""
+
+    def live(self, window_s: float) -> bool:
+        """Whether it is live in a window of ``window_s`` seconds ending now (``is_live``)."""
+        return is_live(self.last_seen_age_s, self.closed, window_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +162,11 @@ class IngestReport:
 
     @property
     def live_senders(self) -> tuple[SenderView, ...]:
-        """The senders heard from within ``LIVE_S`` of the window's end (``senders`` also holds
-        silent ones until they are forgotten)."""
-        return tuple(s for s in self.senders if s.last_seen_age_s <= LIVE_S)
+        """The senders live in this window (``is_live``: heard from within ``LIVE_S`` of its end,
+        a closed one only in the window it closed in); ``senders`` also holds the others until
+        they are forgotten."""
+        duration = self.window.duration_s
+        return tuple(s for s in self.senders if s.live(duration))
 
 
 @dataclass(frozen=True, slots=True)

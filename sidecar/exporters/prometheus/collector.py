@@ -248,7 +248,8 @@ def accounting_families(report: IngestReport, host: str) -> list[Metric]:
     for (role, worker, reason), n in report.profile_entries_rejected.items():
         entries.add_metric([host, role, worker, reason], n)
     senders = GaugeMetricFamily("dflash_sidecar_senders", "Live senders: heard from in the last 10 s "
-                                "(a shim heartbeats every 2 s).", labels=["host"])
+                                "(a shim heartbeats every 2 s), one that closed only in the window it "
+                                "closed in.", labels=["host"])
     senders.add_metric([host], len(report.live_senders))
     series = GaugeMetricFamily("dflash_sidecar_series", "Distinct trainer series held (cardinality budget use).",
                                labels=["host"])
