@@ -25,12 +25,12 @@ CUDA graph is being captured on the current stream nothing is enqueued (``graph_
 
 One-time set-up (pinned blocks) runs on the resolver thread, started by ``configure()`` (and the
 default channel's creation) when CUDA is already initialised, else when CUDA initialises (torch's
-lazy-initialisation hook), see ``prepare()``; failing both (torch imported after ``configure()``),
-by the first CUDA scalar. A
-scalar submitted before the set-up finished is held (its source referenced, nothing enqueued);
-the set-up thread then records an event on the caller's stream, makes a side stream wait for it
-and copies there: the value is the one the producing kernels left, unless later work on the
-caller's stream overwrote the tensor in place before the copy ran.
+lazy-initialisation hook), see ``prepare()``; failing both (torch imported after
+``configure()``), by the first CUDA scalar. A scalar submitted before the set-up finished is
+held (its source referenced, nothing enqueued); the set-up thread then records an event on the
+caller's stream, makes a side stream wait for it and copies there: the value is the one the
+producing kernels left, unless later work on the caller's stream overwrote the tensor in place
+before the copy ran.
 
 No kernel on the trainer's thread: under CUDA's default lazy module loading the first launch of
 any kernel waits for the whole device, a synchronization sync-debug mode does not report. The
