@@ -183,6 +183,9 @@ class FakeBackend:
         slot.copy_(src, non_blocking=True)
         return self.side
 
+    def top_up(self) -> None:
+        """Nothing to make ahead: the fake's slots exist from the start."""
+
     def complete(self) -> int:
         """Let every event recorded so far complete (the GPU caught up); returns how many."""
         n = 0

@@ -382,3 +382,21 @@ def test_torch_backend_pools_events_per_device(monkeypatch: pytest.MonkeyPatch) 
     backend.release_event(e1)
     assert backend.new_event(s1) is e1 and backend.new_event(s0) is e0
     assert backend.new_event(s0) not in (e0, e1)  # pool empty again: a new one
+
+
+def test_torch_backend_makes_slots_ahead_and_as_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slot views are made a reserve at a time off the caller's thread (``top_up``), one by the
+    caller only when the reserve ran out, none beyond the block."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(cuda_scalar, "SLOT_RESERVE", 2)
+    backend = cuda_scalar.TorchBackend()
+    pool = backend._pools[torch.float32] = cuda_scalar._Pool(torch.zeros(5))  # pinned memory needs CUDA
+    backend.top_up()
+    assert pool.made == 2 and len(pool.free) == 2
+    taken = [backend.pinned_slot(torch.float32) for _ in range(3)]  # the third made by the caller
+    assert pool.made == 3 and all(t is not None and t.dim() == 0 for t in taken)
+    backend.top_up()
+    assert pool.made == 5
+    assert [backend.pinned_slot(torch.float32) is not None for _ in range(3)] == [True, True, False]
+    backend.release_slot(taken[0])
+    assert backend.pinned_slot(torch.float32) is taken[0]

@@ -54,14 +54,14 @@ from typing import Any, Protocol
 
 log = logging.getLogger("trainer_shim")
 
-MAX_IN_FLIGHT = 1024
+MAX_IN_FLIGHT = 2048
 """Scalars awaiting their copy; beyond this new ones are dropped (``scalar_backlog``)."""
 
-HIGH_WATER = MAX_IN_FLIGHT // 2
+HIGH_WATER = MAX_IN_FLIGHT // 4
 """Scalars in flight from which the resolver thread takes turns of its own, until they are
 fewer than ``LOW_WATER``; below it the publisher's flusher takes one turn per flush cycle."""
 
-LOW_WATER = MAX_IN_FLIGHT // 8
+LOW_WATER = MAX_IN_FLIGHT // 16
 
 POLL_INTERVAL_S = 0.005
 """The resolver thread's cadence while it takes turns (seconds): a producer that fast gets the
@@ -71,6 +71,8 @@ IDLE_WAIT_S = 1.0
 """Longest sleep of the resolver thread while the flusher's turns suffice."""
 
 SLOTS_PER_DTYPE = MAX_IN_FLIGHT
+SLOT_RESERVE = 64
+"""Free slots of each dtype kept made ahead by the set-up and the resolver's turns."""
 PREPARED_DTYPES = ("float32", "bfloat16", "float16", "float64")
 """dtypes whose pinned block the set-up allocates; another dtype's block is allocated by its
 first scalar, on the caller's thread."""
@@ -109,6 +111,9 @@ class CudaBackend(Protocol):
         """Copy ``src`` into ``slot`` on a side stream, after the work enqueued on ``stream`` so
         far (an event); returns the side stream. For scalars held during the set-up."""
 
+    def top_up(self) -> None:
+        """Make free slots ahead, off the caller's thread (each resolver turn)."""
+
 
 Item = tuple[_Sink, str, Any, Any]  # sink, name, slot, source (kept alive until the copy completed)
 
@@ -119,31 +124,54 @@ class _Batch:
     items: list[Item] = field(default_factory=list)
 
 
+class _Pool:
+    """One dtype's pinned block; its 0-dim slot views are made as they are needed (a view costs
+    microseconds and hundreds of bytes: made ahead only ``SLOT_RESERVE`` at a time)."""
+
+    def __init__(self, block: Any) -> None:
+        self.block, self.made = block, 0
+        self.free: collections.deque[Any] = collections.deque()
+
+    def grow(self, n: int) -> None:
+        """Make up to ``n`` more slots (fewer at the end of the block)."""
+        end = min(self.made + n, len(self.block))
+        self.free.extend(self.block[i] for i in range(self.made, end))
+        self.made = end
+
+
 class TorchBackend:
     """The real backend: a block of ``SLOTS_PER_DTYPE`` pinned slots per dtype (the common ones
     allocated by ``setup``), CUDA events pooled per device."""
 
     def __init__(self) -> None:
         self.torch = sys.modules["torch"]
-        self._free: dict[Any, collections.deque[Any]] = {}
+        self._pools: dict[Any, _Pool] = {}
         self._events: dict[Any, list[Any]] = {}
         self._event_device: dict[Any, Any] = {}  # event -> the device whose pool it belongs to
         self._side: dict[Any, Any] = {}  # device -> side stream (set-up only)
-        self._lock = threading.Lock()  # block allocation only: free lists are deques
+        self._lock = threading.Lock()  # pools grow under it; taking and returning use deques
 
     def setup(self, device: Any) -> None:
         torch = self.torch
         with torch.cuda.device(device):  # pinned memory in the caller's device's context
             for name in PREPARED_DTYPES:
-                self._block(getattr(torch, name))
+                self._pool(getattr(torch, name))
+        self.top_up()
 
-    def _block(self, dtype: Any) -> collections.deque[Any]:
+    def _pool(self, dtype: Any) -> _Pool:
         with self._lock:
-            free = self._free.get(dtype)
-            if free is None:
+            pool = self._pools.get(dtype)
+            if pool is None:
                 block = self.torch.empty(SLOTS_PER_DTYPE, dtype=dtype, pin_memory=True)
-                free = self._free[dtype] = collections.deque(block[i] for i in range(SLOTS_PER_DTYPE))
-            return free
+                pool = self._pools[dtype] = _Pool(block)
+            return pool
+
+    def top_up(self) -> None:
+        """Keep ``SLOT_RESERVE`` free slots made ahead in each pool (off the caller's thread)."""
+        for pool in list(self._pools.values()):
+            if len(pool.free) < SLOT_RESERVE // 2 and pool.made < len(pool.block):
+                with self._lock:
+                    pool.grow(SLOT_RESERVE)
 
     def current_stream(self, tensor: Any) -> Any:
         return self.torch.cuda.current_stream(tensor.device)
@@ -156,14 +184,16 @@ class TorchBackend:
             return bool(cuda.is_current_stream_capturing())
 
     def pinned_slot(self, dtype: Any) -> Any:
-        free = self._free.get(dtype) or self._block(dtype)
+        pool = self._pools.get(dtype) or self._pool(dtype)
         try:
-            return free.popleft()
-        except IndexError:
-            return None
+            return pool.free.popleft()
+        except IndexError:  # the reserve ran out before a turn topped it up: make one here
+            with self._lock:
+                pool.grow(1)
+            return pool.free.popleft() if pool.free else None
 
     def release_slot(self, slot: Any) -> None:
-        self._free[slot.dtype].append(slot)
+        self._pools[slot.dtype].free.append(slot)
 
     def new_event(self, stream: Any) -> Any:
         pool = self._events.setdefault(stream.device, [])
@@ -316,6 +346,7 @@ class ScalarResolver:
             if done or lost:
                 with self._lock:
                     self._count -= done + lost
+            self.backend.top_up()
         return done
 
     def _close_batch(self, stream: Any, items: list[Item]) -> int:
