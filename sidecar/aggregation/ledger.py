@@ -11,8 +11,9 @@ shim's first use) and is accounted, window by window, up to its senders' last me
 time since the last accounted moment is split by the window's shares: the GPU group's busy share
 and idle attribution where NVML reads the GPUs, else the role's phase time shares; a timing named
 ``checkpoint`` or ``compile`` and the excess of a sender's first long steps are taken out of the
-idle causes first. Before a role's first step its time is held (``starting_s``) and told as
-``startup`` or ``compile`` once that step arrives. Once its step time settles, the idle time
+idle causes first. Before a role's first step (a step number, else ``step_cycles``) its time is
+held (``starting_s``) and told as ``startup`` or ``compile`` once that step arrives, or as
+``unobserved`` if its senders all go before one. Once its step time settles, the idle time
 nothing explained in its slow first windows is retold as ``warmup`` (``_warmup``); at a clean end
 (a sender that closed), the time told since its last step is retold as ``shutdown``
 (``_shutdown``). Time the daemon did not run while the same sender process lived is
@@ -27,13 +28,15 @@ for ``run_gap_s`` start a new run, ``host:<name>@<UTC start>`` (``RunLedger._hos
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.model.ledger import CAUSES, RoleLedger, RunLedgerView
-from sidecar.model.window import LIVE_S, TIMING, IngestReport
+from sidecar.model.meanings import PHASES
+from sidecar.model.window import COUNT, GAUGE, LIVE_S, TIMING, IngestReport, WindowReport
 
 GONE_AFTER_S = 3.0
 """A sender silent for longer than this at a window's end left at its last message (a shim sends
@@ -95,6 +98,10 @@ class SenderFact:
     """The model FLOPs per token its hello states (None: not stated)."""
     closed: bool = False
     """Its last message said it was closing: it ended cleanly at ``end``."""
+    first_step: int | None = None
+    """The first step number the daemon had from it (its first stepping window counts from it)."""
+    cycles: int | None = None
+    """Steps its label completed this window by count (``step_cycles``; None: nothing counts them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +126,8 @@ class RoleFact:
     """Mean per worker of the median ``step`` timing of workers with two or more this window."""
     gpus: int = 0
     gpu_name: str = ""
+    reported: Mapping[str, float] = field(default_factory=dict)
+    """The trainer's own throughput and efficiency figures (``RoleInsight.reported``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +141,8 @@ class WindowFacts:
     roles: Mapping[str, RoleFact]
     energy: Mapping[str, float] = field(default_factory=dict)
     gpu_roles: Mapping[str, str] = field(default_factory=dict)
+    ends: tuple[tuple[str, str], ...] = ()
+    """(role, how) of each sender end told in the window (``model.ends``)."""
 
 
 def run_of(hello: Mapping[str, Any] | None) -> str:
@@ -159,6 +170,8 @@ def window_facts(report: IngestReport) -> WindowFacts:
     """The ledger's inputs from one window (the only place the ledger reads a window)."""
     w = report.window
     begin = w.end_unix_s - w.duration_s
+    cycles = step_cycles(w)
+    numbers = step_numbers(w)
     senders = []
     for s in report.senders:
         last = w.end_unix_s - s.last_seen_age_s
@@ -167,10 +180,13 @@ def window_facts(report: IngestReport) -> WindowFacts:
         hello = s.hello or {}
         started = hello.get("started_unix_s")
         started = float(started) if isinstance(started, (int, float)) and 0 < started <= w.end_unix_s else 0.0
+        step, first_step = w.sender_steps.get(s.sender), w.sender_first_steps.get(s.sender)
+        if step is None:  # no publish(step): a step field of its own (a framework's iter, global_step)
+            step, first_step = numbers.get((s.role, s.worker), (None, None))
         senders.append(SenderFact(f"{s.pid}@{started:.3f}" if s.pid is not None else f"sender:{s.sender}",
-                                  run_of(s.hello), s.role, started, max(begin, started), last,
-                                  w.sender_steps.get(s.sender), s.last_seen_age_s <= GONE_AFTER_S and not s.closed,
-                                  _flops_of(s.hello), s.closed))
+                                  run_of(s.hello), s.role, started, max(begin, started), last, step,
+                                  s.last_seen_age_s <= GONE_AFTER_S and not s.closed, _flops_of(s.hello),
+                                  closed=s.closed, first_step=first_step, cycles=cycles.get((s.role, s.worker))))
     insight = report.insight
     gpu_of_role, names, energy, uuid_roles = _gpus(report, {s.role for s in senders})
     roles: dict[str, RoleFact] = {}
@@ -182,8 +198,50 @@ def window_facts(report: IngestReport) -> WindowFacts:
         ri = insight.roles.get(role) if insight is not None else None
         roles[role] = RoleFact(_shares(report, role, throttled), checkpoint, compile_s, first,
                                (ri.tokens_per_s * w.duration_s) if ri is not None else 0.0, step_s,
-                               lone, median, len(mine), names.get(role, ""))
-    return WindowFacts(w.end_unix_s, w.duration_s, tuple(senders), roles, energy, uuid_roles)
+                               lone, median, len(mine), names.get(role, ""),
+                               dict(ri.reported) if ri is not None else {})
+    return WindowFacts(w.end_unix_s, w.duration_s, tuple(senders), roles, energy, uuid_roles,
+                       tuple((e.role, e.how) for e in report.ends.new))
+
+
+def step_cycles(window: WindowReport) -> dict[tuple[str, str], int]:
+    """(role, worker) -> steps it completed this window, told without step numbers, the first of:
+    its every-occurrence ``step`` timings (one per step), the rise of its ``batches`` counter
+    (``batches``, ``steps``, ``iterations``, ...), the recurrence of its phase timings (the count
+    of the phase timed least often, from each phase's second occurrence on: each phase recurs
+    once a step, and a phase seen once may belong to a step still running). Labels with none are
+    absent."""
+    step: dict[tuple[str, str], int] = {}
+    batches: dict[tuple[str, str], int] = {}
+    phases: dict[tuple[str, str], int] = {}
+    for v in window.series:
+        if v.window is None or v.snapshot:
+            continue
+        label = (v.role, v.worker)
+        if v.kind == TIMING and v.meaning == "step":
+            step[label] = step.get(label, 0) + int(v.window.get("count", 0))
+        elif v.kind == COUNT and v.meaning == "batches":
+            batches[label] = batches.get(label, 0) + max(0, round(float(v.window.get("delta", 0.0))))
+        elif v.kind == TIMING and v.meaning in PHASES:
+            n = int(v.window.get("count", 0))
+            # a phase recurs once a step: its first occurrence ever opens the first step, it ends none
+            n -= 1 if v.cumulative.get("count") == n else 0
+            phases[label] = min(phases.get(label, 1 << 62), n)
+    return {**phases, **batches, **step}
+
+
+def step_numbers(window: WindowReport) -> dict[tuple[str, str], tuple[int, int]]:
+    """(role, worker) -> (its latest step number, the lowest it sent this window) from a gauge or
+    dict key that means ``step_number`` (``iter``, ``global_step``, ...) sent this window (the
+    series outlives a restarted process: its last number is not the successor's)."""
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for v in window.series:
+        if v.kind != GAUGE or v.meaning != "step_number" or not v.window:
+            continue
+        last, low = v.window.get("last"), v.window.get("min")
+        if isinstance(last, (int, float)) and isinstance(low, (int, float)) and math.isfinite(last) and last >= 0:
+            out[v.role, v.worker] = (int(last), int(max(0.0, min(low, last))))
+    return out
 
 
 def _gpus(report: IngestReport, roles: set[str]) -> tuple[dict[str, tuple[str, ...]], dict[str, str],
@@ -324,6 +382,11 @@ class RunLedger:
         for run, members in self.runs.items():
             for role, r in members.items():
                 r["live"] = any(s.alive for s in groups.get((run, role), ()))
+                heard = max(float(r["observed_until"] or 0.0), self.session_begin or 0.0)
+                if (run, role) not in groups and r["pending_startup"] > 0 and facts.end_unix_s - heard > LIVE_S:
+                    self._unplaced(r)
+        for role, how in facts.ends:
+            _book_end(self.runs, role, how)
         self._no_trainer(facts, begin, sum(joules.values()))
         self.now_unix_s = facts.end_unix_s
         self._bound()
@@ -414,7 +477,7 @@ class RunLedger:
         seconds = dict.fromkeys(CAUSES, 0.0)
         known = r["senders"]
         session = self.session_begin or 0.0
-        stepped = [s for s in senders if s.step is not None]
+        stepped = [s for s in senders if s.step is not None or s.cycles or known.get(s.key, {}).get("windows_stepped")]
         b = max(s.end for s in senders)
         prev = r["observed_until"]
         if prev is None:  # the role's first window: from its first sender's start
@@ -442,6 +505,7 @@ class RunLedger:
             succ = _start([s for s in senders if s.key not in known] or senders)
             succ = min(max(succ, prev), b)
             seconds["restart_gap"] += succ - prev
+            _gap_after_end(r, succ - prev)
             if "gap_j" in r:
                 r["joules"]["restart_gap"] = r["joules"].get("restart_gap", 0.0) + r.pop("gap_j")
                 apart = max(0.0, min(succ, begin) - prev)
@@ -480,23 +544,20 @@ class RunLedger:
             for cause, amount in (("checkpoint", fact.checkpoint_s), ("compile", left)):
                 _take(seconds, cause, min(amount, alive))
             r["stepped"] = True
-            r["tokens"] += fact.tokens
+            self._efficiency(r, fact, alive)
         progress = []
-        began = any(known.get(s.key, {}).get("step") is None for s in stepped)  # its first steps: progress too
         for s in senders:
             k = known.setdefault(s.key, {"windows_stepped": 0, "step": None, "seen_unix_s": s.end})
-            if s.step is not None:
-                if k["step"] is not None and s.step > k["step"]:
-                    progress.append(s.step - k["step"])
-                k["windows_stepped"] += 1
-                k["step"] = s.step
+            advanced = _advance(s, k)
+            if advanced > 0:
+                progress.append(advanced)
             k["seen_unix_s"] = max(k["seen_unix_s"], s.end)
-        r["steps"] += max(progress, default=0)
+        r["steps"] += max(progress, default=0)  # data-parallel workers step together
         r["pending_startup"] += pended
         self._joules(r, seconds, released, pended, joules, apart)
         if stepped:
             _warmup(r, alive, seconds["unattributed"], max(progress, default=0))
-        _shutdown(r, seconds, bool(progress) or began, senders)
+        _shutdown(r, seconds, bool(progress), senders)
         stated = next((s.flops_per_token for s in senders if s.flops_per_token), None)
         if stated or self.flops_per_token:  # the trainer's statement wins over the daemon's setting
             r["flops_per_token"] = stated or self.flops_per_token
@@ -506,6 +567,25 @@ class RunLedger:
         if len(known) > MAX_SENDERS_PER_ROLE:
             for key in sorted(known, key=lambda k: known[k]["seen_unix_s"])[: len(known) - MAX_SENDERS_PER_ROLE]:
                 del known[key]
+
+    @staticmethod
+    def _efficiency(r: dict[str, Any], fact: RoleFact, seconds: float) -> None:
+        """Tokens from the trainer's ``tokens`` counter, else from the tokens/s it reports over the
+        ``seconds`` accounted as stepping; its own MFU and FLOP/s per GPU over those seconds."""
+        own = fact.reported
+        r["tokens"] += fact.tokens if fact.tokens > 0 else own.get("tokens_per_s", 0.0) * seconds
+        for meaning, key in (("mfu", "reported_mfu_s"), ("flops_per_s", "reported_flop")):
+            if meaning in own:
+                r[key] = r.get(key, 0.0) + own[meaning] * seconds
+
+    @staticmethod
+    def _unplaced(r: dict[str, Any]) -> None:
+        """A role whose senders all went (none listed in the window, none heard for ``LIVE_S``,
+        nor since this daemon began: a restarted daemon waits for them to reconnect) with time
+        still held before a first step: no step ever told how much of it was startup, so it is
+        ``unobserved``, with the energy held with it (never left out of the wall time)."""
+        held, r["pending_startup"] = r["pending_startup"], 0.0
+        RunLedger._joules(r, dict.fromkeys(CAUSES, 0.0) | {"unobserved": held}, {"unobserved": held}, 0.0, 0.0)
 
     @staticmethod
     def _lone_step(r: dict[str, Any], fact: RoleFact, young: bool) -> None:
@@ -568,9 +648,36 @@ def view_of(state: Mapping[str, Any], flops_per_token: float | None = None,
                                     int(r["steps"]), int(r["gpus"]), str(r["gpu_name"]), float(r["first_unix_s"]),
                                     last, max(0.0, now - last) if gone else 0.0,
                                     r.get("flops_per_token") or flops_per_token,
-                                    float(r.get("pending_startup", 0.0))))
+                                    float(r.get("pending_startup", 0.0)), float(r.get("reported_mfu_s", 0.0)),
+                                    float(r.get("reported_flop", 0.0)), dict(r.get("ends", {})),
+                                    dict(r.get("gap_after", {}))))
     return RunLedgerView(tuple(roles), float(state.get("no_trainer_s", 0.0)), float(state.get("no_trainer_j", 0.0)),
                          int(state.get("runs_dropped", 0)), dict(state_errors or {}))
+
+
+def _book_end(runs: Mapping[str, dict[str, dict[str, Any]]], role: str, how: str) -> None:
+    """Count a sender end of ``role`` (``model.ends``) in the most recent run that has the role,
+    and give it the restart gap its successor opened, if that came first (else the next one)."""
+    members = [m[role] for m in runs.values() if role in m]
+    if not members:
+        return
+    r = max(members, key=lambda m: float(m["observed_until"] or 0.0))
+    r.setdefault("ends", {})[how] = r.get("ends", {}).get(how, 0) + 1
+    gap = r.pop("gap_waiting", None)
+    if gap is None:
+        r["end_waiting"] = how
+    else:
+        r.setdefault("gap_after", {})[how] = r.get("gap_after", {}).get(how, 0.0) + gap
+
+
+def _gap_after_end(r: dict[str, Any], gap_s: float) -> None:
+    """Book a restart gap under the end that opened it (``gap_after``): the end told before its
+    successor came, or the next one told (the daemon tells an end ``sender_gone_after`` after it)."""
+    how = r.pop("end_waiting", None)
+    if how is None:
+        r["gap_waiting"] = gap_s
+    else:
+        r.setdefault("gap_after", {})[how] = r.get("gap_after", {}).get(how, 0.0) + gap_s
 
 
 def _start(senders: list[SenderFact]) -> float:
@@ -582,6 +689,28 @@ def _new_role(senders: list[SenderFact]) -> dict[str, Any]:
     return {"seconds": {}, "joules": {}, "tokens": 0.0, "steps": 0, "gpus": 0, "gpu_name": "", "senders": {},
             "first_unix_s": min(s.begin for s in senders), "observed_until": None, "stepped": False,
             "pending_startup": 0.0}
+
+
+def _advance(s: SenderFact, k: dict[str, Any]) -> int:
+    """Steps sender ``s`` advanced this window, its memory ``k`` updated. Its step number wins:
+    its rise since the previous window, and in its first window with one, the steps from the
+    first number the daemon had from it, that one included (``publish(step)`` says step ``step``
+    is done); without step numbers, its ``cycles``."""
+    n = 0
+    if s.step is not None:
+        if k["step"] is not None:
+            n = max(0, s.step - k["step"])
+        elif not k["windows_stepped"]:
+            first = s.first_step if s.first_step is not None and s.first_step <= s.step else s.step
+            n = s.step - first + 1
+        else:  # counted by cycles so far: its step numbers count from this one on
+            n = s.cycles or 0
+        k["step"] = s.step
+    elif s.cycles and k["step"] is None:  # a sender with step numbers counts them when the next one comes
+        n = s.cycles
+    if s.step is not None or s.cycles or k["windows_stepped"]:
+        k["windows_stepped"] += 1
+    return n
 
 
 def _retell(r: dict[str, Any], cause: str, amount: float, sources: tuple[str, ...] = TAKE_ORDER) -> None:

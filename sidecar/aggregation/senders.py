@@ -234,7 +234,7 @@ class SenderRegistry:
         return totals
 
     def book_exit(self, ledger: Ledger, uid: int, final: bool, now: float, now_unix: float,
-                  witnessed: bool = True) -> int:
+                  witnessed: bool = True, booked_into: list[LedgerChannel] | None = None) -> int:
         """Book the ledger of a process that is gone (or closed its publisher): per channel, what
         it made and this daemon has not counted. ``uid``: the ledger file's owner; ``final``: the
         ledger holds the process's last totals (``lost_at_exit``), else those of its last flush
@@ -242,13 +242,16 @@ class SenderRegistry:
         a channel that does not belong to the file's process, or claims what no process can, is
         refused (``messages_dropped{reason="ledger_refused"}``). ``witnessed``: the ledger was
         last written while this daemon ran; if not, the process ended before it, and what it sent
-        went to an earlier daemon (``before_join``): only what it never sent is lost."""
+        went to an earlier daemon (``before_join``): only what it never sent is lost.
+        ``booked_into``: gets each channel booked (for telling the process's end)."""
         booked = 0
         for entry in ledger.channels:
             if entry.sender in self.ended:
                 continue
             if self._book_channel(entry, ledger, uid, final, now, now_unix, witnessed):
                 booked += 1
+                if booked_into is not None:
+                    booked_into.append(entry)
             self.ended[entry.sender] = None
             if len(self.ended) > MAX_ENDED:
                 self.ended.popitem(last=False)

@@ -24,7 +24,8 @@ marked as compilation, or a timing named ``compile``), ``warmup`` (idle time not
 explains in the first windows with steps, before the step time settles), ``checkpoint`` (a timing
 named ``checkpoint``), ``shutdown`` (from the last step to a clean exit), ``unattributed`` (idle
 GPU time nothing explains, or a window without readings or phase timings), ``unobserved`` (the
-trainer alive while the daemon was not: a daemon restart or upgrade), ``restart_gap`` (the role's
+trainer alive while the daemon was not: a daemon restart or upgrade; or a role gone without
+anything ever telling a step: its held startup cannot be placed), ``restart_gap`` (the role's
 sender gone until its successor started)."""
 
 
@@ -71,6 +72,15 @@ class RoleLedger:
     starting_s: float = 0.0
     """Startup seconds not yet in the wall time: held until the first step tells how much of it
     was the first step's compilation."""
+    reported_mfu_s: float = 0.0
+    """The trainer's own MFU (0-1) times the seconds it stood for, summed."""
+    reported_flop: float = 0.0
+    """The trainer's own achieved FLOP/s per GPU times the seconds it stood for, summed (FLOPs per GPU)."""
+    ends: Mapping[str, int] = field(default_factory=dict)
+    """Its senders' ends by how (``model.ends.HOWS``) since the run began."""
+    gap_after: Mapping[str, float] = field(default_factory=dict)
+    """Of its ``restart_gap`` seconds, those after an end, by that end's how (an ``unclean`` or
+    ``oom`` gap is the time a kill cost the run until its successor started)."""
 
     @property
     def wall_s(self) -> float:
@@ -96,10 +106,27 @@ class RoleLedger:
     @property
     def mfu_ratio(self) -> float | None:
         """Model FLOPs utilization over the wall time (0-1): FLOPs per token x tokens/s/GPU over
-        the GPU's dense peak (``PEAK_FLOPS``); None without FLOPs per token, tokens or a known peak."""
+        the GPU's dense peak (``PEAK_FLOPS``); where those are missing, from the trainer's own
+        figures (``mfu_source``); None without either."""
         rate = self.tokens_per_s_per_gpu
         peak = peak_flops(self.gpu_name)
-        return self.flops_per_token * rate / peak if rate and peak and self.flops_per_token else None
+        if rate and peak and self.flops_per_token:
+            return self.flops_per_token * rate / peak
+        wall = self.wall_s
+        if wall > 0 and self.reported_mfu_s > 0:
+            return self.reported_mfu_s / wall
+        return self.reported_flop / wall / peak if wall > 0 and peak and self.reported_flop > 0 else None
+
+    @property
+    def mfu_source(self) -> str | None:
+        """What ``mfu_ratio`` comes from: ``flops_per_token`` (the sidecar's own), ``trainer_mfu``
+        (the trainer's MFU, over the wall time), ``trainer_flops`` (its FLOP/s per GPU over the
+        GPU's peak), None when there is none."""
+        if self.mfu_ratio is None:
+            return None
+        if self.tokens_per_s_per_gpu and peak_flops(self.gpu_name) and self.flops_per_token:
+            return "flops_per_token"
+        return "trainer_mfu" if self.reported_mfu_s > 0 else "trainer_flops"
 
     @property
     def joules_per_token(self) -> float | None:

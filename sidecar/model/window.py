@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.model.ends import EndsView
 from sidecar.model.gpu import GpuView
 from sidecar.model.insight import PipelineInsight
 from sidecar.model.ledger import RunLedgerView
@@ -77,6 +78,9 @@ class WindowReport:
     allocator: dict[tuple[str, str, int], tuple[int, int, int]] = field(default_factory=dict)
     sender_steps: dict[int, int] = field(default_factory=dict)
     """Sender id -> the latest step it published (the run ledger tells each sender's first step)."""
+    sender_first_steps: dict[int, int] = field(default_factory=dict)
+    """Sender id -> the first step it published that the daemon had (the run ledger counts a
+    sender's first stepping window from it)."""
 
     def window_series(self, kind: int | None = None, name: str | None = None) -> Iterable[SeriesView]:
         """Series with data in this window, optionally of one kind and name."""
@@ -159,6 +163,8 @@ class IngestReport:
     gpu: GpuView | None = None
     run_ledger: RunLedgerView | None = None
     """The run ledger's totals after this window (None if it failed or is off)."""
+    ends: EndsView = field(default_factory=EndsView)
+    """How senders' processes ended: counts, the last per role, the ones told in this window."""
 
     @property
     def live_senders(self) -> tuple[SenderView, ...]:

@@ -170,7 +170,7 @@ def supply_line(role: str, meaning: str, role_in_key: bool, snapshot: bool = Fal
     takes it there), or a ``[[mapping]]`` block for a name of its own."""
     cls = MEANINGS[meaning][0]
     call = {"wait": "timing", "busy": "timing", "cycle": "timing", "counter": "count", "gauge": "gauge",
-            "category": "category"}[cls]
+            "category": "category", "throughput": "gauge", "efficiency": "gauge"}[cls]
     suffix = "_ms" if call == "timing" else ""
     prefix = f"{role}." if role_in_key else ""
     role_part = f' role = "{role}",' if prefix else ""

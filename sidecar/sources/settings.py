@@ -59,6 +59,12 @@ class ReceiverSettings:
         "Allow a tcp:// endpoint on an address other than loopback (anyone who can reach it may then send "
         "records; a warning is logged). Off: tcp is loopback-only."))
 
+    sender_gone_after: float = setting(
+        5.0, check=float, bounds=(1.0, 600.0), unit="seconds", metavar="S",
+        help="A sender's process gone (or its publisher closed) is booked, and how it ended told, once its "
+             "senders have been silent this long (seconds): its last frames still on the way are counted as "
+             "received first.")
+
     def check_settings(self) -> Mapping[str, Any]:
         """No endpoint given: the default one. Raises ``ValueError`` for a tcp endpoint beyond
         loopback without ``endpoint_allow_remote``."""
