@@ -162,7 +162,8 @@ class Runner:
         return {"steps_per_s": self.steps / seconds, "resolver_module": imported}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The part's options (``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="run on CPU tensors even if CUDA is present")
     parser.add_argument("--repeats", type=int, default=5, help="rounds: runs per setup (at least 3 for a figure)")
@@ -177,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     cuda = torch.cuda.is_available() and not args.dry_run
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     dim, batch = args.dim or (2048 if cuda else 64), args.batch or (4096 if cuda else 32)
