@@ -13,7 +13,9 @@ Contenders, each record kind as its users call it:
   (``disable_buffering=False``) and aggregation (``disable_aggregation=False``, buffered,
   ``max_metric_samples_per_context=1000`` so timings are aggregated too): timing, increment, gauge;
 * in-process ``prometheus_client``: ``Gauge.set`` without and with labels, ``Histogram.observe``;
-* ``wandb.log`` of a 20-key dict, offline mode (fewer calls).
+* ``wandb.log`` of a 20-key dict, offline mode (fewer calls);
+* taps (``--only taps``, ``bench/bench_taps.py``): W&B, TensorBoard and MLflow calls with and
+  without the tap, alternating, and the tap alone; printed as their own table.
 
 Receiver states (socket clients only): **up** (a separate process draining), **absent** (nothing
 bound), **stalled** (bound and never read: for the shim a SUB that is never polled, so it never
@@ -319,6 +321,14 @@ def bench_prometheus(n_b2b: int, n_spaced: int, repeats: int) -> list[Row]:
     return rows
 
 
+def bench_taps_section(rounds: int, reports: list[str]) -> list[Row]:
+    """The taps' own benchmark (``bench/bench_taps.py``): its table goes to ``reports``."""
+    import bench_taps
+
+    reports.append(bench_taps.run(rounds))
+    return []
+
+
 def bench_wandb(n: int, workdir: str) -> list[Row]:
     os.environ.setdefault("WANDB_SILENT", "true")
     import wandb
@@ -496,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs per configuration, medians reported (default 3, 1 with --quick)")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--only", nargs="*", default=None,
-                        choices=["shim", "statsd", "dogstatsd", "prometheus", "wandb"])
+                        choices=["shim", "statsd", "dogstatsd", "prometheus", "wandb", "taps"])
     parser.add_argument("--states", nargs="*", default=None, choices=list(SHIM_STATES),
                         help="receiver states to run (default: all)")
     parser.add_argument("--versus", nargs="+", metavar="TREE",
@@ -510,13 +520,14 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (1 if args.quick else 3)
     n_b2b, n_spaced = 90_000 // scale, 20_000 // scale  # b2b below max_pending: no overflow
     n_other_b2b, n_other_spaced, n_wandb = 50_000 // scale, 5_000 // scale, 300 // scale
-    only = set(args.only or ["shim", "statsd", "dogstatsd", "prometheus", "wandb"])
+    only = set(args.only or ["shim", "statsd", "dogstatsd", "prometheus", "wandb", "taps"])
     print(f"# bench_shim {'--quick ' if args.quick else ''}on {platform.node()}: Python "
           f"{platform.python_version()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"load average at start: {os.getloadavg()}; {repeats} run(s) per configuration, medians")
     print(f"timer overhead subtracted: b2b {timer_overhead(False, n_b2b)[0]:.0f} ns, "
           f"spaced {timer_overhead(True, n_spaced)[0]:.0f} ns", flush=True)
     rows: list[Row] = []
+    reports: list[str] = []
     states = tuple(x for x in args.states or STATES if x in STATES)
     with tempfile.TemporaryDirectory(prefix="dfs-bench-", dir="/tmp") as workdir:
         sections: list[tuple[str, Callable[[], list[Row]]]] = [
@@ -525,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
             ("statsd", lambda: bench_statsd(states, n_other_b2b, n_other_spaced, repeats)),
             ("prometheus", lambda: bench_prometheus(n_other_b2b, n_other_spaced, repeats)),
             ("wandb", lambda: bench_wandb(n_wandb, workdir)),
+            ("taps", lambda: bench_taps_section(1 if args.quick else 5, reports)),
         ]
         for name, section in sections:
             if name not in only:
@@ -540,6 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     print(summary(rows))
     print()
     print(table(rows))
+    for report in reports:
+        print()
+        print(report)
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
     return 0

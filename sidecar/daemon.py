@@ -110,7 +110,7 @@ class Daemon:
                 exporter.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2)
             receiver.close()
             raise
-        self.ingest = IngestLoop(receiver, cfg.interval, self.pipeline)
+        self.ingest = IngestLoop(receiver, cfg.interval, self.pipeline, gone_after_s=cfg.sender_gone_after)
         self.live.attach(ingest=self.pipeline)
         self.ingest.start()
         if self.nvml is not None:

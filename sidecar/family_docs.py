@@ -33,14 +33,16 @@ class KindDoc(NamedTuple):
 
 
 KIND_DOCS: dict[int, KindDoc] = {
-    TIMING: KindDoc("`timing(name, ms)`, profile key `*_ms`", "seconds",
+    TIMING: KindDoc("`timing(name, ms)`, a profile key in a time unit ([units](#units-read-from-the-name))",
+                    "seconds",
                     f'`_count`/`_sum` cumulative; `quantile="0.5"`, `"0.95"`, `"1"` (max) over the last window: '
                     f"exact up to {EXACT_LIMIT:,} values per window and series, else a KLL sketch (k={KLL_K}, "
                     f"rank error ≤ {RANK_ERROR * 100:.2f} % at 99 % confidence)"),
     COUNT: KindDoc("`count(name, n)`", "as sent", "sum of increments since the daemon started"),
-    GAUGE: KindDoc("`gauge(name, v)`, other profile keys", "as sent",
+    GAUGE: KindDoc("`gauge(name, v)`, other profile keys", "the name's base unit (`_ratio`, `_bytes`, "
+                   "`_per_second`, `_seconds` appended), else as sent",
                    "last value (W&B also gets the window's mean, min, max)"),
-    SCALAR: KindDoc("`scalar(name, tensor)`", "as sent", "last resolved value"),
+    SCALAR: KindDoc("`scalar(name, tensor)`", "as a gauge", "last resolved value"),
     CATEGORY: KindDoc("`category(name, key)`", "samples, bits",
                       f"per-key totals ({MAX_CATEGORY_KEYS} keys, then `{OTHER_KEY}`); Shannon entropy of the last "
                       f"window over every key it saw (exact up to {MAX_WINDOW_KEYS:,} keys per series and "

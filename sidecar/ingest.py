@@ -12,12 +12,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.senders import SenderRegistry
+from sidecar.model.ends import ALERTING, SenderEnd, how_ended
 from sidecar.model.window import IngestHealth
 from sidecar.pipeline import Pipeline
-from sidecar.sources.ledgers import EXIT_GRACE_S, LedgerDirectory
+from sidecar.sources.ledgers import EXIT_GRACE_S, LedgerDirectory, ReadyLedger
 from sidecar.sources.receiver import Receiver
 
 log = logging.getLogger("sidecar")
@@ -39,8 +41,11 @@ class IngestLoop:
     """Runs the receive/aggregate loop on its own thread."""
 
     def __init__(self, receiver: Receiver, interval_s: float, pipeline: Pipeline,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, gone_after_s: float = EXIT_GRACE_S) -> None:
+        """``gone_after_s``: how long a gone (or closed) sender's ledger waits, its senders silent,
+        before it is booked and its end told (``sources.ledgers.EXIT_GRACE_S``)."""
         self.receiver = receiver
+        self.gone_after_s = gone_after_s
         self.interval_s = interval_s
         self.pipeline = pipeline
         self.ledgers = LedgerDirectory(list(getattr(receiver, "endpoints", [])))
@@ -131,11 +136,11 @@ class IngestLoop:
 
     def _book_ledgers_if_due(self) -> None:
         """Book the ledgers of senders that are gone (``sources.ledgers``), once the receiver is not
-        behind and each of their senders has been silent for ``EXIT_GRACE_S``: its last frames,
+        behind and each of their senders has been silent for ``gone_after_s``: its last frames,
         if any are still on the way, are counted as received first."""
         if getattr(self.receiver, "backlog", False) or not self.ledgers.due(self.clock()):
             return
-        self._book_ledgers(EXIT_GRACE_S)
+        self._book_ledgers(self.gone_after_s)
 
     def _book_ledgers(self, grace_s: float) -> None:
         now = self.clock()
@@ -150,11 +155,29 @@ class IngestLoop:
                 states = [registry.senders.get(c.sender) for c in ready.ledger.channels]
                 if any(st is not None and now - st.last_seen < grace_s for st in states):
                     continue  # it spoke lately: look again at the next scan
+                booked: list[Any] = []
                 registry.book_exit(ready.ledger, ready.uid, ready.final, now, time.time(),
-                                   witnessed=ready.written_unix_s >= self.started_unix_s)
+                                   witnessed=ready.written_unix_s >= self.started_unix_s, booked_into=booked)
                 self.ledgers.remove(ready.path)
+                self._tell_ends(ready, booked)
         except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on
             self.pipeline.internal_error("booking ledgers", exc)
+
+    def _tell_ends(self, ready: ReadyLedger, booked: list[Any]) -> None:
+        """Book how the process of ``ready`` ended, once per role among its channels booked now
+        (``booked``: not before, and not refused), and log one line per end."""
+        ledger = ready.ledger
+        how, signal = how_ended(ready.final, ledger.signal, ready.crash, ready.oom)
+        roles: dict[str, list[Any]] = {}
+        for channel in booked:
+            roles.setdefault(channel.role, []).append(channel)
+        for role, channels in roles.items():
+            steps = [s for s in (self.aggregator.latest_step(c.sender) for c in channels) if s is not None]
+            unknown = 0 if ready.final else ledger.max_pending * len(channels)
+            end = SenderEnd(role, min(c.worker for c in channels), how, signal, ledger.pid,
+                            max(steps) if steps else None, ready.written_unix_s, unknown, ledger.detail[:64])
+            self.pipeline.ends.book(end)
+            log.log(logging.WARNING if how in ALERTING else logging.INFO, "sidecar: sender ended: %s", end.text())
 
     def _roll_if_due(self) -> None:
         now = self.clock()
@@ -169,6 +192,7 @@ class IngestLoop:
     def _handle_charged(self, frame: bytes, peer: int | None) -> None:
         """``handle_frame``, its CPU time charged to the peer's share (``receiver.FairQueue``)."""
         started = time.thread_time()
+        self.ledgers.note_process(peer)
         self.pipeline.frame(frame, self.clock(), peer)
         shares = getattr(self.receiver, "shares", None)
         if shares is not None:

@@ -27,11 +27,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from sidecar.aggregation.aggregator import Aggregator, Unresolved
+from sidecar.aggregation.ends import EndBook
 from sidecar.aggregation.gpu_groups import GpuAggregates
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.senders import SenderRegistry, SenderState
 from sidecar.aggregation.settings import WindowSettings
 from sidecar.aggregation.verdict import Hysteresis, InsightSettings
+from sidecar.model.ends import EndsView
 from sidecar.model.insight import PipelineInsight
 from sidecar.model.messages import BatchMessage
 from sidecar.model.window import IngestHealth, IngestReport, LabelTotals, SenderView
@@ -86,7 +88,8 @@ def sender_view(s: SenderState, now: float) -> SenderView:
     """A sender as the listeners see it (a copy)."""
     return SenderView(s.sender, s.role, s.worker, s.pid, s.hello, now - s.last_seen, s.records_total,
                       s.received, s.accepted, s.before_join, s.lost_in_transit, s.messages_lost,
-                      dict(s.rejected), dict(s.sender_dropped), first_seen_age_s=now - s.first_seen)
+                      dict(s.rejected), dict(s.sender_dropped), first_seen_age_s=now - s.first_seen,
+                      closed=s.closed)
 
 
 class Pipeline:
@@ -99,6 +102,7 @@ class Pipeline:
         """``stages``: run in order on each window before the fan-out; ``listeners``: get each
         window and hello, in order."""
         self.registry = SenderRegistry()
+        self.ends = EndBook()
         self.aggregator = Aggregator(max_series=max_series)
         self.mapper = mapper or Mapper()
         self.stages = list(stages)
@@ -114,6 +118,10 @@ class Pipeline:
         """Internal errors survived and the age of the newest trainer data (any thread)."""
         last = self.last_data_monotonic
         return IngestHealth(self.internal_errors, None if last is None else self.clock() - last)
+
+    def ends_now(self) -> EndsView:
+        """The senders' ends told so far, as of the latest (any thread)."""
+        return self.ends.latest
 
     def set_mapper(self, mapper: Mapper) -> None:
         """Map with ``mapper`` from the next frame on (config reload; any thread): the ingest
@@ -185,8 +193,8 @@ class Pipeline:
         """The window stage: the aggregates and the accounting as one immutable report."""
         registry = self.registry
         registry.expire(now)
-        aggregates = self.aggregator.roll(now, end_unix_s, duration_s, [s.sender for s in registry.live(now)],
-                                          registry.senders.keys())
+        live = [s.sender for s in registry.live(now, duration_s)]
+        aggregates = self.aggregator.roll(now, end_unix_s, duration_s, live, registry.senders.keys())
         senders = tuple(sender_view(s, now) for s in registry)
         totals = {k: LabelTotals(v.accepted, dict(v.dropped), v.last_seen_unix_s) for k, v in registry.totals.items()}
         dropped = dict(registry.messages_dropped)
@@ -195,7 +203,7 @@ class Pipeline:
         report = IngestReport(
             aggregates, senders, totals, dropped, dict(self.aggregator.profile_entries_rejected),
             receiver_stats.frames, receiver_stats.bytes, receiver_stats.disconnects,
-            self.aggregator.series_count(), self._accepted_in_window,
+            self.aggregator.series_count(), self._accepted_in_window, ends=self.ends.view(),
         )
         self._accepted_in_window = 0
         return report

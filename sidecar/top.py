@@ -14,6 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Group, RenderableType
 from rich.table import Table
 
+from sidecar.model.insight import REPORTED
+from sidecar.top_ends import ends_line
 from sidecar.top_ledger import ledger_table
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -57,8 +59,9 @@ def render(samples: dict[str, list[tuple[dict[str, str], float]]]) -> Group:
     for (role, worker, timing), q in sorted(rows.items()):
         timings.add_row(role, worker, timing, *(fmt(q.get(k), ".1f") for k in ("0.5", "0.95", "1")))
     ledger = ledger_table(samples)
-    return Group(*pipeline_parts(samples), timings, gpu_table(samples), *([ledger] if ledger else []),
-                 accounting_table(samples))
+    ended = ends_line(samples)
+    return Group(*pipeline_parts(samples), *([ended] if ended else []), timings, gpu_table(samples),
+                 *([ledger] if ledger else []), accounting_table(samples))
 
 
 def gpu_table(samples: Samples) -> Table:
@@ -128,6 +131,14 @@ QUEUE_PARTS = (("queue fill", "queue_fill_ratio", ".0%"), ("ready deficit", "rea
 """The optional window values ``top`` shows in one line, each only when the daemon exports it."""
 
 
+_REPORTED_SHOWN = {"tokens_per_s": ("tok/s", ",.0f", 1.0), "samples_per_s": ("samples/s", ",.1f", 1.0),
+                   "steps_per_s": ("steps/s", ".2f", 1.0), "flops_per_s": ("TFLOP/s", ",.1f", 1e-12),
+                   "mfu": ("MFU", ".1%", 1.0)}
+REPORTED_PARTS = tuple((label, fig.family, (spec, scale)) for fig in REPORTED
+                       for label, spec, scale in [_REPORTED_SHOWN[fig.meaning]])
+"""The trainer's own figures (``dflash_pipeline_reported_*``) in the roles table: label, family, format."""
+
+
 def pipeline_parts(samples: Samples) -> list[RenderableType]:
     """The pipeline insight: verdict, queue health, roles (rates, time shares), workers. Empty
     before the daemon's first window; the confidence only for a verdict that has one, and only
@@ -140,10 +151,11 @@ def pipeline_parts(samples: Samples) -> list[RenderableType]:
     queue = " · ".join(f"{label} {fmt(value, spec)}" for label, name, spec in QUEUE_PARTS
                        if (value := _one(samples, name)) is not None)
     roles = Table(title="pipeline roles (last window)", expand=True)
-    for col in ("role", "tokens/s", "batches/s", "rate CV", "time share"):
+    for col in ("role", "tokens/s", "batches/s", "rate CV", "time share", "trainer reports"):
         roles.add_column(col)
     by_role: dict[str, dict[str, float]] = defaultdict(dict)
-    for key, name in (("tokens", "tokens_per_second"), ("batches", "batches_per_second"), ("cv", "rate_cv_ratio")):
+    for key, name in (("tokens", "tokens_per_second"), ("batches", "batches_per_second"), ("cv", "rate_cv_ratio"),
+                      *((label, "reported_" + family) for label, family, _ in REPORTED_PARTS)):
         for labels, value in samples.get("dflash_pipeline_" + name, []):
             by_role[labels.get("role", "")][key] = value
     shares: dict[str, list[tuple[float, str]]] = defaultdict(list)
@@ -151,7 +163,10 @@ def pipeline_parts(samples: Samples) -> list[RenderableType]:
         shares[labels.get("role", "")].append((value, labels.get("phase", "")))
     for role, v in sorted(by_role.items()):
         top = " ".join(f"{phase} {share:.0%}" for share, phase in sorted(shares[role], reverse=True)[:4])
-        roles.add_row(role, fmt(v.get("tokens"), ",.0f"), fmt(v.get("batches"), ".1f"), fmt(v.get("cv"), ".2f"), top)
+        own = " · ".join(f"{label} {fmt(v[label], spec, scale)}" for label, _, (spec, scale) in REPORTED_PARTS
+                         if label in v)
+        roles.add_row(role, fmt(v.get("tokens"), ",.0f"), fmt(v.get("batches"), ".1f"), fmt(v.get("cv"), ".2f"), top,
+                      own or "-")
     workers = Table(title="pipeline workers", expand=True)
     for col in ("role", "worker", "batches/s", "score", "straggler"):
         workers.add_column(col)

@@ -48,6 +48,18 @@ def run(cmd: list[str], timeout: float = 60, **kwargs) -> subprocess.CompletedPr
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
+def copy_project(src: Path) -> Path:
+    """A copy of what a build of this checkout reads, in ``src`` (created); returns ``src``."""
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "dflash_sidecar_tap.pth"):
+        shutil.copy(REPO / name, src)
+    for package in ("sidecar", "trainer_shim"):
+        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    readme = REPO / "README.md"
+    (src / "README.md").write_text(readme.read_text() if readme.exists() else "dflash-sidecar\n")
+    return src
+
+
 def build_project_wheel(dest: Path) -> Path:
     """A wheel of this checkout in ``dest``, built offline from a copy (the checkout stays
     untouched; setuptools without build isolation, dependencies left out)."""
@@ -57,13 +69,7 @@ def build_project_wheel(dest: Path) -> Path:
         if in_ci():
             pytest.fail("setuptools is needed to build the wheel of this checkout")
         pytest.skip("setuptools is not installed")
-    src = dest / "src"
-    src.mkdir()
-    shutil.copy(REPO / "pyproject.toml", src)
-    for package in ("sidecar", "trainer_shim"):
-        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
-    readme = REPO / "README.md"
-    (src / "README.md").write_text(readme.read_text() if readme.exists() else "dflash-sidecar\n")
+    src = copy_project(dest / "src")
     result = run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                   "--wheel-dir", str(dest), str(src)], timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -87,7 +87,8 @@ def test_records_of_new_names_wait_for_the_mapping_stage_in_order_and_none_is_le
     assert accepted == 2 and pending is not None  # "old" and the profile record itself
     assert [r[:2] for r in pending.records] == [[GAUGE, "new"], [PROFILE, ENTRY], [PROFILE, ENTRY], [GAUGE, "new"],
                                                 [TIMING, "p_ms"]]
-    assert list(pending.names) == [(GAUGE, "new"), (TIMING, "p_ms")]
+    # a dict key waits as (PROFILE, key): the mapping stage decides its kind from its unit
+    assert list(pending.names) == [(GAUGE, "new"), (PROFILE, "new"), (PROFILE, "p_ms"), (TIMING, "p_ms")]
     assert all(v.__class__ is not str for v in agg.names_of(0).values())  # no name is left marked as held
     agg2 = Aggregator()
     _ingest(agg2, known)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.model.insight import REPORTED
 from tests.deploy_support import env, exposition_families, free_port, http_get, load_metric_names, spawn_sidecar, stop
 from tests.fake_nvml.control import FakeNvml
 from tests.fake_nvml.helpers import library_or_skip
@@ -16,9 +17,11 @@ from tests.fake_nvml.helpers import library_or_skip
 PRESENT_NOW = {"daemon", "trainer", "nvml", "insight", "wandb", "ledger"}
 """Sources whose families a demo scrape must show (NVML through the fake driver, W&B offline)."""
 
-OCCASIONAL = {"dflash_nvml_errors_total", "dflash_ledger_state_errors_total", "dflash_ledger_mfu_ratio"}
+OCCASIONAL = {"dflash_nvml_errors_total", "dflash_ledger_state_errors_total", "dflash_ledger_mfu_ratio",
+              *(f"dflash_pipeline_reported_{fig.family}" for fig in REPORTED)}
 """Families that only appear once something goes wrong (checked by the NVML and run ledger tests
-instead), or with a setting the demo leaves unset (MFU needs flops_per_token)."""
+instead), or with a setting the demo leaves unset (MFU needs flops_per_token), or with figures the
+demo's trainers do not compute themselves (tests/test_reported_figures.py)."""
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +92,8 @@ def test_every_sample_carries_host(demo_scrape: str) -> None:
 
 NOT_IN_DEMO = {*(f"trainer/<role>/<worker>/cuda<device>/{v}" for v in ("allocated_bytes", "reserved_bytes",
                                                                         "max_reserved_bytes")),
-               "ledger/<role>/mfu_ratio", "self/records_dropped/<reason>", "self/messages_dropped/<reason>"}
+               "ledger/<role>/mfu_ratio", "self/records_dropped/<reason>", "self/messages_dropped/<reason>",
+               *(f"pipeline/reported/{fig.wandb_key}/<role>" for fig in REPORTED)}
 """Key patterns the demo cannot show: the CUDA allocator sampler needs CUDA, MFU needs
 flops_per_token, and the demo drops nothing (tests/test_wandb_keys.py builds rows with drops and
 the allocator)."""

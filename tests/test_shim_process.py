@@ -59,6 +59,10 @@ def test_last_batch_goes_out_at_exit(ep: str, receivers) -> None:  # type: ignor
     (book,) = ledgers(rx.messages()).values()
     assert book.received == book.last_total == 1001 and book.baseline == 0 and book.consistent()
     assert [6, 1000] in [r[:2] for r in book.records] and book.hellos[0]["worker"] == "0"
+    # its last message, after the last batch, is the hello that says the sender ends (a clean exit)
+    last = rx.messages()[-1]
+    assert last.info is not None and last.info["closing"] is True
+    assert not any(m.info and m.info["closing"] for m in rx.messages()[:-1])
 
 
 @pytest.mark.parametrize("state", ["absent", "stalled", "stops_reading"])

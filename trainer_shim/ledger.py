@@ -25,7 +25,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from trainer_shim import wire
+from trainer_shim import exit_hooks, wire
 from trainer_shim.endpoint import ledger_dir
 
 log = logging.getLogger("trainer_shim")
@@ -66,11 +66,14 @@ class LedgerWriter:
     """Writes one publisher's ledger. Used by one thread at a time (the flusher, or the SIGTERM
     handler while it holds the publisher's cycle lock)."""
 
-    def __init__(self, endpoint: str, started_unix_s: float, flush_interval_s: float) -> None:
+    def __init__(self, endpoint: str, started_unix_s: float, flush_interval_s: float, max_pending: int = 0) -> None:
+        """``max_pending``: the channels' queue size (told in the ledger: the bound on what a process
+        that dies without a final ledger made after its last flush)."""
         self.directory = ledger_dir(endpoint)
         self.path: str | None = None
         self._started_unix_s = started_unix_s
         self._flush_interval_s = flush_interval_s
+        self._max_pending = max_pending
         self._fd: int | None = None
         self._seq = 0
         self._last: bytes | None = None
@@ -101,9 +104,11 @@ class LedgerWriter:
     def _encode(self, channels: list[wire.LedgerChannel], end: wire.LedgerEnd) -> tuple[bytes, int]:
         """The payload, leaving out the last channels if it would not fit a slot."""
         kept = channels
+        signal, detail = exit_hooks.seen()
         while True:
             ledger = wire.Ledger(wire.LEDGER_VERSION, os.getpid(), _own_start_ticks(), self._started_unix_s,
-                                 int(end), self._flush_interval_s, kept, len(channels) - len(kept))
+                                 int(end), self._flush_interval_s, kept, len(channels) - len(kept), signal, detail,
+                                 self._max_pending)
             payload = self._encoder.encode(ledger)
             if len(payload) <= wire.LEDGER_MAX_PAYLOAD:
                 return payload, len(channels) - len(kept)
@@ -132,6 +137,7 @@ class LedgerWriter:
         except OSError:
             pass
         self._fd, self.path, self._seq, self._last = fd, path, 0, None
+        exit_hooks.arm_crash_file(path[: -len(wire.LEDGER_SUFFIX)] + wire.CRASH_SUFFIX)
         return True
 
     def _forget(self) -> None:

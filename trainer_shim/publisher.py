@@ -4,7 +4,8 @@ Lifecycle: created idle; the flusher thread (and with it the ZeroMQ context and 
 with the first channel, so constructing a publisher costs nothing and the socket is only ever
 touched by that one thread. ``close()`` is idempotent and bounded. A forked child gets a clean
 publisher (new sender ids, no inherited records, a new socket); at interpreter exit the last batch
-goes out with a short linger. After every flush cycle the publisher's totals go to its ledger
+goes out with a short linger, each channel's closing hello after it (the daemon counts the sender
+gone at once). After every flush cycle the publisher's totals go to its ledger
 (``trainer_shim.ledger``), and a SIGTERM handler writes the final one, so the daemon can book what
 never arrived once the process is gone.
 """
@@ -21,12 +22,12 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, SupportsIndex, cast
 
 import msgspec
 
-from trainer_shim import __version__, wire
+from trainer_shim import __version__, exit_hooks, wire
 from trainer_shim.allocator import AllocatorSampler
 from trainer_shim.channel import Channel, StrictChannel
 from trainer_shim.ledger import LedgerWriter
@@ -149,6 +150,7 @@ class Publisher:
         self._cycles_done = 0
         self._stopping = False
         self._closed = False
+        self._close_hooks: list[Callable[[], None]] = []
         self._linger_ms = EXIT_LINGER_MS
         self._exit_waits_for_subscriber = True
         """Whether the last flush may wait for a subscriber. Not in a fork child whose parent's
@@ -164,7 +166,7 @@ class Publisher:
         self._cycle_lock = threading.Lock()
         """Held by the flusher for a whole cycle (drain, send, ledger): whoever else writes the
         ledger (the SIGTERM handler) takes it to see every record in exactly one column."""
-        self._ledger = LedgerWriter(self.endpoint, self.started_unix_s, self.flush_interval_s)
+        self._ledger = LedgerWriter(self.endpoint, self.started_unix_s, self.flush_interval_s, self.max_pending)
         self._at_join: dict[int, int] = {}
         """Per sender id: its ``records_total`` when the transport last saw a subscriber join."""
         self._ledger_final = False
@@ -222,18 +224,33 @@ class Publisher:
         grace: up to ``linger_ms`` for a subscriber if none is connected yet, then up to
         ``linger_ms`` for unsent frames. Idempotent; records published afterwards stay queued
         (bounded by ``max_pending``) and are never sent. Scalars whose GPU copy has not completed
-        are counted as dropped (``scalar_unresolved``): close never waits for the GPU."""
+        are counted as dropped (``scalar_unresolved``): close never waits for the GPU. The
+        ``on_close`` callbacks run first."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._linger_ms = linger_ms
             thread = self._thread
+            hooks, self._close_hooks = self._close_hooks, []
+        for hook in hooks:
+            try:
+                hook()
+            except Exception as exc:  # noqa: BLE001 - closing goes on
+                self._internal_error("a close callback", exc)
         self._settle_scalars()
         self._stopping = True
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=2 * linger_ms / 1000 + 1.0)
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once, when this publisher closes (at once if it is closed)."""
+        with self._lock:
+            if not self._closed:
+                self._close_hooks.append(callback)
+                return
+        callback()
 
     def refresh_wandb(self, run_id: str | None = None) -> None:
         """Look for the trainer's W&B run at the next flush instead of within
@@ -258,7 +275,8 @@ class Publisher:
     # -- the flusher -----------------------------------------------------------------------------
 
     def _start_flusher(self) -> None:
-        _install_sigterm_handler()
+        _install_signal_handlers()
+        exit_hooks.install_excepthook()
         self._thread = threading.Thread(target=self._run, name="trainer-shim-flusher", daemon=True)
         self._thread.start()
 
@@ -275,6 +293,7 @@ class Publisher:
                 self._cycles_started += 1
             drained = True
             with self._cycle_lock:
+                self._resolve_scalars()
                 try:
                     if transport is None and not broken and any(
                         ch.pending() for ch in self._channels.values()
@@ -339,6 +358,8 @@ class Publisher:
                 self._internal_error("allocator sampling failed", exc)
         for ch in channels.values():
             self._flush_channel(transport, ch, now, live)
+            if final and live:  # after its last batch: the daemon stops counting it live at once
+                self._send_hello(transport, ch, now, closing=True)
         return True
 
     def _flush_channel(self, transport: Transport, ch: Channel, now: float, live: bool) -> None:
@@ -368,7 +389,8 @@ class Publisher:
             if lost > 0:
                 ch._count_dropped("internal_error", lost)
 
-    def _send_hello(self, transport: Transport, ch: Channel, now: float) -> None:
+    def _send_hello(self, transport: Transport, ch: Channel, now: float, closing: bool = False) -> None:
+        """Send ``ch``'s hello; ``closing``: as its last message (``wire.Hello.closing``)."""
         run_id, project, entity, mode, primary = self._wandb or (None, None, None, None, None)
         hello = wire.Hello(
             pid=os.getpid(), host=self.host, role=ch.role, worker=ch.worker,
@@ -376,7 +398,7 @@ class Publisher:
             thread=ch.thread, started_unix_s=self.started_unix_s,
             wandb_run_id=run_id or self.wandb_run_id, wandb_project=project,
             wandb_entity=entity, wandb_mode=mode, wandb_primary=primary,
-            run_label=self.run_label, flops_per_token=self.flops_per_token,
+            run_label=self.run_label, flops_per_token=self.flops_per_token, closing=closing,
         )
         try:
             frame = wire.encode_hello(self._encoder, ch.sender, ch.seq, hello)
@@ -455,8 +477,8 @@ class Publisher:
         at_join = self._at_join
         channels = list(self._channels.values())
         # What the ledger would say, cheaply: most cycles of an idle or steady trainer change nothing.
-        key = (end, subscribed, [(ch.records_total, ch.pending(), ch._overflow, ch.worker, *ch.dropped.values())
-                                 for ch in channels])
+        key = (end, subscribed, exit_hooks.seen(),
+               [(ch.records_total, ch.pending(), ch._overflow, ch.worker, *ch.dropped.values()) for ch in channels])
         if key == self._ledger_key:
             return
         entries = []
@@ -488,6 +510,16 @@ class Publisher:
             self._wandb = info
             for ch in self._channels.values():
                 ch.hello_due = True
+
+    def _resolve_scalars(self) -> None:
+        """The GPU scalar resolver's turn of this cycle (``trainer_shim.cuda_scalar``)."""
+        module = sys.modules.get("trainer_shim.cuda_scalar")
+        resolver = module.current() if module is not None else None
+        if resolver is not None:
+            try:
+                resolver.turn()
+            except Exception as exc:  # noqa: BLE001 - the flusher must never die
+                self._internal_error("resolving GPU scalars failed", exc)
 
     def _settle_scalars(self) -> None:
         """Publish the GPU scalars whose copies completed; count the others as dropped."""
@@ -541,41 +573,47 @@ SIGTERM_WAIT_S = 0.5
 blocks: its sends are non-blocking)."""
 
 SIGTERM_ENV = "DFLASH_TELEMETRY_SIGTERM"
-"""Set to ``0`` to leave SIGTERM alone (then a SIGTERMed process is booked as ``ended_unclean``)."""
+"""Set to ``0`` to leave SIGTERM and SIGINT alone (then a SIGTERMed process is booked as
+``ended_unclean``, its end as ``unclean``)."""
 
-_sigterm_state: dict[str, Any] = {"pid": None, "previous": None}
+_signal_state: dict[str, Any] = {"pid": None, "previous": {}}
+"""Per signal number, the handler the shim's replaced (and chains to)."""
 
 
-def _install_sigterm_handler() -> None:
-    """Once per process, from the main thread only: a SIGTERM handler that writes every live
-    publisher's final ledger and then lets the signal do what it did before: with the default
-    disposition the process still dies of SIGTERM (the handler restores it and re-raises), a
-    Python handler of the trainer's own is called next. Not installed over SIG_IGN or a handler
-    installed from C, off the main thread (Python cannot), or with ``DFLASH_TELEMETRY_SIGTERM=0``.
-    Caveat (docs/RELIABILITY.md): a Python handler runs between bytecodes, so a SIGTERM that
+def _install_signal_handlers() -> None:
+    """Once per process, from the main thread only: handlers for SIGTERM and SIGINT that note the
+    signal (``exit_hooks``), write every live publisher's final ledger and then let the signal do
+    what it did before: with the default disposition the process still dies of it (the handler
+    restores it and re-raises), a Python handler of the trainer's own is called next. Never over
+    SIG_IGN or a handler installed from C, off the main thread (Python cannot), or with
+    ``DFLASH_TELEMETRY_SIGTERM=0``; never over Python's own SIGINT handler (code such as
+    ``asyncio.run`` checks for it: its ``KeyboardInterrupt`` is told by ``exit_hooks`` instead).
+    Caveat (docs/RELIABILITY.md): a Python handler runs between bytecodes, so a signal that
     arrives while the main thread is inside one long C call takes effect when that call returns."""
     pid = os.getpid()
-    if _sigterm_state["pid"] == pid or os.environ.get(SIGTERM_ENV, "1") == "0":
+    if _signal_state["pid"] == pid or os.environ.get(SIGTERM_ENV, "1") == "0":
         return
     if threading.current_thread() is not threading.main_thread():
         return
-    try:
-        previous = signal.getsignal(signal.SIGTERM)
-        if previous is _on_sigterm:  # inherited across fork
-            _sigterm_state["pid"] = pid
-            return
-        if previous is not signal.SIG_DFL and not callable(previous):
-            return
-        signal.signal(signal.SIGTERM, _on_sigterm)
-        _sigterm_state.update(pid=pid, previous=previous)
-    except Exception as exc:  # noqa: BLE001 - e.g. an embedded interpreter without signals
-        log.debug("trainer_shim: no SIGTERM handler: %r", exc)
+    _signal_state["pid"] = pid
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous = signal.getsignal(signum)
+            if previous is _on_signal:  # inherited across fork
+                continue
+            if previous is signal.default_int_handler or (previous is not signal.SIG_DFL and not callable(previous)):
+                continue
+            signal.signal(signum, _on_signal)
+            _signal_state["previous"][int(signum)] = previous
+        except Exception as exc:  # noqa: BLE001 - e.g. an embedded interpreter without signals
+            log.debug("trainer_shim: no handler for signal %s: %r", int(signum), exc)
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    previous = _sigterm_state["previous"]
+def _on_signal(signum: int, frame: Any) -> None:
+    previous = _signal_state["previous"].get(signum, signal.SIG_DFL)
     chained = callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN)
     try:
+        exit_hooks.note_signal(signum)
         for publisher in list(_LIVE):
             if publisher._pid == os.getpid():
                 publisher._ledger_at_sigterm(final=not chained)
@@ -584,8 +622,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     if chained:
         previous(signum, frame)
         return
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _safe_repr(obj: object) -> str:
@@ -664,6 +702,14 @@ def _close_if_alive(ref: weakref.ref[Publisher]) -> None:
 def _after_fork_in_child() -> None:
     for publisher in list(_LIVE):
         publisher._after_fork_in_child()
+
+
+def owner_of(channel: Channel) -> Publisher | None:
+    """The live publisher of this process that made ``channel``, or None."""
+    for publisher in list(_LIVE):
+        if any(ch is channel for ch in publisher._channels.values()):
+            return publisher
+    return None
 
 
 def _close_all_at_exit() -> None:

@@ -20,9 +20,11 @@ strict mode the capacity stays 0 and every call goes through the strict channel'
 from __future__ import annotations
 
 import collections
+import logging
 import os
+import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from time import perf_counter
 from typing import Any
@@ -52,6 +54,7 @@ __all__ = [
     "count",
     "flush",
     "gauge",
+    "on_close",
     "publish",
     "scalar",
     "stats",
@@ -60,10 +63,12 @@ __all__ = [
 ]
 
 ROLE_ENV = "DFLASH_ROLE"
+log = logging.getLogger("trainer_shim")
 _lock = threading.Lock()
 _publisher: Publisher | None = None
 _default: Channel | None = None
 _defaults: dict[str, Any] = {}
+_close_hooks: list[Callable[[], None]] = []
 # The default channel's queues and the capacity the fast path may use (0: take the slow path).
 _q: collections.deque[tuple[Any, ...] | Timer] = collections.deque()
 _pq: collections.deque[dict[Any, Any]] = collections.deque()
@@ -135,7 +140,17 @@ def _configure_locked(
     _default = publisher.channel(*_identity(role, worker), devices=devices or _env_devices(),
                                  default_worker=_is_default_worker(worker))
     _bind(_default)
+    _prepare_gpu_scalars()
     return old, _default
+
+
+def _prepare_gpu_scalars() -> None:
+    """Start the GPU scalar resolver's one-time set-up on its own thread now if CUDA is already
+    initialised, so that the first ``scalar()`` costs what later ones do."""
+    if "torch" in sys.modules:
+        from trainer_shim import cuda_scalar
+
+        cuda_scalar.prepare()
 
 
 def _export_to_children(endpoint: str | None, role: str | None) -> None:
@@ -166,9 +181,23 @@ def flush(wait_s: float = 0.0) -> bool:
 
 
 def close() -> None:
-    """Flush and close the default publisher (also done automatically at exit)."""
+    """Flush and close the default publisher (also done automatically at exit), after running
+    the ``on_close`` callbacks (a tap on the default channel comes off)."""
+    hooks, _close_hooks[:] = _close_hooks[:], []
+    for hook in hooks:
+        try:
+            hook()
+        except Exception as exc:  # noqa: BLE001 - closing goes on
+            log.warning("trainer_shim: a close callback failed: %r", exc)
     if _publisher is not None:
         _publisher.close()
+
+
+def on_close(callback: Callable[[], None]) -> None:
+    """Call ``callback()`` once, at the next ``close()`` (not at ``configure()``, which keeps
+    the default channel going)."""
+    if callback not in _close_hooks:
+        _close_hooks.append(callback)
 
 
 def announce_wandb_run(run_id: str | None = None) -> None:
@@ -242,7 +271,8 @@ def _slow(kind: int, name: Any, value: Any) -> None:
 # strict mode) goes through the channel itself, which creates it, counts overflow or validates.
 
 def publish(step: int, profile: Mapping[str, float]) -> None:
-    """Publish the trainer's profile dict for ``step`` (``*_ms`` keys are timings)."""
+    """Publish the trainer's profile dict for ``step`` (keys in a time unit, ``*_ms``, ``*_s``,
+    ``*(s)``, are timings: docs/METRICS.md's units grammar)."""
     if len(_pq) < _cap:
         try:
             snapshot = {**profile}

@@ -257,6 +257,9 @@ class Hello(msgspec.Struct):
     """The launcher's name for the run (``trainer_shim.run_label``), None when none names it."""
     flops_per_token: float | None = None
     """Model FLOPs per trained token the trainer states (for the run ledger's MFU), or None."""
+    closing: bool = False
+    """True in the last message of a publisher that closes (``close()``, or at interpreter exit),
+    sent after its last batch: the sender ends cleanly and sends nothing more."""
 
 
 def encode_hello(encoder: msgspec.msgpack.Encoder, sender: int, seq: int, hello: Hello) -> bytes:
@@ -298,6 +301,10 @@ intact. The second starts at 1 MiB (the file is sparse); a slot holds at most
 _LEDGER_HEADER = struct.Struct("<4sIIQ")  # magic, payload length, crc32 of seq+payload, seq
 LEDGER_MAX_PAYLOAD: Final = (1 << 20) - _LEDGER_HEADER.size
 LEDGER_SUFFIX: Final = ".ledger"
+CRASH_SUFFIX: Final = ".crash"
+"""Beside a ledger, ``<pid>-<start ticks>-<token>.crash``: the file the shim points
+``faulthandler`` at. Empty while the process lives; a fatal signal (SIGSEGV, SIGABRT, SIGBUS,
+SIGFPE, SIGILL) makes faulthandler write its report there (async-signal-safe, no Python runs)."""
 
 
 class LedgerEnd(enum.IntEnum):
@@ -308,7 +315,8 @@ class LedgerEnd(enum.IntEnum):
     CLOSED = 1
     """Written by ``close()`` after the last flush: the process's final totals."""
     SIGTERM = 2
-    """Written by the SIGTERM handler just before the process died of the signal: final totals."""
+    """Written by the shim's signal handler just before the process died of the signal (SIGTERM,
+    or SIGINT over ``SIG_DFL``; ``Ledger.signal`` says which): final totals."""
 
 
 class LedgerChannel(msgspec.Struct, array_like=True):
@@ -339,6 +347,15 @@ class Ledger(msgspec.Struct, array_like=True):
     flush_interval_s: float
     channels: list[LedgerChannel]
     omitted: int = 0
+    signal: int = 0
+    """The terminating signal the shim saw before this write (SIGTERM or SIGINT; 0: none): with a
+    final ledger, the process was *terminated* by it (docs/RELIABILITY.md, "How a sender ended")."""
+    detail: str = ""
+    """What ended the process as far as the shim saw, in a few words: the type of the uncaught
+    exception (``KeyboardInterrupt``, ``ValueError``), empty if none."""
+    max_pending: int = 0
+    """Records each channel may queue before the shim drops them (0: not told): the bound on what a
+    process that died without a final ledger made after its last flush, per channel."""
 
 
 def ledger_file_name(pid: int, start_ticks: int, token: str) -> str:
@@ -347,11 +364,12 @@ def ledger_file_name(pid: int, start_ticks: int, token: str) -> str:
     return f"{pid}-{start_ticks}-{token}{LEDGER_SUFFIX}"
 
 
-def parse_ledger_file_name(name: str) -> tuple[int, int] | None:
-    """``(pid, start_ticks)`` of a ledger file name, or None if it is not one."""
-    if not name.endswith(LEDGER_SUFFIX):
+def parse_ledger_file_name(name: str, suffix: str = LEDGER_SUFFIX) -> tuple[int, int] | None:
+    """``(pid, start_ticks)`` of a ledger file name (or of a crash file's, ``suffix=CRASH_SUFFIX``),
+    or None if it is not one."""
+    if not name.endswith(suffix):
         return None
-    parts = name[: -len(LEDGER_SUFFIX)].split("-")
+    parts = name[: -len(suffix)].split("-")
     if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or not parts[2].isalnum():
         return None
     pid, ticks = int(parts[0]), int(parts[1])

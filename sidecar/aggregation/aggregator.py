@@ -72,6 +72,17 @@ MAX_ALLOCATOR_SERIES = 1024
 ``cardinality`` (device indexes come from the client and are otherwise unbounded)."""
 
 
+def _scaled(add: Adder, scale: float) -> Adder:
+    """``add`` of values in the unit the name says, converted to the series' own by one multiply
+    (the mapping stage's ``Mapped.scale``, decided once per series): only series whose unit is
+    not the series' own pay it (a timing in ``_ms`` or a gauge in its base unit does not)."""
+    def scaled(value: Any) -> bool:
+        if value.__class__ is float or value.__class__ is int:
+            return add(value * scale)
+        return False
+    return scaled
+
+
 _DEFER = object()
 """``_resolve``'s answer for a name that needs the mapping stage first."""
 
@@ -136,6 +147,8 @@ class Aggregator:
         self._last_active: dict[tuple[int, str, str, str], float] = {}
         self._steps: dict[int, tuple[str, str, int]] = {}
         """sender id -> (role, worker, latest step) of its last profile."""
+        self._first_steps: dict[int, int] = {}
+        """sender id -> the step of its first profile the daemon had (the ledger counts from it)."""
         self._allocator: dict[tuple[str, str, int], tuple[int, int, int]] = {}
         self.profile_entries_rejected: dict[tuple[str, str, str], int] = {}
         """(role, worker, reason) -> profile entries skipped."""
@@ -289,7 +302,7 @@ class Aggregator:
             if mapped is None:
                 return _DEFER
         self._left -= 1  # refunded below if the name finds its series
-        token = _TOKENS[kind](mapped.name) if mapped is not None else ""
+        token = (mapped.token or _TOKENS[kind](mapped.name)) if mapped is not None else ""
         if problem is None and not token:
             problem = "bad_name"
         if problem is not None or mapped is None:
@@ -328,7 +341,10 @@ class Aggregator:
         else:
             self._meta[key] = (mapped.meaning, self._meta[key][1], mapped.rule)  # a reload may remap
             self._left += 1  # an existing series: re-resolving (after a cache clear) is free
-        cache[kind, name] = add = series.add
+        add: Adder = series.add
+        if mapped.scale != 1.0:
+            add = _scaled(add, mapped.scale)
+        cache[kind, name] = add
         return add
 
     def _admit(self, owner: Any) -> bool:
@@ -384,6 +400,7 @@ class Aggregator:
             return problem
         if kind == PROFILE:
             self._steps[sender] = (role, worker, name)
+            self._first_steps.setdefault(sender, name)
             self._entries(value.items(), role, worker, cache, memo, resolved)
             return None
         device = (role, worker, name)
@@ -394,7 +411,7 @@ class Aggregator:
 
     def _entries(self, entries: Any, role: str, worker: str, cache: dict[Any, Any], memo: dict[Any, Any],
                  resolved: Resolved | None) -> None:
-        """A profile dict's (key, value) entries: ``*_ms`` keys are timings, the others gauges.
+        """A profile dict's (key, value) entries: keys in a time unit are timings, the others gauges.
         The sender's table maps (PROFILE, key) to the entry's series, so the kind is decided once
         per key."""
         rejected = self.profile_entries_rejected
@@ -428,10 +445,14 @@ class Aggregator:
 
     def _resolve_entry(self, entry: Any, role: str, worker: str, cache: dict[Any, Any],
                        resolved: Resolved | None) -> Adder | str:
-        kind = profile_entry_kind(entry)
-        add = self._resolve(kind, entry, role, worker, cache, resolved, snapshot=True)
+        """A dict key's series: the mapping stage decides its kind (``Mapped.kind``: a key in a
+        time unit is a timing), so the key waits for it under (PROFILE, key)."""
+        mapped = resolved.get((PROFILE, entry)) if resolved is not None and entry.__class__ is str else None
+        kind = mapped.kind if mapped is not None and mapped.kind >= 0 else profile_entry_kind(entry)
+        add = self._resolve(kind, entry, role, worker, cache, {(kind, entry): mapped} if mapped else None,
+                            snapshot=True)
         if add is _DEFER:
-            return self._hold(kind, entry, (PROFILE, entry), cache)
+            return self._hold(PROFILE, entry, (PROFILE, entry), cache)
         if add.__class__ is not str or (add != "cardinality" and len(cache) < MAX_CACHED_REJECTIONS):
             cache[PROFILE, entry] = add
         return add  # type: ignore[return-value]
@@ -455,6 +476,11 @@ class Aggregator:
                     "Rename one of them.", KIND_NAMES.get(kind, kind), name, role, worker, other)
 
     # -- windows ---------------------------------------------------------------------------------
+
+    def latest_step(self, sender: int) -> int | None:
+        """The step of ``sender``'s latest profile (``publish(step, ...)``), None if it sent none."""
+        entry = self._steps.get(sender)
+        return None if entry is None else entry[2]
 
     def roll(self, now_monotonic: float, end_unix_s: float, duration_s: float,
              live_senders: Collection[int] | None = None, known_senders: Collection[int] | None = None) -> WindowReport:
@@ -505,6 +531,7 @@ class Aggregator:
             known = set(known_senders)
             for gone in self._steps.keys() - known:
                 del self._steps[gone]
+                self._first_steps.pop(gone, None)
             for gone in self._names.keys() - known:
                 del self._names[gone]
         live = None if live_senders is None else set(live_senders)
@@ -513,4 +540,4 @@ class Aggregator:
             if (live is None or sender in live) and step > steps.get((role, worker), -1):
                 steps[role, worker] = step
         return WindowReport(end_unix_s, duration_s, tuple(views), steps, dict(self._allocator),
-                            {sender: step for sender, (_, _, step) in self._steps.items()})
+                            {sender: step for sender, (_, _, step) in self._steps.items()}, dict(self._first_steps))

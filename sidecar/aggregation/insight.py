@@ -25,9 +25,9 @@ from typing import Any
 
 from sidecar.aggregation.series import entropy_bits
 from sidecar.aggregation.verdict import OTHER_SHARE, UNATTRIBUTED_SHARE, InsightSettings, RoleFacts, decide
-from sidecar.model.insight import GpuFacts, PipelineInsight, RoleInsight, WorkerInsight
+from sidecar.model.insight import REPORTED, GpuFacts, PipelineInsight, RoleInsight, WorkerInsight
 from sidecar.model.meanings import BUSY_PHASES, PHASES, WAIT_PHASES  # noqa: F401 - re-exported
-from sidecar.model.window import CATEGORY, COUNT, GAUGE, LIVE_S, TIMING, SenderView, SeriesView, WindowReport
+from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, SenderView, SeriesView, WindowReport
 
 OTHER = OTHER_SHARE
 """The gap no timing covers: host time between the timed phases (Python overhead, logging). Told
@@ -84,6 +84,17 @@ class _Worker:
                 and view.cumulative.get("last_age_s", math.inf) <= max_age_s):
             return float(view.cumulative["last_mean"])
         return None
+
+    def share(self, phase: str, fresh: bool) -> float | None:
+        """A phase's share of the step (0-1) from a gauge in ``ratio`` mapped to it: this window's
+        mean, else (``fresh`` False: the worker's snapshots are not new) the last one."""
+        w = self.window(GAUGE, phase)
+        if w:
+            return min(1.0, max(0.0, float(w["mean"])))
+        if fresh:
+            return None
+        last = self.gauge_last(phase)
+        return None if last is None else min(1.0, max(0.0, last))
 
     def window(self, kind: int, name: str) -> dict[str, Any] | None:
         view = self.views.get((kind, name))
@@ -156,7 +167,8 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
     """The insight for one window. Never raises on odd input: missing series give ``None``
     metrics and, without pipeline data, the verdict ``unknown``. ``senders``: the window's
     senders (``IngestReport.senders``), to weigh each worker by the part of the window it was
-    alive and to say ``idle`` when none is live; None (synthetic windows): every worker counts the
+    alive and to say ``idle`` when none is live (``SenderView.live``: one that closed is not, from
+    the first window after its last message); None (synthetic windows): every worker counts the
     whole window."""
     settings = settings or InsightSettings()
     duration = window.duration_s
@@ -182,7 +194,7 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
     if queue_fill is None:
         queue_fill = _gauge_mean(list(target.values()) + list(drafter.values()), "queue_fill")
     busy = role_busy(gpus, roles)
-    live = None if senders is None else sum(1 for s in senders if s.last_seen_age_s <= LIVE_S)
+    live = None if senders is None else sum(1 for s in senders if s.live(duration))
     verdict = decide(facts, duration, ready_deficit, queue_fill, throttled, gpus.roles if gpus else {}, settings,
                      busy, live)
     return PipelineInsight(
@@ -312,7 +324,18 @@ def _role_insight(role: str, members: dict[str, _Worker], workers: list[WorkerIn
             cv = math.sqrt(sum((r - mean) ** 2 for r in rates) / len(rates)) / mean
     shares, unmapped, measured = _time_share(members, duration, alive)
     return RoleInsight(role, len(members), sum(rates), sum(w.tokens_per_s for w in workers), cv, shares,
-                       unmapped, measured)
+                       unmapped, measured, _reported(members))
+
+
+def _reported(members: Mapping[str, _Worker]) -> dict[str, float]:
+    """The role's own throughput and efficiency figures (``REPORTED``): each worker's latest
+    value, summed or averaged over the workers that report it."""
+    out: dict[str, float] = {}
+    for fig in REPORTED:
+        values = [v for w in members.values() if (v := w.gauge_last(fig.meaning)) is not None]
+        if values:
+            out[fig.meaning] = sum(values) / (1 if fig.combine == "sum" else len(values))
+    return out
 
 
 def _time_share(members: dict[str, _Worker], duration: float,
@@ -340,18 +363,19 @@ def _time_share(members: dict[str, _Worker], duration: float,
     for name, w in members.items():
         alive_s, started = alive.get(name, (duration, False))
         alive_s = min(duration, alive_s)
-        if any(w.snapshot(p) for p in PHASES):
+        if any(w.snapshot(p) or w.share(p, True) is not None for p in PHASES):
             # A worker with a fresh snapshot this window is read from it alone (a phase missing
             # from it is not carried over); without one, its last snapshot stands while recent.
-            fresh = any(w.window(TIMING, p) for p in PHASES)
+            fresh = any(w.window(TIMING, p) or w.window(GAUGE, p) for p in PHASES)
             age = 0.0 if fresh else max_age
             means = {p: m for p in PHASES if (m := w.snapshot_mean(p, age)) is not None}
+            step = w.snapshot_mean("step", age) if w.snapshot("step") else None
+            means, step = _with_shares(w, means, step, fresh)
             if not means:
                 continue
             # an unmapped timing sent every occurrence beside the snapshots (a user's own timer
             # in a framework callback's step) counts its mean once per cycle
             extra = {n: float(v.window["mean"]) for n, v in w.unmapped.items() if v.window}
-            step = w.snapshot_mean("step", age) if w.snapshot("step") else None
             covered = sum(means.values())
             cycle = max(step or 0.0, covered)
             if cycle <= 0:
@@ -400,6 +424,20 @@ def _time_share(members: dict[str, _Worker], duration: float,
     if other_weight == weight_sum:
         out[OTHER] = totals[OTHER] / weight_sum
     return out, by_name, measured and OTHER in out
+
+
+def _with_shares(w: _Worker, means: dict[str, float], step: float | None,
+                 fresh: bool) -> tuple[dict[str, float], float | None]:
+    """A phase the worker reports as its share of the step (a gauge in ``ratio``: torchtitan's
+    ``data_loading(%)``) and not as a timing counts as that share of its ``step`` mean; without
+    a ``step``, the shares are of a unit cycle (ms are then shares, and ``other`` is the rest)."""
+    shares = {p: s for p in PHASES if p not in means and (s := w.share(p, fresh)) is not None}
+    if not shares:
+        return means, step
+    cycle = step if step else (1.0 if not means else None)
+    if cycle is None:
+        return means, step  # timings without a step: a share of what is unknown
+    return {**means, **{p: s * cycle for p, s in shares.items()}}, cycle
 
 
 def _fill(members: list[_Worker], depth: str, capacity: str) -> float | None:

@@ -11,10 +11,14 @@ shim's first use) and is accounted, window by window, up to its senders' last me
 time since the last accounted moment is split by the window's shares: the GPU group's busy share
 and idle attribution where NVML reads the GPUs, else the role's phase time shares; a timing named
 ``checkpoint`` or ``compile`` and the excess of a sender's first long steps are taken out of the
-idle causes first. Before a role's first step its time is held (``starting_s``) and told as
-``startup`` or ``compile`` once that step arrives. Time the daemon did not run while the same
-sender process lived is ``unobserved``; a successor's arrival turns the gap since its
-predecessor's last message into ``restart_gap`` up to the successor's start.
+idle causes first. Before a role's first step (a step number, else ``step_cycles``) its time is
+held (``starting_s``) and told as ``startup`` or ``compile`` once that step arrives, or as
+``unobserved`` if its senders all go before one. Once its step time settles, the idle time
+nothing explained in its slow first windows is retold as ``warmup`` (``_warmup``); at a clean end
+(a sender that closed), the time told since its last step is retold as ``shutdown``
+(``_shutdown``). Time the daemon did not run while the same sender process lived is
+``unobserved``; a successor's arrival turns the gap since its predecessor's last message into
+``restart_gap`` up to the successor's start.
 
 The run (``run_of``): the W&B run id of the hello, else its run label (the shim's, from the
 launcher's environment), else the host; a host's senders after no sender of its current run sent
@@ -24,13 +28,17 @@ for ``run_gap_s`` start a new run, ``host:<name>@<UTC start>`` (``RunLedger._hos
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.aggregation import run_verdicts
+from sidecar.model.insight import Verdict
 from sidecar.model.ledger import CAUSES, RoleLedger, RunLedgerView
-from sidecar.model.window import LIVE_S, TIMING, IngestReport
+from sidecar.model.meanings import PHASES
+from sidecar.model.window import COUNT, GAUGE, LIVE_S, TIMING, IngestReport, WindowReport
 
 GONE_AFTER_S = 3.0
 """A sender silent for longer than this at a window's end left at its last message (a shim sends
@@ -63,13 +71,22 @@ SHARE_CAUSES = {"data_wait": "data", "queue_wait": "queue", "queue_put_wait": "q
 """The role's phase time shares -> ledger causes, used without GPU readings."""
 TAKE_ORDER = ("unattributed", "host", "data", "queue", "communication", "productive", "throttled")
 """Where checkpoint and compile seconds are taken from: the GPU-idle causes first."""
+SHUTDOWN_FROM = TAKE_ORDER
+"""The causes a window tells by its shares: after a role's last step, these seconds are its shutdown."""
+WARMUP_SETTLE = 1.25
+"""A role's step time has settled once two consecutive stretches of its windows take per step
+within this factor of each other (``_warmup``)."""
+WARMUP_MAX_STRETCHES = 20
+"""Stretches watched for the step time to settle; a role whose step time never settles in as
+many keeps its first windows' idle time ``unattributed``."""
 
 
 @dataclass(frozen=True, slots=True)
 class SenderFact:
     """One sender in one window: ``key`` names its process (pid and start); ``begin`` the later of
     its start and the window's begin, ``end`` its last message (unix seconds); ``alive`` whether it
-    is still sending at the window's end (``GONE_AFTER_S``); ``step`` its latest step (None before one)."""
+    is still sending at the window's end (``GONE_AFTER_S``; not once it closed); ``step`` its latest
+    step (None before one)."""
 
     key: str
     run: str
@@ -81,6 +98,12 @@ class SenderFact:
     alive: bool = True
     flops_per_token: float | None = None
     """The model FLOPs per token its hello states (None: not stated)."""
+    closed: bool = False
+    """Its last message said it was closing: it ended cleanly at ``end``."""
+    first_step: int | None = None
+    """The first step number the daemon had from it (its first stepping window counts from it)."""
+    cycles: int | None = None
+    """Steps its label completed this window by count (``step_cycles``; None: nothing counts them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +128,8 @@ class RoleFact:
     """Mean per worker of the median ``step`` timing of workers with two or more this window."""
     gpus: int = 0
     gpu_name: str = ""
+    reported: Mapping[str, float] = field(default_factory=dict)
+    """The trainer's own throughput and efficiency figures (``RoleInsight.reported``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +143,10 @@ class WindowFacts:
     roles: Mapping[str, RoleFact]
     energy: Mapping[str, float] = field(default_factory=dict)
     gpu_roles: Mapping[str, str] = field(default_factory=dict)
+    ends: tuple[tuple[str, str], ...] = ()
+    """(role, how) of each sender end told in the window (``model.ends``)."""
+    verdict: Verdict | None = None
+    """The pipeline insight's verdict of the window (None without an insight)."""
 
 
 def run_of(hello: Mapping[str, Any] | None) -> str:
@@ -145,6 +174,8 @@ def window_facts(report: IngestReport) -> WindowFacts:
     """The ledger's inputs from one window (the only place the ledger reads a window)."""
     w = report.window
     begin = w.end_unix_s - w.duration_s
+    cycles = step_cycles(w)
+    numbers = step_numbers(w)
     senders = []
     for s in report.senders:
         last = w.end_unix_s - s.last_seen_age_s
@@ -153,10 +184,13 @@ def window_facts(report: IngestReport) -> WindowFacts:
         hello = s.hello or {}
         started = hello.get("started_unix_s")
         started = float(started) if isinstance(started, (int, float)) and 0 < started <= w.end_unix_s else 0.0
+        step, first_step = w.sender_steps.get(s.sender), w.sender_first_steps.get(s.sender)
+        if step is None:  # no publish(step): a step field of its own (a framework's iter, global_step)
+            step, first_step = numbers.get((s.role, s.worker), (None, None))
         senders.append(SenderFact(f"{s.pid}@{started:.3f}" if s.pid is not None else f"sender:{s.sender}",
-                                  run_of(s.hello), s.role, started, max(begin, started), last,
-                                  w.sender_steps.get(s.sender), s.last_seen_age_s <= GONE_AFTER_S,
-                                  _flops_of(s.hello)))
+                                  run_of(s.hello), s.role, started, max(begin, started), last, step,
+                                  s.last_seen_age_s <= GONE_AFTER_S and not s.closed, _flops_of(s.hello),
+                                  closed=s.closed, first_step=first_step, cycles=cycles.get((s.role, s.worker))))
     insight = report.insight
     gpu_of_role, names, energy, uuid_roles = _gpus(report, {s.role for s in senders})
     roles: dict[str, RoleFact] = {}
@@ -168,8 +202,51 @@ def window_facts(report: IngestReport) -> WindowFacts:
         ri = insight.roles.get(role) if insight is not None else None
         roles[role] = RoleFact(_shares(report, role, throttled), checkpoint, compile_s, first,
                                (ri.tokens_per_s * w.duration_s) if ri is not None else 0.0, step_s,
-                               lone, median, len(mine), names.get(role, ""))
-    return WindowFacts(w.end_unix_s, w.duration_s, tuple(senders), roles, energy, uuid_roles)
+                               lone, median, len(mine), names.get(role, ""),
+                               dict(ri.reported) if ri is not None else {})
+    return WindowFacts(w.end_unix_s, w.duration_s, tuple(senders), roles, energy, uuid_roles,
+                       tuple((e.role, e.how) for e in report.ends.new),
+                       insight.verdict if insight is not None else None)
+
+
+def step_cycles(window: WindowReport) -> dict[tuple[str, str], int]:
+    """(role, worker) -> steps it completed this window, told without step numbers, the first of:
+    its every-occurrence ``step`` timings (one per step), the rise of its ``batches`` counter
+    (``batches``, ``steps``, ``iterations``, ...), the recurrence of its phase timings (the count
+    of the phase timed least often, from each phase's second occurrence on: each phase recurs
+    once a step, and a phase seen once may belong to a step still running). Labels with none are
+    absent."""
+    step: dict[tuple[str, str], int] = {}
+    batches: dict[tuple[str, str], int] = {}
+    phases: dict[tuple[str, str], int] = {}
+    for v in window.series:
+        if v.window is None or v.snapshot:
+            continue
+        label = (v.role, v.worker)
+        if v.kind == TIMING and v.meaning == "step":
+            step[label] = step.get(label, 0) + int(v.window.get("count", 0))
+        elif v.kind == COUNT and v.meaning == "batches":
+            batches[label] = batches.get(label, 0) + max(0, round(float(v.window.get("delta", 0.0))))
+        elif v.kind == TIMING and v.meaning in PHASES:
+            n = int(v.window.get("count", 0))
+            # a phase recurs once a step: its first occurrence ever opens the first step, it ends none
+            n -= 1 if v.cumulative.get("count") == n else 0
+            phases[label] = min(phases.get(label, 1 << 62), n)
+    return {**phases, **batches, **step}
+
+
+def step_numbers(window: WindowReport) -> dict[tuple[str, str], tuple[int, int]]:
+    """(role, worker) -> (its latest step number, the lowest it sent this window) from a gauge or
+    dict key that means ``step_number`` (``iter``, ``global_step``, ...) sent this window (the
+    series outlives a restarted process: its last number is not the successor's)."""
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for v in window.series:
+        if v.kind != GAUGE or v.meaning != "step_number" or not v.window:
+            continue
+        last, low = v.window.get("last"), v.window.get("min")
+        if isinstance(last, (int, float)) and isinstance(low, (int, float)) and math.isfinite(last) and last >= 0:
+            out[v.role, v.worker] = (int(last), int(max(0.0, min(low, last))))
+    return out
 
 
 def _gpus(report: IngestReport, roles: set[str]) -> tuple[dict[str, tuple[str, ...]], dict[str, str],
@@ -286,13 +363,16 @@ class RunLedger:
         """No-trainer time is accounted up to here (0 while a sender is alive)."""
         self.session_begin: float | None = None
         """Begin of the first window this daemon folded: earlier time was not watched."""
+        self.verdicts: run_verdicts.Verdicts = run_verdicts.clean(s.get("verdicts"), self.runs)
+        """Each run's verdicts (``sidecar.aggregation.run_verdicts``)."""
 
     def state(self) -> dict[str, Any]:
         """Everything the ledger holds, as JSON-able data."""
         return {"version": STATE_VERSION, "runs": self.runs, "no_trainer_s": self.no_trainer_s,
                 "no_trainer_j": self.no_trainer_j, "runs_dropped": self.runs_dropped,
                 "energy_prev": self.energy_prev, "now_unix_s": self.now_unix_s,
-                "trainer_until": self.trainer_until, "idle_until": self.idle_until, "host_runs": self.host_runs}
+                "trainer_until": self.trainer_until, "idle_until": self.idle_until, "host_runs": self.host_runs,
+                "verdicts": self.verdicts}
 
     def add(self, facts: WindowFacts) -> None:
         """Fold one window in."""
@@ -310,9 +390,29 @@ class RunLedger:
         for run, members in self.runs.items():
             for role, r in members.items():
                 r["live"] = any(s.alive for s in groups.get((run, role), ()))
+                heard = max(float(r["observed_until"] or 0.0), self.session_begin or 0.0)
+                if (run, role) not in groups and r["pending_startup"] > 0 and facts.end_unix_s - heard > LIVE_S:
+                    self._unplaced(r)
+        for role, how in facts.ends:
+            _book_end(self.runs, role, how)
+        self._verdicts(groups, facts.verdict, begin, facts.end_unix_s)
         self._no_trainer(facts, begin, sum(joules.values()))
         self.now_unix_s = facts.end_unix_s
         self._bound()
+
+    def _verdicts(self, groups: Mapping[tuple[str, str], list[SenderFact]], verdict: Verdict | None,
+                  begin: float, end: float) -> None:
+        """The window's verdict goes to each run with a live sender, for the seconds of the window
+        the run was alive: from the later of the window's begin and its senders' first start to the
+        window's end."""
+        if verdict is None:
+            return
+        by_run: dict[str, list[SenderFact]] = {}
+        for (run, _), senders in groups.items():
+            by_run.setdefault(run, []).extend(senders)
+        for run, senders in by_run.items():
+            if any(s.alive for s in senders):
+                run_verdicts.fold(self.verdicts, run, verdict, end - max(begin, min(s.begin for s in senders)))
 
     def _hold_gap_energy(self, joules: Mapping[str, float], present: set[str]) -> None:
         """The energy of a role's GPUs while none of its senders is there is held in the role of
@@ -400,7 +500,7 @@ class RunLedger:
         seconds = dict.fromkeys(CAUSES, 0.0)
         known = r["senders"]
         session = self.session_begin or 0.0
-        stepped = [s for s in senders if s.step is not None]
+        stepped = [s for s in senders if s.step is not None or s.cycles or known.get(s.key, {}).get("windows_stepped")]
         b = max(s.end for s in senders)
         prev = r["observed_until"]
         if prev is None:  # the role's first window: from its first sender's start
@@ -423,9 +523,12 @@ class RunLedger:
         apart = 0.0
         """Restart-gap seconds before this window whose energy was held apart (``gap_j``)."""
         if not continuing:  # a successor: the gap until it started; a predecessor's unfinished startup stands
+            r.pop("warm", None)  # it warms up anew
+            r.pop("tail", None)
             succ = _start([s for s in senders if s.key not in known] or senders)
             succ = min(max(succ, prev), b)
             seconds["restart_gap"] += succ - prev
+            _gap_after_end(r, succ - prev)
             if "gap_j" in r:
                 r["joules"]["restart_gap"] = r["joules"].get("restart_gap", 0.0) + r.pop("gap_j")
                 apart = max(0.0, min(succ, begin) - prev)
@@ -464,19 +567,20 @@ class RunLedger:
             for cause, amount in (("checkpoint", fact.checkpoint_s), ("compile", left)):
                 _take(seconds, cause, min(amount, alive))
             r["stepped"] = True
-            r["tokens"] += fact.tokens
+            self._efficiency(r, fact, alive)
         progress = []
         for s in senders:
             k = known.setdefault(s.key, {"windows_stepped": 0, "step": None, "seen_unix_s": s.end})
-            if s.step is not None:
-                if k["step"] is not None and s.step > k["step"]:
-                    progress.append(s.step - k["step"])
-                k["windows_stepped"] += 1
-                k["step"] = s.step
+            advanced = _advance(s, k)
+            if advanced > 0:
+                progress.append(advanced)
             k["seen_unix_s"] = max(k["seen_unix_s"], s.end)
-        r["steps"] += max(progress, default=0)
+        r["steps"] += max(progress, default=0)  # data-parallel workers step together
         r["pending_startup"] += pended
         self._joules(r, seconds, released, pended, joules, apart)
+        if stepped:
+            _warmup(r, alive, seconds["unattributed"], max(progress, default=0))
+        _shutdown(r, seconds, bool(progress), senders)
         stated = next((s.flops_per_token for s in senders if s.flops_per_token), None)
         if stated or self.flops_per_token:  # the trainer's statement wins over the daemon's setting
             r["flops_per_token"] = stated or self.flops_per_token
@@ -486,6 +590,25 @@ class RunLedger:
         if len(known) > MAX_SENDERS_PER_ROLE:
             for key in sorted(known, key=lambda k: known[k]["seen_unix_s"])[: len(known) - MAX_SENDERS_PER_ROLE]:
                 del known[key]
+
+    @staticmethod
+    def _efficiency(r: dict[str, Any], fact: RoleFact, seconds: float) -> None:
+        """Tokens from the trainer's ``tokens`` counter, else from the tokens/s it reports over the
+        ``seconds`` accounted as stepping; its own MFU and FLOP/s per GPU over those seconds."""
+        own = fact.reported
+        r["tokens"] += fact.tokens if fact.tokens > 0 else own.get("tokens_per_s", 0.0) * seconds
+        for meaning, key in (("mfu", "reported_mfu_s"), ("flops_per_s", "reported_flop")):
+            if meaning in own:
+                r[key] = r.get(key, 0.0) + own[meaning] * seconds
+
+    @staticmethod
+    def _unplaced(r: dict[str, Any]) -> None:
+        """A role whose senders all went (none listed in the window, none heard for ``LIVE_S``,
+        nor since this daemon began: a restarted daemon waits for them to reconnect) with time
+        still held before a first step: no step ever told how much of it was startup, so it is
+        ``unobserved``, with the energy held with it (never left out of the wall time)."""
+        held, r["pending_startup"] = r["pending_startup"], 0.0
+        RunLedger._joules(r, dict.fromkeys(CAUSES, 0.0) | {"unobserved": held}, {"unobserved": held}, 0.0, 0.0)
 
     @staticmethod
     def _lone_step(r: dict[str, Any], fact: RoleFact, young: bool) -> None:
@@ -526,6 +649,7 @@ class RunLedger:
             del self.runs[oldest]
             self.runs_dropped += 1
         self.host_runs = {k: v for k, v in self.host_runs.items() if v in self.runs}
+        self.verdicts = {k: v for k, v in self.verdicts.items() if k in self.runs}
 
     def view(self, state_errors: Mapping[str, int] | None = None) -> RunLedgerView:
         """The totals as exporters read them (a copy)."""
@@ -548,9 +672,37 @@ def view_of(state: Mapping[str, Any], flops_per_token: float | None = None,
                                     int(r["steps"]), int(r["gpus"]), str(r["gpu_name"]), float(r["first_unix_s"]),
                                     last, max(0.0, now - last) if gone else 0.0,
                                     r.get("flops_per_token") or flops_per_token,
-                                    float(r.get("pending_startup", 0.0))))
+                                    float(r.get("pending_startup", 0.0)), float(r.get("reported_mfu_s", 0.0)),
+                                    float(r.get("reported_flop", 0.0)), dict(r.get("ends", {})),
+                                    dict(r.get("gap_after", {}))))
     return RunLedgerView(tuple(roles), float(state.get("no_trainer_s", 0.0)), float(state.get("no_trainer_j", 0.0)),
-                         int(state.get("runs_dropped", 0)), dict(state_errors or {}))
+                         int(state.get("runs_dropped", 0)), dict(state_errors or {}),
+                         run_verdicts.views(run_verdicts.clean(state.get("verdicts"), state.get("runs", {}))))
+
+
+def _book_end(runs: Mapping[str, dict[str, dict[str, Any]]], role: str, how: str) -> None:
+    """Count a sender end of ``role`` (``model.ends``) in the most recent run that has the role,
+    and give it the restart gap its successor opened, if that came first (else the next one)."""
+    members = [m[role] for m in runs.values() if role in m]
+    if not members:
+        return
+    r = max(members, key=lambda m: float(m["observed_until"] or 0.0))
+    r.setdefault("ends", {})[how] = r.get("ends", {}).get(how, 0) + 1
+    gap = r.pop("gap_waiting", None)
+    if gap is None:
+        r["end_waiting"] = how
+    else:
+        r.setdefault("gap_after", {})[how] = r.get("gap_after", {}).get(how, 0.0) + gap
+
+
+def _gap_after_end(r: dict[str, Any], gap_s: float) -> None:
+    """Book a restart gap under the end that opened it (``gap_after``): the end told before its
+    successor came, or the next one told (the daemon tells an end ``sender_gone_after`` after it)."""
+    how = r.pop("end_waiting", None)
+    if how is None:
+        r["gap_waiting"] = gap_s
+    else:
+        r.setdefault("gap_after", {})[how] = r.get("gap_after", {}).get(how, 0.0) + gap_s
 
 
 def _start(senders: list[SenderFact]) -> float:
@@ -564,11 +716,33 @@ def _new_role(senders: list[SenderFact]) -> dict[str, Any]:
             "pending_startup": 0.0}
 
 
-def _retell(r: dict[str, Any], cause: str, amount: float) -> None:
-    """Move ``amount`` seconds already in role ``r``'s totals to ``cause`` from the others in
-    ``TAKE_ORDER``, each with its share of the joules they took (the sums are kept)."""
+def _advance(s: SenderFact, k: dict[str, Any]) -> int:
+    """Steps sender ``s`` advanced this window, its memory ``k`` updated. Its step number wins:
+    its rise since the previous window, and in its first window with one, the steps from the
+    first number the daemon had from it, that one included (``publish(step)`` says step ``step``
+    is done); without step numbers, its ``cycles``."""
+    n = 0
+    if s.step is not None:
+        if k["step"] is not None:
+            n = max(0, s.step - k["step"])
+        elif not k["windows_stepped"]:
+            first = s.first_step if s.first_step is not None and s.first_step <= s.step else s.step
+            n = s.step - first + 1
+        else:  # counted by cycles so far: its step numbers count from this one on
+            n = s.cycles or 0
+        k["step"] = s.step
+    elif s.cycles and k["step"] is None:  # a sender with step numbers counts them when the next one comes
+        n = s.cycles
+    if s.step is not None or s.cycles or k["windows_stepped"]:
+        k["windows_stepped"] += 1
+    return n
+
+
+def _retell(r: dict[str, Any], cause: str, amount: float, sources: tuple[str, ...] = TAKE_ORDER) -> None:
+    """Move ``amount`` seconds already in role ``r``'s totals to ``cause`` from ``sources``, in
+    order (as far as they hold it), each with its share of the joules they took (the sums are kept)."""
     seconds, joules = r["seconds"], r["joules"]
-    for source in TAKE_ORDER:
+    for source in sources:
         if amount <= 0:
             return
         have = seconds.get(source, 0.0)
@@ -581,6 +755,53 @@ def _retell(r: dict[str, Any], cause: str, amount: float) -> None:
         seconds[cause] = seconds.get(cause, 0.0) + moved
         joules[cause] = joules.get(cause, 0.0) + j
         amount -= moved
+
+
+def _warmup(r: dict[str, Any], alive_s: float, unattributed_s: float, steps: int) -> None:
+    """Fold one stepping window into the role's warm-up watch (``r["warm"]``; docs/METRICS.md, Run
+    ledger): its alive and ``unattributed`` seconds, and the steps it progressed, gathered into
+    stretches that each end at a window with progress (the first stepping window is a stretch of
+    its own: how many steps it holds is not told). Once two consecutive stretches take per step
+    within ``WARMUP_SETTLE`` of each other the step time has settled: the ``unattributed`` seconds
+    of every stretch before them beyond those two stretches' ``unattributed`` share are retold
+    as ``warmup``. Never settled within ``WARMUP_MAX_STRETCHES``: nothing is retold."""
+    warm = r.setdefault("warm", {"stretches": [], "open": [0.0, 0.0], "done": False})
+    if warm["done"]:
+        return
+    stretches = warm["stretches"]
+    if not stretches:
+        stretches.append([alive_s, unattributed_s, 0])
+        return
+    warm["open"] = [warm["open"][0] + alive_s, warm["open"][1] + unattributed_s]
+    if steps <= 0:
+        return
+    stretches.append([*warm["open"], steps])
+    warm["open"] = [0.0, 0.0]
+    (a1, u1, n1), (a2, u2, n2) = stretches[-2:]
+    if n1 > 0 and max(a1 / n1, a2 / n2) <= WARMUP_SETTLE * min(a1 / n1, a2 / n2):
+        share = (u1 + u2) / (a1 + a2) if a1 + a2 > 0 else 0.0
+        _retell(r, "warmup", sum(max(0.0, u - a * share) for a, u, _ in stretches[:-2]), ("unattributed",))
+        warm.update(done=True, stretches=[])
+    elif len(stretches) >= WARMUP_MAX_STRETCHES:
+        warm.update(done=True, stretches=[])
+
+
+def _shutdown(r: dict[str, Any], seconds: Mapping[str, float], progressed: bool,
+              senders: list[SenderFact]) -> None:
+    """Keep the seconds the role's windows told by their shares since its last window with step
+    progress (``r["tail"]``); when its senders' window ends with a clean end (one closed, none
+    alive), retell them as ``shutdown``: the time from its last step to its exit."""
+    tail: dict[str, float] = r.setdefault("tail", {})
+    if progressed:
+        tail.clear()
+    elif r["stepped"]:
+        for cause in SHUTDOWN_FROM:
+            if seconds.get(cause, 0.0) > 0:
+                tail[cause] = tail.get(cause, 0.0) + seconds[cause]
+    if tail and any(s.closed for s in senders) and not any(s.alive for s in senders):
+        for cause, amount in tail.items():
+            _retell(r, "shutdown", amount, (cause,))
+        tail.clear()
 
 
 def _take(seconds: dict[str, float], cause: str, amount: float) -> None:

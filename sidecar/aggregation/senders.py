@@ -21,7 +21,7 @@ from typing import Any
 
 from sidecar.model.messages import BatchMessage, HelloMessage
 from sidecar.model.names import label_value
-from sidecar.model.window import LIVE_S, LabelTotals
+from sidecar.model.window import LabelTotals, is_live
 from trainer_shim.wire import Ledger, LedgerChannel
 
 MAX_SENDERS = 4096
@@ -78,6 +78,8 @@ class SenderState:
     """The process whose connection this sender's first message came on (ipc only)."""
     peer_uid: int | None = None
     """The owner of that process when its first message came (its ledger file must be its)."""
+    closed: bool = False
+    """Its latest hello said it was closing (``trainer_shim.wire.Hello.closing``): a clean end."""
 
     @property
     def pid(self) -> int | None:
@@ -166,6 +168,7 @@ class SenderRegistry:
         if self._wrong_peer(state, peer_pid):
             return None
         state.hello = info
+        state.closed = info.get("closing") is True
         state.last_seen = now
         self._check_seq(state, msg.seq)
         return state
@@ -231,7 +234,7 @@ class SenderRegistry:
         return totals
 
     def book_exit(self, ledger: Ledger, uid: int, final: bool, now: float, now_unix: float,
-                  witnessed: bool = True) -> int:
+                  witnessed: bool = True, booked_into: list[LedgerChannel] | None = None) -> int:
         """Book the ledger of a process that is gone (or closed its publisher): per channel, what
         it made and this daemon has not counted. ``uid``: the ledger file's owner; ``final``: the
         ledger holds the process's last totals (``lost_at_exit``), else those of its last flush
@@ -239,13 +242,16 @@ class SenderRegistry:
         a channel that does not belong to the file's process, or claims what no process can, is
         refused (``messages_dropped{reason="ledger_refused"}``). ``witnessed``: the ledger was
         last written while this daemon ran; if not, the process ended before it, and what it sent
-        went to an earlier daemon (``before_join``): only what it never sent is lost."""
+        went to an earlier daemon (``before_join``): only what it never sent is lost.
+        ``booked_into``: gets each channel booked (for telling the process's end)."""
         booked = 0
         for entry in ledger.channels:
             if entry.sender in self.ended:
                 continue
             if self._book_channel(entry, ledger, uid, final, now, now_unix, witnessed):
                 booked += 1
+                if booked_into is not None:
+                    booked_into.append(entry)
             self.ended[entry.sender] = None
             if len(self.ended) > MAX_ENDED:
                 self.ended.popitem(last=False)
@@ -313,9 +319,10 @@ class SenderRegistry:
             del self.totals[key]
         return len(dead)
 
-    def live(self, now: float, within_s: float = LIVE_S) -> list[SenderState]:
-        """Senders heard from in the last ``within_s`` seconds (``LIVE_S``: the live ones)."""
-        return [st for st in self.senders.values() if now - st.last_seen <= within_s]
+    def live(self, now: float, window_s: float) -> list[SenderState]:
+        """The senders live in the window of ``window_s`` seconds ending at ``now``
+        (``sidecar.model.window.is_live``)."""
+        return [st for st in self.senders.values() if is_live(now - st.last_seen, st.closed, window_s)]
 
 
 def _owned_by(state: SenderState, pid: int, uid: int) -> bool:

@@ -31,7 +31,8 @@ throttling clock-event reason; else ``straggler`` when a worker of the limiting 
 when balanced) scores below ``straggler_score``. Windows shorter than ``MIN_WINDOW_S``, without
 data from either role, or with nothing that tells whether a side waits (no ``queue_wait`` or
 ``queue_put_wait`` timing, no queue gauges) get ``unknown``; a window without a live trainer
-process gets ``idle``.
+process gets ``idle`` (a trainer that exited cleanly is not live from the first window after its
+last message: ``sidecar.model.window.is_live``).
 
 Any other trainer (no target or drafter role, e.g. a plain training loop) gets the single-role
 rules on its main role (the one with the most workers that publishes phase timings). Evidence
@@ -344,9 +345,10 @@ class Hysteresis:
     """Keeps the shown verdict from flapping on noise: a new verdict replaces the shown one only
     when it is decided in ``windows`` consecutive windows, or at once when its confidence is at
     least ``strong`` (a clear change is not delayed). Until then the shown verdict stays, its
-    detail naming the candidate. The first verdict, and any after ``unknown`` or ``idle``, is taken at once;
-    a too-short window (the flush at shutdown) changes nothing. Not thread-safe: the ingest
-    thread owns it."""
+    detail naming the candidate. The first verdict, and any after ``unknown`` or ``idle``, is
+    taken at once, and so is ``idle`` itself, whatever its confidence (no live trainer remains:
+    there is nothing left to hold a verdict for); a too-short window (the flush at shutdown)
+    changes nothing. Not thread-safe: the ingest thread owns it."""
 
     def __init__(self, windows: int = 2, strong: float = 0.9) -> None:
         self.windows = windows
@@ -360,7 +362,8 @@ class Hysteresis:
         if v.name == "unknown" and v.detail == "window too short":
             return v
         shown = self.shown
-        if shown is None or shown.name in ("unknown", "idle") or v.name == shown.name or v.confidence >= self.strong:
+        if (shown is None or shown.name in ("unknown", "idle") or v.name in (shown.name, "idle")
+                or v.confidence >= self.strong):
             return self._take(v)
         if v.name == self._candidate:
             self._seen += 1

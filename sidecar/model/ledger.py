@@ -13,17 +13,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 CAUSES: tuple[str, ...] = (
-    "productive", "data", "host", "communication", "queue", "throttled", "startup", "compile", "checkpoint",
-    "unattributed", "unobserved", "restart_gap",
+    "productive", "data", "host", "communication", "queue", "throttled", "startup", "compile", "warmup",
+    "checkpoint", "shutdown", "unattributed", "unobserved", "restart_gap",
 )
 """Where a role's wall time goes. ``productive``: its GPUs busy and not throttled; the others are
 badput: ``data`` (data-loader wait), ``host`` (host overhead between timed phases), ``communication``
 (collectives), ``queue`` (hidden-state queue waits), ``throttled`` (GPUs busy while a throttling
 clock-event reason was active), ``startup`` (process start to first step), ``compile`` (first steps
-marked as compilation, or a timing named ``compile``), ``checkpoint`` (a timing named
-``checkpoint``), ``unattributed`` (idle GPU time nothing explains, or a window without readings or
-phase timings), ``unobserved`` (the trainer alive while the daemon was not: a daemon restart or
-upgrade), ``restart_gap`` (the role's sender gone until its successor started)."""
+marked as compilation, or a timing named ``compile``), ``warmup`` (idle time nothing else
+explains in the first windows with steps, before the step time settles), ``checkpoint`` (a timing
+named ``checkpoint``), ``shutdown`` (from the last step to a clean exit), ``unattributed`` (idle
+GPU time nothing explains, or a window without readings or phase timings), ``unobserved`` (the
+trainer alive while the daemon was not: a daemon restart or upgrade; or a role gone without
+anything ever telling a step: its held startup cannot be placed), ``restart_gap`` (the role's
+sender gone until its successor started)."""
 
 
 PEAK_FLOPS: tuple[tuple[str, float, str], ...] = (
@@ -69,6 +72,15 @@ class RoleLedger:
     starting_s: float = 0.0
     """Startup seconds not yet in the wall time: held until the first step tells how much of it
     was the first step's compilation."""
+    reported_mfu_s: float = 0.0
+    """The trainer's own MFU (0-1) times the seconds it stood for, summed."""
+    reported_flop: float = 0.0
+    """The trainer's own achieved FLOP/s per GPU times the seconds it stood for, summed (FLOPs per GPU)."""
+    ends: Mapping[str, int] = field(default_factory=dict)
+    """Its senders' ends by how (``model.ends.HOWS``) since the run began."""
+    gap_after: Mapping[str, float] = field(default_factory=dict)
+    """Of its ``restart_gap`` seconds, those after an end, by that end's how (an ``unclean`` or
+    ``oom`` gap is the time a kill cost the run until its successor started)."""
 
     @property
     def wall_s(self) -> float:
@@ -94,10 +106,27 @@ class RoleLedger:
     @property
     def mfu_ratio(self) -> float | None:
         """Model FLOPs utilization over the wall time (0-1): FLOPs per token x tokens/s/GPU over
-        the GPU's dense peak (``PEAK_FLOPS``); None without FLOPs per token, tokens or a known peak."""
+        the GPU's dense peak (``PEAK_FLOPS``); where those are missing, from the trainer's own
+        figures (``mfu_source``); None without either."""
         rate = self.tokens_per_s_per_gpu
         peak = peak_flops(self.gpu_name)
-        return self.flops_per_token * rate / peak if rate and peak and self.flops_per_token else None
+        if rate and peak and self.flops_per_token:
+            return self.flops_per_token * rate / peak
+        wall = self.wall_s
+        if wall > 0 and self.reported_mfu_s > 0:
+            return self.reported_mfu_s / wall
+        return self.reported_flop / wall / peak if wall > 0 and peak and self.reported_flop > 0 else None
+
+    @property
+    def mfu_source(self) -> str | None:
+        """What ``mfu_ratio`` comes from: ``flops_per_token`` (the sidecar's own), ``trainer_mfu``
+        (the trainer's MFU, over the wall time), ``trainer_flops`` (its FLOP/s per GPU over the
+        GPU's peak), None when there is none."""
+        if self.mfu_ratio is None:
+            return None
+        if self.tokens_per_s_per_gpu and peak_flops(self.gpu_name) and self.flops_per_token:
+            return "flops_per_token"
+        return "trainer_mfu" if self.reported_mfu_s > 0 else "trainer_flops"
 
     @property
     def joules_per_token(self) -> float | None:
@@ -108,6 +137,51 @@ class RoleLedger:
     def joules_per_step(self) -> float | None:
         energy = self.energy_j
         return energy / self.steps if energy > 0 and self.steps > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictShare:
+    """One verdict over a run: the seconds and windows in which the pipeline insight gave it
+    while the run had a live sender, and its evidence averaged over those seconds (ratios 0-1,
+    in the verdict's own deciding order); ``detail`` the latest one it gave."""
+
+    name: str
+    seconds: float
+    windows: int
+    evidence: tuple[tuple[str, float], ...] = ()
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunVerdicts:
+    """A run's verdicts, kept after it ended (``dflash-sidecar report``, ``explain --run``):
+    most seconds first. The insight's verdict is the host's, so runs alive at once share it."""
+
+    run: str
+    verdicts: tuple[VerdictShare, ...]
+
+    @property
+    def seconds(self) -> float:
+        """Seconds of the run with a verdict (the sum over ``verdicts``)."""
+        return sum(v.seconds for v in self.verdicts)
+
+    @property
+    def windows(self) -> int:
+        return sum(v.windows for v in self.verdicts)
+
+    def time_share(self, verdict: VerdictShare) -> float:
+        """``verdict``'s share of the seconds with a verdict (0-1)."""
+        return verdict.seconds / self.seconds if self.seconds > 0 else 0.0
+
+    def window_share(self, verdict: VerdictShare) -> float:
+        """``verdict``'s share of the windows with a verdict (0-1)."""
+        return verdict.windows / self.windows if self.windows else 0.0
+
+    @property
+    def dominant(self) -> VerdictShare | None:
+        """The verdict held for the most seconds, ``unknown`` only when no other was given."""
+        told = [v for v in self.verdicts if v.name != "unknown"] or list(self.verdicts)
+        return max(told, key=lambda v: v.seconds, default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +197,11 @@ class RunLedgerView:
     """Runs forgotten to keep the ledger bounded (the oldest first)."""
     state_errors: dict[str, int] = field(default_factory=dict)
     """Reason -> failed loads or saves of the state file."""
+    verdicts: tuple[RunVerdicts, ...] = ()
+    """Each run's verdicts (a run the insight gave none has no entry)."""
+
+    def verdicts_of(self, run: str) -> RunVerdicts | None:
+        return next((v for v in self.verdicts if v.run == run), None)
 
     def run(self, run: str) -> tuple[RoleLedger, ...]:
         return tuple(r for r in self.roles if r.run == run)

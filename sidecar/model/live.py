@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sidecar.model.ends import EndsView
 from sidecar.model.gpu import GpuView
 from sidecar.model.window import IngestHealth, IngestReport, SenderView
 
@@ -24,6 +25,8 @@ class _GpuSide(Protocol):
 
 class _IngestSide(Protocol):
     def health(self) -> IngestHealth: ...
+
+    def ends_now(self) -> EndsView: ...
 
 
 class _StatsSide(Protocol):
@@ -95,6 +98,10 @@ class LiveState:
 
     def ingest_health(self) -> IngestHealth | None:
         return self._ingest.health() if self._ingest is not None else None
+
+    def ends(self) -> EndsView | None:
+        """The senders' ends told so far, as of the latest (None without ingest)."""
+        return self._ingest.ends_now() if self._ingest is not None else None
 
     def exporter_stats(self, name: str) -> Any | None:
         """The named exporter's ``stats()`` (None if it is not running here)."""

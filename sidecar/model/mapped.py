@@ -7,12 +7,24 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Mapped:
-    """What a series name resolved to. ``name``: the name the series is kept and exported under
-    (as sent, less a role/worker prefix); ``meaning``: a ``model.meanings.MEANINGS`` key or ``""``
-    (unmapped); ``rule``: what decided it (``mapping[2]``, ``preset dflash``, ``key grammar``)."""
+    """What a series name resolved to. ``name``: the name the series is kept under (as sent, less a
+    role/worker prefix); ``meaning``: a ``model.meanings.MEANINGS`` key or ``""`` (unmapped);
+    ``rule``: what decided it (``mapping[2]``, ``preset dflash``, ``key grammar``), and the unit read.
+
+    Units (``sidecar.model.units``): ``unit`` is the base unit the series holds (``seconds``,
+    ``ratio``, ``bytes``, ``per_second``; ``""``: none read from the name, today's behaviour);
+    ``scale`` multiplies each value as sent into the series' unit (a timing series holds
+    milliseconds and is exported in seconds; any other in its base unit); ``token`` is the exported
+    name fragment, base unit included (``""``: the kind's default from ``name``); ``kind`` is the
+    record kind the series is kept as (a profile entry's is decided by the mapping stage; ``-1``:
+    the kind it was sent as)."""
 
     role: str
     worker: str
     name: str
     meaning: str
     rule: str
+    kind: int = -1
+    token: str = ""
+    scale: float = 1.0
+    unit: str = ""

@@ -8,7 +8,12 @@ A meaning has a class, which fixes the record kinds it can come from:
 - ``cycle``: the whole step (``step``): the wall time of one batch, phases included;
 - ``counter``: a count (batches, tokens);
 - ``gauge``: a level (queue depth, capacity, fill, loss, learning rate);
-- ``category``: a categorical sample (the hidden-state bucket).
+- ``category``: a categorical sample (the hidden-state bucket);
+- ``throughput``: a rate the trainer computes itself (tokens/s, samples/s, steps/s), per second;
+- ``efficiency``: how well the trainer uses its GPUs by its own count (achieved TFLOP/s, MFU).
+
+A phase meaning (``wait``, ``busy``, ``cycle``) also accepts a gauge whose unit is a share
+(``data_loading(%)``, ``data_ratio``): that phase's share of the step, 0-1 (``accepts``).
 """
 
 from __future__ import annotations
@@ -41,14 +46,26 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "loss_token_fraction": ("gauge", "share of a batch's tokens that carry loss (0-1)"),
     "loss": ("gauge", "training loss"),
     "lr": ("gauge", "learning rate"),
+    "step_number": ("gauge", "the trainer's own step or iteration number (a framework's iter/step field)"),
+    "epoch": ("gauge", "the trainer's epoch (fractional where the framework says so)"),
+    "grad_norm": ("gauge", "gradient norm"),
+    "memory_reserved": ("gauge", "device memory the framework reports reserved (peak over its interval), bytes"),
     # categories
     "bucket": ("category", "the hidden-state bucket of a batch"),
+    # the trainer's own throughput and efficiency figures (gauges, converted to base units)
+    "tokens_per_s": ("throughput", "tokens per second the trainer computes itself (per device where the "
+                                   "framework says so: torchtitan's tps)"),
+    "samples_per_s": ("throughput", "samples per second the trainer computes itself"),
+    "steps_per_s": ("throughput", "steps (iterations) per second the trainer computes itself"),
+    "flops_per_s": ("efficiency", "achieved model FLOP/s per device the trainer computes itself (TFLOPs x 1e12)"),
+    "mfu": ("efficiency", "model FLOPs utilization the trainer computes itself, ratio 0-1"),
 }
 """Meaning -> (class, description)."""
 
 KINDS_OF_CLASS: dict[str, frozenset[int]] = {
     "wait": frozenset({TIMING}), "busy": frozenset({TIMING}), "cycle": frozenset({TIMING}),
     "counter": frozenset({COUNT}), "gauge": frozenset({GAUGE, SCALAR}), "category": frozenset({CATEGORY}),
+    "throughput": frozenset({GAUGE, SCALAR}), "efficiency": frozenset({GAUGE, SCALAR}),
 }
 """Which record kinds may carry a meaning of each class (a rule never maps across kinds)."""
 
@@ -56,9 +73,27 @@ WAIT_PHASES = tuple(m for m, (c, _) in MEANINGS.items() if c == "wait")
 BUSY_PHASES = tuple(m for m, (c, _) in MEANINGS.items() if c == "busy")
 PHASES = WAIT_PHASES + BUSY_PHASES
 """Timings that make up a worker's wall time (``step`` is their total, not one of them)."""
+THROUGHPUT = tuple(m for m, (c, _) in MEANINGS.items() if c == "throughput")
+EFFICIENCY = tuple(m for m, (c, _) in MEANINGS.items() if c == "efficiency")
+
+UNITS: dict[str, str] = {
+    "tokens_per_s": "per_second", "samples_per_s": "per_second", "steps_per_s": "per_second",
+    "flops_per_s": "per_second", "mfu": "ratio", "memory_reserved": "bytes",
+}
+"""The base unit (``sidecar.processing.units``) a gauge meaning's values are exported in; a preset
+gives one of these meanings only to a name in that unit (its own or its framework's)."""
+
+SHARE_UNIT = "ratio"
+"""The base unit of a share (``sidecar.model.units``): a phase gauge in it is a share of the step."""
 
 
-def accepts(meaning: str, kind: int) -> bool:
-    """Whether a record of ``kind`` (a ``RecordKind`` value) can carry ``meaning``."""
+def accepts(meaning: str, kind: int, unit: str = "") -> bool:
+    """Whether a record of ``kind`` (a ``RecordKind`` value) whose name reads as ``unit`` (a base
+    unit of ``sidecar.model.units``, ``""``: none) can carry ``meaning``: a phase meaning also
+    takes a gauge in ``SHARE_UNIT`` (the phase's share of the step)."""
     cls = MEANINGS.get(meaning)
-    return cls is not None and kind in KINDS_OF_CLASS[cls[0]]
+    if cls is None:
+        return False
+    if kind in KINDS_OF_CLASS[cls[0]]:
+        return True
+    return unit == SHARE_UNIT and kind == GAUGE and cls[0] in ("wait", "busy")

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.model.ends import EndsView
 from sidecar.model.gpu import GpuView
 from sidecar.model.insight import PipelineInsight
 from sidecar.model.ledger import RunLedgerView
@@ -29,7 +30,15 @@ LIVE_S = 10.0
 heartbeat every 2 s, so five missed heartbeats mean it is gone (killed, exited, or cut off).
 Live senders are what ``dflash_sidecar_senders``, ``dflash_trainer_step`` and the console show;
 a sender no longer live but not yet forgotten (``aggregation.senders.SENDER_TTL_S``) still has
-its accounting."""
+its accounting. A sender that said it was closing (``trainer_shim.wire.Hello.closing``: a clean
+exit) is live only in the window its last message arrived in (``is_live``)."""
+
+
+def is_live(last_seen_age_s: float, closed: bool, window_s: float) -> bool:
+    """Whether a sender whose last message is ``last_seen_age_s`` old at the end of a window of
+    ``window_s`` seconds is live in it: heard within ``LIVE_S``, or, once it closed (its last
+    message says so), only while that message lies inside the window."""
+    return last_seen_age_s < window_s if closed else last_seen_age_s <= LIVE_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +78,9 @@ class WindowReport:
     allocator: dict[tuple[str, str, int], tuple[int, int, int]] = field(default_factory=dict)
     sender_steps: dict[int, int] = field(default_factory=dict)
     """Sender id -> the latest step it published (the run ledger tells each sender's first step)."""
+    sender_first_steps: dict[int, int] = field(default_factory=dict)
+    """Sender id -> the first step it published that the daemon had (the run ledger counts a
+    sender's first stepping window from it)."""
 
     def window_series(self, kind: int | None = None, name: str | None = None) -> Iterable[SeriesView]:
         """Series with data in this window, optionally of one kind and name."""
@@ -121,6 +133,12 @@ class SenderView:
     sender_dropped: dict[str, int]
     first_seen_age_s: float | None = None
     """Seconds since the daemon had this sender's first message (None: not told)."""
+    closed: bool = False
+    """Its last message said it was closing (a clean exit): it sends nothing more."""
+
+    def live(self, window_s: float) -> bool:
+        """Whether it is live in a window of ``window_s`` seconds ending now (``is_live``)."""
+        return is_live(self.last_seen_age_s, self.closed, window_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,12 +163,16 @@ class IngestReport:
     gpu: GpuView | None = None
     run_ledger: RunLedgerView | None = None
     """The run ledger's totals after this window (None if it failed or is off)."""
+    ends: EndsView = field(default_factory=EndsView)
+    """How senders' processes ended: counts, the last per role, the ones told in this window."""
 
     @property
     def live_senders(self) -> tuple[SenderView, ...]:
-        """The senders heard from within ``LIVE_S`` of the window's end (``senders`` also holds
-        silent ones until they are forgotten)."""
-        return tuple(s for s in self.senders if s.last_seen_age_s <= LIVE_S)
+        """The senders live in this window (``is_live``: heard from within ``LIVE_S`` of its end,
+        a closed one only in the window it closed in); ``senders`` also holds the others until
+        they are forgotten."""
+        duration = self.window.duration_s
+        return tuple(s for s in self.senders if s.live(duration))
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,7 +170,7 @@ def supply_line(role: str, meaning: str, role_in_key: bool, snapshot: bool = Fal
     takes it there), or a ``[[mapping]]`` block for a name of its own."""
     cls = MEANINGS[meaning][0]
     call = {"wait": "timing", "busy": "timing", "cycle": "timing", "counter": "count", "gauge": "gauge",
-            "category": "category"}[cls]
+            "category": "category", "throughput": "gauge", "efficiency": "gauge"}[cls]
     suffix = "_ms" if call == "timing" else ""
     prefix = f"{role}." if role_in_key else ""
     role_part = f' role = "{role}",' if prefix else ""
@@ -211,7 +211,8 @@ def run_explain(url: str, as_json: bool = False) -> int:
         with urllib.request.urlopen(url, timeout=5) as resp:
             data = json.loads(resp.read().decode())
     except (OSError, ValueError) as exc:
-        print(f"dflash-sidecar explain: cannot read {url}: {exc}; is the daemon running (see --prometheus-addr)?")
+        print(f"dflash-sidecar explain: cannot read {url}: {exc}; is the daemon running (see --prometheus-addr)? "
+              "For a run that ended: dflash-sidecar explain --run ID (or report), from the run ledger")
         return 1
     print(json.dumps(data, indent=2) if as_json else format_text(data))
     return 0

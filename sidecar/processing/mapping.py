@@ -25,55 +25,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.model.mapped import Mapped
-from sidecar.model.meanings import COUNT, MEANINGS, TIMING, accepts
-from sidecar.model.names import (
-    counter_token,
-    label_value,
-    metric_token,
-    timing_token,
-)
+from sidecar.model.meanings import MEANINGS, accepts
+from sidecar.model.names import counter_token, label_value, metric_token
 from sidecar.model.settings import RoleSettings
-from sidecar.processing import regex_example
+from sidecar.model.window import CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING
+from sidecar.processing import presets, regex_example
+from sidecar.processing.presets import PRESETS
 from sidecar.processing.settings import MappingSettings
+from sidecar.processing.units import SECONDS, Unit, read_unit
 from trainer_shim.wire import MAX_NAME_BYTES
 
-PRESETS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    # (preset, meaning, names as sent without unit; matched case-insensitively)
-    ("dflash", "forward", ("model_forward", "forward", "target_forward", "drafter_forward", "fwd")),
-    ("dflash", "pack", ("pack_hidden", "pack", "pack_hidden_states", "hidden_pack", "handoff")),
-    ("dflash", "queue_wait", ("queue_get", "queue_wait", "queue_get_wait", "get_wait", "ready_wait")),
-    ("dflash", "queue_put_wait", ("queue_put", "queue_put_wait", "put_wait")),
-    ("dflash", "backward", ("backward", "bwd")),
-    ("dflash", "optimizer", ("optimizer", "optimizer_step", "optim_step", "opt_step", "optim")),
-    ("dflash", "data_wait", ("data_wait", "data_load", "dataloader_wait")),
-    ("dflash", "batches", ("batches", "batch_count", "steps")),
-    ("dflash", "tokens", ("tokens", "num_tokens", "token_count")),
-    ("dflash", "loss_tokens", ("loss_tokens", "num_loss_tokens")),
-    ("dflash", "queue_depth", ("queue_depth", "queue_size", "queue_len", "queue_qsize")),
-    ("dflash", "queue_capacity", ("queue_capacity", "queue_maxsize", "queue_max")),
-    ("dflash", "queue_fill", ("queue_fill", "queue_fill_ratio", "queue_util")),
-    ("dflash", "prefetch_depth", ("prefetch_depth", "prefetch", "prefetch_size", "prefetched")),
-    ("dflash", "prefetch_capacity", ("prefetch_capacity", "prefetch_max")),
-    ("dflash", "batch_tokens", ("batch_tokens",)),
-    ("dflash", "loss_token_fraction", ("loss_token_fraction", "loss_token_ratio")),
-    ("dflash", "bucket", ("bucket", "hidden_bucket")),
-    ("generic", "data_wait", ("data_time", "data", "dataloader", "data_loading", "input_wait", "load_time")),
-    ("generic", "step", ("step", "step_time", "batch_time", "iter_time", "iteration", "iteration_time",
-                         "train_step")),
-    ("generic", "comm_wait", ("comm", "comm_wait", "allreduce", "all_reduce", "allreduce_wait", "all_gather",
-                              "reduce_scatter", "collective", "collectives", "nccl", "nccl_wait", "sync",
-                              "barrier", "grad_sync")),
-    ("generic", "forward", ("forward_time", "fwd_time")),
-    ("generic", "backward", ("backward_time", "bwd_time")),
-    ("generic", "forward_backward", ("forward_backward", "fwd_bwd", "forward_backward_time", "fwd_bwd_time")),
-    ("generic", "optimizer", ("optimizer_time", "optim_time", "step_optimizer")),
-    ("generic", "loss", ("loss", "train_loss")),
-    ("generic", "lr", ("lr", "learning_rate")),
-)
-"""The built-in names, one table (docs/SHIM.md prints it). A name maps only for a record kind its
-meaning accepts (a timing meaning needs a ``timing()`` record or a ``*_ms`` profile key)."""
-
-_TOKENS = {TIMING: timing_token, COUNT: counter_token}
+__all__ = ["PRESETS", "Mapper", "MappingError", "Rule", "map_names", "parse_rules", "preset_table"]
 _SEP = re.compile(r"[./]")
 _CAPTURE_REF = re.compile(r"\$(\d+)|\$\{(\w+)\}")
 TARGET_FIELDS = ("role", "worker", "name")
@@ -97,8 +59,9 @@ class Rule:
     name: str | None = None
     meaning: str = ""
 
-    def apply(self, kind: int, raw: str, role: str, worker: str) -> Mapped | None:
-        if self.meaning and not accepts(self.meaning, kind):
+    def apply(self, kind: int, raw: str, role: str, worker: str, unit: str = "") -> Mapped | None:
+        """The rule's mapping of ``raw`` sent as ``kind`` (its name read as base ``unit``), or None."""
+        if self.meaning and not accepts(self.meaning, kind, unit):
             return None
         m = self.pattern.fullmatch(raw)
         if m is None:
@@ -211,12 +174,6 @@ def _is_name(example: str) -> bool:
     return 0 < len(example.encode("utf-8", "surrogatepass")) <= MAX_NAME_BYTES and example.isprintable()
 
 
-_PRESET_INDEX: dict[str, tuple[str, str]] = {}
-for _preset, _meaning, _names in PRESETS:
-    for _n in _names:
-        _PRESET_INDEX.setdefault(_n, (_meaning, _preset))
-
-
 WORKER_HEADS = frozenset({"rank", "worker"})
 """Key heads that name a worker of the channel's role: ``rank.3.data_wait_ms``."""
 
@@ -238,18 +195,57 @@ class Mapper:
         return cls(tuple(mapping.mapping), frozenset({roles.target_role, roles.drafter_role}))
 
     def resolve(self, kind: int, raw: str, role: str, worker: str) -> Mapped:
-        """The mapping of one series name (``raw`` as sent) from a channel labelled (role, worker)."""
+        """The mapping of one series name (``raw`` as sent) from a channel labelled (role, worker).
+        ``kind`` PROFILE: a ``publish()`` dict key, kept as a timing when its name (or its
+        framework) says a time unit, else as a gauge (``Mapped.kind``)."""
+        if kind == PROFILE:
+            found = self._resolve(TIMING, raw, role, worker, entry=True)
+            if found is None or not found[0].meaning:
+                # a gauge meaning (a user's rule for a key in seconds) wins over an unmapped timing
+                as_gauge = self._resolve(GAUGE, raw, role, worker, entry=True)
+                if found is None or (as_gauge is not None and as_gauge[0].meaning):
+                    found = as_gauge
+        else:
+            found = self._resolve(kind, raw, role, worker, entry=False)
+        assert found is not None  # only a dict key's timing form can be refused
+        mapped, rule = found
+        if rule is not None:
+            self.hits[rule] = self.hits.get(rule, 0) + 1
+        return mapped
+
+    def _resolve(self, kind: int, raw: str, role: str, worker: str,
+                 entry: bool) -> tuple[Mapped, int | None] | None:
+        """``raw`` as a record of ``kind``: (its mapping, the user rule that matched); None for a
+        dict key (``entry``) that cannot be a timing (no time unit, its own or its framework's)."""
+        by_rule: int | None = None
+        hit = None
+        sent_unit = read_unit(raw).base if self.rules else ""
         for rule in self.rules:
-            hit = rule.apply(kind, raw, role, worker)
+            hit = rule.apply(kind, raw, role, worker, sent_unit)
             if hit is not None:
-                self.hits[rule.index] = self.hits.get(rule.index, 0) + 1
-                if not hit.meaning:
-                    preset = self._preset(kind, hit.name)
-                    if preset is not None:
-                        hit = Mapped(hit.role, hit.worker, hit.name, preset[0], f"{hit.rule} + preset {preset[1]}")
-                return hit
-        how = ""
-        name = raw
+                by_rule = rule.index
+                break
+        if hit is not None:
+            role, worker, name, meaning, how = hit.role, hit.worker, hit.name, hit.meaning, hit.rule
+        else:
+            role, worker, name, how = self._key_grammar(raw, role, worker)
+            meaning = ""
+        unit = read_unit(name)
+        if not meaning:
+            found = presets.find(kind, name, unit, entry)
+            if found is not None:
+                meaning, unit = found.meaning, found.unit
+                how = f"{how} + preset {found.preset}" if how else f"preset {found.preset}"
+        elif kind == TIMING and unit.base != SECONDS:
+            if entry and unit.known:
+                return None  # a dict key in another unit (a percent: a share) is no timing
+            unit = Unit(name, unit.written)  # a rule's timing without a time unit: milliseconds
+        if entry and kind == TIMING and unit.base != SECONDS and not (meaning and by_rule is not None):
+            return None
+        return _mapped(kind, role, worker, name, meaning, how, unit), by_rule
+
+    def _key_grammar(self, raw: str, role: str, worker: str) -> tuple[str, str, str, str]:
+        """(role, worker, name, how) from a key that names its role or worker, else as sent."""
         parts = _SEP.split(raw)
         if len(parts) >= 2 and all(parts):
             # A head counts as a role only if it is one the insight knows or the channel's own
@@ -258,27 +254,37 @@ class Mapper:
             numbered = len(parts) >= 3 and parts[1].isascii() and parts[1].isdigit()
             rest = raw[len(parts[0]) + len(parts[1]) + 2:]
             if numbered and (parts[0] in self.known_roles or parts[0] == role):
-                role, worker, name, how = parts[0], parts[1], rest, "key grammar"
-            elif numbered and parts[0] in WORKER_HEADS:
-                worker, name, how = parts[1], rest, "key grammar"
-            elif parts[0] in self.known_roles:
-                role, name, how = parts[0], raw[len(parts[0]) + 1:], "key grammar"
-        preset = self._preset(kind, name)
-        if preset is not None:
-            decided = f"{how} + preset {preset[1]}" if how else f"preset {preset[1]}"
-            return Mapped(role, worker, name, preset[0], decided)
-        return Mapped(role, worker, name, "", how)
-
-    @staticmethod
-    def _preset(kind: int, name: str) -> tuple[str, str] | None:
-        token = _TOKENS.get(kind, metric_token)(name).lower()
-        found = _PRESET_INDEX.get(token)
-        if found is None or not accepts(found[0], kind):
-            return None
-        return found
+                return parts[0], parts[1], rest, "key grammar"
+            if numbered and parts[0] in WORKER_HEADS:
+                return role, parts[1], rest, "key grammar"
+            if parts[0] in self.known_roles:
+                return parts[0], worker, raw[len(parts[0]) + 1:], "key grammar"
+        return role, worker, raw, ""
 
     def unused_rules(self) -> list[Rule]:
         return [r for r in self.rules if not self.hits.get(r.index)]
+
+
+def _mapped(kind: int, role: str, worker: str, name: str, meaning: str, how: str, unit: Unit) -> Mapped:
+    """The series ``name`` of ``kind`` read in ``unit``: its exported token and the scale from the
+    values as sent (a timing series holds milliseconds, any other its base unit)."""
+    scale = 1.0
+    if kind == TIMING and unit.base == SECONDS:
+        token, scale, base = metric_token(unit.stem), unit.factor * 1000.0, SECONDS
+    elif kind in (GAUGE, SCALAR) and unit.known:
+        token, scale, base = (metric_token(unit.stem) + unit.token_suffix()).strip("_"), unit.factor, unit.base
+    else:
+        token, base = (counter_token if kind == COUNT else metric_token)(name), SECONDS if kind == TIMING else ""
+    if abs(scale - 1.0) < 1e-12:
+        scale = 1.0  # milliseconds stay as sent: no per-record multiply
+    if kind in (COUNT, CATEGORY) or not unit.written or (unit.base == SECONDS and kind == TIMING and scale == 1.0):
+        note = ""
+    elif kind == TIMING and unit.base != SECONDS:
+        note = f"unit {unit.written} is no time: taken as milliseconds"
+    else:
+        note = unit.describe()
+    rule = f"{how}; {note}" if how and note else (how or note)
+    return Mapped(role, worker, name, meaning, rule, kind, token, scale, base)
 
 
 def preset_table() -> Iterable[tuple[str, str, str, str]]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from sidecar.sources.cgroup import Baseline, oom_baseline, oom_killed
 from trainer_shim import wire
 from trainer_shim.endpoint import ledger_dir
 
@@ -28,14 +29,23 @@ log = logging.getLogger("sidecar")
 SCAN_S = 1.0
 """How often the ledger directories are listed (seconds)."""
 EXIT_GRACE_S = 5.0
-"""A gone process's ledger waits this long (and each of its senders must have been silent this
-long) before it is booked, so that its last frames, still in the kernel's socket buffer or
-ZeroMQ's queue when it died, are counted as received first. With 1 s, a short-lived process's
-only batch arrived after its booking on a box at load 9-19 (2 cores), and was counted as
-``lost_at_exit`` (and its frame as ``after_exit``) instead of accepted."""
+"""The default of the ``sender_gone_after`` setting: a gone process's ledger waits this long (and
+each of its senders must have been silent this long) before it is booked, so that its last frames,
+still in the kernel's socket buffer or ZeroMQ's queue when it died, are counted as received first.
+With 1 s, a short-lived process's only batch arrived after its booking on a box at load 9-19 (2
+cores), and was counted as ``lost_at_exit`` (and its frame as ``after_exit``) instead of accepted."""
 MAX_FILES_PER_SCAN = 4096
 """Entries looked at per directory per scan: a directory flooded with files costs a bounded scan."""
 MAX_LEDGER_BYTES = wire.LEDGER_SLOT_OFFSETS[1] + wire.LEDGER_MAX_PAYLOAD + 64
+MAX_PROCESSES = 4096
+"""Processes whose memory cgroup's OOM-kill counts are kept from their first frame (the sender
+table's size); beyond it the oldest are forgotten (their ledgers' first sight is the baseline)."""
+MAX_CRASH_BYTES = 4096
+"""Of a crash file, the head read: faulthandler's first line names the fatal signal."""
+FATAL_ERRORS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+                "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
+                "Illegal instruction": "SIGILL"}
+"""faulthandler's words for the fatal signals it handles (``Fatal Python error: <words>``)."""
 DIR_MODE = 0o3730
 
 _decoder = msgspec.msgpack.Decoder(wire.Ledger)
@@ -52,6 +62,11 @@ class ReadyLedger:
     uid: int
     final: bool
     written_unix_s: float
+    crash: str = ""
+    """The fatal signal faulthandler wrote down in the process's crash file (``SIGSEGV``...;
+    ``fatal`` for a report it does not name; empty: none)."""
+    oom: bool = False
+    """The process's memory cgroup counted an OOM kill after the ledger was first seen."""
 
 
 @dataclass(slots=True)
@@ -60,6 +75,7 @@ class _Seen:
     ledger: wire.Ledger | None
     uid: int
     ready_since: float | None = None
+    oom: Baseline = ()
 
 
 class LedgerDirectory:
@@ -68,6 +84,7 @@ class LedgerDirectory:
     def __init__(self, endpoints: list[str]) -> None:
         self.directories = [d for d in (ledger_dir(e) for e in endpoints) if d is not None]
         self._seen: dict[str, _Seen] = {}
+        self._baselines: dict[int, Baseline] = {}
         self._next_scan = 0.0
         self.malformed = 0
         """Files of gone processes that held no intact ledger (removed), since the caller last
@@ -98,6 +115,16 @@ class LedgerDirectory:
             usable.append(directory)
         self.directories = usable
 
+    def note_process(self, pid: int | None) -> None:
+        """At a frame from process ``pid`` (the kernel's word, ipc): the first time, read its
+        memory cgroup's OOM-kill counts (``sources.cgroup``), against which its end is told.
+        A dictionary lookup for a process already noted."""
+        if pid is None or pid in self._baselines:
+            return
+        if len(self._baselines) >= MAX_PROCESSES:
+            del self._baselines[next(iter(self._baselines))]
+        self._baselines[pid] = oom_baseline(pid)
+
     def due(self, now: float) -> bool:
         """Whether a scan is due (monotonic seconds)."""
         return bool(self.directories) and now >= self._next_scan
@@ -108,6 +135,7 @@ class LedgerDirectory:
         self._next_scan = now + SCAN_S
         ready: list[ReadyLedger] = []
         present: set[str] = set()
+        crashes: dict[tuple[int, int], tuple[str, int]] = {}
         for directory in self.directories:
             try:
                 with os.scandir(directory) as it:
@@ -115,6 +143,9 @@ class LedgerDirectory:
                         if i >= MAX_FILES_PER_SCAN:
                             break
                         present.add(entry.path)
+                        crash = wire.parse_ledger_file_name(entry.name, wire.CRASH_SUFFIX)
+                        if crash is not None:
+                            crashes[crash] = (entry.path, _owner(entry))
                         found = self._look(entry, now, grace_s)
                         if found is not None:
                             ready.append(found)
@@ -122,7 +153,26 @@ class LedgerDirectory:
                 continue
         for path in [p for p in self._seen if p not in present]:
             del self._seen[path]
+        self._tell_crashes(ready, crashes)
         return ready
+
+    def _tell_crashes(self, ready: list[ReadyLedger], crashes: dict[tuple[int, int], tuple[str, int]]) -> None:
+        """Read the crash file of each ready ledger's process (one its owner made: another member
+        of the socket's group cannot speak for it); remove the crash files of gone processes whose
+        ledgers are all booked (none left in the directory)."""
+        for r in ready:
+            path, uid = crashes.get((r.ledger.pid, r.ledger.start_ticks), ("", -1))
+            if path and uid == r.uid and not r.final:
+                r.crash = _fatal_signal(path)
+        self._sweep(crashes)
+
+    def _sweep(self, crashes: dict[tuple[int, int], tuple[str, int]], live_too: bool = False) -> None:
+        """Remove the crash files no ledger left in the directory needs, of gone processes (and of
+        live ones too with ``live_too``: at the daemon's exit, a closed publisher's)."""
+        pending = {(s.ledger.pid, s.ledger.start_ticks) for s in self._seen.values() if s.ledger is not None}
+        for ident, (path, _) in crashes.items():
+            if ident not in pending and (live_too or _gone(*ident)):
+                self.remove(path)
 
     def _look(self, entry: os.DirEntry[str], now: float, grace_s: float) -> ReadyLedger | None:
         ident = wire.parse_ledger_file_name(entry.name)
@@ -135,12 +185,13 @@ class LedgerDirectory:
         if not stat.S_ISREG(st.st_mode):
             return None
         seen = self._seen.get(entry.path)
+        pid, ticks = ident
         if seen is None or seen.mtime_ns != st.st_mtime_ns:
             seen = _Seen(st.st_mtime_ns, self._read(entry.path), st.st_uid,
-                         seen.ready_since if seen is not None else None)
+                         seen.ready_since if seen is not None else None,
+                         seen.oom if seen is not None else self._baseline(pid, ticks))
             self._seen[entry.path] = seen
         ledger = seen.ledger
-        pid, ticks = ident
         gone = _gone(pid, ticks)
         if ledger is None or ledger.pid != pid:
             if gone:  # not a ledger (a live process may be writing its first slot: wait for it)
@@ -155,7 +206,15 @@ class LedgerDirectory:
             seen.ready_since = now
         if now - seen.ready_since < grace_s:
             return None
-        return ReadyLedger(entry.path, ledger, seen.uid, final, seen.mtime_ns / 1e9)
+        return ReadyLedger(entry.path, ledger, seen.uid, final, seen.mtime_ns / 1e9,
+                           oom=not final and oom_killed(seen.oom))
+
+    def _baseline(self, pid: int, ticks: int) -> Baseline:
+        """The OOM-kill counts of ``pid``'s cgroup from its first frame, else from now (if it lives)."""
+        noted = self._baselines.get(pid)
+        if noted is not None:
+            return noted
+        return () if _gone(pid, ticks) else oom_baseline(pid)
 
     def _read(self, path: str) -> wire.Ledger | None:
         try:
@@ -175,8 +234,18 @@ class LedgerDirectory:
 
     def close(self) -> None:
         """At daemon exit: remove each directory if it is empty (ledgers of live senders, or of
-        gone ones not booked yet, keep it for the next daemon). Idempotent."""
+        gone ones not booked yet, keep it for the next daemon); the crash files whose ledgers were
+        all booked go first. Idempotent."""
         for directory in self.directories:
+            try:
+                names = os.listdir(directory)[:MAX_FILES_PER_SCAN]
+            except OSError:
+                names = []
+            ledgers = {wire.parse_ledger_file_name(name) for name in names}
+            crashes = {ident: (os.path.join(directory, name), -1) for name in names
+                       if (ident := wire.parse_ledger_file_name(name, wire.CRASH_SUFFIX)) is not None
+                       and ident not in ledgers}
+            self._sweep(crashes, live_too=True)
             try:
                 os.rmdir(directory)
             except OSError:
@@ -185,10 +254,40 @@ class LedgerDirectory:
     def remove(self, path: str) -> None:
         """Remove a booked (or unusable) ledger file."""
         self._seen.pop(path, None)
+        ident = wire.parse_ledger_file_name(os.path.basename(path))
+        if ident is not None:
+            self._baselines.pop(ident[0], None)
         try:
             os.unlink(path)
         except OSError:
             pass
+
+
+def _owner(entry: os.DirEntry[str]) -> int:
+    try:
+        return entry.stat(follow_symlinks=False).st_uid
+    except OSError:
+        return -1
+
+
+def _fatal_signal(path: str) -> str:
+    """The fatal signal a crash file names (``FATAL_ERRORS``), ``fatal`` if it holds another
+    report, empty if it is empty or unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        head = os.read(fd, MAX_CRASH_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    if not head.strip():
+        return ""
+    first = head.lstrip().splitlines()[0]
+    words = first.partition("Fatal Python error: ")[2].strip()
+    return FATAL_ERRORS.get(words, "fatal")
 
 
 def _gone(pid: int, ticks: int) -> bool:

@@ -60,6 +60,12 @@ class ReceiverSettings:
         "Allow a tcp:// endpoint on an address other than loopback (anyone who can reach it may then send "
         "records; a warning is logged). Off: tcp is loopback-only."))
 
+    sender_gone_after: float = setting(
+        5.0, check=float, bounds=(1.0, 600.0), unit="seconds", metavar="S",
+        help="A sender's process gone (or its publisher closed) is booked, and how it ended told, once its "
+             "senders have been silent this long (seconds): its last frames still on the way are counted as "
+             "received first.")
+
     def check_settings(self) -> Mapping[str, Any]:
         """No endpoint given: the default one. Raises ``ValueError`` for a tcp endpoint beyond
         loopback without ``endpoint_allow_remote``."""
@@ -82,8 +88,9 @@ class NvmlSettings:
     nvml_interval: float = setting(1.0, check=float, bounds=(0.1, 3600.0), unit="seconds", metavar="S", help=(
         "NVML polling period (seconds). Sub-second polling has cost throughput elsewhere."),
         summary="GPU polling period, default 1 s")
-    gpu_metrics: bool = setting(True, kind="switch", help="Poll GPUs through NVML (--no-gpu-metrics turns it off).",
-                                summary="turn NVML off (a box without GPUs)")
+    gpu_metrics: bool = setting(True, kind="switch", help="Poll the GPUs through NVML (false: no GPU metrics, for "
+                                "a box without GPUs).", off_help="Do not poll the GPUs through NVML (a box without "
+                                "GPUs).", summary="turn NVML off (a box without GPUs)")
     nvml_cpu_budget: float = setting(0.01, check=float, bounds=(0.001, 1.0), unit="of one core", metavar="SHARE",
                                      help=(
         "Share of one core the NVML poller may use (0.01: one percent). Utilization, power, memory, clocks and "

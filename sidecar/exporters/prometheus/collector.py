@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from sidecar.exporters.prometheus.dcgm import DcgmSource
+from sidecar.exporters.prometheus.ends import ends_families
 from sidecar.exporters.prometheus.gpu import gpu_metric_families
 from sidecar.exporters.prometheus.insight import insight_families
 from sidecar.exporters.prometheus.ledger import ledger_families
@@ -87,10 +88,15 @@ class SidecarCollector(Collector):
         state = self.state
         host = state.host
         live = state.live
+        report = state.report
+        roles = {role for role, _ in report.totals} if report is not None else set()
+        ends = live.ends() or (report.ends if report is not None else None)
         sources: list[tuple[str, FamilySource]] = [
             ("self", lambda: self_families(host, live.telemetry())),
             ("wandb", lambda: wandb_families(host, live.exporter_stats("wandb"))),
         ]
+        if ends is not None:  # between windows: an end shows at the scrape after it is told
+            sources.append(("ends", lambda: ends_families(ends, roles, host)))
         view = _Once(live.gpu_view) if live.has_gpus else None  # one GpuView per scrape for both GPU sources
         if view is not None:
             sources.append(("gpu", lambda: gpu_metric_families(view(), host, time.monotonic())))
@@ -248,7 +254,8 @@ def accounting_families(report: IngestReport, host: str) -> list[Metric]:
     for (role, worker, reason), n in report.profile_entries_rejected.items():
         entries.add_metric([host, role, worker, reason], n)
     senders = GaugeMetricFamily("dflash_sidecar_senders", "Live senders: heard from in the last 10 s "
-                                "(a shim heartbeats every 2 s).", labels=["host"])
+                                "(a shim heartbeats every 2 s), one that closed only in the window it "
+                                "closed in.", labels=["host"])
     senders.add_metric([host], len(report.live_senders))
     series = GaugeMetricFamily("dflash_sidecar_series", "Distinct trainer series held (cardinality budget use).",
                                labels=["host"])

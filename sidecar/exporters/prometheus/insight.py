@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from sidecar.model.insight import INSIGHT_VALUES, VERDICTS, PipelineInsight
+from sidecar.model.insight import INSIGHT_VALUES, REPORTED, VERDICTS, PipelineInsight
 
 P = "dflash_pipeline_"
 
@@ -47,14 +47,17 @@ def _role_families(insight: PipelineInsight, host: str) -> list[Metric]:
     cv = _gauge("rate_cv_ratio", "Coefficient of variation (std/mean) of the role's per-worker batch rates.", ["role"])
     share = _gauge("time_share_ratio", "Share of the role's wall time per step phase, mean over its workers "
                    "(0-1; 'other' is time no phase timing covers).", ["role", "phase"])
+    reported = {fig.meaning: _gauge("reported_" + fig.family, fig.help, ["role"]) for fig in REPORTED}
     for role in insight.roles.values():
+        for meaning, value in role.reported.items():
+            reported[meaning].add_metric([host, role.role], value)
         tokens.add_metric([host, role.role], role.tokens_per_s)
         batches.add_metric([host, role.role], role.batches_per_s)
         if role.rate_cv is not None:
             cv.add_metric([host, role.role], role.rate_cv)
         for phase, value in role.time_share.items():
             share.add_metric([host, role.role, phase], value)
-    return [tokens, batches, cv, share]
+    return [tokens, batches, cv, share, *reported.values()]
 
 
 def _worker_families(insight: PipelineInsight, host: str) -> list[Metric]:

@@ -29,13 +29,15 @@ def ledger_families(view: RunLedgerView, host: str) -> list[Metric]:
     joules = CounterMetricFamily(P + "energy_joules", "GPU energy of the role's GPUs by cause (a window's energy "
                                  "split in proportion to its seconds), joules.", labels=labels + ["cause"])
     goodput = GaugeMetricFamily(P + "goodput_ratio", "Productive share of the role's wall time (0-1).", labels=labels)
-    tokens = CounterMetricFamily(P + "tokens", "Tokens the role processed (the trainer's tokens counter).",
-                                 labels=labels)
-    steps = CounterMetricFamily(P + "steps", "Steps the role advanced while the daemon watched.", labels=labels)
+    tokens = CounterMetricFamily(P + "tokens", "Tokens the role processed (the trainer's tokens counter, else "
+                                 "the tokens/s it reports over its stepping time).", labels=labels)
+    steps = CounterMetricFamily(P + "steps", "Steps the role advanced (its step numbers, else its step timings, "
+                                "batches counter or phase timings).", labels=labels)
     per_gpu = GaugeMetricFamily(P + "tokens_per_gpu_per_second", "Tokens per second of wall time per GPU of the "
                                 "role, over the run.", labels=labels)
     mfu = GaugeMetricFamily(P + "mfu_ratio", "Model FLOPs utilization over the run's wall time (0-1): the stated "
-                            "FLOPs per token times tokens/s/GPU over the GPU's dense BF16 peak.", labels=labels)
+                            "FLOPs per token times tokens/s/GPU over the GPU's dense BF16 peak, else the trainer's "
+                            "own MFU or FLOP/s over its stepping time.", labels=labels)
     per_token = GaugeMetricFamily(P + "joules_per_token", "GPU energy per token over the run, joules.",
                                   labels=labels)
     per_step = GaugeMetricFamily(P + "joules_per_step", "GPU energy per step over the run, joules.", labels=labels)

@@ -30,10 +30,12 @@ from typing import Any, Final, NamedTuple
 from sidecar.backoff import Backoff
 from sidecar.exporters.base import Exporter
 from sidecar.exporters.wandb import join
+from sidecar.exporters.wandb.ends_row import ALERT_EVERY_S, AlertLimiter
 from sidecar.exporters.wandb.join import Plan, PlanKind, TrainerRun
 from sidecar.exporters.wandb.rows import window_row
 from sidecar.exporters.wandb.settings import QUEUE, RUN, WandbSettings
 from sidecar.model.window import IngestReport, SenderView
+from trainer_shim.integrations.tap_targets import exclude as exclude_from_taps
 
 POLL_S: Final = 0.2
 """How often the idle exporter thread looks for a new target run (seconds)."""
@@ -127,6 +129,8 @@ class _Item(NamedTuple):
     plan: Plan
     row: dict[str, Any]
     step: int | None
+    alerts: tuple[tuple[str, str], ...] = ()
+    """``(title, text)`` of the W&B alerts to raise with the row (``ends_row.AlertLimiter``)."""
 
 
 _LOGGING: Final = frozenset({PlanKind.SHARED, PlanKind.OFFLINE})
@@ -181,6 +185,7 @@ class WandbExporter(Exporter):
         self._pending: _Item | None = None
         self._retry_at = 0.0
         self._backoff = Backoff(RETRY_MIN_S, RETRY_MAX_S)
+        self._alerts = AlertLimiter()
 
     # ---- caller side ---------------------------------------------------------------------
 
@@ -198,13 +203,23 @@ class WandbExporter(Exporter):
         cred = join.credential_source(self._environ)
         self._log.info("W&B exporter starting: run=%s mode=%s credentials=%s", self._config.run,
                        self._mode, cred or ("none found" if self._mode == "online" else "n/a"))
+        if cred is None and self._mode == "online":
+            self._log.warning(
+                "W&B: %s. Meanwhile everything else runs (Prometheus, the run ledger, the console); the W&B "
+                "exporter retries joining %s every %.0f s, backing off to every %.0f s, and holds up to %d rows "
+                "until it joins (beyond, rows are dropped, counted in dflash_sidecar_wandb_dropped_total"
+                "{reason=\"queue_full\"})", join.NO_CREDENTIALS,
+                "the run the trainer announces" if self._config.run == "auto" else f"run {self._config.run}",
+                RETRY_MIN_S, RETRY_MAX_S, self._config.queue_size)
         self._log.info("W&B: %s", plan.reason)
         self._thread.start()
 
-    def submit(self, row: Mapping[str, float], trainer_step: int | None) -> bool:
+    def submit(self, row: Mapping[str, float], trainer_step: int | None,
+               alerts: tuple[tuple[str, str], ...] = ()) -> bool:
         """Queue one flat row (keys without the ``sidecar/`` prefix) logged against
-        ``trainer_step`` when known. Never blocks; returns False when the row is dropped
-        (counted by reason in ``stats().rows_dropped``)."""
+        ``trainer_step`` when known, and the ``(title, text)`` alerts to raise after it. Never
+        blocks; returns False when the row is dropped (counted by reason in
+        ``stats().rows_dropped``; its alerts with it)."""
         state = self._state
         if self._closed:
             return self._drop("shutdown")
@@ -213,14 +228,16 @@ class WandbExporter(Exporter):
         if state is WandbState.REFUSED:
             return self._drop("refused")
         try:
-            self._queue.put_nowait(_Item(*self._target, dict(row), trainer_step))
+            self._queue.put_nowait(_Item(*self._target, dict(row), trainer_step, alerts))
         except queue.Full:
             return self._drop("queue_full")
         return True
 
     def consume(self, window: IngestReport) -> None:
-        """Queue the window's row (``rows.window_row``) against the trainer's step."""
-        self.submit(window_row(window, self._host), window.window.trainer_step)
+        """Queue the window's row (``rows.window_row``) against the trainer's step, with an alert
+        for each end that loses records (``ends_row.AlertLimiter``)."""
+        alerts = tuple(self._alerts.alerts(window.ends, self._host, time.monotonic())) if window.ends.new else ()
+        self.submit(window_row(window, self._host), window.window.trainer_step, alerts)
 
     def hello(self, sender: SenderView) -> None:
         """A shim hello: what it says about the trainer's W&B run (``on_trainer_hello``)."""
@@ -432,6 +449,7 @@ class WandbExporter(Exporter):
             _quiet_teardown()  # the failed run stays registered in the service: start afresh
             self._retry_at = time.monotonic() + self._backoff.failed()
             return
+        exclude_from_taps(run)  # a tapped wandb.log in this process must not send our rows back
         self._run, self._axis_defined = run, False
         self._backoff.reset()
         with self._lock:
@@ -470,6 +488,16 @@ class WandbExporter(Exporter):
         with self._lock:
             self._logged += 1
             self._skipped += skipped
+        for title, text in item.alerts:
+            self._alert(title, text)
+
+    def _alert(self, title: str, text: str) -> None:
+        """Raise one W&B alert (``WARN``); a failure is counted (``alert_error``) and logged."""
+        try:
+            self._call(self._run.alert, title=title, text=text, level="WARN", wait_duration=ALERT_EVERY_S)
+        except Exception as exc:  # noqa: BLE001 - the row is logged; an alert the service refuses is not fatal
+            self._drop("alert_error")
+            self._log.warning("W&B: alert %r failed (%s)", title, join.redact(repr(exc), self._environ))
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run one wandb call, publishing how long it has been running (``busy_s``)."""

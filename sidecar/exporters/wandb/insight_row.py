@@ -7,7 +7,7 @@ gap, not a fake zero). docs/METRICS.md lists every key.
 
 from __future__ import annotations
 
-from sidecar.model.insight import INSIGHT_VALUES, VERDICTS, PipelineInsight
+from sidecar.model.insight import INSIGHT_VALUES, REPORTED, VERDICTS, PipelineInsight
 
 PREFIX = "pipeline/"
 
@@ -26,6 +26,9 @@ def insight_row(insight: PipelineInsight) -> dict[str, float]:
     for role in insight.roles.values():
         row[f"{PREFIX}tokens_per_s/{role.role}"] = role.tokens_per_s
         row[f"{PREFIX}batches_per_s/{role.role}"] = role.batches_per_s
+        for fig in REPORTED:
+            if fig.meaning in role.reported:
+                row[f"{PREFIX}reported/{fig.wandb_key}/{role.role}"] = role.reported[fig.meaning]
         if role.rate_cv is not None:
             row[f"{PREFIX}rate_cv/{role.role}"] = role.rate_cv
         for phase, share in role.time_share.items():

@@ -19,8 +19,9 @@ from sidecar.exporters.wandb.gpu_rows import GROUP_VALUES
 from sidecar.exporters.wandb.join import KEY_PREFIX, STEP_KEY
 from sidecar.exporters.wandb.ledger_row import FIGURES
 from sidecar.exporters.wandb.rows import ALLOCATOR_VALUES, GAUGE_STATS, TIMING_STATS
+from sidecar.model.ends import HOWS
 from sidecar.model.gpu import GPU_METRICS, XID_METRICS
-from sidecar.model.insight import INSIGHT_VALUES
+from sidecar.model.insight import INSIGHT_VALUES, REPORTED
 
 HOST_PREFIX = KEY_PREFIX + "<host>/"
 """What every key of ``KEY_SCHEME`` is logged under."""
@@ -80,6 +81,8 @@ def _pipeline() -> list[KeyPattern]:
             KeyPattern(p + "worker/<role>/<worker>/straggler", "0 or 1", "1 when the worker is a straggler"),
             KeyPattern(p + "gpu_idle/<group>/<reason>", "0-1",
                        "a GPU group's idle share (`<reason>` = `idle`) and its part by cause")]
+    out += [KeyPattern(f"{p}reported/{fig.wandb_key}/<role>", "as Prometheus",
+                       f"`dflash_pipeline_reported_{fig.family}`: {fig.help}") for fig in REPORTED]
     return out
 
 
@@ -110,7 +113,17 @@ def _ledger() -> list[KeyPattern]:
     return out
 
 
-KEY_SCHEME: tuple[KeyPattern, ...] = tuple(_trainer() + _self() + _pipeline() + _gpus() + _ledger())
+def _ends() -> list[KeyPattern]:
+    p = "ends/<role>/"
+    return [KeyPattern(p + "<how>", "count", f"processes of the role that ended so far, by how ({', '.join(HOWS)}); "
+                       "in the windows with an end"),
+            KeyPattern(p + "pid", "pid", "the last end's process id"),
+            KeyPattern(p + "step", "step", "the last end's latest published step"),
+            KeyPattern(p + "unknown_records", "records", "records the last end made after its last flush whose "
+                       "fate is unknown, at most")]
+
+
+KEY_SCHEME: tuple[KeyPattern, ...] = tuple(_trainer() + _self() + _pipeline() + _gpus() + _ledger() + _ends())
 """Every key of a window's row, under ``HOST_PREFIX``."""
 
 

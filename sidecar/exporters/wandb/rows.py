@@ -3,7 +3,7 @@
 Keys: ``trainer/<role>/<worker>/<name>/<stat>`` for the trainer's series (timings in ms, as the
 trainer sent them; counter rates per second), ``self/...`` for the daemon's own accounting,
 ``pipeline/...`` for the insight (``insight_row``), ``ledger/...`` for the run ledger
-(``ledger_row``), ``gpu/...``, ``group/...``, ``nvml/...`` for
+(``ledger_row``), ``ends/...`` for the senders' ends (``ends_row``), ``gpu/...``, ``group/...``, ``nvml/...`` for
 the GPUs (``gpu_rows``). Only series with data in the window appear, so a row never repeats
 stale values. ``window_row`` is the whole row of one window. ``keys.KEY_SCHEME`` lists every
 key (docs/METRICS.md's table is generated from it).
@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 
+from sidecar.exporters.wandb.ends_row import ends_row
 from sidecar.exporters.wandb.gpu_rows import gpu_wandb_row
 from sidecar.exporters.wandb.insight_row import insight_row
 from sidecar.exporters.wandb.ledger_row import ledger_row
@@ -34,7 +35,8 @@ def window_row(report: IngestReport, host: str) -> dict[str, float]:
     for part in (trainer_row(report), accounting_row(report),
                  insight_row(report.insight) if report.insight is not None else {},
                  gpu_wandb_row(report.gpu, time.monotonic()) if report.gpu is not None else {},
-                 ledger_row(report.run_ledger) if report.run_ledger is not None else {}):
+                 ledger_row(report.run_ledger) if report.run_ledger is not None else {},
+                 ends_row(report.ends)):
         row.update((f"{host}/{key}", value) for key, value in part.items())
     return row
 

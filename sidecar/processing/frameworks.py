@@ -1,0 +1,99 @@
+"""The training frameworks' own metric names, as built-in presets (no config needed).
+
+Each row was read from the framework's sources at the version named: the keys it hands its
+loggers (TensorBoard, W&B, its own JSON), matched like the other presets on the name without
+its unit, after ``sidecar.model.names.metric_token`` (``time_metrics/data_loading(s)`` ->
+``time_metrics_data_loading``) and case-insensitively. A row's ``unit`` is the one the framework
+uses for a name that says none (mmengine's ``data_time`` is in seconds); a name that says its own
+unit must agree with it (a percent of a phase excepted: that is the phase's share of the step).
+A unit stated by a row applies to a ``publish()`` dict key and a ``gauge()``; a ``timing()`` record
+whose name says no unit is in milliseconds, as its API says. docs/METRICS.md prints this table.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class FrameworkRow(NamedTuple):
+    """One framework name group: who emits it, at which version, what it means, its unit."""
+
+    preset: str
+    version: str
+    meaning: str
+    unit: str
+    """The unit the framework uses when the name says none (grammar spelling: ``s``, ``%``,
+    ``MiB``, ``tflops``), ``""``: none stated."""
+    names: tuple[str, ...]
+    """As the framework spells them (docs); matched by their ``metric_token``, lower case."""
+
+
+FRAMEWORKS: tuple[FrameworkRow, ...] = (
+    # torchtitan: torchtitan/components/metrics.py, MetricsProcessor.log (per log_freq steps)
+    FrameworkRow("torchtitan", "git 00fbaaf", "step", "s", ("time_metrics/end_to_end(s)",)),
+    FrameworkRow("torchtitan", "git 00fbaaf", "data_wait", "s",
+                 ("time_metrics/data_loading(s)", "time_metrics/data_loading(%)")),
+    FrameworkRow("torchtitan", "git 00fbaaf", "tokens_per_s", "tps", ("throughput(tps)",)),
+    FrameworkRow("torchtitan", "git 00fbaaf", "flops_per_s", "tflops", ("tflops",)),
+    FrameworkRow("torchtitan", "git 00fbaaf", "mfu", "%", ("mfu(%)",)),
+    FrameworkRow("torchtitan", "git 00fbaaf", "loss", "", ("loss_metrics/global_avg_loss",)),
+    FrameworkRow("torchtitan", "git 00fbaaf", "grad_norm", "", ("grad_norm",)),
+    FrameworkRow("torchtitan", "git 00fbaaf", "memory_reserved", "GiB", ("memory/max_reserved(GiB)",)),
+    # Megatron-LM: megatron/training/training.py training_log -> timers.write(name + "-time"),
+    # seconds per iteration (normalized by the iterations since the last log), and its scalars
+    FrameworkRow("megatron", "git 86df799", "step", "s", ("iteration-time",)),
+    FrameworkRow("megatron", "git 86df799", "data_wait", "s", ("batch-generator-time",)),
+    FrameworkRow("megatron", "git 86df799", "forward_backward", "s", ("forward-backward-time",)),
+    FrameworkRow("megatron", "git 86df799", "comm_wait", "s",
+                 ("grads-all-reduce-time", "all-grads-sync-time", "grads-reduce-scatter-time",
+                  "params-all-gather-time", "layernorm-grads-all-reduce-time", "embedding-grads-all-reduce-time")),
+    FrameworkRow("megatron", "git 86df799", "optimizer", "s", ("optimizer-time",)),
+    FrameworkRow("megatron", "git 86df799", "flops_per_s", "tflops", ("throughput",)),
+    FrameworkRow("megatron", "git 86df799", "lr", "", ("learning-rate",)),
+    FrameworkRow("megatron", "git 86df799", "loss", "", ("lm loss",)),
+    FrameworkRow("megatron", "git 86df799", "grad_norm", "", ("grad-norm",)),
+    # HF transformers Trainer: Trainer._maybe_log_save_evaluate logs and trainer_utils.speed_metrics;
+    # its WandbCallback rewrites them to train/<key> (integration_utils.rewrite_logs)
+    FrameworkRow("hf", "transformers 5.24", "samples_per_s", "", ("train_samples_per_second",
+                                                                 "train/train_samples_per_second")),
+    FrameworkRow("hf", "transformers 5.24", "steps_per_s", "", ("train_steps_per_second",
+                                                               "train/train_steps_per_second")),
+    FrameworkRow("hf", "transformers 5.24", "tokens_per_s", "", ("train_tokens_per_second",
+                                                                "train/train_tokens_per_second")),
+    FrameworkRow("hf", "transformers 5.24", "loss", "", ("train/loss",)),
+    FrameworkRow("hf", "transformers 5.24", "lr", "", ("train/learning_rate",)),
+    FrameworkRow("hf", "transformers 5.24", "grad_norm", "", ("train/grad_norm",)),
+    FrameworkRow("hf", "transformers 5.24", "epoch", "", ("train/epoch",)),
+    FrameworkRow("hf", "transformers 5.24", "step_number", "", ("train/global_step",)),
+    # nanoGPT: train.py, the wandb.log dict at each eval_interval (mfu as a percent)
+    FrameworkRow("nanogpt", "git 005475c", "step_number", "", ("iter",)),
+    FrameworkRow("nanogpt", "git 005475c", "mfu", "%", ("mfu",)),
+    FrameworkRow("nanogpt", "git 005475c", "loss", "", ("train/loss",)),
+    # mmengine: hooks/iter_timer_hook.py (message hub train/data_time, train/time, in seconds) and
+    # runner/log_processor.py (the train/ prefix dropped for the loggers; memory in MB = MiB)
+    FrameworkRow("mmengine", "main", "data_wait", "s", ("data_time", "train/data_time")),
+    FrameworkRow("mmengine", "main", "step", "s", ("time", "train/time")),
+    FrameworkRow("mmengine", "main", "memory_reserved", "MiB", ("memory",)),
+    # detectron2: engine/train_loop.py (data_time, the max over workers) and engine/hooks.py
+    # IterationTimer (time), in seconds; the same names as mmengine's
+    FrameworkRow("detectron2", "git 059601d", "data_wait", "s", ("data_time",)),
+    FrameworkRow("detectron2", "git 059601d", "step", "s", ("time",)),
+    FrameworkRow("detectron2", "git 059601d", "loss", "", ("total_loss",)),
+    # Accelerate: Accelerator.log passes the trainer's own dict to its trackers and defines no
+    # names of its own; its examples log train_loss and epoch (the generic preset's)
+    FrameworkRow("accelerate", "1.15", "epoch", "", ("epoch",)),
+    FrameworkRow("accelerate", "1.15", "step_number", "", ("step",)),
+)
+"""Read in order: the first row that fits a name, kind and unit decides (detectron2's rows, the
+same names as mmengine's, are listed for the docs; ``explain`` names the first)."""
+
+
+def doc_table() -> list[str]:
+    """docs/METRICS.md's framework table, one row per framework and meaning (a test keeps the two
+    equal)."""
+    lines = ["| framework | version read | its keys | maps to |", "| --- | --- | --- | --- |"]
+    for r in FRAMEWORKS:
+        keys = ", ".join(f"`{n}`" for n in r.names)
+        unit = f", unit `{r.unit}` when the name says none" if r.unit else ""
+        lines.append(f"| {r.preset} | {r.version} | {keys} | `{r.meaning}`{unit} |")
+    return lines

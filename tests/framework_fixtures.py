@@ -1,0 +1,85 @@
+"""The metric dicts training frameworks hand their loggers, with their own key names (read from
+each framework's sources at the version in ``VERSIONS``, the presets' own table), filled with the
+values a run of ``step_s`` seconds a step, ``data`` of it loading data, would give. A trainer
+publishes them as they are: ``telemetry.publish(step, metrics)``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sidecar.processing.frameworks import FRAMEWORKS
+
+Fixture = Callable[[float, float, int], dict[str, float]]
+"""(seconds per step, data loading share of it 0-1, steps so far) -> the framework's dict."""
+
+VERSIONS = {r.preset: r.version for r in FRAMEWORKS}
+
+TOKENS_PER_STEP = 8192
+FLOPS_PER_TOKEN = 6 * 124e6
+PEAK_FLOPS = 989e12
+
+
+def torchtitan(step_s: float, data: float, step: int) -> dict[str, float]:
+    """torchtitan/components/metrics.py MetricsProcessor.log: the means over log_freq steps."""
+    tps = TOKENS_PER_STEP / step_s
+    return {
+        "loss_metrics/global_avg_loss": 2.31, "loss_metrics/global_max_loss": 2.52, "grad_norm": 0.87,
+        "ntokens_seen": float(TOKENS_PER_STEP * step), "throughput(tps)": tps,
+        "tflops": FLOPS_PER_TOKEN * tps / 1e12, "mfu(%)": 100 * FLOPS_PER_TOKEN * tps / PEAK_FLOPS,
+        "time_metrics/end_to_end(s)": step_s, "time_metrics/data_loading(s)": step_s * data,
+        "time_metrics/data_loading(%)": 100.0 * data,
+        "memory/max_active(GiB)": 31.5, "memory/max_active(%)": 22.6, "memory/max_reserved(GiB)": 36.0,
+        "memory/max_reserved(%)": 25.8, "memory/num_alloc_retries": 0.0, "memory/num_ooms": 0.0,
+    }
+
+
+def megatron(step_s: float, data: float, step: int) -> dict[str, float]:
+    """megatron/training/training.py training_log: timers.write(<timer>-time) in seconds per
+    iteration (batch-generator runs inside forward-backward), iteration-time, throughput
+    (TFLOP/s/GPU), and its scalars."""
+    compute = step_s * (1.0 - data)
+    return {
+        "iteration-time": step_s, "batch-generator-time": step_s * data,
+        "forward-backward-time": step_s * data + compute * 0.85, "grads-all-reduce-time": compute * 0.05,
+        "optimizer-time": compute * 0.08, "learning-rate": 3e-4, "lm loss": 2.4, "loss-scale": 1.0,
+        "grad-norm": 0.9, "batch-size": 32.0, "throughput": FLOPS_PER_TOKEN * TOKENS_PER_STEP / step_s / 1e12,
+    }
+
+
+def hf(step_s: float, data: float, step: int) -> dict[str, float]:
+    """transformers Trainer logs (loss, grad_norm, learning_rate, epoch) and its speed metrics
+    (trainer_utils.speed_metrics, logged at the end of training)."""
+    return {"loss": 2.2, "grad_norm": 1.3, "learning_rate": 5e-5, "epoch": step / 100.0,
+            "train_samples_per_second": 8 / step_s, "train_steps_per_second": 1 / step_s,
+            "train_tokens_per_second": TOKENS_PER_STEP / step_s}
+
+
+def nanogpt(step_s: float, data: float, step: int) -> dict[str, float]:
+    """nanoGPT train.py: the wandb.log dict (mfu as a percent)."""
+    return {"iter": float(step), "train/loss": 3.1, "val/loss": 3.2, "lr": 6e-4,
+            "mfu": 100 * FLOPS_PER_TOKEN * TOKENS_PER_STEP / step_s / PEAK_FLOPS}
+
+
+def mmengine(step_s: float, data: float, step: int) -> dict[str, float]:
+    """mmengine: the tag LogProcessor hands the visualizer each logging interval (IterTimerHook's
+    data_time and time in seconds, memory in MB)."""
+    return {"lr": 0.02, "data_time": step_s * data, "time": step_s, "loss": 1.4, "loss_cls": 0.8,
+            "loss_bbox": 0.6, "memory": 4096.0}
+
+
+def detectron2(step_s: float, data: float, step: int) -> dict[str, float]:
+    """detectron2: EventStorage scalars (data_time from the train loop, time from IterationTimer)."""
+    return {"data_time": step_s * data, "time": step_s, "total_loss": 1.1, "loss_cls": 0.4, "loss_box_reg": 0.3,
+            "lr": 0.02}
+
+
+def accelerate(step_s: float, data: float, step: int) -> dict[str, float]:
+    """Accelerate's examples (complete_nlp_example.py): accelerator.log of the trainer's own dict."""
+    return {"train_loss": 0.7, "epoch": float(step // 50), "accuracy": 0.8, "f1": 0.79}
+
+
+FIXTURES: dict[str, Fixture] = {"torchtitan": torchtitan, "megatron": megatron, "hf": hf, "nanogpt": nanogpt,
+                                "mmengine": mmengine, "detectron2": detectron2, "accelerate": accelerate}
+DATA_TIMED = ("torchtitan", "megatron", "mmengine", "detectron2")
+"""Frameworks whose own dict reports data loading against the step; the others' (HF, nanoGPT,
+Accelerate) carry no data time, so their names alone cannot tell an input-bound run."""
