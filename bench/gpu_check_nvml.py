@@ -89,7 +89,9 @@ FIELDS: tuple[Field, ...] = (
     Field("memory.total [MiB]", ("memory.total",), _scaled("memory_total_bytes", 1 / MIB), rel_tol=0.02),
     Field("memory.used [MiB]", ("memory.used",), _scaled("memory_used_bytes", 1 / MIB), abs_tol=64, rel_tol=0.05),
     Field("memory.free [MiB]", ("memory.free",), _scaled("memory_free_bytes", 1 / MIB), abs_tol=64, rel_tol=0.05),
-    Field("power.draw [W]", ("power.draw.instant", "power.draw"), _scaled("power_watts", 1), abs_tol=10, rel_tol=0.15),
+    # nvmlDeviceGetPowerUsage, what the sidecar reads, is nvidia-smi's power.draw.average on Ampere and newer
+    Field("power.draw [W]", ("power.draw.average", "power.draw"), _scaled("power_watts", 1), abs_tol=10,
+          rel_tol=0.15),
     Field("enforced.power.limit [W]", ("enforced.power.limit",), _scaled("power_limit_watts", 1), abs_tol=1),
     Field("temperature.gpu [C]", ("temperature.gpu",), _scaled("temperature_celsius", 1), abs_tol=2),
     Field("temperature.memory [C]", ("temperature.memory",), _scaled("memory_temperature_celsius", 1), abs_tol=2),
