@@ -198,3 +198,6 @@ def _check_torchtitan_families(samples: dict[str, list[tuple[dict[str, str], flo
     assert 0 < one("dflash_trainer_time_metrics_data_loading_ratio") <= 1
     assert one("dflash_trainer_flops_per_second") > 1e12
     assert one("dflash_trainer_time_metrics_end_to_end_seconds_count") > 0
+    # and the insight's throughput and efficiency families read them (the trainer's own figures)
+    assert one("dflash_pipeline_reported_tokens_per_second") > 1000
+    assert 0 < one("dflash_pipeline_reported_mfu_ratio") < 1

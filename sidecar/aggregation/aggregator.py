@@ -411,7 +411,7 @@ class Aggregator:
 
     def _entries(self, entries: Any, role: str, worker: str, cache: dict[Any, Any], memo: dict[Any, Any],
                  resolved: Resolved | None) -> None:
-        """A profile dict's (key, value) entries: ``*_ms`` keys are timings, the others gauges.
+        """A profile dict's (key, value) entries: keys in a time unit are timings, the others gauges.
         The sender's table maps (PROFILE, key) to the entry's series, so the kind is decided once
         per key."""
         rejected = self.profile_entries_rejected
