@@ -8,6 +8,7 @@ the second one runs, then reads ``dflash-sidecar report --json``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -86,6 +87,29 @@ def test_a_predecessor_still_listed_beside_its_successor_does_not_hide_the_gap()
     r = role(led)
     assert r.seconds["restart_gap"] == pytest.approx(2.0)  # 103 -> 105, the successor's start
     assert r.wall_s == pytest.approx(6.0)
+
+
+def killed_then_successor(told_in: int) -> RunLedger:
+    """A sender killed after its last message at 103, told ``unclean`` in the window ending at
+    ``told_in``, and its successor started at 105.4 (heard from the window ending at 106 on)."""
+    led = RunLedger()
+    for end in range(101, 104):
+        led.add(window(end, (sender("1@100", 100, end, end),)))
+    gone = SenderFact("1@100", "run-1", "trainer", 100, 103, 103, 3, alive=False)
+    for end in range(104, 109):
+        listed = (gone,) + ((sender("2@105.4", 105.4, end, end - 105),) if end >= 106 else ())
+        told = (("trainer", "unclean"),) if end == told_in else ()
+        led.add(dataclasses.replace(window(end, listed), ends=told))
+    return led
+
+
+@pytest.mark.parametrize("told_in", [105, 106, 108])
+def test_the_gap_after_an_unclean_end_is_booked_under_it_whichever_is_told_first(told_in: int) -> None:
+    """The end told before the successor's hello, in its first window, or after it: the same gap,
+    103 -> 105.4, under ``unclean``, once."""
+    r = role(killed_then_successor(told_in))
+    assert r.seconds["restart_gap"] == pytest.approx(2.4)
+    assert r.ends == {"unclean": 1} and r.gap_after == pytest.approx({"unclean": 2.4})
 
 
 def test_a_daemon_restart_continues_the_ledger_and_counts_the_time_it_missed(tmp_path: Path) -> None:

@@ -185,18 +185,29 @@ def test_wandb_gets_an_event_row_and_a_rate_limited_alert(tmp_path: Path) -> Non
     assert any(r.get("ends/wb-clean/clean") == 1 and r.get("ends/wb-clean/unknown_records") == 0 for r in rows)
 
 
+def _open_gap(d: DaemonProc, role: str) -> float:
+    """``dflash_ledger_open_gap_seconds`` of ``role``: above 0 once the run ledger counts all its senders gone."""
+    return max((v for lab, v in d.samples().get("dflash_ledger_open_gap_seconds", []) if lab.get("role") == role),
+               default=0.0)
+
+
 def test_report_tells_the_ends_and_the_gap_after_an_unclean_one(tmp_path: Path) -> None:
-    """A sender SIGKILLed and its successor started before the kill is told: the run ledger books
-    the restart gap under ``unclean`` once the end is told, and ``report`` shows the ends per role
-    (and keeps them across the daemon's restart: they live in its state file)."""
+    """A sender SIGKILLed, and its successor started once the end is told and the run ledger
+    counts the role gone (a restart gap is the time from the role's last sender gone to its
+    successor's start: a successor seen while the killed one still counts alive opens none, so
+    the test waits for both): the run ledger books the restart gap under ``unclean``, and
+    ``report`` shows the ends per role (and keeps them across the daemon's restart: they live in
+    its state file). The other order, the successor's hello before the end is told, is
+    ``tests/test_run_ledger.py``'s, with hand-built windows."""
     d = DaemonProc(tmp_path, "--sender-gone-after", str(GONE_AFTER_S))
     try:
         first = ends.start(d, "sigkill", "lr")
         ends.finish(first, "lr", signal.SIGKILL)
+        wait_for(lambda: ends.ends_of(d, "lr") == {"unclean": 1}, timeout_s=60, what="the unclean end")
+        wait_for(lambda: _open_gap(d, "lr") > 0, timeout_s=60, what="the role counted gone")
         second = ends.start(d, "sigterm", "lr")
         assert second.stdout is not None
         second.stdout.readline()
-        wait_for(lambda: ends.ends_of(d, "lr") == {"unclean": 1}, timeout_s=60, what="the unclean end")
         time.sleep(1.5)  # windows with the successor alive
         second.send_signal(signal.SIGTERM)
         second.communicate(timeout=30)
