@@ -45,7 +45,11 @@ idle, or no GPU reading) the largest wait over its threshold decides: ``input-bo
 timing covers, from workers that time their own forward/backward); else ``balanced``. Time in
 unmapped timings (``unattributed``) never decides: it is named in the evidence and lowers the
 confidence by its share. ``throttled`` and ``straggler`` override as above, except that a
-straggler does not override ``compute-bound`` (busy GPUs are not idle waiting for it).
+straggler does not override ``compute-bound`` (busy GPUs are not idle waiting for it). A loop
+that sends no phase timing at all (the HF Trainer's, nanoGPT's, Accelerate's own logs) is judged
+by the GPU reading of its role alone (a live sender's, or its mapped series'): busy ->
+``compute-bound``; idle -> ``balanced`` at a low confidence, the idle share named
+``<role>.unattributed`` (``_untimed``); no reading -> ``unknown``.
 
 Every verdict has a confidence (0-1): 0.5 at its deciding threshold, rising to 1 as the deciding
 number moves one threshold's worth past it (for ``balanced``: how far the largest signal stays
