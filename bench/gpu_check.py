@@ -6,17 +6,21 @@ their output, then prints a compact summary and writes every part's results to `
 
 1. ``gpu_check_shim.py``: zero synchronization of every shim call under
    ``torch.cuda.set_sync_debug_mode("error")``, eager and inside ``torch.compile``, scalar
-   values checked, a busy-GPU probe;
-2. ``gpu_check_parity.py``: steps/s without the shim, with the shim and a daemon polling NVML
-   every 1 s (GPM on), and with the daemon's ``--no-gpu-metrics``; alternating runs, medians,
-   ratio to the baseline against the 99.5 % target;
+   values checked, a busy-GPU probe (its kernels warmed, the spin checked with an event), the
+   first ``scalar()`` of a fresh process against the next ones;
+2. ``gpu_check_parity.py``: steps/s without the shim, with the NVML daemon alone, the shim alone,
+   both, and two ``scalar()`` per step alone (this resolver and cf69852's); 5 rounds, the
+   order rotating, medians and ranges, ratio to the baseline against the 99.5 % target;
 3. ``gpu_check_nvml.py``: NVML cost per call kind and per poll (GPM on/off, the per-process
    query), the daemon's CPU at 1 s polling, and the readings next to ``nvidia-smi``'s.
 
-About 3-4 minutes on one GPU; the part limits add up to at most ``--budget`` seconds (300).
+About 5 minutes on one GPU; the part limits add up to at most ``--budget`` seconds (340), so
+that with start-up the check ends within 6 minutes.
 ``--dry-run`` runs the same on a machine without a GPU: CPU tensors, short runs, NVML against
 whatever ``libnvidia-ml.so.1`` the loader finds (the tests' fake driver with ``--fake-nvml N``,
-else the NVML part is skipped). Exit status: 0 when every part passed, else 1.
+else the NVML part is skipped). Every child the check starts gets this interpreter's
+``sys.path`` through ``PYTHONPATH``, so packages reachable only that way reach the parts, their
+receivers and daemons. Exit status: 0 when every part passed, else 1.
 """
 
 from __future__ import annotations
@@ -38,15 +42,20 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from gpu_check_common import export_sys_path  # noqa: E402 - after the path set-up
 
 # part -> (script, share of the time budget, arguments of a real run, arguments of a dry run)
 PARTS: dict[str, tuple[str, float, list[str], list[str]]] = {
-    "shim": ("gpu_check_shim.py", 0.40, [], ["--dry-run", "--steps", "3"]),
-    "parity": ("gpu_check_parity.py", 0.35, ["--repeats", "3", "--run-seconds", "4"],
+    "shim": ("gpu_check_shim.py", 0.26, [], ["--dry-run", "--steps", "3"]),
+    "parity": ("gpu_check_parity.py", 0.50, ["--repeats", "5", "--run-seconds", "2.5"],
                ["--dry-run", "--repeats", "1", "--run-seconds", "0.1"]),
-    "nvml": ("gpu_check_nvml.py", 0.25, [],
+    "nvml": ("gpu_check_nvml.py", 0.24, [],
              ["--dry-run", "--seconds", "0.6", "--daemon-seconds", "0.5", "--reps", "5"]),
 }
+BUDGET_S = 340.0
+"""Default total of the part limits: with start-up, the whole check within 6 minutes."""
 
 
 def run_part(name: str, args: list[str], limit_s: float, workdir: Path) -> dict[str, Any]:
@@ -96,10 +105,12 @@ def summary(parts: dict[str, dict[str, Any]]) -> list[str]:
                      f"({comp.get('backend')}) {'FAILED' if comp.get('sync_error') or comp.get('error') else 'ok'}; "
                      f"graph breaks {comp.get('graph_breaks')}, recompiles {comp.get('recompiles_after_warmup')}; "
                      f"values {'ok' if not shim.get('failures') else 'see failures'}")
+    lines += probe_lines(shim)
     parity = parts.get("parity", {}).get("results", {})
     for setup, row in parity.get("setups", {}).items():
+        low, high = row.get("range_ratio", [row["ratio_to_baseline"]] * 2)
         lines.append(f"throughput {setup}: {row['median_steps_per_s']:.2f} steps/s, "
-                     f"{row['ratio_to_baseline'] * 100:.2f} % of baseline"
+                     f"{row['ratio_to_baseline'] * 100:.2f} % of baseline (runs {low * 100:.2f}-{high * 100:.2f} %)"
                      + ("" if row.get("daemon_cpu_share_median") is None
                         else f", daemon CPU {row['daemon_cpu_share_median'] * 100:.2f} %")
                      + (" (dry run)" if parity.get("dry_run") else ""))
@@ -129,12 +140,29 @@ def summary(parts: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def probe_lines(shim: dict[str, Any]) -> list[str]:
+    """The shim part's busy-GPU probe and first-call costs, one line each."""
+    lines = []
+    probe = shim.get("busy_probe_us")
+    if probe:
+        bad = shim.get("busy_probe_failures", [])
+        lines.append(f"busy-GPU probe: {'FAILED: ' + '; '.join(bad) if bad else 'ok'}; slowest call "
+                     f"{max(probe.values()):.1f} us (scalar {probe.get('scalar', float('nan')):.1f} us)")
+    for order, row in shim.get("first_call", {}).items():
+        lines.append(f"first scalar() ({order}): " + (f"error {row['error']}" if "error" in row else
+                     f"{row['first_us']:.1f} us, later median {row['later_median_us']:.1f} us, "
+                     f"max {row['later_max_us']:.1f} us"))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="write every part's results here (JSON)")
     parser.add_argument("--dry-run", action="store_true", help="no GPU: CPU tensors, short runs")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
-    parser.add_argument("--budget", type=float, default=300.0, help="total time limit (s), shared by the parts")
+    parser.add_argument("--budget", type=float, default=BUDGET_S, help="total time limit (s), shared by the parts")
+    parser.add_argument("--old-scalar", type=Path, default=None,
+                        help="the parity part's \"before\": cf69852's trainer_shim/cuda_scalar.py (default: from git)")
     parser.add_argument("--fake-nvml", type=int, default=0, metavar="N",
                         help="dry run only: NVML from the tests' fake driver with N GPUs (needs gcc and nvml.h)")
     parser.add_argument("--nvidia-smi", default=None, help="nvidia-smi binary for the NVML part")
@@ -147,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--fake-nvml is for --dry-run only")
     if args.budget <= 0:
         parser.error("--budget must be > 0")
+    export_sys_path()  # every part, receiver and daemon sees what this process imports
     environment, missing = preflight()
     print(f"environment: {environment}", flush=True)
     if missing:
@@ -165,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             extra = list(dry if args.dry_run else real)
             if name == "nvml" and args.nvidia_smi:
                 extra += ["--nvidia-smi", args.nvidia_smi]
+            if name == "parity" and args.old_scalar:
+                extra += ["--old-scalar", str(args.old_scalar.resolve())]
             parts[name] = run_part(name, extra, args.budget * weight / share, workdir)
             write_out(args.out, args.dry_run, environment, summary(parts), parts)  # partial results survive a kill
     lines = summary(parts)

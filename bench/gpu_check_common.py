@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,20 @@ if str(ROOT) not in sys.path:
 from tests.launcher import DaemonProc, cpu_seconds, http_get  # noqa: E402 - the one launcher, pytest-free
 
 __all__ = ["DaemonProc", "cpu_seconds", "http_get"]  # the launcher's, re-exported for the parts
+
+
+def export_sys_path() -> str:
+    """Append this interpreter's ``sys.path`` to ``PYTHONPATH`` (what was there stays first), so
+    that every child the check starts (parts, receivers, daemons, fresh probes) imports what this
+    process imports, wherever its packages come from: a folder of unpacked wheels, a user site, a
+    ``.pth`` file. Returns the new value."""
+    current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*current, *paths]))
+    return os.environ["PYTHONPATH"]
+
+
+export_sys_path()  # every part imports this module first: its children see what it sees
 
 
 def write_json(path: Path | None, results: dict[str, Any]) -> None:

@@ -33,8 +33,11 @@ are skipped with their reason printed. Exit status: 0 when every check passed, 1
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -78,12 +81,14 @@ def grad_norm(model: torch.nn.Module) -> torch.Tensor:
 
 
 def train(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-          steps: int, shim: bool, device: torch.device, keep: list[Any] | None = None) -> None:
-    """Run ``steps`` steps without any synchronization of its own."""
+          steps: int, shim: bool, device: torch.device, keep: list[Any] | None = None,
+          scalars_only: bool = False) -> None:
+    """Run ``steps`` steps without any synchronization of its own: with every shim call each
+    step (``shim``), or with only ``scalar()`` on the loss and the grad norm (``scalars_only``)."""
     amp = torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     for step in range(steps):
         t0 = time.perf_counter_ns()
-        if shim:
+        if shim and not scalars_only:
             with telemetry.timer("forward"), amp:
                 out = model(x)
                 loss = torch.nn.functional.mse_loss(out.float(), y)
@@ -95,7 +100,10 @@ def train(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y
         gn = grad_norm(model)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if shim:
+        if scalars_only:
+            telemetry.scalar("loss", loss)
+            telemetry.scalar("grad_norm", gn)
+        elif shim:
             host_ms = (time.perf_counter_ns() - t0) * 1e-6
             telemetry.scalar("loss", loss)
             telemetry.scalar("grad_norm", gn)
@@ -109,12 +117,12 @@ def train(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y
 
 
 def timed(device: torch.device, model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
-          y: torch.Tensor, steps: int, shim: bool) -> float:
+          y: torch.Tensor, steps: int, shim: bool, scalars_only: bool = False) -> float:
     """``train`` between two device synchronizations; returns the wall time in seconds."""
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    train(model, opt, x, y, steps, shim=shim, device=device)
+    train(model, opt, x, y, steps, shim=shim, device=device, scalars_only=scalars_only)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start
@@ -132,13 +140,26 @@ def _sleep_cycles_per_ms() -> float:
 
 
 def busy_gpu_probe(device: torch.device) -> tuple[list[str], dict[str, float]]:
-    """Shim calls while the GPU spins for ~200 ms; returns failures and each call's host time (µs)."""
+    """Shim calls while the GPU spins for ~200 ms; returns failures and each call's host time (µs).
+
+    Every kernel the probe launches (the spin, the fill, the multiply) and the shim's scalar path
+    run once before the spin is queued: under CUDA's lazy module loading the first launch of a
+    kernel waits for the whole GPU and would drain the spin. An event after the spin shows that
+    it still runs when the first timed call starts and after the last one returned; if not, the
+    probe proved nothing and says so."""
+    from trainer_shim import cuda_scalar
+
     failures: list[str] = []
-    cycles = int(0.2 * 1000 * _sleep_cycles_per_ms())
+    cycles = int(0.2 * 1000 * _sleep_cycles_per_ms())  # also warms the spin kernel and events
     probe = torch.ones((), device=device)
+    telemetry.scalar("probe_warm", probe * 3)  # the multiply warm; the resolver set up
     torch.cuda.synchronize()
+    wait_until(lambda: (r := cuda_scalar.current()) is not None and r.in_flight() == 0, 10)
+    spin_done = torch.cuda.Event()
     torch.cuda._sleep(cycles)
+    spin_done.record()
     value = probe * 3  # ready only after the spin
+    running_at_first = not spin_done.query()
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     for name, call in [
@@ -155,23 +176,76 @@ def busy_gpu_probe(device: torch.device) -> tuple[list[str], dict[str, float]]:
     with telemetry.timer("timer"):
         pass
     timings["timer+all"] = time.perf_counter() - t0
-    from trainer_shim import cuda_scalar
-
+    running_after_last = not spin_done.query()
     resolver = cuda_scalar.current()
     unresolved = resolver is not None and resolver.in_flight() > 0
-    gpu_busy = torch.cuda.current_stream(device).query() is False
     torch.cuda.synchronize()
     worst = max(timings.values())
-    print(f"busy-GPU probe: every shim call returned while the GPU spun for 200 ms; "
-          f"slowest {worst * 1e6:.1f} us ({', '.join(f'{k} {v * 1e6:.1f}' for k, v in timings.items())} us)")
+    print(f"busy-GPU probe: spin running at the first call {running_at_first}, after the last {running_after_last}; "
+          f"slowest call {worst * 1e6:.1f} us ({', '.join(f'{k} {v * 1e6:.1f}' for k, v in timings.items())} us)")
     if worst > 0.05:
         failures.append(f"a shim call took {worst * 1e3:.1f} ms while the GPU was busy (synchronized?)")
-    if not gpu_busy:
-        failures.append("the GPU was already idle after the calls: the probe proved nothing")
+    if not running_at_first:
+        failures.append("the spin had ended before the first timed call: a launch waited for the GPU "
+                        "(a kernel not warmed under lazy module loading?); the probe proved nothing")
+    if not running_after_last:
+        failures.append("the spin ended before the last call returned: a call waited for the GPU, "
+                        "or the spin was too short; the probe proved nothing")
     if not unresolved:
         failures.append("the probe scalar resolved before its copy could have run")
     wait_until(lambda: resolver is not None and resolver.in_flight() == 0, 10)
     return failures, {k: v * 1e6 for k, v in timings.items()}
+
+
+FIRST_CALL = r"""
+import json, sys, time
+order = sys.argv[1]
+if order == "configure, then import torch":
+    from trainer_shim import telemetry
+    telemetry.configure(endpoint=sys.argv[2], role="probe", worker="0")
+import torch
+from trainer_shim import telemetry
+if order == "configure, then CUDA init":
+    telemetry.configure(endpoint=sys.argv[2], role="probe", worker="0")
+cuda = sys.argv[3] == "cuda"
+x = torch.ones((), device=sys.argv[3])
+y = x * 2  # CUDA up, the kernel loaded
+if cuda:
+    torch.cuda.synchronize()
+if order == "CUDA init, then configure":
+    telemetry.configure(endpoint=sys.argv[2], role="probe", worker="0")
+telemetry.count("warm")  # the channel exists in every order: only scalar() is timed
+time.sleep(0.2)  # a trainer's forward pass: the set-up, if started, runs meanwhile
+costs = []
+for i in range(21):
+    t0 = time.perf_counter()
+    telemetry.scalar("loss", y)
+    costs.append((time.perf_counter() - t0) * 1e6)
+    time.sleep(0.005)
+if cuda:
+    torch.cuda.synchronize()
+print(json.dumps({"first_us": costs[0], "later_us": sorted(costs[1:])}))
+"""
+FIRST_CALL_ORDERS = ("configure, then CUDA init", "CUDA init, then configure", "configure, then import torch")
+
+
+def first_call_costs(endpoint: str, device: torch.device) -> dict[str, dict[str, Any]]:
+    """``scalar()``'s first call against the next 20, each order of set-up in a fresh process
+    (on CPU the plumbing only: a CPU tensor is published at once)."""
+    results: dict[str, dict[str, Any]] = {}
+    for order in FIRST_CALL_ORDERS:
+        proc = subprocess.run([sys.executable, "-c", FIRST_CALL, order, endpoint, device.type], capture_output=True,
+                              text=True, timeout=60, check=False)
+        if proc.returncode != 0:
+            results[order] = {"error": proc.stderr.strip().splitlines()[-1][:300] if proc.stderr.strip() else "?"}
+            continue
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        later = out["later_us"]
+        results[order] = {"first_us": out["first_us"], "later_median_us": statistics.median(later),
+                          "later_max_us": max(later)}
+        print(f"first scalar() in a fresh process ({order}, {device.type}): {out['first_us']:.1f} us; "
+              f"the next 20: median {statistics.median(later):.1f} us, max {max(later):.1f} us")
+    return results
 
 
 def compiled_step(model: torch.nn.Module, device: torch.device, backend: str, graphs: list[int],
@@ -333,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # noqa: BLE001 - e.g. no torch.cuda._sleep: the loops still run
                     probe_failures = [f"busy-GPU probe failed: {type(exc).__name__}: {exc}"]
                 failures += probe_failures
+                results["busy_probe_failures"] = probe_failures
+            results["first_call"] = first = first_call_costs(f"ipc://{tmp}/nobody.sock", device)
+            failures += [f"first-call probe ({order}): {r['error']}" for order, r in first.items() if "error" in r]
             keep: list[Any] = []
             results["eager"] = eager = {"steps": steps, "sync_error": None}
             if cuda:

@@ -11,7 +11,8 @@ import socket
 from collections.abc import Callable
 
 from sidecar.config import Config
-from sidecar.exporters.wandb.join import credential_source
+from sidecar.exit_status import FAILURE, OK
+from sidecar.exporters.wandb.join import NO_CREDENTIALS, credential_source
 from sidecar.model.address import parse_host_port
 from sidecar.sources.receiver import EndpointError, Receiver
 from trainer_shim.endpoint import daemon_endpoint, shim_would_miss
@@ -96,7 +97,7 @@ def check_wandb(cfg: Config) -> Result:
         return "ok", f"WANDB_MODE={mode}: logging to a local offline run for a later `wandb sync`"
     source = credential_source(os.environ)
     if source is None:
-        return "FAIL", "no W&B credentials: set WANDB_API_KEY in the EnvironmentFile or run `wandb login`"
+        return "FAIL", NO_CREDENTIALS
     return "ok", f"W&B credentials from {source}; will join run {cfg.wandb_run!r} in shared mode"
 
 
@@ -115,4 +116,4 @@ def run_check(cfg: Config) -> int:
             status, message = "FAIL", f"check crashed: {exc!r}"
         failed |= status == "FAIL"
         print(f"{status:>4}  {name:<10} {message}")
-    return 1 if failed else 0
+    return FAILURE if failed else OK

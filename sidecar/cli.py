@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import logging
 import sys
 from collections.abc import Sequence
@@ -11,8 +12,20 @@ from collections.abc import Sequence
 from sidecar import __version__
 from sidecar import config as config_mod
 from sidecar.config import ConfigError
+from sidecar.exit_status import FAILURE, OK, USAGE
 
 SUBCOMMANDS = ("run", "check", "demo", "top", "explain", "report", "sample-config")
+
+
+class DefaultsHelp(argparse.HelpFormatter):
+    """``--help`` that shows each option's default, except where there is none to show (None,
+    off, a setting's flag, whose help already says it) or the help says it in words."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text.lower():
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,35 +36,44 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=config_mod.summary_help())
     parser.add_argument("--version", action="version", version=f"dflash-sidecar {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{run,check,demo,top,explain,report,sample-config}")
-    run = sub.add_parser("run", help="run the daemon (the default)")
+    add = functools.partial(sub.add_parser, formatter_class=DefaultsHelp)
+    run = add("run", help="run the daemon (the default)")
     config_mod.add_arguments(run)
-    check = sub.add_parser("check", help="verify endpoint, port, NVML and W&B before deployment")
+    check = add("check", help="verify endpoint, port, NVML and W&B before deployment")
     config_mod.add_arguments(check)
-    demo = sub.add_parser("demo", help="the daemon plus a simulated DFlash pipeline (no GPU needed)")
+    demo = add("demo", help="the daemon plus a simulated DFlash pipeline (no GPU needed)",
+               description="The daemon plus a simulated trainer; a progress line meanwhile, a summary at the end. "
+                           "Its run ledger goes to --state-dir when given, else to the default state folder's demo/ "
+                           "(apart from real runs'): the summary says which, for dflash-sidecar report.")
     config_mod.add_arguments(demo)
     from sidecar.demo import add_demo_arguments, positive_seconds
 
     add_demo_arguments(demo)
     addr_help = f"the daemon's HOST:PORT (default: {config_mod.BY_NAME['prometheus_addr'].default})"
-    top = sub.add_parser("top", help="live terminal view of a running daemon")
+    top = add("top", help="live terminal view of a running daemon")
     top.add_argument("--url", default=None, help="metrics URL (default: from --prometheus-addr or --config)")
     top.add_argument("--prometheus-addr", default=None, help=addr_help)
     top.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                      help="the daemon's TOML config file: top reads its prometheus_addr (and TLS)")
     top.add_argument("--refresh", type=positive_seconds, default=2.0, help="seconds between refreshes (> 0)")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
-    explain = sub.add_parser("explain", help="what a running daemon mapped each series to, and what each verdict lacks")
+    explain = add("explain", help="what a running daemon mapped each series to, and what each verdict lacks")
     explain.add_argument("--prometheus-addr", default=None, help=addr_help)
     explain.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                          help="the daemon's TOML config file: explain reads its prometheus_addr")
     explain.add_argument("--json", action="store_true", help="print the raw JSON")
-    report = sub.add_parser("report", help="the run ledger: where each run's time and energy went")
+    explain.add_argument("--run", default=None,
+                         help="a run's verdicts as the run ledger kept them (its share of the run's time and windows, "
+                              "the dominant one's evidence): works after the run ended and without a daemon")
+    explain.add_argument("--state-dir", default=None, help="with --run: the daemon's state folder (default: as the "
+                                                           "daemon)")
+    report = add("report", help="the run ledger: where each run's time and energy went")
     report.add_argument("--run", default=None, help="only this run (a W&B run id, or host:NAME)")
     report.add_argument("--json", action="store_true", help="print JSON")
     report.add_argument("--state-dir", default=None, help="the daemon's state folder (default: as the daemon)")
     report.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                         help="the daemon's TOML config file: report reads its state_dir and flops_per_token")
-    sample = sub.add_parser("sample-config", help="print a config file listing every setting and its default")
+    sample = add("sample-config", help="print a config file listing every setting and its default")
     for name, p in (("run", run), ("check", check), ("demo", demo), ("top", top), ("explain", explain),
                     ("report", report), ("sample-config", sample)):
         p.set_defaults(subparser=p, command=name)
@@ -71,52 +93,45 @@ def _unknown_arguments(parser: argparse.ArgumentParser, extra: list[str]) -> str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 for invalid options)."""
+    """Entry point; returns the exit status (``sidecar.exit_status``: 2 for invalid options)."""
     args = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if args and not args[0].startswith("-") and args[0] not in SUBCOMMANDS:
         close = difflib.get_close_matches(args[0], SUBCOMMANDS, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        parser.exit(2, f"dflash-sidecar: error: unknown command {args[0]!r}; {hint}"
+        parser.exit(USAGE, f"dflash-sidecar: error: unknown command {args[0]!r}; {hint}"
                        f"commands: {', '.join(SUBCOMMANDS)} (none: run)\n")
     if not args or args[0] not in SUBCOMMANDS + ("-h", "--help", "--version"):
         args.insert(0, "run")
     ns, extra = parser.parse_known_args(args)
     if extra:
-        ns.subparser.exit(2, f"{ns.subparser.prog}: error: {_unknown_arguments(ns.subparser, extra)}\n")
+        ns.subparser.exit(USAGE, f"{ns.subparser.prog}: error: {_unknown_arguments(ns.subparser, extra)}\n")
     if ns.command == "sample-config":
         print(config_mod.sample_toml())
-        return 0
+        return OK
     if ns.command == "top":
         from sidecar.top_screen import run_top, top_url
 
         try:
             url = top_url(ns.url, ns.prometheus_addr, ns.config_file)
         except ConfigError as exc:
-            ns.subparser.exit(2, f"dflash-sidecar top: error: {exc}\n")
+            ns.subparser.exit(USAGE, f"dflash-sidecar top: error: {exc}\n")
         return run_top(url, ns.refresh, ns.once)
     if ns.command == "explain":
-        from sidecar.processing.explain import run_explain
-        from sidecar.top_screen import top_url
-
-        try:
-            url = top_url(None, ns.prometheus_addr, ns.config_file)
-        except ConfigError as exc:
-            ns.subparser.exit(2, f"dflash-sidecar explain: error: {exc}\n")
-        return run_explain(url.removesuffix("/metrics") + "/explain", ns.json)
+        return _explain(ns)
     if ns.command == "report":
         from sidecar.report import run_report
 
         try:
             cfg = config_mod.load({"config_file": ns.config_file} if ns.config_file else {})
         except ConfigError as exc:
-            ns.subparser.exit(2, f"dflash-sidecar report: error: {exc}\n")
+            ns.subparser.exit(USAGE, f"dflash-sidecar report: error: {exc}\n")
         return run_report(ns.state_dir or cfg.state_dir, ns.run, ns.json, cfg.flops_per_token)
     given = config_mod.given(vars(ns))
     try:
         cfg = config_mod.load(given)
     except ConfigError as exc:
-        parser.exit(2, f"dflash-sidecar: error: {exc}\n")
+        parser.exit(USAGE, f"dflash-sidecar: error: {exc}\n")
     logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if ns.command == "check":
@@ -128,6 +143,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_demo(cfg, ns)
     return run_daemon(cfg, given)
+
+
+def _explain(ns: argparse.Namespace) -> int:
+    """``explain``: the live daemon's report, or with ``--run`` a run's kept verdicts (state file)."""
+    from sidecar.processing.explain import run_explain
+    from sidecar.top_screen import top_url
+
+    try:
+        url = top_url(None, ns.prometheus_addr, ns.config_file)
+        cfg = config_mod.load({"config_file": ns.config_file} if ns.config_file else {})
+    except ConfigError as exc:
+        ns.subparser.exit(USAGE, f"dflash-sidecar explain: error: {exc}\n")
+    if ns.run is not None:
+        from sidecar.report import run_verdicts
+
+        return run_verdicts(ns.state_dir or cfg.state_dir, ns.run)
+    return run_explain(url.removesuffix("/metrics") + "/explain", ns.json)
 
 
 def run_daemon(cfg: config_mod.Config, cli_overrides: dict[str, object]) -> int:
@@ -144,5 +176,5 @@ def run_daemon(cfg: config_mod.Config, cli_overrides: dict[str, object]) -> int:
         daemon.start()
     except (EndpointError, OSError) as exc:
         logging.getLogger("sidecar").error("dflash-sidecar: %s", exc)
-        return 1
+        return FAILURE
     return daemon.run()

@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         for s in declared(cls):
             if s.kind == "tables":
                 continue
-            common: dict[str, Any] = {"dest": s.name, "default": argparse.SUPPRESS, "help": s.full_help}
+            common: dict[str, Any] = {"dest": s.name, "default": argparse.SUPPRESS, "help": s.flag_help}
             if s.kind == "switch":
                 group.add_argument(s.flag, action="store_false" if s.default else "store_true", **common)
             else:

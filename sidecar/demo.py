@@ -28,10 +28,12 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sidecar.config import Config
 from sidecar.demo_loops import GENERIC_BOTTLENECKS, GenericLoop, LoopTimings, SeedStyleMonitor
+from sidecar.exit_status import FAILURE, USAGE
 
 log = logging.getLogger("sidecar")
 
@@ -120,7 +122,8 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between profile snapshots (--style seed, --form snapshot)")
     parser.add_argument("--ranks", type=_workers, default=2, help="generic loop: ranks, one thread each (1-64)")
     parser.add_argument("--duration", type=positive_seconds, default=None,
-                        help="seconds to run, > 0 (default: until Ctrl-C or SIGTERM)")
+                        help="seconds to run, > 0 (default: until Ctrl-C or SIGTERM; either way it ends with a "
+                             "summary)")
     parser.add_argument("--targets", type=_workers, default=3, help="simulated target workers (1-64)")
     parser.add_argument("--drafters", type=_workers, default=2, help="simulated drafter workers (1-64)")
 
@@ -140,7 +143,10 @@ class SimulatedPipeline:
         self.queue: queue.Queue[tuple[int, int, int]] = queue.Queue(maxsize=timings.queue_capacity)
         self.stop = threading.Event()
         self.rng = random.Random(seed)
-        telemetry.configure(endpoint=endpoint, role="demo", worker="main", flush_interval_s=0.1)
+        # per-worker channels: the default channel is target 0's, so no sender stays silent (its
+        # role would show in the run ledger with nothing in it); seed style publishes through it
+        self.default = telemetry.configure(endpoint=endpoint, role="target" if monitor_interval_s is None else "demo",
+                                           worker="0" if monitor_interval_s is None else "main", flush_interval_s=0.1)
         self.telemetry = telemetry
         self.threads: list[threading.Thread] = []
         self.step = 0
@@ -154,7 +160,8 @@ class SimulatedPipeline:
         return (time.perf_counter() - start) * 1000.0
 
     def _target(self, index: int) -> None:
-        ch: Any = self.telemetry.channel(role="target", worker=str(index)) if self.monitor is None else None
+        ch: Any = None if self.monitor is not None else (
+            self.default if index == 0 else self.telemetry.channel(role="target", worker=str(index)))
         t = self.t
         monitor = self.monitor
         while not self.stop.is_set():
@@ -222,6 +229,11 @@ class SimulatedPipeline:
             ch.gauge("prefetch_capacity", PREFETCH)
             ch.scalar("loss", 2.0 / (1.0 + step / 500.0))
 
+    @property
+    def steps(self) -> int:
+        """Drafter steps so far (every worker's)."""
+        return self.monitor.steps if self.monitor is not None else self.step
+
     def start(self) -> None:
         for i in range(self.targets):
             self.threads.append(threading.Thread(target=self._target, args=(i,), name=f"target-{i}", daemon=True))
@@ -241,47 +253,45 @@ class SimulatedPipeline:
         self.telemetry.flush()
 
 
-def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
-    """Run the daemon and the simulated pipeline until ``--duration`` passes or SIGTERM/Ctrl-C."""
-    from sidecar.daemon import Daemon
+def demo_state_dir(configured: str | None) -> Path:
+    """Where the demo keeps its run ledger: the state folder given (``--state-dir`` or the config
+    file), else ``<the default state folder>/demo``, apart from real runs'."""
     from sidecar.ledger_state import state_dir
+
+    return state_dir(configured) if configured else state_dir(None) / "demo"
+
+
+def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
+    """Run the daemon and the simulated pipeline until ``--duration`` passes or SIGTERM/Ctrl-C,
+    with a progress line meanwhile and a summary at the end (``sidecar.demo_report``)."""
+    from sidecar.daemon import Daemon
+    from sidecar.demo_report import Progress, summary
     from sidecar.sources.receiver import EndpointError
 
-    # the simulated run's ledger stays apart from real runs' (report --state-dir <state>/demo)
-    daemon = Daemon(dataclasses.replace(cfg, state_dir=str(state_dir(cfg.state_dir) / "demo")))
+    folder = demo_state_dir(cfg.state_dir)
+    daemon = Daemon(dataclasses.replace(cfg, state_dir=str(folder)))
     try:
         daemon.start()
     except (EndpointError, OSError) as exc:
         log.error("dflash-sidecar demo: %s", exc)
-        return 1
-    pipeline: SimulatedPipeline | GenericLoop
-    if ns.style == "generic":
-        if ns.bottleneck not in GENERIC_BOTTLENECKS:
-            log.error("demo: --style generic takes --bottleneck %s", ", ".join(GENERIC_BOTTLENECKS))
-            daemon.shutdown()
-            return 2
-        pipeline = GenericLoop(LoopTimings.for_bottleneck(ns.bottleneck), ns.ranks, cfg.endpoint[0], ns.form,
-                               ns.profile_interval)
-        pipeline.start_threads()
-        log.info("demo: plain training loop with %d ranks (%s form), bottleneck=%s; metrics on http://%s/metrics",
-                 ns.ranks, ns.form, ns.bottleneck, cfg.prometheus_addr)
-    else:
-        kind = dflash_bottleneck(ns.bottleneck)
-        if kind is None:
-            log.error("demo: the DFlash pipeline takes --bottleneck %s", ", ".join(BOTTLENECKS))
-            daemon.shutdown()
-            return 2
-        pipeline = SimulatedPipeline(PipelineTimings.for_bottleneck(kind), ns.targets, ns.drafters,
-                                     cfg.endpoint[0],
-                                     monitor_interval_s=ns.profile_interval if ns.style == "seed" else None)
-        pipeline.start()
-        log.info("demo: simulated pipeline with %d target and %d drafter workers, bottleneck=%s, style=%s; "
-                 "metrics on http://%s/metrics", ns.targets, ns.drafters, kind, ns.style, cfg.prometheus_addr)
+        return FAILURE
+    pipeline = _start_pipeline(cfg, ns)
+    if pipeline is None:
+        daemon.shutdown()
+        return USAGE
     if ns.duration is not None:
         timer = threading.Timer(ns.duration, daemon.stop, [f"demo ran its --duration of {ns.duration:g} s"])
         timer.daemon = True  # SIGTERM before the duration ends must not wait for it
         timer.start()
+    log.info("demo: runs %s; try, from another terminal: curl -s http://%s/metrics, dflash-sidecar top "
+             "--prometheus-addr %s; the run ledger: dflash-sidecar report --state-dir %s",
+             f"for {ns.duration:g} s" if ns.duration else "until Ctrl-C", cfg.prometheus_addr, cfg.prometheus_addr,
+             folder)
+    progress = Progress(daemon.live.window, lambda: pipeline.steps, cfg.interval, ns.duration)
+    progress.start()
+
     def stop_senders() -> None:  # while the daemon still receives: their last records and final ledgers reach it
+        progress.stop()
         if isinstance(pipeline, GenericLoop):
             pipeline.join()
         else:
@@ -289,6 +299,33 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
         pipeline.telemetry.close()
 
     try:
-        return daemon.run(before_shutdown=stop_senders)
+        status = daemon.run(before_shutdown=stop_senders)
     finally:
+        progress.stop()
         daemon.shutdown()
+    print(summary(daemon.ledger.ledger.view(), folder, cfg.prometheus_addr), flush=True)
+    return status
+
+
+def _start_pipeline(cfg: Config, ns: argparse.Namespace) -> SimulatedPipeline | GenericLoop | None:
+    """The simulated trainer ``ns`` asks for, started; None (logged) for a bottleneck its style lacks."""
+    if ns.style == "generic":
+        if ns.bottleneck not in GENERIC_BOTTLENECKS:
+            log.error("demo: --style generic takes --bottleneck %s", ", ".join(GENERIC_BOTTLENECKS))
+            return None
+        loop = GenericLoop(LoopTimings.for_bottleneck(ns.bottleneck), ns.ranks, cfg.endpoint[0], ns.form,
+                           ns.profile_interval)
+        loop.start_threads()
+        log.info("demo: plain training loop with %d ranks (%s form), bottleneck=%s; metrics on http://%s/metrics",
+                 ns.ranks, ns.form, ns.bottleneck, cfg.prometheus_addr)
+        return loop
+    kind = dflash_bottleneck(ns.bottleneck)
+    if kind is None:
+        log.error("demo: the DFlash pipeline takes --bottleneck %s", ", ".join(BOTTLENECKS))
+        return None
+    pipeline = SimulatedPipeline(PipelineTimings.for_bottleneck(kind), ns.targets, ns.drafters, cfg.endpoint[0],
+                                 monitor_interval_s=ns.profile_interval if ns.style == "seed" else None)
+    pipeline.start()
+    log.info("demo: simulated pipeline with %d target and %d drafter workers, bottleneck=%s, style=%s; "
+             "metrics on http://%s/metrics", ns.targets, ns.drafters, kind, ns.style, cfg.prometheus_addr)
+    return pipeline

@@ -84,11 +84,14 @@ class GenericLoop(_Stopper):
         self.t = timings
         self.form = form
         self.profile_interval_s = profile_interval_s
-        telemetry.configure(endpoint=endpoint, role="trainer", worker="0", flush_interval_s=0.1)
+        self.default = telemetry.configure(endpoint=endpoint, role="trainer", worker="0", flush_interval_s=0.1)
+        """Rank 0's channel (a second channel for the same worker would be a second sender)."""
         self.telemetry = telemetry
         self.threads = [threading.Thread(target=self._rank, args=(i,), name=f"rank-{i}", daemon=True)
                         for i in range(ranks)]
         self.allreduce = threading.Barrier(ranks)
+        self.steps = 0
+        """Steps so far (rank 0's: the ranks step together)."""
 
     def join(self) -> None:
         self.allreduce.abort()  # a rank waiting for its peers stops waiting
@@ -105,7 +108,7 @@ class GenericLoop(_Stopper):
         return (time.perf_counter() - start) * 1000.0
 
     def _rank(self, rank: int) -> None:
-        ch = self.telemetry.channel(role="trainer", worker=str(rank))
+        ch = self.default if rank == 0 else self.telemetry.channel(role="trainer", worker=str(rank))
         t = self.t
         slow = t.straggler_factor if rank == ranks_slowest(len(self.threads)) else 1.0
         sums: dict[str, float] = defaultdict(float)
@@ -119,6 +122,8 @@ class GenericLoop(_Stopper):
             self.sleep_ms(t.untimed_ms)
             phases["step_ms"] = (time.perf_counter() - start) * 1000.0
             step += 1
+            if rank == 0:
+                self.steps = step
             if self.form == "occurrence":
                 for name, ms in phases.items():
                     ch.timing(name, ms)

@@ -9,6 +9,8 @@ import re
 import sys
 from collections.abc import Sequence
 
+from sidecar.exit_status import NO_DAEMON_DEPENDENCIES, OK
+
 DISTRIBUTION = "dflash-sidecar"
 EXTRA = "daemon"
 
@@ -36,8 +38,8 @@ def missing_daemon_dependencies() -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the daemon's CLI; returns its exit status, or 3 with a message on stderr when the
-    daemon's dependencies are missing. ``--version`` alone is answered without importing
+    """Run the daemon's CLI; returns its exit status (``sidecar.exit_status``), or 3 with a
+    message on stderr when the daemon's dependencies are missing. ``--version`` alone is answered without importing
     anything that needs a dependency."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args == ["--version"]:
@@ -46,14 +48,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sidecar import __version__
 
         print(f"{DISTRIBUTION} {__version__}")
-        return 0
+        return OK
     missing = missing_daemon_dependencies()
     if missing:
         sys.stderr.write(
             f"dflash-sidecar: the daemon needs packages that are not installed: {', '.join(missing)}.\n"
             f"This environment has the trainer shim only (pip install {DISTRIBUTION}). Install the "
             f"daemon with: pip install '{DISTRIBUTION}[{EXTRA}]'\n")
-        return 3
+        return NO_DAEMON_DEPENDENCIES
     from sidecar.cli import main as cli_main
 
     return cli_main(args)

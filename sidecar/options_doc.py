@@ -1,7 +1,7 @@
 """The docs' option tables, generated from the settings' declarations (``sidecar.model.settings``).
 
 ``python -m sidecar.options_doc`` rewrites the marked blocks of README.md (the main run options,
-as ``dflash-sidecar --help`` lists them) and docs/DEPLOY.md (every setting: key, flag, default,
+as ``dflash-sidecar --help`` lists them, and the exit statuses) and docs/DEPLOY.md (every setting: key, flag, default,
 whether SIGHUP applies it live); ``tests/test_options_doc.py`` fails while either is out of date.
 """
 
@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sidecar import config as config_mod
+from sidecar.exit_status import STATUSES
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- {name}: generated from the settings' declarations by `python -m sidecar.options_doc`; do not edit -->"
@@ -28,30 +29,27 @@ def summary_table() -> str:
     return "\n".join(rows)
 
 
-def _default(s: config_mod.Setting) -> str:
-    if s.default_note is not None:
-        return s.default_note
-    if s.default is None or s.default == ():
-        return "unset"
-    if isinstance(s.default, tuple):
-        return ", ".join(f"`{v}`" for v in s.default)
-    if isinstance(s.default, bool):
-        return "on" if s.default else "off"
-    return f"`{s.default}`"
-
-
 def settings_table() -> str:
     """DEPLOY.md's table: every setting."""
     rows = ["| setting (TOML key) | flag | default | on SIGHUP | what it does |", "| --- | --- | --- | --- | --- |"]
     for s in config_mod.SETTINGS:
         flag = f"`{s.flag}`" if s.flag else "(file only)"
-        rows.append(f"| `{s.name}` | {_cell(flag)} | {_cell(_default(s))} | {'applied' if s.live else 'restart'} "
+        default = _cell(s.default_text("`"))
+        rows.append(f"| `{s.name}` | {_cell(flag)} | {default} | {'applied' if s.live else 'restart'} "
                     f"| {_cell(s.full_help)} |")
+    return "\n".join(rows)
+
+
+def exit_status_table() -> str:
+    """The README's table of exit statuses (``sidecar.exit_status``)."""
+    rows = ["| status | means | when |", "| --- | --- | --- |"]
+    rows += [f"| {status} | {_cell(means)} | {_cell(when)} |" for status, means, when in STATUSES]
     return "\n".join(rows)
 
 
 BLOCKS: dict[str, tuple[str, str, Callable[[], str]]] = {
     "options": ("README.md", "options", summary_table),
+    "exit-status": ("README.md", "exit-status", exit_status_table),
     "settings": ("docs/DEPLOY.md", "settings", settings_table),
 }
 

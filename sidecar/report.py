@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sidecar.aggregation.ledger import view_of
+from sidecar.exit_status import FAILURE, OK
 from sidecar.ledger_state import FILE_NAME, load, state_dir
 from sidecar.model.ends import HOWS
-from sidecar.model.ledger import CAUSES, RoleLedger, RunLedgerView
+from sidecar.model.ledger import CAUSES, RoleLedger, RunLedgerView, RunVerdicts
 
 
 def ledger_json(view: RunLedgerView, run: str | None = None) -> dict[str, Any]:
@@ -30,10 +31,38 @@ def ledger_json(view: RunLedgerView, run: str | None = None) -> dict[str, Any]:
                   "joules_per_step": r.joules_per_step, "first_unix_s": r.first_unix_s,
                   "last_unix_s": r.last_unix_s, "open_gap_s": r.open_gap_s, "ends": dict(r.ends),
                   "restart_gap_after": dict(r.gap_after)} for r in roles],
+        "verdicts": [verdicts_json(v) for v in view.verdicts if run is None or v.run == run],
         "no_trainer_s": view.no_trainer_s,
         "no_trainer_j": view.no_trainer_j,
         "runs_dropped": view.runs_dropped,
     }
+
+
+def verdicts_json(v: RunVerdicts) -> dict[str, Any]:
+    """One run's verdicts as JSON-able data: the dominant one with its evidence, then each with
+    its seconds, windows and their shares of the run's (0-1)."""
+    top = v.dominant
+    return {"run": v.run, "dominant": top.name if top else None,
+            "evidence": dict(top.evidence) if top else {}, "detail": top.detail if top else "",
+            "seconds": v.seconds, "windows": v.windows,
+            "verdicts": [{"verdict": s.name, "seconds": s.seconds, "time_share": v.time_share(s), "windows": s.windows,
+                          "window_share": v.window_share(s), "evidence": dict(s.evidence), "detail": s.detail}
+                         for s in v.verdicts]}
+
+
+def verdict_lines(v: RunVerdicts | None) -> list[str]:
+    """``verdict: input-bound 78% of the time, 41 of 52 windows (data_wait=0.61 ...)`` and the
+    others' shares; a run without verdicts says so."""
+    top = v.dominant if v is not None else None
+    if v is None or top is None:
+        return ["verdict: none kept (the run had no window with a live trainer and an insight)"]
+    evidence = " ".join(f"{k}={x:.2f}" for k, x in top.evidence) + (f" {top.detail}" if top.detail else "")
+    lines = [f"verdict: {top.name} {v.time_share(top):.0%} of the time, {top.windows} of {v.windows} windows"
+             + (f" ({evidence.strip()})" if evidence.strip() else "")]
+    others = [f"{s.name} {v.time_share(s):.0%}" for s in v.verdicts if s is not top]
+    if others:
+        lines.append("  also: " + ", ".join(others))
+    return lines
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -44,7 +73,12 @@ def format_table(view: RunLedgerView, run: str | None = None) -> str:
     """One block per run and role: every cause with its seconds, share and joules, then the
     efficiency figures; a last line with the time no trainer was live."""
     lines: list[str] = []
+    shown: set[str] = set()
     for r in (r for r in view.roles if run is None or r.run == run):
+        if r.run not in shown:
+            shown.add(r.run)
+            lines.extend([f"run {r.run} · " + line if i == 0 else line
+                          for i, line in enumerate(verdict_lines(view.verdicts_of(r.run)))])
         lines.extend(_role_block(r))
         lines.append("")
     lines.extend(ends_table([r for r in view.roles if run is None or r.run == run]))
@@ -85,22 +119,56 @@ def _role_block(r: RoleLedger) -> list[str]:
     return lines
 
 
+def read_view(configured_dir: str | None, flops_per_token: float | None,
+              command: str) -> tuple[RunLedgerView | None, Path]:
+    """The ledger of the state file, and its path; None (said on stderr, with the demo's folder
+    when only that one has a ledger) when it is absent or unusable."""
+    path = Path(state_dir(configured_dir)) / FILE_NAME
+    state, problem = load(path, move_aside=False)
+    if state is not None:
+        return view_of(state, flops_per_token), path
+    why = f"unusable ({problem})" if problem else "absent"
+    demo = path.parent / "demo" / FILE_NAME
+    hint = (f"; the demo's ledger is in {demo.parent}: dflash-sidecar {command} --state-dir {demo.parent}"
+            if not problem and demo.is_file() else "")
+    print(f"dflash-sidecar {command}: no run ledger: {path} is {why}{hint}", file=sys.stderr)
+    return None, path
+
+
+def run_verdicts(configured_dir: str | None, run: str, out: TextIO = sys.stdout) -> int:
+    """``explain --run``: the run's kept verdicts, read from the state file (no daemon needed);
+    returns the exit status: 0, 1 without a ledger or such a run."""
+    view, path = read_view(configured_dir, None, "explain")
+    if view is None:
+        return FAILURE
+    if not view.run(run):
+        print(f"dflash-sidecar explain: no run {run!r} in {path}; runs: {', '.join(view.runs) or 'none'}",
+              file=sys.stderr)
+        return FAILURE
+    kept = view.verdicts_of(run)
+    print(f"run {run} (from the run ledger, {path}):", file=out)
+    print("  " + verdict_lines(kept)[0], file=out)
+    if kept is None:
+        return OK
+    for v in kept.verdicts:
+        evidence = " ".join(f"{k}={x:.2f}" for k, x in v.evidence)
+        print(f"  {v.name:<20} {v.seconds:>9.1f} s {kept.time_share(v):>5.0%} of the time {v.windows:>6} windows "
+              f"{evidence}".rstrip(), file=out)
+    return OK
+
+
 def run_report(configured_dir: str | None, run: str | None, as_json: bool, flops_per_token: float | None = None,
                out: TextIO = sys.stdout) -> int:
     """Print the ledger; returns the exit status: 0, 1 when there is no ledger (or no such run)."""
-    path = Path(state_dir(configured_dir)) / FILE_NAME
-    state, problem = load(path, move_aside=False)
-    if state is None:
-        why = f"unusable ({problem})" if problem else "absent"
-        print(f"dflash-sidecar report: no run ledger: {path} is {why}", file=sys.stderr)
-        return 1
-    view = view_of(state, flops_per_token)
+    view, path = read_view(configured_dir, flops_per_token, "report")
+    if view is None:
+        return FAILURE
     if run is not None and not view.run(run):
         print(f"dflash-sidecar report: no run {run!r} in {path}; runs: {', '.join(view.runs) or 'none'}",
               file=sys.stderr)
-        return 1
+        return FAILURE
     if as_json:
         print(json.dumps(ledger_json(view, run), indent=2), file=out)
     else:
         print(format_table(view, run), file=out)
-    return 0
+    return OK

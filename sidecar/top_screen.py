@@ -100,16 +100,21 @@ class Screen:
         yield Text(f"{self.status} · {shown} · q quit{more}", style="reverse", no_wrap=True, overflow="ellipsis")
 
 
+def waiting_text(url: str, exc: Exception) -> str:
+    """What top says while the daemon at ``url`` cannot be read (``exc`` says why)."""
+    reason = getattr(exc, "reason", None) or exc
+    return (f"waiting for the daemon at {url}: {reason}\n\nStart it (dflash-sidecar, or the systemd unit) or point "
+            "top at it with --url, --prometheus-addr or --config.")
+
+
 def frame(url: str) -> tuple[RenderableType, str, bool]:
     """(body, status, reachable) for one refresh. Never raises: an unreachable daemon gives a
     waiting frame."""
     try:
         samples = scrape(url)
     except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        return (Text(f"waiting for the daemon at {url}: {reason}\n\nStart it (dflash-sidecar, or the systemd "
-                     "unit) or point top at it with --url, --prometheus-addr or --config.", style="yellow"),
-                f"{time.strftime('%H:%M:%S')} not reachable, retrying", False)
+        return (Text(waiting_text(url, exc), style="yellow"), f"{time.strftime('%H:%M:%S')} not reachable, retrying",
+                False)
     senders = sum(v for _, v in samples.get("dflash_sidecar_senders", []))
     steps = [int(v) for _, v in samples.get("dflash_trainer_step", [])]
     step = "" if not steps else f" · step {min(steps)}" if min(steps) == max(steps) else \
@@ -145,6 +150,8 @@ def run_top(url: str, refresh_s: float, once: bool) -> int:
             return 1
         return 0
     retry = Backoff(min(refresh_s, 1.0), max(refresh_s, 5.0))
+    if not console.is_terminal:
+        return _run_plain(console, url, refresh_s, retry)
     body, status, _ = frame(url)
     screen = Screen(body, status)
     try:
@@ -168,5 +175,30 @@ def run_top(url: str, refresh_s: float, once: bool) -> int:
                     retry.reset()
                 next_scrape = time.monotonic() + (refresh_s if reachable else retry.failed())
                 live.refresh()
+    except KeyboardInterrupt:
+        return 0
+
+
+def _run_plain(console: Console, url: str, refresh_s: float, retry: Backoff) -> int:
+    """Without a terminal (a pipe, a log): says once that it waits for the daemon (again when the
+    reason changes or after the daemon was reached), then prints one frame per refresh; Ctrl-C stops."""
+    said: str | None = None
+    try:
+        while True:
+            try:
+                samples = scrape(url)
+            except (OSError, ValueError) as exc:
+                text = waiting_text(url, exc)
+                if text != said:
+                    console.print(f"{text} Retrying (Ctrl-C to stop).")
+                    console.file.flush()
+                    said = text
+                time.sleep(retry.failed())
+                continue
+            said = None
+            retry.reset()
+            console.print(render(samples))
+            console.file.flush()
+            time.sleep(refresh_s)
     except KeyboardInterrupt:
         return 0

@@ -1,21 +1,48 @@
 """A fake CUDA backend for the zero-sync scalar path (``trainer_shim.cuda_scalar.CudaBackend``):
-fake tensors, slots, streams and events that write every operation to one shared log, so tests
-check the order of operations the GPU would see. Nothing here may call a synchronizing method."""
+fake tensors, slots, streams and events that write every operation, with the thread that made
+it, to one shared log, so tests check the order of operations the GPU would see and which thread
+issued each. Nothing here may call a synchronizing method, and a fake CUDA tensor refuses every
+attribute that is not plain metadata (``numel``, ``dim``, ``detach``, ``reshape``, ``dtype``,
+``device``): arithmetic, conversions, ``clone`` or ``to`` would launch a kernel on the caller's
+thread."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 
 class Log(list[tuple[Any, ...]]):
+    """Operations in order; ``threads[i]`` names the thread that made operation ``i``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+
+    def append(self, entry: tuple[Any, ...]) -> None:
+        super().append(entry)
+        self.threads.append(threading.current_thread().name)
+
+    def clear(self) -> None:
+        super().clear()
+        self.threads.clear()
+
     def names(self) -> list[str]:
         return [entry[0] for entry in self]
 
+    def on(self, thread: str) -> list[str]:
+        """The operation names made on ``thread``."""
+        return [entry[0] for entry, name in zip(self, self.threads) if name == thread]
+
 
 class FakeStream:
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, log: Log | None = None) -> None:
+        self.name, self.log = name, log
         self.device = "cuda:0"
+
+    def wait_event(self, event: FakeEvent) -> None:
+        if self.log is not None:
+            self.log.append(("stream.wait_event", self.name, event.ident))
 
     def __repr__(self) -> str:
         return self.name
@@ -23,7 +50,8 @@ class FakeStream:
 
 class FakeEvent:
     def __init__(self, log: Log, ident: int) -> None:
-        self.log, self.ident, self.done, self.recorded_on = log, ident, False, None
+        self.log, self.ident, self.done = log, ident, False
+        self.recorded_on: FakeStream | None = None
 
     def record(self, stream: FakeStream) -> None:
         self.log.append(("event.record", self.ident, stream))
@@ -58,6 +86,8 @@ class FakeSlot:
 
 
 class FakeCudaTensor:
+    """A CUDA tensor with metadata only: any other attribute would run a kernel or synchronize."""
+
     is_cuda = True
     device = "cuda:0"
 
@@ -70,11 +100,17 @@ class FakeCudaTensor:
     def detach(self) -> FakeCudaTensor:
         return self
 
+    def dim(self) -> int:
+        return 0
+
     def reshape(self, shape: tuple[int, ...]) -> FakeCudaTensor:
         return self
 
     def record_stream(self, stream: FakeStream) -> None:
         self.log.append(("src.record_stream", stream))
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"tensor.{name}: a kernel launch or a synchronization on a CUDA tensor")
 
     def item(self) -> float:
         raise AssertionError(".item() on a CUDA tensor synchronizes")
@@ -85,22 +121,34 @@ class FakeCudaTensor:
     def __float__(self) -> float:
         raise AssertionError("float() on a CUDA tensor synchronizes")
 
+    def _kernel(self, *args: Any) -> Any:
+        raise AssertionError("arithmetic on a CUDA tensor launches a kernel")
+
+    __add__ = __mul__ = __sub__ = __truediv__ = __neg__ = __radd__ = __rmul__ = _kernel
+
 
 class FakeBackend:
     def __init__(self, slots: int = 4, capturing: bool = False) -> None:
         self.log = Log()
-        self.stream = FakeStream("current")
+        self.stream = FakeStream("current", self.log)
+        self.side = FakeStream("side", self.log)
         self.is_capturing = capturing
         self.free_slots = [FakeSlot(self.log, i, "float32") for i in range(slots)]
         self.free_events: list[FakeEvent] = []
         self.events_made = 0
         self.events: list[FakeEvent] = []  # every event ever made
+        self.setups: list[Any] = []
+
+    def setup(self, device: Any) -> None:
+        self.log.append(("setup", device))
+        self.setups.append(device)
 
     def current_stream(self, tensor: Any) -> FakeStream:
         self.log.append(("current_stream",))
         return self.stream
 
     def capturing(self, tensor: Any) -> bool:
+        self.log.append(("capturing",))
         return self.is_capturing
 
     def pinned_slot(self, dtype: Any) -> FakeSlot | None:
@@ -125,4 +173,23 @@ class FakeBackend:
     def release_event(self, event: FakeEvent) -> None:
         self.log.append(("release_event", event.ident))
         event.done = False
+        event.recorded_on = None
         self.free_events.append(event)
+
+    def copy_after(self, slot: FakeSlot, src: FakeCudaTensor, stream: FakeStream) -> FakeStream:
+        event = self.new_event(stream)
+        event.record(stream)
+        self.side.wait_event(event)
+        slot.copy_(src, non_blocking=True)
+        return self.side
+
+    def top_up(self) -> None:
+        """Nothing to make ahead: the fake's slots exist from the start."""
+
+    def complete(self) -> int:
+        """Let every event recorded so far complete (the GPU caught up); returns how many."""
+        n = 0
+        for event in self.events:
+            if event.recorded_on is not None and not event.done:
+                event.done, n = True, n + 1
+        return n

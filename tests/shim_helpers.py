@@ -118,6 +118,12 @@ def _say(word: str) -> None:
     sys.stdout.flush()
 
 
+def _with_root(pythonpath: str | None) -> str:
+    """``PYTHONPATH`` with this checkout first and whatever the parent had after it (the GPU
+    check's packages may be reachable through it alone)."""
+    return os.pathsep.join([str(ROOT), *([pythonpath] if pythonpath else [])])
+
+
 class ReceiverProcess:
     """Starts and drives ``shim_helpers.py receive`` in a child process."""
 
@@ -130,7 +136,7 @@ class ReceiverProcess:
         if stalled:
             cmd.append("--stalled")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                     env={**os.environ, "PYTHONPATH": _with_root(os.environ.get("PYTHONPATH"))})
         self._expect("ready", ready_timeout_s)
 
     def _expect(self, word: str, timeout_s: float) -> None:

@@ -129,11 +129,13 @@ def test_sigterm_flushes_the_last_window_and_exits_promptly(tmp_path: Path) -> N
     d = DaemonProc(tmp_path, interval=3600)  # the only window that closes is the final one
     publish(d.endpoint, "drafter", "0", 500)
     time.sleep(0.5)
-    took = d.stop()
+    d.stop()  # fails if it does not exit by itself within the harness's limit
     assert d.proc.returncode == 0
-    assert took < 5.0, f"took {took:.1f}s"
     log = d.log()
     assert "SIGTERM received" in log and "step 400" in log and "dflash-sidecar stopped" in log
+    # promptly: no part of the shutdown waited out its time limit (a wall-clock bound would
+    # measure the machine's load, not the daemon)
+    assert "did not stop within" not in log and " ERROR " not in log, log
 
 
 def test_sighup_reloads_the_config_and_rejects_a_bad_one(tmp_path: Path) -> None:

@@ -248,6 +248,33 @@ def test_reload_applies_the_change_in_the_same_process(box: Box) -> None:
         box.sh(f"cat > {CONFIG} && systemctl reload {PLAIN}", input=original)
 
 
+
+def test_a_wrong_config_fails_once_and_is_not_restarted(box: Box) -> None:
+    """A config error exits with status 2 (wrong invocation) every time: RestartPreventExitStatus=
+    keeps Restart= from retrying it, so the unit stays failed with its message in the journal."""
+    box.start(PLAIN)
+    original = box.sh(f"cat {CONFIG}").stdout
+    cursor = box.journal_cursor()
+    try:
+        box.sh(f"echo 'no_such_setting = 1' >> {CONFIG}")
+        box.sh(f"systemctl restart {PLAIN}", check=False)
+
+        def failed() -> dict[str, str]:
+            shown = box.container.show(PLAIN, "ActiveState", "ExecMainStatus", "NRestarts")
+            return shown if shown["ActiveState"] == "failed" else {}
+
+        shown = wait_until(failed, PATIENCE_S, 0.3, "the unit to fail on the wrong config")
+        assert shown["ExecMainStatus"] == "2", shown
+        assert "no_such_setting" in box.journal(cursor, PLAIN)
+        restarts = shown["NRestarts"]
+        box.sh("sleep 5")  # more than RestartSec=2s: Restart=on-failure would have tried by now
+        again = box.container.show(PLAIN, "ActiveState", "NRestarts")
+        assert again == {"ActiveState": "failed", "NRestarts": restarts}, again
+    finally:
+        box.sh(f"cat > {CONFIG}", input=original)
+        box.start(PLAIN)
+
+
 @pytest.fixture
 def trainer(box: Box) -> Iterator[int]:
     """The fake trainer: a transient unit running as user trainer, publishing for ever.

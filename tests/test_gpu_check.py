@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -46,9 +47,15 @@ def test_dry_run_runs_every_part_and_writes_the_results(tmp_path: Path) -> None:
                                                   "compiled_grad_norm": 5}
     assert any("sync-debug mode" in s for s in shim["skipped"])
 
+    assert set(shim["first_call"]) == {"configure, then CUDA init", "CUDA init, then configure",
+                                       "configure, then import torch"}
+    assert all(row["first_us"] > 0 for row in shim["first_call"].values())
+
     parity = parts["parity"]["results"]
-    assert set(parity["setups"]) == {"baseline", "shim+daemon(nvml 1s)", "shim+daemon(no gpu metrics)"}
+    assert set(parity["setups"]) == {"baseline", "daemon(nvml 1s), no shim", "shim+daemon(no gpu metrics)",
+                                     "shim+daemon(nvml 1s)", "scalar() x2 only", "scalar() x2 only, cf69852 resolver"}
     assert parity["setups"]["shim+daemon(nvml 1s)"]["daemon_gpus_up"] == [1]  # the fake GPU, polled
+    assert parity["setups"]["daemon(nvml 1s), no shim"]["daemon_gpus_up"] == [1]
     assert parity["setups"]["shim+daemon(no gpu metrics)"]["daemon_gpus_up"] == [0]
     assert all(row["median_steps_per_s"] > 0 for row in parity["setups"].values())
 
@@ -64,6 +71,29 @@ def test_dry_run_runs_every_part_and_writes_the_results(tmp_path: Path) -> None:
     # The stub's GPU 0 readings differ from the fake's in a few fields: counted, not a dry-run failure.
     assert nvml["mismatches"] > 0 and any("utilization.gpu" in line for line in nvml["readings"])
     assert "===== summary =====" in result.stdout and "readings vs nvidia-smi" in result.stdout
+
+
+def test_dry_run_with_the_packages_on_pythonpath_only(tmp_path: Path) -> None:
+    """As on the GPU machine, where the carried wheels are unpacked into a folder on
+    ``PYTHONPATH``: an interpreter whose own ``sys.path`` has no site-packages (a venv without
+    them) reaches every package through ``PYTHONPATH`` alone, and so must every child the check
+    starts (the parts, the shim part's receiver, the daemons, the first-call probes). Failed
+    before the fix: the receiver was started with ``PYTHONPATH`` set to the checkout alone."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    python = str(venv / "bin" / "python")
+    env = {k: v for k, v in os.environ.items() if k not in ("FAKE_NVML_CONTROL", "LD_LIBRARY_PATH", "PYTHONPATH")}
+    bare = subprocess.run([python, "-c", "import msgspec"], env=env, cwd=tmp_path, capture_output=True, timeout=60)
+    assert bare.returncode != 0  # the premise: without PYTHONPATH this interpreter lacks the packages
+    packages = [p for p in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(p)]
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *packages])
+    out = tmp_path / "gpu_check.json"
+    result = subprocess.run([python, str(SCRIPT), "--dry-run", "--parts", "shim,parity", "--out", str(out)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    parts = json.loads(out.read_text())["parts"]
+    assert {name: p["exit"] for name, p in parts.items()} == {"shim": 0, "parity": 0}
+    assert parts["shim"]["results"]["values"]["scalars_received"]["loss"] == 3  # the receiver ran
 
 
 def test_a_part_over_its_time_limit_is_killed(tmp_path: Path) -> None:

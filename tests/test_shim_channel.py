@@ -90,13 +90,15 @@ def test_a_timer_is_queued_as_its_own_record_in_the_wire_form_of_a_timing() -> N
 
 def test_a_timer_entered_again_records_once_and_counts_the_second_use() -> None:
     ch = make()
+    before = time.perf_counter()
     t = ch.timer("reused")
     with t:
         pass
+    first_ms = (time.perf_counter() - before) * 1e3
     with t:  # the clock was read by timer(): a second block has no start of its own
         time.sleep(0.01)
     ((_, name, ms),) = ch.drain()
-    assert name == "reused" and ms < 10
+    assert name == "reused" and ms <= first_ms  # the first block's time, not the second's
     assert ch.dropped == {"bad_argument": 1}
 
 

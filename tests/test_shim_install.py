@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.exit_status import NO_DAEMON_DEPENDENCIES
 from tests.deploy_support import build_project_wheel
 
 SHIM_REQUIREMENTS = {"pyzmq", "msgspec"}
@@ -54,7 +55,7 @@ def test_shim_only_environment_gets_a_clear_message(wheel: Path, tmp_path: Path)
                     "--disable-pip-version-check", str(wheel)], check=True, timeout=120)
     out = subprocess.run([str(venv / "bin" / "dflash-sidecar"), "check"], capture_output=True,
                          text=True, timeout=60, check=False)
-    assert out.returncode == 3, out.stderr
+    assert out.returncode == NO_DAEMON_DEPENDENCIES, out.stderr
     assert "pip install 'dflash-sidecar[daemon]'" in out.stderr and "wandb" in out.stderr
     assert "Traceback" not in out.stderr
     version = subprocess.run([str(venv / "bin" / "dflash-sidecar"), "--version"], capture_output=True,

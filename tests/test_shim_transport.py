@@ -452,12 +452,14 @@ def test_close_counts_unresolved_gpu_scalars(ep: str, publishers,  # type: ignor
 
     backend = FakeBackend()
     resolver = cuda_scalar.ScalarResolver(backend, autostart=False)
+    resolver.setup("cuda:0")
     monkeypatch.setattr(cuda_scalar, "_resolver", resolver)
     pub = publishers(ep)
     ch = pub.channel("trainer", "0")
     ch.scalar("done", FakeCudaTensor(backend.log, 1.0))
+    resolver.resolve_ready()  # its event recorded
+    backend.complete()  # and completed
     ch.scalar("pending", FakeCudaTensor(backend.log, 2.0))
-    resolver._in_flight[0].event.done = True
     pub.close()
     (stats,) = pub.stats().values()
     assert stats["dropped"] == {"no_receiver": 1, "scalar_unresolved": 1}

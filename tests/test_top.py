@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -153,3 +155,28 @@ def test_keys_arriving_together_or_beside_other_bytes_are_all_seen() -> None:
     assert _actions(b"\x1b[?1;2cq") == ["quit"]
     assert _actions(b"\x1b[5~\x1b[6~") == ["page_up", "page_down"]
     assert _actions(b"xyz") == []
+
+
+def test_top_without_a_terminal_says_it_waits_then_prints_frames(tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sidecar", "top", "--prometheus-addr", f"127.0.0.1:{port}",
+                             "--refresh", "0.5"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                                                       "COLUMNS": "200"})
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    daemon = None
+    try:
+        wait_for(lambda: any(f"waiting for the daemon at http://127.0.0.1:{port}/metrics" in line for line in out),
+                 what="top saying it waits, without a terminal")
+        assert proc.poll() is None  # it waits instead of exiting
+        daemon = DaemonProc(tmp_path, port=port, interval=0.5)
+        publish(daemon.endpoint, "drafter", "7", 50)
+        wait_for(lambda: any("drafter/7" in line for line in out), what="a frame once the daemon answers")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        if daemon is not None:
+            daemon.stop()
+    assert sum("waiting for the daemon" in line for line in out) == 1, out  # said once, not every retry

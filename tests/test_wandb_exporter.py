@@ -70,6 +70,8 @@ def test_refuses_a_non_shared_trainer_run(run: str, mode: str | None,
     ex = exporter(run)
     caplog.set_level(logging.INFO, logger="test.wandb")
     ex.start()
+    assert "no W&B credentials" in caplog.text  # this environment has none: start warns of it
+    caplog.clear()
     ex.on_trainer_hello("r1", "proj", None, mode, True)
     stats = ex.stats()
     assert stats.state is WandbState.REFUSED and stats.trainer_run_id == "r1"
@@ -89,16 +91,13 @@ def test_waits_for_the_mode_and_holds_rows_in_a_bounded_queue() -> None:
     ex.start()
     ex.on_trainer_hello("r1", None, None, None, None)  # mode unknown: never join blindly
     assert ex.stats().state is WandbState.WAITING
-    accepted, worst = 0, 0.0
-    for i in range(50):
-        t0 = time.perf_counter()
+    accepted = 0
+    for i in range(50):  # never blocks: with the queue full and nothing draining it, a put that waited would hang
         accepted += ex.submit({"gpu/0/utilization": 0.5}, i)
-        worst = max(worst, time.perf_counter() - t0)
     stats = ex.stats()
     # the thread holds one row aside while it waits; the queue holds queue_size more
     assert accepted in (4, 5) and stats.rows_dropped == {"queue_full": 50 - accepted}
     assert stats.queue_capacity == 4 and stats.rows_logged == 0
-    assert worst < 0.5  # never blocks (generous: shared machines are noisy)
     t0 = time.monotonic()
     ex.shutdown(timeout_s=2)
     assert time.monotonic() - t0 < 10

@@ -132,7 +132,7 @@ class Channel:
             if getattr(tensor, "is_cuda", False):
                 from trainer_shim.cuda_scalar import resolver
 
-                resolver().submit(self, name, tensor)
+                resolver(tensor.device).submit(self, name, tensor)
                 return
             if getattr(getattr(tensor, "device", None), "type", "cpu") != "cpu":
                 self._count_dropped("bad_argument")

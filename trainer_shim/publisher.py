@@ -293,6 +293,7 @@ class Publisher:
                 self._cycles_started += 1
             drained = True
             with self._cycle_lock:
+                self._resolve_scalars()
                 try:
                     if transport is None and not broken and any(
                         ch.pending() for ch in self._channels.values()
@@ -509,6 +510,16 @@ class Publisher:
             self._wandb = info
             for ch in self._channels.values():
                 ch.hello_due = True
+
+    def _resolve_scalars(self) -> None:
+        """The GPU scalar resolver's turn of this cycle (``trainer_shim.cuda_scalar``)."""
+        module = sys.modules.get("trainer_shim.cuda_scalar")
+        resolver = module.current() if module is not None else None
+        if resolver is not None:
+            try:
+                resolver.turn()
+            except Exception as exc:  # noqa: BLE001 - the flusher must never die
+                self._internal_error("resolving GPU scalars failed", exc)
 
     def _settle_scalars(self) -> None:
         """Publish the GPU scalars whose copies completed; count the others as dropped."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
@@ -139,7 +140,17 @@ def _configure_locked(
     _default = publisher.channel(*_identity(role, worker), devices=devices or _env_devices(),
                                  default_worker=_is_default_worker(worker))
     _bind(_default)
+    _prepare_gpu_scalars()
     return old, _default
+
+
+def _prepare_gpu_scalars() -> None:
+    """Start the GPU scalar resolver's one-time set-up on its own thread now if CUDA is already
+    initialised, so that the first ``scalar()`` costs what later ones do."""
+    if "torch" in sys.modules:
+        from trainer_shim import cuda_scalar
+
+        cuda_scalar.prepare()
 
 
 def _export_to_children(endpoint: str | None, role: str | None) -> None:

@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.aggregation import run_verdicts
+from sidecar.model.insight import Verdict
 from sidecar.model.ledger import CAUSES, RoleLedger, RunLedgerView
 from sidecar.model.meanings import PHASES
 from sidecar.model.window import COUNT, GAUGE, LIVE_S, TIMING, IngestReport, WindowReport
@@ -143,6 +145,8 @@ class WindowFacts:
     gpu_roles: Mapping[str, str] = field(default_factory=dict)
     ends: tuple[tuple[str, str], ...] = ()
     """(role, how) of each sender end told in the window (``model.ends``)."""
+    verdict: Verdict | None = None
+    """The pipeline insight's verdict of the window (None without an insight)."""
 
 
 def run_of(hello: Mapping[str, Any] | None) -> str:
@@ -201,7 +205,8 @@ def window_facts(report: IngestReport) -> WindowFacts:
                                lone, median, len(mine), names.get(role, ""),
                                dict(ri.reported) if ri is not None else {})
     return WindowFacts(w.end_unix_s, w.duration_s, tuple(senders), roles, energy, uuid_roles,
-                       tuple((e.role, e.how) for e in report.ends.new))
+                       tuple((e.role, e.how) for e in report.ends.new),
+                       insight.verdict if insight is not None else None)
 
 
 def step_cycles(window: WindowReport) -> dict[tuple[str, str], int]:
@@ -358,13 +363,16 @@ class RunLedger:
         """No-trainer time is accounted up to here (0 while a sender is alive)."""
         self.session_begin: float | None = None
         """Begin of the first window this daemon folded: earlier time was not watched."""
+        self.verdicts: run_verdicts.Verdicts = run_verdicts.clean(s.get("verdicts"), self.runs)
+        """Each run's verdicts (``sidecar.aggregation.run_verdicts``)."""
 
     def state(self) -> dict[str, Any]:
         """Everything the ledger holds, as JSON-able data."""
         return {"version": STATE_VERSION, "runs": self.runs, "no_trainer_s": self.no_trainer_s,
                 "no_trainer_j": self.no_trainer_j, "runs_dropped": self.runs_dropped,
                 "energy_prev": self.energy_prev, "now_unix_s": self.now_unix_s,
-                "trainer_until": self.trainer_until, "idle_until": self.idle_until, "host_runs": self.host_runs}
+                "trainer_until": self.trainer_until, "idle_until": self.idle_until, "host_runs": self.host_runs,
+                "verdicts": self.verdicts}
 
     def add(self, facts: WindowFacts) -> None:
         """Fold one window in."""
@@ -387,9 +395,24 @@ class RunLedger:
                     self._unplaced(r)
         for role, how in facts.ends:
             _book_end(self.runs, role, how)
+        self._verdicts(groups, facts.verdict, begin, facts.end_unix_s)
         self._no_trainer(facts, begin, sum(joules.values()))
         self.now_unix_s = facts.end_unix_s
         self._bound()
+
+    def _verdicts(self, groups: Mapping[tuple[str, str], list[SenderFact]], verdict: Verdict | None,
+                  begin: float, end: float) -> None:
+        """The window's verdict goes to each run with a live sender, for the seconds of the window
+        the run was alive: from the later of the window's begin and its senders' first start to the
+        window's end."""
+        if verdict is None:
+            return
+        by_run: dict[str, list[SenderFact]] = {}
+        for (run, _), senders in groups.items():
+            by_run.setdefault(run, []).extend(senders)
+        for run, senders in by_run.items():
+            if any(s.alive for s in senders):
+                run_verdicts.fold(self.verdicts, run, verdict, end - max(begin, min(s.begin for s in senders)))
 
     def _hold_gap_energy(self, joules: Mapping[str, float], present: set[str]) -> None:
         """The energy of a role's GPUs while none of its senders is there is held in the role of
@@ -626,6 +649,7 @@ class RunLedger:
             del self.runs[oldest]
             self.runs_dropped += 1
         self.host_runs = {k: v for k, v in self.host_runs.items() if v in self.runs}
+        self.verdicts = {k: v for k, v in self.verdicts.items() if k in self.runs}
 
     def view(self, state_errors: Mapping[str, int] | None = None) -> RunLedgerView:
         """The totals as exporters read them (a copy)."""
@@ -652,7 +676,8 @@ def view_of(state: Mapping[str, Any], flops_per_token: float | None = None,
                                     float(r.get("reported_flop", 0.0)), dict(r.get("ends", {})),
                                     dict(r.get("gap_after", {}))))
     return RunLedgerView(tuple(roles), float(state.get("no_trainer_s", 0.0)), float(state.get("no_trainer_j", 0.0)),
-                         int(state.get("runs_dropped", 0)), dict(state_errors or {}))
+                         int(state.get("runs_dropped", 0)), dict(state_errors or {}),
+                         run_verdicts.views(run_verdicts.clean(state.get("verdicts"), state.get("runs", {}))))
 
 
 def _book_end(runs: Mapping[str, dict[str, dict[str, Any]]], role: str, how: str) -> None:

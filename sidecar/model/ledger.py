@@ -140,6 +140,51 @@ class RoleLedger:
 
 
 @dataclass(frozen=True, slots=True)
+class VerdictShare:
+    """One verdict over a run: the seconds and windows in which the pipeline insight gave it
+    while the run had a live sender, and its evidence averaged over those seconds (ratios 0-1,
+    in the verdict's own deciding order); ``detail`` the latest one it gave."""
+
+    name: str
+    seconds: float
+    windows: int
+    evidence: tuple[tuple[str, float], ...] = ()
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunVerdicts:
+    """A run's verdicts, kept after it ended (``dflash-sidecar report``, ``explain --run``):
+    most seconds first. The insight's verdict is the host's, so runs alive at once share it."""
+
+    run: str
+    verdicts: tuple[VerdictShare, ...]
+
+    @property
+    def seconds(self) -> float:
+        """Seconds of the run with a verdict (the sum over ``verdicts``)."""
+        return sum(v.seconds for v in self.verdicts)
+
+    @property
+    def windows(self) -> int:
+        return sum(v.windows for v in self.verdicts)
+
+    def time_share(self, verdict: VerdictShare) -> float:
+        """``verdict``'s share of the seconds with a verdict (0-1)."""
+        return verdict.seconds / self.seconds if self.seconds > 0 else 0.0
+
+    def window_share(self, verdict: VerdictShare) -> float:
+        """``verdict``'s share of the windows with a verdict (0-1)."""
+        return verdict.windows / self.windows if self.windows else 0.0
+
+    @property
+    def dominant(self) -> VerdictShare | None:
+        """The verdict held for the most seconds, ``unknown`` only when no other was given."""
+        told = [v for v in self.verdicts if v.name != "unknown"] or list(self.verdicts)
+        return max(told, key=lambda v: v.seconds, default=None)
+
+
+@dataclass(frozen=True, slots=True)
 class RunLedgerView:
     """Every run the ledger holds, and the daemon's time with no live trainer at all."""
 
@@ -152,6 +197,11 @@ class RunLedgerView:
     """Runs forgotten to keep the ledger bounded (the oldest first)."""
     state_errors: dict[str, int] = field(default_factory=dict)
     """Reason -> failed loads or saves of the state file."""
+    verdicts: tuple[RunVerdicts, ...] = ()
+    """Each run's verdicts (a run the insight gave none has no entry)."""
+
+    def verdicts_of(self, run: str) -> RunVerdicts | None:
+        return next((v for v in self.verdicts if v.run == run), None)
 
     def run(self, run: str) -> tuple[RoleLedger, ...]:
         return tuple(r for r in self.roles if r.run == run)

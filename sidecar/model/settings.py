@@ -49,6 +49,9 @@ class Spec:
     """Shown in the sample config instead of the default (for defaults computed or empty);
     ``default_note`` then says what the default is."""
     default_note: str | None = None
+    off_help: str | None = None
+    """For a switch on by default: what its ``--no-`` flag does, as ``--help`` shows it (``help``
+    says what the setting does, as the config file and the docs show it)."""
     summary: str | None = None
     """One line for the short option lists (``dflash-sidecar --help``, the README's table);
     settings without one appear only in the full lists."""
@@ -133,6 +136,30 @@ class Setting:
                 unit = f" {self.unit}" if self.unit else ""
                 raise ValueError(f"{self.name} must be between {_num(low)} and {_num(high)}{unit}")
         return value
+
+    def default_text(self, quote: str = "") -> str:
+        """The default as the help and the docs say it: ``default_note``, ``unset``, ``on``/``off``
+        for a switch, else the value (each item of a list) between ``quote``s."""
+        if self.default_note is not None:
+            return self.default_note
+        if self.default is None or self.default == ():
+            return "unset"
+        if isinstance(self.default, bool):
+            return "on" if self.default else "off"
+        if isinstance(self.default, tuple):
+            return ", ".join(f"{quote}{v}{quote}" for v in self.default)
+        return f"{quote}{_num(self.default) if isinstance(self.default, (int, float)) else self.default}{quote}"
+
+    @property
+    def flag_help(self) -> str:
+        """What ``--help`` says of the flag: what it does, the accepted range and the default."""
+        if self.kind == "switch" and self.default is True and self.spec.off_help:
+            text = f"{self.spec.off_help} Default: on; this flag turns it off."
+        elif "unset:" in self.help.lower() or "default" in self.help.lower():  # the help says it in words
+            text = self.full_help
+        else:
+            text = f"{self.full_help} Default: {self.default_text()}."
+        return text.replace("%", "%%")  # argparse formats help with %
 
     @property
     def full_help(self) -> str:

@@ -211,7 +211,8 @@ def run_explain(url: str, as_json: bool = False) -> int:
         with urllib.request.urlopen(url, timeout=5) as resp:
             data = json.loads(resp.read().decode())
     except (OSError, ValueError) as exc:
-        print(f"dflash-sidecar explain: cannot read {url}: {exc}; is the daemon running (see --prometheus-addr)?")
+        print(f"dflash-sidecar explain: cannot read {url}: {exc}; is the daemon running (see --prometheus-addr)? "
+              "For a run that ended: dflash-sidecar explain --run ID (or report), from the run ledger")
         return 1
     print(json.dumps(data, indent=2) if as_json else format_text(data))
     return 0

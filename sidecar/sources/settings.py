@@ -87,8 +87,9 @@ class NvmlSettings:
     nvml_interval: float = setting(1.0, check=float, bounds=(0.1, 3600.0), unit="seconds", metavar="S", help=(
         "NVML polling period (seconds). Sub-second polling has cost throughput elsewhere."),
         summary="GPU polling period, default 1 s")
-    gpu_metrics: bool = setting(True, kind="switch", help="Poll GPUs through NVML (--no-gpu-metrics turns it off).",
-                                summary="turn NVML off (a box without GPUs)")
+    gpu_metrics: bool = setting(True, kind="switch", help="Poll the GPUs through NVML (false: no GPU metrics, for "
+                                "a box without GPUs).", off_help="Do not poll the GPUs through NVML (a box without "
+                                "GPUs).", summary="turn NVML off (a box without GPUs)")
 
 
 NVML_INTERVAL, _ = declared(NvmlSettings)

@@ -203,6 +203,14 @@ class WandbExporter(Exporter):
         cred = join.credential_source(self._environ)
         self._log.info("W&B exporter starting: run=%s mode=%s credentials=%s", self._config.run,
                        self._mode, cred or ("none found" if self._mode == "online" else "n/a"))
+        if cred is None and self._mode == "online":
+            self._log.warning(
+                "W&B: %s. Meanwhile everything else runs (Prometheus, the run ledger, the console); the W&B "
+                "exporter retries joining %s every %.0f s, backing off to every %.0f s, and holds up to %d rows "
+                "until it joins (beyond, rows are dropped, counted in dflash_sidecar_wandb_dropped_total"
+                "{reason=\"queue_full\"})", join.NO_CREDENTIALS,
+                "the run the trainer announces" if self._config.run == "auto" else f"run {self._config.run}",
+                RETRY_MIN_S, RETRY_MAX_S, self._config.queue_size)
         self._log.info("W&B: %s", plan.reason)
         self._thread.start()
 

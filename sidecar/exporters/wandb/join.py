@@ -243,6 +243,12 @@ def prefixed(row: Mapping[str, object], trainer_step: int | None) -> tuple[dict[
     return out, skipped
 
 
+NO_CREDENTIALS = ("no W&B credentials: set WANDB_API_KEY in the EnvironmentFile or run `wandb login` "
+                  "(or WANDB_MODE=offline for a local run to `wandb sync` later)")
+"""The one advice for a daemon told to join a W&B run without credentials (``dflash-sidecar
+check`` fails with it, the daemon warns with it at start)."""
+
+
 def credential_source(environ: Mapping[str, str], home: str | None = None) -> str | None:
     """Say where W&B credentials would come from, never reading the key out: ``"WANDB_API_KEY"``,
     ``"WANDB_IDENTITY_TOKEN_FILE"``, ``"netrc"`` (an entry for the API host in ``$NETRC`` or
