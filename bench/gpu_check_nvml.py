@@ -9,11 +9,15 @@ Part of ``python bench/gpu_check.py``; alone::
 
 1. **Calls.** Every NVML call a poll makes or falls back to, timed ``--reps`` times per GPU
    through the sidecar's ``NvmlDriver``: a table call -> ok / unsupported / missing / error.
-2. **Polls.** The real ``NvmlSource`` for ``--seconds`` each, polling every ``--interval``:
-   GPM on (the default), GPM off, and GPM on with a trainer pid known (the per-process query
-   each poll). Wall time and poller-thread CPU per poll, per GPU, NVML calls per poll.
-3. **Daemon CPU.** A real ``dflash-sidecar run`` with NVML every 1 s, then one with
-   ``--no-gpu-metrics``, each for ``--daemon-seconds`` of wall time; CPU from /proc.
+2. **Polls.** The real ``NvmlSource`` reading every value every poll (``every-poll``: what
+   one poll of everything costs) for ``--seconds`` each, polling every ``--interval``: GPM on
+   (the default), GPM off, and GPM on with a trainer pid known (the per-process query each
+   poll). Wall time and poller-thread CPU per poll, per GPU, NVML calls per poll.
+3. **Daemon CPU.** Real ``dflash-sidecar run`` daemons polling every 1 s at default settings,
+   side by side: the cost-aware poller (the default), ``--nvml-cadence every-poll`` (every value
+   every poll, as before the cadences), each for ``--daemon-seconds`` of wall time, then
+   ``--no-gpu-metrics`` for half as long; CPU from /proc, and the NVML cost per poll (wall and
+   CPU, per call kind) and the slow values' intervals from the daemon's own telemetry.
 4. **Readings.** Right after the last poll, ``nvidia-smi --query-gpu=...`` (and ``nvidia-smi
    dmon -s t`` for PCIe rates), per GPU and field both values in nvidia-smi's units with a
    tolerance check (instantaneous values such as utilization move between the two reads).
@@ -53,6 +57,7 @@ from gpu_check_nvml_calls import gpu_calls, per_poll_estimate, print_table, syst
 
 from sidecar.model.gpu import GpuReading, GpuSnapshot
 from sidecar.sources.nvml import GpmSampler, NvmlSource, probe_nvml
+from sidecar.sources.nvml_cadence import EVERY_POLL
 from sidecar.sources.nvml_driver import NvmlDriver
 
 MIB = 1024.0 * 1024.0
@@ -84,7 +89,9 @@ FIELDS: tuple[Field, ...] = (
     Field("memory.total [MiB]", ("memory.total",), _scaled("memory_total_bytes", 1 / MIB), rel_tol=0.02),
     Field("memory.used [MiB]", ("memory.used",), _scaled("memory_used_bytes", 1 / MIB), abs_tol=64, rel_tol=0.05),
     Field("memory.free [MiB]", ("memory.free",), _scaled("memory_free_bytes", 1 / MIB), abs_tol=64, rel_tol=0.05),
-    Field("power.draw [W]", ("power.draw.instant", "power.draw"), _scaled("power_watts", 1), abs_tol=10, rel_tol=0.15),
+    # nvmlDeviceGetPowerUsage, what the sidecar reads, is nvidia-smi's power.draw.average on Ampere and newer
+    Field("power.draw [W]", ("power.draw.average", "power.draw"), _scaled("power_watts", 1), abs_tol=10,
+          rel_tol=0.15),
     Field("enforced.power.limit [W]", ("enforced.power.limit",), _scaled("power_limit_watts", 1), abs_tol=1),
     Field("temperature.gpu [C]", ("temperature.gpu",), _scaled("temperature_celsius", 1), abs_tol=2),
     Field("temperature.memory [C]", ("temperature.memory",), _scaled("memory_temperature_celsius", 1), abs_tol=2),
@@ -229,7 +236,7 @@ def measure_source(seconds: float, interval: float, library: str | None, trainer
     """Poll with a real ``NvmlSource`` for ``seconds``: per-poll wall time, poller CPU and NVML calls.
 
     ``after`` runs on the newest snapshot while the source still runs (the nvidia-smi comparison)."""
-    source = NvmlSource(interval_s=interval, library_path=library)
+    source = NvmlSource(interval_s=interval, library_path=library, cadence=EVERY_POLL)
     source.set_trainer_processes(trainer)
     source.start()
     try:
@@ -291,27 +298,80 @@ def start_load(seconds: float) -> subprocess.Popen[str] | None:
     return proc
 
 
+DAEMONS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
+    ("nvml_1s", ()), ("nvml_1s_every_poll", ("--nvml-cadence", "every-poll")), ("no_gpu_metrics", None))
+"""The daemon runs of the CPU reading: key -> extra ``run`` options (None: ``--no-gpu-metrics``).
+``nvml_1s`` is the default (the cost-aware poller, within its CPU budget); ``every-poll`` reads
+every value every poll, as the poller did before it had cadences."""
+
+
 def daemon_cpu(seconds: float) -> dict[str, Any]:
-    """CPU share of one core of a real daemon over ``seconds``: NVML every 1 s, then --no-gpu-metrics."""
+    """CPU share of one core of a real daemon over ``seconds`` for each of ``DAEMONS`` (the run
+    without NVML for half as long), with its NVML cost per poll from its own telemetry."""
     out: dict[str, Any] = {"seconds": seconds}
     with tempfile.TemporaryDirectory(prefix="dfs-nvml-", dir="/tmp") as tmp:
-        for key, gpu_metrics in (("nvml_1s", True), ("no_gpu_metrics", False)):
-            daemon = start_daemon(Path(tmp), gpu_metrics=gpu_metrics, nvml_interval_s=1.0)
+        for key, extra in DAEMONS:
+            daemon = start_daemon(Path(tmp), gpu_metrics=extra is not None, nvml_interval_s=1.0, extra=extra or ())
             try:
-                time.sleep(1.5)  # start-up work and the first poll are not the steady state
-                out[key] = cpu_share(daemon.pid, seconds)
+                time.sleep(1.0)  # start-up work and the first poll are not the steady state
+                before = daemon.samples() if extra is not None else None
+                out[key] = cpu_share(daemon.pid, seconds if extra is not None else seconds / 2)
                 out[f"{key}_gpus_up"] = gpus_up(daemon)
+                if before is not None:
+                    out[f"{key}_nvml"] = nvml_costs(before, daemon.samples())
             finally:
                 daemon.stop()
     return out
 
 
+def nvml_costs(before: Any, after: Any) -> dict[str, Any]:
+    """The daemon's NVML telemetry between two scrapes: polls, NVML wall and CPU ms per poll (all
+    calls, and per call kind), the poller thread's CPU per poll, the slow values' intervals."""
+    def delta(name: str, **labels: str) -> float:
+        return sum(v for lab, v in after.get(name, []) if all(lab.get(k) == x for k, x in labels.items())) - sum(
+            v for lab, v in before.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
+
+    polls = delta("dflash_nvml_polls_total")
+    if not polls:
+        return {"polls": 0}
+    calls = sorted({lab["call"] for lab, _ in after.get("dflash_nvml_call_seconds_total", [])})
+    by_call = {call: delta("dflash_nvml_call_seconds_total", call=call) * 1e3 / polls for call in calls}
+    return {"polls": polls, "wall_ms_per_poll": sum(by_call.values()),
+            "cpu_ms_per_poll": delta("dflash_nvml_call_cpu_seconds_total") * 1e3 / polls,
+            "poller_cpu_ms_per_poll": delta("dflash_nvml_cpu_seconds_total") * 1e3 / polls,
+            "wall_ms_per_poll_by_call": {c: v for c, v in by_call.items() if v > 0},
+            "intervals_s": {lab["values"]: v for lab, v in after.get("dflash_nvml_interval_seconds", [])}}
+
+
+def print_daemon_cpu(cpu: dict[str, Any]) -> None:
+    """The daemon runs side by side: CPU share, NVML per poll, the slow values' intervals."""
+    print(f"\ndaemon CPU over {cpu['seconds']:g} s at 1 s polling (idle trainer side), default settings:")
+    for key, label in (("nvml_1s", "cost-aware poller (default)"), ("nvml_1s_every_poll", "every value every poll"),
+                       ("no_gpu_metrics", "--no-gpu-metrics")):
+        if key not in cpu:
+            continue
+        line = f"  {label:30} {cpu[key] * 100:6.3f} % of a core"
+        nvml = cpu.get(f"{key}_nvml", {})
+        if nvml.get("polls"):
+            top = sorted(nvml["wall_ms_per_poll_by_call"].items(), key=lambda kv: -kv[1])[:4]
+            line += (f" ({cpu[f'{key}_gpus_up']} GPU(s) up); NVML per poll {nvml['wall_ms_per_poll']:.3f} ms wall, "
+                     f"{nvml['cpu_ms_per_poll']:.3f} ms CPU; poller CPU {nvml['poller_cpu_ms_per_poll']:.3f} ms "
+                     f"per poll over {nvml['polls']:.0f} polls; most: "
+                     + ", ".join(f"{c} {v:.3f} ms" for c, v in top))
+        print(line)
+    intervals = cpu.get("nvml_1s_nvml", {}).get("intervals_s", {})
+    slow = {k: v for k, v in intervals.items() if v > 1.0}
+    if slow:
+        print("  cost-aware intervals of the slow values (s): " + ", ".join(f"{k} {v:.3g}" for k, v in slow.items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="NVML cost per call and poll, daemon CPU, readings vs nvidia-smi.")
-    parser.add_argument("--seconds", type=float, default=3.0, help="polling time per scenario")
+    parser.add_argument("--seconds", type=float, default=1.5, help="polling time per scenario")
     parser.add_argument("--interval", type=float, default=0.2, help="poll interval of the scenarios (s)")
-    parser.add_argument("--reps", type=int, default=20, help="repetitions of each NVML call")
-    parser.add_argument("--daemon-seconds", type=float, default=10.0, help="wall time per daemon CPU reading (0: skip)")
+    parser.add_argument("--reps", type=int, default=10, help="repetitions of each NVML call")
+    parser.add_argument("--daemon-seconds", type=float, default=12.0,
+                        help="wall time per daemon CPU reading (the one without NVML: half; 0: skip)")
     parser.add_argument("--nvidia-smi", default=shutil.which("nvidia-smi") or "nvidia-smi")
     parser.add_argument("--library", default=None, help="explicit libnvidia-ml.so path")
     parser.add_argument("--no-load", action="store_true", help="no GPU load process during the part")
@@ -357,6 +417,7 @@ def measure_all(args: argparse.Namespace, results: dict[str, Any], load: subproc
     finally:
         driver.shutdown()
     results["versions"], results["calls"] = versions, {"system": system, "per_gpu": per_gpu}
+    write_json(args.json, results)  # after each stage: a part killed at its time limit keeps what it measured
     print(f"driver {versions.get('driver')}, NVML {versions.get('nvml')}, CUDA (driver) {versions.get('cuda_driver')}")
     print_table(per_gpu, system)
     estimates = {g: {"base_us": per_poll_estimate(rows, False, False), "gpm_us": per_poll_estimate(rows, False, True),
@@ -382,7 +443,8 @@ def measure_all(args: argparse.Namespace, results: dict[str, Any], load: subproc
         ("gpm on", False, {}, None), ("gpm off", True, {}, None),
         ("gpm on + process query", False, trainer, read_smi))
     polls: dict[str, dict[str, Any]] = {}
-    print(f"\nNVML polls by the sidecar's NvmlSource, {args.seconds:g} s per scenario every {args.interval:g} s:")
+    print(f"\nNVML polls by the sidecar's NvmlSource reading every value every poll, {args.seconds:g} s per scenario "
+          f"every {args.interval:g} s:")
     for name, no_gpm, pids, after in scenarios:
         with gpm_disabled() if no_gpm else contextlib.nullcontext():
             try:
@@ -399,13 +461,13 @@ def measure_all(args: argparse.Namespace, results: dict[str, Any], load: subproc
               f"errors: {p['errors'] or 'none'}")
     last = polls.get("gpm on + process query")
     results["polls"] = {k: {n: v for n, v in p.items() if n not in ("snapshot", "after")} for k, p in polls.items()}
+    write_json(args.json, results)
     if args.daemon_seconds > 0:
         try:
             results["daemon_cpu"] = cpu = daemon_cpu(args.daemon_seconds)
-            print(f"\ndaemon CPU over {cpu['seconds']:g} s (idle trainer side): NVML every 1 s "
-                  f"{cpu['nvml_1s'] * 100:.3f} % of a core ({cpu['nvml_1s_gpus_up']} GPU(s) up), "
-                  f"--no-gpu-metrics {cpu['no_gpu_metrics'] * 100:.3f} %")
-        except (RuntimeError, OSError) as exc:
+            print_daemon_cpu(cpu)
+            write_json(args.json, results)
+        except (RuntimeError, OSError, AssertionError) as exc:
             results["daemon_cpu"] = {"error": str(exc)}
             print(f"daemon CPU: could not measure: {exc}", file=sys.stderr)
     if last is None:

@@ -36,6 +36,7 @@ from sidecar.sources.nvml_gpu import (
     LEGACY_FUNCTIONS,
     MEM_CLOCK,
     MEMORY,
+    POWER,
     PROCESSES,
     SM_CLOCK,
     TEMPERATURE,
@@ -44,7 +45,8 @@ from sidecar.sources.nvml_gpu import (
 )
 
 GROUPS: tuple[tuple[str, tuple[Call, ...]], ...] = (
-    ("utilization", UTILIZATION), ("memory", MEMORY), ("temperature", TEMPERATURE), ("sm clock", SM_CLOCK),
+    ("utilization", UTILIZATION), ("memory", MEMORY), ("power", POWER), ("temperature", TEMPERATURE),
+    ("sm clock", SM_CLOCK),
     ("mem clock", MEM_CLOCK), ("clock events", CLOCK_EVENTS),
     ("processes", PROCESSES + (Call("nvmlDeviceGetComputeRunningProcesses", (),
                                     "nvmlDeviceGetComputeRunningProcesses (pynvml: the _v3 symbol)"),)),
@@ -185,7 +187,7 @@ def system_calls(driver: NvmlDriver, handles: list[Any], reps: int) -> tuple[lis
 def per_poll_estimate(rows: list[dict[str, Any]], processes: bool, gpm: bool) -> float:
     """µs per GPU per poll from the medians: the first ``ok`` call of each group a poll makes."""
     total, seen = 0.0, set()
-    polled = {"utilization", "memory", "temperature", "sm clock", "mem clock", "clock events", "field values"}
+    polled = {"utilization", "memory", "power", "temperature", "sm clock", "mem clock", "clock events", "field values"}
     polled |= {"processes"} if processes else set()
     for row in rows:
         group = row["group"]

@@ -52,7 +52,8 @@ class Daemon:
         self.config = config
         self._cli_overrides = dict(cli_overrides or {})
         self.host = host or socket.gethostname()
-        self.nvml = NvmlSource(interval_s=config.nvml_interval) if config.gpu_metrics else None
+        self.nvml = NvmlSource(interval_s=config.nvml_interval, cpu_budget=config.nvml_cpu_budget,
+                               cadence=config.nvml_cadence) if config.gpu_metrics else None
         nvml = self.nvml
         self.gpus = GpuAggregates(GpuGroups.parse(config.gpu_group), nvml.latest if nvml else None,
                                   nvml.status if nvml else None, nvml.recent if nvml else None)

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
-from prometheus_client.core import CollectorRegistry, Metric
 from prometheus_client.exposition import generate_latest
 
 from sidecar.aggregation.gpu_groups import GpuGroups, gpu_view
@@ -17,37 +13,12 @@ from sidecar.exporters.wandb.gpu_rows import gpu_wandb_row
 from sidecar.model.gpu import GpuProcess, GpuReading, GpuSnapshot, NvmlState, NvmlStatus, ProfilingState
 from sidecar.sources.nvml import NvmlSource
 from tests.fake_nvml import FakeNvml
-from tests.fake_nvml.helpers import wait_until
+from tests.fake_nvml.helpers import promtool_check, registry_of, wait_until
 
 pytest_plugins = ["tests.fake_nvml.fixtures"]
 
 GIB = 1024**3
-ALLOWED_LABELS = {"host", "gpu", "group", "role", "worker", "reason", "type", "pid"}
-
-
-class _Collector:
-    def __init__(self, build: Callable[[], list[Metric]]) -> None:
-        self._build = build
-
-    def collect(self) -> Iterator[Metric]:
-        yield from self._build()
-
-
-def _registry(build: Callable[[], list[Metric]]) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(build))  # type: ignore[arg-type]
-    return registry
-
-
-def _promtool_check(exposition: bytes) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("promtool is not installed (CI=true)")
-        pytest.skip("promtool is not installed")
-    result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, check=False)
-    assert result.returncode == 0 and not result.stdout and not result.stderr, (
-        result.stdout.decode() + result.stderr.decode())
+ALLOWED_LABELS = {"host", "gpu", "group", "role", "worker", "reason", "type", "pid", "call", "values"}
 
 
 def _full_gpu(index: int) -> GpuReading:
@@ -76,7 +47,7 @@ GROUPS = GpuGroups.parse(["target=0,1", "drafter=2"])
 
 
 def test_families_values_labels_and_absence() -> None:
-    registry = _registry(lambda: gpu_metric_families(gpu_view(SNAPSHOT, STATUS, GROUPS), "node1", 103.5))
+    registry = registry_of(lambda: gpu_metric_families(gpu_view(SNAPSHOT, STATUS, GROUPS), "node1", 103.5))
 
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, {"host": "node1", **labels})
@@ -131,7 +102,7 @@ def test_every_family_has_help_base_units_and_allowed_labels() -> None:
 def test_exposition_passes_promtool() -> None:
     stalled = NvmlStatus(NvmlState.STALLED, polls_total=1, errors=(("stalled_call", 1),))
     for snapshot, status in ((SNAPSHOT, STATUS), (SNAPSHOT, stalled), (None, NvmlStatus(NvmlState.UNAVAILABLE))):
-        _promtool_check(generate_latest(_registry(
+        promtool_check(generate_latest(registry_of(
             lambda view=gpu_view(snapshot, status, GROUPS): gpu_metric_families(view, "h", 101.0))))
 
 
@@ -171,11 +142,11 @@ def test_live_source_scrape_is_promtool_clean_and_serves_the_last_values_while_s
                what="processes and GPM")
     groups = GpuGroups.parse(["target=0-5", "drafter=6,7"])
     clock = {"now": 0.0}
-    registry = _registry(lambda: gpu_metric_families(gpu_view(source.latest(), source.status(), groups), "node",
+    registry = registry_of(lambda: gpu_metric_families(gpu_view(source.latest(), source.status(), groups), "node",
                                                      clock["now"]))
     clock["now"] = source.latest().taken_monotonic_s  # type: ignore[union-attr]
     exposition = generate_latest(registry)
-    _promtool_check(exposition)
+    promtool_check(exposition)
     assert registry.get_sample_value("dflash_gpu_up", {"host": "node", "gpu": "3"}) == 0.0
     assert registry.get_sample_value("dflash_gpu_memory_temperature_celsius", {"host": "node", "gpu": "0"}) is None
     assert registry.get_sample_value("dflash_gpu_memory_temperature_celsius", {"host": "node", "gpu": "1"}) == 50.0

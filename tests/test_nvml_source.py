@@ -80,17 +80,17 @@ def test_values_are_mapped_to_base_units(fake_nvml: FakeNvml, nvml_source: Facto
 
 def test_batched_field_values_keep_calls_per_gpu_low(fake_nvml: FakeNvml, nvml_source: Factory) -> None:
     fake_nvml.set(devices=8)
-    power_calls = fake_nvml.call_count("nvmlDeviceGetPowerUsage")
+    energy_calls = fake_nvml.call_count("nvmlDeviceGetTotalEnergyConsumption")
     violation_calls = fake_nvml.call_count("nvmlDeviceGetViolationStatus")
     process_calls = fake_nvml.call_count("nvmlDeviceGetComputeRunningProcesses_v3")
     source = nvml_source()
     snapshot = polls_after(source, 4)
     assert len(snapshot.gpus) == 8
-    # fields batch (with the violation counters) + utilization + memory + temperature + 2 clocks +
-    # clock events + 2 GPM, and one event-set drain for all GPUs
-    assert snapshot.nvml_calls <= 9 * 8 + 1
+    # fields batch (with the violation counters) + utilization + memory + power + temperature +
+    # 2 clocks + clock events + 2 GPM, and one event-set drain for all GPUs
+    assert snapshot.nvml_calls <= 10 * 8 + 1
     assert all(g.power_watts == pytest.approx(300.0) for g in snapshot.gpus)
-    assert fake_nvml.call_count("nvmlDeviceGetPowerUsage") == power_calls  # power came from the batch
+    assert fake_nvml.call_count("nvmlDeviceGetTotalEnergyConsumption") == energy_calls  # energy came from the batch
     assert fake_nvml.call_count("nvmlDeviceGetViolationStatus") == violation_calls  # and the violation counters
     assert all(len(g.violation_seconds_total) == 6 for g in snapshot.gpus)
     assert fake_nvml.call_count("nvmlDeviceGetComputeRunningProcesses_v3") == process_calls  # no trainer pids yet
@@ -368,11 +368,11 @@ def test_an_unexpected_error_in_one_poll_is_counted_and_polling_goes_on(
     real_read = nvml_gpu.GpuReader.read
     reads = {"n": 0}
 
-    def flaky(self: Any, trainer: Any, now: float) -> Any:
+    def flaky(self: Any, trainer: Any, now: float, slow: Any) -> Any:
         reads["n"] += 1
         if reads["n"] in (3, 6):
             raise RuntimeError("a bug")
-        return real_read(self, trainer, now)
+        return real_read(self, trainer, now, slow)
 
     monkeypatch.setattr(nvml_gpu.GpuReader, "read", flaky)
     source = nvml_source()

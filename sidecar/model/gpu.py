@@ -180,6 +180,20 @@ class GpuSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class NvmlCallCost:
+    """What one NVML call kind has cost since the source started."""
+
+    call: str
+    """The C function, with its argument where one function serves several values
+    (``nvmlDeviceGetClockInfo(SM)``)."""
+    calls: int
+    wall_s: float
+    """Seconds of wall time inside the calls."""
+    cpu_s: float
+    """Seconds of the polling thread's CPU time (user + system) inside the calls."""
+
+
+@dataclass(frozen=True, slots=True)
 class NvmlStatus:
     """Health of the NVML source, safe to read at any time (``NvmlSource.status()``)."""
 
@@ -201,6 +215,15 @@ class NvmlStatus:
     them down (``up`` 0, no values) until the call returns."""
     profiler_busy_gpus: tuple[int, ...] = ()
     """GPUs whose GPM counters are held by another profiler right now."""
+    call_costs: tuple[NvmlCallCost, ...] = ()
+    """Every NVML call kind made so far, with its cumulative count, wall and CPU time."""
+    cpu_seconds_total: float | None = None
+    """CPU time of the polling thread since it started (seconds; NVML calls and the Python around them)."""
+    cpu_budget_ratio: float | None = None
+    """The share of one core the poller may use (``nvml_cpu_budget``); None in ``every-poll`` mode."""
+    intervals: tuple[tuple[str, float], ...] = ()
+    """Per group of values (``utilization``, ``energy_counter``, ``gpm``, ...): seconds between
+    two reads now, the slow groups' stretched to keep the CPU budget."""
 
     @property
     def available(self) -> bool:

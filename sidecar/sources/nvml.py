@@ -29,11 +29,12 @@ from typing import Any
 
 from sidecar.backoff import Backoff
 from sidecar.model.gpu import GpuSnapshot, NvmlState, NvmlStatus, ProfilingState
+from sidecar.sources.nvml_cadence import COST_AWARE, EVERY_POLL, MODES, Cadence
 from sidecar.sources.nvml_driver import GpuLostError, NvmlDriver, NvmlUnavailableError, Outcome
 from sidecar.sources.nvml_events import XidWatcher
 from sidecar.sources.nvml_gpm import GpmSampler
 from sidecar.sources.nvml_gpu import GpuReader
-from sidecar.sources.settings import NVML_INTERVAL
+from sidecar.sources.settings import NVML_CPU_BUDGET, NVML_INTERVAL
 
 _LOG = logging.getLogger("sidecar.nvml")
 
@@ -55,6 +56,9 @@ class NvmlSource:
         profiler_backoff_s: float = 10.0,
         max_backoff_s: float = 300.0,
         init_retry_s: float = 10.0,
+        cpu_budget: float = NVML_CPU_BUDGET.default,
+        cadence: str = COST_AWARE,
+        slow_periods_s: Mapping[str, float] | None = None,
     ) -> None:
         """Configure the source; nothing runs until ``start()``.
 
@@ -65,8 +69,16 @@ class NvmlSource:
         ``profiler_backoff_s``/``max_backoff_s``: first and longest wait before retrying GPM
         while another profiler holds the counters (also the NVML init retry cap).
         ``init_retry_s``: first wait before retrying a failed ``nvmlInit`` (driver not loaded,
-        ...); a missing library is not retried. Raises ``ValueError`` on non-positive times.
+        ...); a missing library is not retried. ``cpu_budget``: the share of one core the poller
+        may use (``cadence="cost-aware"``), kept by reading the slow groups of values less often
+        (``nvml_cadence``); ``cadence="every-poll"`` reads every value every poll (no budget).
+        ``slow_periods_s``: the slow groups' base periods (default ``SLOW_PERIODS_S``). Raises
+        ``ValueError`` on non-positive times or budget, or an unknown cadence or group.
         """
+        if cadence not in MODES:
+            raise ValueError(f"cadence must be one of {', '.join(MODES)}, got {cadence!r}")
+        if not cpu_budget > 0:
+            raise ValueError(f"cpu_budget must be > 0, got {cpu_budget!r}")
         for name, value in (("interval_s", interval_s), ("profiler_backoff_s", profiler_backoff_s),
                             ("max_backoff_s", max_backoff_s), ("init_retry_s", init_retry_s)):
             if not value > 0:
@@ -80,6 +92,9 @@ class NvmlSource:
         self._max_backoff_s = max_backoff_s
         self._init_retry_s = init_retry_s
         self._driver = NvmlDriver(log, clock, self._stall_after_s)
+        self._cadence = Cadence(self.interval_s, None if cadence == EVERY_POLL else cpu_budget, slow_periods_s, log)
+        self._cpu_s: float | None = None
+        """CPU time of the poller thread after its latest poll (seconds)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._shut_down = False
@@ -184,6 +199,10 @@ class NvmlSource:
             gpus_lost=tuple(g.index for g in gpus if not g.up),
             hung_gpus=hung,
             profiler_busy_gpus=tuple(g.index for g in gpus if g.profiling is ProfilingState.BUSY),
+            call_costs=self._driver.call_costs(),
+            cpu_seconds_total=self._cpu_s,
+            cpu_budget_ratio=self._cadence.budget,
+            intervals=self._cadence.intervals() if self._readers else (),
         )
 
     # ------------------------------------------------------------------ poller thread
@@ -248,9 +267,11 @@ class NvmlSource:
         self._readers = readers
         gpm = sum(1 for r in readers if r.profiling is ProfilingState.ACTIVE)
         names = sorted({r.name for r in readers if r.name})
-        self._log.info("NVML: driver %s, %d GPU(s) (%s); GPM on %d, XID events on %d; polling every %.3g s",
+        budget = self._cadence.budget
+        self._log.info("NVML: driver %s, %d GPU(s) (%s); GPM on %d, XID events on %d; polling every %.3g s, %s",
                        self._driver_version or "?", len(readers), ", ".join(names) or "-", gpm, len(with_xid),
-                       self.interval_s)
+                       self.interval_s, "every value every poll" if budget is None else
+                       f"slow values within {budget * 100:.3g} % of a core")
         self._set_state(NvmlState.AVAILABLE)
         return True
 
@@ -298,13 +319,25 @@ class NvmlSource:
 
     def _poll_once(self) -> None:
         started = self._clock()
+        cpu0 = self._cpu_s if self._cpu_s is not None else time.thread_time()  # since the last poll ended
         calls_before = self._driver.calls
         trainer = self._trainer
         if self._xids is not None:
             self._xids.drain()
-        readings = tuple(reader.read(trainer, started) for reader in self._readers)
+        readers, cadence = self._readers, self._cadence
+        readings = []
+        for position, reader in enumerate(readers):
+            slow = frozenset() if reader.lost else cadence.due(reader.index, started)
+            readings.append(reader.read(trainer, started, slow))
+            done = slow if reader.gpm_primed else slow - {"gpm"}  # GPM's first metrics need a second sample
+            cadence.read(reader.index, done, started, phase=position / len(readers))
         finished = self._clock()
-        snapshot = GpuSnapshot(started, finished - started, self._driver.calls - calls_before, readings,
+        self._cpu_s = time.thread_time()
+        slow_cpu = {unit: [r.slow_cpu_s[unit] for r in readers if unit in r.slow_cpu_s] for unit in ("fields", "gpm")}
+        cadence.measured(self._cpu_s - cpu0 - sum(map(sum, slow_cpu.values())), slow_cpu,
+                         {"fields": sum(1 for r in readers if not r.lost),
+                          "gpm": sum(1 for r in readers if r.profiling is ProfilingState.ACTIVE)})
+        snapshot = GpuSnapshot(started, finished - started, self._driver.calls - calls_before, tuple(readings),
                                self._driver_version)
         with self._lock:
             self._latest = snapshot

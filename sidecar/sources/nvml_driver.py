@@ -1,7 +1,8 @@
 """The one door to NVML: the only module of the project that imports or calls ``pynvml``.
 
-Every call goes through ``NvmlDriver``, which counts calls, records the call in flight (so
-other threads can see a wedged driver without touching NVML), maps every NVML error to an
+Every call goes through ``NvmlDriver``, which counts calls, measures each call kind's cost (wall
+time and the calling thread's CPU time), records the call in flight (so other threads can see a
+wedged driver without touching NVML), maps every NVML error to an
 ``Outcome`` ("not available" in one of a few flavours), logs a missing function or a new
 kind of error once, and raises ``GpuLostError`` when a GPU has fallen off the bus.
 
@@ -21,6 +22,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from sidecar.model.gpu import NvmlCallCost
 
 try:
     import pynvml
@@ -111,7 +114,8 @@ class NvmlDriver:
 
     ``in_flight`` (``(function, started monotonic s, gpu index or None)``) and ``calls`` are
     plain attributes other threads may read without a lock (a tuple or int assignment is atomic);
-    ``error_counts()`` copies under a short lock that is never held across an NVML call.
+    ``error_counts()`` and ``call_costs()`` copy under a short lock that is never held across an
+    NVML call.
     """
 
     def __init__(self, log: logging.Logger, clock: Callable[[], float] = time.monotonic,
@@ -122,6 +126,8 @@ class NvmlDriver:
         self.calls = 0
         self.in_flight: tuple[str, float, int | None] | None = None
         self._errors: dict[str, int] = {}
+        self._costs: dict[str, list[float]] = {}
+        """Per call label: [calls, wall seconds, thread CPU seconds]."""
         self._errors_lock = threading.Lock()
         self._logged: set[tuple[object, ...]] = set()
 
@@ -171,11 +177,13 @@ class NvmlDriver:
         started = self.clock()
         self.in_flight = (name, started, gpu)
         self.calls += 1
+        cpu0, wall0 = time.thread_time(), time.perf_counter()
         try:
             return target(*args)
         except pynvml.NVMLError as exc:
             raise NvmlCallError(name, int(exc.value)) from None
         finally:
+            self._add_cost(name, time.perf_counter() - wall0, time.thread_time() - cpu0)
             self.in_flight = None
             took = self.clock() - started
             if took > self.stall_after_s:
@@ -215,6 +223,21 @@ class NvmlDriver:
         """Add one to the error counter for ``reason``."""
         with self._errors_lock:
             self._errors[reason] = self._errors.get(reason, 0) + 1
+
+    def _add_cost(self, name: str, wall_s: float, cpu_s: float) -> None:
+        with self._errors_lock:
+            cost = self._costs.get(name)
+            if cost is None:
+                self._costs[name] = [1, wall_s, cpu_s]
+            else:
+                cost[0] += 1
+                cost[1] += wall_s
+                cost[2] += cpu_s
+
+    def call_costs(self) -> tuple[NvmlCallCost, ...]:
+        """Every call kind made so far with its cumulative count, wall time and CPU time, by name."""
+        with self._errors_lock:
+            return tuple(NvmlCallCost(name, int(c[0]), c[1], c[2]) for name, c in sorted(self._costs.items()))
 
     def error_counts(self) -> dict[str, int]:
         """A copy of the error counters."""

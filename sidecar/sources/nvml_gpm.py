@@ -57,6 +57,12 @@ class GpmSampler:
         self.values: dict[str, float | None] = {}
         """Latest metrics by ``GpuReading`` attribute; empty until two samples exist."""
 
+    @property
+    def primed(self) -> bool:
+        """False while sampling without metrics yet (the first sample, at start or after a
+        failure): the next sample should come at the next poll, not a period later."""
+        return bool(self.values) or not self._samples or self.state is not ProfilingState.ACTIVE
+
     def setup(self) -> None:
         """Find out whether the GPU supports GPM and allocate the two sample buffers."""
         outcome, support = self._driver.try_call("nvmlGpmQueryDeviceSupport", self._handle, gpu=self._index)

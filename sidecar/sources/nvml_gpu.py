@@ -1,23 +1,27 @@
 """Reads one GPU per poll through ``NvmlDriver`` and builds its ``GpuReading``.
 
-Per GPU and poll: one ``nvmlDeviceGetFieldValues`` batch (energy, power, power limit, memory
-temperature, PCIe byte counters, ECC totals, the six throttle-policy violation counters) plus
-utilization, memory, temperature, two clocks and clock-event reasons; the running processes only
-while trainer pids are known; one or two GPM calls on Hopper+. A violation counter the batch
-does not give falls back to ``nvmlDeviceGetViolationStatus`` for that policy. A value the GPU
-or driver does not support is asked once and then left out (``None``) until restart; a
-versioned function missing from an old driver falls back to the older version (logged once by
-the driver).
+Every poll: utilization, memory, power, temperature, two clocks and clock-event reasons (calls of
+microseconds), the running processes while trainer pids are known. When the poller's cadence
+says so (``nvml_cadence``): one ``nvmlDeviceGetFieldValues`` batch with the slow field groups due
+(energy counter, memory temperature, PCIe byte counters, ECC totals, power limit, the six
+throttle-policy violation counters), and GPM on Hopper+. Slow values are held between their
+reads; the energy between two counter readings is integrated from power (``nvml_energy``). A
+violation counter the batch does not give falls back to ``nvmlDeviceGetViolationStatus`` for that
+policy. A value the GPU or driver does not support is asked once and then left out (``None``)
+until restart; a versioned function missing from an old driver falls back to the older version
+(logged once by the driver).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sidecar.model.gpu import VIOLATION_POLICIES, GpuProcess, GpuReading, ProfilingState
+from sidecar.sources.nvml_cadence import UNITS
 from sidecar.sources.nvml_driver import (
     SUCCESS,
     GpuLostError,
@@ -26,6 +30,7 @@ from sidecar.sources.nvml_driver import (
     Outcome,
     constant,
 )
+from sidecar.sources.nvml_energy import EnergyEstimate
 from sidecar.sources.nvml_gpm import GpmSampler
 
 MHZ = 1e6
@@ -35,7 +40,6 @@ OTHER_XID = -1
 
 FIELD_ENERGY = constant("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 83)  # mJ
 FIELD_MEMORY_TEMP = constant("NVML_FI_DEV_MEMORY_TEMP", 82)  # C
-FIELD_POWER = constant("NVML_FI_DEV_POWER_INSTANT", 186)  # mW
 FIELD_POWER_LIMIT = constant("NVML_FI_DEV_POWER_CURRENT_LIMIT", 190)  # mW
 FIELD_PCIE_TX = constant("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 197)  # bytes, may wrap
 FIELD_PCIE_RX = constant("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 198)
@@ -47,15 +51,21 @@ FIELD_VIOLATIONS: dict[int, str] = {
     constant(f"NVML_FI_DEV_PERF_POLICY_{name}", 74 + policy): reason
     for (policy, reason), name in zip(VIOLATION_POLICIES, ("POWER", "THERMAL", "SYNC_BOOST", "BOARD_LIMIT",
                                                              "LOW_UTILIZATION", "RELIABILITY"), strict=True)}
-FIELDS: tuple[int, ...] = (FIELD_ENERGY, FIELD_MEMORY_TEMP, FIELD_POWER, FIELD_POWER_LIMIT, FIELD_PCIE_TX,
+FIELDS: tuple[int, ...] = (FIELD_ENERGY, FIELD_MEMORY_TEMP, FIELD_POWER_LIMIT, FIELD_PCIE_TX,
                            FIELD_PCIE_RX, FIELD_ECC_CORRECTED, FIELD_ECC_UNCORRECTED, *FIELD_VIOLATIONS)
+"""The field batch. Power is not in it: ``nvmlDeviceGetPowerUsage`` costs microseconds where a
+batch may cost milliseconds, and power is read every poll."""
+FIELD_GROUPS: dict[int, str] = {
+    FIELD_ENERGY: "energy_counter", FIELD_MEMORY_TEMP: "memory_temperature", FIELD_POWER_LIMIT: "power_limit",
+    FIELD_PCIE_TX: "pcie_counters", FIELD_PCIE_RX: "pcie_counters", FIELD_ECC_CORRECTED: "ecc_counters",
+    FIELD_ECC_UNCORRECTED: "ecc_counters", **dict.fromkeys(FIELD_VIOLATIONS, "throttle_counters")}
+"""The slow group (``nvml_cadence.SLOW_PERIODS_S``) each field is read with."""
 
 # Fields an older driver may lack, with the single-value function that gives the same number.
 # PCIe has no such fallback: nvmlDeviceGetPcieThroughput samples for 20 ms per call, which
 # would cost 320 ms per poll on 8 GPUs; GPM's PCIe metrics fill in on Hopper+.
 LEGACY_FUNCTIONS: dict[int, str] = {
     FIELD_ENERGY: "nvmlDeviceGetTotalEnergyConsumption",
-    FIELD_POWER: "nvmlDeviceGetPowerUsage",
     FIELD_POWER_LIMIT: "nvmlDeviceGetEnforcedPowerLimit",
 }
 
@@ -75,6 +85,7 @@ class Call:
 
 
 UTILIZATION = (Call("nvmlDeviceGetUtilizationRates"),)
+POWER = (Call("nvmlDeviceGetPowerUsage"),)
 MEMORY = (Call("nvmlDeviceGetMemoryInfo", (MEMORY_V2,), "nvmlDeviceGetMemoryInfo_v2"),
           Call("nvmlDeviceGetMemoryInfo"))
 TEMPERATURE = (Call("nvmlDeviceGetTemperatureV", (TEMPERATURE_GPU,)),
@@ -113,6 +124,19 @@ class GpuReader:
         self._fields: list[int] = list(FIELDS)
         self._legacy: list[int] = []
         self._counters: dict[int, tuple[int, float]] = {}
+        self._held: dict[int, tuple[float, float]] = {}
+        """The slow fields' last values: field id -> (value in NVML units, timestamp s)."""
+        self._pcie: dict[int, float] = {}
+        """PCIe rates (bytes/s) by counter field, from the last two readings."""
+        self._violation_values: tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]] = ((), ())
+        self._energy = EnergyEstimate()
+        self.slow_cpu_s: dict[str, float] = {}
+        """CPU seconds of this poll's slow reads by unit (``fields``, ``gpm``); empty when none ran."""
+
+    @property
+    def gpm_primed(self) -> bool:
+        """False while GPM has a first sample but no metrics yet (``GpmSampler.primed``)."""
+        return self._gpm is None or self._gpm.primed
 
     @property
     def profiling(self) -> ProfilingState:
@@ -132,11 +156,13 @@ class GpuReader:
         """XID events per code, sorted by code."""
         return tuple(sorted(self._xid_counts.items()))
 
-    def read(self, trainer: Mapping[int, tuple[str, str]], now: float) -> GpuReading:
-        """This poll's reading; a lost GPU is marked down (and never asked again)."""
+    def read(self, trainer: Mapping[int, tuple[str, str]], now: float, slow: Collection[str]) -> GpuReading:
+        """This poll's reading, with the slow groups ``slow`` read afresh (the others as last read);
+        a lost GPU is marked down (and never asked again)."""
+        self.slow_cpu_s = {}
         if not self.lost:
             try:
-                return self._read(trainer, now)
+                return self._read(trainer, now, slow)
             except GpuLostError as exc:
                 self.lost = True
                 self._driver.count_error("gpu_is_lost")
@@ -155,23 +181,23 @@ class GpuReader:
 
     # ------------------------------------------------------------------ internals
 
-    def _read(self, trainer: Mapping[int, tuple[str, str]], now: float) -> GpuReading:
+    def _read(self, trainer: Mapping[int, tuple[str, str]], now: float, slow: Collection[str]) -> GpuReading:
         utilization = self._first("utilization", UTILIZATION)
         memory = self._first("memory", MEMORY)
+        power = self._first("power", POWER)
         temperature = self._first("temperature", TEMPERATURE)
         sm_clock = self._first("sm_clock", SM_CLOCK)
         mem_clock = self._first("mem_clock", MEM_CLOCK)
         clock_events = self._first("clock_events", CLOCK_EVENTS)
-        fields = self._read_fields(now)
-        violation_totals, violation_ratios = self._read_violations(fields)
+        self._energy.power(None if power is None else power * 1e-3, now)
+        self._read_slow(now, slow)
+        held = self._held
         processes, foreign, foreign_memory = self._processes(trainer) if trainer else ((), None, None)
         gpm: dict[str, float | None] = {}
         profiling = ProfilingState.UNSUPPORTED
         if self._gpm is not None:
-            self._gpm.poll(now)
             gpm, profiling = self._gpm.values, self._gpm.state
-        pcie_rx = self._rate(FIELD_PCIE_RX, fields)
-        pcie_tx = self._rate(FIELD_PCIE_TX, fields)
+        pcie_rx, pcie_tx = self._pcie.get(FIELD_PCIE_RX), self._pcie.get(FIELD_PCIE_TX)
         return GpuReading(
             self.index, self.uuid, self.name, pci_bus_id=self.pci_bus_id,
             utilization_ratio=None if utilization is None else utilization.gpu / 100.0,
@@ -180,23 +206,23 @@ class GpuReader:
             memory_free_bytes=None if memory is None else int(memory.free),
             memory_total_bytes=None if memory is None else int(memory.total),
             memory_reserved_bytes=_reserved(memory),
-            power_watts=_scaled(fields.get(FIELD_POWER), 1e-3),
-            power_limit_watts=_scaled(fields.get(FIELD_POWER_LIMIT), 1e-3),
-            energy_joules=_scaled(fields.get(FIELD_ENERGY), 1e-3),
+            power_watts=None if power is None else power * 1e-3,
+            power_limit_watts=_scaled(held.get(FIELD_POWER_LIMIT), 1e-3),
+            energy_joules=self._energy.value(),
             temperature_celsius=None if temperature is None else float(temperature),
-            memory_temperature_celsius=_scaled(fields.get(FIELD_MEMORY_TEMP), 1.0),
+            memory_temperature_celsius=_scaled(held.get(FIELD_MEMORY_TEMP), 1.0),
             sm_clock_hertz=None if sm_clock is None else sm_clock * MHZ,
             memory_clock_hertz=None if mem_clock is None else mem_clock * MHZ,
             clock_event_mask=None if clock_events is None else int(clock_events),
             pcie_rx_bytes_per_second=pcie_rx if pcie_rx is not None else gpm.get("pcie_rx_bytes_per_second"),
             pcie_tx_bytes_per_second=pcie_tx if pcie_tx is not None else gpm.get("pcie_tx_bytes_per_second"),
-            ecc_corrected_total=_integer(fields.get(FIELD_ECC_CORRECTED)),
-            ecc_uncorrected_total=_integer(fields.get(FIELD_ECC_UNCORRECTED)),
+            ecc_corrected_total=_integer(held.get(FIELD_ECC_CORRECTED)),
+            ecc_uncorrected_total=_integer(held.get(FIELD_ECC_UNCORRECTED)),
             xid_errors_total=self.xid_errors_total,
             last_xid=self.last_xid,
             xid_counts=self.xid_counts(),
-            violation_seconds_total=violation_totals,
-            violation_ratio=violation_ratios,
+            violation_seconds_total=self._violation_values[0],
+            violation_ratio=self._violation_values[1],
             processes=processes,
             foreign_processes=foreign,
             foreign_memory_bytes=foreign_memory,
@@ -209,6 +235,34 @@ class GpuReader:
             nvlink_rx_bytes_per_second=gpm.get("nvlink_rx_bytes_per_second"),
             nvlink_tx_bytes_per_second=gpm.get("nvlink_tx_bytes_per_second"),
         )
+
+    def _read_slow(self, now: float, slow: Collection[str]) -> None:
+        """Read the slow groups due (one field batch, GPM), timing each unit's CPU in ``slow_cpu_s``."""
+        groups = {name for name in slow if UNITS.get(name) == "fields"}
+        if groups:
+            cpu0 = time.thread_time()
+            fields = self._read_fields(now, groups)
+            self._held.update(fields)
+            if "energy_counter" in groups:
+                self._read_energy(fields, now)
+            if "pcie_counters" in groups:
+                self._pcie = {f: rate for f in (FIELD_PCIE_RX, FIELD_PCIE_TX)
+                              if (rate := self._rate(f, fields)) is not None}
+            if "throttle_counters" in groups:
+                self._violation_values = self._read_violations(fields)
+            self.slow_cpu_s["fields"] = time.thread_time() - cpu0
+        if "gpm" in slow and self._gpm is not None:
+            cpu0 = time.thread_time()
+            self._gpm.poll(now)
+            self.slow_cpu_s["gpm"] = time.thread_time() - cpu0
+
+    def _read_energy(self, fields: Mapping[int, tuple[float, float]], now: float) -> None:
+        counter = fields.get(FIELD_ENERGY)
+        if counter is not None:
+            self._energy.counter(counter[0] * 1e-3, now)
+        elif FIELD_ENERGY not in self._fields and (FIELD_ENERGY not in self._legacy
+                                                   or self._choice.get(f"legacy-{FIELD_ENERGY}", 0) > 0):
+            self._energy.forget()  # neither the field nor the function: no energy from now on
 
     def _first(self, key: str, calls: Sequence[Call]) -> Any:
         """The value from the first of ``calls`` this GPU and driver support, or None.
@@ -231,11 +285,15 @@ class GpuReader:
         self._choice[key] = len(calls)
         return None
 
-    def _read_fields(self, now: float) -> dict[int, tuple[float, float]]:
-        """Batched field values: ``{field id: (value in NVML units, timestamp in seconds)}``."""
+    def _read_fields(self, now: float, groups: Collection[str]) -> dict[int, tuple[float, float]]:
+        """Batched field values of the field ``groups``: ``{field id: (value in NVML units,
+        timestamp in seconds)}``; a field asked and not read is dropped from the held values."""
         values: dict[int, tuple[float, float]] = {}
-        if self._fields:
-            requested = list(self._fields)
+        requested = [f for f in self._fields if FIELD_GROUPS[f] in groups]
+        for field_id in FIELD_GROUPS:
+            if FIELD_GROUPS[field_id] in groups:
+                self._held.pop(field_id, None)
+        if requested:
             outcome, results = self._driver.field_values(self.handle, requested, self.index)
             if outcome in (Outcome.MISSING, Outcome.UNSUPPORTED):
                 self._drop_fields(requested)
@@ -250,6 +308,8 @@ class GpuReader:
                 if self._driver.classify(error, self.index) in (Outcome.MISSING, Outcome.UNSUPPORTED):
                     self._drop_fields([field_id])
         for field_id in self._legacy:
+            if FIELD_GROUPS[field_id] not in groups:
+                continue
             value = self._first(f"legacy-{field_id}", (Call(LEGACY_FUNCTIONS[field_id]),))
             if value is not None:
                 values[field_id] = (value, now)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sidecar.model.address import parse_host_port
-from sidecar.model.settings import declared, setting
+from sidecar.model.settings import declared, one_of, setting
+from sidecar.sources.nvml_cadence import COST_AWARE, MODES
 from trainer_shim.endpoint import daemon_endpoint
 
 
@@ -90,7 +91,16 @@ class NvmlSettings:
     gpu_metrics: bool = setting(True, kind="switch", help="Poll the GPUs through NVML (false: no GPU metrics, for "
                                 "a box without GPUs).", off_help="Do not poll the GPUs through NVML (a box without "
                                 "GPUs).", summary="turn NVML off (a box without GPUs)")
+    nvml_cpu_budget: float = setting(0.01, check=float, bounds=(0.001, 1.0), unit="of one core", metavar="SHARE",
+                                     help=(
+        "Share of one core the NVML poller may use (0.01: one percent). Utilization, power, memory, clocks and "
+        "clock-event reasons are read every poll whatever it costs; the slow values (energy counter, PCIe, ECC "
+        "and throttle counters, power limit, memory temperature, GPM) are read less often when needed to keep "
+        "it (docs/NVML.md, cadences)."))
+    nvml_cadence: str = setting(COST_AWARE, check=one_of(*MODES), metavar="MODE", help=(
+        "cost-aware: each value at its own cadence, within nvml_cpu_budget; every-poll: every value every "
+        "poll, as before the cadences (costs milliseconds per GPU and poll on some drivers; for comparison)."))
 
 
-NVML_INTERVAL, _ = declared(NvmlSettings)
-"""The poll period's declaration (``NvmlSource``'s default is its default)."""
+NVML_INTERVAL, _, NVML_CPU_BUDGET, _ = declared(NvmlSettings)
+"""The poll period's and the CPU budget's declarations (``NvmlSource``'s defaults are theirs)."""

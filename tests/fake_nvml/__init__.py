@@ -2,6 +2,7 @@
 loaded by the real pynvml, scripted through a control file (see ``control.py``)."""
 
 from .build import FakeNvmlUnavailable, build_fake_nvml, find_nvml_header
-from .control import UNSUPPORTED, FakeNvml, error
+from .control import H200_COSTS_US, UNSUPPORTED, FakeNvml, error
 
-__all__ = ["UNSUPPORTED", "FakeNvml", "FakeNvmlUnavailable", "build_fake_nvml", "error", "find_nvml_header"]
+__all__ = ["H200_COSTS_US", "UNSUPPORTED", "FakeNvml", "FakeNvmlUnavailable", "build_fake_nvml", "error",
+           "find_nvml_header"]

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from sidecar.sources.nvml import NvmlSource, probe_nvml
+from sidecar.sources.nvml_cadence import SLOW_PERIODS_S
 
 
 class _Records(logging.Handler):
@@ -50,7 +51,9 @@ def main() -> int:
     logging.getLogger().setLevel(logging.DEBUG)
 
     probe = probe_nvml(args.library, timeout_s=5.0)
-    source = NvmlSource(interval_s=0.05, library_path=args.library)
+    # every value every poll through the cost-aware code, as the fixture's sources (fixtures.py)
+    source = NvmlSource(interval_s=0.05, library_path=args.library, cpu_budget=1.0,
+                        slow_periods_s=dict.fromkeys(SLOW_PERIODS_S, 0.05))
     source.set_trainer_processes({int(pid): (r, w) for pid, (r, w) in json.loads(args.trainer).items()})
     source.start()
     deadline = time.monotonic() + 10.0

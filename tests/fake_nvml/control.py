@@ -9,6 +9,9 @@ Keys (``<i>`` is a GPU index or ``*`` for every GPU; per-GPU keys override ``gpu
 - ``devices`` (default 8), ``driver_version``, ``nvml_version``
 - ``sleep_ms.<nvml function>`` / ``gpu.<i>.sleep_ms.<fn>``: that call sleeps N ms first
 - ``fail.<nvml function>`` / ``gpu.<i>.fail.<fn>``: that call returns the NVML error code N
+- ``cost_us.<nvml function>`` / ``gpu.<i>.cost_us.<fn>``: that call burns N µs of the calling
+  thread's CPU time first (a busy spin), like a real driver's per-call cost (``H200_COSTS_US``:
+  an H200's in a VM; ``FakeNvml.cost`` sets them)
 - ``gpu.<i>.lost = 1``: every call on that GPU returns ``NVML_ERROR_GPU_IS_LOST``
 - ``gpu.<i>.<value>``: a number, ``unsupported`` (``NVML_ERROR_NOT_SUPPORTED``) or
   ``error:<code>``; values are listed in ``VALUES`` with their NVML units
@@ -65,9 +68,30 @@ VALUES: dict[str, str] = {
 _GPU_KEYS = {"lost", "gpm_supported", "gpm_busy", "events_supported", "name", "uuid", "pci_bus_id", "processes", "xids",
              *VALUES}
 _KEY = re.compile(
-    r"^(devices|driver_version|nvml_version|(sleep_ms|fail)\.nvml\w+"
-    r"|gpu\.(\*|\d+)\.((sleep_ms|fail)\.nvml\w+|(?P<gpu_key>\w+)))$"
+    r"^(devices|driver_version|nvml_version|(sleep_ms|fail|cost_us)\.nvml\w+"
+    r"|gpu\.(\*|\d+)\.((sleep_ms|fail|cost_us)\.nvml\w+|(?P<gpu_key>\w+)))$"
 )
+
+_MICRO_US = 12
+"""The cheap calls' cost: the H200 measured 3-12 µs for utilization, power, clocks and
+temperatures; every call it did not report separately is given the top of that range."""
+
+H200_COSTS_US: dict[str, int] = {
+    "nvmlDeviceGetFieldValues": 5000,
+    "nvmlDeviceGetTotalEnergyConsumption": 3100,
+    "nvmlGpmMetricsGet": 1300,
+    "nvmlGpmSampleGet": 4000,
+    **dict.fromkeys((
+        "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature", "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlEventSetWait_v2", "nvmlDeviceGetViolationStatus"),
+        _MICRO_US),
+}
+"""Per-call CPU costs (µs) of an NVIDIA H200 in a VM (driver 580.159.04, issue 38's first GPU
+run): medians of ``nvmlDeviceGetFieldValues`` (14 fields) 5.0 ms, the energy counter 3.1 ms,
+``nvmlGpmMetricsGet`` 1.3 ms. ``nvmlGpmSampleGet`` was not reported alone: 4.0 ms is what a poll
+with GPM cost beyond one without (11.2 - 5.9 ms per GPU) less the metrics call."""
 
 
 def error(code: int) -> str:
@@ -124,6 +148,12 @@ class FakeNvml:
             self.set({key: ms})
         else:
             self.unset(key)
+
+    def cost(self, costs_us: Mapping[str, int], gpu: int | None = None) -> None:
+        """Charge each named function that many µs of CPU per call (``H200_COSTS_US``); 0 removes it."""
+        prefix = "cost_us." if gpu is None else f"gpu.{gpu}.cost_us."
+        self.unset(*(prefix + function for function, us in costs_us.items() if not us))
+        self.set({prefix + function: us for function, us in costs_us.items() if us})
 
     def fail(self, function: str, code: int, gpu: int | None = None) -> None:
         """Make ``function`` return the NVML error ``code``; 0 stops it."""

@@ -5,7 +5,9 @@
  * below is checked against NVML's own prototype. It implements exactly the NVML functions
  * the sidecar's NVML source calls, returns values read from a control file and injects the
  * faults the tests need: a lost GPU, an unsupported value, a failing or sleeping call, and a
- * profiler holding the GPM counters.
+ * profiler holding the GPM counters. It can also charge each call kind a CPU cost (a busy spin
+ * of N µs of thread CPU time, `cost_us.<function>`), so a real driver's per-call costs (an H200
+ * in a VM: milliseconds for the field values) can be reproduced on a CPU.
  *
  * Control file: its path is read from $FAKE_NVML_CONTROL at every nvmlInit*(). Without that
  * variable nvmlInit*() returns NVML_ERROR_LIBRARY_NOT_FOUND, so a process that loaded this
@@ -100,6 +102,8 @@ typedef struct {
     unsigned nsleeps;
     rule_t fails[MAX_RULES];
     unsigned nfails;
+    rule_t costs[MAX_RULES];
+    unsigned ncosts;
     gpu_t gpu[MAX_GPUS];
 } config_t;
 
@@ -151,6 +155,18 @@ static long long wall_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (long long)ts.tv_sec * 1000000LL + ts.tv_nsec / 1000;
+}
+
+/* Burns `us` microseconds of this thread's CPU time: a real driver's cost per call in a VM is CPU
+ * (an ioctl round trip), so the spin counts thread CPU time, which a loaded machine cannot shrink. */
+static void spin_cpu_us(long us)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    long long end = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec + (long long)us * 1000LL;
+    do {
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    } while ((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec < end);
 }
 
 static void sleep_ms(long ms)
@@ -260,6 +276,7 @@ static void apply_gpu_key(config_t *c, int index, const char *rest, char *value)
     else if (strcmp(rest, "xids") == 0) parse_xids(g, value);
     else if (strncmp(rest, "sleep_ms.", 9) == 0) add_rule(c->sleeps, &c->nsleeps, rest + 9, index, atol(value));
     else if (strncmp(rest, "fail.", 5) == 0) add_rule(c->fails, &c->nfails, rest + 5, index, atol(value));
+    else if (strncmp(rest, "cost_us.", 8) == 0) add_rule(c->costs, &c->ncosts, rest + 8, index, atol(value));
     else {
         for (int s = 0; s < S_COUNT; s++) {
             if (strcmp(rest, SLOT_NAMES[s]) == 0) {
@@ -287,6 +304,7 @@ static void apply_line(config_t *c, char *key, char *value, int pass)
             /* sleep_ms/fail rules for gpu.* are one rule for every GPU, not one per GPU. */
             if (strncmp(rest, "sleep_ms.", 9) == 0) add_rule(c->sleeps, &c->nsleeps, rest + 9, -1, atol(value));
             else if (strncmp(rest, "fail.", 5) == 0) add_rule(c->fails, &c->nfails, rest + 5, -1, atol(value));
+            else if (strncmp(rest, "cost_us.", 8) == 0) add_rule(c->costs, &c->ncosts, rest + 8, -1, atol(value));
             else for (int i = 0; i < MAX_GPUS; i++) {
                 char copy[4096];
                 copy_str(copy, sizeof(copy), value);
@@ -310,6 +328,8 @@ static void apply_line(config_t *c, char *key, char *value, int pass)
         add_rule(c->sleeps, &c->nsleeps, key + 9, -1, atol(value));
     } else if (strncmp(key, "fail.", 5) == 0) {
         add_rule(c->fails, &c->nfails, key + 5, -1, atol(value));
+    } else if (strncmp(key, "cost_us.", 8) == 0) {
+        add_rule(c->costs, &c->ncosts, key + 8, -1, atol(value));
     } else {
         warn_key(key);
     }
@@ -398,11 +418,13 @@ static nvmlReturn_t enter(const char *fn, nvmlDevice_t device, int has_device, i
     maybe_reload(0);
     int gpu = has_device ? dev_index(device) : -1;
     long ms = rule_for(g_cfg.sleeps, g_cfg.nsleeps, fn, gpu);
+    long cost_us = rule_for(g_cfg.costs, g_cfg.ncosts, fn, gpu);
     nvmlReturn_t rc = (nvmlReturn_t)rule_for(g_cfg.fails, g_cfg.nfails, fn, gpu);
     if (rc == NVML_SUCCESS && g_refcount == 0) rc = NVML_ERROR_UNINITIALIZED;
     if (rc == NVML_SUCCESS && has_device && gpu < 0) rc = NVML_ERROR_INVALID_ARGUMENT;
     if (rc == NVML_SUCCESS && gpu >= 0 && g_cfg.gpu[gpu].lost) rc = NVML_ERROR_GPU_IS_LOST;
     pthread_mutex_unlock(&g_lock);
+    if (cost_us > 0) spin_cpu_us(cost_us);
     if (ms > 0) sleep_ms(ms);
     if (index) *index = gpu;
     return rc;

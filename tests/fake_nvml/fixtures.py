@@ -41,15 +41,22 @@ def fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_nvml_library
 def nvml_source(fake_nvml: FakeNvml) -> Iterator[Callable[..., Any]]:
     """Factory: ``nvml_source(**kwargs)`` starts an ``NvmlSource`` on the fake (interval 0.05 s).
 
+    Unless the test says otherwise, the slow groups' periods are the interval and the budget a
+    whole core: the cost-aware poller then reads every value every poll, so a test of values
+    sees each change at the next poll (tests/test_nvml_cadence.py tests the cadences).
+
     Every source is shut down at teardown, and the test waits for poller threads that were
     left in a hanging fake call, so they cannot spill into the next test.
     """
     from sidecar.sources.nvml import NvmlSource
+    from sidecar.sources.nvml_cadence import SLOW_PERIODS_S
 
     sources: list[NvmlSource] = []
 
     def make(**kwargs: Any) -> NvmlSource:
         kwargs.setdefault("interval_s", 0.05)
+        kwargs.setdefault("slow_periods_s", dict.fromkeys(SLOW_PERIODS_S, kwargs["interval_s"]))
+        kwargs.setdefault("cpu_budget", 1.0)
         kwargs.setdefault("library_path", str(fake_nvml.library))
         source = NvmlSource(**kwargs)
         sources.append(source)

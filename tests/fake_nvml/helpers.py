@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -45,3 +46,33 @@ def run_child(env: dict[str, str], *args: str, timeout_s: float = 30.0) -> dict[
                             capture_output=True, text=True, timeout=timeout_s, check=False)
     assert result.returncode == 0, f"child failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
     return json.loads(result.stdout)
+
+
+class _Collector:
+    def __init__(self, build: Callable[[], list[Any]]) -> None:
+        self._build = build
+
+    def collect(self) -> Any:
+        yield from self._build()
+
+
+def registry_of(build: Callable[[], list[Any]]) -> Any:
+    """A fresh ``CollectorRegistry`` whose one collector yields ``build()``'s metric families."""
+    from prometheus_client.core import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(build))
+    return registry
+
+
+def promtool_check(exposition: bytes) -> None:
+    """``promtool check metrics`` reports nothing on ``exposition`` (skipped without promtool,
+    failed under CI=true)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("promtool is not installed (CI=true)")
+        pytest.skip("promtool is not installed")
+    result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, check=False)
+    assert result.returncode == 0 and not result.stdout and not result.stderr, (
+        result.stdout.decode() + result.stderr.decode())

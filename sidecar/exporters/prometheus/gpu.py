@@ -92,6 +92,7 @@ def _health_families(snapshot: GpuSnapshot | None, status: NvmlStatus, host: str
         _counter("dflash_nvml_errors", "NVML errors by reason (gpu_is_lost, stalled_call, unknown, ...).",
                  ["host", "reason"], (([host, reason], float(n)) for reason, n in status.errors)),
     ]
+    families += _cost_families(status, host)
     if snapshot is not None:
         families += [
             _gauge("dflash_nvml_data_age_seconds", "Age of the newest GPU data, in seconds.", labels,
@@ -101,6 +102,31 @@ def _health_families(snapshot: GpuSnapshot | None, status: NvmlStatus, host: str
             _gauge("dflash_nvml_poll_calls", "NVML calls made by the last poll.", labels,
                    [([host], float(snapshot.nvml_calls))]),
         ]
+    return families
+
+
+def _cost_families(status: NvmlStatus, host: str) -> list[Metric]:
+    """What polling costs: per NVML call kind, and the poller's CPU against its budget and cadences."""
+    labels = ["host", "call"]
+    costs = status.call_costs
+    families: list[Metric] = [
+        _counter("dflash_nvml_calls", "NVML calls made, per call kind.", labels,
+                 (([host, c.call], float(c.calls)) for c in costs)),
+        _counter("dflash_nvml_call_seconds", "Wall time spent inside NVML calls, per call kind, in seconds.", labels,
+                 (([host, c.call], c.wall_s) for c in costs)),
+        _counter("dflash_nvml_call_cpu_seconds", "CPU time of the polling thread inside NVML calls, per call kind, "
+                 "in seconds (a driver that answers from a VM's hypervisor spends milliseconds here).", labels,
+                 (([host, c.call], c.cpu_s) for c in costs)),
+        _gauge("dflash_nvml_interval_seconds", "Seconds between two reads of a group of NVML values now: the poll "
+               "interval for the values read every poll, longer for the slow ones (stretched to keep the CPU "
+               "budget).", ["host", "values"], (([host, name], seconds) for name, seconds in status.intervals)),
+    ]
+    if status.cpu_seconds_total is not None:
+        families.append(_counter("dflash_nvml_cpu_seconds", "CPU time of the NVML polling thread, in seconds.",
+                                 ["host"], [([host], status.cpu_seconds_total)]))
+    if status.cpu_budget_ratio is not None:
+        families.append(_gauge("dflash_nvml_cpu_budget_ratio", "Share of one core the NVML poller may use "
+                               "(nvml_cpu_budget).", ["host"], [([host], status.cpu_budget_ratio)]))
     return families
 
 
