@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from trainer_shim import wire
+from trainer_shim.coerce import coerce as _coerce
 from trainer_shim.wire import RecordKind
 
 _TIMING = int(RecordKind.TIMING)
@@ -401,8 +402,6 @@ def _wire_form(value: object) -> object:
     float as the flusher's encode hook makes them; anything else is left for the rules to refuse."""
     if type(value) in _WIRE_NATIVE or not isinstance(value, numbers.Real):
         return value
-    from trainer_shim.publisher import _coerce  # the flusher's own hook (publisher imports this module)
-
     return _coerce(value)
 
 
