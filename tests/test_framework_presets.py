@@ -2,7 +2,8 @@
 every preset name maps to its meaning and unit with no config; a user's ``[[mapping]]`` rule wins
 over a preset; ``explain`` names the preset and the unit it read; and each framework's own dict
 (``tests/framework_fixtures.py``), published as it is through the real shim to a real daemon on
-the fake NVML driver, reads input-bound when data loading dominates and not when compute does."""
+the fake NVML driver, reads input-bound when data loading dominates and compute-bound when the GPU
+is busy (with no phase timing in the dict too: HF, nanoGPT, Accelerate)."""
 
 from __future__ import annotations
 
@@ -178,11 +179,16 @@ def test_each_frameworks_own_dict_reads_input_bound_only_when_data_loading_domin
     verdicts = {f: {c: r[c] for c, _, _ in CONDITIONS} for f, r in rows.items()}
     for framework, row in rows.items():
         inputs, computes = row["input"], row["compute"]
-        assert len(inputs) >= 4 and len(computes) >= 4, verdicts  # type: ignore[arg-type]
-        assert "input-bound" not in computes, (framework, verdicts)  # type: ignore[operator]
+        assert isinstance(inputs, list) and isinstance(computes, list)
+        assert len(inputs) >= 4 and len(computes) >= 4, verdicts
+        # the GPU 97 % busy: compute-bound, with or without phase timings (evidence first)
+        assert computes.count("compute-bound") / len(computes) >= 0.8, (framework, verdicts)
         if framework in DATA_TIMED:
-            assert inputs.count("input-bound") / len(inputs) >= 0.8, (framework, verdicts)  # type: ignore[attr-defined]
-            assert computes.count("compute-bound") / len(computes) >= 0.8, (framework, verdicts)  # type: ignore[attr-defined]
+            assert inputs.count("input-bound") / len(inputs) >= 0.8, (framework, verdicts)
+        else:
+            # no data time in its dict: the idle GPU is unexplained, never a wait verdict
+            assert not {"input-bound", "host-bound"} & set(inputs), (framework, verdicts)
+            assert inputs.count("balanced") / len(inputs) >= 0.8, (framework, verdicts)
     _check_torchtitan_families(rows["torchtitan"]["samples"])  # type: ignore[arg-type]
 
 

@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 
 from sidecar.aggregation.insight import compute_insight
-from sidecar.aggregation.verdict import Hysteresis
+from sidecar.aggregation.verdict import Hysteresis, confidence
 from sidecar.model.insight import GpuFacts, Verdict
 from sidecar.model.window import IngestReport, SeriesView
-from tests.insight_synth import report, sender, timing, worker
+from tests.insight_synth import gauge, report, sender, timing, worker
 
 STEP = {"data_wait": 3, "forward": 14, "backward": 24, "optimizer": 5}
 
@@ -46,6 +46,38 @@ def test_busy_gpus_are_compute_bound_whatever_the_host_shares_say() -> None:
     ranks = worker("trainer", "0", STEP, 10) + worker("trainer", "1", {k: v * 2 for k, v in STEP.items()}, 5)
     assert verdict(report(ranks), GpuFacts(busy={"0": 0.97, "1": 0.97})).name == "compute-bound"
     assert verdict(report(ranks), GpuFacts(busy={"0": 0.5, "1": 0.5})).name == "straggler"
+
+
+def test_a_loop_without_phase_timings_is_judged_by_its_gpus_alone() -> None:
+    # the HF Trainer's own logs (loss, grad norm, samples/s): no phase timing at all
+    logs = [gauge("trainer", "0", "loss", 2.2), gauge("trainer", "0", "grad_norm", 1.3),
+            gauge("trainer", "0", "samples_per_s", 160.0)]
+    rep = report(logs)
+    assert verdict(rep).name == "unknown"  # no GPU reading: nothing tells anything
+    # a single-GPU box (no group, no process tied to a role): the one role's GPUs, busy
+    v = verdict(rep, GpuFacts(busy={"0": 0.97}))
+    assert v.name == "compute-bound" and v.evidence == (("gpu_busy", 0.97),), v
+    assert v.confidence == confidence(0.97, 0.85) and "no phase timings" in v.detail
+    # its GPU group idle: balanced at a low confidence, the idle time named unattributed, never a
+    # wait verdict, the detail naming the timings that would tell why
+    gpus = GpuFacts(roles={"0": "trainer", "1": "trainer"}, busy={"0": 0.2, "1": 0.4})
+    insight = compute_insight(rep.window, None, gpus, rep.senders)
+    v = insight.verdict
+    assert v.name == "balanced" and v.confidence == pytest.approx(0.15), v
+    assert dict(v.evidence) == pytest.approx({"gpu_busy": 0.3, "trainer.unattributed": 0.7})
+    assert "70% idle that no timing explains" in v.detail and "data_wait_ms" in v.detail
+    assert insight.gpu_idle["trainer"]["unexplained"] == pytest.approx(0.7)
+    # a throttled GPU of the role still overrides
+    hot = GpuFacts(clock_events={"0": frozenset({"hw_slowdown"})}, busy={"0": 0.97})
+    assert verdict(rep, hot).name == "throttled"
+    # GPUs of another role's group are not this loop's
+    assert verdict(rep, GpuFacts(roles={"0": "eval"}, busy={"0": 0.97})).name == "unknown"
+    # a live sender that sent nothing mapped yet (every name unmapped): its GPUs are still read
+    quiet = report([], senders=(sender("trainer", "0"),))
+    assert verdict(quiet, GpuFacts(busy={"0": 0.97})).name == "compute-bound"
+    assert verdict(quiet, GpuFacts(roles={"0": "trainer"}, busy={"0": 0.97})).name == "compute-bound"
+    gone = report(logs, senders=(sender("trainer", "0", last_seen_age_s=30.0),))
+    assert verdict(gone, GpuFacts(busy={"0": 0.97})).name == "idle"
 
 
 def test_untimed_work_is_not_host_time() -> None:

@@ -254,3 +254,65 @@ def test_the_trainers_own_faulthandler_keeps_working(tmp_path: Path, trainer: st
         assert not in_stderr and len(crash) == 1 and crash[0].startswith("Fatal Python error: Segmentation fault")
     else:
         assert in_stderr and all(not text for text in crash), (out.stderr, crash)
+
+
+CHAIN_AFTER_SHIM = """\
+import os, signal, sys, time
+from trainer_shim import telemetry
+telemetry.configure(endpoint=sys.argv[1], role='t', worker='0'); telemetry.count('n')
+seen = []
+def mine(signum, frame):  # Lightning's _SignalConnector: its handlers, then the previous one if callable
+    seen.append(signum)
+    previous = handlers[signum]
+    if callable(previous):
+        previous(signum, frame)
+handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+for s in handlers:
+    signal.signal(s, mine)
+os.kill(os.getpid(), getattr(signal, sys.argv[2]))
+time.sleep(0.2)
+print('went on after', seen, flush=True)
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM"])
+def test_a_handler_installed_after_the_shim_that_chains_to_it_keeps_the_process(tmp_path: Path,
+                                                                                  signame: str) -> None:
+    """A trainer (or Lightning's ``_SignalConnector``) that installs its handler after the shim's and
+    calls the previous handler when it is callable decides the process's fate as without the shim:
+    the shim's handler, called from another's, notes the signal but never kills the process (where
+    it replaced ``SIG_DFL``, there was nothing to call)."""
+    out = subprocess.run([sys.executable, "-c", CHAIN_AFTER_SHIM, f"ipc://{tmp_path}/none.sock", signame],
+                         capture_output=True, text=True, timeout=30, env=env())
+    assert out.returncode == 0, (out.returncode, out.stderr)
+    assert out.stdout.startswith(f"went on after [{int(getattr(signal, signame))}]"), out.stdout
+
+
+QUIET_FORKS = """\
+import os, sys, time
+from trainer_shim import telemetry
+telemetry.configure(endpoint=sys.argv[1], role=sys.argv[2], worker='0')
+telemetry.publish(0, {'x': 1.0}); telemetry.flush(wait_s=5)
+kids = []
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:  # a raw fork that never publishes, and ends as such a child does
+        time.sleep(0.5)
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_that_never_publishes_is_no_sender_that_ended(daemon: DaemonProc) -> None:
+    """A child forked from a publishing process that makes no record (a raw ``os.fork`` ending with
+    ``os._exit``, as forked helpers do) leaves no ledger: the daemon never saw it, and telling its end
+    as ``unclean`` (an alert, "100,000 records unknown") would be a false alarm per child. The
+    parent's clean end is told, and nothing else."""
+    out = subprocess.run([sys.executable, "-c", QUIET_FORKS, daemon.endpoint, "quietforks"], capture_output=True,
+                         text=True, timeout=60, env=env())
+    assert out.returncode == 0, out.stderr
+    assert _told(daemon, "quietforks") == {"clean": 1}
+    time.sleep(2 * GONE_AFTER_S + 2)  # the children's ends would be told by now
+    assert ends.ends_of(daemon, "quietforks") == {"clean": 1}

@@ -335,3 +335,16 @@ def test_closing_the_channels_publisher_takes_the_tap_off(workdir: Path) -> None
         publisher.close()
     assert taps.tapped() == () and (cls.add_scalar, cls.add_scalars) == originals
     assert "torch.utils.tensorboard.writer" not in tap_import.waiting()
+
+
+def test_tapping_again_waits_for_each_import_once(workdir: Path) -> None:
+    """A trainer that calls ``tap()`` at every ``train()`` (a sweep, a callback's set-up) keeps one
+    waiting callback per module not yet imported, not one per call (else they grow without bound,
+    and the import would run each)."""
+    out = run_script(workdir, """
+        from trainer_shim.integrations import tap_import, taps
+        for _ in range(500):
+            taps.tap()
+        print(sorted({len(v) for v in tap_import._finder.callbacks.values()}))
+    """, "ipc:///nonexistent/none.sock")
+    assert out.stdout.strip().splitlines()[-1] == "[1]", out.stdout

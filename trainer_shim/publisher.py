@@ -455,6 +455,9 @@ class Publisher:
                [(ch.records_total, ch.pending(), ch._overflow, ch.worker, *ch.dropped.values()) for ch in channels])
         if key == self._ledger_key:
             return
+        if self._ledger.path is None and not any(ch.records_total or ch.pending() or ch._overflow or ch.dropped
+                                                 for ch in channels):
+            return  # nothing made, nothing to account: no file (a forked child that never publishes)
         entries = []
         for ch in channels:
             dropped = dict(ch.dropped)
@@ -586,15 +589,21 @@ def _install_signal_handlers() -> None:
 def _on_signal(signum: int, frame: Any) -> None:
     previous = _signal_state["previous"].get(signum, signal.SIG_DFL)
     chained = callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN)
+    # Called from a handler installed over ours (Lightning's, or any that calls the previous
+    # handler when it is callable): where we replaced SIG_DFL there was nothing to call, so the
+    # process's fate is that handler's, never ours.
+    kills = not chained and signal.getsignal(signum) is _on_signal
     try:
         exit_hooks.note_signal(signum)
         for publisher in list(_LIVE):
             if publisher._pid == os.getpid():
-                publisher._ledger_at_sigterm(final=not chained)
+                publisher._ledger_at_sigterm(final=kills)
     except Exception:  # noqa: BLE001 - the signal must still take effect
         pass
     if chained:
         previous(signum, frame)
+        return
+    if not kills:
         return
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)

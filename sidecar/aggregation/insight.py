@@ -193,10 +193,11 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
     queue_fill = _fill(list(target.values()) + list(drafter.values()), "queue_depth", "queue_capacity")
     if queue_fill is None:
         queue_fill = _gauge_mean(list(target.values()) + list(drafter.values()), "queue_fill")
-    busy = role_busy(gpus, roles)
-    live = None if senders is None else sum(1 for s in senders if s.live(duration))
+    live_roles = [s.role for s in senders or () if s.live(duration)]
+    busy = role_busy(gpus, roles or set(live_roles))
+    live = None if senders is None else len(live_roles)
     verdict = decide(facts, duration, ready_deficit, queue_fill, throttled, gpus.roles if gpus else {}, settings,
-                     busy, live)
+                     busy, live, live_roles)
     return PipelineInsight(
         end_unix_s=window.end_unix_s,
         duration_s=duration,
@@ -227,9 +228,10 @@ def _alive_by_series_label(roles_data: Mapping[str, Mapping[str, _Worker]], send
     return {role: {w: by_label.get(role, {}).get(w, longest) for w in members} for role, members in roles_data.items()}
 
 
-def role_busy(gpus: GpuFacts | None, roles: Mapping[str, RoleInsight]) -> dict[str, float]:
+def role_busy(gpus: GpuFacts | None, roles: Collection[str]) -> dict[str, float]:
     """GPU group (role) -> mean busy share of its GPUs. GPUs of no known group count for the one
-    role when exactly one role publishes (a single-role loop)."""
+    role when ``roles`` (those that publish mapped series, else those of the live senders) is
+    exactly one (a single-role loop, on a box whose GPUs no group or process ties to it)."""
     if gpus is None or not gpus.busy:
         return {}
     by_role: dict[str, list[float]] = defaultdict(list)

@@ -45,7 +45,11 @@ idle, or no GPU reading) the largest wait over its threshold decides: ``input-bo
 timing covers, from workers that time their own forward/backward); else ``balanced``. Time in
 unmapped timings (``unattributed``) never decides: it is named in the evidence and lowers the
 confidence by its share. ``throttled`` and ``straggler`` override as above, except that a
-straggler does not override ``compute-bound`` (busy GPUs are not idle waiting for it).
+straggler does not override ``compute-bound`` (busy GPUs are not idle waiting for it). A loop
+that sends no phase timing at all (the HF Trainer's, nanoGPT's, Accelerate's own logs) is judged
+by the GPU reading of its role alone (a live sender's, or its mapped series'): busy ->
+``compute-bound``; idle -> ``balanced`` at a low confidence, the idle share named
+``<role>.unattributed`` (``_untimed``); no reading -> ``unknown``.
 
 Every verdict has a confidence (0-1): 0.5 at its deciding threshold, rising to 1 as the deciding
 number moves one threshold's worth past it (for ``balanced``: how far the largest signal stays
@@ -55,7 +59,7 @@ under its threshold). ``Hysteresis`` keeps the shown verdict from flapping betwe
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
@@ -158,9 +162,11 @@ def confidence(value: float, threshold: float) -> float:
 
 def decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: float | None,
            queue_fill: float | None, throttled: Mapping[str, tuple[str, ...]], gpu_roles: Mapping[str, str],
-           s: InsightSettings, gpu_busy: Mapping[str, float] | None = None, live_senders: int | None = None) -> Verdict:
+           s: InsightSettings, gpu_busy: Mapping[str, float] | None = None, live_senders: int | None = None,
+           live_roles: Collection[str] = ()) -> Verdict:
     """Apply the rules above to one window. ``gpu_busy``: role -> busy share of its GPUs over
-    the window; ``live_senders``: how many trainer processes are live (None: not told)."""
+    the window; ``live_senders``: how many trainer processes are live (None: not told);
+    ``live_roles``: the roles of the live senders (one that sent no mapped series has GPUs too)."""
     target, drafter = roles.get(s.target_role), roles.get(s.drafter_role)
     if duration_s < MIN_WINDOW_S:
         return Verdict("unknown", (("window_s", duration_s),), "window too short")
@@ -169,9 +175,12 @@ def decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: flo
     if target is None and drafter is None:
         timed = [f for f in roles.values() if f.time_share]
         if not timed:
-            return Verdict("unknown", (("window_s", duration_s),),
-                           "no series mapped to a phase timing" if not roles else
-                           f"no phase timings from role(s) {', '.join(sorted(roles))}")
+            untimed = _untimed(roles, live_roles, gpu_busy or {}, s)
+            if untimed is None:
+                return Verdict("unknown", (("window_s", duration_s),),
+                               "no series mapped to a phase timing" if not roles else
+                               f"no phase timings from role(s) {', '.join(sorted(roles))}")
+            return _override(*untimed, roles, throttled, gpu_roles, s)
         main = max(timed, key=lambda f: (len(f.workers), f.role))
         single, role = _single_role(main, (gpu_busy or {}).get(main.role), s)
         return _override(single, role, roles, throttled, gpu_roles, s)
@@ -246,6 +255,26 @@ def _pipeline_gpu_first(roles: Mapping[str, RoleFacts], busy: Mapping[str, float
     v = Verdict(name, ((f"{role}.{key}", value), (f"{role}.gpu_busy", readings[role])) + _pairs(*queue)[:1],
                 detail, confidence(value, threshold))
     return _unattributed(v, f), role
+
+
+def _untimed(roles: Mapping[str, RoleFacts], live_roles: Collection[str], busy: Mapping[str, float],
+             s: InsightSettings) -> tuple[Verdict, str] | None:
+    """A loop that sends no phase timing (the HF Trainer's, nanoGPT's or Accelerate's own logs):
+    (verdict, role) from the GPU reading of its role alone, None without one. Busy ->
+    ``compute-bound``; idle -> ``balanced`` at a low confidence (0.5, as undecided, times the
+    busy share: the idle share is time no timing explains, ``<role>.unattributed``), its detail
+    naming the timings that would tell why: never a wait verdict without a wait measured."""
+    read = [r for r in set(roles).union(live_roles) if r in busy]
+    if not read:
+        return None
+    role = max(read, key=lambda r: (len(roles[r].workers) if r in roles else 0, r))
+    b = busy[role]
+    if b >= s.compute_busy_ratio:
+        return Verdict("compute-bound", (("gpu_busy", b),), "no phase timings: the GPU reading decides",
+                       confidence(b, s.compute_busy_ratio)), role
+    detail = (f"no phase timings: GPUs {b:.0%} busy, {1 - b:.0%} idle that no timing explains; time data_wait_ms "
+              "and forward/backward (the shim's framework callbacks do), comm_wait_ms, to tell why")
+    return Verdict("balanced", (("gpu_busy", b), (f"{role}.unattributed", 1 - b)), detail, round(0.5 * b, 3)), role
 
 
 def _single_role(f: RoleFacts, busy: float | None, s: InsightSettings) -> tuple[Verdict, str]:

@@ -128,11 +128,13 @@ _lock = threading.Lock()
 
 def when_imported(module: str, callback: Callable[[ModuleType], None]) -> None:
     """Call ``callback(module)`` once the module named ``module`` has been imported: now if it
-    is, else right after its body ran."""
+    is, else right after its body ran (once, however often the same callback is given)."""
     with _lock:
         loaded = sys.modules.get(module)
         if loaded is None:
-            _finder.callbacks.setdefault(module, []).append(callback)
+            waiting = _finder.callbacks.setdefault(module, [])
+            if callback not in waiting:
+                waiting.append(callback)
             if _finder not in sys.meta_path:
                 sys.meta_path.insert(0, _finder)
     if loaded is not None:

@@ -65,7 +65,7 @@ def tap(*libraries: str, channel: Channel | None = None) -> None:
             _undo_on_close(channel)
     for library in names:
         for module in LIBRARY_MODULES[library]:
-            tap_import.when_imported(module, functools.partial(_put_on, library))
+            tap_import.when_imported(module, _PUT_ON[library])
 
 
 def untap() -> None:
@@ -103,6 +103,10 @@ def _put_on(library: str, module: ModuleType) -> None:
         for patch in patches:
             patch.apply()
         _patches[module.__name__] = patches
+
+
+_PUT_ON = {library: functools.partial(_put_on, library) for library in _PATCHERS}
+"""One callback per library, so that ``tap`` called again waits for an import only once."""
 
 
 def _undo_on_close(channel: Channel | None) -> None:
