@@ -26,7 +26,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -298,6 +298,19 @@ def ledgers(messages: Iterable[Message]) -> dict[int, SenderLedger]:
 def wait_until(predicate: Any, timeout_s: float = 30.0, interval_s: float = 0.02) -> Any:
     """``tests.waiting.wait_until`` with this module's defaults."""
     return waiting.wait_until(predicate, timeout_s, interval_s)
+
+
+def only_ledger(rx: ReceiverProcess, done: Callable[[SenderLedger], bool]) -> SenderLedger:
+    """The ledger of ``rx``'s one sender once ``done`` holds for it (within 60 s); stops ``rx`` and
+    asserts the ledger's accounting identity."""
+    def ready() -> SenderLedger | None:
+        books = list(ledgers(rx.messages()).values())
+        return books[0] if len(books) == 1 and done(books[0]) else None
+
+    book = wait_until(ready, timeout_s=60)
+    rx.stop()
+    assert book.consistent()
+    return book
 
 
 EXIT_BOUND_S = 120.0

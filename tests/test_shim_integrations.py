@@ -12,25 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.shim_helpers import ROOT, SenderLedger, ledgers, run_script, wait_until
+from tests.shim_helpers import ROOT, SenderLedger, only_ledger, run_script
 from trainer_shim.integrations import names
 
 pytest_plugins = ["tests.shim_fixtures"]
 
 STEPS = 6
 PROFILE = 6  # wire.RecordKind.PROFILE
-
-
-def received(rx: Any, done: Callable[[SenderLedger], bool]) -> SenderLedger:
-    """The one sender's ledger once ``done`` holds for it."""
-    def ready() -> SenderLedger | None:
-        books = list(ledgers(rx.messages()).values())
-        return books[0] if len(books) == 1 and done(books[0]) else None
-
-    book = wait_until(ready, timeout_s=60)
-    rx.stop()
-    assert book.consistent()
-    return book
 
 
 def profiles(book: SenderLedger) -> list[tuple[int, dict[str, float]]]:
@@ -69,7 +57,7 @@ def test_hf_trainer_callback(workdir: Path, ep: str, receivers: Callable[..., An
         print("RUN", wandb.run.id if wandb.run else None, flush=True)
     """, ep, env={"WANDB_MODE": "offline", "WANDB_DIR": str(workdir), "WANDB_SILENT": "true"})
     run_id = next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("RUN"))
-    book = received(rx, lambda b: len(profiles(b)) >= STEPS and len(values(b, "loss")) >= STEPS)
+    book = only_ledger(rx, lambda b: len(profiles(b)) >= STEPS and len(values(b, "loss")) >= STEPS)
     steps = profiles(book)
     assert [s for s, _ in steps] == list(range(1, STEPS + 1))
     assert all({names.STEP_MS, names.FORWARD_BACKWARD_MS, names.OPTIMIZER_STEP_MS} <= set(p) for _, p in steps)
@@ -114,7 +102,7 @@ def test_hf_data_wait_leaves_out_the_logging_between_steps(workdir: Path, ep: st
         Trainer(model=model, args=args, train_dataset=Tokens(),
                 callbacks=[SlowLogger(), SidecarCallback()]).train()
     """, ep)
-    steps = profiles(received(rx, lambda b: len(profiles(b)) >= STEPS))
+    steps = profiles(only_ledger(rx, lambda b: len(profiles(b)) >= STEPS))
     inside = (names.DATA_WAIT_MS, names.FORWARD_BACKWARD_MS, names.OPTIMIZER_STEP_MS)
     for _, p in steps[1:]:  # every step after the first follows a logged one
         assert p[names.DATA_WAIT_MS] < LOG_MS, steps  # the fetch only (it held the sleep before)
@@ -136,7 +124,7 @@ def test_lightning_callback(workdir: Path, ep: str, receivers: Callable[..., Any
                             enable_model_summary=False, callbacks=[SidecarCallback()])
         trainer.fit(Tiny(), loader)
     """, ep)
-    book = received(rx, lambda b: len(profiles(b)) >= STEPS)
+    book = only_ledger(rx, lambda b: len(profiles(b)) >= STEPS)
     steps = profiles(book)
     assert [s for s, _ in steps] == list(range(1, STEPS + 1))
     timed = {names.STEP_MS, names.FORWARD_MS, names.BACKWARD_MS, names.OPTIMIZER_STEP_MS}
@@ -182,7 +170,7 @@ def test_lightning_data_wait_is_the_fetch_not_the_host_work_between_batches(
                             enable_model_summary=False, callbacks=[SidecarCallback(), HostWork()])
         trainer.fit(Tiny(), torch.utils.data.DataLoader(Slow(), batch_size=8))
     """, ep)
-    steps = profiles(received(rx, lambda b: len(profiles(b)) >= STEPS))
+    steps = profiles(only_ledger(rx, lambda b: len(profiles(b)) >= STEPS))
     inside = (names.DATA_WAIT_MS, names.FORWARD_MS, names.BACKWARD_MS, names.OPTIMIZER_STEP_MS)
     for _, p in steps[1:]:
         assert FETCH_MS <= p[names.DATA_WAIT_MS] < LOG_MS, steps  # the fetch, without the host work
@@ -208,7 +196,7 @@ def test_loader_wrapper_times_the_wait_for_each_batch(workdir: Path, ep: str,
             time.sleep(0.05)
         assert len(timed([1, 2, 3])) == 3
     """, ep)
-    book = received(rx, lambda b: len(values(b, names.BATCHES)) >= 5)
+    book = only_ledger(rx, lambda b: len(values(b, names.BATCHES)) >= 5)
     waits = values(book, names.DATA_WAIT_MS)
     assert len(waits) == 5 and all(20 <= w < 50 for w in waits)
     assert values(book, names.TOKENS) == [1, 2, 3, 4, 5]

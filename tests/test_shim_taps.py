@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests import wandb_records
-from tests.shim_helpers import ReceiverProcess, SenderLedger, ledgers, run_script, wait_until
+from tests.shim_helpers import ReceiverProcess, SenderLedger, only_ledger, run_script
 from trainer_shim.wire import RecordKind
 
 pytest_plugins = ["tests.shim_fixtures"]
@@ -34,18 +34,6 @@ PROFILE, SCALAR = int(RecordKind.PROFILE), int(RecordKind.SCALAR)
 def result(proc: Any) -> dict[str, Any]:
     """The script's last stdout line, a JSON object."""
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-
-def book_of(rx: ReceiverProcess, done: Callable[[SenderLedger], bool]) -> SenderLedger:
-    """The one sender's ledger once ``done`` holds for it."""
-    def ready() -> SenderLedger | None:
-        books = list(ledgers(rx.messages()).values())
-        return books[0] if len(books) == 1 and done(books[0]) else None
-
-    book = wait_until(ready, timeout_s=60)
-    rx.stop()
-    assert book.consistent()
-    return book
 
 
 def profiles(book: SenderLedger) -> list[tuple[int, dict[str, Any]]]:
@@ -111,7 +99,7 @@ def test_tensorboard_scalars_reach_the_sidecar_and_the_event_files_stay_the_same
     assert out["on"] and out["off"] and out["stats"]["errors"] == 0
     plain, tapped = tensorboard_events(workdir / "plain"), tensorboard_events(workdir / "tapped")
     assert plain == tapped and sum(map(len, plain.values())) >= 9
-    book = book_of(rx, lambda b: sum(r[0] == PROFILE for r in b.records) >= 5)
+    book = only_ledger(rx, lambda b: sum(r[0] == PROFILE for r in b.records) >= 5)
     assert profiles(book) == [(0, {"data_time_ms": 20.0}), (1, {"data_time_ms": 21.0}), (2, {"data_time_ms": 22.0}),
                               (3, {"phase/fwd_ms": 1.5, "phase/bwd_ms": 2}),
                               (4, {"no_step": 7.0})]  # no step: the last one seen
@@ -165,7 +153,7 @@ def test_wandb_log_reaches_the_sidecar_and_the_run_stays_the_same(
     assert out["off"] and out["stats"]["errors"] == 0 and out["stats"]["skipped"] == 4  # 3 texts, 1 histogram
     plain, tapped = (wandb_rows(workdir, run_id) for run_id in out["ids"])
     assert plain == tapped and len(plain) == 5
-    book = book_of(rx, lambda b: len(profiles(b)) >= 7)
+    book = only_ledger(rx, lambda b: len(profiles(b)) >= 7)
     assert profiles(book) == [(i, {"data_time_ms": 20.0 + i, "step_ms": 25.0}) for i in range(3)] + [
         (2, {"loss": 0.5}), (2, {"lr": 0.1}), (3, {"data_time_ms": 1.0}),
         (40, {"loss": 0.25, "train/global_step": 40})]
@@ -215,7 +203,7 @@ def test_mlflow_metrics_reach_the_sidecar_and_the_metric_files_stay_the_same(
     plain, tapped = (mlflow_metric_files(workdir / "mlruns", run_id) for run_id in out["ids"])
     assert plain == tapped and set(plain) == {"metrics/data_time_ms", "metrics/step_ms", "metrics/loss",
                                               "metrics/no_step"}
-    book = book_of(rx, lambda b: len(profiles(b)) >= 5)
+    book = only_ledger(rx, lambda b: len(profiles(b)) >= 5)
     assert profiles(book) == [(i, {"data_time_ms": 20.0 + i}) for i in range(3)] + [
         (3, {"step_ms": 25.0, "loss": 0.5}), (3, {"no_step": 7})]
 

@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from trainer_shim import wire
+from trainer_shim.coerce import coerce as _coerce
 from trainer_shim.wire import RecordKind
 
 _TIMING = int(RecordKind.TIMING)
@@ -192,10 +193,25 @@ class Channel:
 
 def _recording_functions(ch: Channel) -> dict[str, Any]:
     """The hot path of one channel as plain functions (see ``Channel``); each builds one small
-    tuple and appends it to the bounded queue."""
-    q, pq, cap = ch._q, ch._pq, ch._cap
+    tuple and appends it to the bounded queue. Plain closures: ``torch.compile`` traces them."""
+
+    def scalar(name: str, tensor: Any) -> None:
+        """Publish a 1-element tensor's value without synchronizing with the GPU: a CUDA tensor is
+        copied asynchronously (ordered on the current stream) and published once its copy event
+        completes; a CPU tensor or a plain number is published at once. A tensor on any other
+        device, or one that is not a single element, is dropped and counted (``bad_argument``):
+        reading it would synchronize."""
+        ch._scalar(name, tensor)
+
+    return {**_record_functions(ch), "publish": _publish_function(ch), "timer": _timer_function(ch),
+            "scalar": scalar}
+
+
+def _record_functions(ch: Channel) -> dict[str, Any]:
+    """``timing``, ``count``, ``gauge`` and ``category`` of ``ch``."""
+    q, cap = ch._q, ch._cap
     append = q.append  # one lookup less per call
-    overflow, count_dropped = ch._count_overflow, ch._count_dropped
+    overflow = ch._count_overflow
 
     def timing(name: str, ms: float) -> None:
         """Record a duration of ``ms`` milliseconds under ``name``."""
@@ -225,6 +241,14 @@ def _recording_functions(ch: Channel) -> dict[str, Any]:
         else:
             overflow()
 
+    return {"timing": timing, "count": count, "gauge": gauge, "category": category}
+
+
+def _publish_function(ch: Channel) -> Callable[[int, Mapping[str, float]], None]:
+    """``publish`` of ``ch``."""
+    pq, cap = ch._pq, ch._cap
+    overflow, count_dropped = ch._count_overflow, ch._count_dropped
+
     def publish(step: int, profile: Mapping[str, float]) -> None:
         """Publish the trainer's profile snapshot for ``step``. Keys ending in ``_ms`` are
         timings in milliseconds, all others gauges. The mapping is copied (shallow), so the
@@ -245,6 +269,15 @@ def _recording_functions(ch: Channel) -> dict[str, Any]:
         else:
             overflow()
 
+    return publish
+
+
+def _timer_function(ch: Channel) -> Callable[[str], AbstractContextManager[None]]:
+    """``timer`` of ``ch``."""
+    q, cap = ch._q, ch._cap
+    append = q.append
+    overflow, count_dropped = ch._count_overflow, ch._count_dropped
+
     class ChannelTimer(Timer):
         def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
             start = self.value
@@ -264,16 +297,7 @@ def _recording_functions(ch: Channel) -> dict[str, Any]:
         clock when the graph runs (see ``trainer_shim.compile_support``)."""
         return ChannelTimer(_TIMING, name, -perf_counter())
 
-    def scalar(name: str, tensor: Any) -> None:
-        """Publish a 1-element tensor's value without synchronizing with the GPU: a CUDA tensor is
-        copied asynchronously (ordered on the current stream) and published once its copy event
-        completes; a CPU tensor or a plain number is published at once. A tensor on any other
-        device, or one that is not a single element, is dropped and counted (``bad_argument``):
-        reading it would synchronize."""
-        ch._scalar(name, tensor)
-
-    return {"timing": timing, "count": count, "gauge": gauge, "category": category,
-            "publish": publish, "timer": timer, "scalar": scalar}
+    return timer
 
 
 _enter: Callable[..., None] = None.__init__  # type: ignore[misc]
@@ -401,8 +425,6 @@ def _wire_form(value: object) -> object:
     float as the flusher's encode hook makes them; anything else is left for the rules to refuse."""
     if type(value) in _WIRE_NATIVE or not isinstance(value, numbers.Real):
         return value
-    from trainer_shim.publisher import _coerce  # the flusher's own hook (publisher imports this module)
-
     return _coerce(value)
 
 

@@ -30,6 +30,8 @@ import msgspec
 from trainer_shim import __version__, exit_hooks, wire
 from trainer_shim.allocator import AllocatorSampler
 from trainer_shim.channel import Channel, StrictChannel
+from trainer_shim.coerce import coerce as _coerce
+from trainer_shim.coerce import warn_once as _warn_once
 from trainer_shim.ledger import LedgerWriter
 from trainer_shim.run_label import MAX_LABEL_CHARS, check_flops, flops_from_env
 from trainer_shim.run_label import run_label as env_run_label
@@ -53,34 +55,6 @@ as ``no_receiver``: connecting and subscribing take a few milliseconds even when
 _MAX_STEP = 2**63 - 1
 
 _LIVE: weakref.WeakSet[Publisher] = weakref.WeakSet()
-
-
-def _coerce(obj: Any) -> Any:
-    """msgspec encode hook for values that are not plain numbers: numpy scalars and 1-element CPU
-    tensors become ints or floats; a CUDA tensor is never touched (that would synchronize) and,
-    like anything else unconvertible, becomes None, which the daemon rejects and counts as
-    ``invalid_value``."""
-    if getattr(obj, "is_cuda", False) or getattr(getattr(obj, "device", None), "type", "cpu") != "cpu":
-        _warn_once("device", "telemetry: a tensor on a device was passed as a plain value and "
-                   "dropped (reading it would synchronize); use telemetry.scalar(name, tensor)")
-        return None
-    try:
-        if hasattr(obj, "__index__") and not hasattr(obj, "numel"):
-            return operator.index(obj)
-        return float(obj)
-    except Exception:  # noqa: BLE001
-        _warn_once(type(obj).__name__, f"telemetry: a {type(obj).__name__} is not a number and "
-                   "was dropped (set DFLASH_TELEMETRY_STRICT=1 to raise at the call site)")
-        return None
-
-
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        log.warning(message)
 
 
 def _header_step(step: object) -> int | None:

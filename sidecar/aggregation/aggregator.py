@@ -306,38 +306,18 @@ class Aggregator:
         if problem is None and not token:
             problem = "bad_name"
         if problem is not None or mapped is None:
-            problem = problem or "bad_name"
-            if len(cache) < MAX_CACHED_REJECTIONS:
-                cache[kind, name] = problem
-            return problem
+            return _cached_rejection(cache, kind, name, problem or "bad_name")
         role, worker, local = mapped.role, mapped.worker, mapped.name
         key = (kind, token, role, worker)
         series = self._series.get(key)
         if series is None:
-            families = claimed_names(kind, token)
-            clash = next((o for f in families if (o := self._family_owner.get(f)) is not None
-                          and (o.kind, o.token) != (kind, token)), None)
-            if clash is not None:
-                # Another kind (or a different name whose samples land here) would corrupt the family.
-                self._log_collision(kind, local, role, worker, clash)
-                if len(cache) < MAX_CACHED_REJECTIONS:
-                    cache[kind, name] = "name_collision"
-                return "name_collision"
-            if not self._admit(self._owner):
-                return "cardinality"  # not cached: room may free up when series expire
-            series = self._series[key] = factory()
-            self._owner_of[key] = self._owner
-            self._owned.setdefault(self._owner, {})[key] = None
-            self._raw_names[key] = local
-            self._meta[key] = (mapped.meaning, snapshot, mapped.rule)
-            for f in families:
-                self._family_owner.setdefault(f, _Owner(kind, token, local, role, worker))
+            series = self._create_series(key, factory, mapped, snapshot)
+            if isinstance(series, str):  # "cardinality" is not cached: room may free up when series expire
+                return series if series == "cardinality" else _cached_rejection(cache, kind, name, series)
         elif self._raw_names[key] != local:
             # Two spellings onto one series of one sender ("a.b" and "a_b"): the first one keeps it.
             self._log_collision(kind, local, role, worker, _Owner(kind, token, self._raw_names[key], role, worker))
-            if len(cache) < MAX_CACHED_REJECTIONS:
-                cache[kind, name] = "name_collision"
-            return "name_collision"
+            return _cached_rejection(cache, kind, name, "name_collision")
         else:
             self._meta[key] = (mapped.meaning, self._meta[key][1], mapped.rule)  # a reload may remap
             self._left += 1  # an existing series: re-resolving (after a cache clear) is free
@@ -346,6 +326,31 @@ class Aggregator:
             add = _scaled(add, mapped.scale)
         cache[kind, name] = add
         return add
+
+    def _create_series(self, key: tuple[int, str, str, str], factory: Callable[[], Any], mapped: Mapped,
+                       snapshot: bool) -> Any:
+        """A new series for ``key`` (kind, token, role, worker) of the current sender, or the reason
+        it is refused: ``name_collision`` (another kind or name claims its families; logged) or
+        ``cardinality`` (the sender's share of series is used up)."""
+        kind, token, role, worker = key
+        local = mapped.name
+        families = claimed_names(kind, token)
+        clash = next((o for f in families if (o := self._family_owner.get(f)) is not None
+                      and (o.kind, o.token) != (kind, token)), None)
+        if clash is not None:
+            # Another kind (or a different name whose samples land here) would corrupt the family.
+            self._log_collision(kind, local, role, worker, clash)
+            return "name_collision"
+        if not self._admit(self._owner):
+            return "cardinality"
+        series = self._series[key] = factory()
+        self._owner_of[key] = self._owner
+        self._owned.setdefault(self._owner, {})[key] = None
+        self._raw_names[key] = local
+        self._meta[key] = (mapped.meaning, snapshot, mapped.rule)
+        for f in families:
+            self._family_owner.setdefault(f, _Owner(kind, token, local, role, worker))
+        return series
 
     def _admit(self, owner: Any) -> bool:
         """Whether ``owner`` may create one more series. Below ``max_series``: yes. When the table
@@ -541,3 +546,11 @@ class Aggregator:
                 steps[role, worker] = step
         return WindowReport(end_unix_s, duration_s, tuple(views), steps, dict(self._allocator),
                             {sender: step for sender, (_, _, step) in self._steps.items()}, dict(self._first_steps))
+
+
+def _cached_rejection(cache: dict[Any, Any], kind: int, name: Any, reason: str) -> str:
+    """``reason``, remembered for (kind, name) in the sender's ``cache`` while it holds fewer than
+    ``MAX_CACHED_REJECTIONS``."""
+    if len(cache) < MAX_CACHED_REJECTIONS:
+        cache[kind, name] = reason
+    return reason

@@ -497,50 +497,41 @@ class RunLedger:
                   joules: float | None, begin: float) -> None:
         """Account one (run, role) from where it was accounted up to its senders' last message."""
         r = self.runs.setdefault(run, {}).setdefault(role, _new_role(senders))
-        seconds = dict.fromkeys(CAUSES, 0.0)
         known = r["senders"]
-        session = self.session_begin or 0.0
         stepped = [s for s in senders if s.step is not None or s.cycles or known.get(s.key, {}).get("windows_stepped")]
         b = max(s.end for s in senders)
-        prev = r["observed_until"]
-        if prev is None:  # the role's first window: from its first sender's start
-            prev = _start(senders)
-            r["first_unix_s"] = prev
-            continuing = True
-        else:  # a known one sent more
-            continuing = any(s.key in known and s.end > prev + SAME_MESSAGE_S for s in senders)
-        joules = (joules or 0.0) + r.get("carry_j", 0.0)
-        r["carry_j"] = 0.0
-        if continuing and "gap_j" in r:  # a known sender heard again (after a daemon restart, say):
-            joules += r.pop("gap_j")  # the energy held while none was heard goes with the seconds booked now
+        prev, continuing, joules_now = _resume(r, senders, joules)
         if b <= prev + SAME_MESSAGE_S:  # nothing new from its senders: the energy waits for the seconds it goes with
-            r["carry_j"] = joules
+            r["carry_j"] = joules_now
             return
+        seconds = dict.fromkeys(CAUSES, 0.0)
         released: dict[str, float] = {}
         """Held startup seconds told this window (they take the held joules, not this window's)."""
-        pended = 0.0
-        """Seconds held this window (they take their share of this window's joules, held too)."""
         apart = 0.0
         """Restart-gap seconds before this window whose energy was held apart (``gap_j``)."""
         if not continuing:  # a successor: the gap until it started; a predecessor's unfinished startup stands
-            r.pop("warm", None)  # it warms up anew
-            r.pop("tail", None)
-            succ = _start([s for s in senders if s.key not in known] or senders)
-            succ = min(max(succ, prev), b)
-            seconds["restart_gap"] += succ - prev
-            _gap_after_end(r, succ - prev)
-            if "gap_j" in r:
-                r["joules"]["restart_gap"] = r["joules"].get("restart_gap", 0.0) + r.pop("gap_j")
-                apart = max(0.0, min(succ, begin) - prev)
-            released["startup"] = r["pending_startup"]
-            seconds["startup"] += r["pending_startup"]
-            r["pending_startup"] = 0.0
-            prev = succ
+            prev, apart = _successor(r, senders, prev, b, begin, seconds, released)
+        session = self.session_begin or 0.0
         if prev < session:  # the daemon was not running: the trainer was alive unseen
             unseen = min(session, b) - prev
             seconds["startup" if not stepped and not r["steps"] and not r["stepped"] else "unobserved"] += unseen
             prev += unseen
+        alive, pended = self._split_alive(r, fact, stepped, prev, b, begin, seconds, released)
+        progress = _advance_senders(senders, known)
+        r["steps"] += max(progress, default=0)  # data-parallel workers step together
+        r["pending_startup"] += pended
+        self._joules(r, seconds, released, pended, joules_now, apart)
+        if stepped:
+            _warmup(r, alive, seconds["unattributed"], max(progress, default=0))
+        _shutdown(r, seconds, bool(progress), senders)
+        self._close_role(r, senders, fact, b)
+
+    def _split_alive(self, r: dict[str, Any], fact: RoleFact, stepped: list[SenderFact], prev: float, b: float,
+                     begin: float, seconds: dict[str, float], released: dict[str, float]) -> tuple[float, float]:
+        """The seconds from ``prev`` to ``b`` into ``seconds`` by cause: (the seconds alive, the
+        seconds held as startup until the first step tells how much of it was compilation)."""
         alive = max(0.0, b - prev)
+        pended = 0.0
         if stepped and not r["stepped"]:  # the first steps: the span before them is startup still
             stepping = fact.step_s if fact.step_s > 0 else b - max(prev, begin)
             pended += max(0.0, alive - stepping)
@@ -548,45 +539,37 @@ class RunLedger:
         if not stepped:  # held until the first step tells how much of it was the first step's compilation
             pended += seconds["startup"] + alive
             seconds["startup"] = 0.0
-        else:
-            for cause, share in fact.shares.items():
-                seconds[cause] += alive * share
-            young = any(known.get(s.key, {}).get("windows_stepped", 0) < COMPILE_WINDOWS for s in stepped)
-            excess = fact.first_step_excess_s if young else 0.0
-            self._lone_step(r, fact, young)
-            pending, r["pending_startup"] = r["pending_startup"] + pended, 0.0
-            pended = 0.0
-            # with step timings the long step lies in this window's stepping part; without them
-            # it may lie in the held startup
-            from_pending = min(excess, pending) if fact.step_s <= 0 else 0.0
-            seconds["compile"] += from_pending
-            seconds["startup"] += pending - from_pending
-            released["compile"] = released.get("compile", 0.0) + from_pending
-            released["startup"] = released.get("startup", 0.0) + pending - from_pending
-            left = fact.compile_s + excess - from_pending
-            for cause, amount in (("checkpoint", fact.checkpoint_s), ("compile", left)):
-                _take(seconds, cause, min(amount, alive))
-            r["stepped"] = True
-            self._efficiency(r, fact, alive)
-        progress = []
-        for s in senders:
-            k = known.setdefault(s.key, {"windows_stepped": 0, "step": None, "seen_unix_s": s.end})
-            advanced = _advance(s, k)
-            if advanced > 0:
-                progress.append(advanced)
-            k["seen_unix_s"] = max(k["seen_unix_s"], s.end)
-        r["steps"] += max(progress, default=0)  # data-parallel workers step together
-        r["pending_startup"] += pended
-        self._joules(r, seconds, released, pended, joules, apart)
-        if stepped:
-            _warmup(r, alive, seconds["unattributed"], max(progress, default=0))
-        _shutdown(r, seconds, bool(progress), senders)
+            return alive, pended
+        for cause, share in fact.shares.items():
+            seconds[cause] += alive * share
+        young = any(r["senders"].get(s.key, {}).get("windows_stepped", 0) < COMPILE_WINDOWS for s in stepped)
+        excess = fact.first_step_excess_s if young else 0.0
+        self._lone_step(r, fact, young)
+        pending, r["pending_startup"] = r["pending_startup"] + pended, 0.0
+        # with step timings the long step lies in this window's stepping part; without them
+        # it may lie in the held startup
+        from_pending = min(excess, pending) if fact.step_s <= 0 else 0.0
+        seconds["compile"] += from_pending
+        seconds["startup"] += pending - from_pending
+        released["compile"] = released.get("compile", 0.0) + from_pending
+        released["startup"] = released.get("startup", 0.0) + pending - from_pending
+        left = fact.compile_s + excess - from_pending
+        for cause, amount in (("checkpoint", fact.checkpoint_s), ("compile", left)):
+            _take(seconds, cause, min(amount, alive))
+        r["stepped"] = True
+        self._efficiency(r, fact, alive)
+        return alive, 0.0
+
+    def _close_role(self, r: dict[str, Any], senders: list[SenderFact], fact: RoleFact, b: float) -> None:
+        """The role's facts as of ``b`` (its senders' last message); the longest-silent senders
+        forgotten beyond ``MAX_SENDERS_PER_ROLE``."""
         stated = next((s.flops_per_token for s in senders if s.flops_per_token), None)
         if stated or self.flops_per_token:  # the trainer's statement wins over the daemon's setting
             r["flops_per_token"] = stated or self.flops_per_token
         r["gpus"] = max(r["gpus"], fact.gpus)
         r["gpu_name"] = fact.gpu_name or r["gpu_name"]
         r["observed_until"] = b
+        known = r["senders"]
         if len(known) > MAX_SENDERS_PER_ROLE:
             for key in sorted(known, key=lambda k: known[k]["seen_unix_s"])[: len(known) - MAX_SENDERS_PER_ROLE]:
                 del known[key]
@@ -693,6 +676,59 @@ def _book_end(runs: Mapping[str, dict[str, dict[str, Any]]], role: str, how: str
         r["end_waiting"] = how
     else:
         r.setdefault("gap_after", {})[how] = r.get("gap_after", {}).get(how, 0.0) + gap
+
+
+def _resume(r: dict[str, Any], senders: list[SenderFact], joules: float | None) -> tuple[float, bool, float]:
+    """(where the role was accounted up to, whether a sender it knows sent more (else a successor
+    took over), the joules to book now: this window's ``joules`` with what was held)."""
+    known = r["senders"]
+    prev = r["observed_until"]
+    if prev is None:  # the role's first window: from its first sender's start
+        prev = _start(senders)
+        r["first_unix_s"] = prev
+        continuing = True
+    else:  # a known one sent more
+        continuing = any(s.key in known and s.end > prev + SAME_MESSAGE_S for s in senders)
+    total = (joules or 0.0) + r.get("carry_j", 0.0)
+    r["carry_j"] = 0.0
+    if continuing and "gap_j" in r:  # a known sender heard again (after a daemon restart, say):
+        total += r.pop("gap_j")  # the energy held while none was heard goes with the seconds booked now
+    return prev, continuing, total
+
+
+def _successor(r: dict[str, Any], senders: list[SenderFact], prev: float, b: float, begin: float,
+               seconds: dict[str, float], released: dict[str, float]) -> tuple[float, float]:
+    """A successor's start: the gap since ``prev`` booked as ``restart_gap`` and the predecessor's
+    held startup released. Returns (the successor's start, the restart-gap seconds before this
+    window whose energy was held apart)."""
+    r.pop("warm", None)  # it warms up anew
+    r.pop("tail", None)
+    known = r["senders"]
+    succ = _start([s for s in senders if s.key not in known] or senders)
+    succ = min(max(succ, prev), b)
+    seconds["restart_gap"] += succ - prev
+    _gap_after_end(r, succ - prev)
+    apart = 0.0
+    if "gap_j" in r:
+        r["joules"]["restart_gap"] = r["joules"].get("restart_gap", 0.0) + r.pop("gap_j")
+        apart = max(0.0, min(succ, begin) - prev)
+    released["startup"] = r["pending_startup"]
+    seconds["startup"] += r["pending_startup"]
+    r["pending_startup"] = 0.0
+    return succ, apart
+
+
+def _advance_senders(senders: list[SenderFact], known: dict[str, dict[str, Any]]) -> list[int]:
+    """Each sender's steps since the last window (those that advanced), its record in ``known``
+    brought up to date."""
+    progress = []
+    for s in senders:
+        k = known.setdefault(s.key, {"windows_stepped": 0, "step": None, "seen_unix_s": s.end})
+        advanced = _advance(s, k)
+        if advanced > 0:
+            progress.append(advanced)
+        k["seen_unix_s"] = max(k["seen_unix_s"], s.end)
+    return progress
 
 
 def _gap_after_end(r: dict[str, Any], gap_s: float) -> None:

@@ -160,6 +160,24 @@ def confidence(value: float, threshold: float) -> float:
     return round(min(1.0, 0.5 + 0.5 * abs(value - threshold) / threshold), 3)
 
 
+def _without_pipeline(roles: Mapping[str, RoleFacts], duration_s: float, throttled: Mapping[str, tuple[str, ...]],
+                      gpu_roles: Mapping[str, str], s: InsightSettings, gpu_busy: Mapping[str, float],
+                      live_roles: Collection[str]) -> Verdict:
+    """``decide`` for a window with neither the target nor the drafter role: the role with the
+    most workers among those with phase timings, else the roles' GPUs alone."""
+    timed = [f for f in roles.values() if f.time_share]
+    if not timed:
+        untimed = _untimed(roles, live_roles, gpu_busy, s)
+        if untimed is None:
+            return Verdict("unknown", (("window_s", duration_s),),
+                           "no series mapped to a phase timing" if not roles else
+                           f"no phase timings from role(s) {', '.join(sorted(roles))}")
+        return _override(*untimed, roles, throttled, gpu_roles, s)
+    main = max(timed, key=lambda f: (len(f.workers), f.role))
+    single, role = _single_role(main, gpu_busy.get(main.role), s)
+    return _override(single, role, roles, throttled, gpu_roles, s)
+
+
 def decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: float | None,
            queue_fill: float | None, throttled: Mapping[str, tuple[str, ...]], gpu_roles: Mapping[str, str],
            s: InsightSettings, gpu_busy: Mapping[str, float] | None = None, live_senders: int | None = None,
@@ -173,17 +191,7 @@ def decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: flo
     if live_senders == 0:
         return Verdict("idle", (), "no live trainer")
     if target is None and drafter is None:
-        timed = [f for f in roles.values() if f.time_share]
-        if not timed:
-            untimed = _untimed(roles, live_roles, gpu_busy or {}, s)
-            if untimed is None:
-                return Verdict("unknown", (("window_s", duration_s),),
-                               "no series mapped to a phase timing" if not roles else
-                               f"no phase timings from role(s) {', '.join(sorted(roles))}")
-            return _override(*untimed, roles, throttled, gpu_roles, s)
-        main = max(timed, key=lambda f: (len(f.workers), f.role))
-        single, role = _single_role(main, (gpu_busy or {}).get(main.role), s)
-        return _override(single, role, roles, throttled, gpu_roles, s)
+        return _without_pipeline(roles, duration_s, throttled, gpu_roles, s, gpu_busy or {}, live_roles)
     t_share = target.time_share if target else {}
     d_share = drafter.time_share if drafter else {}
     put_wait = t_share.get("queue_put_wait")

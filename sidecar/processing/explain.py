@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sidecar.model.meanings import MEANINGS
@@ -84,6 +84,20 @@ def explain_data(report: Any, mapper: Mapper, roles: RoleSettings, gpu_missing: 
             elif v.kind == TIMING:
                 unmapped.append(v)
     insight = report.insight if report is not None else None
+    missing = missing_inputs(mapper, roles, present, snapshot_roles, workers, gpu_missing)
+    return {
+        "verdict": insight.verdict.text() if insight is not None else None,
+        "series": sorted(series, key=lambda s: (s["role"], s["worker"], s["name"])),
+        "missing": missing,
+        "unused_rules": [r.source for r in mapper.unused_rules()],
+        "config": mapping_config(unmapped, mapper.known_roles),
+    }
+
+
+def missing_inputs(mapper: Mapper, roles: RoleSettings, present: set[tuple[str, str]], snapshot_roles: set[str],
+                   workers: Mapping[str, set[str]], gpu_missing: str | None) -> dict[str, list[dict[str, str]]]:
+    """Verdict -> the inputs it lacks, each with how to supply it, given the (role, meaning) pairs
+    ``present`` in the window, the roles sending ``snapshot_roles`` and each role's ``workers``."""
     dflash = {roles.target_role, roles.drafter_role} | set(mapper.known_roles)
     own = sorted(r for r in workers if r not in dflash)
     named = {TARGET: roles.target_role, DRAFTER: roles.drafter_role,
@@ -113,13 +127,7 @@ def explain_data(report: Any, mapper: Mapper, roles: RoleSettings, gpu_missing: 
         missing["straggler"] = [{"input": "two workers (ranks) of one role", "supply":
                                  "a channel per worker (telemetry.channel(worker=...), or RANK in each process), "
                                  "or the worker in the key: drafter.0.forward_ms, drafter.1.forward_ms"}]
-    return {
-        "verdict": insight.verdict.text() if insight is not None else None,
-        "series": sorted(series, key=lambda s: (s["role"], s["worker"], s["name"])),
-        "missing": missing,
-        "unused_rules": [r.source for r in mapper.unused_rules()],
-        "config": mapping_config(unmapped, mapper.known_roles),
-    }
+    return missing
 
 
 def guess_phase(name: str) -> str | None:

@@ -1,7 +1,7 @@
 """The mapping stage's settings (``sidecar.model.settings``): the user's own name rules.
 
-The rules are parsed by ``mapping.parse_rules``, imported only when a config has rules: the mapping
-stage loads the wire format, and ``--version`` must work without it."""
+The rules are parsed by ``rules.parse_rules``, imported only when a config has rules: the rules
+load the wire format, and ``--version`` must work without it."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sidecar.model.settings import setting
 
 if TYPE_CHECKING:
-    from sidecar.processing.mapping import Rule
+    from sidecar.processing.rules import Rule
 
 
 def rules(raw: Any) -> tuple[Rule, ...]:
     """``[[mapping]]`` tables -> rules. Raises ``ValueError`` (``MappingError``) saying what to fix."""
-    from sidecar.processing.mapping import parse_rules
+    from sidecar.processing.rules import parse_rules
 
     return parse_rules(raw if isinstance(raw, list) else [raw])
 

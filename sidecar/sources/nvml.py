@@ -42,6 +42,17 @@ RECENT_SNAPSHOTS = 256
 """Polls ``recent`` keeps: over four minutes at the default 1 s interval (a window is 10 s)."""
 
 
+def _check_settings(cadence: str, cpu_budget: float, **times_s: float) -> None:
+    """Raise ``ValueError`` for an unknown ``cadence``, or a ``cpu_budget`` or time not above 0."""
+    if cadence not in MODES:
+        raise ValueError(f"cadence must be one of {', '.join(MODES)}, got {cadence!r}")
+    if not cpu_budget > 0:
+        raise ValueError(f"cpu_budget must be > 0, got {cpu_budget!r}")
+    for name, value in times_s.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
 class NvmlSource:
     """Background NVML poller. All public methods are thread-safe and return promptly."""
 
@@ -75,14 +86,8 @@ class NvmlSource:
         ``slow_periods_s``: the slow groups' base periods (default ``SLOW_PERIODS_S``). Raises
         ``ValueError`` on non-positive times or budget, or an unknown cadence or group.
         """
-        if cadence not in MODES:
-            raise ValueError(f"cadence must be one of {', '.join(MODES)}, got {cadence!r}")
-        if not cpu_budget > 0:
-            raise ValueError(f"cpu_budget must be > 0, got {cpu_budget!r}")
-        for name, value in (("interval_s", interval_s), ("profiler_backoff_s", profiler_backoff_s),
-                            ("max_backoff_s", max_backoff_s), ("init_retry_s", init_retry_s)):
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value!r}")
+        _check_settings(cadence, cpu_budget, interval_s=interval_s, profiler_backoff_s=profiler_backoff_s,
+                        max_backoff_s=max_backoff_s, init_retry_s=init_retry_s)
         self.interval_s = float(interval_s)
         self.library_path = library_path
         self._clock = clock
