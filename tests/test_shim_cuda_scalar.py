@@ -400,3 +400,28 @@ def test_torch_backend_makes_slots_ahead_and_as_needed(monkeypatch: pytest.Monke
     assert [backend.pinned_slot(torch.float32) is not None for _ in range(3)] == [True, True, False]
     backend.release_slot(taken[0])
     assert backend.pinned_slot(torch.float32) is taken[0]
+
+
+def test_a_flush_while_the_scalar_module_is_still_importing_keeps_the_flusher(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flusher looks for the resolver in ``sys.modules``; while another thread is still
+    importing ``trainer_shim.cuda_scalar`` the module is there without its functions yet. A flush
+    then must neither kill the flusher thread nor count an internal error: the records queued
+    meanwhile are still flushed (dropped as ``no_subscriber`` here: nobody listens) and counted."""
+    import sys
+    import types
+
+    from trainer_shim.publisher import Publisher
+
+    half = types.ModuleType("trainer_shim.cuda_scalar")  # as a module mid-import looks: no `current` yet
+    monkeypatch.setitem(sys.modules, "trainer_shim.cuda_scalar", half)
+    pub = Publisher(f"ipc://{tmp_path}/nobody.sock", flush_interval_s=0.01)
+    try:
+        ch = pub.channel("trainer", "0")
+        for n in range(3):
+            ch.count("n")
+            assert pub.flush(wait_s=5.0), f"flush {n}: the flusher is gone"
+        assert pub.internal_errors == 0
+        assert ch.pending() == 0
+    finally:
+        pub.close()

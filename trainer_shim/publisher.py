@@ -71,6 +71,14 @@ def _header_step(step: object) -> int | None:
     return value if 0 <= value <= _MAX_STEP else None
 
 
+def _scalar_resolver() -> Any:
+    """The GPU scalar resolver if the trainer ever made one, else None. Looked up in
+    ``sys.modules`` (the shim never imports torch's side itself): while another thread is still
+    importing ``trainer_shim.cuda_scalar`` its functions may not exist yet, and then there is none."""
+    current = getattr(sys.modules.get("trainer_shim.cuda_scalar"), "current", None)
+    return current() if current is not None else None
+
+
 class Publisher:
     """Publishes the records of any number of channels to one endpoint."""
 
@@ -490,8 +498,7 @@ class Publisher:
 
     def _resolve_scalars(self) -> None:
         """The GPU scalar resolver's turn of this cycle (``trainer_shim.cuda_scalar``)."""
-        module = sys.modules.get("trainer_shim.cuda_scalar")
-        resolver = module.current() if module is not None else None
+        resolver = _scalar_resolver()
         if resolver is not None:
             try:
                 resolver.turn()
@@ -500,8 +507,7 @@ class Publisher:
 
     def _settle_scalars(self) -> None:
         """Publish the GPU scalars whose copies completed; count the others as dropped."""
-        module = sys.modules.get("trainer_shim.cuda_scalar")
-        resolver = module.current() if module is not None else None
+        resolver = _scalar_resolver()
         if resolver is None:
             return
         try:
