@@ -275,6 +275,7 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
     except (EndpointError, OSError) as exc:
         log.error("dflash-sidecar demo: %s", exc)
         return FAILURE
+    began_unix_s = time.time()  # this demo's runs start after it: the folder may hold earlier demos'
     pipeline = _start_pipeline(cfg, ns)
     if pipeline is None:
         daemon.shutdown()
@@ -303,7 +304,7 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
     finally:
         progress.stop()
         daemon.shutdown()
-    print(summary(daemon.ledger.ledger.view(), folder, cfg.prometheus_addr), flush=True)
+    print(summary(daemon.ledger.ledger.view(), folder, cfg.prometheus_addr, began_unix_s), flush=True)
     return status
 
 

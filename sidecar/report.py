@@ -93,10 +93,11 @@ def ends_table(roles: list[RoleLedger]) -> list[str]:
     told = [r for r in roles if r.ends]
     if not told:
         return []
-    lines = [f"{'sender ends':<32}" + "".join(f"{how:>12}" for how in HOWS) + "  restart gap after"]
+    width = max(32, *(len(f"{r.run} {r.role}") + 1 for r in told))  # a run id and role are never cut
+    lines = [f"{'sender ends':<{width}}" + "".join(f"{how:>12}" for how in HOWS) + "  restart gap after"]
     for r in told:
         gaps = ", ".join(f"{how} {s:.1f} s" for how, s in sorted(r.gap_after.items()) if s > 0) or "-"
-        lines.append(f"{(r.run + ' ' + r.role)[:31]:<32}" + "".join(f"{r.ends.get(how, 0):>12}" for how in HOWS)
+        lines.append(f"{r.run + ' ' + r.role:<{width}}" + "".join(f"{r.ends.get(how, 0):>12}" for how in HOWS)
                      + f"  {gaps}")
     return [*lines, ""]
 

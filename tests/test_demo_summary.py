@@ -73,3 +73,17 @@ def test_every_role_of_the_demo_has_time_in_the_ledger(tmp_path: Path, style: st
     _demo(tmp_path, "--style", style, "--state-dir", str(state))
     runs = json.loads(_report("--json", "--state-dir", str(state)).stdout)["runs"]
     assert runs and all(r["wall_s"] > 0 for r in runs), [(r["role"], r["wall_s"]) for r in runs]
+
+
+def test_a_second_demo_in_the_same_folder_sums_up_its_own_run_only(tmp_path: Path) -> None:
+    """The folder keeps every demo's runs (``report`` lists them all); the summary at the end of a
+    demo speaks of the runs that demo fed, not of the earlier demos' too."""
+    state = tmp_path / "mine"
+    gap = ("--run-gap-s", "1")  # the second demo, seconds after the first, is a run of its own
+    first, _ = _demo(tmp_path, "--state-dir", str(state), *gap)
+    second, _ = _demo(tmp_path, "--state-dir", str(state), *gap)
+    runs = [line for line in second.stdout.splitlines() if line.startswith("run ")]
+    assert len(runs) == 1, second.stdout
+    assert [line for line in first.stdout.splitlines() if line.startswith("run ")] != runs, (first.stdout, runs)
+    listed = {r["run"] for r in json.loads(_report("--json", "--state-dir", str(state)).stdout)["runs"]}
+    assert len(listed) == 2, listed
