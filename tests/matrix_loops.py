@@ -269,6 +269,11 @@ def main(argv: list[str]) -> int:
     framework, endpoint, control_path = argv[:3]
     rank, world, port = (int(a) for a in argv[3:6]) if len(argv) >= 6 else (0, 1, 0)
     control = Control(control_path, rank, SCALE.get(framework, 1.0))
+    import torch
+
+    # one intra-op thread a process: the matrix runs up to 6 trainer processes on 2 cores, and
+    # torch's default (a thread per core, spinning) makes each rank's compute wait on the others'
+    torch.set_num_threads(1)
     if framework == "plain":
         plain(endpoint, control, rank, world, port)
     elif framework == "snapshot":
