@@ -80,11 +80,13 @@ def _role_line(r: RoleLedger) -> str:
             f"{r.seconds[badput]:.1f} s, steps {r.steps}")
 
 
-def summary(view: RunLedgerView | None, state: Path, prometheus_addr: str) -> str:
-    """The demo's last words: each run's verdict and each role's wall time, goodput and largest
-    badput, then the three commands to try next (with this demo's address and state folder)."""
+def summary(view: RunLedgerView | None, state: Path, prometheus_addr: str, since_unix_s: float = 0.0) -> str:
+    """The demo's last words: the verdict of each run this demo fed (a role last heard at or after
+    ``since_unix_s``, unix seconds; the state folder keeps earlier demos' runs too) and each of its
+    roles' wall time, goodput and largest badput, then the three commands to try next (with this
+    demo's address and state folder)."""
     lines = ["", "demo summary"]
-    roles = view.roles if view is not None else ()
+    roles = tuple(r for r in view.roles if r.last_unix_s >= since_unix_s) if view is not None else ()
     for run in dict.fromkeys(r.run for r in roles):
         lines += [f"run {run}: {line}" if i == 0 else line
                   for i, line in enumerate(verdict_lines(view.verdicts_of(run) if view else None))]
