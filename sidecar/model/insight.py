@@ -110,27 +110,30 @@ class ReportedFigure:
     """Its ``model.meanings`` meaning (class ``throughput`` or ``efficiency``)."""
     family: str
     """Prometheus family, after ``dflash_pipeline_reported_`` (labels host, role)."""
-    wandb_key: str
-    """W&B key, after ``pipeline/reported/`` (then ``/<role>``)."""
     combine: str
     """Over the role's workers that report it: ``sum`` (each reports its own share) or ``mean``."""
     help: str
 
+    @property
+    def wandb_key(self) -> str:
+        """W&B key, after ``pipeline/reported/`` (then ``/<role>``): its meaning."""
+        return self.meaning
+
 
 REPORTED: tuple[ReportedFigure, ...] = (
-    ReportedFigure("tokens_per_s", "tokens_per_second", "tokens_per_s", "sum",
+    ReportedFigure("tokens_per_s", "tokens_per_second", "sum",
                    "Tokens per second as the trainer itself reports them (torchtitan's tps, HF's "
                    "train_tokens_per_second), summed over the role's workers that report it."),
-    ReportedFigure("samples_per_s", "samples_per_second", "samples_per_s", "sum",
+    ReportedFigure("samples_per_s", "samples_per_second", "sum",
                    "Samples per second as the trainer itself reports them (HF's train_samples_per_second), "
                    "summed over the role's workers that report it."),
-    ReportedFigure("steps_per_s", "steps_per_second", "steps_per_s", "mean",
+    ReportedFigure("steps_per_s", "steps_per_second", "mean",
                    "Steps per second as the trainer itself reports them, mean over the role's workers that "
                    "report it (data-parallel workers step together)."),
-    ReportedFigure("flops_per_s", "flops_per_second", "flops_per_s", "mean",
+    ReportedFigure("flops_per_s", "flops_per_second", "mean",
                    "Achieved model FLOP/s per GPU as the trainer itself reports them (TFLOPs x 1e12: "
                    "torchtitan's tflops, Megatron's throughput), mean over the role's workers."),
-    ReportedFigure("mfu", "mfu_ratio", "mfu", "mean",
+    ReportedFigure("mfu", "mfu_ratio", "mean",
                    "Model FLOPs utilization as the trainer itself reports it (0-1: torchtitan's and "
                    "nanoGPT's mfu), mean over the role's workers."),
 )
