@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sidecar.aggregation.series import entropy_bits
@@ -340,6 +341,68 @@ def _reported(members: Mapping[str, _Worker]) -> dict[str, float]:
     return out
 
 
+@dataclass(slots=True)
+class _Reading:
+    """One worker's part of a role's time shares, already weighted (``_time_share``)."""
+
+    weight: float
+    other_weight: float
+    phases: dict[str, float]
+    unmapped: dict[str, float]
+    other: float
+    measured: bool
+
+
+def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
+    """A worker read from its snapshots (weight 1): each phase's per-batch mean over the cycle;
+    ``other`` only with a ``step`` mean. None: nothing to read."""
+    # A worker with a fresh snapshot this window is read from it alone (a phase missing
+    # from it is not carried over); without one, its last snapshot stands while recent.
+    fresh = any(w.window(TIMING, p) or w.window(GAUGE, p) for p in PHASES)
+    age = 0.0 if fresh else max_age
+    means = {p: m for p in PHASES if (m := w.snapshot_mean(p, age)) is not None}
+    step = w.snapshot_mean("step", age) if w.snapshot("step") else None
+    means, step = _with_shares(w, means, step, fresh)
+    if not means:
+        return None
+    # an unmapped timing sent every occurrence beside the snapshots (a user's own timer
+    # in a framework callback's step) counts its mean once per cycle
+    extra = {n: float(v.window["mean"]) for n, v in w.unmapped.items() if v.window}
+    covered = sum(means.values())
+    cycle = max(step or 0.0, covered)
+    if cycle <= 0:
+        return None
+    room = max(0.0, cycle - covered)
+    spare = sum(extra.values())
+    fit = min(1.0, room / spare) if spare > 0 else 1.0
+    return _Reading(1.0, 1.0 if step else 0.0, {phase: m / cycle for phase, m in means.items()},
+                    {n: m * fit / cycle for n, m in extra.items()},
+                    max(0.0, 1.0 - (covered + spare * fit) / cycle) if step else 0.0,
+                    any(p in means for p in COMPUTE_PHASES))
+
+
+def _occurrence_reading(w: _Worker, alive_s: float, started: bool, duration: float) -> _Reading | None:
+    """A worker read from every occurrence of its timings over its ``alive_s`` seconds of the
+    window (weight: that part of it); ``other`` is what no timing covers. None: nothing to read."""
+    if alive_s <= 0:
+        return None
+    sums = {p: s for p in PHASES if (s := w.timing_sum_ms(p)) is not None}
+    sums.update((p, 0.0) for p in PHASES if p not in sums and (TIMING, p) in w.stale)
+    if not sums:
+        return None
+    wall_ms = alive_s * 1000.0
+    weight = alive_s / duration
+    covered = sum(sums.values()) / wall_ms
+    scale = 1.0 / covered if covered > 1.0 else 1.0
+    extra = {n: float(v.window["sum"]) / wall_ms for n, v in w.unmapped.items() if v.window}
+    room = max(0.0, 1.0 - covered * scale)
+    spare = sum(extra.values())
+    fit = min(1.0, room / spare) if spare > 0 else 1.0
+    return _Reading(weight, weight, {phase: weight * sm / wall_ms * scale for phase, sm in sums.items()},
+                    {n: weight * share * fit for n, share in extra.items()}, weight * max(0.0, room - spare * fit),
+                    not started and any(sums.get(p) for p in COMPUTE_PHASES))
+
+
 def _time_share(members: dict[str, _Worker], duration: float,
                 alive: Mapping[str, tuple[float, bool]]) -> tuple[dict[str, float], dict[str, float], bool]:
     """(phase -> share of wall time, unmapped timing -> share, whether ``other`` is host time),
@@ -364,59 +427,20 @@ def _time_share(members: dict[str, _Worker], duration: float,
     max_age = SNAPSHOT_MAX_AGE_WINDOWS * duration
     for name, w in members.items():
         alive_s, started = alive.get(name, (duration, False))
-        alive_s = min(duration, alive_s)
         if any(w.snapshot(p) or w.share(p, True) is not None for p in PHASES):
-            # A worker with a fresh snapshot this window is read from it alone (a phase missing
-            # from it is not carried over); without one, its last snapshot stands while recent.
-            fresh = any(w.window(TIMING, p) or w.window(GAUGE, p) for p in PHASES)
-            age = 0.0 if fresh else max_age
-            means = {p: m for p in PHASES if (m := w.snapshot_mean(p, age)) is not None}
-            step = w.snapshot_mean("step", age) if w.snapshot("step") else None
-            means, step = _with_shares(w, means, step, fresh)
-            if not means:
-                continue
-            # an unmapped timing sent every occurrence beside the snapshots (a user's own timer
-            # in a framework callback's step) counts its mean once per cycle
-            extra = {n: float(v.window["mean"]) for n, v in w.unmapped.items() if v.window}
-            covered = sum(means.values())
-            cycle = max(step or 0.0, covered)
-            if cycle <= 0:
-                continue
-            room = max(0.0, cycle - covered)
-            spare = sum(extra.values())
-            fit = min(1.0, room / spare) if spare > 0 else 1.0
-            weight_sum += 1.0
-            for phase, m in means.items():
-                totals[phase] += m / cycle
-            for n, m in extra.items():
-                unmapped[n] += m * fit / cycle
-            if step:
-                other_weight += 1.0
-                totals[OTHER] += max(0.0, 1.0 - (covered + spare * fit) / cycle)
-            measured = measured and any(p in means for p in COMPUTE_PHASES)
+            reading = _snapshot_reading(w, max_age)
+        else:
+            reading = _occurrence_reading(w, min(duration, alive_s), started, duration)
+        if reading is None:
             continue
-        if alive_s <= 0:
-            continue
-        sums = {p: s for p in PHASES if (s := w.timing_sum_ms(p)) is not None}
-        sums.update((p, 0.0) for p in PHASES if p not in sums and (TIMING, p) in w.stale)
-        if not sums:
-            continue
-        wall_ms = alive_s * 1000.0
-        weight = alive_s / duration
-        weight_sum += weight
-        other_weight += weight
-        covered = sum(sums.values()) / wall_ms
-        scale = 1.0 / covered if covered > 1.0 else 1.0
-        for phase, sm in sums.items():
-            totals[phase] += weight * sm / wall_ms * scale
-        extra = {n: float(v.window["sum"]) / wall_ms for n, v in w.unmapped.items() if v.window}
-        room = max(0.0, 1.0 - covered * scale)
-        spare = sum(extra.values())
-        fit = min(1.0, room / spare) if spare > 0 else 1.0
-        for n, share in extra.items():
-            unmapped[n] += weight * share * fit
-        totals[OTHER] += weight * max(0.0, room - spare * fit)
-        measured = measured and not started and any(sums.get(p) for p in COMPUTE_PHASES)
+        weight_sum += reading.weight
+        other_weight += reading.other_weight
+        for phase, value in reading.phases.items():
+            totals[phase] += value
+        for n, value in reading.unmapped.items():
+            unmapped[n] += value
+        totals[OTHER] += reading.other
+        measured = measured and reading.measured
     if weight_sum <= 0:
         return {}, {}, False
     out = {phase: value / weight_sum for phase, value in totals.items() if phase != OTHER}
