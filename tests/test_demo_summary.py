@@ -8,6 +8,7 @@ import io
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,8 +80,11 @@ def test_a_second_demo_in_the_same_folder_sums_up_its_own_run_only(tmp_path: Pat
     """The folder keeps every demo's runs (``report`` lists them all); the summary at the end of a
     demo speaks of the runs that demo fed, not of the earlier demos' too."""
     state = tmp_path / "mine"
-    gap = ("--run-gap-s", "1")  # the second demo, seconds after the first, is a run of its own
+    gap = ("--run-gap-s", "1")
     first, _ = _demo(tmp_path, "--state-dir", str(state), *gap)
+    # the second demo starts well past the run gap after the first one's last message, so it is a
+    # run of its own (started at once, it can come within a second: ``--run-gap-s``'s own case)
+    time.sleep(2.0)
     second, _ = _demo(tmp_path, "--state-dir", str(state), *gap)
     runs = [line for line in second.stdout.splitlines() if line.startswith("run ")]
     assert len(runs) == 1, second.stdout
