@@ -53,8 +53,8 @@ def trainer_report(workers: int, names: int) -> object:
     import msgspec
     from daemon_load import series_workload
 
-    from sidecar.ingest import IngestLoop
-    from sidecar.pipeline import OnWindow, Pipeline
+    from sidecar.core.ingest import IngestLoop
+    from sidecar.core.pipeline import OnWindow, Pipeline
 
     class _Stats:
         frames = bytes = disconnects = 0

@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 from sidecar.aggregation.aggregator import Aggregator
+from sidecar.core.pipeline import aggregate
 from sidecar.model.window import GAUGE, PROFILE, TIMING
-from sidecar.pipeline import aggregate
 from sidecar.processing.mapping import Mapper
 
 ROWS: dict[str, tuple[Any, Any]] = {

@@ -10,7 +10,7 @@ import os
 import socket
 from collections.abc import Callable
 
-from sidecar.config import Config
+from sidecar.core.config import Config
 from sidecar.exit_status import FAILURE, OK
 from sidecar.exporters.wandb.join import NO_CREDENTIALS, credential_source
 from sidecar.model.address import parse_host_port

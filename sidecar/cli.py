@@ -10,8 +10,8 @@ import sys
 from collections.abc import Sequence
 
 from sidecar import __version__
-from sidecar import config as config_mod
-from sidecar.config import ConfigError
+from sidecar.core import config as config_mod
+from sidecar.core.config import ConfigError
 from sidecar.exit_status import FAILURE, OK, USAGE
 
 SUBCOMMANDS = ("run", "check", "demo", "top", "explain", "report", "sample-config")
@@ -163,7 +163,7 @@ def _explain(ns: argparse.Namespace) -> int:
 
 
 def run_daemon(cfg: config_mod.Config, cli_overrides: dict[str, object]) -> int:
-    from sidecar.daemon import Daemon
+    from sidecar.core.daemon import Daemon
     from sidecar.sources.receiver import EndpointError
     from sidecar.sources.settings import remote_endpoints
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.config import Config
+from sidecar.core.config import Config
 from sidecar.demo_loops import GENERIC_BOTTLENECKS, GenericLoop, LoopTimings, SeedStyleMonitor
 from sidecar.exit_status import FAILURE, USAGE
 
@@ -256,7 +256,7 @@ class SimulatedPipeline:
 def demo_state_dir(configured: str | None) -> Path:
     """Where the demo keeps its run ledger: the state folder given (``--state-dir`` or the config
     file), else ``<the default state folder>/demo``, apart from real runs'."""
-    from sidecar.ledger_state import state_dir
+    from sidecar.core.ledger_state import state_dir
 
     return state_dir(configured) if configured else state_dir(None) / "demo"
 
@@ -264,7 +264,7 @@ def demo_state_dir(configured: str | None) -> Path:
 def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
     """Run the daemon and the simulated pipeline until ``--duration`` passes or SIGTERM/Ctrl-C,
     with a progress line meanwhile and a summary at the end (``sidecar.demo_report``)."""
-    from sidecar.daemon import Daemon
+    from sidecar.core.daemon import Daemon
     from sidecar.demo_report import Progress, summary
     from sidecar.sources.receiver import EndpointError
 

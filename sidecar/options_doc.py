@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from sidecar import config as config_mod
+from sidecar.core import config as config_mod
 from sidecar.exit_status import STATUSES
 
 ROOT = Path(__file__).resolve().parent.parent

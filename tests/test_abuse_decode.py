@@ -11,9 +11,9 @@ import pytest
 
 from sidecar.aggregation.aggregator import MAX_ALLOCATOR_SERIES, RESERVED_FAMILIES, Aggregator
 from sidecar.aggregation.senders import MAX_LABEL_PAIRS
-from sidecar.ingest import IngestLoop
+from sidecar.core.ingest import IngestLoop
+from sidecar.core.pipeline import Pipeline, aggregate
 from sidecar.model.messages import BatchMessage, HelloMessage
-from sidecar.pipeline import Pipeline, aggregate
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.decode import MAX_PROFILE_KEYS, DecodeError, decode
 from tests.daemon_harness import NoSocket

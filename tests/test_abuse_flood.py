@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.aggregation.aggregator import PROFILE, Aggregator
+from sidecar.core.pipeline import aggregate
 from sidecar.model.mapped import Mapped
-from sidecar.pipeline import aggregate
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.receiver import QUEUE_CEILING_BYTES
 from tests.daemon_harness import DaemonProc, publish, wait_for

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import config
 from sidecar.aggregation.aggregator import Aggregator
-from sidecar.config import ConfigError
+from sidecar.core import config
+from sidecar.core.config import ConfigError
+from sidecar.core.pipeline import aggregate
 from sidecar.exporters.prometheus.collector import ExportState
 from sidecar.exporters.prometheus.server import serve
-from sidecar.pipeline import aggregate
 from sidecar.processing.mapping import Mapper
 from sidecar.sources import receiver as receiver_mod
 from sidecar.sources.receiver import EndpointError, Receiver

@@ -46,7 +46,7 @@ def test_absurd_finite_values_are_refused_and_nothing_exported_is_infinite(tmp_p
 def test_entropy_counts_every_key_of_the_window_within_its_bound() -> None:
     from sidecar.aggregation.aggregator import CATEGORY, Aggregator
     from sidecar.aggregation.series import MAX_WINDOW_KEYS, WINDOW_KEYS_BUDGET
-    from sidecar.pipeline import aggregate
+    from sidecar.core.pipeline import aggregate
     from sidecar.processing.mapping import Mapper
 
     agg = Aggregator()

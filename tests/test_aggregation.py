@@ -12,10 +12,10 @@ from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.senders import SenderRegistry
 from sidecar.aggregation.series import CategorySeries, entropy_bits
 from sidecar.aggregation.sketch import EXACT_LIMIT, RANK_ERROR, QuantileBuffer
+from sidecar.core.pipeline import aggregate
 from sidecar.model.messages import BatchMessage, HelloMessage
 from sidecar.model.names import counter_token, family_names, metric_token, timing_token
 from sidecar.model.window import COUNT, GAUGE, TIMING
-from sidecar.pipeline import aggregate
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.decode import DecodeError, decode
 from trainer_shim import wire

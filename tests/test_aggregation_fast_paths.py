@@ -11,8 +11,8 @@ import numpy as np
 from sidecar.aggregation.aggregator import _ENTRY as ENTRY
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.sketch import QUANTILES, QuantileBuffer, inverted_cdf_rank
+from sidecar.core.pipeline import aggregate
 from sidecar.model.window import GAUGE, PROFILE, TIMING
-from sidecar.pipeline import aggregate
 from sidecar.processing.mapping import Mapper
 
 

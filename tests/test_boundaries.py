@@ -148,8 +148,8 @@ def test_every_folder_of_code_is_a_package_the_build_finds() -> None:
 
 
 STAGES = ("sources", "processing", "aggregation", "exporters")
-"""In the order a record goes through them; ``sidecar.pipeline`` wires them, in that order."""
-SHARED_HELPERS = ("sidecar.model", "sidecar.backoff")
+"""In the order a record goes through them; ``sidecar.core.pipeline`` wires them, in that order."""
+SHARED_HELPERS = ("sidecar.model", "sidecar.model.backoff")
 """What a stage may import from the daemon besides its own package."""
 
 
@@ -161,7 +161,7 @@ def _sidecar_imports(path: Path) -> set[str]:
 def test_a_stage_never_calls_another_stage_only_the_pipeline_wires_them(stage: str) -> None:
     """No stage imports another: not a later one (a callback forward) and not an earlier one (a
     record going back, e.g. aggregation calling the mapping stage). They meet in ``sidecar.model``
-    types, passed along by ``sidecar.pipeline``."""
+    types, passed along by ``sidecar.core.pipeline``."""
     own = f"sidecar.{stage}"
     offenders = {rel(p): sorted(n for n in _sidecar_imports(p)
                                 if n != "sidecar" and not n.startswith((own + ".", *SHARED_HELPERS)) and n != own)
@@ -175,7 +175,7 @@ def test_aggregation_never_imports_processing() -> None:
 
 def test_the_pipeline_is_where_the_stages_meet() -> None:
     """The check above sees imports of stages: the pipeline's own are found."""
-    found = {n.split(".")[1] for n in _sidecar_imports(ROOT / "sidecar" / "pipeline.py") if n.count(".") >= 1}
+    found = {n.split(".")[1] for n in _sidecar_imports(ROOT / "sidecar" / "core" / "pipeline.py") if n.count(".") >= 1}
     assert set(STAGES) - {"exporters"} <= found  # exporters are handed in as listeners
 
 
@@ -197,7 +197,7 @@ def test_the_prometheus_exporter_takes_no_callbacks_beyond_the_live_state() -> N
 
 
 def test_the_daemon_keeps_only_the_lifecycle() -> None:
-    from sidecar.daemon import Daemon
+    from sidecar.core.daemon import Daemon
 
     public = {name for name in vars(Daemon) if not name.startswith("_") and callable(vars(Daemon)[name])}
     assert public == {"start", "run", "stop", "reload", "shutdown"}

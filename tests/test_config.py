@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import config
-from sidecar.config import ConfigError
+from sidecar.core import config
+from sidecar.core.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -135,7 +135,7 @@ def test_reading_a_config_loads_no_component() -> None:
     import sys
 
     heavy = ("zmq", "wandb", "pynvml", "prometheus_client", "sidecar.processing.mapping", "sidecar.sources.receiver")
-    code = (f"import sys, sidecar.config as c; c.load({{}}); c.sample_toml(); "
+    code = (f"import sys, sidecar.core.config as c; c.load({{}}); c.sample_toml(); "
             f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, check=True)

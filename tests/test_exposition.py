@@ -14,15 +14,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
+from sidecar.core.ingest import IngestLoop
+from sidecar.core.pipeline import OnWindow, Pipeline
 from sidecar.exporters.prometheus import exposition
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.prometheus.page import MetricsPage
 from sidecar.exporters.prometheus.server import serve
-from sidecar.ingest import IngestLoop
 from sidecar.model.gpu import GpuView, NvmlState, NvmlStatus
 from sidecar.model.live import LiveState
 from sidecar.model.window import IngestReport
-from sidecar.pipeline import OnWindow, Pipeline
 from tests.daemon_harness import free_port
 from trainer_shim import wire
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import msgspec
 
 from sidecar import family_docs
+from sidecar.core.ingest import IngestLoop
+from sidecar.core.pipeline import OnWindow, Pipeline
 from sidecar.exporters.prometheus.exposition import render_trainer
-from sidecar.ingest import IngestLoop
 from sidecar.model.names import TRAINER_FAMILIES
 from sidecar.model.window import IngestReport
-from sidecar.pipeline import OnWindow, Pipeline
 from trainer_shim import wire
 from trainer_shim.wire import RecordKind
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from sidecar.aggregation.aggregator import Aggregator
+from sidecar.core.pipeline import aggregate
 from sidecar.model.meanings import MEANINGS
 from sidecar.model.settings import RoleSettings
 from sidecar.model.window import GAUGE, PROFILE, TIMING, IngestReport
-from sidecar.pipeline import aggregate
 from sidecar.processing.explain import explain_data
 from sidecar.processing.frameworks import FRAMEWORKS, doc_table
 from sidecar.processing.mapping import Mapper, parse_rules

@@ -11,12 +11,12 @@ import tempfile
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sidecar import config as config_mod
 from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.verdict import InsightSettings
-from sidecar.config import Config, ConfigError
-from sidecar.daemon import Daemon
+from sidecar.core import config as config_mod
+from sidecar.core.config import Config, ConfigError
+from sidecar.core.daemon import Daemon
 from sidecar.exporters.base import Exporter
 from sidecar.exporters.console import ConsoleExporter
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector

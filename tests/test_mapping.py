@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar import config as config_mod
 from sidecar.aggregation.aggregator import PROFILE, Aggregator
 from sidecar.aggregation.verdict import Hysteresis, Verdict
-from sidecar.config import ConfigError
+from sidecar.core import config as config_mod
+from sidecar.core.config import ConfigError
+from sidecar.core.pipeline import aggregate
 from sidecar.model.meanings import COUNT, GAUGE, MEANINGS, TIMING
-from sidecar.pipeline import aggregate
 from sidecar.processing.mapping import PRESETS, Mapper, MappingError, parse_rules
 from trainer_shim.wire import MAX_NAME_BYTES
 

@@ -6,8 +6,9 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from sidecar import config, options_doc
+from sidecar import options_doc
 from sidecar.cli import build_parser
+from sidecar.core import config
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,9 +16,9 @@ import msgspec
 import numpy as np
 import pytest
 
-from sidecar.ingest import IngestLoop
+from sidecar.core.ingest import IngestLoop
+from sidecar.core.pipeline import OnWindow, Pipeline
 from sidecar.model.window import IngestReport
-from sidecar.pipeline import OnWindow, Pipeline
 from trainer_shim import wire
 from trainer_shim.channel import StrictChannel
 from trainer_shim.publisher import _coerce

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from sidecar.aggregation.ledger import SAME_MESSAGE_S, RoleFact, RunLedger, SenderFact, WindowFacts
-from sidecar.ledger_state import FILE_NAME, load, save, state_dir
+from sidecar.core.ledger_state import FILE_NAME, load, save, state_dir
 from sidecar.model.ledger import CAUSES, peak_flops
 from tests.daemon_harness import DaemonProc, env, wait_for
 from tests.fake_nvml.control import FakeNvml

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.aggregation.ledger import RoleFact, RunLedger, SenderFact, WindowFacts
-from sidecar.ledger_state import FILE_NAME, load, save
+from sidecar.core.ledger_state import FILE_NAME, load, save
 from sidecar.model.insight import Verdict
 from sidecar.model.ledger import CAUSES
 from sidecar.report import format_table, ledger_json

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.ledger import RunLedger, window_facts
+from sidecar.core.pipeline import aggregate
 from sidecar.model.window import PROFILE, TIMING, IngestReport
-from sidecar.pipeline import aggregate
 from sidecar.processing.mapping import Mapper
 from tests.insight_synth import sender
 

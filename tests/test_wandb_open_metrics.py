@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.aggregation.insight import compute_insight
-from sidecar.config import Config
+from sidecar.core.config import Config
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.prometheus.server import serve
 from sidecar.exporters.prometheus.wandb_page import (

@@ -6,7 +6,7 @@ immutable reports). Every rejected record is counted by reason in the caller's d
 
 The aggregator never maps names itself: a record whose name its sender's name table does not know
 yet is handed back (``Unresolved``) and comes again with the mapping stage's ``Mapped`` for it
-(``sidecar.pipeline.aggregate`` runs the two). The name tables are the aggregator's own, one per
+(``sidecar.core.pipeline.aggregate`` runs the two). The name tables are the aggregator's own, one per
 sender, dropped whenever series expire or are evicted (their adds would point at dead series).
 """
 

@@ -41,7 +41,7 @@ class _AdminSide(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class DaemonTelemetry:
-    """The daemon's own figures at one moment (``sidecar.admin``)."""
+    """The daemon's own figures at one moment (``sidecar.core.admin``)."""
 
     cpu_seconds: float
     """User + system CPU time of the process (seconds)."""
@@ -62,7 +62,7 @@ class LiveState:
                  exporters: Mapping[str, _StatsSide] | None = None, admin: _AdminSide | None = None) -> None:
         """``gpus``: an ``aggregation.gpu_groups.GpuAggregates``; ``ingest``: the pipeline (its
         ``health``), settable later with ``attach_ingest``; ``exporters``: name -> an exporter with
-        ``stats()`` (``wandb``); ``admin``: a ``sidecar.admin.Admin``."""
+        ``stats()`` (``wandb``); ``admin``: a ``sidecar.core.admin.Admin``."""
         self._gpus = gpus
         self._ingest = ingest
         self._exporters = dict(exporters or {})

@@ -55,7 +55,7 @@ class Mapper:
 
     @classmethod
     def from_settings(cls, mapping: MappingSettings, roles: RoleSettings) -> Mapper:
-        """From the validated ``mapping`` rules and the role names (both in ``sidecar.config.Config``)."""
+        """From the validated ``mapping`` rules and the role names (both in ``sidecar.core.config.Config``)."""
         return cls(tuple(mapping.mapping), frozenset({roles.target_role, roles.drafter_role}))
 
     def resolve(self, kind: int, raw: str, role: str, worker: str) -> Mapped:

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from sidecar.aggregation.gpu_groups import GpuAggregates
+from sidecar.core.selfstats import read_self
 from sidecar.model.gpu import NvmlStatus
 from sidecar.model.live import DaemonTelemetry, LiveState
 from sidecar.model.settings import RoleSettings
 from sidecar.processing.explain import explain_data
 from sidecar.processing.mapping import Mapper
-from sidecar.selfstats import read_self
 
 
 class Admin:

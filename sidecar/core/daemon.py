@@ -4,7 +4,7 @@ Create -> start -> run -> shutdown. ``start`` binds everything and fails fast wi
 ``run`` notifies systemd and dispatches signals from the main thread (the handlers only enqueue
 them): SIGTERM/SIGINT -> final flush and exit, SIGHUP -> reload the config file. ``shutdown`` is
 idempotent and bounded. What happens to a record and a window, in which order, is
-``sidecar.pipeline``'s; this module only wires it (docs/ARCHITECTURE.md, "How a record travels").
+``sidecar.core.pipeline``'s; this module only wires it (docs/ARCHITECTURE.md, "How a record travels").
 """
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ import socket
 import threading
 from collections.abc import Callable
 
-from sidecar import config as config_mod
-from sidecar import systemd
-from sidecar.admin import Admin
 from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups
-from sidecar.config import Config, ConfigError
+from sidecar.core import config as config_mod
+from sidecar.core import systemd
+from sidecar.core.admin import Admin
+from sidecar.core.config import Config, ConfigError
+from sidecar.core.ingest import IngestLoop
+from sidecar.core.ledger_state import FILE_NAME, LedgerStage, state_dir
+from sidecar.core.pipeline import GpuStage, InsightStage, Listener, Pipeline, TrainerAttribution, WindowStage
 from sidecar.exporters.base import Exporter
 from sidecar.exporters.console import ConsoleExporter
 from sidecar.exporters.prometheus.exporter import PrometheusExporter
 from sidecar.exporters.prometheus.server import raise_nofile_limit
 from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
-from sidecar.ingest import IngestLoop
-from sidecar.ledger_state import FILE_NAME, LedgerStage, state_dir
 from sidecar.model.live import LiveState
-from sidecar.pipeline import GpuStage, InsightStage, Listener, Pipeline, TrainerAttribution, WindowStage
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.nvml import NvmlSource
 from sidecar.sources.receiver import Receiver

@@ -13,7 +13,7 @@ A window (at each boundary)::
     trainer attribution), the same immutable object to each
 
 and a hello goes to every listener's ``hello`` as a ``SenderView``. Everything here runs on the
-ingest thread (``sidecar.ingest.IngestLoop`` drives it); no stage calls back into an earlier one:
+ingest thread (``sidecar.core.ingest.IngestLoop`` drives it); no stage calls back into an earlier one:
 each is a plain function or object whose input and output are types of ``sidecar.model``.
 Nothing a client sends can raise out of ``frame``: bad frames and records are counted by reason.
 """

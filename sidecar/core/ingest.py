@@ -1,4 +1,4 @@
-"""The ingest thread: it takes frames from the receiver and drives ``sidecar.pipeline.Pipeline``.
+"""The ingest thread: it takes frames from the receiver and drives ``sidecar.core.pipeline.Pipeline``.
 
 One thread owns the socket and the pipeline (its registry and aggregator), so none of them needs
 a lock. This module decides *when* (polling, coalescing, window boundaries, the final drain, the
@@ -16,9 +16,9 @@ from typing import Any
 
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.senders import SenderRegistry
+from sidecar.core.pipeline import Pipeline
 from sidecar.model.ends import ALERTING, SenderEnd, how_ended
 from sidecar.model.window import IngestHealth
-from sidecar.pipeline import Pipeline
 from sidecar.sources.ledgers import EXIT_GRACE_S, LedgerDirectory, ReadyLedger
 from sidecar.sources.receiver import Receiver
 
