@@ -100,7 +100,7 @@ def test_each_setting_is_declared_once_by_its_component() -> None:
 
 
 def test_help_is_grouped_by_component_and_the_top_level_lists_the_main_options() -> None:
-    from sidecar.cli import build_parser
+    from sidecar.cli.main import build_parser
 
     top = build_parser().format_help()
     for flag, _ in config.summary():

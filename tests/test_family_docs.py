@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from sidecar import family_docs
+from sidecar.cli import family_docs
 from sidecar.core.ingest import IngestLoop
 from sidecar.core.pipeline import OnWindow, Pipeline
 from sidecar.exporters.prometheus.exposition import render_trainer
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_the_generated_family_lists_are_current() -> None:
     for path, text in family_docs.generated(ROOT).items():
-        assert path.read_text() == text, f"{path.relative_to(ROOT)} is stale: run `python -m sidecar.family_docs`"
+        assert path.read_text() == text, f"{path.relative_to(ROOT)} is stale: run `python -m sidecar.cli.family_docs`"
 
 
 def test_refresh_rewrites_a_stale_list_and_only_its_generated_part(tmp_path: Path) -> None:

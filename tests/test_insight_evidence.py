@@ -143,9 +143,9 @@ def _screen(rep: IngestReport) -> tuple[str, str, str]:
     from prometheus_client.parser import text_string_to_metric_families
     from rich.console import Console
 
+    from sidecar.cli.top import render
     from sidecar.exporters.console import ConsoleExporter
     from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
-    from sidecar.top import render
 
     window = dataclasses.replace(rep, insight=compute_insight(rep.window, None, None, rep.senders))
     registry = CollectorRegistry()

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.verdict import InsightSettings
+from sidecar.cli.top import render
 from sidecar.core import config as config_mod
 from sidecar.core.config import Config, ConfigError
 from sidecar.core.daemon import Daemon
@@ -23,7 +24,6 @@ from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.wandb.insight_row import insight_row
 from sidecar.model.insight import VERDICTS, GpuFacts
 from sidecar.model.window import IngestReport
-from sidecar.top import render
 from tests.insight_synth import category, counter, gauge, pipeline, report
 
 TARGET = {"data_wait": 4, "forward": 30, "pack": 3, "queue_put_wait": 30}
@@ -190,7 +190,7 @@ def test_top_shows_verdict_queue_and_roles() -> None:
 
 
 def test_thresholds_come_from_flags_and_reload_live(tmp_path) -> None:
-    from sidecar.cli import build_parser
+    from sidecar.cli.main import build_parser
 
     ns = build_parser().parse_args(["run", "--insight-starved-ratio", "0.2", "--insight-throttle-reasons",
                                     "hw_slowdown"])

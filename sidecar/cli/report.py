@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sidecar.aggregation.ledger import view_of
+from sidecar.cli.exit_status import FAILURE, OK
 from sidecar.core.ledger_state import FILE_NAME, load, state_dir
-from sidecar.exit_status import FAILURE, OK
 from sidecar.model.ends import HOWS
 from sidecar.model.ledger import CAUSES, RoleLedger, RunLedgerView, RunVerdicts
 
