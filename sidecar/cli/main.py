@@ -147,8 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _explain(ns: argparse.Namespace) -> int:
     """``explain``: the live daemon's report, or with ``--run`` a run's kept verdicts (state file)."""
+    from sidecar.cli.explain import run_explain
     from sidecar.cli.top_screen import top_url
-    from sidecar.processing.explain import run_explain
 
     try:
         url = top_url(None, ns.prometheus_addr, ns.config_file)
