@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups  # noqa: E402
+from sidecar.exporters.live import LiveState  # noqa: E402
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector  # noqa: E402
 from sidecar.exporters.prometheus.page import MetricsPage  # noqa: E402
 from sidecar.exporters.prometheus.server import GZIP_LEVEL, serve  # noqa: E402
-from sidecar.model.live import LiveState  # noqa: E402
 from sidecar.sources.nvml import NvmlSource  # noqa: E402
 from tests.fake_nvml import FakeNvml, build_fake_nvml  # noqa: E402
 

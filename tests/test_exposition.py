@@ -16,12 +16,12 @@ from prometheus_client.utils import floatToGoString
 
 from sidecar.core.ingest import IngestLoop
 from sidecar.core.pipeline import OnWindow, Pipeline
+from sidecar.exporters.live import LiveState
 from sidecar.exporters.prometheus import exposition
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.prometheus.page import MetricsPage
 from sidecar.exporters.prometheus.server import serve
 from sidecar.model.gpu import GpuView, NvmlState, NvmlStatus
-from sidecar.model.live import LiveState
 from sidecar.model.window import IngestReport
 from tests.daemon_harness import free_port
 from trainer_shim import wire

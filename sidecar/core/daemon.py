@@ -26,10 +26,10 @@ from sidecar.core.ledger_state import FILE_NAME, LedgerStage, state_dir
 from sidecar.core.pipeline import GpuStage, InsightStage, Listener, Pipeline, TrainerAttribution, WindowStage
 from sidecar.exporters.base import Exporter
 from sidecar.exporters.console import ConsoleExporter
+from sidecar.exporters.live import LiveState
 from sidecar.exporters.prometheus.exporter import PrometheusExporter
 from sidecar.exporters.prometheus.server import raise_nofile_limit
 from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
-from sidecar.model.live import LiveState
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.nvml import NvmlSource
 from sidecar.sources.receiver import Receiver

@@ -3,7 +3,7 @@
 The pipeline's fan-out (``sidecar.core.pipeline``) calls ``consume(window)`` on every exporter from
 the ingest thread, and ``hello(sender)`` for each hello; that is the whole route after
 aggregation. What an exporter reads between windows comes from the one live state it is given
-(``sidecar.model.live.LiveState``). The daemon starts every exporter through ``start`` and stops
+(``sidecar.exporters.live.LiveState``). The daemon starts every exporter through ``start`` and stops
 it through ``shutdown``, in the reverse order. Lifecycle: create -> ``start()`` ->
 ``consume()``... -> ``shutdown(timeout_s)``.
 """

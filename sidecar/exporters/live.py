@@ -5,7 +5,8 @@ are now (not as at the window's end), ingest's health, the other exporters' stat
 daemon's own telemetry and the ``/explain`` report; it never writes here and never calls a stage.
 The daemon wires the providers once, before anything starts; a provider left out reads as None.
 The latest window is kept here too (the live state is a listener of the fan-out), so that admin
-pages read it from the pipeline's side, never back out of an exporter.
+pages read it from the pipeline's side, never back out of an exporter. It sits beside the
+exporters, its readers; the daemon's core builds it and hands it to them.
 """
 
 from __future__ import annotations

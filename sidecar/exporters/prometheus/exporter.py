@@ -9,9 +9,9 @@ import time
 from typing import Any
 
 from sidecar.exporters.base import Exporter
+from sidecar.exporters.live import LiveState
 from sidecar.exporters.prometheus.collector import ExportState
 from sidecar.exporters.prometheus.server import serve
-from sidecar.model.live import LiveState
 from sidecar.model.window import IngestReport
 
 log = logging.getLogger("sidecar")

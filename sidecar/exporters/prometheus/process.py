@@ -17,7 +17,7 @@ from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sidecar.model.live import DaemonTelemetry
+from sidecar.exporters.live import DaemonTelemetry
 
 
 class WandbStatsLike(Protocol):
