@@ -2,9 +2,13 @@
 
 A frame::
 
-    bytes --decode--> BatchMessage | HelloMessage --accounting--> SenderState (or dropped, counted)
-          --series--> known names: their series; new names: Unresolved
-          --mapping--> Mapped (per new name) --series--> the new names' series
+    bytes --decode--> BatchMessage | HelloMessage --resolve--> SenderState (or dropped, counted)
+          --aggregate--> (accepted, rejected by reason) --book--> the sender's and its labels' counts
+
+``resolve`` is the registry's (entered once per frame); ``aggregate`` the aggregator's, which
+finds each record's series in its sender's table, asking the mapper (``Mapped``, from the
+mapper's own cache or mapped now) only for a name the table does not know yet; ``book`` the
+sender state's own.
 
 A window (at each boundary)::
 
@@ -14,7 +18,8 @@ A window (at each boundary)::
 
 and a hello goes to every listener's ``hello`` as a ``SenderView``. Everything here runs on the
 ingest thread (``sidecar.ingest.IngestLoop`` drives it); no stage calls back into an earlier one:
-each is a plain function or object whose input and output are types of ``sidecar.model``.
+each is a plain function or object whose input and output are types of ``sidecar.model``, and
+each returns what it found (rejections included).
 Nothing a client sends can raise out of ``frame``: bad frames and records are counted by reason.
 """
 
@@ -26,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from sidecar.aggregation.aggregator import Aggregator, Unresolved
+from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.ends import EndBook
 from sidecar.aggregation.gpu_groups import GpuAggregates
 from sidecar.aggregation.insight import compute_insight
@@ -37,7 +42,7 @@ from sidecar.model.ends import EndsView
 from sidecar.model.insight import PipelineInsight
 from sidecar.model.messages import BatchMessage
 from sidecar.model.window import IngestHealth, IngestReport, LabelTotals, SenderView
-from sidecar.processing.mapping import Mapper, map_names
+from sidecar.processing.mapping import Mapper
 from sidecar.sources.decode import DecodeError, decode
 
 log = logging.getLogger("sidecar")
@@ -59,31 +64,6 @@ WindowStage = Callable[[IngestReport], IngestReport]
 (``dataclasses.replace``: the ingest's report is never mutated)."""
 
 
-def aggregate(aggregator: Aggregator, mapper: Mapper, role: str, worker: str, records: list[Any],
-              rejected: dict[str, int], sender: Any = 0, owner: Any = None) -> int:
-    """mapping -> series for one batch: the records of names the sender's table knows go to their
-    series at once; the new names are mapped (at most the owner's ``Aggregator.room`` at a time,
-    so a flood of names is refused unmapped past its budget) and their records follow. Returns
-    the number accepted; rejections are added to ``rejected`` by reason."""
-    accepted, pending = aggregator.ingest(role, worker, records, rejected, sender, owner)
-    if pending is not None:
-        accepted += aggregate_unresolved(aggregator, mapper, role, worker, pending, rejected, sender, owner)
-    return accepted
-
-
-def aggregate_unresolved(aggregator: Aggregator, mapper: Mapper, role: str, worker: str, pending: Unresolved,
-                         rejected: dict[str, int], sender: Any = 0, owner: Any = None) -> int:
-    """The second half of ``aggregate``: map what the series stage held back, then aggregate it."""
-    accepted = 0
-    held: Unresolved | None = pending
-    while held is not None:
-        names = list(held.names)[:aggregator.room(sender if owner is None else owner)]
-        resolved = map_names(mapper, names, role, worker)
-        more, held = aggregator.ingest(role, worker, held.records, rejected, sender, owner, resolved)
-        accepted += more
-    return accepted
-
-
 def sender_view(s: SenderState, now: float) -> SenderView:
     """A sender as the listeners see it (a copy)."""
     return SenderView(s.sender, s.role, s.worker, s.pid, s.hello, now - s.last_seen, s.records_total,
@@ -93,7 +73,7 @@ def sender_view(s: SenderState, now: float) -> SenderView:
 
 
 class Pipeline:
-    """decode -> accounting -> mapping -> series -> window -> insight -> fan-out (module docstring).
+    """decode -> resolve -> aggregate -> book; window -> window stages -> fan-out (module docstring).
     Ingest thread only, except ``set_mapper`` and ``health`` (any thread)."""
 
     def __init__(self, *, mapper: Mapper | None = None, max_series: int = WindowSettings.max_series,
@@ -138,7 +118,7 @@ class Pipeline:
     # -- a frame -----------------------------------------------------------------------------------
 
     def frame(self, frame: bytes, now: float, peer_pid: int | None = None) -> None:
-        """decode -> accounting -> mapping -> series for one frame (a hello: -> fan-out).
+        """decode -> resolve -> aggregate -> book for one frame (a hello: -> fan-out).
         ``peer_pid``: the process at the other end of its connection, where the kernel says
         (ipc). Never raises."""
         registry = self.registry
@@ -155,14 +135,10 @@ class Pipeline:
                 state = registry.on_batch(msg, now, time.time(), peer_pid)
                 if state is None:
                     return
-                rejected: dict[str, int] = {}
                 owner = state.peer_pid if state.peer_pid is not None else state.sender  # the kernel's pid (ipc)
-                role, worker, sender = state.role, state.worker, state.sender
-                accepted, pending = self.aggregator.ingest(role, worker, msg.records, rejected, sender, owner)
-                if pending is not None:  # new names: mapping, then series (``aggregate``, unrolled: the hot path)
-                    accepted += aggregate_unresolved(self.aggregator, self.mapper, role, worker, pending, rejected,
-                                                     sender, owner)
-                registry.account_ingest(state, accepted, rejected)
+                accepted, rejected = self.aggregator.ingest(state.role, state.worker, msg.records, self.mapper.resolve,
+                                                            state.sender, owner)
+                state.book(accepted, rejected)
                 self._accepted_in_window += accepted
                 self.last_data_monotonic = now
             else:
