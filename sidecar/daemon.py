@@ -29,7 +29,7 @@ from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
 from sidecar.ingest import IngestLoop
 from sidecar.ledger_state import FILE_NAME, LedgerStage, state_dir
 from sidecar.model.live import LiveState
-from sidecar.pipeline import GpuStage, InsightStage, Listener, Pipeline, TrainerAttribution, WindowStage
+from sidecar.pipeline import GpuStage, InsightStage, Listener, Pipeline, TrainerAttribution, window_stages
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.nvml import NvmlSource
 from sidecar.sources.receiver import Receiver
@@ -71,12 +71,11 @@ class Daemon:
         if self.wandb is not None:
             self.exporters.append(self.wandb)
         self.ledger = LedgerStage(state_dir(config.state_dir) / FILE_NAME, config.flops_per_token, config.run_gap_s)
-        self.insight = InsightStage(config, self.gpus)
-        stages: list[WindowStage] = [self.insight, self.ledger]
+        self.insight = InsightStage(config)
         listeners: list[Listener] = [*self.exporters, self.live]
         if nvml is not None:
-            stages.insert(0, GpuStage(self.gpus))
             listeners.append(TrainerAttribution(nvml.attribute_trainers))
+        stages = window_stages(self.insight, self.ledger, GpuStage(self.gpus) if nvml is not None else None)
         self.pipeline = Pipeline(mapper=Mapper.from_settings(config, config), max_series=config.max_series,
                                  stages=stages, listeners=listeners)
         self.live.attach(admin=Admin(self.live, self._mapping_in_force, self.gpus, nvml.status if nvml else None))

@@ -206,23 +206,31 @@ class Pipeline:
                 log.exception("sidecar: %s failed on a hello", listener.name)
 
 
+def window_stages(insight: InsightStage, ledger: WindowStage, gpu: GpuStage | None = None) -> list[WindowStage]:
+    """The window stages in their one order: the GPUs' view (with GPU metrics on; None: off),
+    the insight (which reads it), the run ledger (``ledger_state.LedgerStage``, which reads
+    both)."""
+    return [*([gpu] if gpu is not None else []), insight, ledger]
+
+
 class GpuStage:
-    """window -> window with the GPUs' view at its end (``IngestReport.gpu``)."""
+    """window -> window with the GPUs' view at its end, with what the insight reads of them over
+    the window (``IngestReport.gpu``, ``GpuView.facts``)."""
 
     def __init__(self, gpus: GpuAggregates) -> None:
         self.gpus = gpus
 
     def __call__(self, report: IngestReport) -> IngestReport:
-        return dataclasses.replace(report, gpu=self.gpus.view())
+        return dataclasses.replace(report, gpu=self.gpus.view(report.window.duration_s))
 
 
 class InsightStage:
-    """window -> window with its pipeline insight, the shown verdict held by ``Hysteresis``.
-    ``settings`` may be replaced between windows (a config reload)."""
+    """window -> window with its pipeline insight, the shown verdict held by ``Hysteresis``; the
+    GPUs as the window's GPU part has them (none without it). ``reload`` takes new settings
+    between windows."""
 
-    def __init__(self, settings: InsightSettings, gpus: GpuAggregates) -> None:
+    def __init__(self, settings: InsightSettings) -> None:
         self.settings = settings
-        self.gpus = gpus
         self.hysteresis = Hysteresis()
         self.failures = 0
         """Windows whose insight failed (logged once; their ``insight`` is None)."""
@@ -234,8 +242,8 @@ class InsightStage:
         """The window's pipeline insight, or None (counted, logged once) if computing it failed:
         the insight must never stop the raw exports."""
         try:
-            insight = compute_insight(report.window, self.settings, self.gpus.facts(report.window.duration_s),
-                                      report.senders)
+            gpu = report.gpu.facts if report.gpu is not None else None
+            insight = compute_insight(report.window, self.settings, gpu, report.senders)
         except Exception:  # noqa: BLE001
             self.failures += 1
             if self.failures == 1:
