@@ -148,16 +148,13 @@ class IngestLoop:
         try:
             ready_ledgers = self.ledgers.scan(now, grace_s)
             if self.ledgers.malformed:
-                registry.messages_dropped["ledger_refused"] = (registry.messages_dropped.get("ledger_refused", 0)
-                                                               + self.ledgers.malformed)
+                registry.drop_message("ledger_refused", self.ledgers.malformed)
                 self.ledgers.malformed = 0
             for ready in ready_ledgers:
-                states = [registry.senders.get(c.sender) for c in ready.ledger.channels]
-                if any(st is not None and now - st.last_seen < grace_s for st in states):
+                booked = registry.book_gone(ready.ledger, ready.uid, ready.final, now, time.time(), grace_s,
+                                            witnessed=ready.written_unix_s >= self.started_unix_s)
+                if booked is None:
                     continue  # it spoke lately: look again at the next scan
-                booked: list[Any] = []
-                registry.book_exit(ready.ledger, ready.uid, ready.final, now, time.time(),
-                                   witnessed=ready.written_unix_s >= self.started_unix_s, booked_into=booked)
                 self.ledgers.remove(ready.path)
                 self._tell_ends(ready, booked)
         except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on

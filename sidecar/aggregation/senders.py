@@ -126,8 +126,9 @@ class SenderRegistry:
     def __iter__(self) -> Iterator[SenderState]:
         return iter(self.senders.values())
 
-    def drop_message(self, reason: str) -> None:
-        self.messages_dropped[reason] = self.messages_dropped.get(reason, 0) + 1
+    def drop_message(self, reason: str, count: int = 1) -> None:
+        """Count ``count`` messages (or ledgers) dropped for ``reason``."""
+        self.messages_dropped[reason] = self.messages_dropped.get(reason, 0) + count
 
     def _state(self, sender: int, role: str, worker: str, now: float) -> SenderState | None:
         senders = self.senders
@@ -246,6 +247,19 @@ class SenderRegistry:
         self.totals[key] = totals  # most recently used last
         totals.last_seen = now
         return totals
+
+    def book_gone(self, ledger: Ledger, uid: int, final: bool, now: float, now_unix: float, grace_s: float,
+                  witnessed: bool = True) -> list[LedgerChannel] | None:
+        """``book_exit`` for the ledger of a process that is gone, once each of its senders has
+        been silent for ``grace_s`` seconds (``now``: the monotonic clock): the channels booked,
+        or None if one of them spoke lately (its last frames may still be on the way: ask again)."""
+        for channel in ledger.channels:
+            state = self.senders.get(channel.sender)
+            if state is not None and now - state.last_seen < grace_s:
+                return None
+        booked: list[LedgerChannel] = []
+        self.book_exit(ledger, uid, final, now, now_unix, witnessed, booked_into=booked)
+        return booked
 
     def book_exit(self, ledger: Ledger, uid: int, final: bool, now: float, now_unix: float,
                   witnessed: bool = True, booked_into: list[LedgerChannel] | None = None) -> int:
