@@ -15,6 +15,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from sidecar import config as config_mod
 from sidecar import systemd
@@ -36,6 +37,13 @@ from sidecar.sources.receiver import Receiver
 from trainer_shim.endpoint import daemon_endpoint, shim_would_miss
 
 log = logging.getLogger("sidecar")
+
+
+class Reloading(Protocol):
+    """A component that takes settings live: ``settings`` is the whole ``Config`` (every
+    component's section); it reads its own."""
+
+    def reload(self, settings: Config) -> None: ...
 
 SHUTDOWN_TIMEOUT_S = 4.0
 """Budget for the final window flush and W&B's final upload on SIGTERM (W&B may take up to
@@ -82,7 +90,6 @@ class Daemon:
         self.ingest: IngestLoop | None = None
         self._signals: queue.SimpleQueue[int | str] = queue.SimpleQueue()
         self._stopped = False
-        self._mapping = self.pipeline.mapper
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -167,14 +174,8 @@ class Daemon:
             systemd.notify("READY=1")
         live = config_mod.LIVE  # each setting's declaration says whether it applies live
         changed = config_mod.changed(self.config, new)
-        if "interval" in changed and self.ingest is not None:
-            self.ingest.set_interval(new.interval)
-        if {"mapping", "insight_target_role", "insight_drafter_role"} & changed:
-            self._mapping = Mapper.from_settings(new, new)
-            self.pipeline.set_mapper(self._mapping)
-        self.insight.settings = new  # the verdict's settings, read by the next window
-        if "dcgm_compat" in changed:
-            self.prometheus.state.dcgm_compat = new.dcgm_compat
+        for part in self._reloading():
+            part.reload(new)
         if "log_level" in changed:
             logging.getLogger("sidecar").setLevel(new.log_level.upper())
         restart = sorted(changed - live)
@@ -198,8 +199,13 @@ class Daemon:
             exporter.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2)
         log.info("dflash-sidecar stopped")
 
+    def _reloading(self) -> list[Reloading]:
+        """Every component that takes settings live, each through its ``reload(settings)``."""
+        ingest: list[Reloading] = [self.ingest] if self.ingest is not None else []
+        return [*ingest, self.pipeline, self.insight, *self.exporters]
+
     def _mapping_in_force(self) -> tuple[Mapper, Config]:
         """The mapping and the settings in force (what ``/explain`` reports; the pipeline takes a
         reloaded mapping with its next frame)."""
-        return self._mapping, self.config
+        return self.pipeline.mapping(), self.config
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.senders import SenderRegistry
+from sidecar.aggregation.settings import WindowSettings
 from sidecar.model.ends import ALERTING, SenderEnd, how_ended
 from sidecar.model.window import IngestHealth
 from sidecar.pipeline import Pipeline
@@ -92,9 +93,9 @@ class IngestLoop:
         """Internal errors survived and the age of the newest trainer data (any thread)."""
         return self.pipeline.health()
 
-    def set_interval(self, interval_s: float) -> None:
-        """Takes effect from the next window (config reload)."""
-        self.interval_s = interval_s
+    def reload(self, settings: WindowSettings) -> None:
+        """The window length (``interval``) from the next window on (a config reload)."""
+        self.interval_s = settings.interval
 
     def _run(self) -> None:
         self._window_start = self.clock()

@@ -74,7 +74,7 @@ def sender_view(s: SenderState, now: float) -> SenderView:
 
 class Pipeline:
     """decode -> resolve -> aggregate -> book; window -> window stages -> fan-out (module docstring).
-    Ingest thread only, except ``set_mapper`` and ``health`` (any thread)."""
+    Ingest thread only, except ``reload``, ``mapping`` and ``health`` (any thread)."""
 
     def __init__(self, *, mapper: Mapper | None = None, max_series: int = WindowSettings.max_series,
                  stages: Sequence[WindowStage] = (), listeners: Sequence[Listener] = (),
@@ -103,10 +103,18 @@ class Pipeline:
         """The senders' ends told so far, as of the latest (any thread)."""
         return self.ends.latest
 
-    def set_mapper(self, mapper: Mapper) -> None:
-        """Map with ``mapper`` from the next frame on (config reload; any thread): the ingest
-        thread swaps it in, so the stages stay single-threaded."""
-        self._next_mapper = mapper
+    def reload(self, settings: Any) -> None:
+        """New settings (a config reload; any thread): ``settings`` is a ``MappingSettings`` and a
+        ``RoleSettings`` (``sidecar.config.Config`` is both). A changed mapping or role names map
+        from the next frame on (the ingest thread swaps the new mapper in, so the stages stay
+        single-threaded; its cache starts empty and every name is mapped again)."""
+        mapper, now = Mapper.from_settings(settings, settings), self.mapping()
+        if (mapper.rules, mapper.known_roles) != (now.rules, now.known_roles):
+            self._next_mapper = mapper
+
+    def mapping(self) -> Mapper:
+        """The mapping in force from the next frame on (any thread)."""
+        return self._next_mapper or self.mapper
 
     def internal_error(self, what: str, exc: BaseException) -> None:
         """Count a bug survived (logged the first time only)."""
@@ -234,6 +242,10 @@ class InsightStage:
         self.hysteresis = Hysteresis()
         self.failures = 0
         """Windows whose insight failed (logged once; their ``insight`` is None)."""
+
+    def reload(self, settings: InsightSettings) -> None:
+        """The verdict's settings from the next window on (a config reload)."""
+        self.settings = settings
 
     def __call__(self, report: IngestReport) -> IngestReport:
         return dataclasses.replace(report, insight=self.insight(report))

@@ -154,6 +154,28 @@ def test_a_new_mapper_remaps_on_the_next_record() -> None:
     assert [v.meaning for v in agg.roll(1.0, 1.0, 1.0).series] == ["data_wait"]
 
 
+def test_the_pipeline_takes_a_reloaded_mapping_with_its_next_frame_and_only_a_changed_one() -> None:
+    import msgspec
+
+    from sidecar.pipeline import Pipeline
+
+    def frame(seq: int) -> bytes:
+        return msgspec.msgpack.encode([1, 2, 7, seq, "t", "0", None, seq + 1, {}, [[TIMING, "fetch_ms", 1.0]]])
+
+    pipeline = Pipeline()
+    first = pipeline.mapper
+    pipeline.reload(config_mod.load({}))  # the same mapping and role names: nothing to remap
+    pipeline.frame(frame(0), 1.0)
+    assert pipeline.mapper is first and pipeline.mapping() is first
+    tables = [{"match": "fetch_ms", "phase": "data_wait"}]
+    rules = parse_rules(tables)
+    pipeline.reload(config_mod.load({"mapping": tables}))
+    assert pipeline.mapper is first and pipeline.mapping().rules == rules  # in force from the next frame
+    pipeline.frame(frame(1), 2.0)
+    assert pipeline.mapper.rules == rules
+    assert [v.meaning for v in pipeline.aggregator.roll(2.0, 2.0, 1.0).series] == ["data_wait"]
+
+
 def test_hysteresis_holds_a_weak_change_for_one_window_and_takes_a_strong_one() -> None:
     h = Hysteresis()
     assert h.update(Verdict("balanced", confidence=0.8)).name == "balanced"
