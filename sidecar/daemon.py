@@ -67,9 +67,8 @@ class Daemon:
                                   nvml.status if nvml else None, nvml.recent if nvml else None)
         self.wandb = WandbExporter(WandbConfig.from_settings(config, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S / 2),
                                    host=self.host) if config.wandb_run else None
-        self.live = LiveState(gpus=self.gpus if nvml is not None else None,
-                              exporters={"wandb": self.wandb} if self.wandb is not None else None)
-        """What every exporter reads between windows; the ingest side is attached when it runs."""
+        self.live = LiveState(gpus=self.gpus if nvml is not None else None)
+        """What every exporter reads between windows; the other providers are attached once made."""
         self.prometheus = PrometheusExporter(self.host, config.prometheus_addr, config.prometheus_tls_cert,
                                              config.prometheus_tls_key, live=self.live,
                                              dcgm_compat=config.dcgm_compat)
@@ -86,7 +85,8 @@ class Daemon:
         stages = window_stages(self.insight, self.ledger, GpuStage(self.gpus) if nvml is not None else None)
         self.pipeline = Pipeline(mapper=Mapper.from_settings(config, config), max_series=config.max_series,
                                  stages=stages, listeners=listeners)
-        self.live.attach(admin=Admin(self.live, self._mapping_in_force, self.gpus, nvml.status if nvml else None))
+        self.live.attach(ingest=self.pipeline, exporters=self.exporters,
+                         admin=Admin(self.live, self._mapping_in_force, self.gpus, nvml.status if nvml else None))
         self.ingest: IngestLoop | None = None
         self._signals: queue.SimpleQueue[int | str] = queue.SimpleQueue()
         self._stopped = False
@@ -117,7 +117,6 @@ class Daemon:
             receiver.close()
             raise
         self.ingest = IngestLoop(receiver, cfg.interval, self.pipeline, gone_after_s=cfg.sender_gone_after)
-        self.live.attach(ingest=self.pipeline)
         self.ingest.start()
         if self.nvml is not None:
             self.nvml.start()

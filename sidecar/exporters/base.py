@@ -36,6 +36,10 @@ class Exporter:
     def hello(self, sender: SenderView) -> None:
         """A trainer said hello (``sender.hello``: its fields as sent, ``wandb_run_id``, ``pid``, ...)."""
 
+    def stats(self) -> Any:
+        """Its own statistics, for the live state's readers (None: it keeps none)."""
+        return None
+
     def reload(self, settings: Any) -> None:
         """New settings (a config reload; ``settings``: ``sidecar.config.Config``, which is every
         exporter's own section): take the ones that apply live (none by default)."""
