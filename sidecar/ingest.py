@@ -49,7 +49,7 @@ class IngestLoop:
         self.gone_after_s = gone_after_s
         self.interval_s = interval_s
         self.pipeline = pipeline
-        self.ledgers = LedgerDirectory(list(getattr(receiver, "endpoints", [])))
+        self.ledgers = LedgerDirectory(list(receiver.endpoints))
         self.started_unix_s = time.time()
         """A ledger last written before this is of a process that ended before this daemon ran."""
         self.clock = clock
@@ -139,7 +139,7 @@ class IngestLoop:
         """Book the ledgers of senders that are gone (``sources.ledgers``), once the receiver is not
         behind and each of their senders has been silent for ``gone_after_s``: its last frames,
         if any are still on the way, are counted as received first."""
-        if getattr(self.receiver, "backlog", False) or not self.ledgers.due(self.clock()):
+        if self.receiver.backlog or not self.ledgers.due(self.clock()):
             return
         self._book_ledgers(self.gone_after_s)
 
@@ -184,17 +184,15 @@ class IngestLoop:
             self._window_start = now
 
     def _peers(self, frames: list[bytes]) -> list[int | None]:
-        peers = getattr(self.receiver, "peers", None)
-        return peers if peers is not None and len(peers) == len(frames) else [None] * len(frames)
+        peers = self.receiver.peers
+        return peers if len(peers) == len(frames) else [None] * len(frames)
 
     def _handle_charged(self, frame: bytes, peer: int | None) -> None:
         """``handle_frame``, its CPU time charged to the peer's share (``receiver.FairQueue``)."""
         started = time.thread_time()
         self.ledgers.note_process(peer)
         self.pipeline.frame(frame, self.clock(), peer)
-        shares = getattr(self.receiver, "shares", None)
-        if shares is not None:
-            shares.charge(peer, time.thread_time() - started, len(frame))
+        self.receiver.shares.charge(peer, time.thread_time() - started, len(frame))
 
     def handle_frame(self, frame: bytes, peer_pid: int | None = None) -> None:
         """The pipeline's ``frame`` at the loop's clock. Never raises."""

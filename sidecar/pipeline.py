@@ -44,6 +44,7 @@ from sidecar.model.messages import BatchMessage
 from sidecar.model.window import IngestHealth, IngestReport, LabelTotals, SenderView
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.decode import DecodeError, decode
+from sidecar.sources.receiver import ReceiverStats
 
 log = logging.getLogger("sidecar")
 
@@ -158,7 +159,8 @@ class Pipeline:
 
     # -- a window ----------------------------------------------------------------------------------
 
-    def close_window(self, now: float, end_unix_s: float, duration_s: float, receiver_stats: Any) -> IngestReport:
+    def close_window(self, now: float, end_unix_s: float, duration_s: float,
+                     receiver_stats: ReceiverStats) -> IngestReport:
         """window -> insight -> fan-out: roll the aggregates, copy the accounting, run the window
         stages and hand the result to every listener. ``now``: the window's end on the monotonic
         clock, ``end_unix_s`` the same moment on the unix clock; ``receiver_stats``: the receiver's
@@ -173,7 +175,7 @@ class Pipeline:
         self.fan_out(window)
         return window
 
-    def window(self, now: float, end_unix_s: float, duration_s: float, receiver_stats: Any) -> IngestReport:
+    def window(self, now: float, end_unix_s: float, duration_s: float, receiver_stats: ReceiverStats) -> IngestReport:
         """The window stage: the aggregates and the accounting as one immutable report."""
         registry = self.registry
         registry.expire(now)
@@ -182,7 +184,7 @@ class Pipeline:
         senders = tuple(sender_view(s, now) for s in registry)
         totals = {k: LabelTotals(v.accepted, dict(v.dropped), v.last_seen_unix_s) for k, v in registry.totals.items()}
         dropped = dict(registry.messages_dropped)
-        for reason, n in getattr(receiver_stats, "refused", {}).items():  # dropped unread by the receiver (CPU share)
+        for reason, n in receiver_stats.refused.items():  # dropped unread by the receiver (CPU share)
             dropped[reason] = dropped.get(reason, 0) + n
         report = IngestReport(
             aggregates, senders, totals, dropped, dict(self.aggregator.profile_entries_rejected),
