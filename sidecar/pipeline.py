@@ -12,9 +12,10 @@ sender state's own.
 
 A window (at each boundary)::
 
-    aggregates + accounting --window--> IngestReport --insight--> IngestReport (+ gpu, insight,
-    run ledger) --fan-out--> every listener's ``consume`` (exporters, the live state, the NVML
-    trainer attribution), the same immutable object to each
+    aggregates + accounting --window--> IngestReport --window stages--> IngestReport (+ gpu,
+    insight, run ledger: ``window_stages``, their one order) --fan-out--> every listener's
+    ``consume`` (exporters, the live state, the NVML trainer attribution), the same immutable
+    object to each
 
 and a hello goes to every listener's ``hello`` as a ``SenderView``. Everything here runs on the
 ingest thread (``sidecar.ingest.IngestLoop`` drives it); no stage calls back into an earlier one:
