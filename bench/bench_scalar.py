@@ -43,10 +43,16 @@ ROOT = Path(__file__).resolve().parent.parent
 # (label, step_ms, event delay ms): the issue's two loops, and one with ~64 scalars in flight.
 CONFIGS = (("1 ms step", 1.0, 20.0), ("0.12 ms step", 0.12, 20.0), ("1 ms step, 64 in flight", 1.0, 32.0))
 
+CONTROL = "#control"
+"""Suffix of the control run's key: this checkout with the scalars in both blocks of a pair, whose
+share of "without" would be 100 % on a quiet machine; its median and spread are the method's own
+resolution here."""
+
 CHILD = r"""
 import json, os, statistics, sys, threading, time
 
 spins, delay_s, seconds, block_s = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+control = sys.argv[5] == "1"  # scalars in both blocks of a pair: the method's own floor
 
 
 class Stream:
@@ -174,6 +180,30 @@ for _ in range(30):  # the caller's cost of one submit, no resolver thread runni
         quiet.submit(quiet_sink, "x", one)
     per_call.append((time.perf_counter_ns() - t0) / 500)
 out["submit_ns"] = statistics.median(per_call)
+
+
+def in_loop_share():
+    # Steps/s at step level with the caller's two calls on every other step, the resolver quiet
+    # (nothing resolves): the caller's own cost, in place and with its caches cold after a
+    # step's work. Neighbouring steps see the same machine, so the VM's drift cancels.
+    quiet = cuda_scalar.ScalarResolver(Backend(), max_in_flight=10**9, autostart=False)
+    if hasattr(quiet, "setup"):
+        quiet.setup(None)
+    quiet_sink, a, b = Sink(), Tensor(1.0), Tensor(2.0)
+    with_, without = [], []
+    for i in range(2 * min(1000, len(quiet.backend.slots) // 2)):
+        t0 = time.perf_counter_ns()
+        work(spins)
+        if i % 2:
+            quiet.submit(quiet_sink, "loss", a)
+            quiet.submit(quiet_sink, "grad_norm", b)
+            with_.append(time.perf_counter_ns() - t0)
+        else:
+            without.append(time.perf_counter_ns() - t0)
+    return statistics.median(without) / statistics.median(with_)
+
+
+out["in_loop_share"] = in_loop_share()
 sink = Sink()
 resolver = cuda_scalar.ScalarResolver(Backend())
 for _ in range(3):  # the resolver thread exists and is set up before the timing starts
@@ -210,7 +240,7 @@ def block(scalars):
     end = start + block_s
     while time.perf_counter() < end:
         work(spins)
-        if scalars:
+        if scalars or control:
             resolver.submit(sink, "loss", loss)
             resolver.submit(sink, "grad_norm", norm)
             in_flight.append(resolver.in_flight())
@@ -248,11 +278,13 @@ def calibrate(step_ms: float) -> int:
     return max(1, int(n * step_ms / 1000 / statistics.median(samples)))
 
 
-def run(tree: str, spins: int, delay_ms: float, seconds: float, block_s: float, workdir: str) -> list[dict[str, Any]]:
-    """One run of ``tree``'s resolver in a fresh interpreter: its block pairs."""
+def run(tree: str, spins: int, delay_ms: float, seconds: float, block_s: float, workdir: str,
+        control: bool = False) -> list[dict[str, Any]]:
+    """One run of ``tree``'s resolver in a fresh interpreter: its block pairs (``control``: with
+    the scalars in both blocks of each pair)."""
     root = os.path.abspath(tree)
     env = {**os.environ, "PYTHONPATH": root}
-    args = [str(spins), str(delay_ms / 1000), str(seconds), str(block_s)]
+    args = [str(spins), str(delay_ms / 1000), str(seconds), str(block_s), "1" if control else "0"]
     proc = subprocess.run([sys.executable, "-c", CHILD, *args], env=env, cwd=workdir, capture_output=True,
                           text=True, check=True, timeout=120)
     out = json.loads(proc.stdout)
@@ -261,6 +293,7 @@ def run(tree: str, spins: int, delay_ms: float, seconds: float, block_s: float, 
     pairs: list[dict[str, Any]] = out["pairs"]
     for pair in pairs:
         pair["submit_ns"] = out["submit_ns"]
+        pair["in_loop_share"] = out["in_loop_share"]
         pair["dropped"] = sum(out["dropped"].values()) / len(pairs)
     return pairs
 
@@ -282,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=2.0, help="length of one run")
     parser.add_argument("--block", type=float, default=0.25, help="length of one block of steps (s)")
+    parser.add_argument("--no-control", dest="control", action="store_false",
+                        help="leave out the control run (this checkout with scalars in both blocks)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="dfs-scalar-", dir="/tmp") as workdir:
         trees = list(args.versus or [str(ROOT)])
@@ -292,23 +327,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load average at start: {os.getloadavg()}", flush=True)
         spins = {label: calibrate(step) for label, step, _ in CONFIGS}
         results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        # (tree, control): every tree, then the last (this checkout) with scalars on both sides
+        setups = [(t, False) for t in trees] + ([(trees[-1], True)] if args.control else [])
         for r in range(args.rounds):
             for label, _, delay in CONFIGS:
-                for tree in trees if r % 2 == 0 else trees[::-1]:
-                    results.setdefault((label, tree), []).extend(
-                        run(tree, spins[label], delay, args.seconds, args.block, workdir))
+                for tree, control in setups if r % 2 == 0 else setups[::-1]:
+                    results.setdefault((label, tree + CONTROL * control), []).extend(
+                        run(tree, spins[label], delay, args.seconds, args.block, workdir, control))
             print(f"round {r + 1}/{args.rounds} done, load {os.getloadavg()}", flush=True)
         print(f"load average at end: {os.getloadavg()}\n")
-        report(results, trees, names)
+        if args.control:
+            names[trees[-1] + CONTROL] = f"{names[trees[-1]]}, control: scalars on both sides"
+        report(results, [t for t, control in setups if not control] + [trees[-1] + CONTROL] * args.control, names)
     return 0
 
 
 def report(results: dict[tuple[str, str], list[dict[str, Any]]], trees: list[str], names: dict[str, str]) -> None:
     """The Markdown table: medians over every block pair of every round."""
-    print("| loop | shim | steps/s with 2 scalars/step, share of without: median (IQR) | one call, no resolver "
-          "running | resolver thread CPU (GIL) share | flusher CPU share | resolver switches/s | in flight "
-          "| dropped |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| loop | shim | steps/s with 2 scalars/step, share of without: median (IQR) | the caller's two calls in "
+          "the loop, share of steps/s | one call, no resolver running | resolver thread CPU (GIL) share "
+          "| flusher CPU share | resolver switches/s | in flight | dropped |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for label, _, _ in CONFIGS:
         for tree in trees:
             pairs = results[(label, tree)]
@@ -320,6 +359,7 @@ def report(results: dict[tuple[str, str], list[dict[str, Any]]], trees: list[str
 
             print(f"| {label} | `{names[tree]}` | {statistics.median(ratios) * 100:.1f} % "
                   f"({q1 * 100:.1f}-{q3 * 100:.1f}, {len(ratios)} pairs) "
+                  f"| {statistics.median(p['in_loop_share'] for p in pairs) * 100:.2f} % "
                   f"| {statistics.median(p['submit_ns'] for p in pairs) / 1000:.2f} us "
                   f"| {med('with', 'resolver_cpu_share') * 100:.2f} % | {med('with', 'flusher_cpu_share') * 100:.2f} % "
                   f"| {med('with', 'switches_per_s'):.0f} "
