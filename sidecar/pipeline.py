@@ -230,9 +230,18 @@ class GpuStage:
 
     def __init__(self, gpus: GpuAggregates) -> None:
         self.gpus = gpus
+        self.failures = 0
+        """Windows whose GPU reading failed (logged once; their insight reads no GPU)."""
 
     def __call__(self, report: IngestReport) -> IngestReport:
-        return dataclasses.replace(report, gpu=self.gpus.view(report.window.duration_s))
+        try:
+            view = self.gpus.view(report.window.duration_s)
+        except Exception:  # noqa: BLE001 - the GPUs' reading must never stop the window
+            self.failures += 1
+            if self.failures == 1:
+                log.exception("sidecar: reading the GPUs for a window failed (counted, logged once)")
+            view = self.gpus.view()
+        return dataclasses.replace(report, gpu=view)
 
 
 class InsightStage:
