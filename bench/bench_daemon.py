@@ -76,7 +76,10 @@ from daemon_proc import (
 # -- 1a: in-process ingest -----------------------------------------------------------------------
 
 class _NoReceiver:
-    stats = None
+    """A receiver with no endpoint, for an ``IngestLoop`` fed frames in process."""
+
+    endpoints: list[str] = []
+    stats: Any = None
 
 
 def make_frames(batch: int, n_records: int, seed: int = 1) -> tuple[list[bytes], int]:
@@ -510,12 +513,10 @@ def scrape_render_cpu(repeats: int) -> dict[str, float]:
         )
     from sidecar.core.ingest import IngestLoop
     from sidecar.core.pipeline import OnWindow, Pipeline
-
-    class _Stats:
-        frames = bytes = disconnects = 0
+    from sidecar.sources.receiver import ReceiverStats
 
     receiver = _NoReceiver()
-    receiver.stats = _Stats()  # type: ignore[assignment]
+    receiver.stats = ReceiverStats()
     reports: list[Any] = []
     loop = IngestLoop(receiver, 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]
     senders, batch = series_workload(50, 200)

@@ -55,12 +55,11 @@ def trainer_report(workers: int, names: int) -> object:
 
     from sidecar.core.ingest import IngestLoop
     from sidecar.core.pipeline import OnWindow, Pipeline
-
-    class _Stats:
-        frames = bytes = disconnects = 0
+    from sidecar.sources.receiver import ReceiverStats
 
     class _NoReceiver:
-        stats = _Stats()
+        endpoints: list[str] = []
+        stats = ReceiverStats()
 
     reports: list[object] = []
     loop = IngestLoop(_NoReceiver(), 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]

@@ -49,6 +49,7 @@ LABELS = ["drafter", "target", "0", "", "w" * 65, "tab\t", 3, -1, None, 2**64 - 
 
 
 class _NoSocket:
+    endpoints: list[str] = []
     stats = ReceiverStats()
 
     def poll(self, timeout_ms: int) -> list[bytes]:

@@ -23,21 +23,16 @@ from sidecar.exporters.prometheus.page import MetricsPage
 from sidecar.exporters.prometheus.server import serve
 from sidecar.model.gpu import GpuView, NvmlState, NvmlStatus
 from sidecar.model.window import IngestReport
-from tests.daemon_harness import free_port
+from tests.daemon_harness import NoSocket, free_port
 from trainer_shim import wire
 
 enc = msgspec.msgpack.Encoder()
 
 
-class _Receiver:
-    class stats:  # noqa: N801 - a stand-in for ReceiverStats
-        frames = bytes = disconnects = 0
-
-
 def _report(windows: list[list[tuple[str, str, list]]]) -> IngestReport:
     """Ingest each window's batches ((role, worker, records)) and roll; the last report."""
     reports: list[IngestReport] = []
-    loop = IngestLoop(_Receiver(), 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]
+    loop = IngestLoop(NoSocket(), 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]
     senders: dict[tuple[str, str], list[int]] = {}
     for batches in windows:
         for role, worker, records in batches:
