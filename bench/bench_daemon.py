@@ -76,7 +76,10 @@ from daemon_proc import (
 # -- 1a: in-process ingest -----------------------------------------------------------------------
 
 class _NoReceiver:
-    stats = None
+    """A receiver with no endpoint, for an ``IngestLoop`` fed frames in process."""
+
+    endpoints: list[str] = []
+    stats: Any = None
 
 
 def make_frames(batch: int, n_records: int, seed: int = 1) -> tuple[list[bytes], int]:
@@ -93,8 +96,8 @@ def make_frames(batch: int, n_records: int, seed: int = 1) -> tuple[list[bytes],
 def run_handle_frame(frames: list[bytes], mapper: Any = None) -> tuple[float, dict[str, Any]]:
     """CPU seconds to ingest ``frames`` into a fresh ``IngestLoop`` (plus one window roll), and
     its accounting. ``mapper``: the mapping stage to use (default: the presets only)."""
-    from sidecar.ingest import IngestLoop
-    from sidecar.pipeline import Pipeline
+    from sidecar.core.ingest import IngestLoop
+    from sidecar.core.pipeline import Pipeline
 
     loop = IngestLoop(_NoReceiver(), 10.0, Pipeline(mapper=mapper))  # type: ignore[arg-type]
     handle = loop.handle_frame
@@ -223,8 +226,8 @@ def paired_ingest(frames: list[bytes], mapper_a: Any, mapper_b: Any, chunk: int 
     interleaved ``chunk`` frames at a time in alternating order, so that whatever else the box
     runs at a given moment weighs on both alike (runs of a few seconds each, one after the other,
     differed by up to 300 ns per record on a loaded 2-core box)."""
-    from sidecar.ingest import IngestLoop
-    from sidecar.pipeline import Pipeline
+    from sidecar.core.ingest import IngestLoop
+    from sidecar.core.pipeline import Pipeline
 
     loops = [IngestLoop(_NoReceiver(), 10.0, Pipeline(mapper=m))  # type: ignore[arg-type]
              for m in (mapper_a, mapper_b)]
@@ -508,14 +511,12 @@ def scrape_render_cpu(repeats: int) -> dict[str, float]:
             MetricsPage,
             SidecarCollector,
         )
-    from sidecar.ingest import IngestLoop
-    from sidecar.pipeline import OnWindow, Pipeline
-
-    class _Stats:
-        frames = bytes = disconnects = 0
+    from sidecar.core.ingest import IngestLoop
+    from sidecar.core.pipeline import OnWindow, Pipeline
+    from sidecar.sources.receiver import ReceiverStats
 
     receiver = _NoReceiver()
-    receiver.stats = _Stats()  # type: ignore[assignment]
+    receiver.stats = ReceiverStats()
     reports: list[Any] = []
     loop = IngestLoop(receiver, 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]
     senders, batch = series_workload(50, 200)

@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups  # noqa: E402
+from sidecar.exporters.live import LiveState  # noqa: E402
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector  # noqa: E402
 from sidecar.exporters.prometheus.page import MetricsPage  # noqa: E402
 from sidecar.exporters.prometheus.server import GZIP_LEVEL, serve  # noqa: E402
-from sidecar.model.live import LiveState  # noqa: E402
 from sidecar.sources.nvml import NvmlSource  # noqa: E402
 from tests.fake_nvml import FakeNvml, build_fake_nvml  # noqa: E402
 
@@ -53,14 +53,13 @@ def trainer_report(workers: int, names: int) -> object:
     import msgspec
     from daemon_load import series_workload
 
-    from sidecar.ingest import IngestLoop
-    from sidecar.pipeline import OnWindow, Pipeline
-
-    class _Stats:
-        frames = bytes = disconnects = 0
+    from sidecar.core.ingest import IngestLoop
+    from sidecar.core.pipeline import OnWindow, Pipeline
+    from sidecar.sources.receiver import ReceiverStats
 
     class _NoReceiver:
-        stats = _Stats()
+        endpoints: list[str] = []
+        stats = ReceiverStats()
 
     reports: list[object] = []
     loop = IngestLoop(_NoReceiver(), 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]

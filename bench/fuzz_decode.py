@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 with atheris.instrument_imports(include=["sidecar", "trainer_shim"]):
     import msgspec
 
-    from sidecar.ingest import IngestLoop
-    from sidecar.pipeline import Pipeline
+    from sidecar.core.ingest import IngestLoop
+    from sidecar.core.pipeline import Pipeline
     from sidecar.sources.decode import DecodeError, decode
     from sidecar.sources.receiver import ReceiverStats
     from trainer_shim import wire
@@ -49,6 +49,7 @@ LABELS = ["drafter", "target", "0", "", "w" * 65, "tab\t", 3, -1, None, 2**64 - 
 
 
 class _NoSocket:
+    endpoints: list[str] = []
     stats = ReceiverStats()
 
     def poll(self, timeout_ms: int) -> list[bytes]:

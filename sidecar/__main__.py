@@ -1,3 +1,3 @@
-from sidecar.cli import main
+from sidecar.cli.main import main
 
 raise SystemExit(main())

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.sources.receiver import ReceiverStats
+from sidecar.sources.receiver import FairQueue, ReceiverStats
 from tests.launcher import ROOT, DaemonProc, Samples, env, free_port, spawn_sidecar
 from tests.waiting import wait_until
 
@@ -87,14 +87,23 @@ def wait_for(predicate, timeout_s: float = 15.0, interval_s: float = 0.2, what: 
 
 
 class NoSocket:
-    """A receiver without a socket, for an ``IngestLoop`` fed frames in process (``handle_frame``)."""
+    """A receiver without a socket, for an ``IngestLoop`` fed frames in process (``handle_frame``):
+    what ``sources.receiver.Receiver`` has, with no endpoint and never a frame."""
 
-    stats = ReceiverStats()
+    def __init__(self) -> None:
+        self.endpoints: list[str] = []
+        self.stats = ReceiverStats()
+        self.backlog = False
+        self.peers: list[int | None] = []
+        self.shares = FairQueue()
 
     def poll(self, timeout_ms: int) -> list[bytes]:
         return []
 
     def close(self) -> None:
+        pass
+
+    def remove_files(self) -> None:
         pass
 
 

@@ -17,7 +17,6 @@ import pytest
 
 from sidecar.aggregation.aggregator import PROFILE, Aggregator
 from sidecar.model.mapped import Mapped
-from sidecar.pipeline import aggregate
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.receiver import QUEUE_CEILING_BYTES
 from tests.daemon_harness import DaemonProc, publish, wait_for
@@ -93,12 +92,10 @@ def test_profile_keys_beyond_the_budget_are_resolved_once_per_batch() -> None:
             return super().resolve(kind, raw, role, worker)
 
     profile = {f"key_{k}": 1.0 for k in range(500)}
-    rejected: dict[str, int] = {}
-    aggregate(agg, CountingMapper(), "r", "0", [[PROFILE, step, profile] for step in range(100)], rejected)
+    agg.ingest("r", "0", [[PROFILE, step, profile] for step in range(100)], CountingMapper().resolve)
     assert agg.profile_entries_rejected["r", "0", "cardinality"] == 100 * 490
     assert len(mapped) == 500, f"{len(mapped)} mappings for 500 distinct keys"
-    # each key is looked up twice: before the mapping stage (deferred) and with its mapping
-    assert len(calls) == 2 * 500, f"{len(calls)} resolutions for 500 distinct keys"
+    assert len(calls) == 500, f"{len(calls)} resolutions for 500 distinct keys"
 
 
 CPU_FLOODERS = 4

@@ -8,8 +8,8 @@ from __future__ import annotations
 import msgspec
 
 from sidecar.aggregation.senders import EVICT_IDLE_S, MAX_LABEL_PAIRS, MAX_SENDERS
-from sidecar.ingest import IngestLoop
-from sidecar.pipeline import Pipeline
+from sidecar.core.ingest import IngestLoop
+from sidecar.core.pipeline import Pipeline
 from tests.daemon_harness import NoSocket
 
 enc = msgspec.msgpack.Encoder()

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import config
 from sidecar.aggregation.aggregator import Aggregator
-from sidecar.config import ConfigError
+from sidecar.core import config
+from sidecar.core.config import ConfigError
 from sidecar.exporters.prometheus.collector import ExportState
 from sidecar.exporters.prometheus.server import serve
-from sidecar.pipeline import aggregate
 from sidecar.processing.mapping import Mapper
 from sidecar.sources import receiver as receiver_mod
 from sidecar.sources.receiver import EndpointError, Receiver
@@ -182,13 +181,11 @@ def test_the_value_bounds_of_the_protocol_are_the_codes() -> None:
     agg = Aggregator()
     for kind, (low, high) in bounds.items():
         for value in (low, high):  # the stated bounds are accepted, by the daemon and by the shim's check
-            rejected: dict[str, int] = {}
-            accepted = aggregate(agg, Mapper(), "r", "0", [[kind, f"k{kind}", value]], rejected)
+            accepted, rejected = agg.ingest("r", "0", [[kind, f"k{kind}", value]], Mapper().resolve)
             assert accepted == 1, (kind, value, rejected)
             assert wire.record_problem(kind, f"k{kind}", value) is None
         for value in (math.nextafter(high, math.inf), 1e308, math.nextafter(low, -math.inf) if low else -1.0):
-            rejected = {}
-            aggregate(agg, Mapper(), "r", "0", [[kind, f"k{kind}", value]], rejected)
+            _, rejected = agg.ingest("r", "0", [[kind, f"k{kind}", value]], Mapper().resolve)
             reason = "out_of_range" if value != -1.0 else "invalid_value"
             assert rejected == {reason: 1}, (kind, value, rejected)
             assert wire.record_problem(kind, f"k{kind}", value) == reason, (kind, value)

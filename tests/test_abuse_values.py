@@ -46,18 +46,16 @@ def test_absurd_finite_values_are_refused_and_nothing_exported_is_infinite(tmp_p
 def test_entropy_counts_every_key_of_the_window_within_its_bound() -> None:
     from sidecar.aggregation.aggregator import CATEGORY, Aggregator
     from sidecar.aggregation.series import MAX_WINDOW_KEYS, WINDOW_KEYS_BUDGET
-    from sidecar.pipeline import aggregate
     from sidecar.processing.mapping import Mapper
 
     agg = Aggregator()
-    rejected: dict[str, int] = {}
-    aggregate(agg, Mapper(), "drafter", "0", [[CATEGORY, "bucket", k] for k in range(100) for _ in range(3)], rejected)
+    agg.ingest("drafter", "0", [[CATEGORY, "bucket", k] for k in range(100) for _ in range(3)], Mapper().resolve)
     view = next(v for v in agg.roll(1.0, 1.0, 1.0).series if v.name == "bucket")
     assert abs(view.window["entropy_bits"] - math.log2(100)) < 1e-9, view.window["entropy_bits"]
     assert len(view.cumulative["totals"]) == 65  # exported keys stay capped: 64 and _other
     # many series with many keys: the window's extra keys are bounded in all
     for s in range(200):
-        aggregate(agg, Mapper(), "drafter", "0", [[CATEGORY, f"c{s}", k] for k in range(2000)], rejected)
+        agg.ingest("drafter", "0", [[CATEGORY, f"c{s}", k] for k in range(2000)], Mapper().resolve)
     windows = [v.window for v in agg.roll(2.0, 2.0, 1.0).series if v.window and v.name.startswith("c")]
     keys = sum(len(w["distribution"]) for w in windows)
     assert max(len(w["distribution"]) for w in windows) <= MAX_WINDOW_KEYS + 1

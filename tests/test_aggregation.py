@@ -15,7 +15,6 @@ from sidecar.aggregation.sketch import EXACT_LIMIT, RANK_ERROR, QuantileBuffer
 from sidecar.model.messages import BatchMessage, HelloMessage
 from sidecar.model.names import counter_token, family_names, metric_token, timing_token
 from sidecar.model.window import COUNT, GAUGE, TIMING
-from sidecar.pipeline import aggregate
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.decode import DecodeError, decode
 from trainer_shim import wire
@@ -70,9 +69,7 @@ def test_name_tokens() -> None:
 
 
 def _ingest(agg: Aggregator, records: list, role: str = "r", worker: str = "w"):
-    rejected: dict[str, int] = {}
-    accepted = aggregate(agg, Mapper(), role, worker, records, rejected)
-    return accepted, rejected
+    return agg.ingest(role, worker, records, Mapper().resolve)
 
 
 def test_values_are_validated_per_kind() -> None:

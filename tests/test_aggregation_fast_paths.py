@@ -8,17 +8,15 @@ import math
 
 import numpy as np
 
-from sidecar.aggregation.aggregator import _ENTRY as ENTRY
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.sketch import QUANTILES, QuantileBuffer, inverted_cdf_rank
+from sidecar.model.mapped import Mapped
 from sidecar.model.window import GAUGE, PROFILE, TIMING
-from sidecar.pipeline import aggregate
 from sidecar.processing.mapping import Mapper
 
 
 def _ingest(agg: Aggregator, records: list) -> tuple[int, dict[str, int]]:
-    rejected: dict[str, int] = {}
-    return aggregate(agg, Mapper(), "r", "w", records, rejected), rejected
+    return agg.ingest("r", "w", records, Mapper().resolve)
 
 
 def _window(agg: Aggregator, kind: int, token: str) -> dict:
@@ -77,22 +75,23 @@ def test_exact_window_quantiles_equal_numpy_inverted_cdf() -> None:
             assert sorted(range(n))[inverted_cdf_rank(n, q)] == np.quantile(np.arange(n), q, method="inverted_cdf")
 
 
-def test_records_of_new_names_wait_for_the_mapping_stage_in_order_and_none_is_left_held() -> None:
-    agg = Aggregator()
-    known = [[GAUGE, "old", 1.0]]
-    assert _ingest(agg, known) == (1, {})
+def test_new_names_are_mapped_once_each_where_the_batch_meets_them() -> None:
+    asked: list[tuple[int, str]] = []
+
+    class Asked(Mapper):
+        def resolve(self, kind: int, raw: str, role: str, worker: str) -> Mapped:
+            asked.append((kind, raw))
+            return super().resolve(kind, raw, role, worker)
+
+    agg, mapper = Aggregator(), Asked()
+    assert agg.ingest("r", "w", [[GAUGE, "old", 1.0]], mapper.resolve) == (1, {})
     batch = [[GAUGE, "new", 1.0], [GAUGE, "old", 2.0], [PROFILE, 3, {"new": 2.0, "p_ms": 1.0}], [GAUGE, "new", 3.0],
              [TIMING, "p_ms", 2.0]]
-    accepted, pending = agg.ingest("r", "w", batch, {})
-    assert accepted == 2 and pending is not None  # "old" and the profile record itself
-    assert [r[:2] for r in pending.records] == [[GAUGE, "new"], [PROFILE, ENTRY], [PROFILE, ENTRY], [GAUGE, "new"],
-                                                [TIMING, "p_ms"]]
-    # a dict key waits as (PROFILE, key): the mapping stage decides its kind from its unit
-    assert list(pending.names) == [(GAUGE, "new"), (PROFILE, "new"), (PROFILE, "p_ms"), (TIMING, "p_ms")]
-    assert all(v.__class__ is not str for v in agg.names_of(0).values())  # no name is left marked as held
-    agg2 = Aggregator()
-    _ingest(agg2, known)
-    assert _ingest(agg2, batch) == (5, {})
-    views = {v.name: v for v in agg2.roll(0.0, 0.0, 1.0).series}
+    assert agg.ingest("r", "w", batch, mapper.resolve) == (5, {})
+    # a dict key is asked as (PROFILE, key): the mapping stage decides its kind from its unit; the
+    # record under the same name finds the series the key made
+    assert asked == [(GAUGE, "old"), (GAUGE, "new"), (PROFILE, "new"), (PROFILE, "p_ms")]
+    views = {v.name: v for v in agg.roll(0.0, 0.0, 1.0).series}
     assert views["new"].window["last"] == 3.0 and views["new"].window["count"] == 3.0  # 1.0, the entry 2.0, 3.0
     assert views["old"].window["last"] == 2.0 and views["p"].window["count"] == 2.0
+    assert agg.ingest("r", "w", batch, mapper.resolve) == (5, {}) and len(asked) == 4  # known now: not asked again

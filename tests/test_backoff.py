@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.backoff import Backoff
+from sidecar.model.backoff import Backoff
 
 
 def test_doubles_up_to_the_cap_and_resets() -> None:

@@ -1,9 +1,12 @@
 """The layout's rules, one test each, read from the import statements (an AST walk, not a grep):
-model underneath; sources -> processing -> aggregation -> exporters; one door per outside library."""
+model underneath; sources -> processing -> aggregation -> exporters; the core wires and runs them;
+the CLI on top, imported by nothing; one door per outside library."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 import subprocess
 import sys
 from functools import cache
@@ -96,10 +99,12 @@ def _exits_or_parses(path: Path) -> list[str]:
 
 
 def test_only_the_cli_parses_arguments_or_exits() -> None:
-    cli = {"sidecar/cli.py", "sidecar/__main__.py"}
+    """One module parses arguments and turns statuses into exits: the CLI's ``main`` (with
+    ``python -m sidecar``); every command returns its status to it."""
+    cli = {"sidecar/cli/main.py", "sidecar/__main__.py"}
     found = [f for p in modules(*PRODUCT) if rel(p) not in cli for f in _exits_or_parses(p)]
     assert found == []
-    assert _exits_or_parses(ROOT / "sidecar" / "cli.py")  # the check sees what it looks for
+    assert _exits_or_parses(ROOT / "sidecar" / "cli" / "main.py")  # the check sees what it looks for
 
 
 @pytest.mark.parametrize("module", ["sidecar.exporters.prometheus.exporter", "sidecar.exporters.wandb.exporter",
@@ -148,9 +153,30 @@ def test_every_folder_of_code_is_a_package_the_build_finds() -> None:
 
 
 STAGES = ("sources", "processing", "aggregation", "exporters")
-"""In the order a record goes through them; ``sidecar.pipeline`` wires them, in that order."""
-SHARED_HELPERS = ("sidecar.model", "sidecar.backoff")
+"""In the order a record goes through them; ``sidecar.core.pipeline`` wires them, in that order."""
+SHARED_HELPERS = ("sidecar.model",)
 """What a stage may import from the daemon besides its own package."""
+PACKAGES = ("model", *STAGES, "core", "cli")
+"""``sidecar``'s packages, lowest first: the types, the stages, the core that wires and runs them
+(lifecycle, ingest thread, pipeline, configuration), every command."""
+TOP_LEVEL = ("__init__.py", "__main__.py")
+"""The only modules at ``sidecar``'s top level: the package and ``python -m sidecar``."""
+
+
+def test_the_top_level_holds_the_entry_point_and_the_packages_only() -> None:
+    entries = {p.name for p in (ROOT / "sidecar").iterdir() if p.name != "__pycache__"}
+    assert entries == {*TOP_LEVEL, *PACKAGES}
+    assert all((ROOT / "sidecar" / package / "__init__.py").is_file() for package in PACKAGES)
+
+
+def test_nothing_but_the_entry_point_imports_the_cli() -> None:
+    """The commands sit on top: the core, the stages and the shim never import one."""
+    outside = [rel(p) for p in modules(*PRODUCT) if not rel(p).startswith("sidecar/cli/")]
+    assert [f for f in outside if f in importers("sidecar.cli", *PRODUCT)] == ["sidecar/__main__.py"]
+
+
+def test_only_the_core_and_the_cli_import_the_core() -> None:
+    assert importers("sidecar.core", "sidecar/model", *(f"sidecar/{stage}" for stage in STAGES)) == []
 
 
 def _sidecar_imports(path: Path) -> set[str]:
@@ -161,7 +187,7 @@ def _sidecar_imports(path: Path) -> set[str]:
 def test_a_stage_never_calls_another_stage_only_the_pipeline_wires_them(stage: str) -> None:
     """No stage imports another: not a later one (a callback forward) and not an earlier one (a
     record going back, e.g. aggregation calling the mapping stage). They meet in ``sidecar.model``
-    types, passed along by ``sidecar.pipeline``."""
+    types, passed along by ``sidecar.core.pipeline``."""
     own = f"sidecar.{stage}"
     offenders = {rel(p): sorted(n for n in _sidecar_imports(p)
                                 if n != "sidecar" and not n.startswith((own + ".", *SHARED_HELPERS)) and n != own)
@@ -175,7 +201,7 @@ def test_aggregation_never_imports_processing() -> None:
 
 def test_the_pipeline_is_where_the_stages_meet() -> None:
     """The check above sees imports of stages: the pipeline's own are found."""
-    found = {n.split(".")[1] for n in _sidecar_imports(ROOT / "sidecar" / "pipeline.py") if n.count(".") >= 1}
+    found = {n.split(".")[1] for n in _sidecar_imports(ROOT / "sidecar" / "core" / "pipeline.py") if n.count(".") >= 1}
     assert set(STAGES) - {"exporters"} <= found  # exporters are handed in as listeners
 
 
@@ -197,7 +223,7 @@ def test_the_prometheus_exporter_takes_no_callbacks_beyond_the_live_state() -> N
 
 
 def test_the_daemon_keeps_only_the_lifecycle() -> None:
-    from sidecar.daemon import Daemon
+    from sidecar.core.daemon import Daemon
 
     public = {name for name in vars(Daemon) if not name.startswith("_") and callable(vars(Daemon)[name])}
     assert public == {"start", "run", "stop", "reload", "shutdown"}
@@ -273,3 +299,45 @@ def long_functions(*folders: str) -> dict[str, int]:
 
 def test_no_function_over_60_lines() -> None:
     assert set(long_functions(*PRODUCT)) == LONG_FUNCTIONS_TO_SPLIT
+
+
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+
+
+def _named_in_architecture() -> list[str]:
+    return re.findall(r"`([^`\s]+)`", ARCHITECTURE.read_text())
+
+
+def test_every_path_the_architecture_names_exists() -> None:
+    """A path in ``docs/ARCHITECTURE.md`` is under ``sidecar/`` (or the repository's root)."""
+    paths = [n for n in _named_in_architecture() if "/" in n and n.endswith((".py", "/"))]
+    assert paths  # the check sees what it looks for
+    assert [n for n in paths if not (ROOT / "sidecar" / n).exists() and not (ROOT / n).exists()] == []
+
+
+def test_every_module_the_architecture_names_exists() -> None:
+    """``package.module.Name`` (under ``sidecar``): the module imports and has the name."""
+    dotted = [n for n in _named_in_architecture() if re.fullmatch(rf"(?:{'|'.join(PACKAGES)})(?:\.\w+)+", n)]
+    assert dotted
+    missing = []
+    for name in dotted:
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):  # the longest prefix that is a module, then attributes
+            try:
+                found: object = importlib.import_module(".".join(["sidecar", *parts[:cut]]))
+            except ModuleNotFoundError:
+                continue
+            for attr in parts[cut:]:
+                found = getattr(found, attr, None)
+            break
+        if found is None:
+            missing.append(name)
+    assert missing == []
+
+
+def test_the_architecture_maps_every_package_and_every_module_of_the_core_and_the_cli() -> None:
+    named = set(_named_in_architecture())
+    assert {f"{package}/" for package in PACKAGES} - named == set()
+    modules_of = [f"{package}/{p.name}" for package in ("core", "cli")
+                  for p in (ROOT / "sidecar" / package).glob("*.py") if p.name != "__init__.py"]
+    assert set(modules_of) - named == set()

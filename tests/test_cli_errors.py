@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import cli
-from sidecar.config import ConfigError, read_file
+from sidecar.cli import main as cli
+from sidecar.core.config import ConfigError, read_file
 from sidecar.sources.receiver import EndpointError, Receiver
 from tests.daemon_harness import env, free_port
 

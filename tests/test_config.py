@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import config
-from sidecar.config import ConfigError
+from sidecar.core import config
+from sidecar.core.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,7 +100,7 @@ def test_each_setting_is_declared_once_by_its_component() -> None:
 
 
 def test_help_is_grouped_by_component_and_the_top_level_lists_the_main_options() -> None:
-    from sidecar.cli import build_parser
+    from sidecar.cli.main import build_parser
 
     top = build_parser().format_help()
     for flag, _ in config.summary():
@@ -135,7 +135,7 @@ def test_reading_a_config_loads_no_component() -> None:
     import sys
 
     heavy = ("zmq", "wandb", "pynvml", "prometheus_client", "sidecar.processing.mapping", "sidecar.sources.receiver")
-    code = (f"import sys, sidecar.config as c; c.load({{}}); c.sample_toml(); "
+    code = (f"import sys, sidecar.core.config as c; c.load({{}}); c.sample_toml(); "
             f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, check=True)

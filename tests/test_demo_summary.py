@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.demo_report import Progress
+from sidecar.cli.demo_report import Progress
 from tests.daemon_harness import env, free_port
 
 

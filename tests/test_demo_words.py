@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import demo
-from sidecar.demo_loops import GENERIC_BOTTLENECKS
+from sidecar.cli import demo
+from sidecar.cli.demo_loops import GENERIC_BOTTLENECKS
 from tests.daemon_harness import env, free_port
 
 

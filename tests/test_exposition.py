@@ -14,30 +14,25 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
+from sidecar.core.ingest import IngestLoop
+from sidecar.core.pipeline import OnWindow, Pipeline
+from sidecar.exporters.live import LiveState
 from sidecar.exporters.prometheus import exposition
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.prometheus.page import MetricsPage
 from sidecar.exporters.prometheus.server import serve
-from sidecar.ingest import IngestLoop
 from sidecar.model.gpu import GpuView, NvmlState, NvmlStatus
-from sidecar.model.live import LiveState
 from sidecar.model.window import IngestReport
-from sidecar.pipeline import OnWindow, Pipeline
-from tests.daemon_harness import free_port
+from tests.daemon_harness import NoSocket, free_port
 from trainer_shim import wire
 
 enc = msgspec.msgpack.Encoder()
 
 
-class _Receiver:
-    class stats:  # noqa: N801 - a stand-in for ReceiverStats
-        frames = bytes = disconnects = 0
-
-
 def _report(windows: list[list[tuple[str, str, list]]]) -> IngestReport:
     """Ingest each window's batches ((role, worker, records)) and roll; the last report."""
     reports: list[IngestReport] = []
-    loop = IngestLoop(_Receiver(), 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]
+    loop = IngestLoop(NoSocket(), 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]
     senders: dict[tuple[str, str], list[int]] = {}
     for batches in windows:
         for role, worker, records in batches:

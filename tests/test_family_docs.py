@@ -8,12 +8,13 @@ from pathlib import Path
 
 import msgspec
 
-from sidecar import family_docs
+from sidecar.cli import family_docs
+from sidecar.core.ingest import IngestLoop
+from sidecar.core.pipeline import OnWindow, Pipeline
 from sidecar.exporters.prometheus.exposition import render_trainer
-from sidecar.ingest import IngestLoop
 from sidecar.model.names import TRAINER_FAMILIES
 from sidecar.model.window import IngestReport
-from sidecar.pipeline import OnWindow, Pipeline
+from tests.daemon_harness import NoSocket
 from trainer_shim import wire
 from trainer_shim.wire import RecordKind
 
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_the_generated_family_lists_are_current() -> None:
     for path, text in family_docs.generated(ROOT).items():
-        assert path.read_text() == text, f"{path.relative_to(ROOT)} is stale: run `python -m sidecar.family_docs`"
+        assert path.read_text() == text, f"{path.relative_to(ROOT)} is stale: run `python -m sidecar.cli.family_docs`"
 
 
 def test_refresh_rewrites_a_stale_list_and_only_its_generated_part(tmp_path: Path) -> None:
@@ -42,14 +43,9 @@ def test_every_record_kind_has_families_and_a_row() -> None:
     assert set(TRAINER_FAMILIES) == {int(k) for k in RecordKind} == set(family_docs.KIND_DOCS)
 
 
-class _Receiver:
-    class stats:  # noqa: N801 - a stand-in for ReceiverStats
-        frames = bytes = disconnects = 0
-
-
 def _report_of_every_kind() -> IngestReport:
     reports: list[IngestReport] = []
-    loop = IngestLoop(_Receiver(), 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]
+    loop = IngestLoop(NoSocket(), 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]
     records = [[RecordKind.TIMING, "t_ms", 1.0], [RecordKind.COUNT, "c", 2], [RecordKind.GAUGE, "g", 3.0],
                [RecordKind.SCALAR, "s", 4.0], [RecordKind.CATEGORY, "k", "a"], [RecordKind.PROFILE, 9, {}],
                [RecordKind.ALLOCATOR, 0, [1, 2, 3]]]

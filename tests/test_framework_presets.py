@@ -19,7 +19,6 @@ from sidecar.aggregation.aggregator import Aggregator
 from sidecar.model.meanings import MEANINGS
 from sidecar.model.settings import RoleSettings
 from sidecar.model.window import GAUGE, PROFILE, TIMING, IngestReport
-from sidecar.pipeline import aggregate
 from sidecar.processing.explain import explain_data
 from sidecar.processing.frameworks import FRAMEWORKS, doc_table
 from sidecar.processing.mapping import Mapper, parse_rules
@@ -108,7 +107,7 @@ def test_a_users_rule_wins_over_a_preset() -> None:
 def _explain_rows(records: dict[str, float]) -> dict[str, dict[str, str]]:
     agg, mapper = Aggregator(), Mapper()
     for step in range(3):
-        aggregate(agg, mapper, "trainer", "0", [[PROFILE, step, records]], {})
+        agg.ingest("trainer", "0", [[PROFILE, step, records]], mapper.resolve)
     window = agg.roll(1.0, 1_700_000_000.0, 1.0)
     report = IngestReport(window, (), {}, {}, {}, 0, 0, 0, len(window.series), 0)
     return {r["name"]: r for r in explain_data(report, mapper, RoleSettings())["series"]}

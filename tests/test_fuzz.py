@@ -9,8 +9,8 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.ingest import IngestLoop
-from sidecar.pipeline import Pipeline
+from sidecar.core.ingest import IngestLoop
+from sidecar.core.pipeline import Pipeline
 from tests.daemon_harness import DaemonProc, NoSocket, publish, raw_publisher, wait_for
 from trainer_shim import wire
 

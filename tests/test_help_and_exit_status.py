@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sidecar import config as config_mod
-from sidecar import exit_status
-from sidecar.options_doc import ROOT, exit_status_table
+from sidecar.cli import exit_status
+from sidecar.cli.options_doc import ROOT, exit_status_table
+from sidecar.core import config as config_mod
 from tests.daemon_harness import env, free_port
 
 

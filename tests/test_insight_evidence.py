@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 
 from sidecar.aggregation.insight import compute_insight
-from sidecar.aggregation.verdict import Hysteresis, confidence
+from sidecar.aggregation.verdict import Hysteresis, InsightSettings, confidence
+from sidecar.core.pipeline import GpuStage
 from sidecar.model.insight import GpuFacts, Verdict
 from sidecar.model.window import IngestReport, SeriesView
 from tests.insight_synth import gauge, report, sender, timing, worker
@@ -143,9 +144,9 @@ def _screen(rep: IngestReport) -> tuple[str, str, str]:
     from prometheus_client.parser import text_string_to_metric_families
     from rich.console import Console
 
+    from sidecar.cli.top import render
     from sidecar.exporters.console import ConsoleExporter
     from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
-    from sidecar.top import render
 
     window = dataclasses.replace(rep, insight=compute_insight(rep.window, None, None, rep.senders))
     registry = CollectorRegistry()
@@ -196,3 +197,19 @@ def test_gpu_busy_is_the_mean_over_the_window_not_the_last_poll() -> None:
     sm = GpuAggregates(GpuGroups.parse(()), lambda: poll(2.0, 1.0, 0.5), None,
                        lambda s: (poll(1.0, 1.0, 0.3), poll(2.0, 1.0, 0.5)))
     assert sm.facts(2.0).busy["0"] == pytest.approx(0.4)  # type: ignore[union-attr]  # GPM SM activity first
+    # the window's GPU stage reads them over the window, into the report; the insight reads the report
+    window = GpuStage(gpus)(report(worker("trainer", "0", STEP, 10), duration_s=4.0))
+    facts = window.gpu.facts if window.gpu is not None else None
+    assert facts is not None and facts.busy["0"] == pytest.approx(0.395)
+    assert asked == [4.0, 4.0] and gpus.view().facts is None  # a view between windows has none
+
+
+def test_the_insight_reads_the_gpus_from_the_window_report() -> None:
+    from sidecar.core.pipeline import InsightStage
+    from sidecar.model.gpu import NVML_DISABLED, GpuView
+
+    hot = GpuView(None, NVML_DISABLED, facts=GpuFacts(clock_events={"0": frozenset({"hw_slowdown"})}))
+    window = report(worker("trainer", "0", STEP, 10))
+    stage = InsightStage(InsightSettings())
+    assert stage(dataclasses.replace(window, gpu=hot)).insight.throttled_gpus == {"0": ("hw_slowdown",)}  # type: ignore[union-attr]
+    assert not stage(window).insight.throttled_gpus  # type: ignore[union-attr]  # no GPU part: none

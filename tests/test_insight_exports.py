@@ -11,19 +11,19 @@ import tempfile
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sidecar import config as config_mod
-from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.verdict import InsightSettings
-from sidecar.config import Config, ConfigError
-from sidecar.daemon import Daemon
+from sidecar.cli.top import render
+from sidecar.core import config as config_mod
+from sidecar.core import pipeline as pipeline_mod
+from sidecar.core.config import Config, ConfigError
+from sidecar.core.daemon import Daemon
 from sidecar.exporters.base import Exporter
 from sidecar.exporters.console import ConsoleExporter
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.wandb.insight_row import insight_row
 from sidecar.model.insight import VERDICTS, GpuFacts
 from sidecar.model.window import IngestReport
-from sidecar.top import render
 from tests.insight_synth import category, counter, gauge, pipeline, report
 
 TARGET = {"data_wait": 4, "forward": 30, "pack": 3, "queue_put_wait": 30}
@@ -133,8 +133,7 @@ class Recorder(Exporter):
 
 def daemon_with_facts(facts) -> tuple[Daemon, Recorder]:
     daemon = Daemon(Config(state_dir=tempfile.mkdtemp(prefix="ledger-")), host="box")  # the run ledger's file
-    daemon.insight.gpus = GpuAggregates(GpuGroups.parse(()))
-    daemon.insight.gpus.facts = facts  # type: ignore[method-assign]
+    daemon.gpus.facts = facts  # type: ignore[method-assign]  # what the window's GPU stage reads
     recorder = Recorder()
     daemon.pipeline.listeners.append(recorder)
     return daemon, recorder
@@ -159,14 +158,17 @@ def test_daemon_computes_the_insight_once_per_window() -> None:
     assert "verdict throttled" in ConsoleExporter().line(window)
 
 
-def test_daemon_survives_a_failing_insight() -> None:
-    def broken() -> GpuFacts:
+def test_daemon_survives_a_failing_insight(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: object) -> GpuFacts:
         raise RuntimeError("nvml wedged")
 
     daemon, recorder = daemon_with_facts(broken)
     rep = drafter_bound_report()
-    on_window(daemon, rep)
-    [window] = recorder.windows
+    on_window(daemon, rep)  # the GPUs' reading fails: the window goes on, its insight without GPUs
+    assert recorder.windows[0].insight is not None and recorder.windows[0].gpu.facts is None  # type: ignore[union-attr]
+    monkeypatch.setattr(pipeline_mod, "compute_insight", broken)
+    on_window(daemon, rep)  # the insight fails: the raw exports go on
+    window = recorder.windows[1]
     assert window.insight is None and window.window is rep.window and daemon.insight.failures == 1
     assert daemon.prometheus.state.report is window
 
@@ -190,7 +192,7 @@ def test_top_shows_verdict_queue_and_roles() -> None:
 
 
 def test_thresholds_come_from_flags_and_reload_live(tmp_path) -> None:
-    from sidecar.cli import build_parser
+    from sidecar.cli.main import build_parser
 
     ns = build_parser().parse_args(["run", "--insight-starved-ratio", "0.2", "--insight-throttle-reasons",
                                     "hw_slowdown"])

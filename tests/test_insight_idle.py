@@ -12,6 +12,7 @@ from rich.console import Console
 
 from sidecar.aggregation.insight import compute_insight as compute_window
 from sidecar.aggregation.verdict import InsightSettings
+from sidecar.cli.top import render
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.wandb.insight_row import insight_row
 from sidecar.model.insight import GpuFacts, PipelineInsight
@@ -20,7 +21,6 @@ from sidecar.model.window import IngestReport
 from sidecar.processing.explain import explain_data
 from sidecar.processing.mapping import Mapper
 from sidecar.processing.settings import MappingSettings
-from sidecar.top import render
 from tests.insight_synth import pipeline, report, worker
 
 

@@ -76,6 +76,20 @@ def test_booking_a_seen_sender() -> None:
     assert reg.book_exit(_ledger(wire.LedgerEnd.CLOSED, entry), os.getuid(), True, 2.0, time.time()) == 0
 
 
+def test_a_gone_senders_ledger_waits_until_its_senders_are_silent() -> None:
+    """``book_gone``: not while one of its senders spoke within the grace (its last frames may
+    still be on the way), then booked once, the channels booked returned."""
+    reg = SenderRegistry()
+    _seen(reg, 7, 100, uid=os.getuid())  # last heard at 1.0
+    entry = wire.LedgerChannel(7, "r", "w", 130, 5, 0, True, {})
+    ledger = _ledger(wire.LedgerEnd.CLOSED, entry)
+    assert reg.book_gone(ledger, os.getuid(), True, 2.0, time.time(), grace_s=5.0) is None
+    assert reg.totals["r", "w"].dropped == {"before_join": 100} and not reg.ended
+    assert reg.book_gone(ledger, os.getuid(), True, 6.5, time.time(), grace_s=5.0) == [entry]
+    assert reg.totals["r", "w"].dropped == {"before_join": 100, "lost_at_exit": 35}
+    assert reg.book_gone(ledger, os.getuid(), True, 7.0, time.time(), grace_s=5.0) == []  # booked once
+
+
 def test_another_users_ledger_is_refused() -> None:
     """A ledger file owned by another user than the sender's process, or naming another pid,
     books nothing (``ledger_refused``)."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar import config as config_mod
 from sidecar.aggregation.aggregator import PROFILE, Aggregator
 from sidecar.aggregation.verdict import Hysteresis, Verdict
-from sidecar.config import ConfigError
+from sidecar.core import config as config_mod
+from sidecar.core.config import ConfigError
+from sidecar.model.mapped import Mapped
 from sidecar.model.meanings import COUNT, GAUGE, MEANINGS, TIMING
-from sidecar.pipeline import aggregate
 from sidecar.processing.mapping import PRESETS, Mapper, MappingError, parse_rules
 from trainer_shim.wire import MAX_NAME_BYTES
 
@@ -125,10 +125,9 @@ def test_names_are_resolved_once_per_series_not_per_record() -> None:
     agg = Aggregator()
     records = [[TIMING, "target.model_forward_ms", 5.0], [COUNT, "drafter.1.tokens", 10]] * 500
     records += [[PROFILE, 3, {"drafter.queue_get_ms": 1.0, "drafter.forward_ms": 2.0}]] * 100
-    rejected: dict = {}
-    assert aggregate(agg, CountingMapper(), "monitor", "0", records, rejected) == len(records) and not rejected
+    assert agg.ingest("monitor", "0", records, CountingMapper().resolve) == (len(records), {})
     assert CountingMapper.calls == 4
-    assert aggregate(agg, CountingMapper(), "monitor", "0", records, rejected) == len(records)
+    assert agg.ingest("monitor", "0", records, CountingMapper().resolve) == (len(records), {})
     assert CountingMapper.calls == 4  # known names go straight to their series: the mapping stage is not asked
     views = {(v.role, v.worker, v.name): v for v in agg.roll(0.0, 0.0, 1.0).series}
     fwd = views["target", "0", "model_forward"]
@@ -140,21 +139,41 @@ def test_names_are_resolved_once_per_series_not_per_record() -> None:
 
 def test_the_same_name_in_two_roles_is_two_series_not_a_collision() -> None:
     agg = Aggregator()
-    rejected: dict = {}
     records = [[TIMING, "target.forward_ms", 1.0], [TIMING, "drafter.forward_ms", 2.0]]
-    aggregate(agg, Mapper(), "monitor", "0", records, rejected)
-    assert not rejected
+    assert agg.ingest("monitor", "0", records, Mapper().resolve) == (2, {})
     assert sorted(v.role for v in agg.roll(0.0, 0.0, 1.0).series) == ["drafter", "target"]
 
 
 def test_a_new_mapper_remaps_on_the_next_record() -> None:
     agg = Aggregator()
-    aggregate(agg, Mapper(), "t", "0", [[TIMING, "fetch_ms", 1.0]], {})
+    agg.ingest("t", "0", [[TIMING, "fetch_ms", 1.0]], Mapper().resolve)
     assert [v.meaning for v in agg.roll(0.0, 0.0, 1.0).series] == [""]
     agg.remap()  # what the pipeline does when it takes a reloaded mapping
-    aggregate(agg, Mapper(parse_rules([{"match": "fetch_ms", "phase": "data_wait"}])), "t", "0",
-              [[TIMING, "fetch_ms", 1.0]], {})
+    agg.ingest("t", "0", [[TIMING, "fetch_ms", 1.0]],
+               Mapper(parse_rules([{"match": "fetch_ms", "phase": "data_wait"}])).resolve)
     assert [v.meaning for v in agg.roll(1.0, 1.0, 1.0).series] == ["data_wait"]
+
+
+def test_the_pipeline_takes_a_reloaded_mapping_with_its_next_frame_and_only_a_changed_one() -> None:
+    import msgspec
+
+    from sidecar.core.pipeline import Pipeline
+
+    def frame(seq: int) -> bytes:
+        return msgspec.msgpack.encode([1, 2, 7, seq, "t", "0", None, seq + 1, {}, [[TIMING, "fetch_ms", 1.0]]])
+
+    pipeline = Pipeline()
+    first = pipeline.mapper
+    pipeline.reload(config_mod.load({}))  # the same mapping and role names: nothing to remap
+    pipeline.frame(frame(0), 1.0)
+    assert pipeline.mapper is first and pipeline.mapping() is first
+    tables = [{"match": "fetch_ms", "phase": "data_wait"}]
+    rules = parse_rules(tables)
+    pipeline.reload(config_mod.load({"mapping": tables}))
+    assert pipeline.mapper is first and pipeline.mapping().rules == rules  # in force from the next frame
+    pipeline.frame(frame(1), 2.0)
+    assert pipeline.mapper.rules == rules
+    assert [v.meaning for v in pipeline.aggregator.roll(2.0, 2.0, 1.0).series] == ["data_wait"]
 
 
 def test_hysteresis_holds_a_weak_change_for_one_window_and_takes_a_strong_one() -> None:
@@ -172,9 +191,26 @@ def test_hysteresis_holds_a_weak_change_for_one_window_and_takes_a_strong_one() 
 
 def test_a_relabelled_sender_maps_its_names_again() -> None:
     agg = Aggregator()
-    assert aggregate(agg, Mapper(), "target", "0", [[TIMING, "forward_ms", 1.0]], {}, sender=5) == 1
-    assert aggregate(agg, Mapper(), "drafter", "0", [[TIMING, "forward_ms", 2.0]], {}, sender=5) == 1
+    assert agg.ingest("target", "0", [[TIMING, "forward_ms", 1.0]], Mapper().resolve, sender=5) == (1, {})
+    assert agg.ingest("drafter", "0", [[TIMING, "forward_ms", 2.0]], Mapper().resolve, sender=5) == (1, {})
     views = {v.role: v.window["count"] for v in agg.roll(0.0, 0.0, 1.0, known_senders=[5]).series}
     assert views == {"target": 1.0, "drafter": 1.0}
     agg.roll(1.0, 1.0, 1.0, known_senders=[])  # a forgotten sender's name table goes with it
     assert agg.names_of(5) == {}
+
+
+def test_the_mapper_keeps_what_it_mapped_when_the_aggregator_drops_its_tables() -> None:
+    mapped: list[str] = []
+
+    class Counted(Mapper):
+        def _map(self, kind: int, raw: str, role: str, worker: str) -> Mapped:
+            mapped.append(raw)
+            return super()._map(kind, raw, role, worker)
+
+    agg, mapper = Aggregator(), Counted()
+    assert agg.ingest("t", "0", [[TIMING, "fetch_ms", 1.0]], mapper.resolve) == (1, {})
+    agg.remap()  # the series tables dropped (as when series expire or are evicted)
+    assert agg.ingest("t", "0", [[TIMING, "fetch_ms", 2.0]], mapper.resolve) == (1, {})
+    assert mapped == ["fetch_ms"]
+    assert mapper.resolve(TIMING, "fetch_ms", "t", "1").worker == "1"  # another sender's labels: mapped anew
+    assert mapped == ["fetch_ms", "fetch_ms"]

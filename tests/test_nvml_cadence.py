@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from prometheus_client.exposition import generate_latest
 
-from sidecar import config
 from sidecar.aggregation.gpu_groups import GpuGroups, gpu_view
+from sidecar.core import config
 from sidecar.exporters.prometheus.gpu import gpu_metric_families
 from sidecar.model.gpu import GpuSnapshot
 from sidecar.sources.nvml import NvmlSource

@@ -225,11 +225,11 @@ def test_served_page_with_compat_equals_generate_latest_byte_for_byte() -> None:
 
     from prometheus_client.utils import floatToGoString
 
+    from sidecar.exporters.live import LiveState
     from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
     from sidecar.exporters.prometheus.exposition import go_float
     from sidecar.exporters.prometheus.page import MetricsPage
     from sidecar.model.gpu import VIOLATION_POLICIES, ProfilingState
-    from sidecar.model.live import LiveState
 
     rng = random.Random(24)
     full = GpuReading(

@@ -6,14 +6,15 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from sidecar import config, options_doc
-from sidecar.cli import build_parser
+from sidecar.cli import options_doc
+from sidecar.cli.main import build_parser
+from sidecar.core import config
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_readme_and_deploy_tables_are_current() -> None:
-    assert options_doc.stale() == [], "regenerate with: python -m sidecar.options_doc"
+    assert options_doc.stale() == [], "regenerate with: python -m sidecar.cli.options_doc"
 
 
 def test_the_readme_lists_what_top_level_help_lists() -> None:

@@ -16,9 +16,10 @@ import msgspec
 import numpy as np
 import pytest
 
-from sidecar.ingest import IngestLoop
+from sidecar.core.ingest import IngestLoop
+from sidecar.core.pipeline import OnWindow, Pipeline
 from sidecar.model.window import IngestReport
-from sidecar.pipeline import OnWindow, Pipeline
+from tests.daemon_harness import NoSocket
 from trainer_shim import wire
 from trainer_shim.channel import StrictChannel
 from trainer_shim.publisher import _coerce
@@ -66,17 +67,12 @@ def _strict_verdict(kind: int, name: Any, value: Any) -> str | None:
     return None
 
 
-class _Receiver:
-    class stats:  # noqa: N801 - a stand-in for ReceiverStats
-        frames = bytes = disconnects = 0
-
-
 def _daemon_report(records: list[list[Any]], same_sender: bool = False) -> IngestReport:
     """Each record from its own sender (worker ``w<i>``), or all in one batch of worker ``w0``,
     encoded as the flusher encodes it, through the daemon's ingest loop; the window's report."""
     encoder = msgspec.msgpack.Encoder(enc_hook=_coerce)
     reports: list[IngestReport] = []
-    loop = IngestLoop(_Receiver(), 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]
+    loop = IngestLoop(NoSocket(), 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]
     batches = [records] if same_sender else [[record] for record in records]
     for i, batch in enumerate(batches):
         loop.handle_frame(wire.encode_batch(encoder, i + 1, 0, "trainer", f"w{i}", None, len(batch), {}, batch))

@@ -14,10 +14,10 @@ from rich.console import Console
 
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.ledger import RoleFact, RunLedger, SenderFact, WindowFacts
+from sidecar.cli.top import render
 from sidecar.exporters.wandb.insight_row import insight_row
 from sidecar.model.ledger import CAUSES
 from sidecar.model.window import GAUGE, SeriesView, WindowReport
-from sidecar.top import render
 from tests.daemon_harness import DaemonProc, env, require_tool, wait_for
 
 TORCHTITAN = r"""

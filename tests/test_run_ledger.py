@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from sidecar.aggregation.ledger import SAME_MESSAGE_S, RoleFact, RunLedger, SenderFact, WindowFacts
-from sidecar.ledger_state import FILE_NAME, load, save, state_dir
+from sidecar.core.ledger_state import FILE_NAME, load, save, state_dir
 from sidecar.model.ledger import CAUSES, peak_flops
 from tests.daemon_harness import DaemonProc, env, wait_for
 from tests.fake_nvml.control import FakeNvml
@@ -585,11 +585,11 @@ def test_the_ledger_is_shown_in_the_console_line_a_wandb_row_top_and_a_promtool_
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
+    from sidecar.cli.report import format_table
+    from sidecar.cli.top_ledger import ledger_table
     from sidecar.exporters.console import format_ledger
     from sidecar.exporters.prometheus.ledger import ledger_families
     from sidecar.exporters.wandb.ledger_row import ledger_row
-    from sidecar.report import format_table
-    from sidecar.top_ledger import ledger_table
     from tests.daemon_harness import require_tool
 
     led = RunLedger()

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from sidecar.aggregation.ledger import RoleFact, RunLedger, SenderFact, WindowFacts
-from sidecar.ledger_state import FILE_NAME, load, save
+from sidecar.cli.report import format_table, ledger_json
+from sidecar.core.ledger_state import FILE_NAME, load, save
 from sidecar.model.insight import Verdict
 from sidecar.model.ledger import CAUSES
-from sidecar.report import format_table, ledger_json
 from tests.daemon_harness import DaemonProc, env, wait_for
 
 SHARES = dict.fromkeys(CAUSES, 0.0) | {"productive": 0.4, "data": 0.6}

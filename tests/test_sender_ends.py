@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from sidecar.top import render, scrape
+from sidecar.cli.top import render, scrape
 from tests import wandb_records
 from tests.daemon_harness import DaemonProc, env, in_ci, wait_for
 from tests.soak import ends

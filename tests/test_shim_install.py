@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.exit_status import NO_DAEMON_DEPENDENCIES
+from sidecar.cli.exit_status import NO_DAEMON_DEPENDENCIES
 from tests.deploy_support import build_project_wheel
 
 SHIM_REQUIREMENTS = {"pyzmq", "msgspec"}

@@ -210,8 +210,8 @@ def test_mlflow_metrics_reach_the_sidecar_and_the_metric_files_stay_the_same(
 
 NO_LOOP = """
     import json, time, wandb
-    from sidecar import config
-    from sidecar.daemon import Daemon
+    from sidecar.core import config
+    from sidecar.core.daemon import Daemon
     from trainer_shim.integrations import taps
 
     run = wandb.init(mode="offline", project="p")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from sidecar.top import Samples, no_gpu_reason, render
-from sidecar.top_screen import Screen, _actions, top_url
+from sidecar.cli.top import Samples, no_gpu_reason, render
+from sidecar.cli.top_screen import Screen, _actions, top_url
 from tests.daemon_harness import ROOT, DaemonProc, free_port, publish, require_tool, wait_for
 
 

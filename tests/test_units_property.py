@@ -15,7 +15,6 @@ from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.ledger import RunLedger, window_facts
 from sidecar.model.window import PROFILE, TIMING, IngestReport
-from sidecar.pipeline import aggregate
 from sidecar.processing.mapping import Mapper
 from tests.insight_synth import sender
 
@@ -54,7 +53,7 @@ def run(form: str, phases: dict[str, float], step_ms: float, every_occurrence: b
             step = w * steps + i
             records = (_timings(form, phases, step_ms) + [[PROFILE, step, {}]] if every_occurrence
                        else [[PROFILE, step, _dict(form, phases, step_ms)]])
-            aggregate(agg, mapper, "trainer", "0", records, rejected := {}, sender=1)
+            _, rejected = agg.ingest("trainer", "0", records, mapper.resolve, sender=1)
             assert not rejected, rejected
         end = T0 + (w + 1) * duration_s
         window = agg.roll(float(w + 1) * duration_s, end, duration_s)

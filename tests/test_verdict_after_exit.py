@@ -22,9 +22,9 @@ from rich.console import Console
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.senders import SenderRegistry
 from sidecar.aggregation.verdict import Hysteresis
+from sidecar.cli.top import render
 from sidecar.model.insight import VERDICT_CODES, Verdict
 from sidecar.model.messages import HelloMessage
-from sidecar.top import render
 from tests import wandb_records
 from tests.daemon_harness import DaemonProc, Samples, env, wait_for
 from tests.insight_synth import report, sender, worker

@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.aggregation.insight import compute_insight
-from sidecar.config import Config
+from sidecar.core.config import Config
+from sidecar.exporters.live import LiveState
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.prometheus.server import serve
 from sidecar.exporters.prometheus.wandb_page import (
@@ -33,7 +34,6 @@ from sidecar.exporters.prometheus.wandb_page import (
 )
 from sidecar.model.gpu import GpuReading, GpuSnapshot, GpuView, GroupAggregate, NvmlState, NvmlStatus
 from sidecar.model.insight import VERDICT_CODES, GpuFacts
-from sidecar.model.live import LiveState
 from tests.daemon_harness import free_port, require_tool
 from tests.insight_synth import pipeline, report, worker
 from trainer_shim.integrations import wandb_metrics

@@ -2,19 +2,21 @@
 
 Single-threaded by design: the ingest thread calls ``ingest`` for every batch and ``roll`` at each
 window boundary, so no lock is needed and a scrape never waits on ingest (exporters only read the
-immutable reports). Every rejected record is counted by reason in the caller's dict.
+immutable reports). Each batch's rejected records are counted by reason in the dict ``ingest``
+returns.
 
-The aggregator never maps names itself: a record whose name its sender's name table does not know
-yet is handed back (``Unresolved``) and comes again with the mapping stage's ``Mapped`` for it
-(``sidecar.pipeline.aggregate`` runs the two). The name tables are the aggregator's own, one per
+The aggregator never maps names itself: a name its sender's series table does not know yet is
+looked up once through the ``NameMap`` the pipeline hands in with the batch (the mapping stage,
+``sidecar.processing.mapping.Mapper.resolve``, which keeps its own cache of what it mapped). The
+series tables (a sender's name -> its series' bound ``add``) are the aggregator's own, one per
 sender, dropped whenever series expire or are evicted (their adds would point at dead series).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 from sidecar.aggregation.series import (
@@ -83,33 +85,10 @@ def _scaled(add: Adder, scale: float) -> Adder:
     return scaled
 
 
-_DEFER = object()
-"""``_resolve``'s answer for a name that needs the mapping stage first."""
-
-_HELD = "".join(("<held for ", "the mapping stage>"))
-"""What a sender's table answers, within one ``ingest`` call, for a name the mapping stage has
-yet to resolve: a str, so that the hot path's one test (``add.__class__ is str``) also catches
-it; made at run time, so that no reason string is ever the same object."""
-
-_ENTRY = "".join(("<a held ", "profile entry>"))
-"""The step of a held profile entry's record (see ``Unresolved``); never a client's (a str)."""
-
-Resolved = Mapping[tuple[int, str], Mapped]
-"""The mapping stage's answer for some (kind, name) pairs of one sender."""
-
-
-@dataclass(slots=True)
-class Unresolved:
-    """What a batch held under names its sender's table did not know: the records, in order
-    (a held profile entry as ``[PROFILE, _ENTRY, ((key, value),)]``, so that a series fed both
-    ways keeps its order), and their distinct (kind, name) pairs (a profile entry's kind
-    decided), first seen first: what the mapping stage is to resolve."""
-
-    records: list[Any] = field(default_factory=list)
-    names: dict[tuple[int, str], None] = field(default_factory=dict)
-    held: list[tuple[Any, Any]] = field(default_factory=list)
-    """Name-table keys that answer ``_HELD`` during one ``ingest`` call (removed when it returns:
-    the later records of a new name are held at the cost of a table hit, not of a miss)."""
+NameMap = Callable[[int, str, str, str], Mapped]
+"""The mapping stage's answer for one name: (kind, name as sent, the sender's role, worker) ->
+its ``Mapped`` (``kind`` PROFILE: a ``publish()`` dict key, whose ``Mapped.kind`` decides).
+Asked once per sender and name (names already checked by ``trainer_shim.wire.name_problem``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +151,6 @@ class Aggregator:
         """Owner -> charged resolutions in this window."""
         self._owner: Any = None
         self._left = 0
-        self._pending: Unresolved | None = None
-        """What the current ``ingest`` call holds for the mapping stage (made on the first hold)."""
 
     def series_count(self) -> int:
         return len(self._series)
@@ -188,10 +165,6 @@ class Aggregator:
         self.generation += 1
         self._names.clear()
 
-    def room(self, owner: Any) -> int:
-        """How many more names ``owner`` may resolve in this window (``resolve_budget``)."""
-        return max(0, self.resolve_budget - self._resolved.get(owner, 0))
-
     def names_of(self, sender: Any) -> dict[Any, Any]:
         """``sender``'s name table (read-only use: tests and ``explain``); empty if it has none."""
         table = self._names.get(sender)
@@ -199,47 +172,28 @@ class Aggregator:
 
     # -- ingest ----------------------------------------------------------------------------------
 
-    def ingest(self, role: str, worker: str, records: list[Any], rejected: dict[str, int], sender: Any = 0,
-               owner: Any = None, resolved: Resolved | None = None) -> tuple[int, Unresolved | None]:
-        """Aggregate one batch of ``records`` from a sender labelled (role, worker). ``sender``
-        (its id) keys its name table and the steps its profiles carry. ``owner`` (hashable;
-        default: ``sender``) is who the series it creates count against: the table is shared
-        fairly between owners (``_admit``), and each owner has its own ``resolve_budget``.
-        Returns the number accepted (rejections are added to ``rejected`` by reason) and what
-        waits for the mapping stage (None: nothing): pass its ``records`` back
-        with ``resolved`` holding the ``Mapped`` of (some of) its ``names``."""
+    def ingest(self, role: str, worker: str, records: list[Any], names: NameMap, sender: Any = 0,
+               owner: Any = None) -> tuple[int, dict[str, int]]:
+        """Aggregate one batch of ``records`` from a sender labelled (role, worker). ``names``: the
+        mapping stage, asked once per sender and new name. ``sender`` (its id) keys its series
+        table and the steps its profiles carry. ``owner`` (hashable; default: ``sender``) is who
+        the series it creates count against: the table is shared fairly between owners
+        (``_admit``), and each owner has its own ``resolve_budget``. Returns the number accepted
+        and the records rejected, by reason (a new dict: the caller books both)."""
         self._owner = owner = sender if owner is None else owner
         self._left = self.resolve_budget - self._resolved.get(owner, 0)
         table = self._names.get(sender)
         if table is None or table[0] != role or table[1] != worker:  # a relabelled sender resolves its names anew
             table = self._names[sender] = (role, worker, {})
-        cache = table[2]
-        self._pending = None
         try:
-            accepted = self._ingest(role, worker, cache, records, rejected, sender, resolved)
+            return self._ingest(role, worker, table[2], records, names, sender)
         finally:
             self._resolved[owner] = self.resolve_budget - self._left
-            pending, self._pending = self._pending, None
-            if pending is not None:
-                for key in pending.held:  # never left behind, even by a bug: its records would be lost
-                    cache.pop(key, None)
-        return accepted, pending
 
-    def _hold(self, kind: int, name: str, key: tuple[Any, Any], cache: dict[Any, Any]) -> str:
-        """Mark (kind, name) as waiting for the mapping stage: under ``key`` the sender's table
-        answers ``_HELD`` until this ``ingest`` call returns, so the name's later records in the
-        batch are held at the cost of a table hit."""
-        pending = self._pending
-        if pending is None:
-            pending = self._pending = Unresolved()
-        pending.names[kind, name] = None
-        pending.held.append(key)
-        cache[key] = _HELD
-        return _HELD
-
-    def _ingest(self, role: str, worker: str, cache: dict[Any, Any], records: list[Any],
-                rejected: dict[str, int], sender: int, resolved: Resolved | None) -> int:
+    def _ingest(self, role: str, worker: str, cache: dict[Any, Any], records: list[Any], names: NameMap,
+                sender: int) -> tuple[int, dict[str, int]]:
         accepted = 0
+        rejected: dict[str, int] = {}
         memo: dict[Any, Any] = {}
         """This batch's names whose outcome ``cache`` does not keep (``cardinality``, or rejections
         beyond its bound): each is resolved once per batch, so a batch's work is bounded by its size."""
@@ -249,26 +203,19 @@ class Aggregator:
                 continue
             kind, name, value = rec
             if kind == PROFILE or kind == ALLOCATOR:
-                reason = self._special(kind, name, value, role, worker, cache, sender, memo, resolved)
-                if reason is _ENTRY:
-                    continue  # a held profile entry, not a record
+                reason = self._special(kind, name, value, role, worker, cache, sender, memo, names)
             else:
                 try:
                     add = cache[kind, name]
                 except KeyError:
                     add = memo.get((kind, name))
                     if add is None:
-                        add = self._resolve(kind, name, role, worker, cache, resolved)
-                        if add is _DEFER:
-                            add = self._hold(int(kind), name, (kind, name), cache)
+                        add = self._resolve(kind, name, role, worker, cache, names)
                         if (kind, name) not in cache:
                             memo[kind, name] = add
                 except TypeError:  # an unhashable kind or name
                     add = record_problem(kind, name, value) or "bad_name"
                 if add.__class__ is str:
-                    if add is _HELD:
-                        self._pending.records.append(rec)  # type: ignore[union-attr]  # made by _hold
-                        continue
                     reason = add
                 elif add(value):
                     accepted += 1
@@ -279,14 +226,15 @@ class Aggregator:
                 accepted += 1
             else:
                 rejected[reason] = rejected.get(reason, 0) + 1
-        return accepted
+        return accepted, rejected
 
     def _resolve(self, kind: Any, name: Any, role: str, worker: str, cache: dict[Any, Any],
-                 resolved: Resolved | None, snapshot: bool = False) -> Adder | str | object:
-        """The ``add`` of the series for (kind, name) from this sender, created if need be, the
-        reason its records are refused, or ``_DEFER`` while the mapping stage has not resolved
-        the name (``resolved``); cached in ``cache`` (rejections only up to a bound, and never
-        ``cardinality``: room may free up). Runs once per sender and name, never per record."""
+                 names: NameMap | None, snapshot: bool = False, mapped: Mapped | None = None) -> Adder | str:
+        """The ``add`` of the series for (kind, name) from this sender, created if need be, or the
+        reason its records are refused; cached in ``cache`` (rejections only up to a bound, and
+        never ``cardinality``: room may free up). The name is mapped through ``names`` unless
+        ``mapped`` is given (a dict key, mapped first to decide its kind; ``names`` None: it could
+        not be). Runs once per sender and name, never per record."""
         if record_rule(kind) is None:
             return "unknown_kind"
         kind = int(kind)  # True and 1.0 are 1 (as in the cache's keys), in the table as here
@@ -296,11 +244,8 @@ class Aggregator:
         if self._left <= 0:
             return "cardinality"  # over this window's budget: refused unmapped (cheap), not cached
         problem = name_problem(name)
-        mapped = None
-        if problem is None:
-            mapped = resolved.get((kind, name)) if resolved is not None else None
-            if mapped is None:
-                return _DEFER
+        if problem is None and mapped is None and names is not None:
+            mapped = names(kind, name, role, worker)
         self._left -= 1  # refunded below if the name finds its series
         token = (mapped.token or _TOKENS[kind](mapped.name)) if mapped is not None else ""
         if problem is None and not token:
@@ -396,17 +341,14 @@ class Aggregator:
                 self._family_owner.setdefault(family, _Owner(kind, token, raw, role, worker))
 
     def _special(self, kind: int, name: Any, value: Any, role: str, worker: str, cache: dict[Any, Any],
-                 sender: int, memo: dict[Any, Any], resolved: Resolved | None) -> str | None:
-        if name is _ENTRY:  # held profile entries (never a client's record: a str step is refused below)
-            self._entries(value, role, worker, cache, memo, resolved)
-            return _ENTRY
+                 sender: int, memo: dict[Any, Any], names: NameMap) -> str | None:
         problem = record_problem(kind, name, value)
         if problem is not None:
             return problem
         if kind == PROFILE:
             self._steps[sender] = (role, worker, name)
             self._first_steps.setdefault(sender, name)
-            self._entries(value.items(), role, worker, cache, memo, resolved)
+            self._entries(value.items(), role, worker, cache, memo, names)
             return None
         device = (role, worker, name)
         if device not in self._allocator and len(self._allocator) >= MAX_ALLOCATOR_SERIES:
@@ -415,7 +357,7 @@ class Aggregator:
         return None
 
     def _entries(self, entries: Any, role: str, worker: str, cache: dict[Any, Any], memo: dict[Any, Any],
-                 resolved: Resolved | None) -> None:
+                 names: NameMap) -> None:
         """A profile dict's (key, value) entries: keys in a time unit are timings, the others gauges.
         The sender's table maps (PROFILE, key) to the entry's series, so the kind is decided once
         per key."""
@@ -431,15 +373,12 @@ class Aggregator:
                     continue
                 add = memo.get((PROFILE, entry))
                 if add is None:
-                    add = self._resolve_entry(entry, role, worker, cache, resolved)
+                    add = self._resolve_entry(entry, role, worker, cache, names)
                     if (PROFILE, entry) not in cache:
                         memo[PROFILE, entry] = add
             except TypeError:
                 add = "bad_name"
             if add.__class__ is str:
-                if add is _HELD:
-                    self._pending.records.append([PROFILE, _ENTRY, ((entry, number),)])  # type: ignore[union-attr]
-                    continue
                 reason = add
             elif add(number):
                 continue
@@ -449,15 +388,15 @@ class Aggregator:
             rejected[k] = rejected.get(k, 0) + 1
 
     def _resolve_entry(self, entry: Any, role: str, worker: str, cache: dict[Any, Any],
-                       resolved: Resolved | None) -> Adder | str:
-        """A dict key's series: the mapping stage decides its kind (``Mapped.kind``: a key in a
-        time unit is a timing), so the key waits for it under (PROFILE, key)."""
-        mapped = resolved.get((PROFILE, entry)) if resolved is not None and entry.__class__ is str else None
+                       names: NameMap) -> Adder | str:
+        """A dict key's series under (PROFILE, key): the mapping stage decides its kind
+        (``Mapped.kind``: a key in a time unit is a timing), so a key is mapped before its series
+        is looked up (only one with room in the budget and a valid name)."""
+        mapped = None
+        if entry.__class__ is str and self._left > 0 and name_problem(entry) is None:
+            mapped = names(PROFILE, entry, role, worker)
         kind = mapped.kind if mapped is not None and mapped.kind >= 0 else profile_entry_kind(entry)
-        add = self._resolve(kind, entry, role, worker, cache, {(kind, entry): mapped} if mapped else None,
-                            snapshot=True)
-        if add is _DEFER:
-            return self._hold(PROFILE, entry, (PROFILE, entry), cache)
+        add = self._resolve(kind, entry, role, worker, cache, None, snapshot=True, mapped=mapped)
         if add.__class__ is not str or (add != "cardinality" and len(cache) < MAX_CACHED_REJECTIONS):
             cache[PROFILE, entry] = add
         return add  # type: ignore[return-value]

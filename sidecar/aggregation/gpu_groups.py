@@ -13,7 +13,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sidecar.model.gpu import NVML_DISABLED, GpuReading, GpuSnapshot, GpuView, GroupAggregate, NvmlStatus
 from sidecar.model.insight import GpuFacts
@@ -177,9 +177,11 @@ class GpuAggregates:
         self._status = status or (lambda: NVML_DISABLED)
         self._warned_unknown = False
 
-    def view(self) -> GpuView:
-        """The GPUs now (for a scrape, or a window's W&B row)."""
-        return gpu_view(self._latest(), self._status(), self.groups)
+    def view(self, window_s: float | None = None) -> GpuView:
+        """The GPUs now (for a scrape); with ``window_s``, a window's view: with the insight's
+        ``facts`` over the window's last ``window_s`` seconds."""
+        view = gpu_view(self._latest(), self._status(), self.groups)
+        return view if window_s is None else replace(view, facts=self.facts(window_s))
 
     def facts(self, window_s: float | None = None) -> GpuFacts | None:
         """Active clock-event (throttle) reasons (latest poll), the group and the busy share of each

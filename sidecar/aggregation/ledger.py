@@ -3,7 +3,7 @@
 Pure (no I/O, no clock, no locks; the ingest thread owns it): ``window_facts(report)`` is the one
 function that reads a window (its senders, steps, insight and GPU view) and ``RunLedger.add``
 folds those facts into totals kept as plain JSON-able data (``state()`` / ``RunLedger(state)``),
-so ``sidecar.ledger_state`` can persist them across daemon restarts. How each cause is told is
+so ``sidecar.core.ledger_state`` can persist them across daemon restarts. How each cause is told is
 in ``sidecar.model.ledger.CAUSES`` and docs/METRICS.md ("Run ledger").
 
 A role's timeline: it starts at its first sender's start (``started_unix_s`` of its hello: the
@@ -342,7 +342,7 @@ class RunLedger:
     def __init__(self, state: Mapping[str, Any] | None = None, flops_per_token: float | None = None,
                  run_gap_s: float = RUN_GAP_S) -> None:
         """``state``: what ``state()`` returned before (a daemon restart), validated by the caller
-        (``sidecar.ledger_state``). ``flops_per_token``: the model FLOPs per token, for MFU, where
+        (``sidecar.core.ledger_state``). ``flops_per_token``: the model FLOPs per token, for MFU, where
         the trainer's hello states none. ``run_gap_s``: seconds without a sender after which a
         host's next sender (no W&B run, no run label) starts a new run."""
         self.flops_per_token = flops_per_token

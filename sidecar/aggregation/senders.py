@@ -80,6 +80,8 @@ class SenderState:
     """The owner of that process when its first message came (its ledger file must be its)."""
     closed: bool = False
     """Its latest hello said it was closing (``trainer_shim.wire.Hello.closing``): a clean end."""
+    totals: LabelTotals | None = None
+    """The totals of the labels its latest batch came under (set by ``SenderRegistry.on_batch``)."""
 
     @property
     def pid(self) -> int | None:
@@ -90,6 +92,17 @@ class SenderState:
             return self.peer_pid
         pid = (self.hello or {}).get("pid")
         return pid if pid.__class__ is int else None
+
+    def book(self, accepted: int, rejected: dict[str, int]) -> None:
+        """Book the aggregator's outcome for the batch ``SenderRegistry.on_batch`` just accounted
+        (into this sender and its labels' totals: the registry is not entered again)."""
+        self.accepted += accepted
+        totals = self.totals
+        assert totals is not None  # on_batch set it before returning this state
+        totals.accepted += accepted
+        for reason, count in rejected.items():
+            self.rejected[reason] = self.rejected.get(reason, 0) + count
+            totals.add_dropped(reason, count)
 
 
 class SenderRegistry:
@@ -113,8 +126,9 @@ class SenderRegistry:
     def __iter__(self) -> Iterator[SenderState]:
         return iter(self.senders.values())
 
-    def drop_message(self, reason: str) -> None:
-        self.messages_dropped[reason] = self.messages_dropped.get(reason, 0) + 1
+    def drop_message(self, reason: str, count: int = 1) -> None:
+        """Count ``count`` messages (or ledgers) dropped for ``reason``."""
+        self.messages_dropped[reason] = self.messages_dropped.get(reason, 0) + count
 
     def _state(self, sender: int, role: str, worker: str, now: float) -> SenderState | None:
         senders = self.senders
@@ -213,6 +227,7 @@ class SenderRegistry:
                 totals.add_dropped("sender_" + reason, delta)
                 state.sender_dropped[reason] = count
         state.seen_batch = True
+        state.totals = totals
         state.records_total = msg.records_total
         state.received += n
         state.last_seen = now
@@ -232,6 +247,19 @@ class SenderRegistry:
         self.totals[key] = totals  # most recently used last
         totals.last_seen = now
         return totals
+
+    def book_gone(self, ledger: Ledger, uid: int, final: bool, now: float, now_unix: float, grace_s: float,
+                  witnessed: bool = True) -> list[LedgerChannel] | None:
+        """``book_exit`` for the ledger of a process that is gone, once each of its senders has
+        been silent for ``grace_s`` seconds (``now``: the monotonic clock): the channels booked,
+        or None if one of them spoke lately (its last frames may still be on the way: ask again)."""
+        for channel in ledger.channels:
+            state = self.senders.get(channel.sender)
+            if state is not None and now - state.last_seen < grace_s:
+                return None
+        booked: list[LedgerChannel] = []
+        self.book_exit(ledger, uid, final, now, now_unix, witnessed, booked_into=booked)
+        return booked
 
     def book_exit(self, ledger: Ledger, uid: int, final: bool, now: float, now_unix: float,
                   witnessed: bool = True, booked_into: list[LedgerChannel] | None = None) -> int:
@@ -293,15 +321,6 @@ class SenderRegistry:
             state.records_total = max(state.records_total, entry.records_total)
             state.sender_dropped = {**state.sender_dropped, **entry.dropped}
         return True
-
-    def account_ingest(self, state: SenderState, accepted: int, rejected: dict[str, int]) -> None:
-        """Add the aggregator's outcome for one batch of ``state``'s records."""
-        state.accepted += accepted
-        totals = self.totals[state.role, state.worker]
-        totals.accepted += accepted
-        for reason, count in rejected.items():
-            state.rejected[reason] = state.rejected.get(reason, 0) + count
-            totals.add_dropped(reason, count)
 
     def _check_seq(self, state: SenderState, seq: int) -> None:
         if seq > state.next_seq and state.next_seq > 0:

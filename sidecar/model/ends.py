@@ -1,7 +1,7 @@
 """How a sender's process ended, as every exporter reads it (docs/RELIABILITY.md, "How a sender
 ended"; the families in docs/METRICS.md).
 
-The daemon tells an end once a sender's ledger is booked (``sidecar.ingest``): from the ledger
+The daemon tells an end once a sender's ledger is booked (``sidecar.core.ingest``): from the ledger
 (final or not, the signal the shim saw), the process's crash file and its memory cgroup.
 """
 

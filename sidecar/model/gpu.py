@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from sidecar.model.insight import GpuFacts
+
 # Bits of nvmlClocksEventReason* (nvml.h) with the names the exporters use. The values are
 # part of NVML's ABI; deprecated "throttle" names map to the same bits.
 CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
@@ -256,6 +258,9 @@ class GpuView:
     snapshot: GpuSnapshot | None
     status: NvmlStatus
     groups: tuple[GroupAggregate, ...] = ()
+    facts: GpuFacts | None = None
+    """What the insight reads of the GPUs over a window (a window's view only: the GPU stage's;
+    None in a view taken between windows, and before the first snapshot)."""
 
 
 NVML_DISABLED = NvmlStatus(NvmlState.DISABLED, "--no-gpu-metrics")

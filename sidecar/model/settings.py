@@ -2,7 +2,7 @@
 
 A component's settings are a frozen dataclass; each field made by ``setting(...)`` is one option
 of the daemon: the field's default is the option's default, the metadata (``Spec``) its help,
-validator, bounds and whether a SIGHUP reload applies it live. ``sidecar.config`` gathers the
+validator, bounds and whether a SIGHUP reload applies it live. ``sidecar.core.config`` gathers the
 components' dataclasses into ``Config`` and generates from these declarations the command-line
 flags, the TOML keys, the sample config, the validation messages, the reload diff and the docs'
 option tables; nothing else names a setting's default, bound or help.
@@ -78,7 +78,7 @@ class Setting:
     name: str
     """The TOML key (``KEY_PREFIX`` + field name); the flag is ``--`` + name with dashes."""
     attr: str
-    """The field of the section (and of ``sidecar.config.Config``) that holds the value."""
+    """The field of the section (and of ``sidecar.core.config.Config``) that holds the value."""
     section: type
     spec: Spec
     default: Any

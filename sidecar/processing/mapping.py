@@ -1,7 +1,8 @@
 """The mapping stage: a trainer's own series names -> role, worker and meaning.
 
-Between decode and aggregation, each new series name (per sender, kind and name; never per
-record: the aggregator caches the result with the series) is resolved in this order:
+Each new series name (per sender, kind and name; never per record: the aggregator keeps each
+sender's names with their series, and asks again only after dropping them) is resolved in this
+order, and the answer kept in the mapper's own cache (``Mapper.resolve``):
 
 1. the user's rules (``[[mapping]]`` tables in the TOML config), first match wins: a glob or a
    regex over the name as sent, whose captures may fill ``role``, ``worker`` and ``name``;
@@ -34,12 +35,16 @@ from sidecar.processing.rules import MappingError, Rule, parse_rules
 from sidecar.processing.settings import MappingSettings
 from sidecar.processing.units import SECONDS, Unit, read_unit
 
-__all__ = ["PRESETS", "Mapper", "MappingError", "Rule", "map_names", "parse_rules", "preset_table"]
+__all__ = ["PRESETS", "Mapper", "MappingError", "Rule", "parse_rules", "preset_table"]
 _SEP = re.compile(r"[./]")
 
 
 WORKER_HEADS = frozenset({"rank", "worker"})
 """Key heads that name a worker of the channel's role: ``rank.3.data_wait_ms``."""
+
+MAX_CACHED_NAMES = 4096
+"""Names a mapper keeps the answer for (emptied when full: a flood of new names is bounded by
+the aggregator's budget per window; a name asked again is mapped again, with the same answer)."""
 
 
 @dataclass
@@ -51,17 +56,32 @@ class Mapper:
     """Heads of a series key that count as a role (``target.0.forward_ms``): the configured role names
     (``insight_target_role``, ``insight_drafter_role``; by default their declared defaults)."""
     hits: dict[int, int] = field(default_factory=dict)
-    """Rule index -> series it has mapped (``explain`` names rules that never matched)."""
+    """Rule index -> names it has mapped (``explain`` names rules that never matched)."""
+    _cache: dict[tuple[int, str, str, str], Mapped] = field(default_factory=dict, repr=False, compare=False)
+    """(kind, name as sent, role, worker) -> its mapping: the aggregator asks again for the names
+    of a sender whose series table it dropped (series expired or evicted)."""
 
     @classmethod
     def from_settings(cls, mapping: MappingSettings, roles: RoleSettings) -> Mapper:
-        """From the validated ``mapping`` rules and the role names (both in ``sidecar.config.Config``)."""
+        """From the validated ``mapping`` rules and the role names (both in ``sidecar.core.config.Config``)."""
         return cls(tuple(mapping.mapping), frozenset({roles.target_role, roles.drafter_role}))
 
     def resolve(self, kind: int, raw: str, role: str, worker: str) -> Mapped:
         """The mapping of one series name (``raw`` as sent) from a channel labelled (role, worker).
         ``kind`` PROFILE: a ``publish()`` dict key, kept as a timing when its name (or its
-        framework) says a time unit, else as a gauge (``Mapped.kind``)."""
+        framework) says a time unit, else as a gauge (``Mapped.kind``). Deterministic: the answer
+        is cached (``MAX_CACHED_NAMES``)."""
+        key = (kind, raw, role, worker)
+        mapped = self._cache.get(key)
+        if mapped is None:
+            cache = self._cache
+            if len(cache) >= MAX_CACHED_NAMES:
+                cache.clear()
+            mapped = cache[key] = self._map(kind, raw, role, worker)
+        return mapped
+
+    def _map(self, kind: int, raw: str, role: str, worker: str) -> Mapped:
+        """``resolve``, uncached: the rules, the key grammar, the presets."""
         if kind == PROFILE:
             found = self._resolve(TIMING, raw, role, worker, entry=True)
             if found is None or not found[0].meaning:
@@ -155,10 +175,3 @@ def preset_table() -> Iterable[tuple[str, str, str, str]]:
     """(preset, meaning, class, names) rows, for docs and ``explain``."""
     for preset, meaning, names in PRESETS:
         yield preset, meaning, MEANINGS[meaning][0], ", ".join(names)
-
-
-def map_names(mapper: Mapper, names: Iterable[tuple[int, str]], role: str,
-              worker: str) -> dict[tuple[int, str], Mapped]:
-    """The mapping stage for one batch: each (kind, name) of a sender labelled (role, worker) -> its
-    ``Mapped`` (names already checked by ``trainer_shim.wire.name_problem``)."""
-    return {(kind, name): mapper.resolve(kind, name, role, worker) for kind, name in names}

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sidecar.backoff import Backoff
+from sidecar.model.backoff import Backoff
 from sidecar.model.gpu import GpuSnapshot, NvmlState, NvmlStatus, ProfilingState
 from sidecar.sources.nvml_cadence import COST_AWARE, EVERY_POLL, MODES, Cadence
 from sidecar.sources.nvml_driver import GpuLostError, NvmlDriver, NvmlUnavailableError, Outcome

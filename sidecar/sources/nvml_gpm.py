@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sidecar.backoff import Backoff
+from sidecar.model.backoff import Backoff
 from sidecar.model.gpu import ProfilingState
 from sidecar.sources.nvml_driver import IN_USE, INSUFFICIENT_RESOURCES, NvmlDriver, Outcome, constant
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sidecar.ingest import COALESCE_S
+from sidecar.core.ingest import COALESCE_S
 from tests.daemon_harness import DaemonProc, free_port
 from tests.launcher import cpu_seconds
 from tests.soak import faults

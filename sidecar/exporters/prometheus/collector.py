@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from sidecar.exporters.live import LiveState
 from sidecar.exporters.prometheus.dcgm import DcgmSource
 from sidecar.exporters.prometheus.ends import ends_families
 from sidecar.exporters.prometheus.gpu import gpu_metric_families
@@ -32,7 +33,6 @@ from sidecar.exporters.prometheus.insight import insight_families
 from sidecar.exporters.prometheus.ledger import ledger_families
 from sidecar.exporters.prometheus.process import self_families, wandb_families
 from sidecar.model.gpu import GpuView
-from sidecar.model.live import LiveState
 from sidecar.model.names import TRAINER_FAMILIES
 from sidecar.model.window import (
     ALLOCATOR,

@@ -9,9 +9,10 @@ import time
 from typing import Any
 
 from sidecar.exporters.base import Exporter
+from sidecar.exporters.live import LiveState
 from sidecar.exporters.prometheus.collector import ExportState
 from sidecar.exporters.prometheus.server import serve
-from sidecar.model.live import LiveState
+from sidecar.exporters.prometheus.settings import PrometheusSettings
 from sidecar.model.window import IngestReport
 
 log = logging.getLogger("sidecar")
@@ -44,6 +45,10 @@ class PrometheusExporter(Exporter):
             else:
                 hint = "choose another with --prometheus-addr, e.g. 127.0.0.1:9479"
             raise OSError(f"cannot serve Prometheus on {self.addr}: {exc.strerror or exc}; {hint}") from None
+
+    def reload(self, settings: PrometheusSettings) -> None:
+        """``dcgm_compat`` from the next scrape on (a config reload)."""
+        self.state.dcgm_compat = settings.dcgm_compat
 
     def consume(self, window: IngestReport) -> None:
         self.state.report = window

@@ -373,7 +373,7 @@ def metrics_app(page: MetricsPage, registry: CollectorRegistry,
             start_response("200 OK", [])
             return [b""]
         if environ.get("PATH_INFO") == "/explain" and (explained := explain_json(page.collector)) is not None:
-            start_response("200 OK", [("Content-Type", "application/json")])  # the admin side (sidecar.admin)
+            start_response("200 OK", [("Content-Type", "application/json")])  # the admin side (sidecar.core.admin)
             return [explained]
         if wandb_page is not None and environ.get("PATH_INFO", "").startswith(WANDB_PATH):
             wandb_route = environ["PATH_INFO"][len(WANDB_PATH):].rstrip("/")

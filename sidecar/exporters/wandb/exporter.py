@@ -27,13 +27,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
-from sidecar.backoff import Backoff
 from sidecar.exporters.base import Exporter
 from sidecar.exporters.wandb import join
 from sidecar.exporters.wandb.ends_row import ALERT_EVERY_S, AlertLimiter
 from sidecar.exporters.wandb.join import Plan, PlanKind, TrainerRun
 from sidecar.exporters.wandb.rows import window_row
 from sidecar.exporters.wandb.settings import QUEUE, RUN, WandbSettings
+from sidecar.model.backoff import Backoff
 from sidecar.model.window import IngestReport, SenderView
 from trainer_shim.integrations.tap_targets import exclude as exclude_from_taps
 

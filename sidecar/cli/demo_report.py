@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from sidecar.cli.report import verdict_lines
 from sidecar.model.ledger import RoleLedger, RunLedgerView
 from sidecar.model.window import IngestReport
-from sidecar.report import verdict_lines
 
 PIPED_EVERY_S = 5.0
 """Seconds between progress lines when stderr is not a terminal (the first comes after 1 s)."""

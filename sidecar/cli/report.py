@@ -1,6 +1,6 @@
 """``dflash-sidecar report``: the run ledger as a table (or JSON), read from the state file.
 
-It reads the file the daemon writes once per window (``sidecar.ledger_state``), so it works while
+It reads the file the daemon writes once per window (``sidecar.core.ledger_state``), so it works while
 the daemon runs, after it stopped, and on a box where only the file was copied. Under systemd the
 file is in the service's state folder (readable by the service user and root).
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sidecar.aggregation.ledger import view_of
-from sidecar.exit_status import FAILURE, OK
-from sidecar.ledger_state import FILE_NAME, load, state_dir
+from sidecar.cli.exit_status import FAILURE, OK
+from sidecar.core.ledger_state import FILE_NAME, load, state_dir
 from sidecar.model.ends import HOWS
 from sidecar.model.ledger import CAUSES, RoleLedger, RunLedgerView, RunVerdicts
 

@@ -1,6 +1,6 @@
 """The docs' option tables, generated from the settings' declarations (``sidecar.model.settings``).
 
-``python -m sidecar.options_doc`` rewrites the marked blocks of README.md (the main run options,
+``python -m sidecar.cli.options_doc`` rewrites the marked blocks of README.md (the main run options,
 as ``dflash-sidecar --help`` lists them, and the exit statuses) and docs/DEPLOY.md (every setting: key, flag, default,
 whether SIGHUP applies it live); ``tests/test_options_doc.py`` fails while either is out of date.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from sidecar import config as config_mod
-from sidecar.exit_status import STATUSES
+from sidecar.cli.exit_status import STATUSES
+from sidecar.core import config as config_mod
 
-ROOT = Path(__file__).resolve().parent.parent
-BEGIN = "<!-- {name}: generated from the settings' declarations by `python -m sidecar.options_doc`; do not edit -->"
+ROOT = Path(__file__).resolve().parents[2]
+BEGIN = "<!-- {name}: generated from the settings' declarations by `python -m sidecar.cli.options_doc`; do not edit -->"
 END = "<!-- /{name} -->"
 
 
@@ -41,7 +41,7 @@ def settings_table() -> str:
 
 
 def exit_status_table() -> str:
-    """The README's table of exit statuses (``sidecar.exit_status``)."""
+    """The README's table of exit statuses (``sidecar.cli.exit_status``)."""
     rows = ["| status | means | when |", "| --- | --- | --- |"]
     rows += [f"| {status} | {_cell(means)} | {_cell(when)} |" for status, means, when in STATUSES]
     return "\n".join(rows)

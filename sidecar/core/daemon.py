@@ -4,7 +4,7 @@ Create -> start -> run -> shutdown. ``start`` binds everything and fails fast wi
 ``run`` notifies systemd and dispatches signals from the main thread (the handlers only enqueue
 them): SIGTERM/SIGINT -> final flush and exit, SIGHUP -> reload the config file. ``shutdown`` is
 idempotent and bounded. What happens to a record and a window, in which order, is
-``sidecar.pipeline``'s; this module only wires it (docs/ARCHITECTURE.md, "How a record travels").
+``sidecar.core.pipeline``'s; this module only wires it (docs/ARCHITECTURE.md, "How a record travels").
 """
 
 from __future__ import annotations
@@ -15,27 +15,42 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
-from sidecar import config as config_mod
-from sidecar import systemd
-from sidecar.admin import Admin
 from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups
-from sidecar.config import Config, ConfigError
+from sidecar.core import config as config_mod
+from sidecar.core import systemd
+from sidecar.core.admin import Admin
+from sidecar.core.config import Config, ConfigError
+from sidecar.core.ingest import IngestLoop
+from sidecar.core.ledger_state import FILE_NAME, LedgerStage, state_dir
+from sidecar.core.pipeline import (
+    GpuStage,
+    InsightStage,
+    Listener,
+    Pipeline,
+    TrainerAttribution,
+    window_stages,
+)
 from sidecar.exporters.base import Exporter
 from sidecar.exporters.console import ConsoleExporter
+from sidecar.exporters.live import LiveState
 from sidecar.exporters.prometheus.exporter import PrometheusExporter
 from sidecar.exporters.prometheus.server import raise_nofile_limit
 from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
-from sidecar.ingest import IngestLoop
-from sidecar.ledger_state import FILE_NAME, LedgerStage, state_dir
-from sidecar.model.live import LiveState
-from sidecar.pipeline import GpuStage, InsightStage, Listener, Pipeline, TrainerAttribution, WindowStage
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.nvml import NvmlSource
 from sidecar.sources.receiver import Receiver
 from trainer_shim.endpoint import daemon_endpoint, shim_would_miss
 
 log = logging.getLogger("sidecar")
+
+
+class Reloading(Protocol):
+    """A component that takes settings live: ``settings`` is the whole ``Config`` (every
+    component's section); it reads its own."""
+
+    def reload(self, settings: Config) -> None: ...
 
 SHUTDOWN_TIMEOUT_S = 4.0
 """Budget for the final window flush and W&B's final upload on SIGTERM (W&B may take up to
@@ -59,9 +74,8 @@ class Daemon:
                                   nvml.status if nvml else None, nvml.recent if nvml else None)
         self.wandb = WandbExporter(WandbConfig.from_settings(config, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S / 2),
                                    host=self.host) if config.wandb_run else None
-        self.live = LiveState(gpus=self.gpus if nvml is not None else None,
-                              exporters={"wandb": self.wandb} if self.wandb is not None else None)
-        """What every exporter reads between windows; the ingest side is attached when it runs."""
+        self.live = LiveState(gpus=self.gpus if nvml is not None else None)
+        """What every exporter reads between windows; the other providers are attached once made."""
         self.prometheus = PrometheusExporter(self.host, config.prometheus_addr, config.prometheus_tls_cert,
                                              config.prometheus_tls_key, live=self.live,
                                              dcgm_compat=config.dcgm_compat)
@@ -71,19 +85,18 @@ class Daemon:
         if self.wandb is not None:
             self.exporters.append(self.wandb)
         self.ledger = LedgerStage(state_dir(config.state_dir) / FILE_NAME, config.flops_per_token, config.run_gap_s)
-        self.insight = InsightStage(config, self.gpus)
-        stages: list[WindowStage] = [self.insight, self.ledger]
+        self.insight = InsightStage(config)
         listeners: list[Listener] = [*self.exporters, self.live]
         if nvml is not None:
-            stages.insert(0, GpuStage(self.gpus))
             listeners.append(TrainerAttribution(nvml.attribute_trainers))
+        stages = window_stages(self.insight, self.ledger, GpuStage(self.gpus) if nvml is not None else None)
         self.pipeline = Pipeline(mapper=Mapper.from_settings(config, config), max_series=config.max_series,
                                  stages=stages, listeners=listeners)
-        self.live.attach(admin=Admin(self.live, self._mapping_in_force, self.gpus, nvml.status if nvml else None))
+        self.live.attach(ingest=self.pipeline, exporters=self.exporters,
+                         admin=Admin(self.live, self._mapping_in_force, self.gpus, nvml.status if nvml else None))
         self.ingest: IngestLoop | None = None
         self._signals: queue.SimpleQueue[int | str] = queue.SimpleQueue()
         self._stopped = False
-        self._mapping = self.pipeline.mapper
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -111,7 +124,6 @@ class Daemon:
             receiver.close()
             raise
         self.ingest = IngestLoop(receiver, cfg.interval, self.pipeline, gone_after_s=cfg.sender_gone_after)
-        self.live.attach(ingest=self.pipeline)
         self.ingest.start()
         if self.nvml is not None:
             self.nvml.start()
@@ -168,14 +180,8 @@ class Daemon:
             systemd.notify("READY=1")
         live = config_mod.LIVE  # each setting's declaration says whether it applies live
         changed = config_mod.changed(self.config, new)
-        if "interval" in changed and self.ingest is not None:
-            self.ingest.set_interval(new.interval)
-        if {"mapping", "insight_target_role", "insight_drafter_role"} & changed:
-            self._mapping = Mapper.from_settings(new, new)
-            self.pipeline.set_mapper(self._mapping)
-        self.insight.settings = new  # the verdict's settings, read by the next window
-        if "dcgm_compat" in changed:
-            self.prometheus.state.dcgm_compat = new.dcgm_compat
+        for part in self._reloading():
+            part.reload(new)
         if "log_level" in changed:
             logging.getLogger("sidecar").setLevel(new.log_level.upper())
         restart = sorted(changed - live)
@@ -199,8 +205,13 @@ class Daemon:
             exporter.shutdown(timeout_s=SHUTDOWN_TIMEOUT_S / 2)
         log.info("dflash-sidecar stopped")
 
+    def _reloading(self) -> list[Reloading]:
+        """Every component that takes settings live, each through its ``reload(settings)``."""
+        ingest: list[Reloading] = [self.ingest] if self.ingest is not None else []
+        return [*ingest, self.pipeline, self.insight, *self.exporters]
+
     def _mapping_in_force(self) -> tuple[Mapper, Config]:
         """The mapping and the settings in force (what ``/explain`` reports; the pipeline takes a
         reloaded mapping with its next frame)."""
-        return self._mapping, self.config
+        return self.pipeline.mapping(), self.config
 

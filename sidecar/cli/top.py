@@ -2,7 +2,7 @@
 
 Reads the Prometheus exposition (so it works wherever the endpoint is reachable, e.g. over SSH on
 the box) and renders it with rich. The interactive screen (keys, scrolling, waiting for the
-daemon) is ``sidecar.top_screen``.
+daemon) is ``sidecar.cli.top_screen``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Group, RenderableType
 from rich.table import Table
 
+from sidecar.cli.top_ends import ends_line
+from sidecar.cli.top_ledger import ledger_table
 from sidecar.model.insight import REPORTED
-from sidecar.top_ends import ends_line
-from sidecar.top_ledger import ledger_table
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 """Sample name -> (labels, value) of each sample, as scraped."""

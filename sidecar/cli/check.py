@@ -10,8 +10,8 @@ import os
 import socket
 from collections.abc import Callable
 
-from sidecar.config import Config
-from sidecar.exit_status import FAILURE, OK
+from sidecar.cli.exit_status import FAILURE, OK
+from sidecar.core.config import Config
 from sidecar.exporters.wandb.join import NO_CREDENTIALS, credential_source
 from sidecar.model.address import parse_host_port
 from sidecar.sources.receiver import EndpointError, Receiver

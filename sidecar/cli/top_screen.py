@@ -21,10 +21,10 @@ from rich.live import Live
 from rich.segment import Segment
 from rich.text import Text
 
-from sidecar import config as config_mod
-from sidecar.backoff import Backoff
+from sidecar.cli.top import render, scrape
+from sidecar.core import config as config_mod
 from sidecar.model.address import parse_host_port
-from sidecar.top import render, scrape
+from sidecar.model.backoff import Backoff
 
 DEFAULT_ADDR: str = config_mod.BY_NAME["prometheus_addr"].default
 """The daemon's default listen address (its ``prometheus_addr`` setting)."""

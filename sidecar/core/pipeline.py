@@ -2,19 +2,25 @@
 
 A frame::
 
-    bytes --decode--> BatchMessage | HelloMessage --accounting--> SenderState (or dropped, counted)
-          --series--> known names: their series; new names: Unresolved
-          --mapping--> Mapped (per new name) --series--> the new names' series
+    bytes --decode--> BatchMessage | HelloMessage --resolve--> SenderState (or dropped, counted)
+          --aggregate--> (accepted, rejected by reason) --book--> the sender's and its labels' counts
+
+``resolve`` is the registry's (entered once per frame); ``aggregate`` the aggregator's, which
+finds each record's series in its sender's table, asking the mapper (``Mapped``, from the
+mapper's own cache or mapped now) only for a name the table does not know yet; ``book`` the
+sender state's own.
 
 A window (at each boundary)::
 
-    aggregates + accounting --window--> IngestReport --insight--> IngestReport (+ gpu, insight,
-    run ledger) --fan-out--> every listener's ``consume`` (exporters, the live state, the NVML
-    trainer attribution), the same immutable object to each
+    aggregates + accounting --window--> IngestReport --window stages--> IngestReport (+ gpu,
+    insight, run ledger: ``window_stages``, their one order) --fan-out--> every listener's
+    ``consume`` (exporters, the live state, the NVML trainer attribution), the same immutable
+    object to each
 
 and a hello goes to every listener's ``hello`` as a ``SenderView``. Everything here runs on the
-ingest thread (``sidecar.ingest.IngestLoop`` drives it); no stage calls back into an earlier one:
-each is a plain function or object whose input and output are types of ``sidecar.model``.
+ingest thread (``sidecar.core.ingest.IngestLoop`` drives it); no stage calls back into an earlier one:
+each is a plain function or object whose input and output are types of ``sidecar.model``, and
+each returns what it found (rejections included).
 Nothing a client sends can raise out of ``frame``: bad frames and records are counted by reason.
 """
 
@@ -26,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from sidecar.aggregation.aggregator import Aggregator, Unresolved
+from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.ends import EndBook
 from sidecar.aggregation.gpu_groups import GpuAggregates
 from sidecar.aggregation.insight import compute_insight
@@ -37,8 +43,9 @@ from sidecar.model.ends import EndsView
 from sidecar.model.insight import PipelineInsight
 from sidecar.model.messages import BatchMessage
 from sidecar.model.window import IngestHealth, IngestReport, LabelTotals, SenderView
-from sidecar.processing.mapping import Mapper, map_names
+from sidecar.processing.mapping import Mapper
 from sidecar.sources.decode import DecodeError, decode
+from sidecar.sources.receiver import ReceiverStats
 
 log = logging.getLogger("sidecar")
 
@@ -59,31 +66,6 @@ WindowStage = Callable[[IngestReport], IngestReport]
 (``dataclasses.replace``: the ingest's report is never mutated)."""
 
 
-def aggregate(aggregator: Aggregator, mapper: Mapper, role: str, worker: str, records: list[Any],
-              rejected: dict[str, int], sender: Any = 0, owner: Any = None) -> int:
-    """mapping -> series for one batch: the records of names the sender's table knows go to their
-    series at once; the new names are mapped (at most the owner's ``Aggregator.room`` at a time,
-    so a flood of names is refused unmapped past its budget) and their records follow. Returns
-    the number accepted; rejections are added to ``rejected`` by reason."""
-    accepted, pending = aggregator.ingest(role, worker, records, rejected, sender, owner)
-    if pending is not None:
-        accepted += aggregate_unresolved(aggregator, mapper, role, worker, pending, rejected, sender, owner)
-    return accepted
-
-
-def aggregate_unresolved(aggregator: Aggregator, mapper: Mapper, role: str, worker: str, pending: Unresolved,
-                         rejected: dict[str, int], sender: Any = 0, owner: Any = None) -> int:
-    """The second half of ``aggregate``: map what the series stage held back, then aggregate it."""
-    accepted = 0
-    held: Unresolved | None = pending
-    while held is not None:
-        names = list(held.names)[:aggregator.room(sender if owner is None else owner)]
-        resolved = map_names(mapper, names, role, worker)
-        more, held = aggregator.ingest(role, worker, held.records, rejected, sender, owner, resolved)
-        accepted += more
-    return accepted
-
-
 def sender_view(s: SenderState, now: float) -> SenderView:
     """A sender as the listeners see it (a copy)."""
     return SenderView(s.sender, s.role, s.worker, s.pid, s.hello, now - s.last_seen, s.records_total,
@@ -93,8 +75,8 @@ def sender_view(s: SenderState, now: float) -> SenderView:
 
 
 class Pipeline:
-    """decode -> accounting -> mapping -> series -> window -> insight -> fan-out (module docstring).
-    Ingest thread only, except ``set_mapper`` and ``health`` (any thread)."""
+    """decode -> resolve -> aggregate -> book; window -> window stages -> fan-out (module docstring).
+    Ingest thread only, except ``reload``, ``mapping`` and ``health`` (any thread)."""
 
     def __init__(self, *, mapper: Mapper | None = None, max_series: int = WindowSettings.max_series,
                  stages: Sequence[WindowStage] = (), listeners: Sequence[Listener] = (),
@@ -123,10 +105,18 @@ class Pipeline:
         """The senders' ends told so far, as of the latest (any thread)."""
         return self.ends.latest
 
-    def set_mapper(self, mapper: Mapper) -> None:
-        """Map with ``mapper`` from the next frame on (config reload; any thread): the ingest
-        thread swaps it in, so the stages stay single-threaded."""
-        self._next_mapper = mapper
+    def reload(self, settings: Any) -> None:
+        """New settings (a config reload; any thread): ``settings`` is a ``MappingSettings`` and a
+        ``RoleSettings`` (``sidecar.core.config.Config`` is both). A changed mapping or role names map
+        from the next frame on (the ingest thread swaps the new mapper in, so the stages stay
+        single-threaded; its cache starts empty and every name is mapped again)."""
+        mapper, now = Mapper.from_settings(settings, settings), self.mapping()
+        if (mapper.rules, mapper.known_roles) != (now.rules, now.known_roles):
+            self._next_mapper = mapper
+
+    def mapping(self) -> Mapper:
+        """The mapping in force from the next frame on (any thread)."""
+        return self._next_mapper or self.mapper
 
     def internal_error(self, what: str, exc: BaseException) -> None:
         """Count a bug survived (logged the first time only)."""
@@ -138,7 +128,7 @@ class Pipeline:
     # -- a frame -----------------------------------------------------------------------------------
 
     def frame(self, frame: bytes, now: float, peer_pid: int | None = None) -> None:
-        """decode -> accounting -> mapping -> series for one frame (a hello: -> fan-out).
+        """decode -> resolve -> aggregate -> book for one frame (a hello: -> fan-out).
         ``peer_pid``: the process at the other end of its connection, where the kernel says
         (ipc). Never raises."""
         registry = self.registry
@@ -155,14 +145,10 @@ class Pipeline:
                 state = registry.on_batch(msg, now, time.time(), peer_pid)
                 if state is None:
                     return
-                rejected: dict[str, int] = {}
                 owner = state.peer_pid if state.peer_pid is not None else state.sender  # the kernel's pid (ipc)
-                role, worker, sender = state.role, state.worker, state.sender
-                accepted, pending = self.aggregator.ingest(role, worker, msg.records, rejected, sender, owner)
-                if pending is not None:  # new names: mapping, then series (``aggregate``, unrolled: the hot path)
-                    accepted += aggregate_unresolved(self.aggregator, self.mapper, role, worker, pending, rejected,
-                                                     sender, owner)
-                registry.account_ingest(state, accepted, rejected)
+                accepted, rejected = self.aggregator.ingest(state.role, state.worker, msg.records, self.mapper.resolve,
+                                                            state.sender, owner)
+                state.book(accepted, rejected)
                 self._accepted_in_window += accepted
                 self.last_data_monotonic = now
             else:
@@ -174,7 +160,8 @@ class Pipeline:
 
     # -- a window ----------------------------------------------------------------------------------
 
-    def close_window(self, now: float, end_unix_s: float, duration_s: float, receiver_stats: Any) -> IngestReport:
+    def close_window(self, now: float, end_unix_s: float, duration_s: float,
+                     receiver_stats: ReceiverStats) -> IngestReport:
         """window -> insight -> fan-out: roll the aggregates, copy the accounting, run the window
         stages and hand the result to every listener. ``now``: the window's end on the monotonic
         clock, ``end_unix_s`` the same moment on the unix clock; ``receiver_stats``: the receiver's
@@ -189,7 +176,7 @@ class Pipeline:
         self.fan_out(window)
         return window
 
-    def window(self, now: float, end_unix_s: float, duration_s: float, receiver_stats: Any) -> IngestReport:
+    def window(self, now: float, end_unix_s: float, duration_s: float, receiver_stats: ReceiverStats) -> IngestReport:
         """The window stage: the aggregates and the accounting as one immutable report."""
         registry = self.registry
         registry.expire(now)
@@ -198,7 +185,7 @@ class Pipeline:
         senders = tuple(sender_view(s, now) for s in registry)
         totals = {k: LabelTotals(v.accepted, dict(v.dropped), v.last_seen_unix_s) for k, v in registry.totals.items()}
         dropped = dict(registry.messages_dropped)
-        for reason, n in getattr(receiver_stats, "refused", {}).items():  # dropped unread by the receiver (CPU share)
+        for reason, n in receiver_stats.refused.items():  # dropped unread by the receiver (CPU share)
             dropped[reason] = dropped.get(reason, 0) + n
         report = IngestReport(
             aggregates, senders, totals, dropped, dict(self.aggregator.profile_entries_rejected),
@@ -230,26 +217,47 @@ class Pipeline:
                 log.exception("sidecar: %s failed on a hello", listener.name)
 
 
+def window_stages(insight: InsightStage, ledger: WindowStage, gpu: GpuStage | None = None) -> list[WindowStage]:
+    """The window stages in their one order: the GPUs' view (with GPU metrics on; None: off),
+    the insight (which reads it), the run ledger (``ledger_state.LedgerStage``, which reads
+    both)."""
+    return [*([gpu] if gpu is not None else []), insight, ledger]
+
+
 class GpuStage:
-    """window -> window with the GPUs' view at its end (``IngestReport.gpu``)."""
+    """window -> window with the GPUs' view at its end, with what the insight reads of them over
+    the window (``IngestReport.gpu``, ``GpuView.facts``)."""
 
     def __init__(self, gpus: GpuAggregates) -> None:
         self.gpus = gpus
+        self.failures = 0
+        """Windows whose GPU reading failed (logged once; their insight reads no GPU)."""
 
     def __call__(self, report: IngestReport) -> IngestReport:
-        return dataclasses.replace(report, gpu=self.gpus.view())
+        try:
+            view = self.gpus.view(report.window.duration_s)
+        except Exception:  # noqa: BLE001 - the GPUs' reading must never stop the window
+            self.failures += 1
+            if self.failures == 1:
+                log.exception("sidecar: reading the GPUs for a window failed (counted, logged once)")
+            view = self.gpus.view()
+        return dataclasses.replace(report, gpu=view)
 
 
 class InsightStage:
-    """window -> window with its pipeline insight, the shown verdict held by ``Hysteresis``.
-    ``settings`` may be replaced between windows (a config reload)."""
+    """window -> window with its pipeline insight, the shown verdict held by ``Hysteresis``; the
+    GPUs as the window's GPU part has them (none without it). ``reload`` takes new settings
+    between windows."""
 
-    def __init__(self, settings: InsightSettings, gpus: GpuAggregates) -> None:
+    def __init__(self, settings: InsightSettings) -> None:
         self.settings = settings
-        self.gpus = gpus
         self.hysteresis = Hysteresis()
         self.failures = 0
         """Windows whose insight failed (logged once; their ``insight`` is None)."""
+
+    def reload(self, settings: InsightSettings) -> None:
+        """The verdict's settings from the next window on (a config reload)."""
+        self.settings = settings
 
     def __call__(self, report: IngestReport) -> IngestReport:
         return dataclasses.replace(report, insight=self.insight(report))
@@ -258,8 +266,8 @@ class InsightStage:
         """The window's pipeline insight, or None (counted, logged once) if computing it failed:
         the insight must never stop the raw exports."""
         try:
-            insight = compute_insight(report.window, self.settings, self.gpus.facts(report.window.duration_s),
-                                      report.senders)
+            gpu = report.gpu.facts if report.gpu is not None else None
+            insight = compute_insight(report.window, self.settings, gpu, report.senders)
         except Exception:  # noqa: BLE001
             self.failures += 1
             if self.failures == 1:

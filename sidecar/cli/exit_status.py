@@ -1,5 +1,5 @@
 """The exit statuses of ``dflash-sidecar``, declared once: the commands return these, the README's
-table is generated from ``STATUSES`` (``python -m sidecar.options_doc``), and
+table is generated from ``STATUSES`` (``python -m sidecar.cli.options_doc``), and
 ``tests/test_exit_status.py`` runs a command for each. An uncaught exception (a bug) also exits 1,
 with a traceback; a signal other than SIGTERM/SIGINT kills the process with the shell's 128+N."""
 

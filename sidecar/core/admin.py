@@ -1,7 +1,7 @@
 """The daemon's admin side, served beside ``/metrics``: the ``/explain`` report and the daemon's
 own telemetry (CPU, memory, threads, descriptors, ingest health).
 
-Both are read at scrape time through the live state (``sidecar.model.live.LiveState``), from the
+Both are read at scrape time through the live state (``sidecar.exporters.live.LiveState``), from the
 pipeline's side: the latest window as the fan-out handed it out, the mapping in force, the GPU
 source's status. Nothing here is read back out of an exporter.
 """
@@ -12,12 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from sidecar.aggregation.gpu_groups import GpuAggregates
+from sidecar.core.selfstats import read_self
+from sidecar.exporters.live import DaemonTelemetry, LiveState
 from sidecar.model.gpu import NvmlStatus
-from sidecar.model.live import DaemonTelemetry, LiveState
 from sidecar.model.settings import RoleSettings
 from sidecar.processing.explain import explain_data
 from sidecar.processing.mapping import Mapper
-from sidecar.selfstats import read_self
 
 
 class Admin:

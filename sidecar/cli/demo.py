@@ -15,7 +15,7 @@ data loader, ``host`` (the plain loop only) host overhead between the timed phas
 
 ``--style seed`` publishes the same pipeline as the reference trainer does (one profile dict from
 a monitor thread); ``--style generic`` runs a plain single-role training loop instead
-(``sidecar.demo_loops``).
+(``sidecar.cli.demo_loops``).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.config import Config
-from sidecar.demo_loops import GENERIC_BOTTLENECKS, GenericLoop, LoopTimings, SeedStyleMonitor
-from sidecar.exit_status import FAILURE, USAGE
+from sidecar.cli.demo_loops import GENERIC_BOTTLENECKS, GenericLoop, LoopTimings, SeedStyleMonitor
+from sidecar.cli.exit_status import FAILURE, USAGE
+from sidecar.core.config import Config
 
 log = logging.getLogger("sidecar")
 
@@ -256,16 +256,16 @@ class SimulatedPipeline:
 def demo_state_dir(configured: str | None) -> Path:
     """Where the demo keeps its run ledger: the state folder given (``--state-dir`` or the config
     file), else ``<the default state folder>/demo``, apart from real runs'."""
-    from sidecar.ledger_state import state_dir
+    from sidecar.core.ledger_state import state_dir
 
     return state_dir(configured) if configured else state_dir(None) / "demo"
 
 
 def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
     """Run the daemon and the simulated pipeline until ``--duration`` passes or SIGTERM/Ctrl-C,
-    with a progress line meanwhile and a summary at the end (``sidecar.demo_report``)."""
-    from sidecar.daemon import Daemon
-    from sidecar.demo_report import Progress, summary
+    with a progress line meanwhile and a summary at the end (``sidecar.cli.demo_report``)."""
+    from sidecar.cli.demo_report import Progress, summary
+    from sidecar.core.daemon import Daemon
     from sidecar.sources.receiver import EndpointError
 
     folder = demo_state_dir(cfg.state_dir)

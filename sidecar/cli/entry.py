@@ -9,7 +9,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from sidecar.exit_status import NO_DAEMON_DEPENDENCIES, OK
+from sidecar.cli.exit_status import NO_DAEMON_DEPENDENCIES, OK
 
 DISTRIBUTION = "dflash-sidecar"
 EXTRA = "daemon"
@@ -38,7 +38,7 @@ def missing_daemon_dependencies() -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the daemon's CLI; returns its exit status (``sidecar.exit_status``), or 3 with a
+    """Run the daemon's CLI; returns its exit status (``sidecar.cli.exit_status``), or 3 with a
     message on stderr when the daemon's dependencies are missing. ``--version`` alone is answered without importing
     anything that needs a dependency."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -56,6 +56,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"This environment has the trainer shim only (pip install {DISTRIBUTION}). Install the "
             f"daemon with: pip install '{DISTRIBUTION}[{EXTRA}]'\n")
         return NO_DAEMON_DEPENDENCIES
-    from sidecar.cli import main as cli_main
+    from sidecar.cli.main import main as cli_main
 
     return cli_main(args)

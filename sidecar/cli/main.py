@@ -10,9 +10,9 @@ import sys
 from collections.abc import Sequence
 
 from sidecar import __version__
-from sidecar import config as config_mod
-from sidecar.config import ConfigError
-from sidecar.exit_status import FAILURE, OK, USAGE
+from sidecar.cli.exit_status import FAILURE, OK, USAGE
+from sidecar.core import config as config_mod
+from sidecar.core.config import ConfigError
 
 SUBCOMMANDS = ("run", "check", "demo", "top", "explain", "report", "sample-config")
 
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "Its run ledger goes to --state-dir when given, else to the default state folder's demo/ "
                            "(apart from real runs'): the summary says which, for dflash-sidecar report.")
     config_mod.add_arguments(demo)
-    from sidecar.demo import add_demo_arguments, positive_seconds
+    from sidecar.cli.demo import add_demo_arguments, positive_seconds
 
     add_demo_arguments(demo)
     addr_help = f"the daemon's HOST:PORT (default: {config_mod.BY_NAME['prometheus_addr'].default})"
@@ -93,7 +93,7 @@ def _unknown_arguments(parser: argparse.ArgumentParser, extra: list[str]) -> str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (``sidecar.exit_status``: 2 for invalid options)."""
+    """Entry point; returns the exit status (``sidecar.cli.exit_status``: 2 for invalid options)."""
     args = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if args and not args[0].startswith("-") and args[0] not in SUBCOMMANDS:
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(config_mod.sample_toml())
         return OK
     if ns.command == "top":
-        from sidecar.top_screen import run_top, top_url
+        from sidecar.cli.top_screen import run_top, top_url
 
         try:
             url = top_url(ns.url, ns.prometheus_addr, ns.config_file)
@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command == "explain":
         return _explain(ns)
     if ns.command == "report":
-        from sidecar.report import run_report
+        from sidecar.cli.report import run_report
 
         try:
             cfg = config_mod.load({"config_file": ns.config_file} if ns.config_file else {})
@@ -135,11 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if ns.command == "check":
-        from sidecar.check import run_check
+        from sidecar.cli.check import run_check
 
         return run_check(cfg)
     if ns.command == "demo":
-        from sidecar.demo import run_demo
+        from sidecar.cli.demo import run_demo
 
         return run_demo(cfg, ns)
     return run_daemon(cfg, given)
@@ -147,8 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _explain(ns: argparse.Namespace) -> int:
     """``explain``: the live daemon's report, or with ``--run`` a run's kept verdicts (state file)."""
-    from sidecar.processing.explain import run_explain
-    from sidecar.top_screen import top_url
+    from sidecar.cli.explain import run_explain
+    from sidecar.cli.top_screen import top_url
 
     try:
         url = top_url(None, ns.prometheus_addr, ns.config_file)
@@ -156,14 +156,14 @@ def _explain(ns: argparse.Namespace) -> int:
     except ConfigError as exc:
         ns.subparser.exit(USAGE, f"dflash-sidecar explain: error: {exc}\n")
     if ns.run is not None:
-        from sidecar.report import run_verdicts
+        from sidecar.cli.report import run_verdicts
 
         return run_verdicts(ns.state_dir or cfg.state_dir, ns.run)
     return run_explain(url.removesuffix("/metrics") + "/explain", ns.json)
 
 
 def run_daemon(cfg: config_mod.Config, cli_overrides: dict[str, object]) -> int:
-    from sidecar.daemon import Daemon
+    from sidecar.core.daemon import Daemon
     from sidecar.sources.receiver import EndpointError
     from sidecar.sources.settings import remote_endpoints
 

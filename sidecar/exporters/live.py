@@ -3,14 +3,16 @@
 An exporter gets two things: each window (``consume``) and this object. It reads the GPUs as they
 are now (not as at the window's end), ingest's health, the other exporters' statistics, the
 daemon's own telemetry and the ``/explain`` report; it never writes here and never calls a stage.
-The daemon wires the providers once, before anything starts; a provider left out reads as None.
+The daemon wires the providers in one ``attach``, before anything starts; a provider left out
+reads as None.
 The latest window is kept here too (the live state is a listener of the fan-out), so that admin
-pages read it from the pipeline's side, never back out of an exporter.
+pages read it from the pipeline's side, never back out of an exporter. It sits beside the
+exporters, its readers; the daemon's core builds it and hands it to them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +32,10 @@ class _IngestSide(Protocol):
 
 
 class _StatsSide(Protocol):
+    """An exporter (``sidecar.exporters.base.Exporter``): its ``name`` and its ``stats()``."""
+
+    name: str
+
     def stats(self) -> Any: ...
 
 
@@ -41,7 +47,7 @@ class _AdminSide(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class DaemonTelemetry:
-    """The daemon's own figures at one moment (``sidecar.admin``)."""
+    """The daemon's own figures at one moment (``sidecar.core.admin``)."""
 
     cpu_seconds: float
     """User + system CPU time of the process (seconds)."""
@@ -58,23 +64,19 @@ class LiveState:
 
     name = "live state"
 
-    def __init__(self, *, gpus: _GpuSide | None = None, ingest: _IngestSide | None = None,
-                 exporters: Mapping[str, _StatsSide] | None = None, admin: _AdminSide | None = None) -> None:
-        """``gpus``: an ``aggregation.gpu_groups.GpuAggregates``; ``ingest``: the pipeline (its
-        ``health``), settable later with ``attach_ingest``; ``exporters``: name -> an exporter with
-        ``stats()`` (``wandb``); ``admin``: a ``sidecar.admin.Admin``."""
+    def __init__(self, *, gpus: _GpuSide | None = None) -> None:
+        """``gpus``: an ``aggregation.gpu_groups.GpuAggregates``."""
         self._gpus = gpus
-        self._ingest = ingest
-        self._exporters = dict(exporters or {})
-        self._admin = admin
+        self._ingest: _IngestSide | None = None
+        self._exporters: tuple[_StatsSide, ...] = ()
+        self._admin: _AdminSide | None = None
         self._window: IngestReport | None = None
 
-    def attach(self, *, ingest: _IngestSide | None = None, admin: _AdminSide | None = None) -> None:
-        """Wire a provider made after this object (the daemon, before it starts anything)."""
-        if ingest is not None:
-            self._ingest = ingest
-        if admin is not None:
-            self._admin = admin
+    def attach(self, *, ingest: _IngestSide, exporters: Sequence[_StatsSide], admin: _AdminSide) -> None:
+        """Wire the providers made after this object, at once (the daemon, before it starts
+        anything): ``ingest``: the pipeline (its ``health``, its ends); ``exporters``: every
+        exporter (``exporter_stats`` finds one by its ``name``); ``admin``: a ``sidecar.core.admin.Admin``."""
+        self._ingest, self._exporters, self._admin = ingest, tuple(exporters), admin
 
     # -- readers -----------------------------------------------------------------------------------
 
@@ -104,9 +106,8 @@ class LiveState:
         return self._ingest.ends_now() if self._ingest is not None else None
 
     def exporter_stats(self, name: str) -> Any | None:
-        """The named exporter's ``stats()`` (None if it is not running here)."""
-        exporter = self._exporters.get(name)
-        return exporter.stats() if exporter is not None else None
+        """The named exporter's ``stats()`` (None if it is not running here, or keeps none)."""
+        return next((exporter.stats() for exporter in self._exporters if exporter.name == name), None)
 
     def telemetry(self) -> DaemonTelemetry | None:
         """The daemon's own CPU, memory, threads, descriptors and ingest health."""

@@ -1,6 +1,6 @@
 """Two more trainers for ``dflash-sidecar demo``, publishing the way real ones already do.
 
-- ``--style seed``: the DFlash pipeline of ``sidecar.demo``, but instrumented like the reference
+- ``--style seed``: the DFlash pipeline of ``sidecar.cli.demo``, but instrumented like the reference
   trainer: workers only accumulate their phase times, and one monitor thread publishes a single
   profile dict of per-batch means every ``--profile-interval`` (``target.model_forward_ms``,
   ``target.pack_hidden_ms``, ``target.queue_put_ms``, ``target.data_wait_ms``,
@@ -146,7 +146,7 @@ def ranks_slowest(ranks: int) -> int:
 
 
 class SeedStyleMonitor:
-    """Wraps a ``sidecar.demo.SimulatedPipeline`` whose workers publish nothing themselves: they
+    """Wraps a ``sidecar.cli.demo.SimulatedPipeline`` whose workers publish nothing themselves: they
     add to ``record`` and the monitor thread publishes the per-batch means as one dict."""
 
     def __init__(self, telemetry: Any, profile_interval_s: float) -> None:

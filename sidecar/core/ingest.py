@@ -1,4 +1,4 @@
-"""The ingest thread: it takes frames from the receiver and drives ``sidecar.pipeline.Pipeline``.
+"""The ingest thread: it takes frames from the receiver and drives ``sidecar.core.pipeline.Pipeline``.
 
 One thread owns the socket and the pipeline (its registry and aggregator), so none of them needs
 a lock. This module decides *when* (polling, coalescing, window boundaries, the final drain, the
@@ -16,9 +16,10 @@ from typing import Any
 
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.senders import SenderRegistry
+from sidecar.aggregation.settings import WindowSettings
+from sidecar.core.pipeline import Pipeline
 from sidecar.model.ends import ALERTING, SenderEnd, how_ended
 from sidecar.model.window import IngestHealth
-from sidecar.pipeline import Pipeline
 from sidecar.sources.ledgers import EXIT_GRACE_S, LedgerDirectory, ReadyLedger
 from sidecar.sources.receiver import Receiver
 
@@ -48,7 +49,7 @@ class IngestLoop:
         self.gone_after_s = gone_after_s
         self.interval_s = interval_s
         self.pipeline = pipeline
-        self.ledgers = LedgerDirectory(list(getattr(receiver, "endpoints", [])))
+        self.ledgers = LedgerDirectory(list(receiver.endpoints))
         self.started_unix_s = time.time()
         """A ledger last written before this is of a process that ended before this daemon ran."""
         self.clock = clock
@@ -92,9 +93,9 @@ class IngestLoop:
         """Internal errors survived and the age of the newest trainer data (any thread)."""
         return self.pipeline.health()
 
-    def set_interval(self, interval_s: float) -> None:
-        """Takes effect from the next window (config reload)."""
-        self.interval_s = interval_s
+    def reload(self, settings: WindowSettings) -> None:
+        """The window length (``interval``) from the next window on (a config reload)."""
+        self.interval_s = settings.interval
 
     def _run(self) -> None:
         self._window_start = self.clock()
@@ -138,7 +139,7 @@ class IngestLoop:
         """Book the ledgers of senders that are gone (``sources.ledgers``), once the receiver is not
         behind and each of their senders has been silent for ``gone_after_s``: its last frames,
         if any are still on the way, are counted as received first."""
-        if getattr(self.receiver, "backlog", False) or not self.ledgers.due(self.clock()):
+        if self.receiver.backlog or not self.ledgers.due(self.clock()):
             return
         self._book_ledgers(self.gone_after_s)
 
@@ -148,16 +149,13 @@ class IngestLoop:
         try:
             ready_ledgers = self.ledgers.scan(now, grace_s)
             if self.ledgers.malformed:
-                registry.messages_dropped["ledger_refused"] = (registry.messages_dropped.get("ledger_refused", 0)
-                                                               + self.ledgers.malformed)
+                registry.drop_message("ledger_refused", self.ledgers.malformed)
                 self.ledgers.malformed = 0
             for ready in ready_ledgers:
-                states = [registry.senders.get(c.sender) for c in ready.ledger.channels]
-                if any(st is not None and now - st.last_seen < grace_s for st in states):
+                booked = registry.book_gone(ready.ledger, ready.uid, ready.final, now, time.time(), grace_s,
+                                            witnessed=ready.written_unix_s >= self.started_unix_s)
+                if booked is None:
                     continue  # it spoke lately: look again at the next scan
-                booked: list[Any] = []
-                registry.book_exit(ready.ledger, ready.uid, ready.final, now, time.time(),
-                                   witnessed=ready.written_unix_s >= self.started_unix_s, booked_into=booked)
                 self.ledgers.remove(ready.path)
                 self._tell_ends(ready, booked)
         except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on
@@ -186,17 +184,15 @@ class IngestLoop:
             self._window_start = now
 
     def _peers(self, frames: list[bytes]) -> list[int | None]:
-        peers = getattr(self.receiver, "peers", None)
-        return peers if peers is not None and len(peers) == len(frames) else [None] * len(frames)
+        peers = self.receiver.peers
+        return peers if len(peers) == len(frames) else [None] * len(frames)
 
     def _handle_charged(self, frame: bytes, peer: int | None) -> None:
         """``handle_frame``, its CPU time charged to the peer's share (``receiver.FairQueue``)."""
         started = time.thread_time()
         self.ledgers.note_process(peer)
         self.pipeline.frame(frame, self.clock(), peer)
-        shares = getattr(self.receiver, "shares", None)
-        if shares is not None:
-            shares.charge(peer, time.thread_time() - started, len(frame))
+        self.receiver.shares.charge(peer, time.thread_time() - started, len(frame))
 
     def handle_frame(self, frame: bytes, peer_pid: int | None = None) -> None:
         """The pipeline's ``frame`` at the loop's clock. Never raises."""
