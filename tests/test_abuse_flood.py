@@ -126,7 +126,12 @@ def test_an_honest_trainer_is_counted_exactly_during_a_flood_of_expensive_frames
         def counted() -> dict[str, object]:
             return label_accounting(d.samples()).get(("honest", "t-0"), {"accepted": 0, "dropped": {}})
 
-        wait_for(lambda: counted()["accepted"] == made, timeout_s=30, what="the honest trainer counted")
+        # the flood's last frames may still be in the daemon's hands when it has taken them in: on a
+        # loaded box that can take longer than the honest records do
+        try:
+            wait_for(lambda: counted()["accepted"] == made, timeout_s=90, what="the honest trainer counted")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {made} records made, counted {counted()}") from None
         assert made > 0 and counted()["dropped"] == {}, (made, counted())  # nothing lost, nothing refused
         assert sum(channel["dropped"].values()) == 0, channel  # and nothing dropped in the shim
         assert peak <= RSS_TARGET, f"peak RSS {peak / MiB:.0f} MiB"
