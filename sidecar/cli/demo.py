@@ -291,7 +291,7 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
     progress = Progress(daemon.live.window, lambda: pipeline.steps, cfg.interval, ns.duration)
     progress.start()
 
-    def stop_senders() -> None:  # while the daemon still receives: their last records and final ledgers reach it
+    def stop_senders() -> None:  # while the daemon still receives: their last records and final tallies reach it
         progress.stop()
         if isinstance(pipeline, GenericLoop):
             pipeline.join()
