@@ -4,7 +4,7 @@ a summary (the verdict, the run ledger, the commands to try next).
 The progress line goes to stderr, rewritten in place on a terminal (every second; the daemon's log
 lines overwrite it, and it comes back below them) and one line
 every ``PIPED_EVERY_S`` otherwise (a log or a pipe keeps a readable history); it reads the daemon's
-latest window (``LiveState.window``) and the simulated trainer's step count, nothing else.
+latest window (``ScrapeState.window``) and the simulated trainer's step count, nothing else.
 """
 
 from __future__ import annotations

@@ -34,9 +34,9 @@ from sidecar.core.pipeline import (
 )
 from sidecar.exporters.base import Exporter
 from sidecar.exporters.console import ConsoleExporter
-from sidecar.exporters.live import LiveState
 from sidecar.exporters.prometheus.exporter import PrometheusExporter
 from sidecar.exporters.prometheus.server import raise_nofile_limit
+from sidecar.exporters.scrape_state import ScrapeState
 from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.nvml import NvmlSource
@@ -74,10 +74,10 @@ class Daemon:
                                   nvml.status if nvml else None, nvml.recent if nvml else None)
         self.wandb = WandbExporter(WandbConfig.from_settings(config, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S / 2),
                                    host=self.host) if config.wandb_run else None
-        self.live = LiveState(gpus=self.gpus if nvml is not None else None)
+        self.scrape_state = ScrapeState(gpus=self.gpus if nvml is not None else None)
         """What every exporter reads between windows; the other providers are attached once made."""
         self.prometheus = PrometheusExporter(self.host, config.prometheus_addr, config.prometheus_tls_cert,
-                                             config.prometheus_tls_key, live=self.live,
+                                             config.prometheus_tls_key, scrape_state=self.scrape_state,
                                              dcgm_compat=config.dcgm_compat)
         self.exporters: list[Exporter] = [self.prometheus, ConsoleExporter()]
         """Every destination, started in this order and stopped in the reverse (Prometheus serves
@@ -86,14 +86,14 @@ class Daemon:
             self.exporters.append(self.wandb)
         self.ledger = LedgerStage(state_dir(config.state_dir) / FILE_NAME, config.flops_per_token, config.run_gap_s)
         self.insight = InsightStage(config)
-        listeners: list[Listener] = [*self.exporters, self.live]
+        listeners: list[Listener] = [*self.exporters, self.scrape_state]
         if nvml is not None:
             listeners.append(TrainerAttribution(nvml.attribute_trainers))
         stages = window_stages(self.insight, self.ledger, GpuStage(self.gpus) if nvml is not None else None)
         self.pipeline = Pipeline(mapper=Mapper.from_settings(config, config), max_series=config.max_series,
                                  stages=stages, listeners=listeners)
-        self.live.attach(ingest=self.pipeline, exporters=self.exporters,
-                         admin=Admin(self.live, self._mapping_in_force, self.gpus, nvml.status if nvml else None))
+        admin = Admin(self.scrape_state, self._mapping_in_force, self.gpus, nvml.status if nvml else None)
+        self.scrape_state.attach(ingest=self.pipeline, exporters=self.exporters, admin=admin)
         self.ingest: IngestLoop | None = None
         self._signals: queue.SimpleQueue[int | str] = queue.SimpleQueue()
         self._stopped = False

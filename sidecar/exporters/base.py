@@ -2,8 +2,8 @@
 
 The pipeline's fan-out (``sidecar.core.pipeline``) calls ``consume(window)`` on every exporter from
 the ingest thread, and ``hello(sender)`` for each hello; that is the whole route after
-aggregation. What an exporter reads between windows comes from the one live state it is given
-(``sidecar.exporters.live.LiveState``). The daemon starts every exporter through ``start`` and stops
+aggregation. What an exporter reads between windows comes from the one scrape state it is given
+(``sidecar.exporters.scrape_state.ScrapeState``). The daemon starts every exporter through ``start`` and stops
 it through ``shutdown``, in the reverse order. Lifecycle: create -> ``start()`` ->
 ``consume()``... -> ``shutdown(timeout_s)``.
 """
@@ -37,7 +37,7 @@ class Exporter:
         """A trainer said hello (``sender.hello``: its fields as sent, ``wandb_run_id``, ``pid``, ...)."""
 
     def stats(self) -> Any:
-        """Its own statistics, for the live state's readers (None: it keeps none)."""
+        """Its own statistics, for the scrape state's readers (None: it keeps none)."""
         return None
 
     def reload(self, settings: Any) -> None:
