@@ -47,7 +47,7 @@ log = logging.getLogger("sidecar")
 
 
 class Reloading(Protocol):
-    """A component that takes settings live: ``settings`` is the whole ``Config`` (every
+    """A component with reloadable settings: ``settings`` is the whole ``Config`` (every
     component's section); it reads its own."""
 
     def reload(self, settings: Config) -> None: ...
@@ -165,7 +165,7 @@ class Daemon:
         self._signals.put(reason)
 
     def reload(self) -> None:
-        """Re-read the config file. Settings that can change live do; the others are reported as
+        """Re-read the config file. Reloadable settings change at once; the others are reported as
         needing a restart. An invalid file is rejected and the running config kept."""
         systemd.notify("RELOADING=1")
         try:
@@ -178,15 +178,16 @@ class Daemon:
             return
         finally:
             systemd.notify("READY=1")
-        live = config_mod.LIVE  # each setting's declaration says whether it applies live
+        reloadable = config_mod.RELOADABLE  # each setting's declaration says whether a reload applies it
         changed = config_mod.changed(self.config, new)
         for part in self._reloading():
             part.reload(new)
         if "log_level" in changed:
             logging.getLogger("sidecar").setLevel(new.log_level.upper())
-        restart = sorted(changed - live)
+        restart = sorted(changed - reloadable)
         self.config = new
-        log.info("dflash-sidecar: config reloaded (%s)%s", ", ".join(sorted(changed & live)) or "no live change",
+        applied = ", ".join(sorted(changed & reloadable)) or "no reloadable change"
+        log.info("dflash-sidecar: config reloaded (%s)%s", applied,
                  f"; needs a restart to apply: {', '.join(restart)}" if restart else "")
 
     def shutdown(self) -> None:
@@ -206,7 +207,7 @@ class Daemon:
         log.info("dflash-sidecar stopped")
 
     def _reloading(self) -> list[Reloading]:
-        """Every component that takes settings live, each through its ``reload(settings)``."""
+        """Every component with reloadable settings, each through its ``reload(settings)``."""
         ingest: list[Reloading] = [self.ingest] if self.ingest is not None else []
         return [*ingest, self.pipeline, self.insight, *self.exporters]
 

@@ -42,7 +42,7 @@ class Exporter:
 
     def reload(self, settings: Any) -> None:
         """New settings (a config reload; ``settings``: ``sidecar.core.config.Config``, which is every
-        exporter's own section): take the ones that apply live (none by default)."""
+        exporter's own section): take the reloadable ones (none by default)."""
 
     def shutdown(self, timeout_s: float) -> None:
         """Flush what is buffered and release everything within ``timeout_s`` seconds.
