@@ -1,7 +1,7 @@
 """The page for W&B's open-metrics scraper (``/metrics/wandb``) and the trainer's helper for it,
 in process: the page against ``/metrics`` for one synthetic state, its bounds, its route on a
 real server, and the settings the helper gives checked by the real ``wandb.Settings``. The real
-scraper (wandb-core) against a live daemon is tests/test_wandb_open_metrics_offline.py."""
+scraper (wandb-core) against a running daemon is tests/test_wandb_open_metrics_offline.py."""
 
 from __future__ import annotations
 

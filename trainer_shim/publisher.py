@@ -54,7 +54,8 @@ as ``no_receiver``: connecting and subscribing take a few milliseconds even when
 
 _MAX_STEP = 2**63 - 1
 
-_LIVE: weakref.WeakSet[Publisher] = weakref.WeakSet()
+_PUBLISHERS: weakref.WeakSet[Publisher] = weakref.WeakSet()
+"""Every publisher of this process not yet garbage collected (closed ones included)."""
 
 
 def _header_step(step: object) -> int | None:
@@ -121,7 +122,7 @@ class Publisher:
         self._channels: dict[tuple[str, str], Channel] = {}
         self._accounted = 0
         self._init_threading()
-        _LIVE.add(self)
+        _PUBLISHERS.add(self)
         _register_multiprocessing_exit(self)
 
     def _init_threading(self) -> None:
@@ -330,8 +331,8 @@ class Publisher:
             self._next_hello_check = now + HELLO_REFRESH_S
             self._refresh_wandb()
         channels = self._channels
-        live = transport.subscribers > 0
-        if not live and not final and now - self._transport_since < CONNECT_GRACE_S:
+        subscribed = transport.subscribers > 0
+        if not subscribed and not final and now - self._transport_since < CONNECT_GRACE_S:
             return False  # just connected: let the records wait for the subscription
         if channels and self._allocator.due(now):
             try:
@@ -339,12 +340,12 @@ class Publisher:
             except Exception as exc:  # noqa: BLE001
                 self._internal_error("allocator sampling failed", exc)
         for ch in channels.values():
-            self._flush_channel(transport, ch, now, live)
-            if final and live:  # after its last batch: the daemon stops counting it live at once
+            self._flush_channel(transport, ch, now, subscribed)
+            if final and subscribed:  # after its last batch: the daemon stops counting it live at once
                 self._send_hello(transport, ch, now, closing=True)
         return True
 
-    def _flush_channel(self, transport: Transport, ch: Channel, now: float, live: bool) -> None:
+    def _flush_channel(self, transport: Transport, ch: Channel, now: float, subscribed: bool) -> None:
         """Drain one channel and account for every record drained: sent (``records_total``) or
         dropped by reason, also when something unexpected fails."""
         if ch.relabel:
@@ -353,7 +354,7 @@ class Publisher:
         records = ch.drain()
         self._accounted = 0
         try:
-            if not live:
+            if not subscribed:
                 if records:
                     ch._count_dropped("no_receiver", len(records))
                     self._accounted = len(records)
@@ -565,7 +566,7 @@ _signal_state: dict[str, Any] = {"pid": None, "previous": {}}
 
 def _install_signal_handlers() -> None:
     """Once per process, from the main thread only: handlers for SIGTERM and SIGINT that note the
-    signal (``exit_hooks``), write every live publisher's final tally and then let the signal do
+    signal (``exit_hooks``), write every publisher's final tally and then let the signal do
     what it did before: with the default disposition the process still dies of it (the handler
     restores it and re-raises), a Python handler of the trainer's own is called next. Never over
     SIG_IGN or a handler installed from C, off the main thread (Python cannot), or with
@@ -601,7 +602,7 @@ def _on_signal(signum: int, frame: Any) -> None:
     kills = not chained and signal.getsignal(signum) is _on_signal
     try:
         exit_hooks.note_signal(signum)
-        for publisher in list(_LIVE):
+        for publisher in list(_PUBLISHERS):
             if publisher._pid == os.getpid():
                 publisher._tally_at_sigterm(final=kills)
     except Exception:  # noqa: BLE001 - the signal must still take effect
@@ -689,20 +690,20 @@ def _close_if_alive(ref: weakref.ref[Publisher]) -> None:
 
 
 def _after_fork_in_child() -> None:
-    for publisher in list(_LIVE):
+    for publisher in list(_PUBLISHERS):
         publisher._after_fork_in_child()
 
 
 def owner_of(channel: Channel) -> Publisher | None:
-    """The live publisher of this process that made ``channel``, or None."""
-    for publisher in list(_LIVE):
+    """The publisher of this process that made ``channel``, or None."""
+    for publisher in list(_PUBLISHERS):
         if any(ch is channel for ch in publisher._channels.values()):
             return publisher
     return None
 
 
 def _close_all_at_exit() -> None:
-    for publisher in list(_LIVE):
+    for publisher in list(_PUBLISHERS):
         if publisher._pid == os.getpid():
             publisher.close()
 

@@ -95,6 +95,6 @@ def summary(view: RunLedgerView | None, state: Path, prometheus_addr: str, since
         lines.append("no run in the ledger (the demo ended before its first window)")
     lines += ["", "try next:",
               f"  curl -s http://{prometheus_addr}/metrics | grep dflash_pipeline_bottleneck   # while a demo runs",
-              f"  dflash-sidecar top --prometheus-addr {prometheus_addr}   # the live view, while a demo runs",
+              f"  dflash-sidecar top --prometheus-addr {prometheus_addr}   # the terminal view, while a demo runs",
               f"  dflash-sidecar report --state-dir {state}   # this run's ledger, now"]
     return "\n".join(lines)

@@ -124,7 +124,7 @@ class IngestLoop:
                     break
             if not self.receiver.backlog:
                 # Everything that arrived is counted: the senders that ended can be booked now, not
-                # after a grace this daemon will not live through (their next daemon would read the
+                # after a grace that would outlast this daemon (their next daemon would read the
                 # records as sent to it and lost).
                 self._book_tallies(grace_s=0.0)
             now = self.clock()

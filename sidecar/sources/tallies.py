@@ -166,12 +166,12 @@ class TallyDirectory:
                 r.crash = _fatal_signal(path)
         self._sweep(crashes)
 
-    def _sweep(self, crashes: dict[tuple[int, int], tuple[str, int]], live_too: bool = False) -> None:
+    def _sweep(self, crashes: dict[tuple[int, int], tuple[str, int]], running_too: bool = False) -> None:
         """Remove the crash files no tally left in the directory needs, of gone processes (and of
-        live ones too with ``live_too``: at the daemon's exit, a closed publisher's)."""
+        running ones too with ``running_too``: at the daemon's exit, a closed publisher's)."""
         pending = {(s.tally.pid, s.tally.start_ticks) for s in self._seen.values() if s.tally is not None}
         for ident, (path, _) in crashes.items():
-            if ident not in pending and (live_too or _gone(*ident)):
+            if ident not in pending and (running_too or _gone(*ident)):
                 self.remove(path)
 
     def _look(self, entry: os.DirEntry[str], now: float, grace_s: float) -> ReadyTally | None:
@@ -194,7 +194,7 @@ class TallyDirectory:
         tally = seen.tally
         gone = _gone(pid, ticks)
         if tally is None or tally.pid != pid:
-            if gone:  # not a tally (a live process may be writing its first slot: wait for it)
+            if gone:  # not a tally (a running process may be writing its first slot: wait for it)
                 self.malformed += 1
                 self.remove(entry.path)
             return None
@@ -233,7 +233,7 @@ class TallyDirectory:
             os.close(fd)
 
     def close(self) -> None:
-        """At daemon exit: remove each directory if it is empty (tallies of live senders, or of
+        """At daemon exit: remove each directory if it is empty (tallies of running senders, or of
         gone ones not booked yet, keep it for the next daemon); the crash files whose tallies were
         all booked go first. Idempotent."""
         for directory in self.directories:
@@ -245,7 +245,7 @@ class TallyDirectory:
             crashes = {ident: (os.path.join(directory, name), -1) for name in names
                        if (ident := wire.parse_tally_file_name(name, wire.CRASH_SUFFIX)) is not None
                        and ident not in tallies}
-            self._sweep(crashes, live_too=True)
+            self._sweep(crashes, running_too=True)
             try:
                 os.rmdir(directory)
             except OSError:
