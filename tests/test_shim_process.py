@@ -176,7 +176,7 @@ def test_strict_mode_from_environment_raises_at_call_site(ep: str) -> None:
 
 
 def test_production_mode_never_raises_and_logs_once(ep: str, receivers) -> None:  # type: ignore[no-untyped-def]
-    receivers(ep)  # values are only looked at when they are encoded for a live receiver
+    receivers(ep)  # values are only looked at when they are encoded for a subscribed receiver
     proc = run_shim("""
         import logging
         logging.basicConfig(level=logging.WARNING)

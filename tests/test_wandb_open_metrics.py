@@ -52,7 +52,7 @@ def _state() -> ExportState:
               GroupAggregate("drafter", (1,), 1, 0.55, 205.5, 48.0, 30 * 2**30))
     view = GpuView(snapshot, NvmlStatus(NvmlState.AVAILABLE), groups)
     return ExportState(host=HOST, started_unix_s=1.0, report=dataclasses.replace(base, insight=insight),
-                       live=ScrapeState(gpus=SimpleNamespace(view=lambda: view)))
+                       scrape_state=ScrapeState(gpus=SimpleNamespace(view=lambda: view)))
 
 
 def _page(state: ExportState) -> dict[str, tuple[dict[str, str], float]]:
