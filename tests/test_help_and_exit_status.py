@@ -3,7 +3,9 @@ produced by a real command (status 3, the shim-only install, by ``tests/test_shi
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -66,3 +68,18 @@ def test_each_exit_status_from_a_real_command(tmp_path: Path) -> None:
         out = _run("run", "--no-gpu-metrics", "--endpoint", f"ipc://{tmp_path}/s.sock", "--state-dir",
                    str(tmp_path / "state"), "--prometheus-addr", f"127.0.0.1:{busy.getsockname()[1]}")
     assert out.returncode == exit_status.FAILURE and "Traceback" not in out.stderr, out.stderr
+
+
+def test_output_cut_short_by_its_reader_ends_quietly_as_a_shell_tool_does() -> None:
+    """``dflash-sidecar report | head``: the reader is gone before the command writes (the pipe's
+    read end closed before it starts), so its first write fails with EPIPE; it exits with
+    128 + SIGPIPE and no traceback, as ``cat`` would."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = subprocess.run([sys.executable, "-m", "sidecar", "sample-config"], stdout=write, stderr=subprocess.PIPE,
+                             text=True, env=env(), timeout=60)
+    finally:
+        os.close(write)
+    assert out.returncode == 128 + signal.SIGPIPE, out.stderr
+    assert out.stderr == "", out.stderr

@@ -6,6 +6,8 @@ import argparse
 import difflib
 import functools
 import logging
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -93,7 +95,21 @@ def _unknown_arguments(parser: argparse.ArgumentParser, extra: list[str]) -> str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (``sidecar.cli.exit_status``: 2 for invalid options)."""
+    """Entry point; returns the exit status (``sidecar.cli.exit_status``: 2 for invalid options).
+    Output cut short by its reader (``dflash-sidecar report | head``) ends quietly with the status a
+    shell gives a process SIGPIPE killed (128 + SIGPIPE), as ``cat`` does, not with a traceback."""
+    try:
+        return _dispatch(argv)
+    except BrokenPipeError:
+        # Python's own advice: point stdout at /dev/null, so the flush at exit cannot fail again.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 128 + signal.SIGPIPE
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if args and not args[0].startswith("-") and args[0] not in SUBCOMMANDS:
