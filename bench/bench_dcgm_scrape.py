@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups  # noqa: E402
-from sidecar.exporters.live import LiveState  # noqa: E402
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector  # noqa: E402
 from sidecar.exporters.prometheus.page import MetricsPage  # noqa: E402
 from sidecar.exporters.prometheus.server import GZIP_LEVEL, serve  # noqa: E402
+from sidecar.exporters.scrape_state import ScrapeState  # noqa: E402
 from sidecar.sources.nvml import NvmlSource  # noqa: E402
 from tests.fake_nvml import FakeNvml, build_fake_nvml  # noqa: E402
 
@@ -132,10 +132,10 @@ def main() -> int:
     groups = GpuAggregates(GpuGroups.parse(["target=0-5", "drafter=6,7"]), source.latest, source.status)
     cases = []
     for name, report in (("no trainer series", None), ("8 workers x 20 names", trainer_report(8, 20))):
-        state = ExportState(host="bench", started_unix_s=time.time(), live=LiveState(gpus=groups),
+        state = ExportState(host="bench", started_unix_s=time.time(), scrape_state=ScrapeState(gpus=groups),
                             report=report)  # type: ignore[arg-type]
         cases.append((name, measure(state, MetricsPage(SidecarCollector(state)), args.scrapes)))
-    http_state = ExportState(host="bench", started_unix_s=time.time(), live=LiveState(gpus=groups),
+    http_state = ExportState(host="bench", started_unix_s=time.time(), scrape_state=ScrapeState(gpus=groups),
                              report=trainer_report(8, 20))  # type: ignore[arg-type]
     http = measure_http(http_state, args.scrapes)
     source.shutdown()

@@ -208,7 +208,7 @@ def udp_receiver(state: str) -> Iterator[int]:
 def zmq_receiver(state: str, workdir: str) -> Iterator[tuple[str, ReceiverProcess | None]]:
     endpoint = f"ipc://{workdir}/{state}.sock"
     rx = None if state == "absent" else ReceiverProcess(endpoint, None, stalled=state == "stalled")
-    if rx is not None:  # as a daemon does once bound: the shim then keeps its ledger there
+    if rx is not None:  # as a daemon does once bound: the shim then keeps its tally there
         os.makedirs(f"{workdir}/{state}.sock.ledger", exist_ok=True)
     try:
         yield endpoint, rx

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from gpu_check_common import write_json
-from shim_helpers import ReceiverProcess, ledgers, wait_until  # type: ignore[import-not-found]
+from shim_helpers import ReceiverProcess, books_of, wait_until  # type: ignore[import-not-found]
 
 from trainer_shim import telemetry
 from trainer_shim.wire import RecordKind
@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def received(rx: ReceiverProcess, kind: int, name: str | None = None) -> list[Any]:
     """Records of ``kind`` (and ``name``) the receiver got so far."""
-    return [r for b in ledgers(rx.messages()).values() for r in b.records
+    return [r for b in books_of(rx.messages()).values() for r in b.records
             if r[0] == kind and (name is None or r[1] == name)]
 
 

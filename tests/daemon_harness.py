@@ -53,7 +53,7 @@ PUBLISHER = textwrap.dedent("""
                              flush_interval_s=0.02)
     calls = 0
     deadline = time.monotonic() + 15
-    while ch.records_total == 0 and time.monotonic() < deadline:  # until a record reached a live daemon
+    while ch.records_total == 0 and time.monotonic() < deadline:  # until a record reached a running daemon
         ch.gauge("warmup", 1.0); calls += 1
         telemetry.flush(wait_s=1.0)
     for i in range(spec["n"]):

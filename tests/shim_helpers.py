@@ -12,7 +12,7 @@ It answers ``ready`` once bound (or, with ``--stalled``, once bound and not yet 
 ``stalled``/``resumed`` after each command, so a test never guesses with a sleep. ``--discard``
 keeps nothing (a benchmark drain). Nothing here imports pytest: the benchmark uses it too.
 
-In the test process, ``decode``/``read_frames``/``Ledger`` turn the frames back into messages
+In the test process, ``decode``/``read_frames``/``SenderBook`` turn the frames back into messages
 using ``trainer_shim.wire`` and do the per-sender loss accounting a daemon would do.
 """
 
@@ -245,7 +245,7 @@ def decode(frame: bytes) -> Message:
 
 
 @dataclass
-class SenderLedger:
+class SenderBook:
     """What one receiver can say about one sender, as the daemon would count it."""
 
     sender: int
@@ -287,11 +287,11 @@ class SenderLedger:
         return self.received == self.last_total - (self.baseline or 0) - self.missing
 
 
-def ledgers(messages: Iterable[Message]) -> dict[int, SenderLedger]:
+def books_of(messages: Iterable[Message]) -> dict[int, SenderBook]:
     """Per sender, in arrival order."""
-    out: dict[int, SenderLedger] = {}
+    out: dict[int, SenderBook] = {}
     for msg in messages:
-        out.setdefault(msg.sender, SenderLedger(msg.sender)).add(msg)
+        out.setdefault(msg.sender, SenderBook(msg.sender)).add(msg)
     return out
 
 
@@ -300,11 +300,11 @@ def wait_until(predicate: Any, timeout_s: float = 30.0, interval_s: float = 0.02
     return waiting.wait_until(predicate, timeout_s, interval_s)
 
 
-def only_ledger(rx: ReceiverProcess, done: Callable[[SenderLedger], bool]) -> SenderLedger:
-    """The ledger of ``rx``'s one sender once ``done`` holds for it (within 60 s); stops ``rx`` and
-    asserts the ledger's accounting identity."""
-    def ready() -> SenderLedger | None:
-        books = list(ledgers(rx.messages()).values())
+def only_book(rx: ReceiverProcess, done: Callable[[SenderBook], bool]) -> SenderBook:
+    """The book of ``rx``'s one sender once ``done`` holds for it (within 60 s); stops ``rx`` and
+    asserts the book's accounting identity."""
+    def ready() -> SenderBook | None:
+        books = list(books_of(rx.messages()).values())
         return books[0] if len(books) == 1 and done(books[0]) else None
 
     book = wait_until(ready, timeout_s=60)

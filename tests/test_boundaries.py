@@ -206,7 +206,7 @@ def test_the_pipeline_is_where_the_stages_meet() -> None:
 
 
 def test_the_prometheus_exporter_takes_no_callbacks_beyond_the_live_state() -> None:
-    """Everything a scrape reads besides the window comes through ``LiveState``: neither the
+    """Everything a scrape reads besides the window comes through ``ScrapeState``: neither the
     exporter nor the state it renders takes a function from the daemon (``http``, the server's own
     counters, is set by the exporter's own server)."""
     import typing
@@ -219,7 +219,7 @@ def test_the_prometheus_exporter_takes_no_callbacks_beyond_the_live_state() -> N
 
     assert callables(typing.get_type_hints(PrometheusExporter.__init__)) == set()
     assert callables(typing.get_type_hints(ExportState)) == {"http"}
-    assert "live" in typing.get_type_hints(PrometheusExporter.__init__)
+    assert "scrape_state" in typing.get_type_hints(PrometheusExporter.__init__)
 
 
 def test_the_daemon_keeps_only_the_lifecycle() -> None:

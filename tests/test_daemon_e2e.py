@@ -144,12 +144,12 @@ def test_sighup_reloads_the_config_and_rejects_a_bad_one(tmp_path: Path) -> None
     d = DaemonProc(tmp_path, "--config", str(cfg), interval=None)
     try:
         d.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: "config reloaded (no live change)" in d.log(), what="reload")
+        wait_for(lambda: "config reloaded (no reloadable change)" in d.log(), what="reload")
         # prometheus_addr is also given as a flag: the flag keeps precedence over the file
         cfg.write_text("interval = 0.3\nmax_series = 50\nprometheus_addr = '127.0.0.1:1'\n")
         d.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: "config reloaded (interval); needs a restart to apply: max_series" in d.log(),
-                 what="live reload")
+                 what="reload of a reloadable setting")
         wait_for(lambda: d.log().count("| 0 dropped") >= 2, what="windows at the new interval")
         cfg.write_text("interval = -1\n")
         d.proc.send_signal(signal.SIGHUP)

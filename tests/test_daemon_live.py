@@ -58,13 +58,13 @@ def test_a_restarted_run_shows_its_own_step_and_the_killed_sender_is_not_counted
 def test_the_live_state_finds_an_exporters_statistics_by_the_exporters_own_name() -> None:
     from sidecar.core.pipeline import Pipeline
     from sidecar.exporters.console import ConsoleExporter
-    from sidecar.exporters.live import LiveState
+    from sidecar.exporters.scrape_state import ScrapeState
     from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
 
     wandb = WandbExporter(WandbConfig(run="r", offline=True), host="h")
-    live = LiveState()
-    assert live.exporter_stats("wandb") is None and live.ingest_health() is None  # nothing attached yet
-    live.attach(ingest=Pipeline(), exporters=[ConsoleExporter(), wandb], admin=None)  # type: ignore[arg-type]
-    assert live.exporter_stats("wandb") == wandb.stats()
-    assert live.exporter_stats("console") is None and live.exporter_stats("elsewhere") is None
-    assert live.ingest_health() is not None
+    scraped = ScrapeState()
+    assert scraped.exporter_stats("wandb") is None and scraped.ingest_health() is None  # nothing attached yet
+    scraped.attach(ingest=Pipeline(), exporters=[ConsoleExporter(), wandb], admin=None)  # type: ignore[arg-type]
+    assert scraped.exporter_stats("wandb") == wandb.stats()
+    assert scraped.exporter_stats("console") is None and scraped.exporter_stats("elsewhere") is None
+    assert scraped.ingest_health() is not None

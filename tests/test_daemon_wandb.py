@@ -21,7 +21,7 @@ TRAINER = textwrap.dedent("""
     run = wandb.init(project="dflash", mode="offline", dir=sys.argv[2])
     ch = telemetry.configure(endpoint=sys.argv[1], role="drafter", worker="0", flush_interval_s=0.02)
     warmups = 0
-    while ch.records_total == 0:  # until a record reached the live daemon
+    while ch.records_total == 0:  # until a record reached the running daemon
         ch.gauge("warmup", 1.0); warmups += 1
         telemetry.flush(wait_s=1.0)
     for step in range(1, 41):

@@ -36,7 +36,7 @@ CASES = [
      "system"),
     ("deployment directory, daemon under systemd serving", "deployed+socket", {"RUNTIME_DIRECTORY": "SYS"},
      "system"),
-    ("a live socket in a directory the system user does not own", "leftover+socket", {"RUNTIME_DIRECTORY": "SYS"},
+    ("a socket in use in a directory the system user does not own", "leftover+socket", {"RUNTIME_DIRECTORY": "SYS"},
      "system"),
     ("explicit DFLASH_SIDECAR_ENDPOINT beats a deployment", "deployed+socket",
      {"DFLASH_SIDECAR_ENDPOINT": "tcp://127.0.0.1:5557"}, "tcp://127.0.0.1:5557"),

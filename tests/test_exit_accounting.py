@@ -1,8 +1,8 @@
 """Every loss counted where a trainer process really ends (issue 22: exits while the daemon is
 behind, SIGTERM as ``Pool.terminate()`` sends it, SIGKILL and ``os.abort()``, short-lived processes
 that never saw a subscription). Real daemon, real shim processes, real ZeroMQ; the daemon books
-what never arrived from the senders' ledgers (``<socket>.ledger/``). The cases live in
-``tests/soak/exits.py`` (``bench/soak.py --exits`` runs them at full size).
+what never arrived from the senders' tallies (in ``<socket>.ledger/``: the on-disk name keeps the
+older word). The cases live in ``tests/soak/exits.py`` (``bench/soak.py --exits`` runs them at full size).
 
 Each compares the calls the trainer processes made with what the daemon exports for their role:
 ``records_accepted_total + Σ records_dropped_total{reason}``. One daemon serves all four (each
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.sources.ledgers import EXIT_GRACE_S, SCAN_S
+from sidecar.sources.tallies import EXIT_GRACE_S, SCAN_S
 from tests.daemon_harness import DaemonProc, env
 from tests.soak import exits
 
@@ -43,14 +43,14 @@ def test_exit_while_the_daemon_is_stalled(daemon: DaemonProc) -> None:
 
 def test_pool_terminate(daemon: DaemonProc) -> None:
     """``Pool.terminate()`` SIGTERMs workers with records queued: the shim's SIGTERM handler writes
-    the final ledger and the process still dies of the signal; exact, as ``lost_at_exit``."""
+    the final tally and the process still dies of the signal; exact, as ``lost_at_exit``."""
     r = exits.pool_terminate(daemon, workers=3, records=5000)
     assert r.counted == r.made, r
     assert r.dropped.get("lost_at_exit", 0) >= 3 * 5000, r
 
 
 def test_sigkill_is_bounded_by_one_flush(daemon: DaemonProc) -> None:
-    """SIGKILL and ``os.abort()`` with frames stuck behind a stopped daemon: what the last ledger
+    """SIGKILL and ``os.abort()`` with frames stuck behind a stopped daemon: what the last tally
     holds is booked as ``ended_unclean``; only what was made after the last flush is unknown, and
     here that is exactly the tail each published without flushing (not in ``made``)."""
     r = exits.unclean(daemon, flushes=200, per_flush=500, tail=250)
@@ -60,7 +60,7 @@ def test_sigkill_is_bounded_by_one_flush(daemon: DaemonProc) -> None:
 
 def test_short_lived_processes(daemon: DaemonProc) -> None:
     """Processes that publish 100 records and exit before the daemon's subscription reaches them:
-    the shim counts them as ``no_receiver`` and its ledger tells the daemon. Every ledger is
+    the shim counts them as ``no_receiver`` and its tally tells the daemon. Every tally is
     removed once booked."""
     r = exits.churn(daemon, processes=40, records=100, parallel=4)
     assert r.counted == r.made, r
@@ -136,7 +136,7 @@ def _close_and_exit(endpoint: str) -> int:
 
 def test_a_sender_that_closed_just_before_the_daemon_stopped_is_booked_by_that_daemon(tmp_path: Path) -> None:
     """The demo's end, and a daemon stopped right after its trainers: a publisher closes, and the
-    daemon is stopped within the ledgers' exit grace. The daemon books the closed sender's ledger
+    daemon is stopped within the tallies' exit grace. The daemon books the closed sender's tally
     at its shutdown (everything that arrived is drained by then). It used to leave the file to the
     next daemon, which had seen none of the sender's batches and booked all it made as
     ``lost_at_exit`` (2,000+ records the first daemon had counted)."""
@@ -145,19 +145,19 @@ def test_a_sender_that_closed_just_before_the_daemon_stopped_is_booked_by_that_d
         assert _close_and_exit(first.endpoint) > 2000
     finally:
         first.stop()
-    ledgers = tmp_path / "sidecar.sock.ledger"
-    assert not ledgers.exists(), "the stopped daemon left the closed sender's ledger (the directory goes when empty)"
+    tallies = tmp_path / "sidecar.sock.ledger"
+    assert not tallies.exists(), "the stopped daemon left the closed sender's tally (the directory goes when empty)"
     second = DaemonProc(tmp_path)
     try:
-        time.sleep(EXIT_GRACE_S + SCAN_S + 2.5)  # a ledger left behind would be booked by now
+        time.sleep(EXIT_GRACE_S + SCAN_S + 2.5)  # a tally left behind would be booked by now
         assert second.value("dflash_sidecar_records_dropped_total", role="ended") is None
     finally:
         second.stop()
 
 
-def test_a_ledger_written_before_the_daemon_started_is_what_an_earlier_daemon_was_sent(tmp_path: Path) -> None:
+def test_a_tally_written_before_the_daemon_started_is_what_an_earlier_daemon_was_sent(tmp_path: Path) -> None:
     """A sender closed while a daemon ran that was then SIGKILLed (nothing booked): the next daemon
-    finds a ledger last written before it started. What the sender sent went to the earlier daemon:
+    finds a tally last written before it started. What the sender sent went to the earlier daemon:
     booked as ``before_join``, not as records this daemon lost (``lost_at_exit``)."""
     first = DaemonProc(tmp_path)
     try:

@@ -16,11 +16,11 @@ from prometheus_client.utils import floatToGoString
 
 from sidecar.core.ingest import IngestLoop
 from sidecar.core.pipeline import OnWindow, Pipeline
-from sidecar.exporters.live import LiveState
 from sidecar.exporters.prometheus import exposition
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.prometheus.page import MetricsPage
 from sidecar.exporters.prometheus.server import serve
+from sidecar.exporters.scrape_state import ScrapeState
 from sidecar.model.gpu import GpuView, NvmlState, NvmlStatus
 from sidecar.model.window import IngestReport
 from tests.daemon_harness import NoSocket, free_port
@@ -55,7 +55,7 @@ def _every_kind(rng: random.Random) -> list:
 def _page_and_reference(report: IngestReport, gpus: GpuView | None = None) -> tuple[bytes, bytes]:
     state = ExportState(host='h"o\\st', started_unix_s=1.5e9, report=report)
     if gpus is not None:
-        state.live = LiveState(gpus=SimpleNamespace(view=lambda: gpus))
+        state.scrape_state = ScrapeState(gpus=SimpleNamespace(view=lambda: gpus))
     collector = SidecarCollector(state)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
@@ -96,7 +96,7 @@ def test_a_failing_source_is_omitted_not_the_scrape() -> None:
         raise RuntimeError("boom")
 
     state = ExportState(host="h", started_unix_s=0.0, report=_report([[("t", "0", [[2, "tokens", 1]])]]))
-    state.live = LiveState(gpus=SimpleNamespace(view=broken))
+    state.scrape_state = ScrapeState(gpus=SimpleNamespace(view=broken))
     page = MetricsPage(SidecarCollector(state)).render()
     assert b"dflash_trainer_tokens_total" in page and b"dflash_sidecar_start_time_seconds" in page
 

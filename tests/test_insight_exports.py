@@ -191,7 +191,7 @@ def test_top_shows_verdict_queue_and_roles() -> None:
     assert "pipeline roles" in out and "queue_put_wait" in out and "yes" in out
 
 
-def test_thresholds_come_from_flags_and_reload_live(tmp_path) -> None:
+def test_thresholds_come_from_flags_and_are_reloadable(tmp_path) -> None:
     from sidecar.cli.main import build_parser
 
     ns = build_parser().parse_args(["run", "--insight-starved-ratio", "0.2", "--insight-throttle-reasons",

@@ -225,10 +225,10 @@ def test_served_page_with_compat_equals_generate_latest_byte_for_byte() -> None:
 
     from prometheus_client.utils import floatToGoString
 
-    from sidecar.exporters.live import LiveState
     from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
     from sidecar.exporters.prometheus.exposition import go_float
     from sidecar.exporters.prometheus.page import MetricsPage
+    from sidecar.exporters.scrape_state import ScrapeState
     from sidecar.model.gpu import VIOLATION_POLICIES, ProfilingState
 
     rng = random.Random(24)
@@ -247,8 +247,8 @@ def test_served_page_with_compat_equals_generate_latest_byte_for_byte() -> None:
             dataclasses.replace(full, index=3))
     view = gpu_view(GpuSnapshot(1.0, 0.001, 10, gpus, "570.1"),
                     NvmlStatus(NvmlState.AVAILABLE, hung_gpus=(3,)), NO_GROUPS)
-    state = ExportState(host='h"o\\st', started_unix_s=1.5e9, live=LiveState(gpus=SimpleNamespace(view=lambda: view)),
-                        dcgm_compat=True)
+    scraped = ScrapeState(gpus=SimpleNamespace(view=lambda: view))
+    state = ExportState(host='h"o\\st', started_unix_s=1.5e9, scrape_state=scraped, dcgm_compat=True)
     collector = SidecarCollector(state)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)  # type: ignore[arg-type]

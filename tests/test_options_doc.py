@@ -25,7 +25,7 @@ def test_the_readme_lists_what_top_level_help_lists() -> None:
         assert what.split()[0] in top
     deploy = (ROOT / "docs" / "DEPLOY.md").read_text()
     for s in config.SETTINGS:  # every setting, with its liveness, in DEPLOY.md's table
-        assert f"| `{s.name}` |" in deploy and ("applied" if s.live else "restart") in deploy.split(
+        assert f"| `{s.name}` |" in deploy and ("applied" if s.reloadable else "restart") in deploy.split(
             f"| `{s.name}` |", 1)[1].split("\n", 1)[0], s.name
 
 
@@ -35,7 +35,7 @@ def test_a_changed_declaration_makes_the_docs_stale(tmp_path: Path, monkeypatch)
         shutil.copy(ROOT / path, tmp_path / path)
     assert options_doc.stale(tmp_path) == []
     interval = config.BY_NAME["interval"]
-    changed = dataclasses.replace(interval, spec=dataclasses.replace(interval.spec, live=False,
+    changed = dataclasses.replace(interval, spec=dataclasses.replace(interval.spec, reloadable=False,
                                                                      summary="aggregation window, default 5 s"))
     monkeypatch.setattr(config, "SETTINGS", tuple(changed if s is interval else s for s in config.SETTINGS))
     assert options_doc.stale(tmp_path) == ["README.md", "docs/DEPLOY.md"]

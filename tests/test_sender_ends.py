@@ -65,7 +65,7 @@ def test_each_end_is_told_once_with_its_how(daemon: DaemonProc) -> None:
         assert last["pid"] == str(procs[mode].pid) and last["step"] == "7", (mode, last)
         total, dropped = ends.losses(daemon, role)
         assert total == done[mode].made, (mode, total, done[mode].made, dropped)
-    time.sleep(GONE_AFTER_S + 2.5)  # two ledger scans more: nothing is booked twice
+    time.sleep(GONE_AFTER_S + 2.5)  # two tally scans more: nothing is booked twice
     for mode, how, _ in CASES:
         assert ends.ends_of(daemon, f"end-{mode}") == {how: 1}, mode
     assert "sender ended: end-sigkill/0 pid" in daemon.log()
@@ -243,7 +243,7 @@ if sys.argv[2] == "before":
 telemetry.configure(endpoint=sys.argv[1], role="t", worker="0")
 telemetry.count("n")
 telemetry.flush(wait_s=2)
-time.sleep(0.3)  # the flusher wrote the ledger (and armed its crash file) after the cycle
+time.sleep(0.3)  # the flusher wrote the tally (and armed its crash file) after the cycle
 if sys.argv[2] == "after":
     faulthandler.enable()
 ctypes.string_at(0)
@@ -318,7 +318,7 @@ for pid in kids:
 
 def test_a_forked_child_that_never_publishes_is_no_sender_that_ended(daemon: DaemonProc) -> None:
     """A child forked from a publishing process that makes no record (a raw ``os.fork`` ending with
-    ``os._exit``, as forked helpers do) leaves no ledger: the daemon never saw it, and telling its end
+    ``os._exit``, as forked helpers do) leaves no tally: the daemon never saw it, and telling its end
     as ``unclean`` (an alert, "100,000 records unknown") would be a false alarm per child. The
     parent's clean end is told, and nothing else."""
     out = subprocess.run([sys.executable, "-c", QUIET_FORKS, daemon.endpoint, "quietforks"], capture_output=True,

@@ -12,14 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.shim_helpers import SenderLedger, ledgers, run_script, wait_until
+from tests.shim_helpers import SenderBook, books_of, run_script, wait_until
 from trainer_shim.integrations import names
 
 pytest_plugins = ["tests.shim_fixtures"]
 
 def timings(rx: Any, name: str, n: int) -> list[float]:
-    def ready() -> SenderLedger | None:
-        books = list(ledgers(rx.messages()).values())
+    def ready() -> SenderBook | None:
+        books = list(books_of(rx.messages()).values())
         return books[0] if len(books) == 1 and len(_named(books[0], name)) >= n else None
 
     book = wait_until(ready, timeout_s=60)
@@ -27,7 +27,7 @@ def timings(rx: Any, name: str, n: int) -> list[float]:
     return _named(book, name)
 
 
-def _named(book: SenderLedger, name: str) -> list[float]:
+def _named(book: SenderBook, name: str) -> list[float]:
     return [r[2] for r in book.records if r[1] == name]
 
 

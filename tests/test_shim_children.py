@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from tests.shim_helpers import SenderLedger, ledgers, run_script, wait_until
+from tests.shim_helpers import SenderBook, books_of, run_script, wait_until
 
 pytest_plugins = ["tests.shim_fixtures"]
 
-def books_by_worker(rx: Any, expect_records: int) -> dict[str, SenderLedger]:
-    """Wait until ``expect_records`` records arrived, then the ledgers by worker label."""
-    wait_until(lambda: sum(b.received for b in ledgers(rx.messages()).values()) >= expect_records,
+def books_by_worker(rx: Any, expect_records: int) -> dict[str, SenderBook]:
+    """Wait until ``expect_records`` records arrived, then the books by worker label."""
+    wait_until(lambda: sum(b.received for b in books_of(rx.messages()).values()) >= expect_records,
                timeout_s=60)
     rx.stop()
-    books = ledgers(rx.messages())
+    books = books_of(rx.messages())
     by_worker = {b.hellos[0]["worker"]: b for b in books.values() if b.hellos}
     assert len(by_worker) == len(books), "a sender without hello, or two with one label"
     assert all(b.consistent() for b in books.values())
@@ -86,10 +86,10 @@ def test_dataloader_workers_deliver_every_epoch_under_loader_labels(
             for epoch in range(2):
                 list(loader)
     """, ep)
-    wait_until(lambda: sum(b.received for b in ledgers(rx.messages()).values()) >= 32,
+    wait_until(lambda: sum(b.received for b in books_of(rx.messages()).values()) >= 32,
                timeout_s=60)
     rx.stop()
-    books = [b for b in ledgers(rx.messages()).values() if b.hellos]
+    books = [b for b in books_of(rx.messages()).values() if b.hellos]
     assert len(books) == 4
     assert sorted(b.hellos[0]["worker"] for b in books) == ["0/loader0", "0/loader0",
                                                             "0/loader1", "0/loader1"]
@@ -149,10 +149,10 @@ def test_spawn_dataloader_workers_follow_configure(workdir: Path, ep: str,
                                 multiprocessing_context="spawn")
             assert sum(len(b) for b in loader) == 256
     """, ep, env=configure_only(workdir))
-    wait_until(lambda: sum(b.received for b in ledgers(rx.messages()).values()) >= 256,
+    wait_until(lambda: sum(b.received for b in books_of(rx.messages()).values()) >= 256,
                timeout_s=60)
     rx.stop()
-    books = [b for b in ledgers(rx.messages()).values() if b.hellos]
+    books = [b for b in books_of(rx.messages()).values() if b.hellos]
     assert sorted(b.hellos[0]["worker"] for b in books) == ["0/loader0", "0/loader1"]
     assert sum(b.received for b in books) == 256 and all(b.consistent() for b in books)
     assert "reaches no daemon" not in proc.stderr
@@ -162,7 +162,7 @@ def test_spawn_pool_terminate_after_completed_work(workdir: Path, ep: str,
                                                    receivers: Callable[..., Any]) -> None:
     """``Pool.terminate()`` of spawned counting workers (endpoint from ``configure()`` only)
     neither raises nor hangs, and the records of the work they completed and flushed arrive.
-    (What a worker killed by the signal had not flushed yet is the sender ledger's to book.)"""
+    (What a worker killed by the signal had not flushed yet is the sender tally's to book.)"""
     rx = receivers(ep)
     run_script(workdir, f"""
         import multiprocessing as mp

@@ -21,7 +21,7 @@ import torch._dynamo
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
 
-from tests.shim_helpers import ROOT, ledgers, wait_until
+from tests.shim_helpers import ROOT, books_of, wait_until
 from trainer_shim import telemetry
 from trainer_shim.wire import RecordKind
 
@@ -39,7 +39,7 @@ def shim(ep: str, receivers: Callable[..., Any]) -> Iterator[Any]:
     telemetry.configure(endpoint=ep, role="trainer", worker="c0", flush_interval_s=0.005)
     CHANNELS["c1"] = telemetry.channel(worker="c1")
     telemetry.count("warmup")  # wait for the subscription, so nothing is dropped as no_receiver
-    wait_until(lambda: any(b.received for b in ledgers(rx.messages()).values()))
+    wait_until(lambda: any(b.received for b in books_of(rx.messages()).values()))
     yield rx
     telemetry.close()
 
@@ -94,8 +94,8 @@ def test_calls_add_no_graph_break_no_recompile_and_arrive(backend: str, shim: An
     main, side = stats[("trainer", "c0")], stats[("trainer", "c1")]
     assert telemetry.flush(wait_s=20)
     # 7 records a step on the default channel (the timer's too), 2 on the other.
-    wait_until(lambda: sum(b.received for b in ledgers(shim.messages()).values()) >= 9 * STEPS + 1)
-    books = {(b.role, b.worker): b for b in ledgers(shim.messages()).values()}
+    wait_until(lambda: sum(b.received for b in books_of(shim.messages()).values()) >= 9 * STEPS + 1)
+    books = {(b.role, b.worker): b for b in books_of(shim.messages()).values()}
     got = books[("trainer", "c0")]
     names = [r[1] for r in got.records if r[1] != "warmup"]
     assert len(names) == 7 * STEPS and got.consistent()
@@ -167,8 +167,8 @@ def test_timer_in_inductor_code_calls_the_python_bodies_directly(shim: Any) -> N
         compiled(a, b)
     assert dynamo_counts() == {"graph_breaks": 0, "recompiles": 0}
     assert telemetry.flush(wait_s=20)
-    wait_until(lambda: sum(b.received for b in ledgers(shim.messages()).values()) >= 3 * STEPS + 1)
-    book = {(b.role, b.worker): b for b in ledgers(shim.messages()).values()}[("trainer", "c0")]
+    wait_until(lambda: sum(b.received for b in books_of(shim.messages()).values()) >= 3 * STEPS + 1)
+    book = {(b.role, b.worker): b for b in books_of(shim.messages()).values()}[("trainer", "c0")]
     times: dict[str, list[float]] = {}
     for r in book.records:
         if r[1] != "warmup":
@@ -312,8 +312,8 @@ def test_calls_in_inlined_functions_arrive_without_graph_break(backend: str, shi
     got = compiled_run(step_inlining, backend, *inputs)
     assert got["graph_breaks"] == 0 and got["graphs"] == 2  # the one recompile for the step
     assert telemetry.flush(wait_s=20)
-    wait_until(lambda: sum(b.received for b in ledgers(shim.messages()).values()) >= 6 * STEPS + 1)
-    books = {(b.role, b.worker): b for b in ledgers(shim.messages()).values()}
+    wait_until(lambda: sum(b.received for b in books_of(shim.messages()).values()) >= 6 * STEPS + 1)
+    books = {(b.role, b.worker): b for b in books_of(shim.messages()).values()}
     records = books[("trainer", "c0")].records
     main = [r for r in records if r[1] != "warmup" and r[0] != RecordKind.PROFILE]
     names = [r[1] for r in main]
@@ -489,9 +489,9 @@ def test_compiled_training_loop_with_every_call_kind(backend: str, shim: Any) ->
     assert {"graphs": cc_opt.frame_count, **dynamo_counts()} == plain
     assert plain["recompiles"] == 0
     assert telemetry.flush(wait_s=20)
-    wait_until(lambda: sum(b.received for b in ledgers(shim.messages()).values())
+    wait_until(lambda: sum(b.received for b in books_of(shim.messages()).values())
                >= 9 * TRAIN_STEPS + 1)
-    book = {(b.role, b.worker): b for b in ledgers(shim.messages()).values()}[("trainer", "c0")]
+    book = {(b.role, b.worker): b for b in books_of(shim.messages()).values()}[("trainer", "c0")]
     records = [r for r in book.records if r[1] != "warmup"]
     names = [r[1] for r in records if r[0] != RecordKind.PROFILE]
     assert {n: names.count(n) for n in set(names)} == {
@@ -548,8 +548,8 @@ def test_compiled_hf_model_training_step(shim: Any) -> None:
         opt.zero_grad()
     assert cc.frame_count == 1 and dynamo_counts() == {"graph_breaks": 0, "recompiles": 0}
     assert telemetry.flush(wait_s=20)
-    wait_until(lambda: sum(b.received for b in ledgers(shim.messages()).values()) >= 5 * steps + 1)
-    book = {(b.role, b.worker): b for b in ledgers(shim.messages()).values()}[("trainer", "c0")]
+    wait_until(lambda: sum(b.received for b in books_of(shim.messages()).values()) >= 5 * steps + 1)
+    book = {(b.role, b.worker): b for b in books_of(shim.messages()).values()}[("trainer", "c0")]
     records = [r for r in book.records if r[1] != "warmup"]
     assert [(r[1], r[2]) for r in records if r[0] != RecordKind.PROFILE and r[1] != "lm_loss"] == [
         ("sequences", 4), ("lm_steps", 1), ("tokens", 32)] * steps

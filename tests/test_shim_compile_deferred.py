@@ -16,7 +16,7 @@ import torch._dynamo
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
 
-from tests.shim_helpers import ledgers, wait_until
+from tests.shim_helpers import books_of, wait_until
 from trainer_shim import compile_deferred, telemetry
 from trainer_shim.wire import RecordKind
 
@@ -31,7 +31,7 @@ def shim(ep: str, receivers: Callable[..., Any]) -> Iterator[Any]:
     rx = receivers(ep)
     telemetry.configure(endpoint=ep, role="trainer", worker="d0", flush_interval_s=0.005)
     telemetry.count("warmup")
-    wait_until(lambda: any(b.received for b in ledgers(rx.messages()).values()))
+    wait_until(lambda: any(b.received for b in books_of(rx.messages()).values()))
     yield rx
     telemetry.close()
 
@@ -59,7 +59,7 @@ def records(rx: Any, n: int) -> list[tuple[Any, ...]]:
     assert telemetry.flush(wait_s=20)
 
     def got() -> list[tuple[Any, ...]]:
-        books = {(b.role, b.worker): b for b in ledgers(rx.messages()).values()}
+        books = {(b.role, b.worker): b for b in books_of(rx.messages()).values()}
         book = books.get(("trainer", "d0"))
         return [r for r in book.records if r[1] != "warmup"] if book else []
 

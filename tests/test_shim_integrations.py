@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.shim_helpers import ROOT, SenderLedger, only_ledger, run_script
+from tests.shim_helpers import ROOT, SenderBook, only_book, run_script
 from trainer_shim.integrations import names
 
 pytest_plugins = ["tests.shim_fixtures"]
@@ -21,11 +21,11 @@ STEPS = 6
 PROFILE = 6  # wire.RecordKind.PROFILE
 
 
-def profiles(book: SenderLedger) -> list[tuple[int, dict[str, float]]]:
+def profiles(book: SenderBook) -> list[tuple[int, dict[str, float]]]:
     return [(r[1], r[2]) for r in book.records if r[0] == PROFILE]
 
 
-def values(book: SenderLedger, name: str) -> list[Any]:
+def values(book: SenderBook, name: str) -> list[Any]:
     return [r[2] for r in book.records if r[0] != PROFILE and r[1] == name]
 
 
@@ -57,7 +57,7 @@ def test_hf_trainer_callback(workdir: Path, ep: str, receivers: Callable[..., An
         print("RUN", wandb.run.id if wandb.run else None, flush=True)
     """, ep, env={"WANDB_MODE": "offline", "WANDB_DIR": str(workdir), "WANDB_SILENT": "true"})
     run_id = next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("RUN"))
-    book = only_ledger(rx, lambda b: len(profiles(b)) >= STEPS and len(values(b, "loss")) >= STEPS)
+    book = only_book(rx, lambda b: len(profiles(b)) >= STEPS and len(values(b, "loss")) >= STEPS)
     steps = profiles(book)
     assert [s for s, _ in steps] == list(range(1, STEPS + 1))
     assert all({names.STEP_MS, names.FORWARD_BACKWARD_MS, names.OPTIMIZER_STEP_MS} <= set(p) for _, p in steps)
@@ -102,7 +102,7 @@ def test_hf_data_wait_leaves_out_the_logging_between_steps(workdir: Path, ep: st
         Trainer(model=model, args=args, train_dataset=Tokens(),
                 callbacks=[SlowLogger(), SidecarCallback()]).train()
     """, ep)
-    steps = profiles(only_ledger(rx, lambda b: len(profiles(b)) >= STEPS))
+    steps = profiles(only_book(rx, lambda b: len(profiles(b)) >= STEPS))
     inside = (names.DATA_WAIT_MS, names.FORWARD_BACKWARD_MS, names.OPTIMIZER_STEP_MS)
     for _, p in steps[1:]:  # every step after the first follows a logged one
         assert p[names.DATA_WAIT_MS] < LOG_MS, steps  # the fetch only (it held the sleep before)
@@ -124,7 +124,7 @@ def test_lightning_callback(workdir: Path, ep: str, receivers: Callable[..., Any
                             enable_model_summary=False, callbacks=[SidecarCallback()])
         trainer.fit(Tiny(), loader)
     """, ep)
-    book = only_ledger(rx, lambda b: len(profiles(b)) >= STEPS)
+    book = only_book(rx, lambda b: len(profiles(b)) >= STEPS)
     steps = profiles(book)
     assert [s for s, _ in steps] == list(range(1, STEPS + 1))
     timed = {names.STEP_MS, names.FORWARD_MS, names.BACKWARD_MS, names.OPTIMIZER_STEP_MS}
@@ -170,7 +170,7 @@ def test_lightning_data_wait_is_the_fetch_not_the_host_work_between_batches(
                             enable_model_summary=False, callbacks=[SidecarCallback(), HostWork()])
         trainer.fit(Tiny(), torch.utils.data.DataLoader(Slow(), batch_size=8))
     """, ep)
-    steps = profiles(only_ledger(rx, lambda b: len(profiles(b)) >= STEPS))
+    steps = profiles(only_book(rx, lambda b: len(profiles(b)) >= STEPS))
     inside = (names.DATA_WAIT_MS, names.FORWARD_MS, names.BACKWARD_MS, names.OPTIMIZER_STEP_MS)
     for _, p in steps[1:]:
         assert FETCH_MS <= p[names.DATA_WAIT_MS] < LOG_MS, steps  # the fetch, without the host work
@@ -196,7 +196,7 @@ def test_loader_wrapper_times_the_wait_for_each_batch(workdir: Path, ep: str,
             time.sleep(0.05)
         assert len(timed([1, 2, 3])) == 3
     """, ep)
-    book = only_ledger(rx, lambda b: len(values(b, names.BATCHES)) >= 5)
+    book = only_book(rx, lambda b: len(values(b, names.BATCHES)) >= 5)
     waits = values(book, names.DATA_WAIT_MS)
     assert len(waits) == 5 and all(20 <= w < 50 for w in waits)
     assert values(book, names.TOKENS) == [1, 2, 3, 4, 5]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.shim_helpers import ROOT, ledgers, wait_until
+from tests.shim_helpers import ROOT, books_of, wait_until
 
 EXIT_BOUND_S = 30.0
 """A shim process must be gone well within this even with the receiver stalled or absent."""
@@ -54,9 +54,9 @@ def test_last_batch_goes_out_at_exit(ep: str, receivers) -> None:  # type: ignor
         telemetry.publish(1000, {"loss": 0.5})
     """, ep)
     assert proc.returncode == 0, proc.stderr
-    wait_until(lambda: sum(b.received for b in ledgers(rx.messages()).values()) >= 1001)
+    wait_until(lambda: sum(b.received for b in books_of(rx.messages()).values()) >= 1001)
     rx.stop()
-    (book,) = ledgers(rx.messages()).values()
+    (book,) = books_of(rx.messages()).values()
     assert book.received == book.last_total == 1001 and book.baseline == 0 and book.consistent()
     assert [6, 1000] in [r[:2] for r in book.records] and book.hellos[0]["worker"] == "0"
     # its last message, after the last batch, is the hello that says the sender ends (a clean exit)
@@ -146,9 +146,9 @@ def test_forked_child_is_a_new_sender(ep: str, receivers) -> None:  # type: igno
     assert child["sender"] != parent["sender"]
     assert child["records_total"] == 30 and child["dropped"] == {} and child["pending"] == 0
     assert parent["records_total"] == 170 and parent["dropped"] == {}
-    wait_until(lambda: sum(b.received for b in ledgers(rx.messages()).values()) >= 200)
+    wait_until(lambda: sum(b.received for b in books_of(rx.messages()).values()) >= 200)
     rx.stop()
-    books = ledgers(rx.messages())
+    books = books_of(rx.messages())
     cb, pb = books[child["sender"]], books[parent["sender"]]
     assert {r[1] for r in cb.records} == {"child"} and cb.received == 30 and cb.consistent()
     assert cb.hellos[0]["pid"] == pids[0] != pb.hellos[0]["pid"]
@@ -176,7 +176,7 @@ def test_strict_mode_from_environment_raises_at_call_site(ep: str) -> None:
 
 
 def test_production_mode_never_raises_and_logs_once(ep: str, receivers) -> None:  # type: ignore[no-untyped-def]
-    receivers(ep)  # values are only looked at when they are encoded for a live receiver
+    receivers(ep)  # values are only looked at when they are encoded for a subscribed receiver
     proc = run_shim("""
         import logging
         logging.basicConfig(level=logging.WARNING)

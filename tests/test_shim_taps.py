@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests import wandb_records
-from tests.shim_helpers import ReceiverProcess, SenderLedger, only_ledger, run_script
+from tests.shim_helpers import ReceiverProcess, SenderBook, only_book, run_script
 from trainer_shim.wire import RecordKind
 
 pytest_plugins = ["tests.shim_fixtures"]
@@ -36,12 +36,12 @@ def result(proc: Any) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def profiles(book: SenderLedger) -> list[tuple[int, dict[str, Any]]]:
+def profiles(book: SenderBook) -> list[tuple[int, dict[str, Any]]]:
     """The ``publish`` records (step, dict) in order."""
     return [(r[1], r[2]) for r in book.records if r[0] == PROFILE]
 
 
-def others(book: SenderLedger) -> list[tuple[int, Any, Any]]:
+def others(book: SenderBook) -> list[tuple[int, Any, Any]]:
     """The other records (kind, name, value) in order."""
     return [(r[0], r[1], r[2]) for r in book.records if r[0] != PROFILE]
 
@@ -99,7 +99,7 @@ def test_tensorboard_scalars_reach_the_sidecar_and_the_event_files_stay_the_same
     assert out["on"] and out["off"] and out["stats"]["errors"] == 0
     plain, tapped = tensorboard_events(workdir / "plain"), tensorboard_events(workdir / "tapped")
     assert plain == tapped and sum(map(len, plain.values())) >= 9
-    book = only_ledger(rx, lambda b: sum(r[0] == PROFILE for r in b.records) >= 5)
+    book = only_book(rx, lambda b: sum(r[0] == PROFILE for r in b.records) >= 5)
     assert profiles(book) == [(0, {"data_time_ms": 20.0}), (1, {"data_time_ms": 21.0}), (2, {"data_time_ms": 22.0}),
                               (3, {"phase/fwd_ms": 1.5, "phase/bwd_ms": 2}),
                               (4, {"no_step": 7.0})]  # no step: the last one seen
@@ -153,7 +153,7 @@ def test_wandb_log_reaches_the_sidecar_and_the_run_stays_the_same(
     assert out["off"] and out["stats"]["errors"] == 0 and out["stats"]["skipped"] == 4  # 3 texts, 1 histogram
     plain, tapped = (wandb_rows(workdir, run_id) for run_id in out["ids"])
     assert plain == tapped and len(plain) == 5
-    book = only_ledger(rx, lambda b: len(profiles(b)) >= 7)
+    book = only_book(rx, lambda b: len(profiles(b)) >= 7)
     assert profiles(book) == [(i, {"data_time_ms": 20.0 + i, "step_ms": 25.0}) for i in range(3)] + [
         (2, {"loss": 0.5}), (2, {"lr": 0.1}), (3, {"data_time_ms": 1.0}),
         (40, {"loss": 0.25, "train/global_step": 40})]
@@ -203,7 +203,7 @@ def test_mlflow_metrics_reach_the_sidecar_and_the_metric_files_stay_the_same(
     plain, tapped = (mlflow_metric_files(workdir / "mlruns", run_id) for run_id in out["ids"])
     assert plain == tapped and set(plain) == {"metrics/data_time_ms", "metrics/step_ms", "metrics/loss",
                                               "metrics/no_step"}
-    book = only_ledger(rx, lambda b: len(profiles(b)) >= 5)
+    book = only_book(rx, lambda b: len(profiles(b)) >= 5)
     assert profiles(book) == [(i, {"data_time_ms": 20.0 + i}) for i in range(3)] + [
         (3, {"step_ms": 25.0, "loss": 0.5}), (3, {"no_step": 7})]
 

@@ -5,7 +5,7 @@ binds a SUB socket and writes every frame it gets to a file. The waits are liven
 long to wait for something that must happen), never performance thresholds.
 
 Accounting, checked everywhere: for every sender, ``calls == records_total + sum(dropped)`` once
-flushed, and a receiver's ``received == records_total - proven missing`` (``Ledger.consistent``).
+flushed, and a receiver's ``received == records_total - proven missing`` (``SenderBook.consistent``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.shim_helpers import ReceiverProcess, SenderLedger, ledgers, wait_until
+from tests.shim_helpers import ReceiverProcess, SenderBook, books_of, wait_until
 from trainer_shim import __version__, publisher, telemetry, transport, wire
 from trainer_shim.publisher import Publisher
 from trainer_shim.wire import RecordKind
@@ -50,15 +50,15 @@ def accounted(stats: dict[str, Any]) -> int:
     return stats["records_total"] + sum(stats["dropped"].values()) + stats["pending"]
 
 
-def one_ledger(rx: ReceiverProcess) -> SenderLedger:
-    books = ledgers(rx.messages())
+def one_book(rx: ReceiverProcess) -> SenderBook:
+    books = books_of(rx.messages())
     assert len(books) == 1, books.keys()
     return next(iter(books.values()))
 
 
 def received_up_to(rx: ReceiverProcess, sender: int, total: int) -> Callable[[], bool]:
     def check() -> bool:
-        book = ledgers(rx.messages()).get(sender)
+        book = books_of(rx.messages()).get(sender)
         return book is not None and book.last_total >= total
     return check
 
@@ -85,7 +85,7 @@ def test_live_receiver_gets_every_record(ep: str, receivers, publishers) -> None
     (stats,) = pub.stats().values()
     assert stats["dropped"] == {} and stats["records_total"] == calls
     wait_until(received_up_to(rx, ch.sender, calls))
-    book = one_ledger(rx)
+    book = one_book(rx)
     assert book.received == calls and book.missing == 0 and book.baseline == 0 and book.consistent()
     assert book.seq_gaps == 0 and (book.role, book.worker) == ("drafter", "3")
     kinds = {rec[0] for rec in book.records}
@@ -121,12 +121,12 @@ def test_stalled_receiver_from_the_start(ep: str, receivers, publishers,  # type
     assert pub.flush(wait_s=30)
     assert pub.stats()[("trainer", "0")]["dropped"] == {"no_receiver": before}
     rx.resume()
-    book = wait_until(lambda: (b := ledgers(rx.messages()).get(ch.sender)) and b.batches and b)
+    book = wait_until(lambda: (b := books_of(rx.messages()).get(ch.sender)) and b.batches and b)
     assert book.hellos and book.dropped == {"no_receiver": before}  # the heartbeat tells
     after = sum(every_kind(ch, i) for i in range(100))
     assert pub.flush(wait_s=30)
     wait_until(received_up_to(rx, ch.sender, after))
-    book = one_ledger(rx)
+    book = one_book(rx)
     assert book.received == after == book.last_total and book.consistent()
     assert accounted(pub.stats()[("trainer", "0")]) == before + after
 
@@ -162,13 +162,13 @@ def test_receiver_that_stops_reading(ep: str, receivers, publishers,  # type: ig
         ch.count("after")
         calls += 1
         assert pub.flush(wait_s=30)
-        return bool(one_ledger(rx).records[-1] == [RecordKind.COUNT, "after", 1])
+        return bool(one_book(rx).records[-1] == [RecordKind.COUNT, "after", 1])
 
     wait_until(after_arrived, timeout_s=60, interval_s=0.2)
     (stats,) = pub.stats().values()
     assert accounted(stats) == calls and stats["dropped"] == {}  # the shim handed everything over
     wait_until(received_up_to(rx, ch.sender, stats["records_total"]))
-    book = one_ledger(rx)
+    book = one_book(rx)
     assert book.consistent() and book.last_total == calls
     assert book.missing > 0 and book.received + book.missing == calls  # lost in transit, counted
     assert book.records[-1] == [RecordKind.COUNT, "after", 1]
@@ -205,7 +205,7 @@ def test_receiver_restarted_mid_stream(ep: str, receivers, publishers) -> None: 
     (stats,) = pub.stats().values()
     assert accounted(stats) == calls and stats["pending"] == 0
     wait_until(received_up_to(second, ch.sender, stats["records_total"]))
-    a, b = one_ledger(first), one_ledger(second)
+    a, b = one_book(first), one_book(second)
     assert a.consistent() and b.consistent()
     assert b.hellos, "the restarted receiver is greeted again"
     assert b.last_total == stats["records_total"]  # the last batch reached it at close
@@ -245,7 +245,7 @@ def test_many_threads_publishing_at_once(ep: str, receivers, publishers) -> None
         assert accounted(st) == (4 * n if key[1] == "shared" else n), key
     senders = {pub.channel(*key).sender: key for key in stats}
     wait_until(lambda: all(received_up_to(rx, s, stats[k]["records_total"])() for s, k in senders.items()))
-    books = ledgers(rx.messages())
+    books = books_of(rx.messages())
     for sender, key in senders.items():
         book = books[sender]
         assert book.consistent() and book.worker == key[1]
@@ -266,8 +266,8 @@ def test_hello_heartbeats_and_wandb(ep: str, receivers, publishers,  # type: ign
     pub = publishers(ep)
     ch = pub.channel("target", "1", devices=[0, 1])
     ch.count("start")
-    wait_until(lambda: (b := ledgers(rx.messages()).get(ch.sender)) and b.batches >= 3 and b.hellos)
-    book = one_ledger(rx)
+    wait_until(lambda: (b := books_of(rx.messages()).get(ch.sender)) and b.batches >= 3 and b.hellos)
+    book = one_book(rx)
     hello = book.hellos[0]
     assert hello["pid"] == __import__("os").getpid()
     assert hello["host"] == __import__("socket").gethostname()
@@ -283,13 +283,13 @@ def test_hello_heartbeats_and_wandb(ep: str, receivers, publishers,  # type: ign
     wandb = types.ModuleType("wandb")
     wandb.run = run  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "wandb", wandb)
-    book = wait_until(lambda: (b := one_ledger(rx)) and b.hellos[-1]["wandb_run_id"] == "run42" and b)
+    book = wait_until(lambda: (b := one_book(rx)) and b.hellos[-1]["wandb_run_id"] == "run42" and b)
     assert {k: book.hellos[-1][k] for k in ("wandb_project", "wandb_entity", "wandb_mode",
                                             "wandb_primary")} == {
         "wandb_project": "dflash", "wandb_entity": "lab", "wandb_mode": "shared",
         "wandb_primary": True}
-    wait_until(lambda: len(one_ledger(rx).hellos) >= 4)  # repeated every HELLO_REFRESH_S
-    assert one_ledger(rx).seq_gaps == 0
+    wait_until(lambda: len(one_book(rx).hellos) >= 4)  # repeated every HELLO_REFRESH_S
+    assert one_book(rx).seq_gaps == 0
 
 
 def test_bad_arguments_end_to_end(ep: str, receivers, publishers) -> None:  # type: ignore[no-untyped-def]
@@ -327,7 +327,7 @@ def test_bad_arguments_end_to_end(ep: str, receivers, publishers) -> None:  # ty
     assert stats["dropped"] == {"bad_argument": 1, "unencodable": 2, "oversized": 1}
     assert accounted(stats) == calls
     wait_until(received_up_to(rx, ch.sender, stats["records_total"]))
-    book = one_ledger(rx)
+    book = one_book(rx)
     assert book.consistent() and book.received == stats["records_total"] == calls - 4
     problems = [wire.record_problem(*rec) for rec in book.records]
     # profile snapshots first, then the other records in call order
@@ -348,7 +348,7 @@ def test_large_batches_are_split_below_the_message_cap(ep: str, receivers, publi
     (stats,) = pub.stats().values()
     assert stats["dropped"] == {} and stats["records_total"] == 3000
     wait_until(received_up_to(rx, ch.sender, 3000))
-    book = one_ledger(rx)
+    book = one_book(rx)
     assert book.received == 3000 and book.missing == 0 and book.batches >= 2
 
 
@@ -404,7 +404,7 @@ def test_unexpected_transport_failure_is_counted(ep: str, receivers, publishers,
     assert stats["dropped"] == {"internal_error": 100} and accounted(stats) == 102
     assert pub.internal_errors >= 1
     wait_until(received_up_to(rx, ch.sender, 2))
-    book = one_ledger(rx)
+    book = one_book(rx)
     assert book.received == 2 and book.dropped == {"internal_error": 100}
 
 
@@ -421,7 +421,7 @@ def test_tcp_endpoint(receivers, publishers) -> None:  # type: ignore[no-untyped
     calls = sum(every_kind(ch, i) for i in range(100))
     assert pub.flush(wait_s=30)
     wait_until(received_up_to(rx, ch.sender, calls))
-    assert one_ledger(rx).received == calls
+    assert one_book(rx).received == calls
 
 
 def test_allocator_samples_reach_the_receiver(ep: str, receivers, publishers,  # type: ignore[no-untyped-def]
@@ -438,9 +438,9 @@ def test_allocator_samples_reach_the_receiver(ep: str, receivers, publishers,  #
     pub = publishers(ep, allocator_interval_s=0.05)
     ch = pub.channel("drafter", "0")
     ch.count("start")
-    wait_until(lambda: any(r[0] == RecordKind.ALLOCATOR for r in one_ledger(rx).records)
-               if ledgers(rx.messages()) else False)
-    rec = next(r for r in one_ledger(rx).records if r[0] == RecordKind.ALLOCATOR)
+    wait_until(lambda: any(r[0] == RecordKind.ALLOCATOR for r in one_book(rx).records)
+               if books_of(rx.messages()) else False)
+    rec = next(r for r in one_book(rx).records if r[0] == RecordKind.ALLOCATOR)
     assert rec == [RecordKind.ALLOCATOR, 0, [1 << 30, 3 << 30, 4 << 30]]
     assert wire.record_problem(*rec) is None
 
@@ -477,7 +477,7 @@ def test_the_hello_names_the_run_and_states_flops_per_token(ep: str, receivers, 
     named = publishers(ep, run_label=" mine ").channel("trainer", "1")
     launched.count("n")
     named.count("n")
-    books = wait_until(lambda: (b := ledgers(rx.messages())) and all(
+    books = wait_until(lambda: (b := books_of(rx.messages())) and all(
         s in b and b[s].hellos for s in (launched.sender, named.sender)) and b)
     first, second = books[launched.sender].hellos[0], books[named.sender].hellos[0]
     assert (first["run_label"], first["flops_per_token"]) == ("slurm:77", 3e9)

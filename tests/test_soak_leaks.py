@@ -25,7 +25,7 @@ def _cycle(endpoint: str, worker: str) -> int:
     ch = pub.channel("leak", worker)
     deadline = time.monotonic() + 20
     # The shim connects on its first record and counts records as no_receiver until the daemon's
-    # subscription arrives: send until one has reached the live daemon.
+    # subscription arrives: send until one has reached the running daemon.
     while ch.records_total < 1 and time.monotonic() < deadline:
         ch.count("c", 1)
         pub.flush(wait_s=0.5)

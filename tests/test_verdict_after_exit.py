@@ -1,4 +1,4 @@
-"""The live verdict follows the trainer out: a real trainer process that exits cleanly (the shim's
+"""The running daemon's verdict follows the trainer out: a real trainer process that exits cleanly (the shim's
 ``close`` at interpreter exit sends its closing hello after its last batch) is not live from the
 first window after its last message, and that window reads ``idle`` in the console line,
 ``/metrics``, ``top``, ``/explain`` and the W&B rows. Real processes: the daemon, the trainer
@@ -36,7 +36,7 @@ TRAINER = textwrap.dedent("""
     from trainer_shim import telemetry
     ch = telemetry.configure(endpoint=sys.argv[1], role="trainer", worker="0", flush_interval_s=0.05,
                              wandb_run_id="exit-run")
-    while ch.records_total == 0:  # until a record reached the live daemon
+    while ch.records_total == 0:  # until a record reached the running daemon
         ch.gauge("warmup", 1.0)
         telemetry.flush(wait_s=1.0)
     end = time.monotonic() + float(sys.argv[2])

@@ -1,7 +1,7 @@
 """The page for W&B's open-metrics scraper (``/metrics/wandb``) and the trainer's helper for it,
 in process: the page against ``/metrics`` for one synthetic state, its bounds, its route on a
 real server, and the settings the helper gives checked by the real ``wandb.Settings``. The real
-scraper (wandb-core) against a live daemon is tests/test_wandb_open_metrics_offline.py."""
+scraper (wandb-core) against a running daemon is tests/test_wandb_open_metrics_offline.py."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.aggregation.insight import compute_insight
 from sidecar.core.config import Config
-from sidecar.exporters.live import LiveState
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.prometheus.server import serve
 from sidecar.exporters.prometheus.wandb_page import (
@@ -32,6 +31,7 @@ from sidecar.exporters.prometheus.wandb_page import (
     WandbPage,
     family_templates,
 )
+from sidecar.exporters.scrape_state import ScrapeState
 from sidecar.model.gpu import GpuReading, GpuSnapshot, GpuView, GroupAggregate, NvmlState, NvmlStatus
 from sidecar.model.insight import VERDICT_CODES, GpuFacts
 from tests.daemon_harness import free_port, require_tool
@@ -52,7 +52,7 @@ def _state() -> ExportState:
               GroupAggregate("drafter", (1,), 1, 0.55, 205.5, 48.0, 30 * 2**30))
     view = GpuView(snapshot, NvmlStatus(NvmlState.AVAILABLE), groups)
     return ExportState(host=HOST, started_unix_s=1.0, report=dataclasses.replace(base, insight=insight),
-                       live=LiveState(gpus=SimpleNamespace(view=lambda: view)))
+                       scrape_state=ScrapeState(gpus=SimpleNamespace(view=lambda: view)))
 
 
 def _page(state: ExportState) -> dict[str, tuple[dict[str, str], float]]:

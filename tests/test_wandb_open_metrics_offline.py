@@ -1,5 +1,5 @@
 """The open-metrics path end to end with real wandb offline: a trainer run started with
-``open_metrics_settings()`` scrapes a live ``dflash-sidecar demo`` (simulated workers publishing
+``open_metrics_settings()`` scrapes a running ``dflash-sidecar demo`` (simulated workers publishing
 through the real shim, NVML on the fake driver with two GPU groups) through wandb-core's own
 scraper; the run's ``.wandb`` file is read back. No W&B server, no credentials, no shared mode.
 
@@ -88,7 +88,7 @@ def _verdict_code(samples: list[Any]) -> float | None:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """A live ``dflash-sidecar demo`` on the fake NVML driver: (its Prometheus address, a folder)."""
+    """A running ``dflash-sidecar demo`` on the fake NVML driver: (its Prometheus address, a folder)."""
     library = library_or_skip("full")
     tmp = tmp_path_factory.mktemp("open-metrics")
     control = FakeNvml(tmp / "nvml-control.txt", library, {"devices": 2})

@@ -435,20 +435,22 @@ def _check(kind: int, name: object, value: object, what: str | None = None) -> N
     rule = wire.RECORD_RULES[kind]
     label = what or f"{rule.word} {name!r:.80}"
     wire_name = _wire_form(name)
-    problem = rule.name_problem(wire_name)
-    if problem is not None:
-        error = TypeError if type(wire_name) not in rule.name_types else ValueError
-        raise error(f"telemetry: {label}: {rule.name_accepts}, got {name!r:.80} "
-                    f"(the daemon would drop it: {problem})")
+    _refuse(rule.name_problem(wire_name), wire_name, rule.name_types, label, rule.name_accepts, name)
     if hasattr(value, "numel"):
         raise TypeError(f"telemetry: {label}: the value must be a real number, not "
                         f"{type(value).__name__} (use telemetry.scalar(name, tensor) for tensors)")
     wire_value = _wire_form(value)
-    problem = rule.value_problem(wire_value)
+    _refuse(rule.value_problem(wire_value), wire_value, rule.value_types, label,
+            f"the value must be {rule.accepts}", value)
+
+
+def _refuse(problem: str | None, wire: object, types: tuple[type, ...], label: str, accepts: str,
+            given: object) -> None:
+    """Raise for ``problem`` (none: return): ``ValueError`` where the ``wire`` form of ``given``
+    has one of the ``types`` the kind takes, else ``TypeError``; the message says what it ``accepts``."""
     if problem is not None:
-        error = TypeError if type(wire_value) not in rule.value_types else ValueError
-        raise error(f"telemetry: {label}: the value must be {rule.accepts}, got {value!r:.80} "
-                    f"(the daemon would drop it: {problem})")
+        error = TypeError if type(wire) not in types else ValueError
+        raise error(f"telemetry: {label}: {accepts}, got {given!r:.80} (the daemon would drop it: {problem})")
 
 
 def strict_from_env(environ: Mapping[str, str] = os.environ) -> bool:

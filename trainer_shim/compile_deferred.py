@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from trainer_shim.compile_ops import plain_publish
+from trainer_shim.compile_ops import eager_fallback, guarded_publish
 
 log = logging.getLogger("trainer_shim")
 
@@ -131,13 +131,8 @@ def in_graph(kind: str, fn: Callable[..., Any], operator_form: Callable[..., Non
     if fresh is not None:
         fresh_fid = len(_fns)
         _fns.append(fresh)
-    fallback = torch.compiler.disable(fn, reason="trainer_shim: argument types without an operator")
-
     if kind == "publish":
-        def publish_in_graph(step: Any, profile: Any) -> None:
-            if not plain_publish(step, profile):
-                fallback(step, profile)
-                return
+        def publish_deferred(step: Any, profile: Any) -> None:
             snapshot = dict(profile)  # the values at the call, whatever the function does to the dict later
             deferred = True  # noqa: F841 - read and set by _defer at trace time
             index, args = fid, (step, snapshot)  # noqa: F841 - read by _defer at trace time
@@ -145,7 +140,9 @@ def in_graph(kind: str, fn: Callable[..., Any], operator_form: Callable[..., Non
             if broken or not deferred:
                 operator_form(step, profile)
 
-        return publish_in_graph
+        return guarded_publish(fn, publish_deferred)
+
+    fallback = eager_fallback(fn)
 
     def record_in_graph(name: Any, value: Any = 1) -> None:
         if type(name) is not str or type(value) is bool or not isinstance(

@@ -240,24 +240,41 @@ def plain_publish(step: Any, profile: Any) -> bool:
                for key, value in profile.items())
 
 
+def eager_fallback(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` behind ``torch.compiler.disable``: what compiled code calls for arguments no traced
+    form takes (the graph breaks there, the record arrives)."""
+    return torch.compiler.disable(fn, reason="trainer_shim: argument types without an operator")
+
+
+def guarded_publish(fn: Callable[..., Any], traced: Callable[[Any, Any], None]) -> Callable[..., None]:
+    """The ``publish`` dynamo traces instead of recording function ``fn``: ``traced(step,
+    profile)`` for a call of the form ``plain_publish`` accepts, else ``fn`` eagerly."""
+    fallback = eager_fallback(fn)
+
+    def publish_in_graph(step: Any, profile: Any) -> None:
+        if not plain_publish(step, profile):
+            fallback(step, profile)
+            return
+        traced(step, profile)
+
+    return publish_in_graph
+
+
 def in_graph(kind: str, fn: Callable[..., Any]) -> Callable[..., None]:
     """The function dynamo traces instead of recording function ``fn`` (``kind``: its name,
     ``publish`` or one of the (name, value) calls)."""
     fid = len(_fns)
     _fns.append(fn)
-    fallback = torch.compiler.disable(fn, reason="trainer_shim: argument types without an operator")
-
     if kind == "publish":
-        def publish_in_graph(step: Any, profile: Any) -> None:
-            if not plain_publish(step, profile):
-                fallback(step, profile)
-                return
+        def publish_operator(step: Any, profile: Any) -> None:
             names = list(profile)
             values = [_as_tensor(value) for value in profile.values()]
             record_profile(fid, step, SEP.join(names),
                            torch.stack(values) if values else torch.zeros(0, dtype=torch.float64, device="cpu"))
 
-        return publish_in_graph
+        return guarded_publish(fn, publish_operator)
+
+    fallback = eager_fallback(fn)
 
     def record_in_graph(name: Any, value: Any = 1) -> None:
         if type(name) is not str or type(value) is bool:

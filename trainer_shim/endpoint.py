@@ -98,13 +98,15 @@ def shim_would_miss(bound: str, environ: Mapping[str, str] = os.environ, system_
     return None if expected == bound else expected
 
 
-LEDGER_DIR_SUFFIX = ".ledger"
+TALLY_DIR_SUFFIX = ".ledger"
+"""The tally directory's suffix. The on-disk name keeps the older word ("ledger"), so a daemon and
+shims of different versions still share the directory."""
 
 
-def ledger_dir(endpoint: str) -> str | None:
-    """Where the senders of ``endpoint`` keep their ledgers: ``<socket path>.ledger`` beside an
+def tally_dir(endpoint: str) -> str | None:
+    """Where the senders of ``endpoint`` keep their tallies: ``<socket path>.ledger`` beside an
     ipc socket, created by the daemon that binds it (never by a shim). None for other transports
     (tcp has no runtime directory both sides are sure to share)."""
     if not endpoint.startswith("ipc://") or len(endpoint) <= len("ipc://"):
         return None
-    return endpoint[len("ipc://"):] + LEDGER_DIR_SUFFIX
+    return endpoint[len("ipc://"):] + TALLY_DIR_SUFFIX

@@ -3,11 +3,11 @@
 Three observations, none of which changes what the trainer does:
 
 - the terminating signal the shim's SIGTERM/SIGINT handling saw (``note_signal``), written into
-  the final ledger so the daemon books the end as ``terminated``;
+  the final tally so the daemon books the end as ``terminated``;
 - the type of an uncaught exception (``sys.excepthook``, chained to the one before it): a
   ``KeyboardInterrupt`` that ends the process is SIGINT's doing;
 - a fatal signal (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL): ``faulthandler`` is pointed at a crash
-  file beside the ledger (``wire.CRASH_SUFFIX``) when the trainer has not enabled it itself.
+  file beside the tally (``wire.CRASH_SUFFIX``) when the trainer has not enabled it itself.
   faulthandler's handler is C, async-signal-safe and bounded (it writes the traceback with
   ``write(2)`` and re-raises the signal with its previous disposition); no Python runs in it.
   A trainer that enables faulthandler itself, before or after, keeps it: the shim never
@@ -114,7 +114,7 @@ def _faulthandler_is_ours() -> bool:
 
 def _after_fork_in_child() -> None:
     """A forked child must not write its crash into its parent's file: disable the shim's
-    faulthandler (the child arms its own with its first ledger); a trainer's stays as it is."""
+    faulthandler (the child arms its own with its first tally); a trainer's stays as it is."""
     if _crash["file"] is None:
         return
     try:

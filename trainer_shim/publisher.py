@@ -5,8 +5,8 @@ with the first channel, so constructing a publisher costs nothing and the socket
 touched by that one thread. ``close()`` is idempotent and bounded. A forked child gets a clean
 publisher (new sender ids, no inherited records, a new socket); at interpreter exit the last batch
 goes out with a short linger, each channel's closing hello after it (the daemon counts the sender
-gone at once). After every flush cycle the publisher's totals go to its ledger
-(``trainer_shim.ledger``), and a SIGTERM handler writes the final one, so the daemon can book what
+gone at once). After every flush cycle the publisher's totals go to its tally
+(``trainer_shim.tally``), and a SIGTERM handler writes the final one, so the daemon can book what
 never arrived once the process is gone.
 """
 
@@ -32,9 +32,9 @@ from trainer_shim.allocator import AllocatorSampler
 from trainer_shim.channel import Channel, StrictChannel
 from trainer_shim.coerce import coerce as _coerce
 from trainer_shim.coerce import warn_once as _warn_once
-from trainer_shim.ledger import LedgerWriter
 from trainer_shim.run_label import MAX_LABEL_CHARS, check_flops, flops_from_env
 from trainer_shim.run_label import run_label as env_run_label
+from trainer_shim.tally import TallyWriter
 from trainer_shim.transport import EXIT_LINGER_MS, Transport
 from trainer_shim.wandb_info import wandb_run_info
 
@@ -54,7 +54,8 @@ as ``no_receiver``: connecting and subscribing take a few milliseconds even when
 
 _MAX_STEP = 2**63 - 1
 
-_LIVE: weakref.WeakSet[Publisher] = weakref.WeakSet()
+_PUBLISHERS: weakref.WeakSet[Publisher] = weakref.WeakSet()
+"""Every publisher of this process not yet garbage collected (closed ones included)."""
 
 
 def _header_step(step: object) -> int | None:
@@ -121,7 +122,7 @@ class Publisher:
         self._channels: dict[tuple[str, str], Channel] = {}
         self._accounted = 0
         self._init_threading()
-        _LIVE.add(self)
+        _PUBLISHERS.add(self)
         _register_multiprocessing_exit(self)
 
     def _init_threading(self) -> None:
@@ -146,13 +147,13 @@ class Publisher:
         self._transport: Transport | None = None
         self._transport_since = 0.0
         self._cycle_lock = threading.Lock()
-        """Held by the flusher for a whole cycle (drain, send, ledger): whoever else writes the
-        ledger (the SIGTERM handler) takes it to see every record in exactly one column."""
-        self._ledger = LedgerWriter(self.endpoint, self.started_unix_s, self.flush_interval_s, self.max_pending)
+        """Held by the flusher for a whole cycle (drain, send, tally): whoever else writes the
+        tally (the SIGTERM handler) takes it to see every record in exactly one column."""
+        self._tally = TallyWriter(self.endpoint, self.started_unix_s, self.flush_interval_s, self.max_pending)
         self._at_join: dict[int, int] = {}
         """Per sender id: its ``records_total`` when the transport last saw a subscriber join."""
-        self._ledger_final = False
-        self._ledger_key: Any = None
+        self._tally_final = False
+        self._tally_key: Any = None
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -183,7 +184,7 @@ class Publisher:
         every channel (sent, or dropped and counted), and returns whether it did. "Sent" means
         handed to ZeroMQ, whose I/O thread writes it shortly after: True does not say the daemon
         read it (PUB/SUB has no acknowledgement; ``stats()`` has the drops). What never arrives
-        is booked by the daemon from the batches' counters, or from this process's ledger once it
+        is booked by the daemon from the batches' counters, or from this process's tally once it
         is gone (docs/RELIABILITY.md). Before ``os._exit`` use ``close()``, which lingers until
         the data is written. Right after the socket is created a flush may wait up to
         ``CONNECT_GRACE_S`` for the daemon's subscription."""
@@ -291,7 +292,7 @@ class Publisher:
                 except Exception as exc:  # noqa: BLE001 - never let the flusher die
                     self._internal_error("flush failed", exc)
                 finally:
-                    self._write_ledger(wire.LedgerEnd.RUNNING)
+                    self._write_tally(wire.TallyEnd.RUNNING)
                     if drained:
                         with self._cycle:
                             self._cycles_done = self._cycles_started
@@ -300,7 +301,7 @@ class Publisher:
                 if transport is not None:
                     transport.close(linger_ms=self._linger_ms)
                 with self._cycle_lock:
-                    self._write_ledger(wire.LedgerEnd.CLOSED)
+                    self._write_tally(wire.TallyEnd.CLOSED)
                 return
 
     def _connect(self) -> Transport | None:
@@ -330,8 +331,8 @@ class Publisher:
             self._next_hello_check = now + HELLO_REFRESH_S
             self._refresh_wandb()
         channels = self._channels
-        live = transport.subscribers > 0
-        if not live and not final and now - self._transport_since < CONNECT_GRACE_S:
+        subscribed = transport.subscribers > 0
+        if not subscribed and not final and now - self._transport_since < CONNECT_GRACE_S:
             return False  # just connected: let the records wait for the subscription
         if channels and self._allocator.due(now):
             try:
@@ -339,12 +340,12 @@ class Publisher:
             except Exception as exc:  # noqa: BLE001
                 self._internal_error("allocator sampling failed", exc)
         for ch in channels.values():
-            self._flush_channel(transport, ch, now, live)
-            if final and live:  # after its last batch: the daemon stops counting it live at once
+            self._flush_channel(transport, ch, now, subscribed)
+            if final and subscribed:  # after its last batch: the daemon stops counting it live at once
                 self._send_hello(transport, ch, now, closing=True)
         return True
 
-    def _flush_channel(self, transport: Transport, ch: Channel, now: float, live: bool) -> None:
+    def _flush_channel(self, transport: Transport, ch: Channel, now: float, subscribed: bool) -> None:
         """Drain one channel and account for every record drained: sent (``records_total``) or
         dropped by reason, also when something unexpected fails."""
         if ch.relabel:
@@ -353,7 +354,7 @@ class Publisher:
         records = ch.drain()
         self._accounted = 0
         try:
-            if not live:
+            if not subscribed:
                 if records:
                     ch._count_dropped("no_receiver", len(records))
                     self._accounted = len(records)
@@ -444,26 +445,26 @@ class Publisher:
                            f"{_safe_repr(rec)}")
         return good
 
-    def _write_ledger(self, end: wire.LedgerEnd) -> None:
-        """Rewrite the ledger if a total changed (the caller holds ``_cycle_lock``). Never raises."""
+    def _write_tally(self, end: wire.TallyEnd) -> None:
+        """Rewrite the tally if a total changed (the caller holds ``_cycle_lock``). Never raises."""
         try:
-            self._write_ledger_unguarded(end)
-        except Exception as exc:  # noqa: BLE001 - the ledger must never stop the flusher
-            self._internal_error("ledger write failed", exc)
+            self._write_tally_unguarded(end)
+        except Exception as exc:  # noqa: BLE001 - the tally must never stop the flusher
+            self._internal_error("tally write failed", exc)
 
-    def _write_ledger_unguarded(self, end: wire.LedgerEnd) -> None:
-        if self._ledger_final:
+    def _write_tally_unguarded(self, end: wire.TallyEnd) -> None:
+        if self._tally_final:
             return
         transport = self._transport
         subscribed = transport is not None and transport.subscribers > 0
         at_join = self._at_join
         channels = list(self._channels.values())
-        # What the ledger would say, cheaply: most cycles of an idle or steady trainer change nothing.
+        # What the tally would say, cheaply: most cycles of an idle or steady trainer change nothing.
         key = (end, subscribed, exit_hooks.seen(),
                [(ch.records_total, ch.pending(), ch._overflow, ch.worker, *ch.dropped.values()) for ch in channels])
-        if key == self._ledger_key:
+        if key == self._tally_key:
             return
-        if self._ledger.path is None and not any(ch.records_total or ch.pending() or ch._overflow or ch.dropped
+        if self._tally.path is None and not any(ch.records_total or ch.pending() or ch._overflow or ch.dropped
                                                  for ch in channels):
             return  # nothing made, nothing to account: no file (a forked child that never publishes)
         entries = []
@@ -472,19 +473,19 @@ class Publisher:
             overflow = ch._overflow  # records refused since the last drain, not yet in ``dropped``
             if overflow:
                 dropped["buffer_full"] = dropped.get("buffer_full", 0) + overflow
-            entries.append(wire.LedgerChannel(ch.sender, ch.role, ch.worker, ch.records_total, ch.pending(),
+            entries.append(wire.TallyChannel(ch.sender, ch.role, ch.worker, ch.records_total, ch.pending(),
                                               at_join.get(ch.sender, 0), subscribed, dropped))
-        if self._ledger.write(entries, end, time.monotonic()):
-            self._ledger_key = key
-            self._ledger_final = end != wire.LedgerEnd.RUNNING
+        if self._tally.write(entries, end, time.monotonic()):
+            self._tally_key = key
+            self._tally_final = end != wire.TallyEnd.RUNNING
 
-    def _ledger_at_sigterm(self, final: bool) -> None:
+    def _tally_at_sigterm(self, final: bool) -> None:
         """The SIGTERM handler's snapshot: every record in exactly one column (sent, dropped,
         queued), waiting at most ``SIGTERM_WAIT_S`` for a flush cycle in progress. ``final``: the
         process is about to die of the signal (a handler of the trainer's own might not exit)."""
         got = self._cycle_lock.acquire(timeout=SIGTERM_WAIT_S)
         try:
-            self._write_ledger(wire.LedgerEnd.SIGTERM if final else wire.LedgerEnd.RUNNING)
+            self._write_tally(wire.TallyEnd.SIGTERM if final else wire.TallyEnd.RUNNING)
         finally:
             if got:
                 self._cycle_lock.release()
@@ -533,7 +534,7 @@ class Publisher:
                        or time.monotonic() - self._transport_since < CONNECT_GRACE_S)
         if self._transport is not None:
             self._transport.abandon()
-        self._ledger.abandon()
+        self._tally.abandon()
         self._init_threading()
         self._closed = closed
         self._exit_waits_for_subscriber = daemon_seen
@@ -565,7 +566,7 @@ _signal_state: dict[str, Any] = {"pid": None, "previous": {}}
 
 def _install_signal_handlers() -> None:
     """Once per process, from the main thread only: handlers for SIGTERM and SIGINT that note the
-    signal (``exit_hooks``), write every live publisher's final ledger and then let the signal do
+    signal (``exit_hooks``), write every publisher's final tally and then let the signal do
     what it did before: with the default disposition the process still dies of it (the handler
     restores it and re-raises), a Python handler of the trainer's own is called next. Never over
     SIG_IGN or a handler installed from C, off the main thread (Python cannot), or with
@@ -601,9 +602,9 @@ def _on_signal(signum: int, frame: Any) -> None:
     kills = not chained and signal.getsignal(signum) is _on_signal
     try:
         exit_hooks.note_signal(signum)
-        for publisher in list(_LIVE):
+        for publisher in list(_PUBLISHERS):
             if publisher._pid == os.getpid():
-                publisher._ledger_at_sigterm(final=kills)
+                publisher._tally_at_sigterm(final=kills)
     except Exception:  # noqa: BLE001 - the signal must still take effect
         pass
     if chained:
@@ -689,20 +690,20 @@ def _close_if_alive(ref: weakref.ref[Publisher]) -> None:
 
 
 def _after_fork_in_child() -> None:
-    for publisher in list(_LIVE):
+    for publisher in list(_PUBLISHERS):
         publisher._after_fork_in_child()
 
 
 def owner_of(channel: Channel) -> Publisher | None:
-    """The live publisher of this process that made ``channel``, or None."""
-    for publisher in list(_LIVE):
+    """The publisher of this process that made ``channel``, or None."""
+    for publisher in list(_PUBLISHERS):
         if any(ch is channel for ch in publisher._channels.values()):
             return publisher
     return None
 
 
 def _close_all_at_exit() -> None:
-    for publisher in list(_LIVE):
+    for publisher in list(_PUBLISHERS):
         if publisher._pid == os.getpid():
             publisher.close()
 

@@ -286,29 +286,31 @@ def encode_batch(
     )
 
 
-# -- the sender's ledger ---------------------------------------------------------------------------
-# Not a message: a small file per publisher in ``<socket path>.ledger/`` (``endpoint.ledger_dir``),
+# -- the sender's tally ----------------------------------------------------------------------------
+# Not a message: a small file per publisher in ``<socket path>.ledger/`` (``endpoint.tally_dir``),
 # rewritten by the shim's flusher after each flush cycle and read by the daemon once the process is
 # gone. It carries the same totals a batch does, so the daemon can reconcile what the sender made
 # with what arrived even when the last frames never left the process. See docs/PROTOCOL.md.
 
-LEDGER_VERSION: Final = 1
-LEDGER_MAGIC: Final = b"DFL1"
-LEDGER_SLOT_OFFSETS: Final = (0, 1 << 20)
+TALLY_VERSION: Final = 1
+TALLY_MAGIC: Final = b"DFL1"
+TALLY_SLOT_OFFSETS: Final = (0, 1 << 20)
 """Two slots, written alternately: a process killed in the middle of a write leaves the other slot
 intact. The second starts at 1 MiB (the file is sparse); a slot holds at most
-``LEDGER_MAX_PAYLOAD`` bytes."""
-_LEDGER_HEADER = struct.Struct("<4sIIQ")  # magic, payload length, crc32 of seq+payload, seq
-LEDGER_MAX_PAYLOAD: Final = (1 << 20) - _LEDGER_HEADER.size
-LEDGER_SUFFIX: Final = ".ledger"
+``TALLY_MAX_PAYLOAD`` bytes."""
+_TALLY_HEADER = struct.Struct("<4sIIQ")  # magic, payload length, crc32 of seq+payload, seq
+TALLY_MAX_PAYLOAD: Final = (1 << 20) - _TALLY_HEADER.size
+TALLY_SUFFIX: Final = ".ledger"
+"""A tally file's name ends so. The on-disk name keeps the older word ("ledger"): files a running
+shim of an earlier version writes are still found."""
 CRASH_SUFFIX: Final = ".crash"
-"""Beside a ledger, ``<pid>-<start ticks>-<token>.crash``: the file the shim points
+"""Beside a tally, ``<pid>-<start ticks>-<token>.crash``: the file the shim points
 ``faulthandler`` at. Empty while the process lives; a fatal signal (SIGSEGV, SIGABRT, SIGBUS,
 SIGFPE, SIGILL) makes faulthandler write its report there (async-signal-safe, no Python runs)."""
 
 
-class LedgerEnd(enum.IntEnum):
-    """How the ledger's last write came about."""
+class TallyEnd(enum.IntEnum):
+    """How the tally's last write came about."""
 
     RUNNING = 0
     """Written after a flush cycle of a running process: what it made after this is unknown."""
@@ -316,10 +318,10 @@ class LedgerEnd(enum.IntEnum):
     """Written by ``close()`` after the last flush: the process's final totals."""
     SIGTERM = 2
     """Written by the shim's signal handler just before the process died of the signal (SIGTERM,
-    or SIGINT over ``SIG_DFL``; ``Ledger.signal`` says which): final totals."""
+    or SIGINT over ``SIG_DFL``; ``Tally.signal`` says which): final totals."""
 
 
-class LedgerChannel(msgspec.Struct, array_like=True):
+class TallyChannel(msgspec.Struct, array_like=True):
     """One channel's totals: ``records_total`` and ``dropped`` as in a BATCH; ``pending``: records
     queued in the channel and not yet drained; ``at_join``: ``records_total`` when the sender last
     saw a subscriber join; ``subscribed``: whether one was connected at this write."""
@@ -334,8 +336,8 @@ class LedgerChannel(msgspec.Struct, array_like=True):
     dropped: dict[str, int]
 
 
-class Ledger(msgspec.Struct, array_like=True):
-    """A publisher's ledger. ``start_ticks``: the process's start time in clock ticks since boot
+class Tally(msgspec.Struct, array_like=True):
+    """A publisher's tally. ``start_ticks``: the process's start time in clock ticks since boot
     (``/proc/<pid>/stat`` field 22), which with the pid names the process even after the pid is
     reused. ``omitted``: channels left out because the slot was full (their totals are unknown)."""
 
@@ -345,27 +347,27 @@ class Ledger(msgspec.Struct, array_like=True):
     started_unix_s: float
     end: int
     flush_interval_s: float
-    channels: list[LedgerChannel]
+    channels: list[TallyChannel]
     omitted: int = 0
     signal: int = 0
     """The terminating signal the shim saw before this write (SIGTERM or SIGINT; 0: none): with a
-    final ledger, the process was *terminated* by it (docs/RELIABILITY.md, "How a sender ended")."""
+    final tally, the process was *terminated* by it (docs/RELIABILITY.md, "How a sender ended")."""
     detail: str = ""
     """What ended the process as far as the shim saw, in a few words: the type of the uncaught
     exception (``KeyboardInterrupt``, ``ValueError``), empty if none."""
     max_pending: int = 0
     """Records each channel may queue before the shim drops them (0: not told): the bound on what a
-    process that died without a final ledger made after its last flush, per channel."""
+    process that died without a final tally made after its last flush, per channel."""
 
 
-def ledger_file_name(pid: int, start_ticks: int, token: str) -> str:
+def tally_file_name(pid: int, start_ticks: int, token: str) -> str:
     """``<pid>-<start ticks>-<token>.ledger``: the daemon checks whether the process is gone from
     the name alone, without opening the file."""
-    return f"{pid}-{start_ticks}-{token}{LEDGER_SUFFIX}"
+    return f"{pid}-{start_ticks}-{token}{TALLY_SUFFIX}"
 
 
-def parse_ledger_file_name(name: str, suffix: str = LEDGER_SUFFIX) -> tuple[int, int] | None:
-    """``(pid, start_ticks)`` of a ledger file name (or of a crash file's, ``suffix=CRASH_SUFFIX``),
+def parse_tally_file_name(name: str, suffix: str = TALLY_SUFFIX) -> tuple[int, int] | None:
+    """``(pid, start_ticks)`` of a tally file name (or of a crash file's, ``suffix=CRASH_SUFFIX``),
     or None if it is not one."""
     if not name.endswith(suffix):
         return None
@@ -376,28 +378,28 @@ def parse_ledger_file_name(name: str, suffix: str = LEDGER_SUFFIX) -> tuple[int,
     return (pid, ticks) if 0 < pid < 2**31 and ticks < 2**63 else None
 
 
-def encode_ledger_slot(seq: int, payload: bytes) -> bytes:
+def encode_tally_slot(seq: int, payload: bytes) -> bytes:
     """A slot: header then ``payload``. Raises ``ValueError`` if ``payload`` is over
-    ``LEDGER_MAX_PAYLOAD``."""
-    if len(payload) > LEDGER_MAX_PAYLOAD:
-        raise ValueError("ledger payload too large")
+    ``TALLY_MAX_PAYLOAD``."""
+    if len(payload) > TALLY_MAX_PAYLOAD:
+        raise ValueError("tally payload too large")
     seq_bytes = seq.to_bytes(8, "little")
     crc = zlib.crc32(seq_bytes + payload)
-    return _LEDGER_HEADER.pack(LEDGER_MAGIC, len(payload), crc, seq) + payload
+    return _TALLY_HEADER.pack(TALLY_MAGIC, len(payload), crc, seq) + payload
 
 
-def read_ledger_slots(read: Any) -> bytes | None:
+def read_tally_slots(read: Any) -> bytes | None:
     """The payload of the newest intact slot, or None. ``read(offset, n)`` returns up to ``n``
     bytes of the file at ``offset`` (``os.pread`` on an open descriptor)."""
     best: tuple[int, bytes] | None = None
-    for offset in LEDGER_SLOT_OFFSETS:
-        head = read(offset, _LEDGER_HEADER.size)
-        if len(head) < _LEDGER_HEADER.size:
+    for offset in TALLY_SLOT_OFFSETS:
+        head = read(offset, _TALLY_HEADER.size)
+        if len(head) < _TALLY_HEADER.size:
             continue
-        magic, length, crc, seq = _LEDGER_HEADER.unpack(head)
-        if magic != LEDGER_MAGIC or length > LEDGER_MAX_PAYLOAD:
+        magic, length, crc, seq = _TALLY_HEADER.unpack(head)
+        if magic != TALLY_MAGIC or length > TALLY_MAX_PAYLOAD:
             continue
-        payload = read(offset + _LEDGER_HEADER.size, length)
+        payload = read(offset + _TALLY_HEADER.size, length)
         if len(payload) != length or zlib.crc32(seq.to_bytes(8, "little") + payload) != crc:
             continue  # torn: the writer died in the middle of this slot
         if best is None or seq > best[0]:

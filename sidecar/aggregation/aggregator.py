@@ -104,7 +104,7 @@ class _Owner:
 
 
 class Aggregator:
-    """Holds every live series, bounded by ``max_series`` (the cardinality budget)."""
+    """Holds every series in use, bounded by ``max_series`` (the cardinality budget)."""
 
     def __init__(self, max_series: int = WindowSettings.max_series, series_ttl_s: float = 3600.0) -> None:
         self._names: dict[Any, tuple[str, str, dict[Any, Any]]] = {}
@@ -333,7 +333,7 @@ class Aggregator:
             del self._owned[owner]
 
     def _rebuild_owners(self) -> None:
-        """Families only live series still use keep their owner (otherwise this map would grow
+        """Families only series still held use keep their owner (otherwise this map would grow
         with every name ever seen, and a freed name could never be reused)."""
         self._reset_owners()
         for (kind, token, role, worker), raw in self._raw_names.items():

@@ -23,7 +23,7 @@ class EndBook:
         the scrape shows an end at once, not at the next window."""
 
     def book(self, end: SenderEnd) -> None:
-        """Count ``end`` and keep it as its role's last (a role beyond ``MAX_ROLES``, from ledgers
+        """Count ``end`` and keep it as its role's last (a role beyond ``MAX_ROLES``, from tallies
         made up by hand, is neither)."""
         key = (end.role, end.how)
         if key in self.counts or len(self.counts) < MAX_ROLES * 5:

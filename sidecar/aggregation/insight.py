@@ -480,14 +480,9 @@ def _fill(members: list[_Worker], depth: str, capacity: str) -> float | None:
 def _batch_tokens(members: dict[str, _Worker]) -> float | None:
     """Mean total tokens per batch: the ``batch_tokens`` gauge (count-weighted), else the
     ``tokens``/``batches`` counters."""
-    n = total = 0.0
-    for w in members.values():
-        win = w.window(GAUGE, "batch_tokens")
-        if win:
-            n += win["count"]
-            total += win["mean"] * win["count"]
-    if n:
-        return total / n
+    mean = _count_weighted_mean(members, "batch_tokens")
+    if mean is not None:
+        return mean
     batches = sum(w.counter("batches") for w in members.values())
     return sum(w.counter("tokens") for w in members.values()) / batches if batches else None
 
@@ -499,9 +494,15 @@ def _loss_ratio(members: dict[str, _Worker]) -> float | None:
     loss = sum(w.counter("loss_tokens") for w in members.values())
     if tokens > 0 and any(w.window(COUNT, "loss_tokens") for w in members.values()):
         return min(1.0, loss / tokens)
+    return _count_weighted_mean(members, "loss_token_fraction")
+
+
+def _count_weighted_mean(members: dict[str, _Worker], name: str) -> float | None:
+    """The window mean of gauge ``name`` over the workers, weighted by their sample counts;
+    None where no worker reported it this window."""
     n = total = 0.0
     for w in members.values():
-        win = w.window(GAUGE, "loss_token_fraction")
+        win = w.window(GAUGE, name)
         if win:
             n += win["count"]
             total += win["mean"] * win["count"]

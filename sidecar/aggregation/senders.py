@@ -22,7 +22,7 @@ from typing import Any
 from sidecar.model.messages import BatchMessage, HelloMessage
 from sidecar.model.names import label_value
 from sidecar.model.window import LabelTotals, is_live
-from trainer_shim.wire import Ledger, LedgerChannel
+from trainer_shim.wire import Tally, TallyChannel
 
 MAX_SENDERS = 4096
 MAX_LABEL_PAIRS = 1024
@@ -77,7 +77,7 @@ class SenderState:
     peer_pid: int | None = None
     """The process whose connection this sender's first message came on (ipc only)."""
     peer_uid: int | None = None
-    """The owner of that process when its first message came (its ledger file must be its)."""
+    """The owner of that process when its first message came (its tally file must be its)."""
     closed: bool = False
     """Its latest hello said it was closing (``trainer_shim.wire.Hello.closing``): a clean end."""
     totals: LabelTotals | None = None
@@ -121,13 +121,13 @@ class SenderRegistry:
         self.evicted: dict[str, int] = {}
         """Entries evicted from a full table for a new one, by table (``senders``, ``labels``)."""
         self.ended: OrderedDict[int, None] = OrderedDict()
-        """Senders whose exit was booked from their ledger (oldest first, at most ``MAX_ENDED``)."""
+        """Senders whose exit was booked from their tally (oldest first, at most ``MAX_ENDED``)."""
 
     def __iter__(self) -> Iterator[SenderState]:
         return iter(self.senders.values())
 
     def drop_message(self, reason: str, count: int = 1) -> None:
-        """Count ``count`` messages (or ledgers) dropped for ``reason``."""
+        """Count ``count`` messages (or tallies) dropped for ``reason``."""
         self.messages_dropped[reason] = self.messages_dropped.get(reason, 0) + count
 
     def _state(self, sender: int, role: str, worker: str, now: float) -> SenderState | None:
@@ -192,7 +192,7 @@ class SenderRegistry:
         """Account a batch's header. Returns the state to aggregate into, or None if the batch
         must be dropped (counted here)."""
         if msg.sender in self.ended:
-            self.drop_message("after_exit")  # its ledger was booked: these records are in it
+            self.drop_message("after_exit")  # its tally was booked: these records are in it
             return None
         state = self._state(msg.sender, msg.role, msg.worker, now)
         if state is None:
@@ -248,35 +248,36 @@ class SenderRegistry:
         totals.last_seen = now
         return totals
 
-    def book_gone(self, ledger: Ledger, uid: int, final: bool, now: float, now_unix: float, grace_s: float,
-                  witnessed: bool = True) -> list[LedgerChannel] | None:
-        """``book_exit`` for the ledger of a process that is gone, once each of its senders has
+    def book_gone(self, tally: Tally, uid: int, final: bool, now: float, now_unix: float, grace_s: float,
+                  witnessed: bool = True) -> list[TallyChannel] | None:
+        """``book_exit`` for the tally of a process that is gone, once each of its senders has
         been silent for ``grace_s`` seconds (``now``: the monotonic clock): the channels booked,
         or None if one of them spoke lately (its last frames may still be on the way: ask again)."""
-        for channel in ledger.channels:
+        for channel in tally.channels:
             state = self.senders.get(channel.sender)
             if state is not None and now - state.last_seen < grace_s:
                 return None
-        booked: list[LedgerChannel] = []
-        self.book_exit(ledger, uid, final, now, now_unix, witnessed, booked_into=booked)
+        booked: list[TallyChannel] = []
+        self.book_exit(tally, uid, final, now, now_unix, witnessed, booked_into=booked)
         return booked
 
-    def book_exit(self, ledger: Ledger, uid: int, final: bool, now: float, now_unix: float,
-                  witnessed: bool = True, booked_into: list[LedgerChannel] | None = None) -> int:
-        """Book the ledger of a process that is gone (or closed its publisher): per channel, what
-        it made and this daemon has not counted. ``uid``: the ledger file's owner; ``final``: the
-        ledger holds the process's last totals (``lost_at_exit``), else those of its last flush
+    def book_exit(self, tally: Tally, uid: int, final: bool, now: float, now_unix: float,
+                  witnessed: bool = True, booked_into: list[TallyChannel] | None = None) -> int:
+        """Book the tally of a process that is gone (or closed its publisher): per channel, what
+        it made and this daemon has not counted. ``uid``: the tally file's owner; ``final``: the
+        tally holds the process's last totals (``lost_at_exit``), else those of its last flush
         (``ended_unclean``; what it made after that flush is unknown). Returns the channels booked;
         a channel that does not belong to the file's process, or claims what no process can, is
-        refused (``messages_dropped{reason="ledger_refused"}``). ``witnessed``: the ledger was
-        last written while this daemon ran; if not, the process ended before it, and what it sent
-        went to an earlier daemon (``before_join``): only what it never sent is lost.
+        refused (``messages_dropped{reason="ledger_refused"}``: a public label value, it keeps the
+        older word). ``witnessed``: the tally was last written while this daemon ran; if not, the
+        process ended before it, and what it sent went to an earlier daemon (``before_join``): only
+        what it never sent is lost.
         ``booked_into``: gets each channel booked (for telling the process's end)."""
         booked = 0
-        for entry in ledger.channels:
+        for entry in tally.channels:
             if entry.sender in self.ended:
                 continue
-            if self._book_channel(entry, ledger, uid, final, now, now_unix, witnessed):
+            if self._book_channel(entry, tally, uid, final, now, now_unix, witnessed):
                 booked += 1
                 if booked_into is not None:
                     booked_into.append(entry)
@@ -285,16 +286,16 @@ class SenderRegistry:
                 self.ended.popitem(last=False)
         return booked
 
-    def _book_channel(self, entry: LedgerChannel, ledger: Ledger, uid: int, final: bool, now: float,
+    def _book_channel(self, entry: TallyChannel, tally: Tally, uid: int, final: bool, now: float,
                       now_unix: float, witnessed: bool) -> bool:
         role, worker = label_value(entry.role), label_value(entry.worker)
         counts = [entry.records_total, entry.pending, entry.at_join, *entry.dropped.values()]
         reasons = [label_value(r) for r in entry.dropped]
         state = self.senders.get(entry.sender)
         if (role is None or worker is None or None in reasons or not all(0 <= c <= _MAX_COUNT for c in counts)
-                or (state is not None and not _owned_by(state, ledger.pid, uid))
+                or (state is not None and not _owned_by(state, tally.pid, uid))
                 or (state is not None and state.seen_batch and entry.records_total < state.records_total)
-                or sum(counts) - entry.at_join > MAX_CALLS_PER_S * (_ledger_age_s(ledger, now_unix) + CLAIM_SLACK_S)):
+                or sum(counts) - entry.at_join > MAX_CALLS_PER_S * (_tally_age_s(tally, now_unix) + CLAIM_SLACK_S)):
             self.drop_message("ledger_refused")
             return False
         seen = state is not None and state.seen_batch
@@ -345,7 +346,7 @@ class SenderRegistry:
 
 
 def _owned_by(state: SenderState, pid: int, uid: int) -> bool:
-    """Whether a ledger of process ``pid`` in a file owned by ``uid`` may speak for ``state``: the
+    """Whether a tally of process ``pid`` in a file owned by ``uid`` may speak for ``state``: the
     kernel's pid and owner of the process its messages came from, where known."""
     return (state.peer_pid is None or state.peer_pid == pid) and (state.peer_uid is None or state.peer_uid == uid)
 
@@ -357,9 +358,9 @@ def _process_uid(pid: int) -> int | None:
         return None
 
 
-def _ledger_age_s(ledger: Ledger, now_unix: float) -> float:
-    """How long the ledger's process can have been making calls (at most ``MAX_SENDER_AGE_S``)."""
-    started = ledger.started_unix_s
+def _tally_age_s(tally: Tally, now_unix: float) -> float:
+    """How long the tally's process can have been making calls (at most ``MAX_SENDER_AGE_S``)."""
+    started = tally.started_unix_s
     return min(MAX_SENDER_AGE_S, max(0.0, now_unix - started)) if started == started else 0.0
 
 

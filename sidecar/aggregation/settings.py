@@ -28,7 +28,7 @@ class WindowSettings:
 
     # Bounds: a window under 0.1 s spent a whole core rolling windows (13,500/s at 1e-06); over an
     # hour no window ever closes in practice.
-    interval: float = setting(10.0, check=float, bounds=(0.1, 3600.0), unit="seconds", live=True, metavar="S",
+    interval: float = setting(10.0, check=float, bounds=(0.1, 3600.0), unit="seconds", reloadable=True, metavar="S",
                               help="Aggregation window (seconds).", summary="aggregation window, default 10 s")
     # 100,000 timing series hold about 540 MB (10,000: 54 MB), the daemon's whole memory target.
     max_series: int = setting(10_000, check=int, bounds=(1, 100_000), unit="series", metavar="N",

@@ -94,40 +94,41 @@ _SINGLE = "Verdict (single-role loops)"
 @dataclass(frozen=True)
 class InsightSettings(RoleSettings):
     """Role names (``RoleSettings``) and verdict thresholds: the ``insight_*`` settings
-    (``sidecar.model.settings``), all applied live on SIGHUP."""
+    (``sidecar.model.settings``), all reloadable (applied on SIGHUP)."""
 
     KEY_PREFIX: ClassVar[str] = "insight_"
     TITLE: ClassVar[str] = "insight"
 
-    starved_ratio: float = setting(0.15, live=True, check=ratio("insight_starved_ratio"), help=(
+    starved_ratio: float = setting(0.15, reloadable=True, check=ratio("insight_starved_ratio"), help=(
         f"{_RULE}: drafters starve (the supply side limits) when they spend at least this share of wall time "
         "waiting on an empty queue (the ready deficit)."))
-    backpressure_ratio: float = setting(0.15, live=True, check=ratio("insight_backpressure_ratio"), help=(
+    backpressure_ratio: float = setting(0.15, reloadable=True, check=ratio("insight_backpressure_ratio"), help=(
         f"{_RULE}: drafters limit (drafter-bound) when targets spend at least this share of wall time blocked on "
         "a full queue."))
-    queue_full_ratio: float = setting(0.9, live=True, check=ratio("insight_queue_full_ratio"), help=(
+    queue_full_ratio: float = setting(0.9, reloadable=True, check=ratio("insight_queue_full_ratio"), help=(
         f"{_RULE}: drafter-bound when the queue is at least this full and targets publish no queue_put_wait "
         "timing."))
-    host_wait_ratio: float = setting(0.25, live=True, check=ratio("insight_host_wait_ratio"), help=(
+    host_wait_ratio: float = setting(0.25, reloadable=True, check=ratio("insight_host_wait_ratio"), help=(
         f"{_RULE}: input-bound when the limiting role waits on the host data loader (data_wait) for at least "
         "this share of wall time."))
-    handoff_ratio: float = setting(0.25, live=True, check=ratio("insight_handoff_ratio"), help=(
+    handoff_ratio: float = setting(0.25, reloadable=True, check=ratio("insight_handoff_ratio"), help=(
         f"{_RULE}: queue-starved when drafters starve and targets spend at least this share of wall time packing "
         "hidden states (pack)."))
-    straggler_score: float = setting(0.7, live=True, check=ratio("insight_straggler_score"), help=(
+    straggler_score: float = setting(0.7, reloadable=True, check=ratio("insight_straggler_score"), help=(
         f"{_RULE}: a worker whose score (best median busy time per batch of its role / its own) is below this is "
         "a straggler."))
-    comm_wait_ratio: float = setting(0.25, live=True, check=ratio("insight_comm_wait_ratio"), help=(
+    comm_wait_ratio: float = setting(0.25, reloadable=True, check=ratio("insight_comm_wait_ratio"), help=(
         f"{_SINGLE}: communication-bound when the role spends at least this share of wall time in collective "
         "waits (comm_wait)."))
-    host_overhead_ratio: float = setting(0.3, live=True, check=ratio("insight_host_overhead_ratio"), help=(
+    host_overhead_ratio: float = setting(0.3, reloadable=True, check=ratio("insight_host_overhead_ratio"), help=(
         f"{_SINGLE}: host-bound when at least this share of the role's wall time is measured host time between "
         "its timed phases (inside its step)."))
-    compute_busy_ratio: float = setting(0.85, live=True, check=ratio("insight_compute_busy_ratio"), help=(
+    compute_busy_ratio: float = setting(0.85, reloadable=True, check=ratio("insight_compute_busy_ratio"), help=(
         f"{_SINGLE}: compute-bound when the role's GPUs are at least this busy (GPM SM activity, else NVML "
         "utilization), whatever the host-side shares say."))
     throttle_reasons: tuple[str, ...] = setting(
-        DEFAULT_THROTTLE_REASONS, kind="list", live=True, check=one_of(*(name for _, name in CLOCK_EVENT_REASONS)),
+        DEFAULT_THROTTLE_REASONS, kind="list", reloadable=True,
+        check=one_of(*(name for _, name in CLOCK_EVENT_REASONS)),
         metavar="REASON", help=f"{_RULE}: NVML clock-event reasons that count as throttling (repeatable).")
 
 

@@ -288,10 +288,10 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
              "--prometheus-addr %s; the run ledger: dflash-sidecar report --state-dir %s",
              f"for {ns.duration:g} s" if ns.duration else "until Ctrl-C", cfg.prometheus_addr, cfg.prometheus_addr,
              folder)
-    progress = Progress(daemon.live.window, lambda: pipeline.steps, cfg.interval, ns.duration)
+    progress = Progress(daemon.scrape_state.window, lambda: pipeline.steps, cfg.interval, ns.duration)
     progress.start()
 
-    def stop_senders() -> None:  # while the daemon still receives: their last records and final ledgers reach it
+    def stop_senders() -> None:  # while the daemon still receives: their last records and final tallies reach it
         progress.stop()
         if isinstance(pipeline, GenericLoop):
             pipeline.join()

@@ -4,7 +4,7 @@ a summary (the verdict, the run ledger, the commands to try next).
 The progress line goes to stderr, rewritten in place on a terminal (every second; the daemon's log
 lines overwrite it, and it comes back below them) and one line
 every ``PIPED_EVERY_S`` otherwise (a log or a pipe keeps a readable history); it reads the daemon's
-latest window (``LiveState.window``) and the simulated trainer's step count, nothing else.
+latest window (``ScrapeState.window``) and the simulated trainer's step count, nothing else.
 """
 
 from __future__ import annotations
@@ -95,6 +95,6 @@ def summary(view: RunLedgerView | None, state: Path, prometheus_addr: str, since
         lines.append("no run in the ledger (the demo ended before its first window)")
     lines += ["", "try next:",
               f"  curl -s http://{prometheus_addr}/metrics | grep dflash_pipeline_bottleneck   # while a demo runs",
-              f"  dflash-sidecar top --prometheus-addr {prometheus_addr}   # the live view, while a demo runs",
+              f"  dflash-sidecar top --prometheus-addr {prometheus_addr}   # the terminal view, while a demo runs",
               f"  dflash-sidecar report --state-dir {state}   # this run's ledger, now"]
     return "\n".join(lines)

@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_demo_arguments(demo)
     addr_help = f"the daemon's HOST:PORT (default: {config_mod.BY_NAME['prometheus_addr'].default})"
-    top = add("top", help="live terminal view of a running daemon")
+    top = add("top", help="terminal view of a running daemon, redrawn as it runs")
     top.add_argument("--url", default=None, help="metrics URL (default: from --prometheus-addr or --config)")
     top.add_argument("--prometheus-addr", default=None, help=addr_help)
     top.add_argument("--config", dest="config_file", metavar="FILE", default=None,
@@ -162,7 +162,7 @@ def _dispatch(argv: Sequence[str] | None) -> int:
 
 
 def _explain(ns: argparse.Namespace) -> int:
-    """``explain``: the live daemon's report, or with ``--run`` a run's kept verdicts (state file)."""
+    """``explain``: the running daemon's report, or with ``--run`` a run's kept verdicts (state file)."""
     from sidecar.cli.explain import run_explain
     from sidecar.cli.top_screen import top_url
 

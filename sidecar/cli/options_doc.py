@@ -2,7 +2,7 @@
 
 ``python -m sidecar.cli.options_doc`` rewrites the marked blocks of README.md (the main run options,
 as ``dflash-sidecar --help`` lists them, and the exit statuses) and docs/DEPLOY.md (every setting: key, flag, default,
-whether SIGHUP applies it live); ``tests/test_options_doc.py`` fails while either is out of date.
+whether SIGHUP applies it); ``tests/test_options_doc.py`` fails while either is out of date.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def settings_table() -> str:
     for s in config_mod.SETTINGS:
         flag = f"`{s.flag}`" if s.flag else "(file only)"
         default = _cell(s.default_text("`"))
-        rows.append(f"| `{s.name}` | {_cell(flag)} | {default} | {'applied' if s.live else 'restart'} "
+        rows.append(f"| `{s.name}` | {_cell(flag)} | {default} | {'applied' if s.reloadable else 'restart'} "
                     f"| {_cell(s.full_help)} |")
     return "\n".join(rows)
 

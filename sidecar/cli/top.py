@@ -1,4 +1,5 @@
-"""``dflash-sidecar top``: a live terminal view of a running daemon, over its metrics endpoint.
+"""``dflash-sidecar top``: a terminal view of a running daemon, redrawn as it runs, over its metrics
+endpoint.
 
 Reads the Prometheus exposition (so it works wherever the endpoint is reachable, e.g. over SSH on
 the box) and renders it with rich. The interactive screen (keys, scrolling, waiting for the

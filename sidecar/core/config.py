@@ -39,7 +39,7 @@ class DaemonSettings:
     TITLE: ClassVar[str] = "daemon"
     """The options' group in ``--help`` and the docs."""
 
-    log_level: str = setting("info", check=one_of("debug", "info", "warning", "error"), live=True,
+    log_level: str = setting("info", check=one_of("debug", "info", "warning", "error"), reloadable=True,
                              metavar="LEVEL", help="debug, info, warning or error.")
 
 
@@ -59,7 +59,7 @@ SECTIONS: tuple[type, ...] = Config.__bases__
 SETTINGS: tuple[Setting, ...] = tuple(s for section in SECTIONS for s in declared(section))
 """Every setting, as declared by its component."""
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
-LIVE: frozenset[str] = frozenset(s.name for s in SETTINGS if s.live)
+RELOADABLE: frozenset[str] = frozenset(s.name for s in SETTINGS if s.reloadable)
 """The settings a SIGHUP reload applies at once; a change to any other needs a restart."""
 
 
@@ -214,7 +214,7 @@ def sample_toml() -> str:
              "# Each line shows the default ('# default') or, where the default is computed or empty,",
              "# an example to adapt ('# example'). Every line is valid uncommented as it is.", ""]
     for s in SETTINGS:
-        lines.append(f"# {s.full_help}" + (" Applied live on reload (SIGHUP)." if s.live else ""))
+        lines.append(f"# {s.full_help}" + (" Reloadable: applied on SIGHUP." if s.reloadable else ""))
         if s.kind == "tables":
             lines += [f"# {s.name} = []  # default: none", "## e.g.:", "## [[mapping]]",
                       '## match = "loader.*.fetch_ms"', '## worker = "$1"', '## phase = "data_wait"', ""]

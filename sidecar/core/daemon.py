@@ -34,9 +34,9 @@ from sidecar.core.pipeline import (
 )
 from sidecar.exporters.base import Exporter
 from sidecar.exporters.console import ConsoleExporter
-from sidecar.exporters.live import LiveState
 from sidecar.exporters.prometheus.exporter import PrometheusExporter
 from sidecar.exporters.prometheus.server import raise_nofile_limit
+from sidecar.exporters.scrape_state import ScrapeState
 from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.nvml import NvmlSource
@@ -47,7 +47,7 @@ log = logging.getLogger("sidecar")
 
 
 class Reloading(Protocol):
-    """A component that takes settings live: ``settings`` is the whole ``Config`` (every
+    """A component with reloadable settings: ``settings`` is the whole ``Config`` (every
     component's section); it reads its own."""
 
     def reload(self, settings: Config) -> None: ...
@@ -74,10 +74,10 @@ class Daemon:
                                   nvml.status if nvml else None, nvml.recent if nvml else None)
         self.wandb = WandbExporter(WandbConfig.from_settings(config, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S / 2),
                                    host=self.host) if config.wandb_run else None
-        self.live = LiveState(gpus=self.gpus if nvml is not None else None)
+        self.scrape_state = ScrapeState(gpus=self.gpus if nvml is not None else None)
         """What every exporter reads between windows; the other providers are attached once made."""
         self.prometheus = PrometheusExporter(self.host, config.prometheus_addr, config.prometheus_tls_cert,
-                                             config.prometheus_tls_key, live=self.live,
+                                             config.prometheus_tls_key, scrape_state=self.scrape_state,
                                              dcgm_compat=config.dcgm_compat)
         self.exporters: list[Exporter] = [self.prometheus, ConsoleExporter()]
         """Every destination, started in this order and stopped in the reverse (Prometheus serves
@@ -86,14 +86,14 @@ class Daemon:
             self.exporters.append(self.wandb)
         self.ledger = LedgerStage(state_dir(config.state_dir) / FILE_NAME, config.flops_per_token, config.run_gap_s)
         self.insight = InsightStage(config)
-        listeners: list[Listener] = [*self.exporters, self.live]
+        listeners: list[Listener] = [*self.exporters, self.scrape_state]
         if nvml is not None:
             listeners.append(TrainerAttribution(nvml.attribute_trainers))
         stages = window_stages(self.insight, self.ledger, GpuStage(self.gpus) if nvml is not None else None)
         self.pipeline = Pipeline(mapper=Mapper.from_settings(config, config), max_series=config.max_series,
                                  stages=stages, listeners=listeners)
-        self.live.attach(ingest=self.pipeline, exporters=self.exporters,
-                         admin=Admin(self.live, self._mapping_in_force, self.gpus, nvml.status if nvml else None))
+        admin = Admin(self.scrape_state, self._mapping_in_force, self.gpus, nvml.status if nvml else None)
+        self.scrape_state.attach(ingest=self.pipeline, exporters=self.exporters, admin=admin)
         self.ingest: IngestLoop | None = None
         self._signals: queue.SimpleQueue[int | str] = queue.SimpleQueue()
         self._stopped = False
@@ -140,7 +140,7 @@ class Daemon:
         """Serve until SIGTERM/SIGINT (or ``stop``); returns the exit status. Signals that arrived
         since ``start`` are waiting in the queue. ``before_shutdown`` runs while the daemon still
         receives (the demo closes its in-process senders there, so their last records and final
-        ledgers reach this daemon rather than being booked lost by the next one)."""
+        tallies reach this daemon rather than being booked lost by the next one)."""
         systemd.notify("READY=1\nSTATUS=serving")
         while True:
             try:
@@ -165,7 +165,7 @@ class Daemon:
         self._signals.put(reason)
 
     def reload(self) -> None:
-        """Re-read the config file. Settings that can change live do; the others are reported as
+        """Re-read the config file. Reloadable settings change at once; the others are reported as
         needing a restart. An invalid file is rejected and the running config kept."""
         systemd.notify("RELOADING=1")
         try:
@@ -178,15 +178,16 @@ class Daemon:
             return
         finally:
             systemd.notify("READY=1")
-        live = config_mod.LIVE  # each setting's declaration says whether it applies live
+        reloadable = config_mod.RELOADABLE  # each setting's declaration says whether a reload applies it
         changed = config_mod.changed(self.config, new)
         for part in self._reloading():
             part.reload(new)
         if "log_level" in changed:
             logging.getLogger("sidecar").setLevel(new.log_level.upper())
-        restart = sorted(changed - live)
+        restart = sorted(changed - reloadable)
         self.config = new
-        log.info("dflash-sidecar: config reloaded (%s)%s", ", ".join(sorted(changed & live)) or "no live change",
+        applied = ", ".join(sorted(changed & reloadable)) or "no reloadable change"
+        log.info("dflash-sidecar: config reloaded (%s)%s", applied,
                  f"; needs a restart to apply: {', '.join(restart)}" if restart else "")
 
     def shutdown(self) -> None:
@@ -206,7 +207,7 @@ class Daemon:
         log.info("dflash-sidecar stopped")
 
     def _reloading(self) -> list[Reloading]:
-        """Every component that takes settings live, each through its ``reload(settings)``."""
+        """Every component with reloadable settings, each through its ``reload(settings)``."""
         ingest: list[Reloading] = [self.ingest] if self.ingest is not None else []
         return [*ingest, self.pipeline, self.insight, *self.exporters]
 

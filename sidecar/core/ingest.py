@@ -2,7 +2,7 @@
 
 One thread owns the socket and the pipeline (its registry and aggregator), so none of them needs
 a lock. This module decides *when* (polling, coalescing, window boundaries, the final drain, the
-exit ledgers); the pipeline decides what happens to a frame and a window, in which order.
+exit tallies); the pipeline decides what happens to a frame and a window, in which order.
 Nothing a client sends can raise out of this loop: bad frames and records are counted by reason.
 """
 
@@ -20,8 +20,8 @@ from sidecar.aggregation.settings import WindowSettings
 from sidecar.core.pipeline import Pipeline
 from sidecar.model.ends import ALERTING, SenderEnd, how_ended
 from sidecar.model.window import IngestHealth
-from sidecar.sources.ledgers import EXIT_GRACE_S, LedgerDirectory, ReadyLedger
 from sidecar.sources.receiver import Receiver
+from sidecar.sources.tallies import EXIT_GRACE_S, ReadyTally, TallyDirectory
 
 log = logging.getLogger("sidecar")
 
@@ -43,15 +43,15 @@ class IngestLoop:
 
     def __init__(self, receiver: Receiver, interval_s: float, pipeline: Pipeline,
                  clock: Callable[[], float] = time.monotonic, gone_after_s: float = EXIT_GRACE_S) -> None:
-        """``gone_after_s``: how long a gone (or closed) sender's ledger waits, its senders silent,
-        before it is booked and its end told (``sources.ledgers.EXIT_GRACE_S``)."""
+        """``gone_after_s``: how long a gone (or closed) sender's tally waits, its senders silent,
+        before it is booked and its end told (``sources.tallies.EXIT_GRACE_S``)."""
         self.receiver = receiver
         self.gone_after_s = gone_after_s
         self.interval_s = interval_s
         self.pipeline = pipeline
-        self.ledgers = LedgerDirectory(list(receiver.endpoints))
+        self.tallies = TallyDirectory(list(receiver.endpoints))
         self.started_unix_s = time.time()
-        """A ledger last written before this is of a process that ended before this daemon ran."""
+        """A tally last written before this is of a process that ended before this daemon ran."""
         self.clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -71,7 +71,7 @@ class IngestLoop:
         return self.pipeline.internal_errors
 
     def start(self) -> None:
-        self.ledgers.prepare()
+        self.tallies.prepare()
         self._thread = threading.Thread(target=self._run, name="sidecar-ingest", daemon=True)
         self._thread.start()
 
@@ -109,7 +109,7 @@ class IngestLoop:
                     self._handle_charged(frame, peer)
                     self._roll_if_due()  # per frame: a backlog of big frames must not stretch a window
                 self._roll_if_due()
-                self._book_ledgers_if_due()
+                self._book_tallies_if_due()
                 if frames and not self.receiver.backlog:
                     self._stop.wait(min(COALESCE_S, max(0.0, self._window_start + self.interval_s - self.clock())))
             # What already arrived belongs to the last window, as far as the drain budget goes; what
@@ -124,56 +124,56 @@ class IngestLoop:
                     break
             if not self.receiver.backlog:
                 # Everything that arrived is counted: the senders that ended can be booked now, not
-                # after a grace this daemon will not live through (their next daemon would read the
+                # after a grace that would outlast this daemon (their next daemon would read the
                 # records as sent to it and lost).
-                self._book_ledgers(grace_s=0.0)
+                self._book_tallies(grace_s=0.0)
             now = self.clock()
             self._roll(now, max(now - self._window_start, 1e-9))
             left = " (a backlog was left unread: its senders' next daemon counts it)" if self.receiver.backlog else ""
             log.info("sidecar: final window written%s", left)
         finally:
             self.receiver.close()
-            self.ledgers.close()
+            self.tallies.close()
 
-    def _book_ledgers_if_due(self) -> None:
-        """Book the ledgers of senders that are gone (``sources.ledgers``), once the receiver is not
+    def _book_tallies_if_due(self) -> None:
+        """Book the tallies of senders that are gone (``sources.tallies``), once the receiver is not
         behind and each of their senders has been silent for ``gone_after_s``: its last frames,
         if any are still on the way, are counted as received first."""
-        if self.receiver.backlog or not self.ledgers.due(self.clock()):
+        if self.receiver.backlog or not self.tallies.due(self.clock()):
             return
-        self._book_ledgers(self.gone_after_s)
+        self._book_tallies(self.gone_after_s)
 
-    def _book_ledgers(self, grace_s: float) -> None:
+    def _book_tallies(self, grace_s: float) -> None:
         now = self.clock()
         registry = self.registry
         try:
-            ready_ledgers = self.ledgers.scan(now, grace_s)
-            if self.ledgers.malformed:
-                registry.drop_message("ledger_refused", self.ledgers.malformed)
-                self.ledgers.malformed = 0
-            for ready in ready_ledgers:
-                booked = registry.book_gone(ready.ledger, ready.uid, ready.final, now, time.time(), grace_s,
+            ready_tallies = self.tallies.scan(now, grace_s)
+            if self.tallies.malformed:
+                registry.drop_message("ledger_refused", self.tallies.malformed)
+                self.tallies.malformed = 0
+            for ready in ready_tallies:
+                booked = registry.book_gone(ready.tally, ready.uid, ready.final, now, time.time(), grace_s,
                                             witnessed=ready.written_unix_s >= self.started_unix_s)
                 if booked is None:
                     continue  # it spoke lately: look again at the next scan
-                self.ledgers.remove(ready.path)
+                self.tallies.remove(ready.path)
                 self._tell_ends(ready, booked)
         except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on
-            self.pipeline.internal_error("booking ledgers", exc)
+            self.pipeline.internal_error("booking tallies", exc)
 
-    def _tell_ends(self, ready: ReadyLedger, booked: list[Any]) -> None:
+    def _tell_ends(self, ready: ReadyTally, booked: list[Any]) -> None:
         """Book how the process of ``ready`` ended, once per role among its channels booked now
         (``booked``: not before, and not refused), and log one line per end."""
-        ledger = ready.ledger
-        how, signal = how_ended(ready.final, ledger.signal, ready.crash, ready.oom)
+        tally = ready.tally
+        how, signal = how_ended(ready.final, tally.signal, ready.crash, ready.oom)
         roles: dict[str, list[Any]] = {}
         for channel in booked:
             roles.setdefault(channel.role, []).append(channel)
         for role, channels in roles.items():
             steps = [s for s in (self.aggregator.latest_step(c.sender) for c in channels) if s is not None]
-            unknown = 0 if ready.final else ledger.max_pending * len(channels)
-            end = SenderEnd(role, min(c.worker for c in channels), how, signal, ledger.pid,
-                            max(steps) if steps else None, ready.written_unix_s, unknown, ledger.detail[:64])
+            unknown = 0 if ready.final else tally.max_pending * len(channels)
+            end = SenderEnd(role, min(c.worker for c in channels), how, signal, tally.pid,
+                            max(steps) if steps else None, ready.written_unix_s, unknown, tally.detail[:64])
             self.pipeline.ends.book(end)
             log.log(logging.WARNING if how in ALERTING else logging.INFO, "sidecar: sender ended: %s", end.text())
 
@@ -190,7 +190,7 @@ class IngestLoop:
     def _handle_charged(self, frame: bytes, peer: int | None) -> None:
         """``handle_frame``, its CPU time charged to the peer's share (``receiver.FairQueue``)."""
         started = time.thread_time()
-        self.ledgers.note_process(peer)
+        self.tallies.note_process(peer)
         self.pipeline.frame(frame, self.clock(), peer)
         self.receiver.shares.charge(peer, time.thread_time() - started, len(frame))
 

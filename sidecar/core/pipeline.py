@@ -14,7 +14,7 @@ A window (at each boundary)::
 
     aggregates + accounting --window--> IngestReport --window stages--> IngestReport (+ gpu,
     insight, run ledger: ``window_stages``, their one order) --fan-out--> every listener's
-    ``consume`` (exporters, the live state, the NVML trainer attribution), the same immutable
+    ``consume`` (exporters, the scrape state, the NVML trainer attribution), the same immutable
     object to each
 
 and a hello goes to every listener's ``hello`` as a ``SenderView``. Everything here runs on the

@@ -2,8 +2,8 @@
 
 The pipeline's fan-out (``sidecar.core.pipeline``) calls ``consume(window)`` on every exporter from
 the ingest thread, and ``hello(sender)`` for each hello; that is the whole route after
-aggregation. What an exporter reads between windows comes from the one live state it is given
-(``sidecar.exporters.live.LiveState``). The daemon starts every exporter through ``start`` and stops
+aggregation. What an exporter reads between windows comes from the one scrape state it is given
+(``sidecar.exporters.scrape_state.ScrapeState``). The daemon starts every exporter through ``start`` and stops
 it through ``shutdown``, in the reverse order. Lifecycle: create -> ``start()`` ->
 ``consume()``... -> ``shutdown(timeout_s)``.
 """
@@ -37,12 +37,12 @@ class Exporter:
         """A trainer said hello (``sender.hello``: its fields as sent, ``wandb_run_id``, ``pid``, ...)."""
 
     def stats(self) -> Any:
-        """Its own statistics, for the live state's readers (None: it keeps none)."""
+        """Its own statistics, for the scrape state's readers (None: it keeps none)."""
         return None
 
     def reload(self, settings: Any) -> None:
         """New settings (a config reload; ``settings``: ``sidecar.core.config.Config``, which is every
-        exporter's own section): take the ones that apply live (none by default)."""
+        exporter's own section): take the reloadable ones (none by default)."""
 
     def shutdown(self, timeout_s: float) -> None:
         """Flush what is buffered and release everything within ``timeout_s`` seconds.

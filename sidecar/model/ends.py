@@ -1,7 +1,7 @@
 """How a sender's process ended, as every exporter reads it (docs/RELIABILITY.md, "How a sender
 ended"; the families in docs/METRICS.md).
 
-The daemon tells an end once a sender's ledger is booked (``sidecar.core.ingest``): from the ledger
+The daemon tells an end once a sender's tally is booked (``sidecar.core.ingest``): from the tally
 (final or not, the signal the shim saw), the process's crash file and its memory cgroup.
 """
 
@@ -12,17 +12,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 HOWS: tuple[str, ...] = ("clean", "terminated", "unclean", "oom", "crashed")
-"""``clean``: the final ledger arrived (``close()``, atexit, multiprocessing's exit path; also
-after an uncaught exception); ``terminated``: the final ledger arrived after SIGTERM or SIGINT;
-``unclean``: no final ledger (SIGKILL, a lost process); ``oom``: no final ledger and its memory
-cgroup counted an OOM kill; ``crashed``: no final ledger and faulthandler wrote down a fatal
+"""``clean``: the final tally arrived (``close()``, atexit, multiprocessing's exit path; also
+after an uncaught exception); ``terminated``: the final tally arrived after SIGTERM or SIGINT;
+``unclean``: no final tally (SIGKILL, a lost process); ``oom``: no final tally and its memory
+cgroup counted an OOM kill; ``crashed``: no final tally and faulthandler wrote down a fatal
 signal (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL)."""
 ALERTING: frozenset[str] = frozenset({"unclean", "oom", "crashed"})
 """The ends that lose what the process made after its last flush, and that alert."""
 
 
 def how_ended(final: bool, signum: int, crash: str, oom: bool) -> tuple[str, str]:
-    """``(how, signal name)`` from the ledger's facts: ``final`` (written by ``close()`` or the
+    """``(how, signal name)`` from the tally's facts: ``final`` (written by ``close()`` or the
     signal handler), ``signum`` (the SIGTERM/SIGINT the shim saw, 0: none), ``crash`` (the fatal
     signal in the crash file, empty: none) and ``oom`` (its cgroup counted an OOM kill)."""
     if final:
@@ -44,10 +44,10 @@ def signal_name(signum: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class SenderEnd:
-    """One process's end under one role. ``unix_s``: its ledger's last write (Unix seconds: the
+    """One process's end under one role. ``unix_s``: its tally's last write (Unix seconds: the
     final word, or the last flush of a process that died without one); ``step``: the latest step it
     published (None: none); ``unknown_max``: records it made after its last flush whose fate is
-    unknown, at most (its channels' queue size; 0 for a final ledger); ``detail``: the uncaught
+    unknown, at most (its channels' queue size; 0 for a final tally); ``detail``: the uncaught
     exception's type the shim saw, if any."""
 
     role: str

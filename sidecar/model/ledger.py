@@ -4,7 +4,7 @@ the GPU energy went, with the efficiency figures derived from them.
 Computed by ``sidecar.aggregation.ledger`` (how each cause is told: docs/METRICS.md, "Run
 ledger"); carried by the window (``IngestReport.run_ledger``). Seconds and joules are totals since
 the run's first sender started, kept across daemon and trainer restarts. This is the *run*
-ledger: not the per-sender loss files of the shim (``docs/PROTOCOL.md``).
+ledger: not the senders' tallies, the shim's per-sender exit accounting (``docs/PROTOCOL.md``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A component's settings are a frozen dataclass; each field made by ``setting(...)`` is one option
 of the daemon: the field's default is the option's default, the metadata (``Spec``) its help,
-validator, bounds and whether a SIGHUP reload applies it live. ``sidecar.core.config`` gathers the
+validator, bounds and whether a SIGHUP reload applies it (``reloadable``). ``sidecar.core.config`` gathers the
 components' dataclasses into ``Config`` and generates from these declarations the command-line
 flags, the TOML keys, the sample config, the validation messages, the reload diff and the docs'
 option tables; nothing else names a setting's default, bound or help.
@@ -37,7 +37,7 @@ class Spec:
     """Turns one raw value (a flag's string, a TOML value; a list's item) into the field's value.
     Raises ``ValueError`` or ``TypeError`` saying what is expected."""
     kind: str = "value"
-    live: bool = False
+    reloadable: bool = False
     """A SIGHUP reload applies a change at once; otherwise the change waits for a restart."""
     bounds: tuple[float, float] | None = None
     """Inclusive (lowest, highest) of a numeric setting, checked after ``check``."""
@@ -93,8 +93,8 @@ class Setting:
         return self.spec.kind
 
     @property
-    def live(self) -> bool:
-        return self.spec.live
+    def reloadable(self) -> bool:
+        return self.spec.reloadable
 
     @property
     def bounds(self) -> tuple[float, float] | None:
@@ -217,7 +217,7 @@ class RoleSettings:
 
     KEY_PREFIX: ClassVar[str] = "insight_"
 
-    target_role: str = setting("target", live=True, help="Role name of the target workers (those that fill the "
+    target_role: str = setting("target", reloadable=True, help="Role name of the target workers (those that fill the "
                                "hidden-state queue).")
-    drafter_role: str = setting("drafter", live=True, help="Role name of the drafter workers (those that drain "
+    drafter_role: str = setting("drafter", reloadable=True, help="Role name of the drafter workers (those that drain "
                                 "the hidden-state queue).")

@@ -28,61 +28,76 @@ class FrameworkRow(NamedTuple):
     """As the framework spells them (docs); matched by their ``metric_token``, lower case."""
 
 
+def _rows(preset: str, version: str, *rows: tuple[str, str, tuple[str, ...]]) -> tuple[FrameworkRow, ...]:
+    """One framework's rows, each ``(meaning, unit, names)``, at the version read."""
+    return tuple(FrameworkRow(preset, version, *row) for row in rows)
+
+
 FRAMEWORKS: tuple[FrameworkRow, ...] = (
     # torchtitan: torchtitan/components/metrics.py, MetricsProcessor.log (per log_freq steps)
-    FrameworkRow("torchtitan", "git 00fbaaf", "step", "s", ("time_metrics/end_to_end(s)",)),
-    FrameworkRow("torchtitan", "git 00fbaaf", "data_wait", "s",
-                 ("time_metrics/data_loading(s)", "time_metrics/data_loading(%)")),
-    FrameworkRow("torchtitan", "git 00fbaaf", "tokens_per_s", "tps", ("throughput(tps)",)),
-    FrameworkRow("torchtitan", "git 00fbaaf", "flops_per_s", "tflops", ("tflops",)),
-    FrameworkRow("torchtitan", "git 00fbaaf", "mfu", "%", ("mfu(%)",)),
-    FrameworkRow("torchtitan", "git 00fbaaf", "loss", "", ("loss_metrics/global_avg_loss",)),
-    FrameworkRow("torchtitan", "git 00fbaaf", "grad_norm", "", ("grad_norm",)),
-    FrameworkRow("torchtitan", "git 00fbaaf", "memory_reserved", "GiB", ("memory/max_reserved(GiB)",)),
+    *_rows("torchtitan", "git 00fbaaf",
+           ("step", "s", ("time_metrics/end_to_end(s)",)),
+           ("data_wait", "s", ("time_metrics/data_loading(s)", "time_metrics/data_loading(%)")),
+           ("tokens_per_s", "tps", ("throughput(tps)",)),
+           ("flops_per_s", "tflops", ("tflops",)),
+           ("mfu", "%", ("mfu(%)",)),
+           ("loss", "", ("loss_metrics/global_avg_loss",)),
+           ("grad_norm", "", ("grad_norm",)),
+           ("memory_reserved", "GiB", ("memory/max_reserved(GiB)",)),
+    ),
     # Megatron-LM: megatron/training/training.py training_log -> timers.write(name + "-time"),
     # seconds per iteration (normalized by the iterations since the last log), and its scalars
-    FrameworkRow("megatron", "git 86df799", "step", "s", ("iteration-time",)),
-    FrameworkRow("megatron", "git 86df799", "data_wait", "s", ("batch-generator-time",)),
-    FrameworkRow("megatron", "git 86df799", "forward_backward", "s", ("forward-backward-time",)),
-    FrameworkRow("megatron", "git 86df799", "comm_wait", "s",
-                 ("grads-all-reduce-time", "all-grads-sync-time", "grads-reduce-scatter-time",
-                  "params-all-gather-time", "layernorm-grads-all-reduce-time", "embedding-grads-all-reduce-time")),
-    FrameworkRow("megatron", "git 86df799", "optimizer", "s", ("optimizer-time",)),
-    FrameworkRow("megatron", "git 86df799", "flops_per_s", "tflops", ("throughput",)),
-    FrameworkRow("megatron", "git 86df799", "lr", "", ("learning-rate",)),
-    FrameworkRow("megatron", "git 86df799", "loss", "", ("lm loss",)),
-    FrameworkRow("megatron", "git 86df799", "grad_norm", "", ("grad-norm",)),
+    *_rows("megatron", "git 86df799",
+           ("step", "s", ("iteration-time",)),
+           ("data_wait", "s", ("batch-generator-time",)),
+           ("forward_backward", "s", ("forward-backward-time",)),
+           ("comm_wait", "s", ("grads-all-reduce-time", "all-grads-sync-time", "grads-reduce-scatter-time",
+                               "params-all-gather-time", "layernorm-grads-all-reduce-time",
+                               "embedding-grads-all-reduce-time")),
+           ("optimizer", "s", ("optimizer-time",)),
+           ("flops_per_s", "tflops", ("throughput",)),
+           ("lr", "", ("learning-rate",)),
+           ("loss", "", ("lm loss",)),
+           ("grad_norm", "", ("grad-norm",)),
+    ),
     # HF transformers Trainer: Trainer._maybe_log_save_evaluate logs and trainer_utils.speed_metrics;
     # its WandbCallback rewrites them to train/<key> (integration_utils.rewrite_logs)
-    FrameworkRow("hf", "transformers 5.24", "samples_per_s", "", ("train_samples_per_second",
-                                                                 "train/train_samples_per_second")),
-    FrameworkRow("hf", "transformers 5.24", "steps_per_s", "", ("train_steps_per_second",
-                                                               "train/train_steps_per_second")),
-    FrameworkRow("hf", "transformers 5.24", "tokens_per_s", "", ("train_tokens_per_second",
-                                                                "train/train_tokens_per_second")),
-    FrameworkRow("hf", "transformers 5.24", "loss", "", ("train/loss",)),
-    FrameworkRow("hf", "transformers 5.24", "lr", "", ("train/learning_rate",)),
-    FrameworkRow("hf", "transformers 5.24", "grad_norm", "", ("train/grad_norm",)),
-    FrameworkRow("hf", "transformers 5.24", "epoch", "", ("train/epoch",)),
-    FrameworkRow("hf", "transformers 5.24", "step_number", "", ("train/global_step",)),
+    *_rows("hf", "transformers 5.24",
+           ("samples_per_s", "", ("train_samples_per_second", "train/train_samples_per_second")),
+           ("steps_per_s", "", ("train_steps_per_second", "train/train_steps_per_second")),
+           ("tokens_per_s", "", ("train_tokens_per_second", "train/train_tokens_per_second")),
+           ("loss", "", ("train/loss",)),
+           ("lr", "", ("train/learning_rate",)),
+           ("grad_norm", "", ("train/grad_norm",)),
+           ("epoch", "", ("train/epoch",)),
+           ("step_number", "", ("train/global_step",)),
+    ),
     # nanoGPT: train.py, the wandb.log dict at each eval_interval (mfu as a percent)
-    FrameworkRow("nanogpt", "git 005475c", "step_number", "", ("iter",)),
-    FrameworkRow("nanogpt", "git 005475c", "mfu", "%", ("mfu",)),
-    FrameworkRow("nanogpt", "git 005475c", "loss", "", ("train/loss",)),
+    *_rows("nanogpt", "git 005475c",
+           ("step_number", "", ("iter",)),
+           ("mfu", "%", ("mfu",)),
+           ("loss", "", ("train/loss",)),
+    ),
     # mmengine: hooks/iter_timer_hook.py (message hub train/data_time, train/time, in seconds) and
     # runner/log_processor.py (the train/ prefix dropped for the loggers; memory in MB = MiB)
-    FrameworkRow("mmengine", "main", "data_wait", "s", ("data_time", "train/data_time")),
-    FrameworkRow("mmengine", "main", "step", "s", ("time", "train/time")),
-    FrameworkRow("mmengine", "main", "memory_reserved", "MiB", ("memory",)),
+    *_rows("mmengine", "main",
+           ("data_wait", "s", ("data_time", "train/data_time")),
+           ("step", "s", ("time", "train/time")),
+           ("memory_reserved", "MiB", ("memory",)),
+    ),
     # detectron2: engine/train_loop.py (data_time, the max over workers) and engine/hooks.py
     # IterationTimer (time), in seconds; the same names as mmengine's
-    FrameworkRow("detectron2", "git 059601d", "data_wait", "s", ("data_time",)),
-    FrameworkRow("detectron2", "git 059601d", "step", "s", ("time",)),
-    FrameworkRow("detectron2", "git 059601d", "loss", "", ("total_loss",)),
+    *_rows("detectron2", "git 059601d",
+           ("data_wait", "s", ("data_time",)),
+           ("step", "s", ("time",)),
+           ("loss", "", ("total_loss",)),
+    ),
     # Accelerate: Accelerator.log passes the trainer's own dict to its trackers and defines no
     # names of its own; its examples log train_loss and epoch (the generic preset's)
-    FrameworkRow("accelerate", "1.15", "epoch", "", ("epoch",)),
-    FrameworkRow("accelerate", "1.15", "step_number", "", ("step",)),
+    *_rows("accelerate", "1.15",
+           ("epoch", "", ("epoch",)),
+           ("step_number", "", ("step",)),
+    ),
 )
 """Read in order: the first row that fits a name, kind and unit decides (detectron2's rows, the
 same names as mmengine's, are listed for the docs; ``explain`` names the first)."""

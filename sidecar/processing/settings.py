@@ -29,7 +29,7 @@ class MappingSettings:
     """The options' group in ``--help`` and the docs."""
 
     mapping: tuple[Rule, ...] = setting(
-        (), kind="tables", check=rules, live=True,
+        (), kind="tables", check=rules, reloadable=True,
         help="Your own series names -> role, worker and phase (docs/SHIM.md, 'Your own names'): [[mapping]] "
              "tables, each with a glob (match) or a regex (regex) and what it gives: phase (or meaning), role, "
              "worker, name (captures as $1, ${name}). Checked at start-up and on reload.")

@@ -3,7 +3,7 @@
 While a sender's process lives, ``oom_baseline`` reads which memory cgroup it is in
 (``/proc/<pid>/cgroup``) and that cgroup's OOM-kill count and its ancestors' (cgroup v2:
 ``memory.events`` ``oom_kill``; v1: ``memory.oom_control`` ``oom_kill``, Linux 4.13 or later).
-Once the process is gone without a final ledger, ``oom_killed`` reads them again: a count that rose
+Once the process is gone without a final tally, ``oom_killed`` reads them again: a count that rose
 says the OOM killer killed a process there in between. The deepest cgroup still readable decides
 (a container's or a systemd scope's cgroup may be removed with its last process; v2 counts a
 child's kills in its ancestors too). Needs read access to ``/proc/<pid>/cgroup`` and the cgroup

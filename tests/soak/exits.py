@@ -67,7 +67,7 @@ def counted(d: DaemonProc, role: str) -> tuple[int, dict[str, int]]:
 def settle(d: DaemonProc, case: str, role: str, made: int, started: float, timeout_s: float = 30.0,
            unknown_tail: int = 0) -> ExitResult:
     """Wait until the daemon counts ``made`` records for ``role`` (or ``timeout_s`` passes), then
-    two ledger scans more (a late frame or a second booking would show), and read the result."""
+    two tally scans more (a late frame or a second booking would show), and read the result."""
     try:
         wait_for(lambda: counted(d, role)[0] >= made, timeout_s=timeout_s, what=f"{made} records counted")
     except AssertionError:

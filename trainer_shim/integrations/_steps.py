@@ -7,7 +7,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from trainer_shim import telemetry
-from trainer_shim.integrations import names
+from trainer_shim.integrations import names, wandb_metrics
 
 
 class StepClock:
@@ -116,3 +116,22 @@ def announce_wandb_run(run_id: str | None = None) -> None:
     an id is given)."""
     if run_id or "wandb" in sys.modules:
         telemetry.announce_wandb_run(run_id)
+
+
+class CallbackCore:
+    """What each framework callback holds: its step clock, the channel it publishes on and its
+    ``wandb_open_metrics`` choice. Mixed in before the framework's callback class."""
+
+    def __init__(self, channel: Any = None, wandb_open_metrics: bool | str = False) -> None:
+        """``channel``: a ``telemetry.channel(...)`` to publish on; default: the process's
+        default channel. ``wandb_open_metrics``: off by default; see ``wandb_metrics.opt_in``."""
+        self._open_metrics = wandb_metrics.opt_in(wandb_open_metrics)
+        self._clock = StepClock(channel)
+        self._tm = channel if channel is not None else telemetry
+
+    def _train_begins(self) -> None:
+        """At train start: announce the W&B run, and describe it to the open-metrics endpoint
+        where opted in."""
+        announce_wandb_run()
+        if self._open_metrics:
+            wandb_metrics.describe_run(addr=self._open_metrics)

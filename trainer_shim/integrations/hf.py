@@ -33,28 +33,22 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from trainer_shim import telemetry
-from trainer_shim.integrations import names, wandb_metrics
-from trainer_shim.integrations._steps import StepClock, announce_wandb_run
+from trainer_shim.integrations import names
+from trainer_shim.integrations._steps import CallbackCore
 
 
-class SidecarCallback(TrainerCallback):  # type: ignore[misc]
+class SidecarCallback(CallbackCore, TrainerCallback):  # type: ignore[misc]
     """Publishes the Trainer's step-time breakdown, loss and learning rate to the sidecar."""
 
     def __init__(self, channel: Any = None, wandb_open_metrics: bool | str = False) -> None:
-        """``channel``: a ``telemetry.channel(...)`` to publish on; default: the process's
-        default channel. ``wandb_open_metrics``: off by default; see ``wandb_metrics.opt_in``."""
-        self._open_metrics = wandb_metrics.opt_in(wandb_open_metrics)
-        self._clock = StepClock(channel)
-        self._tm = channel if channel is not None else telemetry
+        """As ``CallbackCore``."""
+        super().__init__(channel, wandb_open_metrics)
         self._tokens_seen = 0
         self._last_hook_ns: int | None = None
         """When the last hook before a possible save returned (``perf_counter_ns``)."""
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        announce_wandb_run()
-        if self._open_metrics:
-            wandb_metrics.describe_run(addr=self._open_metrics)
+        self._train_begins()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._clock.step_begin()

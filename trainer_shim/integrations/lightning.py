@@ -34,20 +34,13 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
-from trainer_shim import telemetry
-from trainer_shim.integrations import names, wandb_metrics
-from trainer_shim.integrations._steps import StepClock, announce_wandb_run
+from trainer_shim.integrations import names
+from trainer_shim.integrations._steps import CallbackCore, StepClock
 
 
-class SidecarCallback(Callback):  # type: ignore[misc]
-    """Publishes Lightning's step-time breakdown, loss and learning rate to the sidecar."""
-
-    def __init__(self, channel: Any = None, wandb_open_metrics: bool | str = False) -> None:
-        """``channel``: a ``telemetry.channel(...)`` to publish on; default: the process's
-        default channel. ``wandb_open_metrics``: off by default; see ``wandb_metrics.opt_in``."""
-        self._open_metrics = wandb_metrics.opt_in(wandb_open_metrics)
-        self._clock = StepClock(channel)
-        self._tm = channel if channel is not None else telemetry
+class SidecarCallback(CallbackCore, Callback):  # type: ignore[misc]
+    """Publishes Lightning's step-time breakdown, loss and learning rate to the sidecar
+    (``channel``, ``wandb_open_metrics``: as ``CallbackCore``)."""
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if not isinstance(trainer.__dict__.get("save_checkpoint"), _TimedSave):
@@ -59,9 +52,7 @@ class SidecarCallback(Callback):  # type: ignore[misc]
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         _time_fetches(trainer, self._clock)
-        announce_wandb_run()
-        if self._open_metrics:
-            wandb_metrics.describe_run(addr=self._open_metrics)
+        self._train_begins()
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._clock.step_begin()

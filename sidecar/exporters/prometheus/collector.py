@@ -25,13 +25,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from sidecar.exporters.live import LiveState
 from sidecar.exporters.prometheus.dcgm import DcgmSource
 from sidecar.exporters.prometheus.ends import ends_families
 from sidecar.exporters.prometheus.gpu import gpu_metric_families
 from sidecar.exporters.prometheus.insight import insight_families
 from sidecar.exporters.prometheus.ledger import ledger_families
 from sidecar.exporters.prometheus.process import self_families, wandb_families
+from sidecar.exporters.scrape_state import ScrapeState
 from sidecar.model.gpu import GpuView
 from sidecar.model.names import TRAINER_FAMILIES
 from sidecar.model.window import (
@@ -53,15 +53,15 @@ FamilySource = Callable[[], Iterable[Metric]]
 @dataclass(slots=True)
 class ExportState:
     """What a scrape reads: ``report`` (the window, with its insight), replaced, never mutated,
-    once per window, and ``live``, the daemon's one read-only live state, for what changes
+    once per window, and ``scrape_state``, the daemon's one read-only scrape state, for what changes
     between windows: the GPUs (their latest snapshot, not the window's), the daemon's own
-    telemetry, the W&B exporter's stats, ``/explain``. What the live state lacks has no
-    families (a bare ``LiveState`` in tests: the window's families only)."""
+    telemetry, the W&B exporter's stats, ``/explain``. What the scrape state lacks has no
+    families (a bare ``ScrapeState`` in tests: the window's families only)."""
 
     host: str
     started_unix_s: float
     report: IngestReport | None = None
-    live: LiveState = field(default_factory=LiveState)
+    scrape_state: ScrapeState = field(default_factory=ScrapeState)
     http: Callable[[], list[Metric]] | None = None
     """The metrics server's own counters (connections accepted, closed early by reason)."""
     dcgm_compat: bool = False
@@ -87,17 +87,17 @@ class SidecarCollector(Collector):
         """Sources whose families change between windows (self-telemetry, W&B, GPUs)."""
         state = self.state
         host = state.host
-        live = state.live
+        scraped = state.scrape_state
         report = state.report
         roles = {role for role, _ in report.totals} if report is not None else set()
-        ends = live.ends() or (report.ends if report is not None else None)
+        ends = scraped.ends() or (report.ends if report is not None else None)
         sources: list[tuple[str, FamilySource]] = [
-            ("self", lambda: self_families(host, live.telemetry())),
-            ("wandb", lambda: wandb_families(host, live.exporter_stats("wandb"))),
+            ("self", lambda: self_families(host, scraped.telemetry())),
+            ("wandb", lambda: wandb_families(host, scraped.exporter_stats("wandb"))),
         ]
         if ends is not None:  # between windows: an end shows at the scrape after it is told
             sources.append(("ends", lambda: ends_families(ends, roles, host)))
-        view = _Once(live.gpu_view) if live.has_gpus else None  # one GpuView per scrape for both GPU sources
+        view = _Once(scraped.gpu_view) if scraped.has_gpus else None  # one GpuView per scrape for both GPU sources
         if view is not None:
             sources.append(("gpu", lambda: gpu_metric_families(view(), host, time.monotonic())))
         if state.http is not None:
@@ -129,18 +129,18 @@ class _Once:
         if self._view is None:
             view = self._read()
             if view is None:
-                raise LookupError("the live state has no GPU view")
+                raise LookupError("the scrape state has no GPU view")
             self._view = view
         return self._view
 
 
 def explain_json(collector: SidecarCollector) -> bytes | None:
-    """The body of ``/explain``: the live state's ``explain()`` as JSON (``{}`` if it failed,
-    logged once); None where the live state has no admin side (no such page)."""
-    live = collector.state.live
-    if not live.has_admin:
+    """The body of ``/explain``: the scrape state's ``explain()`` as JSON (``{}`` if it failed,
+    logged once); None where the scrape state has no admin side (no such page)."""
+    scraped = collector.state.scrape_state
+    if not scraped.has_admin:
         return None
-    data = collector.guarded("explain", lambda: [live.explain()], [{}])[0]
+    data = collector.guarded("explain", lambda: [scraped.explain()], [{}])[0]
     return json.dumps(data).encode()
 
 

@@ -77,6 +77,16 @@ def _violation_ns(reason: str) -> Value:
 
 _VIOLATION = ("Throttling duration due to {} (in ns). From nvmlDeviceGetFieldValues(NVML_FI_DEV_PERF_POLICY_{}), "
               "else nvmlDeviceGetViolationStatus.")
+_VIOLATIONS: dict[str, tuple[str, str]] = {
+    "power": ("POWER", "power constraints"),
+    "thermal": ("THERMAL", "thermal constraints"),
+    "sync_boost": ("SYNC_BOOST", "sync-boost constraints"),
+    "board_limit": ("BOARD_LIMIT", "board limit constraints"),
+    "low_utilization": ("LOW_UTIL", "low utilization"),
+    "reliability": ("RELIABILITY", "reliability constraints"),
+}
+"""Per violation reason (``VIOLATION_POLICIES``, in its order): dcgm-exporter's family name part
+and its HELP's words; the NVML field is the reason in capitals."""
 
 DCGM_FIELDS: tuple[DcgmField, ...] = (
     DcgmField("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz). From nvmlDeviceGetClockInfo(NVML_CLOCK_SM).",
@@ -108,18 +118,8 @@ DCGM_FIELDS: tuple[DcgmField, ...] = (
     DcgmField("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors. From "
               "nvmlDeviceGetFieldValues(NVML_FI_DEV_ECC_DBE_VOL_TOTAL).", _scaled("ecc_uncorrected_total", 1.0),
               counter=True),
-    DcgmField("DCGM_FI_DEV_POWER_VIOLATION", _VIOLATION.format("power constraints", "POWER"),
-              _violation_ns("power"), counter=True),
-    DcgmField("DCGM_FI_DEV_THERMAL_VIOLATION", _VIOLATION.format("thermal constraints", "THERMAL"),
-              _violation_ns("thermal"), counter=True),
-    DcgmField("DCGM_FI_DEV_SYNC_BOOST_VIOLATION", _VIOLATION.format("sync-boost constraints", "SYNC_BOOST"),
-              _violation_ns("sync_boost"), counter=True),
-    DcgmField("DCGM_FI_DEV_BOARD_LIMIT_VIOLATION", _VIOLATION.format("board limit constraints", "BOARD_LIMIT"),
-              _violation_ns("board_limit"), counter=True),
-    DcgmField("DCGM_FI_DEV_LOW_UTIL_VIOLATION", _VIOLATION.format("low utilization", "LOW_UTILIZATION"),
-              _violation_ns("low_utilization"), counter=True),
-    DcgmField("DCGM_FI_DEV_RELIABILITY_VIOLATION", _VIOLATION.format("reliability constraints", "RELIABILITY"),
-              _violation_ns("reliability"), counter=True),
+    *(DcgmField(f"DCGM_FI_DEV_{infix}_VIOLATION", _VIOLATION.format(words, reason.upper()), _violation_ns(reason),
+                counter=True) for reason, (infix, words) in _VIOLATIONS.items()),
     DcgmField("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active. From GPM "
               "NVML_GPM_METRIC_GRAPHICS_UTIL.", _scaled("graphics_activity_ratio", 1.0)),
     DcgmField("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned. From GPM "

@@ -21,12 +21,12 @@ def ends_families(view: EndsView, roles: Iterable[str], host: str) -> list[Metri
     for (role, how), n in sorted(counts.items()):
         exits.add_metric([host, role, how], n)
     last = GaugeMetricFamily("dflash_sidecar_sender_last_exit_timestamp_seconds",
-                             "Each role's last sender end: Unix time of its ledger's last write, with how it "
+                             "Each role's last sender end: Unix time of its tally's last write, with how it "
                              "ended, the signal, its pid and last step as labels.",
                              labels=["host", "role", "worker", "how", "signal", "pid", "step"])
     unknown = GaugeMetricFamily("dflash_sidecar_sender_last_exit_unknown_records",
                                 "Of each role's last sender end, the records it made after its last flush whose "
-                                "fate is unknown, at most (its queues' size; 0 after a final ledger).",
+                                "fate is unknown, at most (its queues' size; 0 after a final tally).",
                                 labels=["host", "role", "worker"])
     for role, end in sorted(view.last.items()):
         step = "" if end.step is None else str(end.step)

@@ -1,5 +1,5 @@
 """Self-telemetry families: the daemon's own CPU, memory, threads and descriptors, ingest health
-(as ``sidecar.core.admin`` reads them into the live state), and the W&B exporter's queue, built at
+(as ``sidecar.core.admin`` reads them into the scrape state), and the W&B exporter's queue, built at
 scrape time.
 
 Not prometheus_client's ``ProcessCollector``: its families are ``process_*`` without the ``host``
@@ -17,7 +17,7 @@ from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sidecar.exporters.live import DaemonTelemetry
+from sidecar.exporters.scrape_state import DaemonTelemetry
 
 
 class WandbStatsLike(Protocol):

@@ -34,7 +34,7 @@ class PrometheusSettings:
         summary="serve /metrics over TLS, with --prometheus-tls-key")
     prometheus_tls_key: str | None = setting(None, metavar="FILE", help="PEM private key for prometheus_tls_cert.")
     dcgm_compat: bool = setting(
-        False, kind="switch", live=True,
+        False, kind="switch", reloadable=True,
         help="Also export dcgm-exporter's names, units and labels (DCGM_FI_*) for what NVML can feed, so "
              "dashboards and alerts written for it work unchanged (docs/METRICS.md).",
         summary="also export dcgm-exporter's names (docs/METRICS.md)")

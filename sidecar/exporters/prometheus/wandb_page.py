@@ -195,10 +195,10 @@ class WandbPage:
             if report.insight is not None:
                 insight = report.insight
                 families += self.collector.guarded("insight", lambda: insight_families(insight, state.host))
-        live = state.live
-        if live.has_gpus:
+        scraped = state.scrape_state
+        if scraped.has_gpus:
             families += self.collector.guarded(
-                "gpu", lambda: gpu_metric_families(live.gpu_view(), state.host, self.clock()))  # type: ignore[arg-type]
+                "gpu", lambda: gpu_metric_families(scraped.gpu_view(), state.host, self.clock()))  # type: ignore[arg-type]
         index: dict[str, Samples] = {}
         for family in families:
             for sample in family.samples:

@@ -45,7 +45,7 @@ class AlertLimiter:
             if end.how not in ALERTING or now - self._last.get(key, -ALERT_EVERY_S) < ALERT_EVERY_S:
                 continue
             if len(self._last) >= 4096:
-                self._last.clear()  # made-up roles from forged ledgers: forget, alert again at worst
+                self._last.clear()  # made-up roles from forged tallies: forget, alert again at worst
             self._last[key] = now
             title = f"{end.role} process ended {end.how} on {host}"[:MAX_TITLE]
             out.append((title, f"dflash-sidecar on {host}: {end.text()}"))

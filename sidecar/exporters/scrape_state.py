@@ -1,11 +1,11 @@
-"""The live state: what every exporter may read between windows, at scrape time, in one object.
+"""The scrape state: what every exporter may read between windows, at scrape time, in one object.
 
 An exporter gets two things: each window (``consume``) and this object. It reads the GPUs as they
 are now (not as at the window's end), ingest's health, the other exporters' statistics, the
 daemon's own telemetry and the ``/explain`` report; it never writes here and never calls a stage.
 The daemon wires the providers in one ``attach``, before anything starts; a provider left out
 reads as None.
-The latest window is kept here too (the live state is a listener of the fan-out), so that admin
+The latest window is kept here too (the scrape state is a listener of the fan-out), so that admin
 pages read it from the pipeline's side, never back out of an exporter. It sits beside the
 exporters, its readers; the daemon's core builds it and hands it to them.
 """
@@ -58,11 +58,11 @@ class DaemonTelemetry:
     """None until ingest runs."""
 
 
-class LiveState:
+class ScrapeState:
     """Read-only at scrape time (any thread); each reader returns None where its provider is
     absent (GPU metrics off, no W&B, a bare state in a test)."""
 
-    name = "live state"
+    name = "scrape state"
 
     def __init__(self, *, gpus: _GpuSide | None = None) -> None:
         """``gpus``: an ``aggregation.gpu_groups.GpuAggregates``."""

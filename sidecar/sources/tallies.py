@@ -1,12 +1,12 @@
-"""The daemon's side of the senders' ledgers: the directory beside each ipc socket, and the files
+"""The daemon's side of the senders' tallies: the directory beside each ipc socket, and the files
 in it of processes that are gone.
 
-Each shim publisher rewrites a small file there after its flush cycles (``trainer_shim.ledger``).
+Each shim publisher rewrites a small file there after its flush cycles (``trainer_shim.tally``).
 This module creates the directory (the daemon's own: mode 3730, sticky and setgid, so members of
 the socket's group can create files but not list, replace or remove each other's), and once per
-``SCAN_S`` lists it and reports the ledgers that are ready to be booked: the process named by the
+``SCAN_S`` lists it and reports the tallies that are ready to be booked: the process named by the
 file is gone (its pid no longer exists, or exists with another start time), or its publisher
-closed, for at least ``EXIT_GRACE_S``. What the ledger says beyond what arrived is booked by
+closed, for at least ``EXIT_GRACE_S``. What the tally says beyond what arrived is booked by
 ``SenderRegistry.book_exit``; the file is then removed. Nothing here raises: an unreadable file is
 skipped, a malformed one counted and removed.
 """
@@ -22,24 +22,24 @@ import msgspec
 
 from sidecar.sources.cgroup import Baseline, oom_baseline, oom_killed
 from trainer_shim import wire
-from trainer_shim.endpoint import ledger_dir
+from trainer_shim.endpoint import tally_dir
 
 log = logging.getLogger("sidecar")
 
 SCAN_S = 1.0
-"""How often the ledger directories are listed (seconds)."""
+"""How often the tally directories are listed (seconds)."""
 EXIT_GRACE_S = 5.0
-"""The default of the ``sender_gone_after`` setting: a gone process's ledger waits this long (and
+"""The default of the ``sender_gone_after`` setting: a gone process's tally waits this long (and
 each of its senders must have been silent this long) before it is booked, so that its last frames,
 still in the kernel's socket buffer or ZeroMQ's queue when it died, are counted as received first.
 With 1 s, a short-lived process's only batch arrived after its booking on a box at load 9-19 (2
 cores), and was counted as ``lost_at_exit`` (and its frame as ``after_exit``) instead of accepted."""
 MAX_FILES_PER_SCAN = 4096
 """Entries looked at per directory per scan: a directory flooded with files costs a bounded scan."""
-MAX_LEDGER_BYTES = wire.LEDGER_SLOT_OFFSETS[1] + wire.LEDGER_MAX_PAYLOAD + 64
+MAX_TALLY_BYTES = wire.TALLY_SLOT_OFFSETS[1] + wire.TALLY_MAX_PAYLOAD + 64
 MAX_PROCESSES = 4096
 """Processes whose memory cgroup's OOM-kill counts are kept from their first frame (the sender
-table's size); beyond it the oldest are forgotten (their ledgers' first sight is the baseline)."""
+table's size); beyond it the oldest are forgotten (their tallies' first sight is the baseline)."""
 MAX_CRASH_BYTES = 4096
 """Of a crash file, the head read: faulthandler's first line names the fatal signal."""
 FATAL_ERRORS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
@@ -48,17 +48,17 @@ FATAL_ERRORS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus erro
 """faulthandler's words for the fatal signals it handles (``Fatal Python error: <words>``)."""
 DIR_MODE = 0o3730
 
-_decoder = msgspec.msgpack.Decoder(wire.Ledger)
+_decoder = msgspec.msgpack.Decoder(wire.Tally)
 
 
 @dataclass(slots=True)
-class ReadyLedger:
-    """A ledger to book. ``uid``: the file's owner; ``final``: written by ``close()`` or the SIGTERM
+class ReadyTally:
+    """A tally to book. ``uid``: the file's owner; ``final``: written by ``close()`` or the SIGTERM
     handler (the totals are exact), else the last flush of a process that died without either;
     ``written_unix_s``: the file's last write (its mtime, Unix seconds)."""
 
     path: str
-    ledger: wire.Ledger
+    tally: wire.Tally
     uid: int
     final: bool
     written_unix_s: float
@@ -66,34 +66,34 @@ class ReadyLedger:
     """The fatal signal faulthandler wrote down in the process's crash file (``SIGSEGV``...;
     ``fatal`` for a report it does not name; empty: none)."""
     oom: bool = False
-    """The process's memory cgroup counted an OOM kill after the ledger was first seen."""
+    """The process's memory cgroup counted an OOM kill after the tally was first seen."""
 
 
 @dataclass(slots=True)
 class _Seen:
     mtime_ns: int
-    ledger: wire.Ledger | None
+    tally: wire.Tally | None
     uid: int
     ready_since: float | None = None
     oom: Baseline = ()
 
 
-class LedgerDirectory:
-    """The ledger directories of a daemon's ipc endpoints."""
+class TallyDirectory:
+    """The tally directories of a daemon's ipc endpoints."""
 
     def __init__(self, endpoints: list[str]) -> None:
-        self.directories = [d for d in (ledger_dir(e) for e in endpoints) if d is not None]
+        self.directories = [d for d in (tally_dir(e) for e in endpoints) if d is not None]
         self._seen: dict[str, _Seen] = {}
         self._baselines: dict[int, Baseline] = {}
         self._next_scan = 0.0
         self.malformed = 0
-        """Files of gone processes that held no intact ledger (removed), since the caller last
+        """Files of gone processes that held no intact tally (removed), since the caller last
         reset it."""
 
     def prepare(self) -> None:
         """Create each directory (after the socket is bound: the socket's directory exists and is
         ours), or take over one a previous life left. A path that is not a directory of this user
-        disables its ledgers, with a warning."""
+        disables its tallies, with a warning."""
         usable = []
         for directory in self.directories:
             try:
@@ -129,11 +129,11 @@ class LedgerDirectory:
         """Whether a scan is due (monotonic seconds)."""
         return bool(self.directories) and now >= self._next_scan
 
-    def scan(self, now: float, grace_s: float = EXIT_GRACE_S) -> list[ReadyLedger]:
-        """The ledgers ready to be booked now (gone or closed for ``grace_s``; 0 at the daemon's
+    def scan(self, now: float, grace_s: float = EXIT_GRACE_S) -> list[ReadyTally]:
+        """The tallies ready to be booked now (gone or closed for ``grace_s``; 0 at the daemon's
         shutdown, once what arrived is drained)."""
         self._next_scan = now + SCAN_S
-        ready: list[ReadyLedger] = []
+        ready: list[ReadyTally] = []
         present: set[str] = set()
         crashes: dict[tuple[int, int], tuple[str, int]] = {}
         for directory in self.directories:
@@ -143,7 +143,7 @@ class LedgerDirectory:
                         if i >= MAX_FILES_PER_SCAN:
                             break
                         present.add(entry.path)
-                        crash = wire.parse_ledger_file_name(entry.name, wire.CRASH_SUFFIX)
+                        crash = wire.parse_tally_file_name(entry.name, wire.CRASH_SUFFIX)
                         if crash is not None:
                             crashes[crash] = (entry.path, _owner(entry))
                         found = self._look(entry, now, grace_s)
@@ -156,26 +156,26 @@ class LedgerDirectory:
         self._tell_crashes(ready, crashes)
         return ready
 
-    def _tell_crashes(self, ready: list[ReadyLedger], crashes: dict[tuple[int, int], tuple[str, int]]) -> None:
-        """Read the crash file of each ready ledger's process (one its owner made: another member
+    def _tell_crashes(self, ready: list[ReadyTally], crashes: dict[tuple[int, int], tuple[str, int]]) -> None:
+        """Read the crash file of each ready tally's process (one its owner made: another member
         of the socket's group cannot speak for it); remove the crash files of gone processes whose
-        ledgers are all booked (none left in the directory)."""
+        tallies are all booked (none left in the directory)."""
         for r in ready:
-            path, uid = crashes.get((r.ledger.pid, r.ledger.start_ticks), ("", -1))
+            path, uid = crashes.get((r.tally.pid, r.tally.start_ticks), ("", -1))
             if path and uid == r.uid and not r.final:
                 r.crash = _fatal_signal(path)
         self._sweep(crashes)
 
-    def _sweep(self, crashes: dict[tuple[int, int], tuple[str, int]], live_too: bool = False) -> None:
-        """Remove the crash files no ledger left in the directory needs, of gone processes (and of
-        live ones too with ``live_too``: at the daemon's exit, a closed publisher's)."""
-        pending = {(s.ledger.pid, s.ledger.start_ticks) for s in self._seen.values() if s.ledger is not None}
+    def _sweep(self, crashes: dict[tuple[int, int], tuple[str, int]], running_too: bool = False) -> None:
+        """Remove the crash files no tally left in the directory needs, of gone processes (and of
+        running ones too with ``running_too``: at the daemon's exit, a closed publisher's)."""
+        pending = {(s.tally.pid, s.tally.start_ticks) for s in self._seen.values() if s.tally is not None}
         for ident, (path, _) in crashes.items():
-            if ident not in pending and (live_too or _gone(*ident)):
+            if ident not in pending and (running_too or _gone(*ident)):
                 self.remove(path)
 
-    def _look(self, entry: os.DirEntry[str], now: float, grace_s: float) -> ReadyLedger | None:
-        ident = wire.parse_ledger_file_name(entry.name)
+    def _look(self, entry: os.DirEntry[str], now: float, grace_s: float) -> ReadyTally | None:
+        ident = wire.parse_tally_file_name(entry.name)
         if ident is None:
             return None
         try:
@@ -191,14 +191,14 @@ class LedgerDirectory:
                          seen.ready_since if seen is not None else None,
                          seen.oom if seen is not None else self._baseline(pid, ticks))
             self._seen[entry.path] = seen
-        ledger = seen.ledger
+        tally = seen.tally
         gone = _gone(pid, ticks)
-        if ledger is None or ledger.pid != pid:
-            if gone:  # not a ledger (a live process may be writing its first slot: wait for it)
+        if tally is None or tally.pid != pid:
+            if gone:  # not a tally (a running process may be writing its first slot: wait for it)
                 self.malformed += 1
                 self.remove(entry.path)
             return None
-        final = ledger.end != wire.LedgerEnd.RUNNING
+        final = tally.end != wire.TallyEnd.RUNNING
         if not (final or gone):
             seen.ready_since = None
             return None
@@ -206,7 +206,7 @@ class LedgerDirectory:
             seen.ready_since = now
         if now - seen.ready_since < grace_s:
             return None
-        return ReadyLedger(entry.path, ledger, seen.uid, final, seen.mtime_ns / 1e9,
+        return ReadyTally(entry.path, tally, seen.uid, final, seen.mtime_ns / 1e9,
                            oom=not final and oom_killed(seen.oom))
 
     def _baseline(self, pid: int, ticks: int) -> Baseline:
@@ -216,45 +216,45 @@ class LedgerDirectory:
             return noted
         return () if _gone(pid, ticks) else oom_baseline(pid)
 
-    def _read(self, path: str) -> wire.Ledger | None:
+    def _read(self, path: str) -> wire.Tally | None:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return None
         try:
-            payload = wire.read_ledger_slots(lambda offset, n: os.pread(fd, min(n, MAX_LEDGER_BYTES), offset))
+            payload = wire.read_tally_slots(lambda offset, n: os.pread(fd, min(n, MAX_TALLY_BYTES), offset))
             if payload is None:
                 return None
-            ledger = _decoder.decode(payload)
-            return ledger if ledger.version == wire.LEDGER_VERSION else None
+            tally = _decoder.decode(payload)
+            return tally if tally.version == wire.TALLY_VERSION else None
         except (OSError, msgspec.DecodeError, msgspec.ValidationError):
             return None
         finally:
             os.close(fd)
 
     def close(self) -> None:
-        """At daemon exit: remove each directory if it is empty (ledgers of live senders, or of
-        gone ones not booked yet, keep it for the next daemon); the crash files whose ledgers were
+        """At daemon exit: remove each directory if it is empty (tallies of running senders, or of
+        gone ones not booked yet, keep it for the next daemon); the crash files whose tallies were
         all booked go first. Idempotent."""
         for directory in self.directories:
             try:
                 names = os.listdir(directory)[:MAX_FILES_PER_SCAN]
             except OSError:
                 names = []
-            ledgers = {wire.parse_ledger_file_name(name) for name in names}
+            tallies = {wire.parse_tally_file_name(name) for name in names}
             crashes = {ident: (os.path.join(directory, name), -1) for name in names
-                       if (ident := wire.parse_ledger_file_name(name, wire.CRASH_SUFFIX)) is not None
-                       and ident not in ledgers}
-            self._sweep(crashes, live_too=True)
+                       if (ident := wire.parse_tally_file_name(name, wire.CRASH_SUFFIX)) is not None
+                       and ident not in tallies}
+            self._sweep(crashes, running_too=True)
             try:
                 os.rmdir(directory)
             except OSError:
                 pass
 
     def remove(self, path: str) -> None:
-        """Remove a booked (or unusable) ledger file."""
+        """Remove a booked (or unusable) tally file."""
         self._seen.pop(path, None)
-        ident = wire.parse_ledger_file_name(os.path.basename(path))
+        ident = wire.parse_tally_file_name(os.path.basename(path))
         if ident is not None:
             self._baselines.pop(ident[0], None)
         try:
@@ -291,7 +291,7 @@ def _fatal_signal(path: str) -> str:
 
 
 def _gone(pid: int, ticks: int) -> bool:
-    """Whether the process that wrote a ledger under ``pid`` and start time ``ticks`` is gone: no
+    """Whether the process that wrote a tally under ``pid`` and start time ``ticks`` is gone: no
     such pid, the pid of a later process, or a zombie (dead, not yet reaped by its parent)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:

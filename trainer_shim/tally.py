@@ -1,14 +1,14 @@
-"""The shim's side of the sender's ledger: one small file per publisher, beside the daemon's socket.
+"""The shim's side of the sender's tally: one small file per publisher, beside the daemon's socket.
 
 The flusher rewrites it after every flush cycle that changed a total (never per record): per
 channel, records handed to the transport, records still queued, drops by reason. The daemon reads
 it once the process is gone (or closed its publisher) and books what never arrived, so the totals
 survive the process and the link: an exit while the daemon is behind, a SIGTERM, a SIGKILL. The
-format is ``trainer_shim.wire``'s (``Ledger``); the directory is ``endpoint.ledger_dir``, created
+format is ``trainer_shim.wire``'s (``Tally``); the directory is ``endpoint.tally_dir``, created
 by the daemon. Everything here is best effort and never raises: no directory (no daemon has bound
-this socket yet, or tcp), no ledger.
+this socket yet, or tcp), no tally.
 
-Writes are ``pwrite`` calls into alternating slots with a checksum (``wire.encode_ledger_slot``),
+Writes are ``pwrite`` calls into alternating slots with a checksum (``wire.encode_tally_slot``),
 so a process killed in the middle of one leaves the previous slot readable. The file is created
 with ``O_EXCL | O_NOFOLLOW`` under a name with a random part, mode 0640, inside a directory the
 daemon makes sticky: another user of the trainers' group can neither pre-empt, replace nor
@@ -26,12 +26,12 @@ from collections.abc import Iterable
 import msgspec
 
 from trainer_shim import exit_hooks, wire
-from trainer_shim.endpoint import ledger_dir
+from trainer_shim.endpoint import tally_dir
 
 log = logging.getLogger("trainer_shim")
 
 RETRY_S = 5.0
-"""While the ledger directory is missing (the daemon has not bound the socket yet), look again
+"""While the tally directory is missing (the daemon has not bound the socket yet), look again
 this often (seconds)."""
 
 _START_TICKS: dict[int, int] = {}
@@ -62,14 +62,14 @@ def _own_start_ticks() -> int:
     return ticks
 
 
-class LedgerWriter:
-    """Writes one publisher's ledger. Used by one thread at a time (the flusher, or the SIGTERM
+class TallyWriter:
+    """Writes one publisher's tally. Used by one thread at a time (the flusher, or the SIGTERM
     handler while it holds the publisher's cycle lock)."""
 
     def __init__(self, endpoint: str, started_unix_s: float, flush_interval_s: float, max_pending: int = 0) -> None:
-        """``max_pending``: the channels' queue size (told in the ledger: the bound on what a process
-        that dies without a final ledger made after its last flush)."""
-        self.directory = ledger_dir(endpoint)
+        """``max_pending``: the channels' queue size (told in the tally: the bound on what a process
+        that dies without a final tally made after its last flush)."""
+        self.directory = tally_dir(endpoint)
         self.path: str | None = None
         self._started_unix_s = started_unix_s
         self._flush_interval_s = flush_interval_s
@@ -80,8 +80,8 @@ class LedgerWriter:
         self._next_try = 0.0
         self._encoder = msgspec.msgpack.Encoder()
 
-    def write(self, entries: Iterable[wire.LedgerChannel], end: wire.LedgerEnd, now: float) -> bool:
-        """Write the ledger unless the file already says exactly this. ``now``: monotonic seconds
+    def write(self, entries: Iterable[wire.TallyChannel], end: wire.TallyEnd, now: float) -> bool:
+        """Write the tally unless the file already says exactly this. ``now``: monotonic seconds
         (for the retry delay while the directory is missing). Returns whether the file now holds
         these totals. Never raises."""
         try:
@@ -91,26 +91,26 @@ class LedgerWriter:
             payload, omitted = self._encode(list(entries), end)
             if payload == self._last:
                 return True
-            slot = wire.encode_ledger_slot(self._seq, payload)
-            os.pwrite(self._fd, slot, wire.LEDGER_SLOT_OFFSETS[self._seq % 2])
+            slot = wire.encode_tally_slot(self._seq, payload)
+            os.pwrite(self._fd, slot, wire.TALLY_SLOT_OFFSETS[self._seq % 2])
             self._seq += 1
             self._last = payload if not omitted else None
             return True
         except Exception as exc:  # noqa: BLE001 - a full disk: try again at the next cycle
-            log.debug("trainer_shim: ledger write failed: %r", exc)
+            log.debug("trainer_shim: tally write failed: %r", exc)
             self._last = None  # the same file, never a second one (the daemon would book both)
             return False
 
-    def _encode(self, channels: list[wire.LedgerChannel], end: wire.LedgerEnd) -> tuple[bytes, int]:
+    def _encode(self, channels: list[wire.TallyChannel], end: wire.TallyEnd) -> tuple[bytes, int]:
         """The payload, leaving out the last channels if it would not fit a slot."""
         kept = channels
         signal, detail = exit_hooks.seen()
         while True:
-            ledger = wire.Ledger(wire.LEDGER_VERSION, os.getpid(), _own_start_ticks(), self._started_unix_s,
+            tally = wire.Tally(wire.TALLY_VERSION, os.getpid(), _own_start_ticks(), self._started_unix_s,
                                  int(end), self._flush_interval_s, kept, len(channels) - len(kept), signal, detail,
                                  self._max_pending)
-            payload = self._encoder.encode(ledger)
-            if len(payload) <= wire.LEDGER_MAX_PAYLOAD:
+            payload = self._encoder.encode(tally)
+            if len(payload) <= wire.TALLY_MAX_PAYLOAD:
                 return payload, len(channels) - len(kept)
             kept = kept[: len(kept) // 2]
 
@@ -125,19 +125,19 @@ class LedgerWriter:
             return False
         if not stat.S_ISDIR(st.st_mode):
             return False  # a symlink or a file planted there: not the daemon's directory
-        name = wire.ledger_file_name(os.getpid(), _own_start_ticks(), secrets.token_hex(8))
+        name = wire.tally_file_name(os.getpid(), _own_start_ticks(), secrets.token_hex(8))
         path = os.path.join(directory, name)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
         except OSError as exc:
-            log.debug("trainer_shim: cannot create the ledger in %s: %s", directory, exc.strerror)
+            log.debug("trainer_shim: cannot create the tally in %s: %s", directory, exc.strerror)
             return False
         try:
             os.fchmod(fd, 0o640)  # whatever the umask: the daemon reads it through the group
         except OSError:
             pass
         self._fd, self.path, self._seq, self._last = fd, path, 0, None
-        exit_hooks.arm_crash_file(path[: -len(wire.LEDGER_SUFFIX)] + wire.CRASH_SUFFIX)
+        exit_hooks.arm_crash_file(path[: -len(wire.TALLY_SUFFIX)] + wire.CRASH_SUFFIX)
         return True
 
     def _forget(self) -> None:
