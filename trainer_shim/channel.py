@@ -440,17 +440,18 @@ def _check(kind: int, name: object, value: object, what: str | None = None) -> N
         raise TypeError(f"telemetry: {label}: the value must be a real number, not "
                         f"{type(value).__name__} (use telemetry.scalar(name, tensor) for tensors)")
     wire_value = _wire_form(value)
-    _refuse(rule.value_problem(wire_value), wire_value, rule.value_types, label,
-            f"the value must be {rule.accepts}", value)
+    _refuse(rule.value_problem(wire_value), wire_value, rule.value_types, label, rule.accepts, value,
+            "the value must be ")
 
 
 def _refuse(problem: str | None, wire: object, types: tuple[type, ...], label: str, accepts: str,
-            given: object) -> None:
-    """Raise for ``problem`` (none: return): ``ValueError`` where the ``wire`` form of ``given``
-    has one of the ``types`` the kind takes, else ``TypeError``; the message says what it ``accepts``."""
+            given: object, lead: str = "") -> None:
+    """Raise for ``problem`` (none: return, building no text): ``ValueError`` where the ``wire``
+    form of ``given`` has one of the ``types`` the kind takes, else ``TypeError``; the message says
+    what it accepts (``lead`` + ``accepts``)."""
     if problem is not None:
         error = TypeError if type(wire) not in types else ValueError
-        raise error(f"telemetry: {label}: {accepts}, got {given!r:.80} (the daemon would drop it: {problem})")
+        raise error(f"telemetry: {label}: {lead}{accepts}, got {given!r:.80} (the daemon would drop it: {problem})")
 
 
 def strict_from_env(environ: Mapping[str, str] = os.environ) -> bool:
