@@ -46,11 +46,10 @@ FIELD_PCIE_RX = constant("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 198)
 FIELD_ECC_CORRECTED = constant("NVML_FI_DEV_ECC_SBE_VOL_TOTAL", 3)
 FIELD_ECC_UNCORRECTED = constant("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", 4)
 # Violation counters (ns the clocks were held below the application clocks), one per
-# nvmlPerfPolicyType_t in VIOLATION_POLICIES' order: NVML_FI_DEV_PERF_POLICY_POWER .. _RELIABILITY.
+# nvmlPerfPolicyType_t in VIOLATION_POLICIES' order: NVML_FI_DEV_PERF_POLICY_POWER .. _RELIABILITY,
+# each field named by its reason in capitals.
 FIELD_VIOLATIONS: dict[int, str] = {
-    constant(f"NVML_FI_DEV_PERF_POLICY_{name}", 74 + policy): reason
-    for (policy, reason), name in zip(VIOLATION_POLICIES, ("POWER", "THERMAL", "SYNC_BOOST", "BOARD_LIMIT",
-                                                             "LOW_UTILIZATION", "RELIABILITY"), strict=True)}
+    constant(f"NVML_FI_DEV_PERF_POLICY_{reason.upper()}", 74 + policy): reason for policy, reason in VIOLATION_POLICIES}
 FIELDS: tuple[int, ...] = (FIELD_ENERGY, FIELD_MEMORY_TEMP, FIELD_POWER_LIMIT, FIELD_PCIE_TX,
                            FIELD_PCIE_RX, FIELD_ECC_CORRECTED, FIELD_ECC_UNCORRECTED, *FIELD_VIOLATIONS)
 """The field batch. Power is not in it: ``nvmlDeviceGetPowerUsage`` costs microseconds where a
