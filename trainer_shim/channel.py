@@ -131,7 +131,7 @@ class Channel:
     def _scalar(self, name: str, tensor: Any) -> None:
         try:
             if getattr(tensor, "is_cuda", False):
-                gpu = _gpu_scalars or _import_gpu_scalars()
+                gpu = _gpu_scalars or gpu_scalars()
                 (gpu.current() or gpu.resolver(tensor.device)).submit(self, name, tensor)
                 return
             if getattr(getattr(tensor, "device", None), "type", "cpu") != "cpu":
@@ -191,17 +191,25 @@ class Channel:
 
 
 _gpu_scalars: Any = None
-"""``trainer_shim.cuda_scalar``, imported by the first CUDA scalar (only a trainer that imported
-torch needs it). Kept here because an import statement in ``Channel._scalar`` cost each call
-about 1 µs, as much as the rest of the call (``bench/bench_scalar.py``); a global read, tens of ns."""
+"""``trainer_shim.cuda_scalar`` once ``gpu_scalars()`` imported it. Kept here because an import
+statement in ``Channel._scalar`` cost each call about 1 µs, as much as the rest of the call
+(``bench/bench_scalar.py``); a global read costs tens of ns."""
 
 
-def _import_gpu_scalars() -> Any:
+def gpu_scalars() -> Any:
+    """``trainer_shim.cuda_scalar``, imported at the first call: only a trainer that imported torch
+    calls this (the first CUDA scalar, or ``configure()`` with torch imported)."""
     global _gpu_scalars
-    from trainer_shim import cuda_scalar
+    if _gpu_scalars is None:
+        from trainer_shim import cuda_scalar
 
-    _gpu_scalars = cuda_scalar
-    return cuda_scalar
+        _gpu_scalars = cuda_scalar
+    return _gpu_scalars
+
+
+def current_scalar_resolver() -> Any:
+    """The GPU scalar resolver if the trainer ever made one, else None; never imports."""
+    return _gpu_scalars.current() if _gpu_scalars is not None else None
 
 
 def _recording_functions(ch: Channel) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import msgspec
 
 from trainer_shim import __version__, exit_hooks, wire
 from trainer_shim.allocator import AllocatorSampler
-from trainer_shim.channel import Channel, StrictChannel
+from trainer_shim.channel import Channel, StrictChannel, current_scalar_resolver
 from trainer_shim.coerce import coerce as _coerce
 from trainer_shim.coerce import warn_once as _warn_once
 from trainer_shim.run_label import MAX_LABEL_CHARS, check_flops, flops_from_env
@@ -70,14 +70,6 @@ def _header_step(step: object) -> int | None:
     except Exception:  # noqa: BLE001
         return None
     return value if 0 <= value <= _MAX_STEP else None
-
-
-def _scalar_resolver() -> Any:
-    """The GPU scalar resolver if the trainer ever made one, else None. Looked up in
-    ``sys.modules`` (the shim never imports torch's side itself): while another thread is still
-    importing ``trainer_shim.cuda_scalar`` its functions may not exist yet, and then there is none."""
-    current = getattr(sys.modules.get("trainer_shim.cuda_scalar"), "current", None)
-    return current() if current is not None else None
 
 
 class Publisher:
@@ -499,7 +491,7 @@ class Publisher:
 
     def _resolve_scalars(self) -> None:
         """The GPU scalar resolver's turn of this cycle (``trainer_shim.cuda_scalar``)."""
-        resolver = _scalar_resolver()
+        resolver = current_scalar_resolver()
         if resolver is not None:
             try:
                 resolver.turn()
@@ -508,7 +500,7 @@ class Publisher:
 
     def _settle_scalars(self) -> None:
         """Publish the GPU scalars whose copies completed; count the others as dropped."""
-        resolver = _scalar_resolver()
+        resolver = current_scalar_resolver()
         if resolver is None:
             return
         try:

@@ -39,6 +39,7 @@ from trainer_shim.channel import (
     _TIMING,
     Channel,
     Timer,
+    gpu_scalars,
     strict_from_env,
 )
 from trainer_shim.endpoint import ENDPOINT_ENV, shim_endpoint
@@ -148,9 +149,7 @@ def _prepare_gpu_scalars() -> None:
     """Start the GPU scalar resolver's one-time set-up on its own thread now if CUDA is already
     initialised, so that the first ``scalar()`` costs what later ones do."""
     if "torch" in sys.modules:
-        from trainer_shim import cuda_scalar
-
-        cuda_scalar.prepare()
+        gpu_scalars().prepare()
 
 
 def _export_to_children(endpoint: str | None, role: str | None) -> None:
