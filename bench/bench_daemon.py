@@ -104,15 +104,15 @@ def run_handle_frame(frames: list[bytes], mapper: Any = None) -> tuple[float, di
     t0 = time.thread_time()
     for frame in frames:
         handle(frame)
-    loop.aggregator.roll(time.monotonic(), time.time(), 1.0)
+    loop.pipeline.aggregator.roll(time.monotonic(), time.time(), 1.0)
     cpu = time.thread_time() - t0
-    totals = loop.registry.totals.values()
+    totals = loop.pipeline.registry.totals.values()
     dropped: dict[str, int] = {}
     for t in totals:
         for reason, n in t.dropped.items():
             dropped[reason] = dropped.get(reason, 0) + n
     return cpu, {"accepted": sum(t.accepted for t in totals), "dropped": dropped,
-                 "messages_dropped": dict(loop.registry.messages_dropped)}
+                 "messages_dropped": dict(loop.pipeline.registry.messages_dropped)}
 
 
 def run_decode_only(frames: list[bytes]) -> float:

@@ -140,9 +140,9 @@ def test_one_input(data: bytes) -> None:
     loop = IngestLoop(_NoSocket(), 10.0, Pipeline())
     for frame in frames:
         loop.handle_frame(frame)
-    if loop.internal_errors:
-        raise AssertionError(f"ingest caught {loop.internal_errors} internal error(s) on {frames!r:.2000}")
-    for s in loop.registry:
+    if loop.pipeline.internal_errors:
+        raise AssertionError(f"ingest caught {loop.pipeline.internal_errors} internal error(s) on {frames!r:.2000}")
+    for s in loop.pipeline.registry:
         if s.received != s.accepted + sum(s.rejected.values()):
             raise AssertionError(f"received != accepted + rejected for sender {s.sender}: {s}")
         if s.before_join + s.lost_in_transit + s.received != s.records_total:

@@ -29,7 +29,7 @@ def _loop() -> IngestLoop:
 
 def _identities_hold(loop: IngestLoop) -> bool:
     return all(s.received == s.accepted + sum(s.rejected.values())
-               and s.before_join + s.lost_in_transit + s.received == s.records_total for s in loop.registry)
+               and s.before_join + s.lost_in_transit + s.received == s.records_total for s in loop.pipeline.registry)
 
 
 def test_an_integer_drop_reason_is_counted_not_an_internal_error() -> None:
@@ -38,8 +38,8 @@ def test_an_integer_drop_reason_is_counted_not_an_internal_error() -> None:
     crash = b"\x9a\x01\x02\x07\x01\xa7drafter\xa6target\x00\n\x82\xabno_receiver\x1e\x05\x18\x90"
     loop = _loop()
     loop.handle_frame(crash)
-    assert loop.internal_errors == 0 and _identities_hold(loop)
-    assert loop.registry.totals["drafter", "target"].dropped == {"before_join": 10, "sender_no_receiver": 30,
+    assert loop.pipeline.internal_errors == 0 and _identities_hold(loop)
+    assert loop.pipeline.registry.totals["drafter", "target"].dropped == {"before_join": 10, "sender_no_receiver": 30,
                                                                   "sender_5": 24}
 
 
@@ -84,7 +84,7 @@ def test_a_hostile_frame_costs_little_time_and_memory(name: str) -> None:
     assert peak < 3 * len(frame) + 1_000_000, f"{name}: {peak / 1e6:.1f} MB for a {len(frame) / 1e6:.1f} MB frame"
     loop = _loop()
     loop.handle_frame(frame)
-    assert loop.internal_errors == 0 and _identities_hold(loop)
+    assert loop.pipeline.internal_errors == 0 and _identities_hold(loop)
     assert outcome in {"malformed", "oversized", "BatchMessage", "HelloMessage"}
 
 
@@ -111,10 +111,10 @@ def test_a_label_value_flood_is_capped_and_counted() -> None:
     n = MAX_LABEL_PAIRS + 500
     for i in range(n):  # one sender cycling through ever new (role, worker) pairs
         loop.handle_frame(enc.encode([1, 2, 7, i, f"r{i}", f"w{i}", i, i + 1, {}, [[2, "c", 1]]]))
-    assert len(loop.registry.totals) == MAX_LABEL_PAIRS
-    assert loop.registry.messages_dropped == {"too_many_labels": 500}
-    assert loop.internal_errors == 0 and _identities_hold(loop)
-    assert len(loop.aggregator._steps) <= MAX_LABEL_PAIRS
+    assert len(loop.pipeline.registry.totals) == MAX_LABEL_PAIRS
+    assert loop.pipeline.registry.messages_dropped == {"too_many_labels": 500}
+    assert loop.pipeline.internal_errors == 0 and _identities_hold(loop)
+    assert len(loop.pipeline.aggregator._steps) <= MAX_LABEL_PAIRS
 
 
 def test_an_allocator_device_flood_is_capped_and_counted() -> None:

@@ -44,18 +44,18 @@ def test_a_trainer_starting_after_a_label_flood_gets_in_and_is_counted_exactly()
     clock = _Clock()
     loop = IngestLoop(NoSocket(), 10.0, Pipeline(clock=clock), clock=clock)
     _flood_labels(loop, 10_000, 0)
-    assert len(loop.registry.totals) == MAX_LABEL_PAIRS
+    assert len(loop.pipeline.registry.totals) == MAX_LABEL_PAIRS
     honest = [0, 0]
     _honest(loop, clock, 5, honest)  # the flood is fresh: refused, as whole messages
-    assert ("trainer", "0") not in loop.registry.totals
+    assert ("trainer", "0") not in loop.pipeline.registry.totals
     clock.t += EVICT_IDLE_S
     _honest(loop, clock, 10, honest)
     _flood_labels(loop, 10_000, 10_000)  # a flood that goes on cannot push the live trainer out
     _honest(loop, clock, 10, honest)
-    totals = loop.registry.totals["trainer", "0"]
+    totals = loop.pipeline.registry.totals["trainer", "0"]
     assert totals.accepted + totals.dropped.get("before_join", 0) == honest[1]
     assert totals.accepted == 20 * 5 and totals.dropped == {"before_join": 5 * 5}  # the refused batches
-    assert len(loop.registry.totals) <= MAX_LABEL_PAIRS
+    assert len(loop.pipeline.registry.totals) <= MAX_LABEL_PAIRS
 
 
 def test_a_trainer_starting_after_a_sender_id_flood_gets_in() -> None:
@@ -63,13 +63,13 @@ def test_a_trainer_starting_after_a_sender_id_flood_gets_in() -> None:
     loop = IngestLoop(NoSocket(), 10.0, Pipeline(clock=clock), clock=clock)
     for i in range(10_000):
         loop.handle_frame(_batch(100_000 + i, 0, "flood", "0", 1, 1))
-    assert len(loop.registry.senders) == MAX_SENDERS
+    assert len(loop.pipeline.registry.senders) == MAX_SENDERS
     clock.t += EVICT_IDLE_S
     honest = [0, 0]
     _honest(loop, clock, 10, honest)
-    totals = loop.registry.totals["trainer", "0"]
-    assert totals.accepted == 10 * 5 and loop.registry.senders[42].accepted == 50
-    assert len(loop.registry.senders) <= MAX_SENDERS
+    totals = loop.pipeline.registry.totals["trainer", "0"]
+    assert totals.accepted == 10 * 5 and loop.pipeline.registry.senders[42].accepted == 50
+    assert len(loop.pipeline.registry.senders) <= MAX_SENDERS
 
 
 def _profile_flood(loop: IngestLoop, frames: int, keys_per_frame: int, start: int, peer: int = 1111) -> None:
@@ -91,11 +91,11 @@ def test_a_trainer_starting_after_a_series_flood_is_admitted_at_once_and_keeps_i
     # starting afterwards had every record refused as cardinality, still 70 s later.
     clock = _Clock()
     loop = IngestLoop(NoSocket(), 10.0, Pipeline(clock=clock), clock=clock)
-    agg = loop.aggregator
+    agg = loop.pipeline.aggregator
     _profile_flood(loop, 12, 1000, 0)
     assert agg.series_count() == agg.max_series
     total = _honest_names(loop, 0, 0)
-    trainer = loop.registry.totals["trainer", "0"]
+    trainer = loop.pipeline.registry.totals["trainer", "0"]
     assert trainer.accepted == total and trainer.dropped == {}, trainer  # at once, every record
     _profile_flood(loop, 12, 1000, 12)  # the flood goes on: it cannot push the trainer back out
     clock.t += 11.0
@@ -105,7 +105,7 @@ def test_a_trainer_starting_after_a_series_flood_is_admitted_at_once_and_keeps_i
         _profile_flood(loop, 2, 1000, 24 + 2 * seq)
     assert trainer.accepted == total and trainer.dropped == {}, trainer
     assert agg.series_count() <= agg.max_series and agg.evicted_series >= 143
-    flood = loop.registry.totals["flood", "p"]
+    flood = loop.pipeline.registry.totals["flood", "p"]
     assert agg.profile_entries_rejected["flood", "p", "cardinality"] > 0 and flood.accepted > 0
 
 
@@ -114,7 +114,7 @@ def test_a_flood_of_new_names_is_refused_unmapped_beyond_its_budget() -> None:
     # 0.6 s. Beyond the owner's budget per window its new names are refused without mapping.
     clock = _Clock()
     loop = IngestLoop(NoSocket(), 10.0, Pipeline(clock=clock), clock=clock)
-    agg = loop.aggregator
+    agg = loop.pipeline.aggregator
     calls = []
     resolve = loop.pipeline.mapper.resolve
 
@@ -127,7 +127,7 @@ def test_a_flood_of_new_names_is_refused_unmapped_beyond_its_budget() -> None:
     assert len(calls) == agg.resolve_budget, len(calls)
     assert agg.profile_entries_rejected["flood", "p", "cardinality"] == 30_000 - agg.max_series
     total = _honest_names(loop, 0, 0)  # another owner has its own budget (and its share of the table)
-    assert loop.registry.totals["trainer", "0"].accepted == total
+    assert loop.pipeline.registry.totals["trainer", "0"].accepted == total
     clock.t += 11.0
     loop._roll_if_due()
     calls.clear()

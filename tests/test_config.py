@@ -39,6 +39,8 @@ def test_defaults_without_anything() -> None:
     ("gpu_metrics = 'yes'", "expected true or false"),
     ("endpoint = ['tcp://example.com:1']", "is not an IP address"),
     ("log_level = 'loud'", "expected one of debug"),
+    ("insight_handoff_ratio = 1.5", "invalid --insight-handoff-ratio .*: 1.5: insight_handoff_ratio must be a ratio "
+                                    "between 0 and 1$"),
 ])
 def test_file_errors_name_the_setting_and_the_fix(tmp_path: Path, toml: str, message: str) -> None:
     f = tmp_path / "c.toml"

@@ -42,8 +42,8 @@ def test_any_frame_sequence_is_counted_never_raised(frame_list: list[bytes]) -> 
     loop = IngestLoop(NoSocket(), 10.0, Pipeline())
     for frame in frame_list:
         loop.handle_frame(frame)
-    assert loop.internal_errors == 0
-    for state in loop.registry:
+    assert loop.pipeline.internal_errors == 0
+    for state in loop.pipeline.registry:
         # the accounting identity holds for every sender, whatever arrived
         assert state.received == state.accepted + sum(state.rejected.values())
         assert state.before_join + state.lost_in_transit + state.received == state.records_total

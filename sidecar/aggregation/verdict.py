@@ -61,7 +61,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from sidecar.model.gpu import CLOCK_EVENT_REASONS
 from sidecar.model.insight import RENAMED_FROM_HOST_BOUND, Verdict
@@ -91,6 +91,11 @@ _RULE = "Verdict"
 _SINGLE = "Verdict (single-role loops)"
 
 
+def threshold(default: float, help: str) -> Any:
+    """A verdict threshold: a reloadable ratio setting (0-1) of ``InsightSettings``."""
+    return setting(default, reloadable=True, check=ratio, help=help)
+
+
 @dataclass(frozen=True)
 class InsightSettings(RoleSettings):
     """Role names (``RoleSettings``) and verdict thresholds: the ``insight_*`` settings
@@ -99,33 +104,33 @@ class InsightSettings(RoleSettings):
     KEY_PREFIX: ClassVar[str] = "insight_"
     TITLE: ClassVar[str] = "insight"
 
-    starved_ratio: float = setting(0.15, reloadable=True, check=ratio("insight_starved_ratio"), help=(
+    starved_ratio: float = threshold(0.15,
         f"{_RULE}: drafters starve (the supply side limits) when they spend at least this share of wall time "
-        "waiting on an empty queue (the ready deficit)."))
-    backpressure_ratio: float = setting(0.15, reloadable=True, check=ratio("insight_backpressure_ratio"), help=(
+        "waiting on an empty queue (the ready deficit).")
+    backpressure_ratio: float = threshold(0.15,
         f"{_RULE}: drafters limit (drafter-bound) when targets spend at least this share of wall time blocked on "
-        "a full queue."))
-    queue_full_ratio: float = setting(0.9, reloadable=True, check=ratio("insight_queue_full_ratio"), help=(
+        "a full queue.")
+    queue_full_ratio: float = threshold(0.9,
         f"{_RULE}: drafter-bound when the queue is at least this full and targets publish no queue_put_wait "
-        "timing."))
-    host_wait_ratio: float = setting(0.25, reloadable=True, check=ratio("insight_host_wait_ratio"), help=(
+        "timing.")
+    host_wait_ratio: float = threshold(0.25,
         f"{_RULE}: input-bound when the limiting role waits on the host data loader (data_wait) for at least "
-        "this share of wall time."))
-    handoff_ratio: float = setting(0.25, reloadable=True, check=ratio("insight_handoff_ratio"), help=(
+        "this share of wall time.")
+    handoff_ratio: float = threshold(0.25,
         f"{_RULE}: queue-starved when drafters starve and targets spend at least this share of wall time packing "
-        "hidden states (pack)."))
-    straggler_score: float = setting(0.7, reloadable=True, check=ratio("insight_straggler_score"), help=(
+        "hidden states (pack).")
+    straggler_score: float = threshold(0.7,
         f"{_RULE}: a worker whose score (best median busy time per batch of its role / its own) is below this is "
-        "a straggler."))
-    comm_wait_ratio: float = setting(0.25, reloadable=True, check=ratio("insight_comm_wait_ratio"), help=(
+        "a straggler.")
+    comm_wait_ratio: float = threshold(0.25,
         f"{_SINGLE}: communication-bound when the role spends at least this share of wall time in collective "
-        "waits (comm_wait)."))
-    host_overhead_ratio: float = setting(0.3, reloadable=True, check=ratio("insight_host_overhead_ratio"), help=(
+        "waits (comm_wait).")
+    host_overhead_ratio: float = threshold(0.3,
         f"{_SINGLE}: host-bound when at least this share of the role's wall time is measured host time between "
-        "its timed phases (inside its step)."))
-    compute_busy_ratio: float = setting(0.85, reloadable=True, check=ratio("insight_compute_busy_ratio"), help=(
+        "its timed phases (inside its step).")
+    compute_busy_ratio: float = threshold(0.85,
         f"{_SINGLE}: compute-bound when the role's GPUs are at least this busy (GPM SM activity, else NVML "
-        "utilization), whatever the host-side shares say."))
+        "utilization), whatever the host-side shares say.")
     throttle_reasons: tuple[str, ...] = setting(
         DEFAULT_THROTTLE_REASONS, kind="list", reloadable=True,
         check=one_of(*(name for _, name in CLOCK_EVENT_REASONS)),

@@ -29,9 +29,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from sidecar.cli.demo_loops import GENERIC_BOTTLENECKS, GenericLoop, LoopTimings, SeedStyleMonitor
+from sidecar.cli.demo_loops import GENERIC_BOTTLENECKS, GenericLoop, LoopTimings, SeedStyleMonitor, Timings
 from sidecar.cli.exit_status import FAILURE, USAGE
 from sidecar.core.config import Config
 
@@ -39,14 +39,13 @@ log = logging.getLogger("sidecar")
 
 PREFETCH = 2
 """Batches a drafter would prefetch (the demo reports the queue's head as its prefetch buffer)."""
-BOTTLENECKS = ("none", "target", "drafter", "queue", "input", "straggler")
 RENAMED_BOTTLENECKS = {"host": "input"}
 """The DFlash pipeline's old ``--bottleneck`` words, kept as aliases for one release (until 0.4):
 ``host`` meant slow data loading, the verdict ``input-bound``."""
 
 
 @dataclass(frozen=True)
-class PipelineTimings:
+class PipelineTimings(Timings):
     """Milliseconds per batch for each phase (scaled-down DFlash step times; long enough that
     thread wake-up latency on a loaded host stays small against them)."""
 
@@ -59,19 +58,20 @@ class PipelineTimings:
     queue_capacity: int = 8
     straggler_factor: float = 1.0
 
-    @classmethod
-    def for_bottleneck(cls, kind: str) -> PipelineTimings:
-        """Phase times that make ``kind`` the limiting part. ``none``: the targets (3 workers x
-        74 ms per batch) are about 1 % ahead of the drafters (2 x 50 ms), a tuned run: the queue
-        stays full and neither side waits for long."""
-        return {
-            "none": cls(),
-            "target": cls(target_forward_ms=160.0),
-            "drafter": cls(drafter_forward_ms=40.0, drafter_backward_ms=80.0, optimizer_ms=16.0),
-            "queue": cls(pack_ms=90.0, queue_capacity=1),
-            "input": cls(data_ms=120.0),
-            "straggler": cls(straggler_factor=2.5),
-        }[kind]
+    BOTTLENECKS: ClassVar[dict[str, dict[str, float]]] = {
+        "none": {},
+        "target": {"target_forward_ms": 160.0},
+        "drafter": {"drafter_forward_ms": 40.0, "drafter_backward_ms": 80.0, "optimizer_ms": 16.0},
+        "queue": {"pack_ms": 90.0, "queue_capacity": 1},
+        "input": {"data_ms": 120.0},
+        "straggler": {"straggler_factor": 2.5},
+    }
+    """``none``: the targets (3 workers x 74 ms per batch) are about 1 % ahead of the drafters
+    (2 x 50 ms), a tuned run: the queue stays full and neither side waits for long."""
+
+
+BOTTLENECKS = tuple(PipelineTimings.BOTTLENECKS)
+"""The DFlash pipeline's ``--bottleneck`` words."""
 
 
 def dflash_bottleneck(word: str) -> str | None:

@@ -22,14 +22,26 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Any
-
-GENERIC_BOTTLENECKS = ("none", "input", "host", "comm", "straggler")
-"""``none`` is a balanced loop (compute-bound when its GPU reads busy, throttled when it throttles)."""
+from typing import Any, ClassVar, Self
 
 
 @dataclass(frozen=True)
-class LoopTimings:
+class Timings:
+    """Phase times of a simulated trainer (the fields of a subclass), and what makes each of its
+    ``--bottleneck`` words the limiting part."""
+
+    BOTTLENECKS: ClassVar[dict[str, dict[str, float]]] = {}
+    """``--bottleneck`` word -> the fields that differ from the defaults, in the order ``--help``
+    and the errors name the words."""
+
+    @classmethod
+    def for_bottleneck(cls, kind: str) -> Self:
+        """The phase times that make ``kind`` (a key of ``BOTTLENECKS``) the limiting part."""
+        return replace(cls(), **cls.BOTTLENECKS[kind])
+
+
+@dataclass(frozen=True)
+class LoopTimings(Timings):
     """Milliseconds per step of a plain loop; ``untimed_ms`` is host work no phase covers."""
 
     data_ms: float = 3.0
@@ -40,16 +52,17 @@ class LoopTimings:
     untimed_ms: float = 1.0
     straggler_factor: float = 1.0
 
-    @classmethod
-    def for_bottleneck(cls, kind: str) -> LoopTimings:
-        base = cls()
-        return {
-            "none": base,
-            "input": replace(base, data_ms=60.0),
-            "host": replace(base, untimed_ms=45.0),
-            "comm": replace(base, comm_ms=50.0),
-            "straggler": replace(base, straggler_factor=2.5),
-        }[kind]
+    BOTTLENECKS: ClassVar[dict[str, dict[str, float]]] = {
+        "none": {},
+        "input": {"data_ms": 60.0},
+        "host": {"untimed_ms": 45.0},
+        "comm": {"comm_ms": 50.0},
+        "straggler": {"straggler_factor": 2.5},
+    }
+
+
+GENERIC_BOTTLENECKS = tuple(LoopTimings.BOTTLENECKS)
+"""``none`` is a balanced loop (compute-bound when its GPU reads busy, throttled when it throttles)."""
 
 
 class _Stopper:

@@ -98,8 +98,8 @@ SUMMARY_HEAD = "run options (the main ones; 'dflash-sidecar run --help' lists al
 def summary() -> list[tuple[str, str]]:
     """(option as typed, what it does) for the main run options: the settings whose declaration
     has a ``summary``, then ``--config``. ``dflash-sidecar --help`` and the README's table show these."""
-    rows = [(f"{s.flag} {s.metavar}" if s.kind in ("value", "list") else s.flag, s.spec.summary)
-            for s in SETTINGS if s.spec.summary]
+    rows = [(f"{s.flag} {s.metavar}" if s.kind in ("value", "list") else s.flag, s.summary)
+            for s in SETTINGS if s.summary]
     rows.append(("--config FILE", CONFIG_HELP))
     return [(flag, str(what)) for flag, what in rows]
 
@@ -178,7 +178,7 @@ def _checked(s: Setting, raw: Any, where: str) -> Any:
     """``raw`` through ``s``'s declaration. Raises ``ConfigError`` naming ``where`` and the value."""
     try:
         if s.kind == "tables":
-            return s.spec.check(raw)
+            return s.check(raw)
         if s.kind == "list":
             return tuple(_checked_one(s, item, where) for item in (raw if isinstance(raw, list) else [raw]))
         if s.kind == "switch":
@@ -199,7 +199,7 @@ def _checked_one(s: Setting, raw: Any, where: str) -> Any:
     if isinstance(raw, bool) and s.bounds is not None:
         raise ValueError("expected a number")  # TOML true would read as 1
     try:
-        return s.check_bounds(s.spec.check(raw))
+        return s.parse(raw)
     except (TypeError, ValueError) as exc:
         if s.kind == "list":
             raise ConfigError(f"invalid {where}: {raw!r}: {exc}") from None

@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sidecar.aggregation.aggregator import Aggregator
-from sidecar.aggregation.senders import SenderRegistry
 from sidecar.aggregation.settings import WindowSettings
 from sidecar.core.pipeline import Pipeline
 from sidecar.model.ends import ALERTING, SenderEnd, how_ended
@@ -57,18 +55,6 @@ class IngestLoop:
         self._thread: threading.Thread | None = None
         self._window_start = 0.0
         self._drain_deadline = float("inf")
-
-    @property
-    def registry(self) -> SenderRegistry:
-        return self.pipeline.registry
-
-    @property
-    def aggregator(self) -> Aggregator:
-        return self.pipeline.aggregator
-
-    @property
-    def internal_errors(self) -> int:
-        return self.pipeline.internal_errors
 
     def start(self) -> None:
         self.tallies.prepare()
@@ -145,7 +131,7 @@ class IngestLoop:
 
     def _book_tallies(self, grace_s: float) -> None:
         now = self.clock()
-        registry = self.registry
+        registry = self.pipeline.registry
         try:
             ready_tallies = self.tallies.scan(now, grace_s)
             if self.tallies.malformed:
@@ -170,7 +156,7 @@ class IngestLoop:
         for channel in booked:
             roles.setdefault(channel.role, []).append(channel)
         for role, channels in roles.items():
-            steps = [s for s in (self.aggregator.latest_step(c.sender) for c in channels) if s is not None]
+            steps = [s for s in (self.pipeline.aggregator.latest_step(c.sender) for c in channels) if s is not None]
             unknown = 0 if ready.final else tally.max_pending * len(channels)
             end = SenderEnd(role, min(c.worker for c in channels), how, signal, tally.pid,
                             max(steps) if steps else None, ready.written_unix_s, unknown, tally.detail[:64])

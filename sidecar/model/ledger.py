@@ -50,6 +50,12 @@ def peak_flops(gpu_name: str) -> float | None:
     return None
 
 
+def _per(amount: float | None, count: float | None) -> float | None:
+    """``amount`` per ``count``; None unless both are known and positive (nothing spent, or
+    nothing to spend it on)."""
+    return amount / count if amount is not None and count is not None and amount > 0 and count > 0 else None
+
+
 @dataclass(frozen=True, slots=True)
 class RoleLedger:
     """One role of one run. ``seconds``/``joules``: cause -> total (every cause of ``CAUSES``
@@ -100,8 +106,7 @@ class RoleLedger:
     @property
     def tokens_per_s_per_gpu(self) -> float | None:
         """Tokens per second of wall time per GPU of the role (None without tokens or GPUs)."""
-        wall = self.wall_s
-        return self.tokens / wall / self.gpus if wall > 0 and self.gpus and self.tokens > 0 else None
+        return _per(_per(self.tokens, self.wall_s), self.gpus)
 
     @property
     def mfu_ratio(self) -> float | None:
@@ -113,9 +118,9 @@ class RoleLedger:
         if rate and peak and self.flops_per_token:
             return self.flops_per_token * rate / peak
         wall = self.wall_s
-        if wall > 0 and self.reported_mfu_s > 0:
-            return self.reported_mfu_s / wall
-        return self.reported_flop / wall / peak if wall > 0 and peak and self.reported_flop > 0 else None
+        if (trainer_mfu := _per(self.reported_mfu_s, wall)) is not None:
+            return trainer_mfu
+        return _per(_per(self.reported_flop, wall), peak)
 
     @property
     def mfu_source(self) -> str | None:
@@ -130,13 +135,11 @@ class RoleLedger:
 
     @property
     def joules_per_token(self) -> float | None:
-        energy = self.energy_j
-        return energy / self.tokens if energy > 0 and self.tokens > 0 else None
+        return _per(self.energy_j, self.tokens)
 
     @property
     def joules_per_step(self) -> float | None:
-        energy = self.energy_j
-        return energy / self.steps if energy > 0 and self.steps > 0 else None
+        return _per(self.energy_j, self.steps)
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,46 +71,26 @@ def _num(x: float) -> str:
     return f"{x:,}" if isinstance(x, int) else f"{x:g}"
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One declared setting as the rest of the program sees it: its key and its declaration."""
+class OutOfRange(ValueError):
+    """Raised by a check (or ``bounds``) for a value of the right type that the setting does not
+    accept, saying what it must be (``must be ...``): ``Setting.parse`` puts the key before that,
+    so the message names the setting without the check knowing its name."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setting(Spec):
+    """One declared setting as the rest of the program sees it: its declaration (``Spec``'s
+    fields, ``metavar`` filled in) and where it lives."""
 
     name: str
     """The TOML key (``KEY_PREFIX`` + field name); the flag is ``--`` + name with dashes."""
     attr: str
     """The field of the section (and of ``sidecar.core.config.Config``) that holds the value."""
     section: type
-    spec: Spec
     default: Any
     """The declared default; ``None`` also for one computed at start-up (``default_factory``)."""
-
-    @property
-    def help(self) -> str:
-        return self.spec.help
-
-    @property
-    def kind(self) -> str:
-        return self.spec.kind
-
-    @property
-    def reloadable(self) -> bool:
-        return self.spec.reloadable
-
-    @property
-    def bounds(self) -> tuple[float, float] | None:
-        return self.spec.bounds
-
-    @property
-    def unit(self) -> str:
-        return self.spec.unit
-
-    @property
-    def example(self) -> str | None:
-        return self.spec.example
-
-    @property
-    def default_note(self) -> str | None:
-        return self.spec.default_note
+    metavar: str
+    """The declared placeholder, else the key in capitals."""
 
     @property
     def flag(self) -> str:
@@ -120,21 +100,22 @@ class Setting:
         dashed = self.name.replace("_", "-")
         return f"--no-{dashed}" if self.kind == "switch" and self.default is True else f"--{dashed}"
 
-    @property
-    def metavar(self) -> str:
-        return self.spec.metavar or self.name.upper()
-
     def value(self, config: Any) -> Any:
         """This setting's value in ``config`` (a section or ``Config``)."""
         return getattr(config, self.attr)
 
-    def check_bounds(self, value: Any) -> Any:
-        """``value`` if within ``bounds``. Raises ``ValueError`` naming the range otherwise."""
-        if self.bounds is not None:
-            low, high = self.bounds
-            if not low <= value <= high:  # also refuses NaN
-                unit = f" {self.unit}" if self.unit else ""
-                raise ValueError(f"{self.name} must be between {_num(low)} and {_num(high)}{unit}")
+    def parse(self, raw: Any) -> Any:
+        """One raw value (a list's item) through ``check``, then ``bounds``. Raises ``TypeError``
+        or ``ValueError`` saying what is expected; for a value out of range, naming the key."""
+        try:
+            value = self.check(raw)
+            if self.bounds is not None:
+                low, high = self.bounds
+                if not low <= value <= high:  # also refuses NaN
+                    unit = f" {self.unit}" if self.unit else ""
+                    raise OutOfRange(f"must be between {_num(low)} and {_num(high)}{unit}")
+        except OutOfRange as exc:
+            raise ValueError(f"{self.name} {exc}") from None
         return value
 
     def default_text(self, quote: str = "") -> str:
@@ -153,8 +134,8 @@ class Setting:
     @property
     def flag_help(self) -> str:
         """What ``--help`` says of the flag: what it does, the accepted range and the default."""
-        if self.kind == "switch" and self.default is True and self.spec.off_help:
-            text = f"{self.spec.off_help} Default: on; this flag turns it off."
+        if self.kind == "switch" and self.default is True and self.off_help:
+            text = f"{self.off_help} Default: on; this flag turns it off."
         elif "unset:" in self.help.lower() or "default" in self.help.lower():  # the help says it in words
             text = self.full_help
         else:
@@ -179,22 +160,22 @@ def declared(section: type) -> tuple[Setting, ...]:
         spec = f.metadata.get("setting")
         if isinstance(spec, Spec):
             default = None if f.default is dataclasses.MISSING else f.default
-            out.append(Setting(prefix + f.name, f.name, section, spec, default))
+            declaration = {field.name: getattr(spec, field.name) for field in dataclasses.fields(Spec)}
+            declaration["metavar"] = spec.metavar or (prefix + f.name).upper()
+            out.append(Setting(**declaration, name=prefix + f.name, attr=f.name, section=section, default=default))
     return tuple(out)
 
 
 # -- validators shared by several components (each raises ValueError saying what is expected) ----
 
-def ratio(name: str) -> Callable[[Any], float]:
-    """A check for a ratio between 0 and 1 named ``name`` in its message."""
-    def check(raw: Any) -> float:
-        if isinstance(raw, bool):
-            raise ValueError("expected a number")
-        value = float(raw)
-        if not 0.0 <= value <= 1.0:  # NaN fails too
-            raise ValueError(f"{name} must be a ratio between 0 and 1")
-        return value
-    return check
+def ratio(raw: Any) -> float:
+    """A check for a ratio between 0 and 1."""
+    if isinstance(raw, bool):
+        raise ValueError("expected a number")
+    value = float(raw)
+    if not 0.0 <= value <= 1.0:  # NaN fails too
+        raise OutOfRange("must be a ratio between 0 and 1")
+    return value
 
 
 def one_of(*choices: str) -> Callable[[Any], str]:

@@ -92,10 +92,10 @@ class WandbConfig:
         queue size are checked by their settings' declarations (``settings``)."""
         if self.run is not None:
             try:
-                RUN.spec.check(self.run)
+                RUN.check(self.run)
             except ValueError as exc:
                 raise ValueError(f"--wandb-run: {self.run!r}: {exc}") from None
-        QUEUE.check_bounds(self.queue_size)
+        QUEUE.parse(self.queue_size)
         if self.shutdown_timeout_s < 0:
             raise ValueError(f"W&B shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s}")
 
