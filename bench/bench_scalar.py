@@ -7,8 +7,11 @@ A ``ScalarResolver`` from each tree runs over a fake CUDA backend whose events c
 after they are recorded (32 ms in the third loop: the GPU lagging behind the host, so many
 scalars are in flight). The "trainer" is the main thread: each step does a fixed amount of pure
 Python (calibrated once here to 1 ms or 0.12 ms: it needs the GIL the whole time, as a launch
-thread does) and then submits two scalars. A "flusher" thread wakes every 0.1 s as the shim's
-does, and takes the resolver's turn where that tree's publisher does (this one's). Each run is a
+thread does) and then publishes two scalars through a channel's ``scalar`` (what
+``telemetry.scalar`` calls: the whole call a trainer pays, the channel's part included), the
+tree's resolver being the one over the fake backend. A "flusher" thread wakes every 0.1 s as the
+shim's does, takes the resolver's turn where that tree's publisher does (this one's), and drains
+the channel. Each run is a
 fresh interpreter with one tree first on ``PYTHONPATH``, started from a scratch directory (it
 checks which ``cuda_scalar`` it imported); each round runs every loop with every tree, the
 trees' order alternating.
@@ -17,11 +20,14 @@ Within each run, blocks of steps with and without the scalars alternate (``--blo
 each, after the resolver drained: the blocks without scalars see an idle resolver), so load on a
 shared machine hits both sides of a pair alike. Reported per loop and tree, over every pair of
 every round: steps/s with scalars as a share of without (median and interquartile range; goal:
->= 99 %), one call's cost to the caller (500 back to back, no resolver thread running, median
-of 30), the resolver thread's CPU time as a share of the wall time (it holds the GIL while it
-runs: its share of the GIL), the same for the flusher (which takes this tree's turns), the
-resolver thread's context switches per second (wake-ups and GIL hand-offs, from
-/proc), the median number of scalars in flight, and the scalars dropped (``scalar_backlog``,
+>= 99 %), the caller's two calls in the loop (steps timed one by one, each step with the calls
+paired with the step before it: the median of the pairs' differences is their cost, and the
+share is a step's median over the step plus that cost; the VM's drift, which moves the medians of
+whole blocks, cancels within a pair), one call's cost to the caller (500 back to back, no
+resolver thread running, median of 30), the resolver thread's CPU time as a share of the wall
+time (it holds the GIL while it runs: its share of the GIL), the same for the flusher (which
+takes this tree's turns), the resolver thread's context switches per second (wake-ups and GIL
+hand-offs, from /proc), the median number of scalars in flight, and the scalars dropped (``scalar_backlog``,
 all runs).
 """
 
@@ -143,17 +149,6 @@ class Backend:
         return STREAM
 
 
-class Sink:
-    def __init__(self):
-        self.values, self.dropped = 0, {}
-
-    def _append_resolved(self, name, value):
-        self.values += 1
-
-    def _count_dropped(self, reason):
-        self.dropped[reason] = self.dropped.get(reason, 0) + 1
-
-
 def work(n):
     x = 0
     for i in range(n):
@@ -167,47 +162,60 @@ def switches(native_id):
 
 
 from trainer_shim import cuda_scalar
+from trainer_shim.channel import Channel
 
-out = {"imported": cuda_scalar.__file__}
-per_call = []
-for _ in range(30):  # the caller's cost of one submit, no resolver thread running
+
+def quiet_channel():
+    # A channel whose scalars go to a resolver over the fake backend with no thread running:
+    # the trainer's call (``Channel.scalar``, what ``telemetry.scalar`` calls) and nothing else.
     quiet = cuda_scalar.ScalarResolver(Backend(), max_in_flight=10**9, autostart=False)
     if hasattr(quiet, "setup"):
         quiet.setup(None)
-    quiet_sink, one = Sink(), Tensor(1.0)
+    cuda_scalar._resolver = quiet
+    return Channel("bench", "w0", 10**6, [0]), quiet
+
+
+out = {"imported": cuda_scalar.__file__}
+per_call = []
+for _ in range(30):  # the caller's cost of one call, no resolver thread running
+    ch, _quiet = quiet_channel()
+    one = Tensor(1.0)
     t0 = time.perf_counter_ns()
     for _ in range(500):
-        quiet.submit(quiet_sink, "x", one)
+        ch.scalar("x", one)
     per_call.append((time.perf_counter_ns() - t0) / 500)
 out["submit_ns"] = statistics.median(per_call)
 
 
 def in_loop_share():
-    # Steps/s at step level with the caller's two calls on every other step, the resolver quiet
-    # (nothing resolves): the caller's own cost, in place and with its caches cold after a
-    # step's work. Neighbouring steps see the same machine, so the VM's drift cancels.
-    quiet = cuda_scalar.ScalarResolver(Backend(), max_in_flight=10**9, autostart=False)
-    if hasattr(quiet, "setup"):
-        quiet.setup(None)
-    quiet_sink, a, b = Sink(), Tensor(1.0), Tensor(2.0)
-    with_, without = [], []
-    for i in range(2 * min(1000, len(quiet.backend.slots) // 2)):
+    # Steps timed one by one, the caller's two calls on every other step, the resolver quiet
+    # (nothing resolves): the calls' own cost, in place, with the caches cold after a step's
+    # work. Each step with the calls is paired with the step just before it, and the median of
+    # the pairs' differences is the calls' cost: neighbouring steps see the same machine, so the
+    # VM's drift between blocks (which moves the median of a whole column) cancels.
+    ch, quiet = quiet_channel()
+    a, b = Tensor(1.0), Tensor(2.0)
+    diffs, without = [], []
+    for _ in range(min(1000, len(quiet.backend.slots) // 2)):
         t0 = time.perf_counter_ns()
         work(spins)
-        if i % 2:
-            quiet.submit(quiet_sink, "loss", a)
-            quiet.submit(quiet_sink, "grad_norm", b)
-            with_.append(time.perf_counter_ns() - t0)
-        else:
-            without.append(time.perf_counter_ns() - t0)
-    return statistics.median(without) / statistics.median(with_)
+        t1 = time.perf_counter_ns()
+        work(spins)
+        ch.scalar("loss", a)
+        ch.scalar("grad_norm", b)
+        t2 = time.perf_counter_ns()
+        without.append(t1 - t0)
+        diffs.append((t2 - t1) - (t1 - t0))
+    step, cost = statistics.median(without), statistics.median(diffs)
+    return step / (step + cost), cost
 
 
-out["in_loop_share"] = in_loop_share()
-sink = Sink()
+out["in_loop_share"], out["in_loop_cost_ns"] = in_loop_share()
 resolver = cuda_scalar.ScalarResolver(Backend())
+cuda_scalar._resolver = resolver
+sink = Channel("bench", "w0", 10**6, [0])
 for _ in range(3):  # the resolver thread exists and is set up before the timing starts
-    resolver.submit(sink, "warm", Tensor(0.0))
+    sink.scalar("warm", Tensor(0.0))
 time.sleep(0.1)
 thread = next(t for t in threading.enumerate() if t.name == "trainer-shim-scalars")
 turns = getattr(resolver, "turn", None)  # this tree's publisher has its flusher take the turns
@@ -220,6 +228,7 @@ def flusher():
         time.sleep(0.1)
         if turns is not None:
             turns()
+        sink.drain()
 
 
 flusher_thread = threading.Thread(target=flusher, name="flusher", daemon=True)
@@ -241,8 +250,8 @@ def block(scalars):
     while time.perf_counter() < end:
         work(spins)
         if scalars or control:
-            resolver.submit(sink, "loss", loss)
-            resolver.submit(sink, "grad_norm", norm)
+            sink.scalar("loss", loss)
+            sink.scalar("grad_norm", norm)
             in_flight.append(resolver.in_flight())
         steps += 1
     wall = time.perf_counter() - start
@@ -294,6 +303,7 @@ def run(tree: str, spins: int, delay_ms: float, seconds: float, block_s: float, 
     for pair in pairs:
         pair["submit_ns"] = out["submit_ns"]
         pair["in_loop_share"] = out["in_loop_share"]
+        pair["in_loop_cost_ns"] = out["in_loop_cost_ns"]
         pair["dropped"] = sum(out["dropped"].values()) / len(pairs)
     return pairs
 
@@ -345,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
 def report(results: dict[tuple[str, str], list[dict[str, Any]]], trees: list[str], names: dict[str, str]) -> None:
     """The Markdown table: medians over every block pair of every round."""
     print("| loop | shim | steps/s with 2 scalars/step, share of without: median (IQR) | the caller's two calls in "
-          "the loop, share of steps/s | one call, no resolver running | resolver thread CPU (GIL) share "
+          "the loop: share of steps/s (their cost) | one call, no resolver running | resolver thread CPU (GIL) share "
           "| flusher CPU share | resolver switches/s | in flight | dropped |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for label, _, _ in CONFIGS:
@@ -360,6 +370,7 @@ def report(results: dict[tuple[str, str], list[dict[str, Any]]], trees: list[str
             print(f"| {label} | `{names[tree]}` | {statistics.median(ratios) * 100:.1f} % "
                   f"({q1 * 100:.1f}-{q3 * 100:.1f}, {len(ratios)} pairs) "
                   f"| {statistics.median(p['in_loop_share'] for p in pairs) * 100:.2f} % "
+                  f"({statistics.median(p['in_loop_cost_ns'] for p in pairs) / 1000:.1f} us) "
                   f"| {statistics.median(p['submit_ns'] for p in pairs) / 1000:.2f} us "
                   f"| {med('with', 'resolver_cpu_share') * 100:.2f} % | {med('with', 'flusher_cpu_share') * 100:.2f} % "
                   f"| {med('with', 'switches_per_s'):.0f} "

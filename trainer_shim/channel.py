@@ -131,9 +131,8 @@ class Channel:
     def _scalar(self, name: str, tensor: Any) -> None:
         try:
             if getattr(tensor, "is_cuda", False):
-                from trainer_shim.cuda_scalar import resolver
-
-                resolver(tensor.device).submit(self, name, tensor)
+                gpu = _gpu_scalars or _import_gpu_scalars()
+                (gpu.current() or gpu.resolver(tensor.device)).submit(self, name, tensor)
                 return
             if getattr(getattr(tensor, "device", None), "type", "cpu") != "cpu":
                 self._count_dropped("bad_argument")
@@ -189,6 +188,20 @@ class Channel:
     def pending(self) -> int:
         """Records queued and not yet drained."""
         return len(self._q) + len(self._pq)
+
+
+_gpu_scalars: Any = None
+"""``trainer_shim.cuda_scalar``, imported by the first CUDA scalar (only a trainer that imported
+torch needs it). Kept here because an import statement in ``Channel._scalar`` cost each call
+about 1 µs, as much as the rest of the call (``bench/bench_scalar.py``); a global read, tens of ns."""
+
+
+def _import_gpu_scalars() -> Any:
+    global _gpu_scalars
+    from trainer_shim import cuda_scalar
+
+    _gpu_scalars = cuda_scalar
+    return cuda_scalar
 
 
 def _recording_functions(ch: Channel) -> dict[str, Any]:
