@@ -266,17 +266,68 @@ def import_cycles(*folders: str) -> list[list[str]]:
     return sorted(cycles)
 
 
-KNOWN_CYCLES = [
-    # tap_import (loaded by the .pth at interpreter start, standard library only) imports taps
-    # lazily, when a tapped library is imported; taps uses tap_import's post-import hook. To be
-    # broken by moving the hook into a module of its own.
-    ["trainer_shim.integrations.tap_import", "trainer_shim.integrations.taps"],
-]
-
-
 def test_no_import_cycles() -> None:
-    assert import_cycles(*PRODUCT) == KNOWN_CYCLES
+    assert import_cycles(*PRODUCT) == []
 
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The modules ``path`` imports when it is loaded (its module-level statements only)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            names.add(node.module)
+    return names
+
+
+def test_what_the_pth_file_loads_is_the_standard_library_only() -> None:
+    """``tap_import`` is loaded at every interpreter start where ``DFLASH_SIDECAR_TAP`` is set: it
+    and its import hook load the standard library and each other only (the taps themselves are
+    imported once a tapped library is, inside a function)."""
+    hook, env = "trainer_shim.integrations.post_import", "trainer_shim.integrations.tap_import"
+    allowed = set(sys.stdlib_module_names) | {"__future__"}
+    loaded = {m: {n for n in _top_level_imports(ROOT / (m.replace(".", "/") + ".py"))
+                  if n.split(".")[0] not in allowed} for m in (hook, env)}
+    assert loaded == {hook: set(), env: {hook}}
+
+
+def test_no_listener_is_found_by_its_name(tmp_path: Path) -> None:
+    """A listener's ``name`` is for the logs: the daemon wires every provider the scrape state
+    reads by its own parameter. Every listener renamed, a scrape renders the same families (the
+    W&B exporter's statistics included)."""
+    from sidecar.core.config import Config
+    from sidecar.core.daemon import Daemon
+    from sidecar.exporters.prometheus.collector import SidecarCollector
+
+    daemon = Daemon(Config(state_dir=str(tmp_path), wandb_run="r", gpu_metrics=False), host="box")
+
+    def families() -> list[str]:
+        return sorted(family.name for family in SidecarCollector(daemon.prometheus.state).collect())
+
+    before = families()
+    assert "dflash_sidecar_wandb_queue_depth" in before  # the check sees what it looks for
+    for i, listener in enumerate(daemon.pipeline.listeners):
+        listener.name = f"renamed {i}"
+    assert families() == before
+
+
+def test_ingest_and_admin_read_no_stage_past_the_pipeline() -> None:
+    """The ingest loop decides when, the admin side serves the latest window: neither reaches
+    through the pipeline into a stage's state (``pipeline.aggregator.latest_step``, the GPUs'
+    ``facts()``); they call the pipeline and read what the window hands on."""
+    stages = {"aggregator", "registry", "gpus", "_gpus", "ends", "mapper"}
+    found = []
+    for name in ("ingest.py", "admin.py"):
+        path = ROOT / "sidecar" / "core" / name
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            through = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
+                and node.value.attr in stages
+            called = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("facts", "latest_step")
+            if through or called:
+                found.append(f"{rel(path)}:{node.lineno}")
+    assert found == []
 
 
 MAX_FUNCTION_LINES = 60

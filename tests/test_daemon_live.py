@@ -55,16 +55,18 @@ def test_a_restarted_run_shows_its_own_step_and_the_killed_sender_is_not_counted
         d.stop()
 
 
-def test_the_live_state_finds_an_exporters_statistics_by_the_exporters_own_name() -> None:
+def test_the_scrape_state_reads_the_wandb_exporter_it_was_handed() -> None:
+    """The W&B exporter is wired by its own parameter (None: W&B is off), never found by a name."""
     from sidecar.core.pipeline import Pipeline
-    from sidecar.exporters.console import ConsoleExporter
     from sidecar.exporters.scrape_state import ScrapeState
     from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
 
     wandb = WandbExporter(WandbConfig(run="r", offline=True), host="h")
     scraped = ScrapeState()
-    assert scraped.exporter_stats("wandb") is None and scraped.ingest_health() is None  # nothing attached yet
-    scraped.attach(ingest=Pipeline(), exporters=[ConsoleExporter(), wandb], admin=None)  # type: ignore[arg-type]
-    assert scraped.exporter_stats("wandb") == wandb.stats()
-    assert scraped.exporter_stats("console") is None and scraped.exporter_stats("elsewhere") is None
+    assert scraped.wandb_stats() is None and scraped.ingest_health() is None  # nothing attached yet
+    scraped.attach(ingest=Pipeline(), wandb=wandb, admin=None)  # type: ignore[arg-type]
+    assert scraped.wandb_stats() == wandb.stats()
     assert scraped.ingest_health() is not None
+    off = ScrapeState()
+    off.attach(ingest=Pipeline(), wandb=None, admin=None)  # type: ignore[arg-type]
+    assert off.wandb_stats() is None

@@ -173,6 +173,27 @@ def test_daemon_survives_a_failing_insight(monkeypatch: pytest.MonkeyPatch) -> N
     assert daemon.prometheus.state.report is window
 
 
+def test_explain_names_the_gpu_input_the_latest_windows_insight_lacked() -> None:
+    """``/explain`` says why the insight lacked GPU data from the latest window's GPU part (what
+    that insight read), not from the GPUs at the time of the request."""
+    facts: list[GpuFacts | None] = [GpuFacts(roles={"0": "drafter"}, busy={"0": 0.9})]
+    daemon, _ = daemon_with_facts(lambda *_: facts[-1])
+
+    def gpu_inputs() -> list[str]:
+        missing = daemon.scrape_state.explain()["missing"]  # type: ignore[index]
+        return [item["input"] for lack in missing.values() for item in lack if item["input"].startswith("GPU ")]
+
+    assert gpu_inputs() == ["GPU busy share (no window yet)", "GPU clock-event reasons (no window yet)"]
+    on_window(daemon, drafter_bound_report())
+    facts.append(None)  # the GPUs now: no reading; the latest window's insight had one
+    assert gpu_inputs() == []
+    on_window(daemon, drafter_bound_report())
+    assert [i.split(" (")[0] for i in gpu_inputs()] == ["GPU busy share", "GPU clock-event reasons"]
+    assert all(" (NVML " in i for i in gpu_inputs())
+    off = Daemon(Config(state_dir=tempfile.mkdtemp(prefix="ledger-"), gpu_metrics=False), host="box")
+    assert "GPU busy share (NVML disabled: --no-gpu-metrics)" in str(off.scrape_state.explain())
+
+
 def test_top_shows_verdict_queue_and_roles() -> None:
     from prometheus_client.parser import text_string_to_metric_families
     from rich.console import Console

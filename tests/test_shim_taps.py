@@ -322,7 +322,7 @@ def test_the_tap_never_raises_into_the_call_and_the_call_raises_as_before() -> N
 def test_closing_the_channels_publisher_takes_the_tap_off(workdir: Path) -> None:
     import tensorboardX.writer
 
-    from trainer_shim.integrations import tap_import, taps
+    from trainer_shim.integrations import post_import, taps
     from trainer_shim.publisher import Publisher
 
     cls = tensorboardX.writer.SummaryWriter
@@ -334,7 +334,7 @@ def test_closing_the_channels_publisher_takes_the_tap_off(workdir: Path) -> None
     finally:
         publisher.close()
     assert taps.tapped() == () and (cls.add_scalar, cls.add_scalars) == originals
-    assert "torch.utils.tensorboard.writer" not in tap_import.waiting()
+    assert "torch.utils.tensorboard.writer" not in post_import.waiting()
 
 
 def test_tapping_again_waits_for_each_import_once(workdir: Path) -> None:
@@ -342,9 +342,9 @@ def test_tapping_again_waits_for_each_import_once(workdir: Path) -> None:
     waiting callback per module not yet imported, not one per call (else they grow without bound,
     and the import would run each)."""
     out = run_script(workdir, """
-        from trainer_shim.integrations import tap_import, taps
+        from trainer_shim.integrations import post_import, taps
         for _ in range(500):
             taps.tap()
-        print(sorted({len(v) for v in tap_import._finder.callbacks.values()}))
+        print(sorted({len(v) for v in post_import._finder.callbacks.values()}))
     """, "ipc:///nonexistent/none.sock")
     assert out.stdout.strip().splitlines()[-1] == "[1]", out.stdout

@@ -99,7 +99,8 @@ def test_the_wheel_installs_the_pth_and_it_costs_an_import_only_when_set(wheel_p
     unset = json.loads(run_py(wheel_python, WHO, tmp_path).stdout.splitlines()[-1])
     assert unset["before"] == [] and unset["tapped"] == [] and unset["shim"].startswith(str(purelib_dir))
     on = json.loads(run_py(wheel_python, WHO, tmp_path, DFLASH_SIDECAR_TAP="wandb").stdout.splitlines()[-1])
-    assert on["before"] == ["trainer_shim", "trainer_shim.integrations", "trainer_shim.integrations.tap_import"]
+    assert on["before"] == ["trainer_shim", "trainer_shim.integrations", "trainer_shim.integrations.post_import",
+                            "trainer_shim.integrations.tap_import"]
     assert on["tapped"] == ["wandb"]
 
 

@@ -2,7 +2,7 @@
 
 One thread owns the socket and the pipeline (its registry and aggregator), so none of them needs
 a lock. This module decides *when* (polling, coalescing, window boundaries, the final drain, the
-exit tallies); the pipeline decides what happens to a frame and a window, in which order.
+exit tallies); the pipeline decides what happens to a frame, a window and a gone sender's tally.
 Nothing a client sends can raise out of this loop: bad frames and records are counted by reason.
 """
 
@@ -12,14 +12,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from sidecar.aggregation.settings import WindowSettings
 from sidecar.core.pipeline import Pipeline
-from sidecar.model.ends import ALERTING, SenderEnd, how_ended
 from sidecar.model.window import IngestHealth
 from sidecar.sources.receiver import Receiver
-from sidecar.sources.tallies import EXIT_GRACE_S, ReadyTally, TallyDirectory
+from sidecar.sources.tallies import EXIT_GRACE_S, TallyDirectory
 
 log = logging.getLogger("sidecar")
 
@@ -131,37 +129,18 @@ class IngestLoop:
 
     def _book_tallies(self, grace_s: float) -> None:
         now = self.clock()
-        registry = self.pipeline.registry
         try:
             ready_tallies = self.tallies.scan(now, grace_s)
             if self.tallies.malformed:
-                registry.drop_message("ledger_refused", self.tallies.malformed)
+                self.pipeline.refuse_tallies(self.tallies.malformed)
                 self.tallies.malformed = 0
             for ready in ready_tallies:
-                booked = registry.book_gone(ready.tally, ready.uid, ready.final, now, time.time(), grace_s,
-                                            witnessed=ready.written_unix_s >= self.started_unix_s)
-                if booked is None:
-                    continue  # it spoke lately: look again at the next scan
-                self.tallies.remove(ready.path)
-                self._tell_ends(ready, booked)
+                witnessed = ready.written_unix_s >= self.started_unix_s
+                if self.pipeline.book_gone(ready, now, grace_s, witnessed):
+                    self.tallies.remove(ready.path)
+                # else one of its senders spoke lately: look again at the next scan
         except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on
             self.pipeline.internal_error("booking tallies", exc)
-
-    def _tell_ends(self, ready: ReadyTally, booked: list[Any]) -> None:
-        """Book how the process of ``ready`` ended, once per role among its channels booked now
-        (``booked``: not before, and not refused), and log one line per end."""
-        tally = ready.tally
-        how, signal = how_ended(ready.final, tally.signal, ready.crash, ready.oom)
-        roles: dict[str, list[Any]] = {}
-        for channel in booked:
-            roles.setdefault(channel.role, []).append(channel)
-        for role, channels in roles.items():
-            steps = [s for s in (self.pipeline.aggregator.latest_step(c.sender) for c in channels) if s is not None]
-            unknown = 0 if ready.final else tally.max_pending * len(channels)
-            end = SenderEnd(role, min(c.worker for c in channels), how, signal, tally.pid,
-                            max(steps) if steps else None, ready.written_unix_s, unknown, tally.detail[:64])
-            self.pipeline.ends.book(end)
-            log.log(logging.WARNING if how in ALERTING else logging.INFO, "sidecar: sender ended: %s", end.text())
 
     def _roll_if_due(self) -> None:
         now = self.clock()

@@ -17,7 +17,9 @@ A window (at each boundary)::
     ``consume`` (exporters, the scrape state, the NVML trainer attribution), the same immutable
     object to each
 
-and a hello goes to every listener's ``hello`` as a ``SenderView``. Everything here runs on the
+and a hello goes to every listener's ``hello`` as a ``SenderView``. A gone sender's tally
+(``book_gone``) is booked by the registry and its end, with the aggregator's latest step of it,
+told to the end book, which the next window carries. Everything here runs on the
 ingest thread (``sidecar.core.ingest.IngestLoop`` drives it); no stage calls back into an earlier one:
 each is a plain function or object whose input and output are types of ``sidecar.model``, and
 each returns what it found (rejections included).
@@ -39,13 +41,15 @@ from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.senders import SenderRegistry, SenderState
 from sidecar.aggregation.settings import WindowSettings
 from sidecar.aggregation.verdict import Hysteresis, InsightSettings
-from sidecar.model.ends import EndsView
+from sidecar.model.ends import ALERTING, EndsView, SenderEnd, how_ended
 from sidecar.model.insight import PipelineInsight
 from sidecar.model.messages import BatchMessage
 from sidecar.model.window import IngestHealth, IngestReport, LabelTotals, SenderView
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.decode import DecodeError, decode
 from sidecar.sources.receiver import ReceiverStats
+from sidecar.sources.tallies import ReadyTally
+from trainer_shim.wire import TallyChannel
 
 log = logging.getLogger("sidecar")
 
@@ -158,6 +162,29 @@ class Pipeline:
         except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on
             self.internal_error("ingesting", exc)
 
+    # -- a sender's end ----------------------------------------------------------------------------
+
+    def refuse_tallies(self, count: int) -> None:
+        """Count ``count`` tally files that are no tally (``messages_dropped{reason="ledger_refused"}``,
+        as the registry counts a tally's channel it refuses)."""
+        self.registry.drop_message("ledger_refused", count)
+
+    def book_gone(self, ready: ReadyTally, now: float, grace_s: float, witnessed: bool) -> bool:
+        """A gone process's tally (``sources.tallies``): its channels booked by the registry, once
+        each of its senders has been silent for ``grace_s`` seconds (``now``: the monotonic clock;
+        ``witnessed``: the tally was last written while this daemon ran), and how it ended told to
+        the end book, once per role among the channels booked now, with the latest step the
+        aggregator has of them; one log line per end. False: one of its senders spoke lately (its
+        last frames may still be on the way: ask again)."""
+        booked = self.registry.book_gone(ready.tally, ready.uid, ready.final, now, time.time(), grace_s,
+                                         witnessed=witnessed)
+        if booked is None:
+            return False
+        for end in sender_ends(ready, booked, self.aggregator.latest_step):
+            self.ends.book(end)
+            log.log(logging.WARNING if end.how in ALERTING else logging.INFO, "sidecar: sender ended: %s", end.text())
+        return True
+
     # -- a window ----------------------------------------------------------------------------------
 
     def close_window(self, now: float, end_unix_s: float, duration_s: float,
@@ -215,6 +242,24 @@ class Pipeline:
                 listener.hello(sender)
             except Exception:  # noqa: BLE001
                 log.exception("sidecar: %s failed on a hello", listener.name)
+
+
+def sender_ends(ready: ReadyTally, booked: Sequence[TallyChannel],
+                latest_step: Callable[[int], int | None]) -> list[SenderEnd]:
+    """How the process of ``ready`` ended, one ``SenderEnd`` per role among its channels
+    ``booked`` (booked now: not before, and not refused); ``latest_step(sender)``: the step of a
+    sender's latest profile (the aggregator's), None if it sent none."""
+    how, signal = how_ended(ready.final, ready.tally.signal, ready.crash, ready.oom)
+    roles: dict[str, list[TallyChannel]] = {}
+    for channel in booked:
+        roles.setdefault(channel.role, []).append(channel)
+    ends = []
+    for role, channels in roles.items():
+        steps = [s for s in (latest_step(c.sender) for c in channels) if s is not None]
+        unknown = 0 if ready.final else ready.tally.max_pending * len(channels)
+        ends.append(SenderEnd(role, min(c.worker for c in channels), how, signal, ready.tally.pid,
+                              max(steps) if steps else None, ready.written_unix_s, unknown, ready.tally.detail[:64]))
+    return ends
 
 
 def window_stages(insight: InsightStage, ledger: WindowStage, gpu: GpuStage | None = None) -> list[WindowStage]:

@@ -36,10 +36,6 @@ class Exporter:
     def hello(self, sender: SenderView) -> None:
         """A trainer said hello (``sender.hello``: its fields as sent, ``wandb_run_id``, ``pid``, ...)."""
 
-    def stats(self) -> Any:
-        """Its own statistics, for the scrape state's readers (None: it keeps none)."""
-        return None
-
     def reload(self, settings: Any) -> None:
         """New settings (a config reload; ``settings``: ``sidecar.core.config.Config``, which is every
         exporter's own section): take the reloadable ones (none by default)."""

@@ -1,10 +1,10 @@
 """The scrape state: what every exporter may read between windows, at scrape time, in one object.
 
 An exporter gets two things: each window (``consume``) and this object. It reads the GPUs as they
-are now (not as at the window's end), ingest's health, the other exporters' statistics, the
+are now (not as at the window's end), ingest's health, the W&B exporter's statistics, the
 daemon's own telemetry and the ``/explain`` report; it never writes here and never calls a stage.
-The daemon wires the providers in one ``attach``, before anything starts; a provider left out
-reads as None.
+The daemon wires the providers in one ``attach``, before anything starts, each by its own typed
+parameter (none is looked up by a name); a provider left out reads as None.
 The latest window is kept here too (the scrape state is a listener of the fan-out), so that admin
 pages read it from the pipeline's side, never back out of an exporter. It sits beside the
 exporters, its readers; the daemon's core builds it and hands it to them.
@@ -12,7 +12,8 @@ exporters, its readers; the daemon's core builds it and hands it to them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,12 +32,24 @@ class _IngestSide(Protocol):
     def ends_now(self) -> EndsView: ...
 
 
-class _StatsSide(Protocol):
-    """An exporter (``sidecar.exporters.base.Exporter``): its ``name`` and its ``stats()``."""
+class WandbStatsLike(Protocol):
+    """What the scrape state's readers read of the W&B exporter's ``stats()``
+    (``sidecar.exporters.wandb.exporter.WandbStats``)."""
 
-    name: str
+    @property
+    def state(self) -> enum.Enum: ...
+    @property
+    def queue_depth(self) -> int: ...
+    @property
+    def rows_logged(self) -> int: ...
+    @property
+    def rows_dropped(self) -> Mapping[str, int]: ...
 
-    def stats(self) -> Any: ...
+
+class _WandbSide(Protocol):
+    """The W&B exporter (``sidecar.exporters.wandb.exporter.WandbExporter``)."""
+
+    def stats(self) -> WandbStatsLike: ...
 
 
 class _AdminSide(Protocol):
@@ -60,7 +73,7 @@ class DaemonTelemetry:
 
 class ScrapeState:
     """Read-only at scrape time (any thread); each reader returns None where its provider is
-    absent (GPU metrics off, no W&B, a bare state in a test)."""
+    absent (GPU metrics off, W&B off, a bare state in a test)."""
 
     name = "scrape state"
 
@@ -68,15 +81,15 @@ class ScrapeState:
         """``gpus``: an ``aggregation.gpu_groups.GpuAggregates``."""
         self._gpus = gpus
         self._ingest: _IngestSide | None = None
-        self._exporters: tuple[_StatsSide, ...] = ()
+        self._wandb: _WandbSide | None = None
         self._admin: _AdminSide | None = None
         self._window: IngestReport | None = None
 
-    def attach(self, *, ingest: _IngestSide, exporters: Sequence[_StatsSide], admin: _AdminSide) -> None:
+    def attach(self, *, ingest: _IngestSide, wandb: _WandbSide | None, admin: _AdminSide) -> None:
         """Wire the providers made after this object, at once (the daemon, before it starts
-        anything): ``ingest``: the pipeline (its ``health``, its ends); ``exporters``: every
-        exporter (``exporter_stats`` finds one by its ``name``); ``admin``: a ``sidecar.core.admin.Admin``."""
-        self._ingest, self._exporters, self._admin = ingest, tuple(exporters), admin
+        anything): ``ingest``: the pipeline (its ``health``, its ends); ``wandb``: the W&B
+        exporter (None: W&B is off); ``admin``: a ``sidecar.core.admin.Admin``."""
+        self._ingest, self._wandb, self._admin = ingest, wandb, admin
 
     # -- readers -----------------------------------------------------------------------------------
 
@@ -105,9 +118,9 @@ class ScrapeState:
         """The senders' ends told so far, as of the latest (None without ingest)."""
         return self._ingest.ends_now() if self._ingest is not None else None
 
-    def exporter_stats(self, name: str) -> Any | None:
-        """The named exporter's ``stats()`` (None if it is not running here, or keeps none)."""
-        return next((exporter.stats() for exporter in self._exporters if exporter.name == name), None)
+    def wandb_stats(self) -> WandbStatsLike | None:
+        """The W&B exporter's queue, rows and state (None: W&B is off)."""
+        return self._wandb.stats() if self._wandb is not None else None
 
     def telemetry(self) -> DaemonTelemetry | None:
         """The daemon's own CPU, memory, threads, descriptors and ingest health."""

@@ -30,8 +30,8 @@ from typing import Any
 from trainer_shim import publisher as _publisher
 from trainer_shim import telemetry
 from trainer_shim.channel import Channel
-from trainer_shim.integrations import tap_import, tap_targets
-from trainer_shim.integrations.tap_import import LIBRARY_MODULES
+from trainer_shim.integrations import post_import, tap_targets
+from trainer_shim.integrations.post_import import LIBRARY_MODULES
 from trainer_shim.integrations.tap_targets import Patch, exclude
 from trainer_shim.integrations.tap_values import TapSink
 
@@ -65,7 +65,7 @@ def tap(*libraries: str, channel: Channel | None = None) -> None:
             _undo_on_close(channel)
     for library in names:
         for module in LIBRARY_MODULES[library]:
-            tap_import.when_imported(module, _PUT_ON[library])
+            post_import.when_imported(module, _PUT_ON[library])
 
 
 def untap() -> None:
@@ -77,7 +77,7 @@ def untap() -> None:
             for patch in reversed(patches):
                 patch.undo()
         _patches.clear()
-    tap_import.forget(tuple(m for modules in LIBRARY_MODULES.values() for m in modules))
+    post_import.forget(tuple(m for modules in LIBRARY_MODULES.values() for m in modules))
 
 
 def tapped() -> tuple[str, ...]:

@@ -93,7 +93,7 @@ class SidecarCollector(Collector):
         ends = scraped.ends() or (report.ends if report is not None else None)
         sources: list[tuple[str, FamilySource]] = [
             ("self", lambda: self_families(host, scraped.telemetry())),
-            ("wandb", lambda: wandb_families(host, scraped.exporter_stats("wandb"))),
+            ("wandb", lambda: wandb_families(host, scraped.wandb_stats())),
         ]
         if ends is not None:  # between windows: an end shows at the scrape after it is told
             sources.append(("ends", lambda: ends_families(ends, roles, host)))

@@ -11,26 +11,9 @@ and metric list use, and the CPU figure is getrusage's (microseconds).
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping
-from typing import Protocol
-
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sidecar.exporters.scrape_state import DaemonTelemetry
-
-
-class WandbStatsLike(Protocol):
-    """What these families read of the W&B exporter's ``stats()``."""
-
-    @property
-    def state(self) -> enum.Enum: ...
-    @property
-    def queue_depth(self) -> int: ...
-    @property
-    def rows_logged(self) -> int: ...
-    @property
-    def rows_dropped(self) -> Mapping[str, int]: ...
+from sidecar.exporters.scrape_state import DaemonTelemetry, WandbStatsLike
 
 
 def self_families(host: str, stats: DaemonTelemetry | None) -> list[Metric]:
