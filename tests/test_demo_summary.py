@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -91,3 +92,9 @@ def test_a_second_demo_in_the_same_folder_sums_up_its_own_run_only(tmp_path: Pat
     assert [line for line in first.stdout.splitlines() if line.startswith("run ")] != runs, (first.stdout, runs)
     listed = {r["run"] for r in json.loads(_report("--json", "--state-dir", str(state)).stdout)["runs"]}
     assert len(listed) == 2, listed
+    # the report command the second summary gives, run as printed, shows that demo's run alone
+    given = next(line for line in second.stdout.splitlines() if "dflash-sidecar report " in line)
+    command = shlex.split(given.split("#")[0])
+    assert command[:2] == ["dflash-sidecar", "report"] and "--run" in command, given
+    shown = {r["run"] for r in json.loads(_report(*command[2:], "--json").stdout)["runs"]}
+    assert len(shown) == 1 and shown < listed and runs[0].startswith(f"run {next(iter(shown))}: "), (shown, runs)

@@ -9,6 +9,7 @@ latest window (``ScrapeState.window``) and the simulated trainer's step count, n
 
 from __future__ import annotations
 
+import shlex
 import sys
 import threading
 import time
@@ -87,7 +88,8 @@ def summary(view: RunLedgerView | None, state: Path, prometheus_addr: str, since
     demo's address and state folder)."""
     lines = ["", "demo summary"]
     roles = tuple(r for r in view.roles if r.last_unix_s >= since_unix_s) if view is not None else ()
-    for run in dict.fromkeys(r.run for r in roles):
+    runs = list(dict.fromkeys(r.run for r in roles))
+    for run in runs:
         lines += [f"run {run}: {line}" if i == 0 else line
                   for i, line in enumerate(verdict_lines(view.verdicts_of(run) if view else None))]
         lines += [_role_line(r) for r in roles if r.run == run]
@@ -96,5 +98,6 @@ def summary(view: RunLedgerView | None, state: Path, prometheus_addr: str, since
     lines += ["", "try next:",
               f"  curl -s http://{prometheus_addr}/metrics | grep dflash_pipeline_bottleneck   # while a demo runs",
               f"  dflash-sidecar top --prometheus-addr {prometheus_addr}   # the terminal view, while a demo runs",
-              f"  dflash-sidecar report --state-dir {state}   # this run's ledger, now"]
+              f"  dflash-sidecar report --state-dir {state} --run {shlex.quote(runs[-1])}   # this run's ledger, now"
+              if runs else f"  dflash-sidecar report --state-dir {state}   # the runs this folder keeps"]
     return "\n".join(lines)
