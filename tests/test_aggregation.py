@@ -186,7 +186,7 @@ def test_a_sender_without_a_hello_cannot_claim_a_history() -> None:
     assert reg.totals == {}
     # The same claim after a hello stating a start a day ago is one a real process can make.
     hello = HelloMessage(7, 0, {"pid": 1, "role": "drafter", "worker": "0", "started_unix_s": 1_000_000.0 - 86400})
-    assert reg.on_hello(hello, 1.0) is not None
+    assert reg.on_hello(hello, 1.0, 1e9 + 1.0) is not None
     assert reg.on_batch(_batch(1, 10**9, 1, {"buffer_full": 10**9 - 1}), 1.0, 1_000_001.0) is not None
 
 
@@ -194,7 +194,7 @@ def test_the_kernels_pid_is_the_senders_pid_and_a_container_hello_is_accepted() 
     # A trainer in a container states the pid of its own pid namespace (often 1); the kernel gives
     # the daemon's view of the same process, which is also what NVML reports.
     reg = SenderRegistry()
-    state = reg.on_hello(HelloMessage(7, 0, {"pid": 1, "role": "drafter", "worker": "0"}), 0.0, peer_pid=4242)
+    state = reg.on_hello(HelloMessage(7, 0, {"pid": 1, "role": "drafter", "worker": "0"}), 0.0, 1e9, peer_pid=4242)
     assert state is not None and state.hello is not None and state.pid == 4242
     assert reg.on_batch(_batch(1, 10, 10), 0.0, 0.0, peer_pid=4242) is state
     assert reg.on_batch(_batch(2, 20, 10), 0.0, 0.0, peer_pid=4243) is None  # another process, same id

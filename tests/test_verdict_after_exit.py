@@ -149,8 +149,8 @@ def test_hysteresis_never_holds_a_verdict_once_no_live_trainer_remains() -> None
 def test_the_closing_hello_ends_its_sender_in_the_registry() -> None:
     registry = SenderRegistry()
     hello = {"pid": 7, "host": "h", "role": "trainer", "worker": "0", "shim_version": "x"}
-    registry.on_hello(HelloMessage(5, 0, hello), 100.0)
+    registry.on_hello(HelloMessage(5, 0, hello), 100.0, 1e9 + 100.0)
     assert [s.sender for s in registry.live(100.5, 1.0)] == [5]
-    registry.on_hello(HelloMessage(5, 1, hello | {"closing": True}), 101.0)
+    registry.on_hello(HelloMessage(5, 1, hello | {"closing": True}), 101.0, 1e9 + 101.0)
     assert [s.sender for s in registry.live(101.5, 1.0)] == [5]  # its end lies in this window
     assert registry.live(102.5, 1.0) == []  # the next one: gone, 8.5 s before silence would say so

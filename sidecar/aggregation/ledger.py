@@ -57,9 +57,10 @@ RUN_GAP_S = 300.0
 sender of the host's current run sent for longer than this (seconds)."""
 SAME_MESSAGE_S = 0.02
 """A known sender whose last message is placed within this of the moment already accounted sent
-nothing new: each window places it again (its end on the unix clock less its age), so a sender gone
-silent is placed a little differently each time (float rounding, a preemption between the two clock
-reads). A sender that did send again is placed at least a flush interval later (0.1 s by default)."""
+nothing new. A message is placed at the unix time read when it came, the same in every window; a
+view without that time (built by hand) places it at the window's end less its age, a little
+differently each window (float rounding, the unix clock's corrections). A sender that did send
+again is placed at least a flush interval later (0.1 s by default)."""
 HOST_RUN = "host:"
 
 IDLE_CAUSES = {"data": "data", "queue": "queue", "collectives": "communication", "host": "host",
@@ -178,7 +179,8 @@ def window_facts(report: IngestReport) -> WindowFacts:
     numbers = step_numbers(w)
     senders = []
     for s in report.senders:
-        last = w.end_unix_s - s.last_seen_age_s
+        # placed where its receipt put it, so a silent sender is placed alike in every window
+        last = s.last_seen_unix_s if s.last_seen_unix_s is not None else w.end_unix_s - s.last_seen_age_s
         if last < begin and s.last_seen_age_s > LIVE_S:  # a live sender silent this window still counts
             continue
         hello = s.hello or {}

@@ -78,6 +78,10 @@ class SenderState:
     """The process whose connection this sender's first message came on (ipc only)."""
     peer_uid: int | None = None
     """The owner of that process when its first message came (its tally file must be its)."""
+    last_seen_unix_s: float | None = None
+    """The unix time read when its last message came: where the run ledger places that message,
+    the same in every window (derived at each window from the window's end less the message's age,
+    it moved with the unix clock's corrections against the monotonic one)."""
     closed: bool = False
     """Its latest hello said it was closing (``trainer_shim.wire.Hello.closing``): a clean end."""
     totals: LabelTotals | None = None
@@ -165,7 +169,8 @@ class SenderRegistry:
             return True
         return False
 
-    def on_hello(self, msg: HelloMessage, now: float, peer_pid: int | None = None) -> SenderState | None:
+    def on_hello(self, msg: HelloMessage, now: float, now_unix: float,
+                 peer_pid: int | None = None) -> SenderState | None:
         """Record a hello. Returns the sender's state, or None if refused (too many senders, or
         from another process than the sender's)."""
         if msg.sender in self.ended:
@@ -183,7 +188,7 @@ class SenderRegistry:
             return None
         state.hello = info
         state.closed = info.get("closing") is True
-        state.last_seen = now
+        state.last_seen, state.last_seen_unix_s = now, now_unix
         self._check_seq(state, msg.seq)
         return state
 
@@ -230,7 +235,7 @@ class SenderRegistry:
         state.totals = totals
         state.records_total = msg.records_total
         state.received += n
-        state.last_seen = now
+        state.last_seen, state.last_seen_unix_s = now, now_unix
         totals.last_seen_unix_s = now_unix
         self._check_seq(state, msg.seq)
         return state

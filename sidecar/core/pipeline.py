@@ -75,7 +75,7 @@ def sender_view(s: SenderState, now: float) -> SenderView:
     return SenderView(s.sender, s.role, s.worker, s.pid, s.hello, now - s.last_seen, s.records_total,
                       s.received, s.accepted, s.before_join, s.lost_in_transit, s.messages_lost,
                       dict(s.rejected), dict(s.sender_dropped), first_seen_age_s=now - s.first_seen,
-                      closed=s.closed)
+                      closed=s.closed, last_seen_unix_s=s.last_seen_unix_s)
 
 
 class Pipeline:
@@ -156,7 +156,7 @@ class Pipeline:
                 self._accepted_in_window += accepted
                 self.last_data_monotonic = now
             else:
-                state = registry.on_hello(msg, now, peer_pid)
+                state = registry.on_hello(msg, now, time.time(), peer_pid)
                 if state is not None:
                     self.fan_out_hello(sender_view(state, now))
         except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on

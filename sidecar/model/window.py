@@ -135,6 +135,8 @@ class SenderView:
     """Seconds since the daemon had this sender's first message (None: not told)."""
     closed: bool = False
     """Its last message said it was closing (a clean exit): it sends nothing more."""
+    last_seen_unix_s: float | None = None
+    """The unix time read when its last message came (None: not told)."""
 
     def live(self, window_s: float) -> bool:
         """Whether it is live in a window of ``window_s`` seconds ending now (``is_live``)."""
