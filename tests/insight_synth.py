@@ -30,19 +30,24 @@ def category(role: str, worker: str, name: str, counts: dict[str, int]) -> Serie
     return SeriesView(CATEGORY, name, role, worker, window, {"totals": dict(counts)}, name)
 
 
+END_UNIX_S = 1_700_000_000.0
+"""Where ``report``'s window ends (unix seconds)."""
+
+
 def sender(role: str, worker: str, last_seen_age_s: float = 0.0, first_seen_age_s: float | None = None,
-           sender_id: int = 1) -> SenderView:
-    """A sender as the window's accounting shows it: heard ``last_seen_age_s`` before the window's
-    end, first heard ``first_seen_age_s`` before it (None: long ago)."""
-    return SenderView(sender_id, role, worker, 1000 + sender_id, {}, last_seen_age_s, 0, 0, 0, 0, 0, 0, {}, {},
-                      first_seen_age_s)
+           sender_id: int = 1, end_unix_s: float = END_UNIX_S) -> SenderView:
+    """A sender as the window's accounting shows it: heard ``last_seen_age_s`` before the end of a
+    window ending at ``end_unix_s`` (so received then on the unix clock), first heard
+    ``first_seen_age_s`` before it (None: long ago)."""
+    return SenderView(sender_id, role, worker, 1000 + sender_id, {}, last_seen_age_s, end_unix_s - last_seen_age_s,
+                      0, 0, 0, 0, 0, 0, {}, {}, first_seen_age_s)
 
 
 def report(series: list[SeriesView], duration_s: float = 1.0, senders: tuple[SenderView, ...] | None = None
            ) -> IngestReport:
     """A window of ``series``; ``senders`` default: one live sender per (role, worker) of the series
     that was alive the whole window."""
-    window = WindowReport(1_700_000_000.0, duration_s, tuple(series))
+    window = WindowReport(END_UNIX_S, duration_s, tuple(series))
     if senders is None:
         labels = sorted({(v.role, v.worker) for v in series})
         senders = tuple(sender(r, w, sender_id=i + 1) for i, (r, w) in enumerate(labels))

@@ -22,7 +22,7 @@ from trainer_shim import wire
 START = 1_800_000_000.0
 
 
-def _report(end_unix_s: float, age_s: float, received_unix_s: float | None) -> IngestReport:
+def _report(end_unix_s: float, age_s: float, received_unix_s: float) -> IngestReport:
     silent = dataclasses.replace(sender("drafter", "0", last_seen_age_s=age_s), last_seen_unix_s=received_unix_s)
     return IngestReport(WindowReport(end_unix_s, 0.5, ()), (silent,), {}, {}, {}, 0, 0, 0, 0, 0)
 
@@ -34,8 +34,6 @@ def test_a_silent_sender_is_placed_alike_in_every_window_whatever_the_unix_clock
     first = window_facts(_report(START + 0.5, 0.2, received))
     second = window_facts(_report(START + 1.032, 0.7, received))
     assert first.senders[0].end == second.senders[0].end == received
-    # without a receipt time (a view built by hand), the window's end less the age, as before
-    assert window_facts(_report(START + 0.5, 0.2, None)).senders[0].end == START + 0.3
 
 
 def test_the_receipt_time_reaches_the_window_view_from_hello_and_batch() -> None:
@@ -48,3 +46,14 @@ def test_the_receipt_time_reaches_the_window_view_from_hello_and_batch() -> None
     assert isinstance(batch, BatchMessage)
     assert registry.on_batch(batch, 11.0, START + 11.0) is state
     assert sender_view(state, 12.0).last_seen_unix_s == START + 11.0
+
+
+def test_a_sender_whose_first_message_was_refused_has_a_receipt_time_too() -> None:
+    # a state exists from its first message on, refused or not: its receipt time is never missing
+    registry = SenderRegistry()
+    claim = wire.encode_batch(msgspec.msgpack.Encoder(), 7, 0, "drafter", "0", None, 10**12, {}, [])
+    batch = decode(claim)
+    assert isinstance(batch, BatchMessage) and registry.on_batch(batch, 10.0, START + 10.0) is None
+    assert registry.messages_dropped == {"impossible_count": 1}
+    [state] = registry
+    assert sender_view(state, 12.0).last_seen_unix_s == START + 10.0

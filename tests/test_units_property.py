@@ -47,7 +47,6 @@ def run(form: str, phases: dict[str, float], step_ms: float, every_occurrence: b
     steps = max(1, int(duration_s * 1000 / step_ms))
     verdicts: list[str] = []
     shares: dict[str, float] = {}
-    who = dataclasses.replace(sender("trainer", "0", sender_id=1), hello={"started_unix_s": T0 - 1.0})
     for w in range(windows):
         for i in range(steps):
             step = w * steps + i
@@ -57,6 +56,8 @@ def run(form: str, phases: dict[str, float], step_ms: float, every_occurrence: b
             assert not rejected, rejected
         end = T0 + (w + 1) * duration_s
         window = agg.roll(float(w + 1) * duration_s, end, duration_s)
+        # heard at the window's end
+        who = dataclasses.replace(sender("trainer", "0", end_unix_s=end), hello={"started_unix_s": T0 - 1.0})
         report = IngestReport(window, (who,), {}, {}, {}, 0, 0, 0, len(window.series), 0)
         insight = compute_insight(window, senders=report.senders)
         report = dataclasses.replace(report, insight=insight)

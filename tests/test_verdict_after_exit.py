@@ -129,7 +129,7 @@ def test_a_closed_sender_is_live_only_in_the_window_its_last_message_arrived_in(
     assert compute_insight(rep.window, None, None, rep.senders).verdict.name == "input-bound"
     assert len(rep.live_senders) == 1
     # the next window: its last message lies before the window's begin (1.4 s ago in a 1 s window)
-    later = dataclasses.replace(closed, last_seen_age_s=1.4)
+    later = dataclasses.replace(sender("trainer", "0", last_seen_age_s=1.4), closed=True)
     rep = report(worker("trainer", "0", phases, 15), senders=(later,))
     v = compute_insight(rep.window, None, None, rep.senders).verdict
     assert v.name == "idle" and rep.live_senders == ()

@@ -55,12 +55,6 @@ STATE_VERSION = 1
 RUN_GAP_S = 300.0
 """Default ``run_gap_s``: a host's senders without a W&B run or run label start a new run when no
 sender of the host's current run sent for longer than this (seconds)."""
-SAME_MESSAGE_S = 0.02
-"""A known sender whose last message is placed within this of the moment already accounted sent
-nothing new. A message is placed at the unix time read when it came, the same in every window; a
-view without that time (built by hand) places it at the window's end less its age, a little
-differently each window (float rounding, the unix clock's corrections). A sender that did send
-again is placed at least a flush interval later (0.1 s by default)."""
 HOST_RUN = "host:"
 
 IDLE_CAUSES = {"data": "data", "queue": "queue", "collectives": "communication", "host": "host",
@@ -85,9 +79,10 @@ many keeps its first windows' idle time ``unattributed``."""
 @dataclass(frozen=True, slots=True)
 class SenderFact:
     """One sender in one window: ``key`` names its process (pid and start); ``begin`` the later of
-    its start and the window's begin, ``end`` its last message (unix seconds); ``alive`` whether it
-    is still sending at the window's end (``GONE_AFTER_S``; not once it closed); ``step`` its latest
-    step (None before one)."""
+    its start and the window's begin, ``end`` its last message (unix seconds, read once at its
+    receipt: the same float in every window, so only a message sent since places it later);
+    ``alive`` whether it is still sending at the window's end (``GONE_AFTER_S``; not once it
+    closed); ``step`` its latest step (None before one)."""
 
     key: str
     run: str
@@ -179,8 +174,7 @@ def window_facts(report: IngestReport) -> WindowFacts:
     numbers = step_numbers(w)
     senders = []
     for s in report.senders:
-        # placed where its receipt put it, so a silent sender is placed alike in every window
-        last = s.last_seen_unix_s if s.last_seen_unix_s is not None else w.end_unix_s - s.last_seen_age_s
+        last = s.last_seen_unix_s  # where its receipt put it: a silent sender is placed alike in every window
         if last < begin and s.last_seen_age_s > LIVE_S:  # a live sender silent this window still counts
             continue
         hello = s.hello or {}
@@ -503,7 +497,7 @@ class RunLedger:
         stepped = [s for s in senders if s.step is not None or s.cycles or known.get(s.key, {}).get("windows_stepped")]
         b = max(s.end for s in senders)
         prev, continuing, joules_now = _resume(r, senders, joules)
-        if b <= prev + SAME_MESSAGE_S:  # nothing new from its senders: the energy waits for the seconds it goes with
+        if b <= prev:  # nothing new from its senders: the energy waits for the seconds it goes with
             r["carry_j"] = joules_now
             return
         seconds = dict.fromkeys(CAUSES, 0.0)
@@ -690,7 +684,7 @@ def _resume(r: dict[str, Any], senders: list[SenderFact], joules: float | None) 
         r["first_unix_s"] = prev
         continuing = True
     else:  # a known one sent more
-        continuing = any(s.key in known and s.end > prev + SAME_MESSAGE_S for s in senders)
+        continuing = any(s.key in known and s.end > prev for s in senders)
     total = (joules or 0.0) + r.get("carry_j", 0.0)
     r["carry_j"] = 0.0
     if continuing and "gap_j" in r:  # a known sender heard again (after a daemon restart, say):

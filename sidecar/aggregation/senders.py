@@ -63,6 +63,11 @@ class SenderState:
     worker: str
     first_seen: float
     last_seen: float
+    last_seen_unix_s: float
+    """The unix time read when its last message came (like ``last_seen``; a refused message counts
+    only as its first): where the run ledger places that message, the same in every window
+    (derived at each window from the window's end less the message's age, it moved with the unix
+    clock's corrections against the monotonic one)."""
     hello: dict[str, Any] | None = None
     next_seq: int = 0
     records_total: int = 0
@@ -78,10 +83,6 @@ class SenderState:
     """The process whose connection this sender's first message came on (ipc only)."""
     peer_uid: int | None = None
     """The owner of that process when its first message came (its tally file must be its)."""
-    last_seen_unix_s: float | None = None
-    """The unix time read when its last message came: where the run ledger places that message,
-    the same in every window (derived at each window from the window's end less the message's age,
-    it moved with the unix clock's corrections against the monotonic one)."""
     closed: bool = False
     """Its latest hello said it was closing (``trainer_shim.wire.Hello.closing``): a clean end."""
     totals: LabelTotals | None = None
@@ -134,13 +135,13 @@ class SenderRegistry:
         """Count ``count`` messages (or tallies) dropped for ``reason``."""
         self.messages_dropped[reason] = self.messages_dropped.get(reason, 0) + count
 
-    def _state(self, sender: int, role: str, worker: str, now: float) -> SenderState | None:
+    def _state(self, sender: int, role: str, worker: str, now: float, now_unix: float) -> SenderState | None:
         senders = self.senders
         state = senders.pop(sender, None)
         if state is None:
             if len(senders) >= self.max_senders and not self._evict(senders, "senders", now):
                 return None
-            state = SenderState(sender, role, worker, now, now)
+            state = SenderState(sender, role, worker, now, now, now_unix)
         senders[sender] = state  # most recently heard last
         return state
 
@@ -180,7 +181,7 @@ class SenderRegistry:
         role, worker = info.get("role"), info.get("worker")
         role = role if isinstance(role, str) else "unknown"  # decoded: exactly str or not at all
         worker = worker if isinstance(worker, str) else "unknown"
-        state = self._state(msg.sender, role, worker, now)
+        state = self._state(msg.sender, role, worker, now, now_unix)
         if state is None:
             self.drop_message("too_many_senders")
             return None
@@ -199,7 +200,7 @@ class SenderRegistry:
         if msg.sender in self.ended:
             self.drop_message("after_exit")  # its tally was booked: these records are in it
             return None
-        state = self._state(msg.sender, msg.role, msg.worker, now)
+        state = self._state(msg.sender, msg.role, msg.worker, now, now_unix)
         if state is None:
             self.drop_message("too_many_senders")
             return None

@@ -72,10 +72,10 @@ WindowStage = Callable[[IngestReport], IngestReport]
 
 def sender_view(s: SenderState, now: float) -> SenderView:
     """A sender as the listeners see it (a copy)."""
-    return SenderView(s.sender, s.role, s.worker, s.pid, s.hello, now - s.last_seen, s.records_total,
-                      s.received, s.accepted, s.before_join, s.lost_in_transit, s.messages_lost,
+    return SenderView(s.sender, s.role, s.worker, s.pid, s.hello, now - s.last_seen, s.last_seen_unix_s,
+                      s.records_total, s.received, s.accepted, s.before_join, s.lost_in_transit, s.messages_lost,
                       dict(s.rejected), dict(s.sender_dropped), first_seen_age_s=now - s.first_seen,
-                      closed=s.closed, last_seen_unix_s=s.last_seen_unix_s)
+                      closed=s.closed)
 
 
 class Pipeline:

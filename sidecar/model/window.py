@@ -123,6 +123,8 @@ class SenderView:
     pid: int | None
     hello: dict[str, Any] | None
     last_seen_age_s: float
+    last_seen_unix_s: float
+    """The unix time read when its last message came: where the run ledger places it."""
     records_total: int
     received: int
     accepted: int
@@ -135,8 +137,6 @@ class SenderView:
     """Seconds since the daemon had this sender's first message (None: not told)."""
     closed: bool = False
     """Its last message said it was closing (a clean exit): it sends nothing more."""
-    last_seen_unix_s: float | None = None
-    """The unix time read when its last message came (None: not told)."""
 
     def live(self, window_s: float) -> bool:
         """Whether it is live in a window of ``window_s`` seconds ending now (``is_live``)."""
