@@ -99,6 +99,9 @@ def test_installs_units_config_env_and_venv(installed: tuple[Path, str]) -> None
     assert os.access(exe, os.X_OK)
     version = run([str(exe), "--version"])
     assert version.returncode == 0 and version.stdout.startswith("dflash-sidecar "), version.stderr
+    # the package's data travels with it
+    table = list((root / "opt/dflash-sidecar/venv").rglob("site-packages/sidecar/processing/frameworks.toml"))
+    assert [t.read_text() for t in table] == [(DEPLOY.parent / "sidecar/processing/frameworks.toml").read_text()], table
     share = root / "opt/dflash-sidecar/share"
     assert (share / "systemd/resources.conf.example").is_file()
     assert (share / "prometheus/rules/dflash-alerts.yml").read_text() == \

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.model.insight import REPORTED
+from sidecar.model.meanings import REPORTED
 from tests.deploy_support import env, exposition_families, free_port, http_get, load_metric_names, spawn_sidecar, stop
 from tests.fake_nvml.control import FakeNvml
 from tests.fake_nvml.helpers import library_or_skip

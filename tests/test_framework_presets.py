@@ -20,7 +20,7 @@ from sidecar.model.meanings import MEANINGS
 from sidecar.model.settings import RoleSettings
 from sidecar.model.window import GAUGE, PROFILE, TIMING, IngestReport
 from sidecar.processing.explain import explain_data
-from sidecar.processing.frameworks import FRAMEWORKS, doc_table
+from sidecar.processing.frameworks import FRAMEWORKS, doc_table, load
 from sidecar.processing.mapping import Mapper, parse_rules
 from tests.daemon_harness import ROOT, DaemonProc, env
 from tests.fake_nvml.helpers import library_or_skip
@@ -36,6 +36,32 @@ def test_every_framework_name_maps_to_its_meaning_as_a_dict_key(row) -> None:  #
         cls = MEANINGS[row.meaning][0]
         share = name.endswith("(%)") and cls in ("wait", "busy")
         assert m.kind == (TIMING if cls in ("wait", "busy", "cycle") and not share else GAUGE), (name, m)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[t]\nversion = "1"\n[t.meanings]\nstep = { unit = "s", names = ["it"] ', "frameworks.toml: "),
+    ('[t]\n[t.meanings]\nstep = { names = ["it"] }', "frameworks.toml [t]: a framework has exactly the keys"),
+    ('[t]\nversion = "1"\nsource = "x"\n[t.meanings]', "frameworks.toml [t]: a framework has exactly the keys"),
+    ('[t]\nversion = "1"\nmeanings = 3', "frameworks.toml [t]: a framework has exactly the keys"),
+    ('t = 3', "frameworks.toml [t]: a framework has exactly the keys"),
+    ('[t]\nversion = "1"\n[t.meanings]\nsteps = { names = ["it"] }',
+     "frameworks.toml [t] steps: not a meaning of sidecar.model.meanings"),
+    ('[t]\nversion = "1"\n[t.meanings]\nstep = { unit = "s", names = [] }', "frameworks.toml [t] step: a row is"),
+    ('[t]\nversion = "1"\n[t.meanings]\nstep = { units = "s", names = ["it"] }', "frameworks.toml [t] step: a row is"),
+    ('[t]\nversion = "1"\n[t.meanings]\nstep = { unit = "fortnights", names = ["it"] }',
+     "frameworks.toml [t] step: unit 'fortnights' is not in the units grammar"),
+])
+def test_a_bad_frameworks_table_is_refused_naming_the_framework_and_row(text: str, message: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        load(text)
+    assert str(refused.value).startswith(message), refused.value
+
+
+def test_a_frameworks_table_loads_in_file_order_with_its_units() -> None:
+    rows = load('[a]\nversion = "2"\n[a.meanings]\nstep = { unit = "s", names = ["t", "t2"] }\n'
+                'loss = { names = ["l"] }\n[b]\nversion = "main"\n[b.meanings]\nstep = { names = ["t"] }')
+    assert [tuple(r) for r in rows] == [("a", "2", "step", "s", ("t", "t2")), ("a", "2", "loss", "", ("l",)),
+                                        ("b", "main", "step", "", ("t",))]
 
 
 def test_metrics_md_holds_the_framework_table() -> None:

@@ -26,8 +26,8 @@ from typing import Any
 
 from sidecar.aggregation.series import entropy_bits
 from sidecar.aggregation.verdict import OTHER_SHARE, UNATTRIBUTED_SHARE, InsightSettings, RoleFacts, decide
-from sidecar.model.insight import REPORTED, GpuFacts, PipelineInsight, RoleInsight, WorkerInsight
-from sidecar.model.meanings import BUSY_PHASES, PHASES, WAIT_PHASES  # noqa: F401 - re-exported
+from sidecar.model.insight import GpuFacts, PipelineInsight, RoleInsight, WorkerInsight
+from sidecar.model.meanings import BUSY_PHASES, PHASES, REPORTED, WAIT_PHASES  # noqa: F401 - re-exported
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, SenderView, SeriesView, WindowReport
 
 OTHER = OTHER_SHARE
@@ -346,11 +346,15 @@ class _Reading:
     """One worker's part of a role's time shares, already weighted (``_time_share``)."""
 
     weight: float
-    other_weight: float
+    """The part of the window the worker stands for (0-1): its alive share, 1 from snapshots."""
     phases: dict[str, float]
+    """Phase -> weighted share of the worker's wall time."""
     unmapped: dict[str, float]
-    other: float
+    """Unmapped timing -> weighted share of the worker's wall time."""
+    other: float | None
+    """Weighted share no timing covers; None where it cannot be told (snapshots without ``step``)."""
     measured: bool
+    """Whether the worker times its own compute (``COMPUTE_PHASES``)."""
 
 
 def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
@@ -375,9 +379,9 @@ def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
     room = max(0.0, cycle - covered)
     spare = sum(extra.values())
     fit = min(1.0, room / spare) if spare > 0 else 1.0
-    return _Reading(1.0, 1.0 if step else 0.0, {phase: m / cycle for phase, m in means.items()},
+    return _Reading(1.0, {phase: m / cycle for phase, m in means.items()},
                     {n: m * fit / cycle for n, m in extra.items()},
-                    max(0.0, 1.0 - (covered + spare * fit) / cycle) if step else 0.0,
+                    max(0.0, 1.0 - (covered + spare * fit) / cycle) if step else None,
                     any(p in means for p in COMPUTE_PHASES))
 
 
@@ -398,7 +402,7 @@ def _occurrence_reading(w: _Worker, alive_s: float, started: bool, duration: flo
     room = max(0.0, 1.0 - covered * scale)
     spare = sum(extra.values())
     fit = min(1.0, room / spare) if spare > 0 else 1.0
-    return _Reading(weight, weight, {phase: weight * sm / wall_ms * scale for phase, sm in sums.items()},
+    return _Reading(weight, {phase: weight * sm / wall_ms * scale for phase, sm in sums.items()},
                     {n: weight * share * fit for n, share in extra.items()}, weight * max(0.0, room - spare * fit),
                     not started and any(sums.get(p) for p in COMPUTE_PHASES))
 
@@ -422,8 +426,8 @@ def _time_share(members: dict[str, _Worker], duration: float,
         return {}, {}, False
     totals: dict[str, float] = defaultdict(float)
     unmapped: dict[str, float] = defaultdict(float)
-    weight_sum = other_weight = 0.0
-    measured = True
+    weight_sum = 0.0
+    other_told = measured = True
     max_age = SNAPSHOT_MAX_AGE_WINDOWS * duration
     for name, w in members.items():
         alive_s, started = alive.get(name, (duration, False))
@@ -434,12 +438,14 @@ def _time_share(members: dict[str, _Worker], duration: float,
         if reading is None:
             continue
         weight_sum += reading.weight
-        other_weight += reading.other_weight
         for phase, value in reading.phases.items():
             totals[phase] += value
         for n, value in reading.unmapped.items():
             unmapped[n] += value
-        totals[OTHER] += reading.other
+        if reading.other is None:
+            other_told = False
+        else:
+            totals[OTHER] += reading.other
         measured = measured and reading.measured
     if weight_sum <= 0:
         return {}, {}, False
@@ -447,7 +453,7 @@ def _time_share(members: dict[str, _Worker], duration: float,
     by_name = {n: v / weight_sum for n, v in sorted(unmapped.items(), key=lambda kv: -kv[1])}
     if by_name:
         out[UNATTRIBUTED] = sum(by_name.values())
-    if other_weight == weight_sum:
+    if other_told:
         out[OTHER] = totals[OTHER] / weight_sum
     return out, by_name, measured and OTHER in out
 

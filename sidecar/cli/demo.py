@@ -8,7 +8,7 @@ reads (docs/METRICS.md). ``--bottleneck`` makes one part slow so the effect can 
 - ``none``: balanced; ``target``: slow target forward; ``drafter``: slow drafter step;
 - ``queue``: slow hidden-state packing/transfer with a tiny queue; ``input``: slow data loading
   (``input-bound``; until 0.3 this was ``host``, still accepted as an alias for one release);
-- ``straggler``: one drafter worker twice as slow as the others.
+- ``straggler``: one drafter worker 2.5 times as slow as the others.
 
 Each word names the verdict it makes, the same word in both pipelines: ``input`` is always the
 data loader, ``host`` (the plain loop only) host overhead between the timed phases.

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from sidecar.cli.top_ends import ends_line
 from sidecar.cli.top_ledger import ledger_table
-from sidecar.model.insight import REPORTED
+from sidecar.model.meanings import REPORTED
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 """Sample name -> (labels, value) of each sample, as scraped."""

@@ -98,46 +98,8 @@ class RoleInsight:
     """True when ``other`` is measured host time: every worker counted times its own work
     (forward, backward or forward_backward), so the gap is not untimed model work."""
     reported: dict[str, float] = field(default_factory=dict)
-    """The trainer's own throughput and efficiency figures (``REPORTED``: meaning -> value in
+    """The trainer's own throughput and efficiency figures (``model.meanings.REPORTED``: meaning -> value in
     its base unit), only those some worker of the role reports."""
-
-
-@dataclass(frozen=True, slots=True)
-class ReportedFigure:
-    """A throughput or efficiency figure the trainer computes itself, and how it is exported."""
-
-    meaning: str
-    """Its ``model.meanings`` meaning (class ``throughput`` or ``efficiency``)."""
-    family: str
-    """Prometheus family, after ``dflash_pipeline_reported_`` (labels host, role)."""
-    combine: str
-    """Over the role's workers that report it: ``sum`` (each reports its own share) or ``mean``."""
-    help: str
-
-    @property
-    def wandb_key(self) -> str:
-        """W&B key, after ``pipeline/reported/`` (then ``/<role>``): its meaning."""
-        return self.meaning
-
-
-REPORTED: tuple[ReportedFigure, ...] = (
-    ReportedFigure("tokens_per_s", "tokens_per_second", "sum",
-                   "Tokens per second as the trainer itself reports them (torchtitan's tps, HF's "
-                   "train_tokens_per_second), summed over the role's workers that report it."),
-    ReportedFigure("samples_per_s", "samples_per_second", "sum",
-                   "Samples per second as the trainer itself reports them (HF's train_samples_per_second), "
-                   "summed over the role's workers that report it."),
-    ReportedFigure("steps_per_s", "steps_per_second", "mean",
-                   "Steps per second as the trainer itself reports them, mean over the role's workers that "
-                   "report it (data-parallel workers step together)."),
-    ReportedFigure("flops_per_s", "flops_per_second", "mean",
-                   "Achieved model FLOP/s per GPU as the trainer itself reports them (TFLOPs x 1e12: "
-                   "torchtitan's tflops, Megatron's throughput), mean over the role's workers."),
-    ReportedFigure("mfu", "mfu_ratio", "mean",
-                   "Model FLOPs utilization as the trainer itself reports it (0-1: torchtitan's and "
-                   "nanoGPT's mfu), mean over the role's workers."),
-)
-"""The trainer's own figures the insight reads (per role), in export order."""
 
 
 @dataclass(frozen=True, slots=True)

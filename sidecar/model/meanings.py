@@ -14,9 +14,14 @@ A meaning has a class, which fixes the record kinds it can come from:
 
 A phase meaning (``wait``, ``busy``, ``cycle``) also accepts a gauge whose unit is a share
 (``data_loading(%)``, ``data_ratio``): that phase's share of the step, 0-1 (``accepts``).
+
+``REPORTED`` says how the insight combines and exports the ``throughput`` and ``efficiency``
+meanings; their descriptions here are the exported families' HELP.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING
 
@@ -97,3 +102,40 @@ def accepts(meaning: str, kind: int, unit: str = "") -> bool:
     if kind in KINDS_OF_CLASS[cls[0]]:
         return True
     return unit == SHARE_UNIT and kind == GAUGE and cls[0] in ("wait", "busy")
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedFigure:
+    """A throughput or efficiency figure the trainer computes itself, and how it is exported."""
+
+    meaning: str
+    """Its ``model.meanings`` meaning (class ``throughput`` or ``efficiency``)."""
+    family: str
+    """Prometheus family, after ``dflash_pipeline_reported_`` (labels host, role)."""
+    combine: str
+    """Over the role's workers that report it: ``sum`` (each reports its own share: tokens and
+    samples per second) or ``mean`` (the same figure on every worker: data-parallel workers step
+    together, and FLOP/s and MFU are per GPU)."""
+
+    @property
+    def wandb_key(self) -> str:
+        """W&B key, after ``pipeline/reported/`` (then ``/<role>``): its meaning."""
+        return self.meaning
+
+    @property
+    def help(self) -> str:
+        """Prometheus HELP and W&B description: the meaning's own description and how the
+        workers' values combine."""
+        how = "summed over" if self.combine == "sum" else "mean over"
+        text = MEANINGS[self.meaning][1]
+        return f"{text[0].upper()}{text[1:]}, {how} the role's workers that report it."
+
+
+REPORTED: tuple[ReportedFigure, ...] = (
+    ReportedFigure("tokens_per_s", "tokens_per_second", "sum"),
+    ReportedFigure("samples_per_s", "samples_per_second", "sum"),
+    ReportedFigure("steps_per_s", "steps_per_second", "mean"),
+    ReportedFigure("flops_per_s", "flops_per_second", "mean"),
+    ReportedFigure("mfu", "mfu_ratio", "mean"),
+)
+"""The trainer's own figures the insight reads (per role), in export order."""

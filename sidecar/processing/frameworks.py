@@ -8,11 +8,19 @@ uses for a name that says none (mmengine's ``data_time`` is in seconds); a name 
 unit must agree with it (a percent of a phase excepted: that is the phase's share of the step).
 A unit stated by a row applies to a ``publish()`` dict key and a ``gauge()``; a ``timing()`` record
 whose name says no unit is in milliseconds, as its API says. docs/METRICS.md prints this table.
+
+The rows are data, kept in ``frameworks.toml`` beside this module (one table per framework, a
+comment above it naming the files read) and checked as they load.
 """
 
 from __future__ import annotations
 
+import tomllib
+from importlib import resources
 from typing import NamedTuple
+
+from sidecar.model.meanings import MEANINGS
+from sidecar.processing.units import implied
 
 
 class FrameworkRow(NamedTuple):
@@ -28,77 +36,48 @@ class FrameworkRow(NamedTuple):
     """As the framework spells them (docs); matched by their ``metric_token``, lower case."""
 
 
-def _rows(preset: str, version: str, *rows: tuple[str, str, tuple[str, ...]]) -> tuple[FrameworkRow, ...]:
-    """One framework's rows, each ``(meaning, unit, names)``, at the version read."""
-    return tuple(FrameworkRow(preset, version, *row) for row in rows)
+SOURCE = "frameworks.toml"
+"""The table, beside this module: one TOML table per framework (its ``version`` and its
+``meanings``, each ``{unit, names}``), in the order the rows are tried."""
 
 
-FRAMEWORKS: tuple[FrameworkRow, ...] = (
-    # torchtitan: torchtitan/components/metrics.py, MetricsProcessor.log (per log_freq steps)
-    *_rows("torchtitan", "git 00fbaaf",
-           ("step", "s", ("time_metrics/end_to_end(s)",)),
-           ("data_wait", "s", ("time_metrics/data_loading(s)", "time_metrics/data_loading(%)")),
-           ("tokens_per_s", "tps", ("throughput(tps)",)),
-           ("flops_per_s", "tflops", ("tflops",)),
-           ("mfu", "%", ("mfu(%)",)),
-           ("loss", "", ("loss_metrics/global_avg_loss",)),
-           ("grad_norm", "", ("grad_norm",)),
-           ("memory_reserved", "GiB", ("memory/max_reserved(GiB)",)),
-    ),
-    # Megatron-LM: megatron/training/training.py training_log -> timers.write(name + "-time"),
-    # seconds per iteration (normalized by the iterations since the last log), and its scalars
-    *_rows("megatron", "git 86df799",
-           ("step", "s", ("iteration-time",)),
-           ("data_wait", "s", ("batch-generator-time",)),
-           ("forward_backward", "s", ("forward-backward-time",)),
-           ("comm_wait", "s", ("grads-all-reduce-time", "all-grads-sync-time", "grads-reduce-scatter-time",
-                               "params-all-gather-time", "layernorm-grads-all-reduce-time",
-                               "embedding-grads-all-reduce-time")),
-           ("optimizer", "s", ("optimizer-time",)),
-           ("flops_per_s", "tflops", ("throughput",)),
-           ("lr", "", ("learning-rate",)),
-           ("loss", "", ("lm loss",)),
-           ("grad_norm", "", ("grad-norm",)),
-    ),
-    # HF transformers Trainer: Trainer._maybe_log_save_evaluate logs and trainer_utils.speed_metrics;
-    # its WandbCallback rewrites them to train/<key> (integration_utils.rewrite_logs)
-    *_rows("hf", "transformers 5.24",
-           ("samples_per_s", "", ("train_samples_per_second", "train/train_samples_per_second")),
-           ("steps_per_s", "", ("train_steps_per_second", "train/train_steps_per_second")),
-           ("tokens_per_s", "", ("train_tokens_per_second", "train/train_tokens_per_second")),
-           ("loss", "", ("train/loss",)),
-           ("lr", "", ("train/learning_rate",)),
-           ("grad_norm", "", ("train/grad_norm",)),
-           ("epoch", "", ("train/epoch",)),
-           ("step_number", "", ("train/global_step",)),
-    ),
-    # nanoGPT: train.py, the wandb.log dict at each eval_interval (mfu as a percent)
-    *_rows("nanogpt", "git 005475c",
-           ("step_number", "", ("iter",)),
-           ("mfu", "%", ("mfu",)),
-           ("loss", "", ("train/loss",)),
-    ),
-    # mmengine: hooks/iter_timer_hook.py (message hub train/data_time, train/time, in seconds) and
-    # runner/log_processor.py (the train/ prefix dropped for the loggers; memory in MB = MiB)
-    *_rows("mmengine", "main",
-           ("data_wait", "s", ("data_time", "train/data_time")),
-           ("step", "s", ("time", "train/time")),
-           ("memory_reserved", "MiB", ("memory",)),
-    ),
-    # detectron2: engine/train_loop.py (data_time, the max over workers) and engine/hooks.py
-    # IterationTimer (time), in seconds; the same names as mmengine's
-    *_rows("detectron2", "git 059601d",
-           ("data_wait", "s", ("data_time",)),
-           ("step", "s", ("time",)),
-           ("loss", "", ("total_loss",)),
-    ),
-    # Accelerate: Accelerator.log passes the trainer's own dict to its trackers and defines no
-    # names of its own; its examples log train_loss and epoch (the generic preset's)
-    *_rows("accelerate", "1.15",
-           ("epoch", "", ("epoch",)),
-           ("step_number", "", ("step",)),
-    ),
-)
+def load(text: str, source: str = SOURCE) -> tuple[FrameworkRow, ...]:
+    """The rows of a frameworks table written as ``frameworks.toml`` is, in file order.
+
+    Raises ``ValueError`` naming ``source`` and the framework for TOML that does not parse, a
+    framework without a ``version``, a key other than ``version`` and ``meanings``, a meaning
+    ``model.meanings`` lacks, a row key other than ``unit`` and ``names``, no names, or a unit the
+    grammar does not know (``units.implied``)."""
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{source}: {e}") from e
+    rows: list[FrameworkRow] = []
+    for preset, framework in table.items():
+        where = f"{source} [{preset}]"
+        if (not isinstance(framework, dict) or set(framework) != {"version", "meanings"}
+                or not isinstance(framework["meanings"], dict)):
+            raise ValueError(f"{where}: a framework has exactly the keys version and meanings (a table)")
+        for meaning, row in framework["meanings"].items():
+            rows.append(_row(f"{where} {meaning}", preset, str(framework["version"]), meaning, row))
+    return tuple(rows)
+
+
+def _row(where: str, preset: str, version: str, meaning: str, row: object) -> FrameworkRow:
+    if meaning not in MEANINGS:
+        raise ValueError(f"{where}: not a meaning of sidecar.model.meanings")
+    if not isinstance(row, dict) or not set(row) <= {"unit", "names"} or not row.get("names"):
+        raise ValueError(f"{where}: a row is {{ unit = ..., names = [...] }} with at least one name")
+    unit = str(row.get("unit", ""))
+    if unit:
+        try:
+            implied(unit, meaning)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from e
+    return FrameworkRow(preset, version, meaning, unit, tuple(str(n) for n in row["names"]))
+
+
+FRAMEWORKS: tuple[FrameworkRow, ...] = load(resources.files(__package__).joinpath(SOURCE).read_text("utf-8"))
 """Read in order: the first row that fits a name, kind and unit decides (detectron2's rows, the
 same names as mmengine's, are listed for the docs; ``explain`` names the first)."""
 

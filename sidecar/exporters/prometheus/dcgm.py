@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from prometheus_client.core import GaugeMetricFamily, Metric, UnknownMetricFamily
 
@@ -40,9 +40,9 @@ DCGM_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "
 Value = Callable[[GpuReading], float | None]
 
 
-@dataclass(frozen=True, slots=True)
-class DcgmField:
-    """One dcgm-exporter family: its DCGM name, HELP (dcgm-exporter's text + our source) and value."""
+class DcgmField(NamedTuple):
+    """One dcgm-exporter family: its DCGM name, HELP (dcgm-exporter's text + our source) and value
+    (a row of ``DCGM_FIELDS``)."""
 
     name: str
     help: str
@@ -75,18 +75,13 @@ def _violation_ns(reason: str) -> Value:
     return value
 
 
-_VIOLATION = ("Throttling duration due to {} (in ns). From nvmlDeviceGetFieldValues(NVML_FI_DEV_PERF_POLICY_{}), "
-              "else nvmlDeviceGetViolationStatus.")
-_VIOLATIONS: dict[str, tuple[str, str]] = {
-    "power": ("POWER", "power constraints"),
-    "thermal": ("THERMAL", "thermal constraints"),
-    "sync_boost": ("SYNC_BOOST", "sync-boost constraints"),
-    "board_limit": ("BOARD_LIMIT", "board limit constraints"),
-    "low_utilization": ("LOW_UTIL", "low utilization"),
-    "reliability": ("RELIABILITY", "reliability constraints"),
-}
-"""Per violation reason (``VIOLATION_POLICIES``, in its order): dcgm-exporter's family name part
-and its HELP's words; the NVML field is the reason in capitals."""
+def _violation(name: str, words: str, reason: str) -> DcgmField:
+    """A throttling counter of one ``VIOLATION_POLICIES`` reason; ``words``: its HELP's cause as
+    dcgm-exporter words it."""
+    return DcgmField(name, f"Throttling duration due to {words} (in ns). From nvmlDeviceGetFieldValues("
+                     f"NVML_FI_DEV_PERF_POLICY_{reason.upper()}), else nvmlDeviceGetViolationStatus.",
+                     _violation_ns(reason), counter=True)
+
 
 DCGM_FIELDS: tuple[DcgmField, ...] = (
     DcgmField("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz). From nvmlDeviceGetClockInfo(NVML_CLOCK_SM).",
@@ -118,8 +113,12 @@ DCGM_FIELDS: tuple[DcgmField, ...] = (
     DcgmField("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors. From "
               "nvmlDeviceGetFieldValues(NVML_FI_DEV_ECC_DBE_VOL_TOTAL).", _scaled("ecc_uncorrected_total", 1.0),
               counter=True),
-    *(DcgmField(f"DCGM_FI_DEV_{infix}_VIOLATION", _VIOLATION.format(words, reason.upper()), _violation_ns(reason),
-                counter=True) for reason, (infix, words) in _VIOLATIONS.items()),
+    _violation("DCGM_FI_DEV_POWER_VIOLATION", "power constraints", "power"),
+    _violation("DCGM_FI_DEV_THERMAL_VIOLATION", "thermal constraints", "thermal"),
+    _violation("DCGM_FI_DEV_SYNC_BOOST_VIOLATION", "sync-boost constraints", "sync_boost"),
+    _violation("DCGM_FI_DEV_BOARD_LIMIT_VIOLATION", "board limit constraints", "board_limit"),
+    _violation("DCGM_FI_DEV_LOW_UTIL_VIOLATION", "low utilization", "low_utilization"),
+    _violation("DCGM_FI_DEV_RELIABILITY_VIOLATION", "reliability constraints", "reliability"),
     DcgmField("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active. From GPM "
               "NVML_GPM_METRIC_GRAPHICS_UTIL.", _scaled("graphics_activity_ratio", 1.0)),
     DcgmField("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned. From GPM "

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from sidecar.model.insight import INSIGHT_VALUES, REPORTED, VERDICTS, PipelineInsight
+from sidecar.model.insight import INSIGHT_VALUES, VERDICTS, PipelineInsight
+from sidecar.model.meanings import REPORTED
 
 P = "dflash_pipeline_"
 

@@ -7,7 +7,8 @@ gap, not a fake zero). docs/METRICS.md lists every key.
 
 from __future__ import annotations
 
-from sidecar.model.insight import INSIGHT_VALUES, REPORTED, VERDICTS, PipelineInsight
+from sidecar.model.insight import INSIGHT_VALUES, VERDICTS, PipelineInsight
+from sidecar.model.meanings import REPORTED
 
 PREFIX = "pipeline/"
 

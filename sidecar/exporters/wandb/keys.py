@@ -21,7 +21,8 @@ from sidecar.exporters.wandb.ledger_row import FIGURES
 from sidecar.exporters.wandb.rows import ALLOCATOR_VALUES, GAUGE_STATS, TIMING_STATS
 from sidecar.model.ends import HOWS
 from sidecar.model.gpu import GPU_METRICS, XID_METRICS
-from sidecar.model.insight import INSIGHT_VALUES, REPORTED
+from sidecar.model.insight import INSIGHT_VALUES
+from sidecar.model.meanings import REPORTED
 
 HOST_PREFIX = KEY_PREFIX + "<host>/"
 """What every key of ``KEY_SCHEME`` is logged under."""
