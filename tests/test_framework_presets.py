@@ -38,17 +38,31 @@ def test_every_framework_name_maps_to_its_meaning_as_a_dict_key(row) -> None:  #
         assert m.kind == (TIMING if cls in ("wait", "busy", "cycle") and not share else GAUGE), (name, m)
 
 
+_T = '[t]\nversion = "1"\n[t.meanings]\n'
+"""A framework table's head, its rows to follow."""
+_FRAMEWORK, _ROW = "frameworks.toml [t]: a framework has exactly", "frameworks.toml [t] step: a row is"
+
+
 @pytest.mark.parametrize(("text", "message"), [
-    ('[t]\nversion = "1"\n[t.meanings]\nstep = { unit = "s", names = ["it"] ', "frameworks.toml: "),
-    ('[t]\n[t.meanings]\nstep = { names = ["it"] }', "frameworks.toml [t]: a framework has exactly the keys"),
-    ('[t]\nversion = "1"\nsource = "x"\n[t.meanings]', "frameworks.toml [t]: a framework has exactly the keys"),
-    ('[t]\nversion = "1"\nmeanings = 3', "frameworks.toml [t]: a framework has exactly the keys"),
-    ('t = 3', "frameworks.toml [t]: a framework has exactly the keys"),
-    ('[t]\nversion = "1"\n[t.meanings]\nsteps = { names = ["it"] }',
-     "frameworks.toml [t] steps: not a meaning of sidecar.model.meanings"),
-    ('[t]\nversion = "1"\n[t.meanings]\nstep = { unit = "s", names = [] }', "frameworks.toml [t] step: a row is"),
-    ('[t]\nversion = "1"\n[t.meanings]\nstep = { units = "s", names = ["it"] }', "frameworks.toml [t] step: a row is"),
-    ('[t]\nversion = "1"\n[t.meanings]\nstep = { unit = "fortnights", names = ["it"] }',
+    (_T + 'step = { unit = "s", names = ["it"] ', "frameworks.toml: "),  # not TOML
+    ("", "frameworks.toml: no framework"),
+    ('[t]\n[t.meanings]\nstep = { names = ["it"] }', _FRAMEWORK),
+    ('[t]\nversion = "1"\nsource = "x"\n[t.meanings]\nstep = { names = ["it"] }', _FRAMEWORK),
+    ('[t]\nversion = "1"\nmeanings = 3', _FRAMEWORK),
+    ('[t]\nversion = 3\n[t.meanings]\nstep = { names = ["it"] }', _FRAMEWORK),
+    (_T, _FRAMEWORK),
+    ("t = 3", _FRAMEWORK),
+    (_T + 'steps = { names = ["it"] }', "frameworks.toml [t] steps: not a meaning of sidecar.model.meanings"),
+    (_T + 'step = { unit = "s", names = [] }', _ROW),
+    (_T + 'step = { units = "s", names = ["it"] }', _ROW),
+    (_T + 'step = { names = "it" }', _ROW),
+    (_T + "step = { names = 3 }", _ROW),
+    (_T + "step = { names = [1, 2] }", _ROW),
+    (_T + 'step = { names = [""] }', _ROW),
+    (_T + 'step = { names = [["a"]] }', _ROW),
+    (_T + 'step = { unit = ["s"], names = ["it"] }', _ROW),
+    (_T + "step = 3", _ROW),
+    (_T + 'step = { unit = "fortnights", names = ["it"] }',
      "frameworks.toml [t] step: unit 'fortnights' is not in the units grammar"),
 ])
 def test_a_bad_frameworks_table_is_refused_naming_the_framework_and_row(text: str, message: str) -> None:

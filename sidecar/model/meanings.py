@@ -22,6 +22,7 @@ meanings; their descriptions here are the exported families' HELP.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING
 
@@ -112,7 +113,7 @@ class ReportedFigure:
     """Its ``model.meanings`` meaning (class ``throughput`` or ``efficiency``)."""
     family: str
     """Prometheus family, after ``dflash_pipeline_reported_`` (labels host, role)."""
-    combine: str
+    combine: Literal["sum", "mean"]
     """Over the role's workers that report it: ``sum`` (each reports its own share: tokens and
     samples per second) or ``mean`` (the same figure on every worker: data-parallel workers step
     together, and FLOP/s and MFU are per GPU)."""

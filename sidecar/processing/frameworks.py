@@ -44,10 +44,11 @@ SOURCE = "frameworks.toml"
 def load(text: str, source: str = SOURCE) -> tuple[FrameworkRow, ...]:
     """The rows of a frameworks table written as ``frameworks.toml`` is, in file order.
 
-    Raises ``ValueError`` naming ``source`` and the framework for TOML that does not parse, a
-    framework without a ``version``, a key other than ``version`` and ``meanings``, a meaning
-    ``model.meanings`` lacks, a row key other than ``unit`` and ``names``, no names, or a unit the
-    grammar does not know (``units.implied``)."""
+    Raises ``ValueError`` naming ``source`` and the framework (and row) for: TOML that does not
+    parse; no framework; a framework without a string ``version``, with a key other than
+    ``version`` and ``meanings``, or without a row; a meaning ``model.meanings`` lacks; a row key
+    other than ``unit`` and ``names``; a unit that is no string or that the grammar does not know
+    (``units.implied``); ``names`` that is no list of non-empty strings, or empty."""
     try:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -56,25 +57,32 @@ def load(text: str, source: str = SOURCE) -> tuple[FrameworkRow, ...]:
     for preset, framework in table.items():
         where = f"{source} [{preset}]"
         if (not isinstance(framework, dict) or set(framework) != {"version", "meanings"}
-                or not isinstance(framework["meanings"], dict)):
-            raise ValueError(f"{where}: a framework has exactly the keys version and meanings (a table)")
+                or not isinstance(framework["version"], str) or not isinstance(framework["meanings"], dict)
+                or not framework["meanings"]):
+            raise ValueError(f"{where}: a framework has exactly a version (a string) and meanings (a table "
+                             "of at least one row)")
         for meaning, row in framework["meanings"].items():
-            rows.append(_row(f"{where} {meaning}", preset, str(framework["version"]), meaning, row))
+            rows.append(_row(f"{where} {meaning}", preset, framework["version"], meaning, row))
+    if not rows:
+        raise ValueError(f"{source}: no framework")
     return tuple(rows)
 
 
 def _row(where: str, preset: str, version: str, meaning: str, row: object) -> FrameworkRow:
     if meaning not in MEANINGS:
         raise ValueError(f"{where}: not a meaning of sidecar.model.meanings")
-    if not isinstance(row, dict) or not set(row) <= {"unit", "names"} or not row.get("names"):
-        raise ValueError(f"{where}: a row is {{ unit = ..., names = [...] }} with at least one name")
-    unit = str(row.get("unit", ""))
+    names = row.get("names") if isinstance(row, dict) else None
+    unit = row.get("unit", "") if isinstance(row, dict) else None
+    if (not isinstance(row, dict) or not set(row) <= {"unit", "names"} or not isinstance(unit, str)
+            or not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names)):
+        raise ValueError(f"{where}: a row is {{ unit = \"...\", names = [\"...\", ...] }} (the unit optional, "
+                         "at least one name, every name a non-empty string)")
     if unit:
         try:
             implied(unit, meaning)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from e
-    return FrameworkRow(preset, version, meaning, unit, tuple(str(n) for n in row["names"]))
+    return FrameworkRow(preset, version, meaning, unit, tuple(names))
 
 
 FRAMEWORKS: tuple[FrameworkRow, ...] = load(resources.files(__package__).joinpath(SOURCE).read_text("utf-8"))

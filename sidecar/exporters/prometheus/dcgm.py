@@ -28,7 +28,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric, UnknownMetricFamil
 
 from sidecar.exporters.prometheus.exposition import _header, escape, go_float
 from sidecar.exporters.prometheus.gpu import answering
-from sidecar.model.gpu import GpuReading, GpuView, NvmlState
+from sidecar.model.gpu import VIOLATION_POLICIES, GpuReading, GpuView, NvmlState
 
 MIB = 1024 * 1024
 _INF = math.inf
@@ -77,7 +77,9 @@ def _violation_ns(reason: str) -> Value:
 
 def _violation(name: str, words: str, reason: str) -> DcgmField:
     """A throttling counter of one ``VIOLATION_POLICIES`` reason; ``words``: its HELP's cause as
-    dcgm-exporter words it."""
+    dcgm-exporter words it. Raises ``ValueError`` (at import) for a reason NVML's policies lack."""
+    if reason not in {name for _, name in VIOLATION_POLICIES}:
+        raise ValueError(f"{name}: {reason!r} is not a VIOLATION_POLICIES reason")
     return DcgmField(name, f"Throttling duration due to {words} (in ns). From nvmlDeviceGetFieldValues("
                      f"NVML_FI_DEV_PERF_POLICY_{reason.upper()}), else nvmlDeviceGetViolationStatus.",
                      _violation_ns(reason), counter=True)
