@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar.cli.top import samples_of
 from tests import nspawn_harness as harness
 from tests.daemon_harness import PUBLISHER
 from tests.deploy_support import REPO, build_project_wheel
@@ -98,11 +98,7 @@ class Box:
         """The daemon's /metrics, read inside the container (it has only a loopback network)."""
         text = self.sh(f"python3 -c 'import urllib.request; print(urllib.request.urlopen("
                        f"\"http://127.0.0.1:{PORT}/metrics\", timeout=5).read().decode())'").stdout
-        out: dict[str, list[tuple[dict[str, str], float]]] = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                out.setdefault(s.name, []).append((s.labels, s.value))
-        return out
+        return samples_of(text)
 
     def accepted(self, worker: str) -> float:
         """Records the running daemon accepted from ``worker`` (0 when it has none, or no answer)."""

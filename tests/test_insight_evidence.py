@@ -141,10 +141,9 @@ def test_no_live_sender_is_idle_and_hysteresis_takes_it_at_once() -> None:
 def _screen(rep: IngestReport) -> tuple[str, str, str]:
     """(console line, /metrics text, ``top`` frame) for one window as the daemon exports it."""
     from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.parser import text_string_to_metric_families
     from rich.console import Console
 
-    from sidecar.cli.top import render
+    from sidecar.cli.top import render, samples_of
     from sidecar.exporters.console import ConsoleExporter
     from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 
@@ -152,10 +151,7 @@ def _screen(rep: IngestReport) -> tuple[str, str, str]:
     registry = CollectorRegistry()
     registry.register(SidecarCollector(ExportState("box", 0.0, report=window)))
     text = generate_latest(registry).decode()
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples.setdefault(s.name, []).append((s.labels, s.value))
+    samples = samples_of(text)
     console = Console(width=160, record=True)
     console.print(render(samples))
     return ConsoleExporter().line(window), text, console.export_text()

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.verdict import InsightSettings
-from sidecar.cli.top import render
+from sidecar.cli.top import render, samples_of
 from sidecar.core import config as config_mod
 from sidecar.core import pipeline as pipeline_mod
 from sidecar.core.config import Config, ConfigError
@@ -195,16 +195,12 @@ def test_explain_names_the_gpu_input_the_latest_windows_insight_lacked() -> None
 
 
 def test_top_shows_verdict_queue_and_roles() -> None:
-    from prometheus_client.parser import text_string_to_metric_families
     from rich.console import Console
 
     slow = {k: v * 3 for k, v in DRAFTER.items()}
     rep = with_insight(pipeline(TARGET, DRAFTER, queue_fill=1.0, drafter_override={"0": slow}))
     text = generate_latest(registry_for(ExportState("box", 0.0, report=rep))).decode()
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples.setdefault(s.name, []).append((s.labels, s.value))
+    samples = samples_of(text)
     console = Console(width=160, record=True)
     console.print(render(samples))
     out = console.export_text()

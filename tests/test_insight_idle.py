@@ -7,12 +7,11 @@ import dataclasses
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from sidecar.aggregation.insight import compute_insight as compute_window
 from sidecar.aggregation.verdict import InsightSettings
-from sidecar.cli.top import render
+from sidecar.cli.top import render, samples_of
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.wandb.insight_row import insight_row
 from sidecar.model.insight import GpuFacts, PipelineInsight
@@ -112,10 +111,7 @@ def test_idle_and_confidence_reach_prometheus_wandb_and_top() -> None:
     registry = CollectorRegistry()
     registry.register(SidecarCollector(ExportState("box", 0.0, report=dataclasses.replace(rep, insight=insight))))
     text = generate_latest(registry).decode()
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples.setdefault(s.name, []).append((s.labels, s.value))
+    samples = samples_of(text)
     reasons = {lab["reason"]: v for lab, v in samples["dflash_pipeline_gpu_idle_reason_ratio"]}
     assert set(reasons) == {"data", "queue", "collectives", "host", "unexplained"}
     assert sum(reasons.values()) == pytest.approx(samples["dflash_pipeline_gpu_idle_ratio"][0][1])

@@ -33,18 +33,23 @@ def fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
     return format(value * scale, spec)
 
 
-def scrape(url: str, timeout_s: float = 2.0) -> dict[str, list[tuple[dict[str, str], float]]]:
+def scrape(url: str, timeout_s: float = 2.0) -> Samples:
     """Samples by name from ``url``. Raises ``OSError`` if the daemon cannot be reached."""
     with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - operator-given URL
-        text = resp.read().decode()
-    samples: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+        return samples_of(resp.read().decode())
+
+
+def samples_of(text: str) -> Samples:
+    """Samples by name (a name absent: no samples) from a Prometheus text page. Raises
+    ``ValueError`` for text that is no exposition."""
+    samples: Samples = defaultdict(list)
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             samples[s.name].append((s.labels, s.value))
     return samples
 
 
-def render(samples: dict[str, list[tuple[dict[str, str], float]]]) -> Group:
+def render(samples: Samples) -> Group:
     """One frame: pipeline insight, trainer timings per role/worker, GPUs, accounting."""
     timings = Table(title="trainer timings (last window, ms)", expand=True)
     for col in ("role", "worker", "timing", "p50", "p95", "max"):
