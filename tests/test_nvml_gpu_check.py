@@ -3,7 +3,6 @@ nvidia-smi on the fake driver (so the script is known to work before it meets re
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import subprocess
@@ -14,7 +13,7 @@ import pytest
 
 from sidecar.sources.nvml_gpm import METRICS
 from tests.fake_nvml import FakeNvml
-from tests.fake_nvml.helpers import REPO_ROOT, library_or_skip
+from tests.fake_nvml.helpers import REPO_ROOT, library_or_skip, real_nvml_present
 from tests.fake_nvml.nvidia_smi_stub import STUB
 
 SCRIPT = REPO_ROOT / "bench" / "gpu_check_nvml.py"
@@ -29,15 +28,7 @@ def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60, check=False)
 
 
-def _real_nvml_present() -> bool:
-    try:
-        ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(_real_nvml_present(), reason="this host has a real libnvidia-ml.so.1")
+@pytest.mark.skipif(real_nvml_present(), reason="this host has a real libnvidia-ml.so.1")
 def test_without_a_gpu_it_says_so(tmp_path: Path) -> None:
     result = _run({"LD_LIBRARY_PATH": str(tmp_path)})
     assert result.returncode == 2

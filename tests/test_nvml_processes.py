@@ -2,31 +2,22 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 from pathlib import Path
 
 import pytest
 
 from tests.fake_nvml import FakeNvml
-from tests.fake_nvml.helpers import library_or_skip, run_child
+from tests.fake_nvml.helpers import library_or_skip, real_nvml_present, run_child
 
 GIB = 1024**3
-
-
-def _real_nvml_present() -> bool:
-    try:
-        ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return False
-    return True
 
 
 def _sidecar_logs(report: dict) -> list[dict]:
     return [line for line in report["log"] if line["logger"].startswith("sidecar")]
 
 
-@pytest.mark.skipif(_real_nvml_present(), reason="this host has a real libnvidia-ml.so.1")
+@pytest.mark.skipif(real_nvml_present(), reason="this host has a real libnvidia-ml.so.1")
 def test_no_nvml_library_one_log_line_and_nothing_else(tmp_path: Path) -> None:
     report = run_child({"LD_LIBRARY_PATH": str(tmp_path)})
     assert report["snapshot"] is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -20,6 +21,16 @@ from .build import FakeNvmlUnavailable, Variant, build_fake_nvml
 TESTS_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = TESTS_DIR.parent
 T = TypeVar("T")
+
+
+def real_nvml_present() -> bool:
+    """Whether this host has a real NVML library (``libnvidia-ml.so.1``) that would be loaded
+    before the fake one."""
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
 
 
 def library_or_skip(variant: Variant = "full") -> Path:
