@@ -65,9 +65,9 @@ class SenderState:
     last_seen: float
     last_seen_unix_s: float
     """The unix time read when its last message came (like ``last_seen``; a refused message counts
-    only as its first): where the run ledger places that message, the same in every window
-    (derived at each window from the window's end less the message's age, it moved with the unix
-    clock's corrections against the monotonic one)."""
+    only as its first): where the run ledger places that message, the same float in every window.
+    Kept beside ``last_seen`` because the window's end less the message's age would move with the
+    unix clock's corrections against the monotonic one."""
     hello: dict[str, Any] | None = None
     next_seq: int = 0
     records_total: int = 0

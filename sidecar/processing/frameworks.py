@@ -53,6 +53,8 @@ def load(text: str, source: str = SOURCE) -> tuple[FrameworkRow, ...]:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{source}: {e}") from e
+    if not table:
+        raise ValueError(f"{source}: no framework")
     rows: list[FrameworkRow] = []
     for preset, framework in table.items():
         where = f"{source} [{preset}]"
@@ -63,16 +65,13 @@ def load(text: str, source: str = SOURCE) -> tuple[FrameworkRow, ...]:
                              "of at least one row)")
         for meaning, row in framework["meanings"].items():
             rows.append(_row(f"{where} {meaning}", preset, framework["version"], meaning, row))
-    if not rows:
-        raise ValueError(f"{source}: no framework")
     return tuple(rows)
 
 
 def _row(where: str, preset: str, version: str, meaning: str, row: object) -> FrameworkRow:
     if meaning not in MEANINGS:
         raise ValueError(f"{where}: not a meaning of sidecar.model.meanings")
-    names = row.get("names") if isinstance(row, dict) else None
-    unit = row.get("unit", "") if isinstance(row, dict) else None
+    names, unit = (row.get("names"), row.get("unit", "")) if isinstance(row, dict) else (None, None)
     if (not isinstance(row, dict) or not set(row) <= {"unit", "names"} or not isinstance(unit, str)
             or not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names)):
         raise ValueError(f"{where}: a row is {{ unit = \"...\", names = [\"...\", ...] }} (the unit optional, "

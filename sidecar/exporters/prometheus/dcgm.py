@@ -78,7 +78,7 @@ def _violation_ns(reason: str) -> Value:
 def _violation(name: str, words: str, reason: str) -> DcgmField:
     """A throttling counter of one ``VIOLATION_POLICIES`` reason; ``words``: its HELP's cause as
     dcgm-exporter words it. Raises ``ValueError`` (at import) for a reason NVML's policies lack."""
-    if reason not in {name for _, name in VIOLATION_POLICIES}:
+    if reason not in {known for _, known in VIOLATION_POLICIES}:
         raise ValueError(f"{name}: {reason!r} is not a VIOLATION_POLICIES reason")
     return DcgmField(name, f"Throttling duration due to {words} (in ns). From nvmlDeviceGetFieldValues("
                      f"NVML_FI_DEV_PERF_POLICY_{reason.upper()}), else nvmlDeviceGetViolationStatus.",
