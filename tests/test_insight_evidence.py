@@ -59,15 +59,20 @@ def test_a_loop_without_phase_timings_is_judged_by_its_gpus_alone() -> None:
     v = verdict(rep, GpuFacts(busy={"0": 0.97}))
     assert v.name == "compute-bound" and v.evidence == (("gpu_busy", 0.97),), v
     assert v.confidence == confidence(0.97, 0.85) and "no phase timings" in v.detail
-    # its GPU group idle: balanced at a low confidence, the idle time named unattributed, never a
-    # wait verdict, the detail naming the timings that would tell why
+    # its GPU group 70 % idle: no false health, never a wait verdict; said as unexplained idle, the
+    # detail naming the timings that would tell why
     gpus = GpuFacts(roles={"0": "trainer", "1": "trainer"}, busy={"0": 0.2, "1": 0.4})
     insight = compute_insight(rep.window, None, gpus, rep.senders)
     v = insight.verdict
-    assert v.name == "balanced" and v.confidence == pytest.approx(0.15), v
-    assert dict(v.evidence) == pytest.approx({"gpu_busy": 0.3, "trainer.unattributed": 0.7})
-    assert "70% idle that no timing explains" in v.detail and "data_wait_ms" in v.detail
+    assert v.name == "unexplained-idle" and v.confidence == 1.0, v
+    assert dict(v.evidence) == pytest.approx({"trainer.gpu_idle": 0.7, "trainer.unexplained": 0.7, "gpu_busy": 0.3,
+                                              "trainer.unattributed": 0.7})
+    assert "70% idle, 70% that no timing explains" in v.detail and "data wait" in v.detail
     assert insight.gpu_idle["trainer"]["unexplained"] == pytest.approx(0.7)
+    # a little idle (20 %) stays balanced at a low confidence, its idle named unattributed
+    little = verdict(rep, GpuFacts(roles={"0": "trainer"}, busy={"0": 0.8}))
+    assert little.name == "balanced" and little.confidence == pytest.approx(0.4), little
+    assert "20% idle that no timing explains" in little.detail and "data_wait_ms" in little.detail
     # a throttled GPU of the role still overrides
     hot = GpuFacts(clock_events={"0": frozenset({"hw_slowdown"})}, busy={"0": 0.97})
     assert verdict(rep, hot).name == "throttled"

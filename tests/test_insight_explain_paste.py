@@ -1,8 +1,10 @@
 """``explain`` writes a config that works when pasted: a real daemon and a real plain loop (a
 subprocess publishing every occurrence through the shim) whose data wait and optimizer step are
-timed under names no preset knows. The first daemon names them unattributed (never a verdict by
-them alone); its explain output, pasted whole into a config file, makes a second daemon on the
-same endpoint give the injected verdict."""
+timed under names no preset knows (``fetch_ms``, ``t_update_ms``). The first daemon reads their
+phases from the names and says so in the verdict (input-bound, "read from the name"); its explain
+output lists each read as a block to check. The user overrules one read in the pasted config
+(``fetch_ms`` is no phase of theirs): a second daemon on the same endpoint then names it
+unattributed and never decides by it."""
 
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ def verdict(d: DaemonProc) -> str | None:
 
 
 @pytest.mark.timeout(90)
-def test_pasting_explains_config_gives_the_verdict(tmp_path: Path) -> None:
+def test_pasting_explains_config_pins_or_overrules_the_reads(tmp_path: Path) -> None:
     stop = tmp_path / "stop"
     first = DaemonProc(tmp_path)
     loop = subprocess.Popen([sys.executable, "-c", LOOP, first.endpoint, str(stop)], env=env(),
@@ -59,22 +61,30 @@ def test_pasting_explains_config_gives_the_verdict(tmp_path: Path) -> None:
     try:
         def ready() -> dict[str, object] | None:
             d = explain(first)
-            return d if "fetch_ms" in str(d.get("config")) and "unattributed" in str(d.get("verdict")) else None
+            return d if "fetch_ms" in str(d.get("config")) and str(d.get("verdict")).startswith("input-bound") else None
 
-        data = wait_for(ready, timeout_s=30, what="explain's config")
-        text = str(data["verdict"])
-        assert text.startswith("balanced") and "unmapped: add a rule" in text, text  # named, never decides
+        data = wait_for(ready, timeout_s=30, what="explain's config and an input-bound verdict")
+        rows = {r["name"]: r for r in data["series"]}  # type: ignore[attr-defined]
+        assert rows["fetch_ms"]["meaning"] == "data_wait" and "read from the name" in rows["fetch_ms"]["rule"], rows
+        assert rows["t_update_ms"]["meaning"] == "optimizer", rows
         config = str(data["config"])
-        assert '[[mapping]]\nmatch = "fetch_ms"\nphase = "data_wait"' in config, config
+        assert '[[mapping]]\nmatch = "fetch_ms"\nphase = "data_wait"  # timing() of role trainer: read from the name' \
+            in config, config
         assert '[[mapping]]\nmatch = "t_update_ms"\nphase = "optimizer"' in config, config
         assert "DFlash" not in json.dumps(data["missing"])  # a single-role loop gets no DFlash lines
         path = tmp_path / "sidecar.toml"
-        path.write_text(config)  # pasted as it came
+        path.write_text(config.replace('match = "fetch_ms"\nphase = "data_wait"', 'match = "fetch_ms"\nphase = "none"'))
         first.stop()
         second = DaemonProc(tmp_path, "--config", str(path), endpoint=first.endpoint)
-        wait_for(lambda: verdict(second) == "input-bound", timeout_s=30, what="input-bound after the paste")
+
+        def overruled() -> str | None:
+            text = str(explain(second).get("verdict"))
+            return text if "unattributed" in text else None
+
+        text = wait_for(overruled, timeout_s=30, what="fetch_ms named unattributed after the overrule")
+        assert not text.startswith("input-bound") and "fetch_ms" in text, text  # named, never decides
         shares = {lab["phase"]: v for lab, v in second.samples()["dflash_pipeline_time_share_ratio"]}
-        assert shares["data_wait"] >= 0.25 and shares["optimizer"] > 0 and "unattributed" not in shares
+        assert "data_wait" not in shares and shares["optimizer"] > 0 and shares["unattributed"] >= 0.25, shares
     finally:
         stop.touch()
         try:

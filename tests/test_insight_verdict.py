@@ -166,4 +166,4 @@ def test_verdict_text_and_settings_are_immutable() -> None:
         v.name = "balanced"  # type: ignore[misc]
     assert list(VERDICT_CODES) == ["unknown", "balanced", "target-bound", "drafter-bound", "queue-starved",
                                    "host-bound", "throttled", "straggler", "input-bound", "communication-bound",
-                                   "compute-bound", "idle"]
+                                   "compute-bound", "idle", "unexplained-idle"]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.aggregation.parts import settle
 from sidecar.aggregation.series import (
     WINDOW_KEYS_BUDGET,
     CategorySeries,
@@ -110,8 +111,8 @@ class Aggregator:
         self._names: dict[Any, tuple[str, str, dict[Any, Any]]] = {}
         """Sender -> (role, worker it was labelled, its name table): (kind, name) -> the series'
         bound ``add`` or the reason such records are refused; profile entries under (PROFILE, key)."""
-        self._meta: dict[tuple[int, str, str, str], tuple[str, bool, str]] = {}
-        """Series key -> (meaning, snapshot, rule), decided once when the series is first resolved."""
+        self._meta: dict[tuple[int, str, str, str], tuple[Mapped, bool]] = {}
+        """Series key -> (its mapping, snapshot), decided once when the series is first resolved."""
         self._snapshot_last: dict[tuple[int, str, str, str], tuple[float, float]] = {}
         self.max_series = max_series
         self.series_ttl_s = series_ttl_s
@@ -246,30 +247,35 @@ class Aggregator:
         problem = name_problem(name)
         if problem is None and mapped is None and names is not None:
             mapped = names(kind, name, role, worker)
+        sent = kind  # the name table keys by the kind as sent
+        if mapped is not None and kind == GAUGE and mapped.kind == TIMING:
+            # a gauge whose name reads as a phase's duration is that phase's timing, read as a
+            # snapshot (each value one step's), as the same key in a publish() dict is
+            kind, factory, snapshot = TIMING, self._factories[TIMING], True
         self._left -= 1  # refunded below if the name finds its series
         token = (mapped.token or _TOKENS[kind](mapped.name)) if mapped is not None else ""
         if problem is None and not token:
             problem = "bad_name"
         if problem is not None or mapped is None:
-            return _cached_rejection(cache, kind, name, problem or "bad_name")
+            return _cached_rejection(cache, sent, name, problem or "bad_name")
         role, worker, local = mapped.role, mapped.worker, mapped.name
         key = (kind, token, role, worker)
         series = self._series.get(key)
         if series is None:
             series = self._create_series(key, factory, mapped, snapshot)
             if isinstance(series, str):  # "cardinality" is not cached: room may free up when series expire
-                return series if series == "cardinality" else _cached_rejection(cache, kind, name, series)
+                return series if series == "cardinality" else _cached_rejection(cache, sent, name, series)
         elif self._raw_names[key] != local:
             # Two spellings onto one series of one sender ("a.b" and "a_b"): the first one keeps it.
             self._log_collision(kind, local, role, worker, _Owner(kind, token, self._raw_names[key], role, worker))
-            return _cached_rejection(cache, kind, name, "name_collision")
+            return _cached_rejection(cache, sent, name, "name_collision")
         else:
-            self._meta[key] = (mapped.meaning, self._meta[key][1], mapped.rule)  # a reload may remap
+            self._meta[key] = (mapped, self._meta[key][1])  # a reload may remap
             self._left += 1  # an existing series: re-resolving (after a cache clear) is free
         add: Adder = series.add
         if mapped.scale != 1.0:
             add = _scaled(add, mapped.scale)
-        cache[kind, name] = add
+        cache[sent, name] = add
         return add
 
     def _create_series(self, key: tuple[int, str, str, str], factory: Callable[[], Any], mapped: Mapped,
@@ -292,7 +298,7 @@ class Aggregator:
         self._owner_of[key] = self._owner
         self._owned.setdefault(self._owner, {})[key] = None
         self._raw_names[key] = local
-        self._meta[key] = (mapped.meaning, snapshot, mapped.rule)
+        self._meta[key] = (mapped, snapshot)
         for f in families:
             self._family_owner.setdefault(f, _Owner(kind, token, local, role, worker))
         return series
@@ -462,9 +468,10 @@ class Aggregator:
             elif now_monotonic - self._last_active.setdefault(key, now_monotonic) > self.series_ttl_s:
                 expired.append(key)
                 continue
-            meaning, snapshot, rule = self._meta[key]
-            views.append(SeriesView(kind, token, role, worker, window, cumulative, meaning, snapshot,
-                                    self._raw_names[key], rule))
+            mapped, snapshot = self._meta[key]
+            views.append(SeriesView(kind, token, role, worker, window, cumulative, mapped.meaning, snapshot,
+                                    self._raw_names[key], mapped.rule, mapped.certainty, mapped.sibling,
+                                    mapped.outside, mapped.stem))
         for key in expired:
             self._drop_series(key)
         if expired:
@@ -483,7 +490,7 @@ class Aggregator:
         for sender, (role, worker, step) in self._steps.items():
             if (live is None or sender in live) and step > steps.get((role, worker), -1):
                 steps[role, worker] = step
-        return WindowReport(end_unix_s, duration_s, tuple(views), steps, dict(self._allocator),
+        return WindowReport(end_unix_s, duration_s, settle(views), steps, dict(self._allocator),
                             {sender: step for sender, (_, _, step) in self._steps.items()}, dict(self._first_steps))
 
 

@@ -27,6 +27,7 @@ from typing import Any
 from sidecar.aggregation.series import entropy_bits
 from sidecar.aggregation.verdict import OTHER_SHARE, UNATTRIBUTED_SHARE, InsightSettings, RoleFacts, decide
 from sidecar.model.insight import GpuFacts, PipelineInsight, RoleInsight, WorkerInsight
+from sidecar.model.mapped import READ
 from sidecar.model.meanings import BUSY_PHASES, PHASES, REPORTED, WAIT_PHASES  # noqa: F401 - re-exported
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, SenderView, SeriesView, WindowReport
 
@@ -121,7 +122,7 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
     unmapped: list[SeriesView] = []
     for view in series:
         if not view.meaning:
-            if view.kind == TIMING and view.window is not None:
+            if view.kind == TIMING and view.window is not None and not view.outside:
                 unmapped.append(view)
             continue
         if view.window is None:
@@ -143,6 +144,18 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
         if w is not None:
             w.unmapped[view.raw or view.name] = view
     return dict(roles)
+
+
+def _reads(series: Iterable[SeriesView]) -> dict[str, dict[str, tuple[str, float]]]:
+    """Role -> phase -> (name, certainty) of the timings whose phase was read from the name
+    (``READ``), the least certain read per phase."""
+    out: dict[str, dict[str, tuple[str, float]]] = defaultdict(dict)
+    for v in series:
+        if v.kind == TIMING and v.meaning in PHASES and READ in v.rule:
+            known = out[v.role].get(v.meaning)
+            if known is None or v.certainty < known[1]:
+                out[v.role][v.meaning] = (v.raw or v.name, v.certainty)
+    return dict(out)
 
 
 def alive_seconds(senders: Sequence[SenderView], duration_s: float) -> dict[str, dict[str, tuple[float, bool]]]:
@@ -189,16 +202,18 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
     ready_deficit = drafter_role.time_share.get("queue_wait") if drafter_role else None
     composition = drafter or target
     throttled = throttled_gpus(gpus, settings.throttle_reasons)
+    read = _reads(window.series)
     facts = {r: RoleFacts(r, ri.time_share, tuple(w for w in workers if w.role == r), ri.unmapped,
-                          ri.host_measured) for r, ri in roles.items()}
+                          ri.host_measured, read.get(r, {})) for r, ri in roles.items()}
     queue_fill = _fill(list(target.values()) + list(drafter.values()), "queue_depth", "queue_capacity")
     if queue_fill is None:
         queue_fill = _gauge_mean(list(target.values()) + list(drafter.values()), "queue_fill")
     live_roles = [s.role for s in senders or () if s.live(duration)]
     busy = role_busy(gpus, roles or set(live_roles))
     live = None if senders is None else len(live_roles)
+    gpu_idle = idle_attribution(busy, roles)
     verdict = decide(facts, duration, ready_deficit, queue_fill, throttled, gpus.roles if gpus else {}, settings,
-                     busy, live, live_roles)
+                     busy, live, live_roles, gpu_idle)
     return PipelineInsight(
         end_unix_s=window.end_unix_s,
         duration_s=duration,
@@ -213,7 +228,7 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
         bucket_entropy_bits=_bucket_entropy(composition),
         throttled_gpus=throttled,
         verdict=verdict,
-        gpu_idle=idle_attribution(busy, roles),
+        gpu_idle=gpu_idle,
     )
 
 

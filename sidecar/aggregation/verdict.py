@@ -65,6 +65,7 @@ from typing import Any, ClassVar, Protocol
 
 from sidecar.model.gpu import CLOCK_EVENT_REASONS
 from sidecar.model.insight import RENAMED_FROM_HOST_BOUND, Verdict
+from sidecar.model.mapped import READ
 from sidecar.model.meanings import BUSY_PHASES
 from sidecar.model.settings import RoleSettings, one_of, ratio, setting
 
@@ -131,6 +132,9 @@ class InsightSettings(RoleSettings):
     compute_busy_ratio: float = threshold(0.85,
         f"{_SINGLE}: compute-bound when the role's GPUs are at least this busy (GPM SM activity, else NVML "
         "utilization), whatever the host-side shares say.")
+    unexplained_idle_ratio: float = threshold(0.3,
+        f"{_RULE}: unexplained-idle, never balanced, when a role's GPUs are idle at least this share of the "
+        "window beyond what its waits (data, queue, collectives, measured host time) explain.")
     throttle_reasons: tuple[str, ...] = setting(
         DEFAULT_THROTTLE_REASONS, kind="list", reloadable=True,
         check=one_of(*(name for _, name in CLOCK_EVENT_REASONS)),
@@ -157,6 +161,9 @@ class RoleFacts:
     """Unmapped timing name -> share of wall time (``time_share["unattributed"]`` in parts)."""
     host_measured: bool = False
     """Whether ``time_share["other"]`` is measured host time (``sidecar.aggregation.insight``)."""
+    read: Mapping[str, tuple[str, float]] = dataclasses.field(default_factory=dict)
+    """Phase -> (the name it was read from, the read's certainty 0-1) for the phases whose meaning
+    no rule or preset gave but the name reader (``sidecar.processing.reader``)."""
 
 
 def confidence(value: float, threshold: float) -> float:
@@ -187,10 +194,43 @@ def _without_pipeline(roles: Mapping[str, RoleFacts], duration_s: float, throttl
 def decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: float | None,
            queue_fill: float | None, throttled: Mapping[str, tuple[str, ...]], gpu_roles: Mapping[str, str],
            s: InsightSettings, gpu_busy: Mapping[str, float] | None = None, live_senders: int | None = None,
-           live_roles: Collection[str] = ()) -> Verdict:
+           live_roles: Collection[str] = (), gpu_idle: Mapping[str, Mapping[str, float]] | None = None) -> Verdict:
     """Apply the rules above to one window. ``gpu_busy``: role -> busy share of its GPUs over
     the window; ``live_senders``: how many trainer processes are live (None: not told);
-    ``live_roles``: the roles of the live senders (one that sent no mapped series has GPUs too)."""
+    ``live_roles``: the roles of the live senders (one that sent no mapped series has GPUs too);
+    ``gpu_idle``: role -> its GPUs' idle share split by cause (``insight.idle_attribution``), for
+    the no-false-health rule (``_no_false_health``)."""
+    v = _decide(roles, duration_s, ready_deficit, queue_fill, throttled, gpu_roles, s, gpu_busy, live_senders,
+                live_roles)
+    return _no_false_health(v, roles, gpu_idle or {}, s) if v.name == "balanced" else v
+
+
+def _no_false_health(v: Verdict, roles: Mapping[str, RoleFacts], gpu_idle: Mapping[str, Mapping[str, float]],
+                     s: InsightSettings) -> Verdict:
+    """``balanced`` needs evidence of a healthy step: a role whose GPUs are idle at least
+    ``unexplained_idle_ratio`` of the window beyond what its waits explain makes the window
+    ``unexplained-idle`` instead, its evidence the idle and unexplained shares."""
+    worst = max(gpu_idle.items(), key=lambda kv: kv[1].get("unexplained", 0.0), default=None)
+    if worst is None or worst[1].get("unexplained", 0.0) < s.unexplained_idle_ratio:
+        return v
+    role, idle = worst
+    gap = idle["unexplained"]
+    detail = f"GPUs {idle['idle']:.0%} idle, {gap:.0%} that no timing explains: "
+    compute = sum(f.time_share.get(p, 0.0) for p in BUSY_PHASES) if (f := roles.get(role)) is not None else 0.0
+    if compute >= gap:
+        detail += ("the idle is inside the timed compute phases (kernel gaps, launch overhead, small kernels: a "
+                   "profiler trace tells which)")
+    else:
+        detail += "time the data wait, collectives and forward/backward (dflash-sidecar explain says what is missing)"
+    return Verdict("unexplained-idle", ((f"{role}.gpu_idle", idle["idle"]), (f"{role}.unexplained", gap)) + v.evidence,
+                   detail, confidence(gap, s.unexplained_idle_ratio))
+
+
+def _decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: float | None,
+            queue_fill: float | None, throttled: Mapping[str, tuple[str, ...]], gpu_roles: Mapping[str, str],
+            s: InsightSettings, gpu_busy: Mapping[str, float] | None, live_senders: int | None,
+            live_roles: Collection[str]) -> Verdict:
+    """``decide`` before the no-false-health rule."""
     target, drafter = roles.get(s.target_role), roles.get(s.drafter_role)
     if duration_s < MIN_WINDOW_S:
         return Verdict("unknown", (("window_s", duration_s),), "window too short")
@@ -324,9 +364,24 @@ def _single_role(f: RoleFacts, busy: float | None, s: InsightSettings) -> tuple[
     return _unattributed(v, f), r
 
 
+def _read(v: Verdict, f: RoleFacts) -> Verdict:
+    """Say which of the verdict's evidence was read from a name (no rule or preset mapped it), and
+    lower its confidence by the read's certainty (a name that means different things in
+    different codebases)."""
+    used = [(p, *f.read[p]) for p in f.read if any(k == f"{f.role}.{p}" for k, _ in v.evidence)]
+    if not used:
+        return v
+    note = "; ".join(f"{p} {READ}: {name}" + (" (ambiguous)" if c < 1.0 else "") for p, name, c in used)
+    certainty = min(c for _, _, c in used)
+    return replace(v, detail=f"{v.detail}; {note}" if v.detail else note,
+                   confidence=round(v.confidence * certainty, 3))
+
+
 def _unattributed(v: Verdict, f: RoleFacts) -> Verdict:
     """Name the time in unmapped timings in the verdict's evidence and lower its confidence by
-    that share: it never decides, but the verdict may be wrong by as much."""
+    that share: it never decides, but the verdict may be wrong by as much. Reads from names are
+    said too (``_read``)."""
+    v = _read(v, f)
     share = f.time_share.get(UNATTRIBUTED_SHARE, 0.0)
     if share <= 0.01 or not f.unmapped:
         return v

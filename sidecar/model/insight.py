@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 VERDICT_CODES: dict[str, int] = {
     "unknown": 0, "balanced": 1, "target-bound": 2, "drafter-bound": 3, "queue-starved": 4,
     "host-bound": 5, "throttled": 6, "straggler": 7, "input-bound": 8, "communication-bound": 9,
-    "compute-bound": 10, "idle": 11,
+    "compute-bound": 10, "idle": 11, "unexplained-idle": 12,
 }
 """Each verdict and its numeric code (the W&B ``pipeline/verdict_code``). ``host-bound`` (5) means
 host overhead between timed phases everywhere; until 0.3 the DFlash rules also said ``host-bound``
 for targets waiting on the data loader, which is now ``input-bound`` (8) there too
-(``RENAMED_FROM_HOST_BOUND``). ``idle``: no live trainer sent anything in the window."""
+(``RENAMED_FROM_HOST_BOUND``). ``idle``: no live trainer sent anything in the window.
+``unexplained-idle``: the GPUs of a role are idle a material share of the window and no timing
+explains it (never ``balanced`` then: no false health)."""
 VERDICTS = tuple(VERDICT_CODES)
 
 RENAMED_FROM_HOST_BOUND = "formerly host-bound"

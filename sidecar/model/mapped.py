@@ -17,7 +17,15 @@ class Mapped:
     milliseconds and is exported in seconds; any other in its base unit); ``token`` is the exported
     name fragment, base unit included (``""``: the kind's default from ``name``); ``kind`` is the
     record kind the series is kept as (a profile entry's is decided by the mapping stage; ``-1``:
-    the kind it was sent as)."""
+    the kind it was sent as).
+
+    A meaning read from the name (``READ`` in ``rule``: no rule or preset knew it) carries what
+    the reading could not settle: ``certainty`` (0-1, below 1 where the name means different things
+    in different codebases), ``sibling`` (the meaning it takes beside phases of the same prefix:
+    DeepSpeed's ``..._step`` next to ``..._forward`` is the optimizer step), and ``outside`` (the
+    name says it is no part of one training step: eval, checkpoint, time since the start).
+    ``stem``: a timing's words without its unit, joined by ``_`` (``elapsed_time_backward``), how
+    the insight tells a phase from its parts (``..._backward_inner`` is part of ``..._backward``)."""
 
     role: str
     worker: str
@@ -28,3 +36,11 @@ class Mapped:
     token: str = ""
     scale: float = 1.0
     unit: str = ""
+    certainty: float = 1.0
+    sibling: str = ""
+    outside: bool = False
+    stem: str = ""
+
+
+READ = "read from the name"
+"""A ``rule`` that starts with this: the meaning was read from the name (``sidecar.processing.reader``)."""

@@ -50,7 +50,9 @@ class SeriesView:
     overrides the channel's); ``meaning`` is what the mapping stage made of the name (``""``:
     unmapped), ``rule`` what decided it, ``raw`` the name it is kept under (as sent, less a
     role/worker prefix); ``snapshot`` is True for a series fed by profile dicts (``publish()``:
-    per-batch means once per interval), False for every-occurrence records."""
+    per-batch means once per interval), False for every-occurrence records. ``certainty``,
+    ``sibling``, ``outside`` and ``stem``: what a meaning read from the name left open, and a
+    timing's words (``sidecar.model.mapped.Mapped``)."""
 
     kind: int
     name: str
@@ -62,6 +64,10 @@ class SeriesView:
     snapshot: bool = False
     raw: str = ""
     rule: str = ""
+    certainty: float = 1.0
+    sibling: str = ""
+    outside: bool = False
+    stem: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,10 +12,12 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from sidecar.model.mapped import READ
 from sidecar.model.meanings import MEANINGS
 from sidecar.model.settings import RoleSettings
 from sidecar.model.window import KIND_NAMES, TIMING
 from sidecar.processing.mapping import Mapper
+from sidecar.processing.rules import NO_MEANING
 
 TARGET, DRAFTER, LOOP = "<target>", "<drafter>", "*"
 """Role placeholders of the inputs below: the configured target and drafter roles
@@ -43,16 +45,6 @@ INPUTS = {**DFLASH_INPUTS, **LOOP_INPUTS}
 GPU_SUPPLY = ("GPU telemetry on (not --no-gpu-metrics) on a box with NVML, and the GPUs' role: --gpu-group "
               "<role>=<ids>, or the trainer's hello (its process on the GPU)")
 
-PHASE_HINTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("comm_wait", ("comm", "reduce", "gather", "nccl", "barrier", "collective", "sync")),
-    ("data_wait", ("data", "load", "fetch", "input", "next_batch", "batch_wait")),
-    ("forward_backward", ("fwd_bwd", "forward_backward", "fwdbwd")),
-    ("optimizer", ("optim", "update", "opt_step", "adam", "sgd")),
-    ("backward", ("backward", "bwd", "grad")),
-    ("forward", ("forward", "fwd", "model")),
-    ("step", ("step", "iter")),
-)
-"""Phase guessed from words in an unmapped timing's name, first hit wins (``explain``'s config)."""
 TIMING_MEANINGS = ("data_wait", "forward", "backward", "forward_backward", "optimizer", "comm_wait", "step")
 
 
@@ -81,7 +73,7 @@ def explain_data(report: Any, mapper: Mapper, roles: RoleSettings, gpu_missing: 
                 if v.meaning == "forward_backward":
                     present |= {(v.role, "forward"), (v.role, "backward")}
                 workers.setdefault(v.role, set()).add(v.worker)
-            elif v.kind == TIMING:
+            if v.kind == TIMING and (not v.meaning or READ in v.rule):
                 unmapped.append(v)
     insight = report.insight if report is not None else None
     missing = missing_inputs(mapper, roles, present, snapshot_roles, workers, gpu_missing)
@@ -130,21 +122,12 @@ def missing_inputs(mapper: Mapper, roles: RoleSettings, present: set[tuple[str, 
     return missing
 
 
-def guess_phase(name: str) -> str | None:
-    """The phase an unmapped timing's name suggests (``PHASE_HINTS``), or None."""
-    token = name.lower()
-    for suffix in ("_ms", "_msec", "_millis"):
-        token = token.removesuffix(suffix)
-    for phase, words in PHASE_HINTS:
-        if any(w in token for w in words):
-            return phase
-    return None
-
-
 def mapping_config(unmapped: Iterable[Any], known_roles: Iterable[str]) -> str:
-    """TOML ``[[mapping]]`` blocks for the unmapped timings seen, each matching the name as the
-    trainer sends it (the dict key for ``publish()``, the name for ``timing()``); a name whose
-    role came from its key (``target.t_update_ms``) keeps that role."""
+    """TOML ``[[mapping]]`` blocks for the timings seen that no rule or preset maps: those whose
+    phase was read from the name (pasted, the read is pinned; ``phase = "none"`` overrules it) and
+    the unmapped ones (commented out, a phase to choose). Each matches the name as the trainer
+    sends it (the dict key for ``publish()``, the name for ``timing()``); a name whose role came
+    from its key (``target.t_update_ms``) keeps that role."""
     blocks: list[str] = []
     seen: set[str] = set()
     roles = set(known_roles)
@@ -154,21 +137,22 @@ def mapping_config(unmapped: Iterable[Any], known_roles: Iterable[str]) -> str:
         if sent in seen:
             continue
         seen.add(sent)
-        phase = guess_phase(name)
         lines = ["[[mapping]]", f"match = {json.dumps(sent)}"]
         if sent != name:
             lines.append(f"role = {json.dumps(v.role)}")
         form = "snapshot key" if v.snapshot else "timing()"
-        if phase is not None:
-            lines.append(f'phase = "{phase}"  # {form} of role {v.role}: phase guessed from the name, check it')
+        if v.meaning:
+            lines.append(f'phase = "{v.meaning}"  # {form} of role {v.role}: {READ}, check it '
+                         f'(phase = "{NO_MEANING}" overrules)')
             blocks.append("\n".join(lines))
         else:
             lines.append(f'phase = "<one of: {", ".join(TIMING_MEANINGS)}>"  # {form} of role {v.role}')
             blocks.append("\n".join("# " + line for line in lines))
     if not blocks:
         return ""
-    head = ("# dflash-sidecar explain: rules for the timings sent under names no preset knows. Paste into the\n"
-            "# config file (--config FILE), check each phase, then send the daemon SIGHUP (or restart it).")
+    head = ("# dflash-sidecar explain: rules for the timings sent under names no preset knows (their phase read\n"
+            "# from the name, or to choose). Paste into the config file (--config FILE), check each phase, then\n"
+            "# send the daemon SIGHUP (or restart it).")
     return head + "\n\n" + "\n\n".join(blocks) + "\n"
 
 

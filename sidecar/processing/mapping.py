@@ -22,15 +22,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from sidecar.model.mapped import Mapped
+from sidecar.model.mapped import READ, Mapped
 from sidecar.model.meanings import MEANINGS
 from sidecar.model.names import counter_token, metric_token
 from sidecar.model.settings import RoleSettings
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING
 from sidecar.processing import presets
 from sidecar.processing.presets import PRESETS
+from sidecar.processing.reader import Reading, read_name, stem
 from sidecar.processing.rules import MappingError, Rule, parse_rules
 from sidecar.processing.settings import MappingSettings
 from sidecar.processing.units import SECONDS, Unit, read_unit
@@ -91,6 +92,11 @@ class Mapper:
                     found = as_gauge
         else:
             found = self._resolve(kind, raw, role, worker, entry=False)
+            if kind == GAUGE and found is not None and not found[0].meaning and found[1] is None:
+                # a gauge whose name reads as a phase's duration is kept as that timing
+                as_timing = self._resolve(TIMING, raw, role, worker, entry=True)
+                if as_timing is not None and as_timing[0].meaning and READ in as_timing[0].rule:
+                    found = as_timing
         assert found is not None  # only a dict key's timing form can be refused
         mapped, rule = found
         if rule is not None:
@@ -115,18 +121,27 @@ class Mapper:
             role, worker, name, how = self._key_grammar(raw, role, worker)
             meaning = ""
         unit = read_unit(name)
-        if not meaning:
+        reading: Reading | None = None
+        if not meaning and not (by_rule is not None and self.rules[by_rule - 1].unread):
             found = presets.find(kind, name, unit, entry)
             if found is not None:
                 meaning, unit = found.meaning, found.unit
                 how = f"{how} + preset {found.preset}" if how else f"preset {found.preset}"
+            elif kind == TIMING and unit.base in ("", SECONDS):
+                reading = read_name(name)
+                meaning, unit, how = _use_reading(reading, unit, how)
         elif kind == TIMING and unit.base != SECONDS:
             if entry and unit.known:
                 return None  # a dict key in another unit (a percent: a share) is no timing
             unit = Unit(name, unit.written)  # a rule's timing without a time unit: milliseconds
         if entry and kind == TIMING and unit.base != SECONDS and not (meaning and by_rule is not None):
             return None
-        return _mapped(kind, role, worker, name, meaning, how, unit), by_rule
+        mapped = _mapped(kind, role, worker, name, meaning, how, unit)
+        if kind == TIMING:
+            mapped = replace(mapped, stem=stem(name))
+        if reading is not None and (reading.meaning or reading.outside):
+            mapped = replace(mapped, certainty=reading.certainty, sibling=reading.sibling, outside=reading.outside)
+        return mapped, by_rule
 
     def _key_grammar(self, raw: str, role: str, worker: str) -> tuple[str, str, str, str]:
         """(role, worker, name, how) from a key that names its role or worker, else as sent."""
@@ -147,6 +162,16 @@ class Mapper:
 
     def unused_rules(self) -> list[Rule]:
         return [r for r in self.rules if not self.hits.get(r.index)]
+
+
+def _use_reading(reading: Reading, unit: Unit, how: str) -> tuple[str, Unit, str]:
+    """(meaning, unit, how) of a timing no rule or preset knows, from what its name reads as: the
+    phase read, in the unit written anywhere in the name (``elapsed_time_ms_forward``), or in
+    seconds where none is written and a phase is read (``batch_time``)."""
+    if not reading.meaning:
+        return "", reading.unit if not unit.known and reading.duration else unit, how
+    read = f"{READ} ({reading.why}" + (f"; {reading.ambiguous}" if reading.ambiguous else "") + ")"
+    return reading.meaning, unit if unit.known else reading.unit, f"{how} + {read}" if how else read
 
 
 def _mapped(kind: int, role: str, worker: str, name: str, meaning: str, how: str, unit: Unit) -> Mapped:

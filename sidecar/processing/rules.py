@@ -18,6 +18,9 @@ from trainer_shim.wire import MAX_NAME_BYTES
 _CAPTURE_REF = re.compile(r"\$(\d+)|\$\{(\w+)\}")
 TARGET_FIELDS = ("role", "worker", "name")
 RULE_KEYS = frozenset({"match", "regex", "role", "worker", "name", "meaning", "phase"})
+NO_MEANING = "none"
+"""``phase = "none"`` (or ``meaning = "none"``): the names a rule matches mean nothing to the insight,
+whatever a preset or the name reader makes of them."""
 
 
 class MappingError(ValueError):
@@ -36,6 +39,9 @@ class Rule:
     worker: str | None = None
     name: str | None = None
     meaning: str = ""
+    unread: bool = False
+    """``phase = "none"``: the names it matches have no meaning, whatever a preset or the name
+    reader would make of them (a user overruling a read)."""
 
     def apply(self, kind: int, raw: str, role: str, worker: str, unit: str = "") -> Mapped | None:
         """The rule's mapping of ``raw`` sent as ``kind`` (its name read as base ``unit``), or None."""
@@ -49,7 +55,8 @@ class Rule:
         out_name = _expand(self.name, m) if self.name is not None else raw
         if out_role is None or out_worker is None or not out_name:
             return None
-        return Mapped(out_role, out_worker, out_name, self.meaning, f"mapping[{self.index}]")
+        how = f"mapping[{self.index}]" + (" (no phase)" if self.unread else "")
+        return Mapped(out_role, out_worker, out_name, self.meaning, how)
 
 
 def _expand(template: str, m: re.Match[str]) -> str:
@@ -103,14 +110,17 @@ def parse_rules(tables: Sequence[Mapping[str, Any]]) -> tuple[Rule, ...]:
         meaning = table.get("meaning", table.get("phase", ""))
         if "meaning" in table and "phase" in table:
             raise MappingError(f"{where}: give phase or meaning, not both")
-        if not isinstance(meaning, str) or (meaning and meaning not in MEANINGS):
+        unread = meaning == NO_MEANING
+        if unread:
+            meaning = ""
+        elif not isinstance(meaning, str) or (meaning and meaning not in MEANINGS):
             raise MappingError(f"{where} ({source}): unknown phase/meaning {meaning!r}; known: "
-                               f"{', '.join(MEANINGS)}")
+                               f"{', '.join(MEANINGS)}, or {NO_MEANING!r} (no meaning, whatever the name reads as)")
         fields = {f: table[f] for f in TARGET_FIELDS if f in table}
         for f, value in fields.items():
             if not isinstance(value, str) or not value:
                 raise MappingError(f"{where} ({source}): {f} must be a non-empty string")
-        if not meaning and not fields:
+        if not meaning and not fields and not unread:
             raise MappingError(f"{where} ({source}): maps to nothing; give phase/meaning, role, worker or name")
         _check_captures(where, source, pattern, fields)
         example = regex_example.example(pattern)
@@ -123,8 +133,9 @@ def parse_rules(tables: Sequence[Mapping[str, Any]]) -> tuple[Rule, ...]:
             raise MappingError(f"{where} ({source}): can never match: rule {seen[regex]} has the same pattern "
                                "and is tried first")
         seen[regex] = i + 1
-        rules.append(Rule(i + 1, source + (f" -> {meaning}" if meaning else ""), pattern, fields.get("role"),
-                          fields.get("worker"), fields.get("name"), meaning))
+        shown = f" -> {meaning}" if meaning else (f" -> {NO_MEANING}" if unread else "")
+        rules.append(Rule(i + 1, source + shown, pattern, fields.get("role"), fields.get("worker"),
+                          fields.get("name"), meaning, unread))
     return tuple(rules)
 
 

@@ -1,0 +1,78 @@
+"""Phases that contain phases, and names that take their meaning from their siblings.
+
+Trainers time a phase and its parts side by side: DeepSpeed's monitor writes ``..._backward``
+beside ``..._backward_inner`` and ``..._backward_allreduce`` (the backward is their sum), a loop
+times ``forward_backward`` beside ``forward`` and ``backward``. Counted as they come, the
+backward would count twice, and the all-reduce inside it never as communication. And a name's
+last word may mean one phase in one framework and another elsewhere: ``step`` is the whole step
+in most loops, but DeepSpeed's ``elapsed_time_ms_step`` is the optimizer step, next to
+``elapsed_time_ms_forward`` and ``elapsed_time_ms_backward``.
+
+``settle`` decides both once per window from the names of each (role, worker), before any
+stage reads the window:
+
+1. A name read as ``step`` whose reading says it means another phase beside its siblings
+   (``SeriesView.sibling``) takes that meaning when another timing of the same label shares its
+   prefix (its stem less the last word) and is a phase.
+2. A phase timing whose stem is the start of another phase timing's stem (``x_backward`` and
+   ``x_backward_inner``) is the sum of its parts: it keeps no meaning (``outside``: it is not
+   unattributed time either), and the parts are read.
+3. ``forward_backward`` beside both ``forward`` and ``backward`` is their sum, likewise.
+
+Each change is said in the series' ``rule`` (``explain`` shows it).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import replace
+
+from sidecar.model.meanings import PHASES
+from sidecar.model.window import TIMING, SeriesView
+
+PARTS = tuple(p for p in PHASES if p != "forward_backward")
+"""Phases that can be a part of another (``forward_backward`` contains, it is no part)."""
+
+
+def settle(series: Sequence[SeriesView]) -> tuple[SeriesView, ...]:
+    """``series`` with the phases of each (role, worker) settled (the rules above)."""
+    out = list(series)
+    labels: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, v in enumerate(out):
+        if v.kind == TIMING and (v.meaning in PHASES or v.sibling) and v.stem:
+            labels[v.role, v.worker].append(i)
+    for members in labels.values():
+        if len(members) < 2:
+            continue
+        _siblings(out, members)
+        _containers(out, members)
+    return tuple(out)
+
+
+def _siblings(out: list[SeriesView], members: list[int]) -> None:
+    for i in members:
+        v = out[i]
+        if not v.sibling or v.meaning == v.sibling or "_" not in v.stem:
+            continue
+        prefix = v.stem.rsplit("_", 1)[0] + "_"
+        beside = [out[j].raw or out[j].name for j in members
+                  if j != i and out[j].meaning in PHASES and out[j].stem.startswith(prefix)]
+        if beside:
+            out[i] = replace(v, meaning=v.sibling,
+                             rule=f"{v.rule}; {v.sibling} beside {', '.join(sorted(beside)[:2])}")
+
+
+def _containers(out: list[SeriesView], members: list[int]) -> None:
+    meanings = {out[j].meaning for j in members}
+    for i in members:
+        v = out[i]
+        if v.meaning not in PHASES:
+            continue
+        parts = [out[j].raw or out[j].name for j in members if j != i and out[j].meaning in PARTS
+                 and out[j].stem.startswith(v.stem + "_")]
+        if not parts and v.meaning == "forward_backward" and {"forward", "backward"} <= meanings:
+            parts = ["forward", "backward"]
+        if parts:
+            out[i] = replace(v, meaning="", outside=True,
+                             rule=f"{v.rule}; the sum of its parts ({', '.join(sorted(parts)[:3])}): not counted again")

@@ -1,0 +1,250 @@
+"""The name reader: what a series name says, read as a person reads it, for names no rule or
+preset knows.
+
+A person who reads ``timing/data_s``, ``perf/data_time_ms``, ``Train/Samples/elapsed_time_ms_forward``
+or ``batch_time`` knows at once that each is a duration, in which unit, and which part of the
+training step it times. ``read_name`` does the same in four moves, once per new series (the
+mapping stage caches its answer; a read costs a few microseconds):
+
+1. **Split** the name into segments (``/``, ``.``, ``:``, `` ``, brackets) and each segment into
+   words (``_``, ``-``, camelCase, letters/digits): ``Train/Samples/elapsed_time_ms_forward`` ->
+   ``[train] [samples] [elapsed time ms forward]``. The last segment is the name proper; the
+   others are its namespace (``train/``, ``perf/``, ``timing/``).
+2. **Refuse what is no phase of the step** (``NOT_A_PHASE``): words anywhere that put the key
+   outside the training step (``eval``, ``val``, ``checkpoint``, ``memory``, ``eta``, ``epoch``...),
+   and in the name proper the words of a count or a rate (``iterations``, ``samples``,
+   ``fps``, ``per_sec``, ``/s``) or of time since the start (``total``, ``since``, ``wall``).
+3. **Find the duration**: a time unit wherever it stands (``_ms`` suffix, ``(s)``, ``ms`` inside
+   ``elapsed_time_ms_forward``, ``sec_per_iter``), else a duration word (``time``, ``duration``,
+   ``latency``, ``elapsed``, ``wait``) in the name proper, else a namespace that holds durations
+   (``timing/``, ``time/``, ``timers/``). A name without one is no timing, whatever it names.
+4. **Find the phase** from ``PHASE_WORDS`` (the documented vocabulary, docs/METRICS.md), in the
+   name proper first, then in its namespace: collectives win over the phase they sit in
+   (``backward_allreduce`` is communication), forward and backward together are
+   ``forward_backward``, an optimizer word makes ``step`` the optimizer step.
+
+What the reader cannot decide from the name alone it says: ``Reading.ambiguous`` names the
+other meaning (``iter_time`` is the whole step in detectron2 and the data wait in ESPnet;
+``train/time`` is seconds since the start in some loggers), and ``Reading.certainty`` is lower.
+A name whose last word is ``step`` next to ``forward``/``backward`` of the same prefix reads as
+the optimizer step in that context (DeepSpeed's ``elapsed_time_ms_step``): ``Reading.sibling``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sidecar.processing.units import SECONDS, Unit
+
+_SEGMENTS = re.compile(r"[/.:|@,;=]+")
+_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+|µs")
+
+TIME_UNITS: dict[str, float] = {
+    "ns": 1e-9, "nanoseconds": 1e-9, "us": 1e-6, "µs": 1e-6, "usec": 1e-6, "microseconds": 1e-6,
+    "ms": 1e-3, "msec": 1e-3, "msecs": 1e-3, "millis": 1e-3, "milliseconds": 1e-3,
+    "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
+    "mins": 60.0, "minute": 60.0, "minutes": 60.0, "hr": 3600.0, "hrs": 3600.0, "hours": 3600.0,
+}
+"""Words that are a time unit wherever they stand in the name (seconds per unit). ``min`` (a
+minimum as often as minutes) and ``h`` are units only at the end of a name."""
+END_UNITS: dict[str, float] = {"min": 60.0, "h": 3600.0}
+
+DURATION_WORDS = frozenset({"time", "times", "timing", "timings", "duration", "durations", "latency", "elapsed",
+                            "took", "wait", "waiting", "waited", "dt", "delay", "stall", "stalled", "blocked"})
+"""Words that make the name proper a duration when no unit is written (then read in seconds:
+``time.time()`` and ``perf_counter()`` differences, what Python code logs)."""
+DURATION_NAMESPACES = frozenset({"time", "times", "timing", "timings", "timer", "timers", "durations",
+                                 "latency", "latencies", "profile", "profiling", "perf_time"})
+"""Namespace segments whose keys are durations (``timing/data_s``, ``time/data``)."""
+
+PHASE_WORDS: dict[str, frozenset[str]] = {
+    "comm_wait": frozenset({"allreduce", "all_reduce", "reduce_scatter", "reducescatter", "allgather", "all_gather",
+                            "alltoall", "all_to_all", "all2all", "comm", "comms", "communication", "nccl",
+                            "collective", "collectives", "barrier", "broadcast", "grad_sync", "grads_sync",
+                            "gradient_sync", "sync_grads", "allreduce_wait", "p2p", "send", "recv", "dp_sync"}),
+    "data_wait": frozenset({"data", "dataloader", "dataloading", "data_loader", "data_loading", "loader", "loading",
+                            "load", "fetch", "fetching", "input", "inputs", "io", "next_batch", "get_batch",
+                            "batch_load", "batch_loading", "batch_wait", "batch_generator", "dataset", "prefetch",
+                            "sampler"}),
+    "forward_backward": frozenset({"forward_backward", "fwd_bwd", "fwdbwd", "fb", "fwd_bwd_step", "train_batch"}),
+    "forward": frozenset({"forward", "fwd", "fw", "fprop", "forward_pass"}),
+    "backward": frozenset({"backward", "bwd", "bw", "bprop", "backprop", "backward_pass", "grad", "grads",
+                           "gradient", "gradients"}),
+    "optimizer": frozenset({"optimizer", "optim", "opt", "optimizer_step", "opt_step", "optim_step", "update",
+                            "param_update", "params_update", "weight_update", "apply_gradients", "adam",
+                            "adamw", "sgd", "zero_grad"}),
+    "step": frozenset({"step", "iter", "iteration", "it", "batch", "train_step", "step_time", "e2e",
+                       "end_to_end", "cycle", "train_iter", "minibatch", "mini_batch"}),
+}
+"""Phase -> the words (one word, or two joined by ``_``) that name it, tried in this order when a
+name holds words of several (``backward_allreduce``: communication, the part of the backward
+that waits; ``data`` beside ``step``: the data wait of a step). docs/METRICS.md prints it."""
+
+NOT_A_PHASE = frozenset({
+    "eta", "remaining", "left", "since", "uptime", "wallclock", "timestamp", "date", "clock",
+    "eval", "evaluation", "evaluate", "val", "valid", "validation", "test", "testing", "inference", "predict",
+    "checkpoint", "checkpointing", "ckpt", "save", "saving", "export", "warmup", "setup", "init",
+    "startup", "compile", "compilation", "log", "logging", "print", "epoch", "epochs",
+    "memory", "mem", "gpu_mem", "allocated", "reserved", "throughput", "speed", "flops", "tflops", "mfu",
+    "lr", "loss", "acc", "accuracy", "norm", "reward", "rollout", "rollouts", "generation", "generate",
+    "sampling", "env", "episode", "episodes", "total_time", "time_total", "time_elapsed", "total_elapsed",
+    "wall_time", "walltime", "elapsed_total", "train_runtime", "runtime",
+})
+"""Words, anywhere in the name, that put a key outside one training step: evaluation,
+checkpoints, time since the start or to the end, memory, throughput, RL rollouts and generation,
+model quality. docs/METRICS.md prints it."""
+COMPONENTS = frozenset({"layer", "layers", "block", "blocks", "module", "modules", "expert", "experts", "head",
+                        "heads", "op", "ops", "kernel", "kernels"})
+"""Words that make a duration one component's part of a phase (``layer.3.forward_ms``), not the
+phase: the step's forward is not layer 3's."""
+NOT_A_DURATION = frozenset({
+    "iterations", "iters", "steps", "batches", "samples", "tokens", "examples", "sequences", "timesteps",
+    "num", "count", "counts", "n", "size", "len", "length", "number", "idx", "index", "id", "fps", "sps", "tps",
+    "ips", "qps", "rate", "per_sec", "per_second", "per_s", "ratio", "pct", "percent", "frac", "fraction",
+    "share", "util", "utilization",
+})
+"""Words that, in a name proper with no time unit written, make it a count, a rate or a share
+(``time/iterations``, ``samples_per_sec``, ``data_ratio``)."""
+STATISTICS = frozenset({"total", "cumulative", "sum", "max", "min", "std", "var", "stddev", "p90", "p95", "p99",
+                        "median", "minimum", "maximum"})
+"""Words that make a duration a statistic over many steps, not one step's phase
+(``data_time_max_ms``, ``total_step_time``): read as a duration of no phase."""
+
+AMBIGUOUS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("iter", "time"): ("data_wait", "ESPnet's iter_time is the wait for the next batch; elsewhere the whole step"),
+    ("time",): ("", "a bare time is the step in some loggers and seconds since the start in others"),
+    ("train", "time"): ("", "train/time is the iteration time in some loggers, seconds since the start in others"),
+}
+"""Names whose words mean different things in different codebases: (the other meaning, why)."""
+
+AMBIGUOUS_CERTAINTY = 0.5
+"""A read's certainty (0-1) where the name alone cannot decide (``AMBIGUOUS``); 1 otherwise."""
+
+SIBLING_WORDS: dict[str, str] = {"step": "optimizer"}
+"""The last word of a name that means a phase beside its siblings: ``X_step`` next to ``X_forward``
+and ``X_backward`` (the same prefix) is the optimizer step (DeepSpeed's timers), alone the step."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What ``read_name`` made of a name. ``meaning``: a phase (``sidecar.model.meanings``) or
+    ``""`` (a duration of no phase, or no duration); ``unit``: the time unit read (``Unit.base``
+    ``seconds``; ``Unit(name)`` when the name is no duration); ``why``: the words that decided, for
+    ``explain``; ``certainty`` 0-1; ``ambiguous``: the other meaning's explanation, ``""`` if none;
+    ``sibling``: the meaning the name takes beside phases of the same prefix (``SIBLING_WORDS``);
+    ``outside``: the name says the key is no part of a training step (eval, checkpoint, since the
+    start, a statistic of many steps). ``unit`` is a time unit only where one is written or a
+    phase is read (a duration word alone, ``time_elapsed``, leaves a dict key a gauge)."""
+
+    meaning: str
+    unit: Unit
+    why: str
+    certainty: float = 1.0
+    ambiguous: str = ""
+    sibling: str = ""
+    outside: bool = False
+
+    @property
+    def duration(self) -> bool:
+        return self.unit.base == SECONDS
+
+
+def words(text: str) -> list[str]:
+    """The lower-case words of one segment: ``dataTime_ms`` -> ``['data', 'time', 'ms']``."""
+    return [w.lower() for w in _WORDS.findall(text)]
+
+
+def segments(name: str) -> list[list[str]]:
+    """The name's segments, each as its words (empty segments dropped)."""
+    return [ws for seg in _SEGMENTS.split(name) if (ws := words(seg))]
+
+
+def stem(name: str) -> str:
+    """The name's words without time units, joined by ``_``: ``Train/Samples/elapsed_time_ms_backward``
+    -> ``train_samples_elapsed_time_backward`` (a phase's parts extend its stem)."""
+    return "_".join(w for seg in segments(name) for w in seg if w not in TIME_UNITS)
+
+
+def _vocab(ws: list[str]) -> set[str]:
+    """The words and the joined neighbour pairs and triples of ``ws`` (``all_reduce``, ``fwd_bwd_step``)."""
+    out = set(ws)
+    out.update(f"{a}_{b}" for a, b in zip(ws, ws[1:], strict=False))
+    out.update(f"{a}_{b}_{c}" for a, b, c in zip(ws, ws[1:], ws[2:], strict=False))
+    return out
+
+
+def _time_unit(name: str, proper: list[str]) -> tuple[str, float] | None:
+    """The time unit written in the name: (as written, seconds per unit), or None."""
+    if name.endswith("/s") or re.search(r"(?i)(?:per|/)[\s_]*s(?:ec(?:ond)?s?)?\)?$", name):
+        return None  # a rate: samples/s, tokens_per_sec
+    for i, w in enumerate(proper):
+        factor = TIME_UNITS.get(w)
+        if factor is None and i == len(proper) - 1:
+            factor = END_UNITS.get(w)
+        if factor is None:
+            continue
+        if w == "s" and 0 < i < len(proper) - 1 and proper[i + 1] != "per":
+            continue  # an 's' inside a name (a plural split off, 'it_s') is no unit
+        if i + 1 < len(proper) and proper[i + 1] in ("per", "p") and i + 2 < len(proper):
+            return w, factor  # sec_per_iter: seconds per step
+        if i > 0 and proper[i - 1] == "per":
+            return None  # samples_per_s: a rate
+        return w, factor
+    return None
+
+
+def read_name(name: str) -> Reading:
+    """Read ``name`` (as sent, role and worker taken off). Pure and total: never raises."""
+    segs = segments(name)
+    if not segs:
+        return Reading("", Unit(name), "no words")
+    proper, namespace = segs[-1], [w for seg in segs[:-1] for w in seg]
+    vocab, space = _vocab(proper), _vocab(namespace)
+    unit = _time_unit(name, proper)
+    if unit is None and (vocab & NOT_A_DURATION or (proper[-1] in ("s", "sec") and "per" in proper)):
+        return Reading("", Unit(name), f"a count, rate or statistic: {_first(vocab & NOT_A_DURATION)}")
+    veto = (vocab | space) & (NOT_A_PHASE | COMPONENTS) | vocab & STATISTICS
+    if veto:
+        return Reading("", _unit(name, unit) if unit else Unit(name), f"not a phase of the step: {_first(veto)}",
+                       outside=True)
+    timed = unit is not None or bool(vocab & DURATION_WORDS) or bool(set(namespace) & DURATION_NAMESPACES)
+    if not timed:
+        return Reading("", Unit(name), "no time unit or duration word")
+    meaning, hit = _phase(vocab)
+    if not meaning:
+        meaning, hit = _phase(space - DURATION_NAMESPACES)
+    if not meaning:
+        return Reading("", _unit(name, unit) if unit else Unit(name), "a duration of no phase word")
+    u = _unit(name, unit)
+    why = f"'{hit}' -> {meaning}" + (f", unit {unit[0]}" if unit else ", unit not written: seconds")
+    other = AMBIGUOUS.get(tuple(w for w in proper if w not in TIME_UNITS))
+    if other is None and not namespace:
+        other = AMBIGUOUS.get(tuple(proper))
+    sibling = SIBLING_WORDS.get(proper[-1], "") if meaning == "step" and len(proper) > 1 else ""
+    if other is not None:
+        return Reading(meaning, u, why, AMBIGUOUS_CERTAINTY, other[1], sibling)
+    return Reading(meaning, u, why, 1.0, "", sibling)
+
+
+def _phase(vocab: set[str]) -> tuple[str, str]:
+    """(phase, the word that named it) from a name's words, in ``PHASE_WORDS`` order."""
+    found = {phase: sorted(vocab & ws) for phase, ws in PHASE_WORDS.items() if vocab & ws}
+    if "forward" in found and "backward" in found and "comm_wait" not in found:
+        return "forward_backward", f"{found['forward'][0]}+{found['backward'][0]}"
+    if "optimizer" in found and "comm_wait" not in found:
+        return "optimizer", found["optimizer"][0]
+    for phase, hits in found.items():
+        return phase, hits[0]
+    return "", ""
+
+
+def _unit(name: str, unit: tuple[str, float] | None) -> Unit:
+    """The reading's unit: the written one, else seconds (what Python timers measure)."""
+    if unit is None:
+        return Unit(name, "(not written: s)", SECONDS, 1.0)
+    return Unit(name, unit[0], SECONDS, unit[1])
+
+
+def _first(found: set[str]) -> str:
+    return min(found, key=lambda w: (len(w), w)) if found else ""
