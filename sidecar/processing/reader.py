@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from sidecar.processing.units import SECONDS, Unit
 
 _SEGMENTS = re.compile(r"[/.:|@,;=]+")
-_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+|µs")
+_WORDS = re.compile(r"[A-Z]{2,}s(?![a-z])|[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+|µs")
 
 TIME_UNITS: dict[str, float] = {
     "ns": 1e-9, "nanoseconds": 1e-9, "us": 1e-6, "µs": 1e-6, "usec": 1e-6, "microseconds": 1e-6,
@@ -62,7 +62,8 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
     "comm_wait": frozenset({"allreduce", "all_reduce", "reduce_scatter", "reducescatter", "allgather", "all_gather",
                             "alltoall", "all_to_all", "all2all", "comm", "comms", "communication", "nccl",
                             "collective", "collectives", "barrier", "broadcast", "grad_sync", "grads_sync",
-                            "gradient_sync", "sync_grads", "allreduce_wait", "p2p", "send", "recv", "dp_sync"}),
+                            "gradient_sync", "sync_grads", "allreduce_wait", "p2p", "send", "recv", "dp_sync",
+                            "weight_sync", "weights_sync", "param_sync", "params_sync", "model_sync"}),
     "data_wait": frozenset({"data", "dataloader", "dataloading", "data_loader", "data_loading", "loader", "loading",
                             "load", "fetch", "fetching", "input", "inputs", "io", "next_batch", "get_batch",
                             "batch_load", "batch_loading", "batch_wait", "batch_generator", "dataset", "prefetch",
@@ -86,16 +87,19 @@ NOT_A_PHASE = frozenset({
     "eval", "evaluation", "evaluate", "val", "valid", "validation", "test", "testing", "inference", "predict",
     "checkpoint", "checkpointing", "ckpt", "save", "saving", "export", "warmup", "setup", "init",
     "startup", "compile", "compilation", "log", "logging", "print", "epoch", "epochs",
-    "memory", "mem", "gpu_mem", "allocated", "reserved", "throughput", "speed", "flops", "tflops", "mfu",
+    "memory", "mem", "gpu_mem", "allocated", "reserved", "flops", "tflops", "mfu",
     "lr", "loss", "acc", "accuracy", "norm", "reward", "rollout", "rollouts", "generation", "generate",
     "sampling", "env", "episode", "episodes", "total_time", "time_total", "time_elapsed", "total_elapsed",
-    "wall_time", "walltime", "elapsed_total", "train_runtime", "runtime",
+    "wall_time", "walltime", "elapsed_total", "train_runtime",
 })
 """Words, anywhere in the name, that put a key outside one training step: evaluation,
 checkpoints, time since the start or to the end, memory, throughput, RL rollouts and generation,
 model quality. docs/METRICS.md prints it."""
+NAME_NOT_A_PHASE = frozenset({"throughput", "speed", "runtime", "perf", "performance"})
+"""Words that put a key outside the step in the name proper only: as a namespace they hold durations
+too (``speed/data_load_time``, ``runtime/iteration_time``)."""
 COMPONENTS = frozenset({"layer", "layers", "block", "blocks", "module", "modules", "expert", "experts", "head",
-                        "heads", "op", "ops", "kernel", "kernels"})
+                        "heads", "op", "ops", "kernel", "kernels", "clip", "clipping"})
 """Words that make a duration one component's part of a phase (``layer.3.forward_ms``), not the
 phase: the step's forward is not layer 3's."""
 NOT_A_DURATION = frozenset({
@@ -110,6 +114,15 @@ STATISTICS = frozenset({"total", "cumulative", "sum", "max", "min", "std", "var"
                         "median", "minimum", "maximum"})
 """Words that make a duration a statistic over many steps, not one step's phase
 (``data_time_max_ms``, ``total_step_time``): read as a duration of no phase."""
+
+LEARNERS = frozenset({"actor", "critic", "policy", "value", "rl", "ppo", "dqn", "learner", "agent", "reward_model"})
+"""Beside ``update``, words that make it a reinforcement learner's whole update (its forward,
+backward and optimizer steps over mini-batches), not the optimizer step: a part of the step the
+insight has no phase for (``timing_s/update_actor``)."""
+PER_ITEM = frozenset({"token", "tokens", "sample", "samples", "example", "examples", "image", "images", "seq",
+                      "sequence", "sequences", "item", "items", "sentence", "frame", "frames"})
+"""After ``per``, words that make a duration a cost per item (``timing_per_token_ms``), not a
+phase of the step."""
 
 AMBIGUOUS: dict[tuple[str, ...], tuple[str, str]] = {
     ("iter", "time"): ("data_wait", "ESPnet's iter_time is the wait for the next batch; elsewhere the whole step"),
@@ -163,7 +176,7 @@ def segments(name: str) -> list[list[str]]:
 def stem(name: str) -> str:
     """The name's words without time units, joined by ``_``: ``Train/Samples/elapsed_time_ms_backward``
     -> ``train_samples_elapsed_time_backward`` (a phase's parts extend its stem)."""
-    return "_".join(w for seg in segments(name) for w in seg if w not in TIME_UNITS)
+    return "_".join(w for seg in segments(name) for w in seg if w not in TIME_UNITS and w not in DURATION_WORDS)
 
 
 def _vocab(ws: list[str]) -> set[str]:
@@ -194,6 +207,12 @@ def _time_unit(name: str, proper: list[str]) -> tuple[str, float] | None:
     return None
 
 
+def _per_step(before: list[str]) -> tuple[str, float] | None:
+    """The unit of ``ms/it``: the segment before a lone step word, when it ends in a time unit."""
+    factor = TIME_UNITS.get(before[-1]) or END_UNITS.get(before[-1])
+    return (before[-1], factor) if factor is not None else None
+
+
 def read_name(name: str) -> Reading:
     """Read ``name`` (as sent, role and worker taken off). Pure and total: never raises."""
     segs = segments(name)
@@ -202,18 +221,28 @@ def read_name(name: str) -> Reading:
     proper, namespace = segs[-1], [w for seg in segs[:-1] for w in seg]
     vocab, space = _vocab(proper), _vocab(namespace)
     unit = _time_unit(name, proper)
+    if unit is None and len(segs) > 1 and len(proper) == 1 and proper[0] in PHASE_WORDS["step"]:
+        unit = _per_step(segs[-2])  # ms/it, s/batch: a time unit per step
     if unit is None and (vocab & NOT_A_DURATION or (proper[-1] in ("s", "sec") and "per" in proper)):
         return Reading("", Unit(name), f"a count, rate or statistic: {_first(vocab & NOT_A_DURATION)}")
-    veto = (vocab | space) & (NOT_A_PHASE | COMPONENTS) | vocab & STATISTICS
+    stats = vocab & STATISTICS
+    if proper[-1] == "total" and len(proper) > 1 and _phase({proper[-2]})[0]:
+        stats = stats - {"total"}  # step_total: the whole of the step, not a sum of many
+    veto = (vocab | space) & (NOT_A_PHASE | COMPONENTS) | stats | vocab & NAME_NOT_A_PHASE
     if veto:
         return Reading("", _unit(name, unit) if unit else Unit(name), f"not a phase of the step: {_first(veto)}",
                        outside=True)
     timed = unit is not None or bool(vocab & DURATION_WORDS) or bool(set(namespace) & DURATION_NAMESPACES)
     if not timed:
         return Reading("", Unit(name), "no time unit or duration word")
+    all_words = namespace + proper
+    if any(a == "per" and b in PER_ITEM for a, b in zip(all_words, all_words[1:], strict=False)):
+        return Reading("", _unit(name, unit) if unit else Unit(name), "a cost per item, not per step", outside=True)
     meaning, hit = _phase(vocab)
     if not meaning:
         meaning, hit = _phase(space - DURATION_NAMESPACES)
+    if meaning == "optimizer" and hit == "update" and (vocab | space) & LEARNERS:
+        return Reading("", _unit(name, unit) if unit else Unit(name), f"a learner's whole update: {hit}")
     if not meaning:
         return Reading("", _unit(name, unit) if unit else Unit(name), "a duration of no phase word")
     u = _unit(name, unit)
