@@ -61,7 +61,8 @@ def test_host_bound_compute_bound_throttled_and_straggler_for_a_loop() -> None:
     assert v.name == "compute-bound" and dict(v.evidence)["gpu_busy"] == pytest.approx(0.96)
     # half idle while the step is all timed and no wait explains it: said as such, never balanced
     half = compute_insight(loop(LOOP, cycle_ms=49), gpus=GpuFacts(busy={"0": 0.5})).verdict
-    assert half.name == "unexplained-idle" and dict(half.evidence)["trainer.unexplained"] == pytest.approx(0.36, abs=0.01)
+    assert half.name == "unexplained-idle"
+    assert dict(half.evidence)["trainer.unexplained"] == pytest.approx(0.36, abs=0.01)
     assert "inside the timed compute" in half.detail
     # a little idle with no wait over its threshold is balanced
     assert compute_insight(loop(LOOP, cycle_ms=49), gpus=GpuFacts(busy={"0": 0.8})).verdict.name == "balanced"

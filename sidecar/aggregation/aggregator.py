@@ -30,6 +30,7 @@ from sidecar.aggregation.series import (
     TimingSeries,
 )
 from sidecar.aggregation.settings import WindowSettings
+from sidecar.aggregation.step_axis import StepAxes
 from sidecar.model.mapped import Mapped
 from sidecar.model.names import claimed_names, counter_token, metric_token, timing_token
 from sidecar.model.window import (
@@ -127,6 +128,8 @@ class Aggregator:
         self._last_active: dict[tuple[int, str, str, str], float] = {}
         self._steps: dict[int, tuple[str, str, int]] = {}
         """sender id -> (role, worker, latest step) of its last profile."""
+        self._axes = StepAxes()
+        """Whose step counts samples or tokens (``step_axis``)."""
         self._first_steps: dict[int, int] = {}
         """sender id -> the step of its first profile the daemon had (the ledger counts from it)."""
         self._allocator: dict[tuple[str, str, int], tuple[int, int, int]] = {}
@@ -151,6 +154,8 @@ class Aggregator:
         self._resolved: dict[Any, int] = {}
         """Owner -> charged resolutions in this window."""
         self._owner: Any = None
+        self._sender: Any = None
+        """The sender of the batch being ingested (its step axis is told by its keys)."""
         self._left = 0
 
     def series_count(self) -> int:
@@ -182,6 +187,7 @@ class Aggregator:
         (``_admit``), and each owner has its own ``resolve_budget``. Returns the number accepted
         and the records rejected, by reason (a new dict: the caller books both)."""
         self._owner = owner = sender if owner is None else owner
+        self._sender = sender
         self._left = self.resolve_budget - self._resolved.get(owner, 0)
         table = self._names.get(sender)
         if table is None or table[0] != role or table[1] != worker:  # a relabelled sender resolves its names anew
@@ -354,6 +360,7 @@ class Aggregator:
         if kind == PROFILE:
             self._steps[sender] = (role, worker, name)
             self._first_steps.setdefault(sender, name)
+            self._axes.see(sender, name)
             self._entries(value.items(), role, worker, cache, memo, names)
             return None
         device = (role, worker, name)
@@ -402,6 +409,8 @@ class Aggregator:
         if entry.__class__ is str and self._left > 0 and name_problem(entry) is None:
             mapped = names(PROFILE, entry, role, worker)
         kind = mapped.kind if mapped is not None and mapped.kind >= 0 else profile_entry_kind(entry)
+        if mapped is not None and mapped.axis:
+            self._axes.name(self._sender)
         add = self._resolve(kind, entry, role, worker, cache, None, snapshot=True, mapped=mapped)
         if add.__class__ is not str or (add != "cardinality" and len(cache) < MAX_CACHED_REJECTIONS):
             cache[PROFILE, entry] = add
@@ -479,19 +488,26 @@ class Aggregator:
             self._rebuild_owners()
         self._resolved.clear()
         if known_senders is not None:
-            known = set(known_senders)
-            for gone in self._steps.keys() - known:
-                del self._steps[gone]
-                self._first_steps.pop(gone, None)
-            for gone in self._names.keys() - known:
-                del self._names[gone]
+            self._forget(set(known_senders))
         live = None if live_senders is None else set(live_senders)
         steps: dict[tuple[str, str], int] = {}
         for sender, (role, worker, step) in self._steps.items():
             if (live is None or sender in live) and step > steps.get((role, worker), -1):
                 steps[role, worker] = step
         return WindowReport(end_unix_s, duration_s, settle(views), steps, dict(self._allocator),
-                            {sender: step for sender, (_, _, step) in self._steps.items()}, dict(self._first_steps))
+                            {sender: step for sender, (_, _, step) in self._steps.items()}, dict(self._first_steps),
+                            self._axes.strides())
+
+
+    def _forget(self, known: set[Any]) -> None:
+        """Drop the steps, step axes and name tables of the senders not in ``known``."""
+        gone = self._steps.keys() - known
+        for sender in gone:
+            del self._steps[sender]
+            self._first_steps.pop(sender, None)
+        self._axes.forget(gone)
+        for sender in self._names.keys() - known:
+            del self._names[sender]
 
 
 def _cached_rejection(cache: dict[Any, Any], kind: int, name: Any, reason: str) -> str:

@@ -40,6 +40,9 @@ class Mapped:
     sibling: str = ""
     outside: bool = False
     stem: str = ""
+    axis: bool = False
+    """A ``publish()`` key whose namespace is a count of items (``Train/Samples/...``): its sender's
+    step may count samples, not steps (``sidecar.aggregation.step_axis``)."""
 
 
 READ = "read from the name"

@@ -87,6 +87,9 @@ class WindowReport:
     sender_first_steps: dict[int, int] = field(default_factory=dict)
     """Sender id -> the first step it published that the daemon had (the run ledger counts a
     sender's first stepping window from it)."""
+    sender_step_strides: dict[int, int] = field(default_factory=dict)
+    """Sender id -> items per step, for a sender whose step counts samples or tokens rather than
+    steps (``sidecar.aggregation.step_axis``); its steps are its step numbers over this."""
 
     def window_series(self, kind: int | None = None, name: str | None = None) -> Iterable[SeriesView]:
         """Series with data in this window, optionally of one kind and name."""

@@ -31,7 +31,7 @@ from sidecar.model.settings import RoleSettings
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING
 from sidecar.processing import presets
 from sidecar.processing.presets import PRESETS
-from sidecar.processing.reader import Reading, read_name, stem
+from sidecar.processing.reader import Reading, counts_items, read_name, stem
 from sidecar.processing.rules import MappingError, Rule, parse_rules
 from sidecar.processing.settings import MappingSettings
 from sidecar.processing.units import SECONDS, Unit, read_unit
@@ -84,19 +84,29 @@ class Mapper:
     def _map(self, kind: int, raw: str, role: str, worker: str) -> Mapped:
         """``resolve``, uncached: the rules, the key grammar, the presets."""
         if kind == PROFILE:
-            found = self._resolve(TIMING, raw, role, worker, entry=True)
-            if found is None or not found[0].meaning:
-                # a gauge meaning (a user's rule for a key in seconds) wins over an unmapped timing
-                as_gauge = self._resolve(GAUGE, raw, role, worker, entry=True)
-                if found is None or (as_gauge is not None and as_gauge[0].meaning):
-                    found = as_gauge
-        else:
-            found = self._resolve(kind, raw, role, worker, entry=False)
-            if kind == GAUGE and found is not None and not found[0].meaning and found[1] is None:
-                # a gauge whose name reads as a phase's duration is kept as that timing
-                as_timing = self._resolve(TIMING, raw, role, worker, entry=True)
-                if as_timing is not None and as_timing[0].meaning and READ in as_timing[0].rule:
-                    found = as_timing
+            mapped = self._entry(raw, role, worker)
+            return replace(mapped, axis=True) if counts_items(raw) else mapped
+        found = self._resolve(kind, raw, role, worker, entry=False)
+        if kind == GAUGE and found is not None and not found[0].meaning and found[1] is None:
+            # a gauge whose name reads as a phase's duration is kept as that timing
+            as_timing = self._resolve(TIMING, raw, role, worker, entry=True)
+            if as_timing is not None and as_timing[0].meaning and READ in as_timing[0].rule:
+                found = as_timing
+        return self._count(found)
+
+    def _entry(self, raw: str, role: str, worker: str) -> Mapped:
+        """A ``publish()`` dict key: a timing where its name says a time unit (its own or its
+        framework's) or a phase is read from it, else a gauge."""
+        found = self._resolve(TIMING, raw, role, worker, entry=True)
+        if found is None or not found[0].meaning:
+            # a gauge meaning (a user's rule for a key in seconds) wins over an unmapped timing
+            as_gauge = self._resolve(GAUGE, raw, role, worker, entry=True)
+            if found is None or (as_gauge is not None and as_gauge[0].meaning):
+                found = as_gauge
+        return self._count(found)
+
+    def _count(self, found: tuple[Mapped, int | None] | None) -> Mapped:
+        """The mapping found, its rule's hit counted."""
         assert found is not None  # only a dict key's timing form can be refused
         mapped, rule = found
         if rule is not None:

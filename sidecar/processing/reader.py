@@ -139,6 +139,15 @@ SIBLING_WORDS: dict[str, str] = {"step": "optimizer"}
 and ``X_backward`` (the same prefix) is the optimizer step (DeepSpeed's timers), alone the step."""
 
 
+AXIS_NAMESPACES = frozenset({"samples", "tokens", "examples", "sequences", "images"})
+"""A namespace segment that names what a logger's x-axis counts (DeepSpeed's ``Train/Samples/``)."""
+
+
+def counts_items(name: str) -> bool:
+    """Whether ``name``'s namespace says its logger's step counts items (``AXIS_NAMESPACES``)."""
+    return any(len(seg) == 1 and seg[0] in AXIS_NAMESPACES for seg in segments(name)[:-1])
+
+
 @dataclass(frozen=True, slots=True)
 class Reading:
     """What ``read_name`` made of a name. ``meaning``: a phase (``sidecar.model.meanings``) or
