@@ -12,8 +12,8 @@ in most loops, but DeepSpeed's ``elapsed_time_ms_step`` is the optimizer step, n
 stage reads the window:
 
 1. A name read as ``step`` whose reading says it means another phase beside its siblings
-   (``SeriesView.sibling``) takes that meaning when another timing of the same label shares its
-   prefix (its stem less the last word) and is a phase.
+   (``SeriesView.sibling``) takes that meaning when timings of the same label that share its
+   prefix (its stem less the last word) time the forward and the backward (or both as one).
 2. A phase timing whose stem is the start of another phase timing's stem (``x_backward`` and
    ``x_backward_inner``) is the sum of its parts: it keeps no meaning (``outside``: it is not
    unattributed time either), and the parts are read.
@@ -56,11 +56,11 @@ def _siblings(out: list[SeriesView], members: list[int]) -> None:
         if not v.sibling or v.meaning == v.sibling or "_" not in v.stem:
             continue
         prefix = v.stem.rsplit("_", 1)[0] + "_"
-        beside = [out[j].raw or out[j].name for j in members
-                  if j != i and out[j].meaning in PHASES and out[j].stem.startswith(prefix)]
-        if beside:
+        beside = {out[j].meaning: out[j].raw or out[j].name for j in members
+                  if j != i and out[j].meaning in PHASES and out[j].stem.startswith(prefix)}
+        if {"forward", "backward"} <= beside.keys() or "forward_backward" in beside:
             out[i] = replace(v, meaning=v.sibling,
-                             rule=f"{v.rule}; {v.sibling} beside {', '.join(sorted(beside)[:2])}")
+                             rule=f"{v.rule}; {v.sibling} beside {', '.join(sorted(beside.values())[:2])}")
 
 
 def _containers(out: list[SeriesView], members: list[int]) -> None:

@@ -371,7 +371,7 @@ def _read(v: Verdict, f: RoleFacts) -> Verdict:
     used = [(p, *f.read[p]) for p in f.read if any(k == f"{f.role}.{p}" for k, _ in v.evidence)]
     if not used:
         return v
-    note = "; ".join(f"{p} {READ}: {name}" + (" (ambiguous)" if c < 1.0 else "") for p, name, c in used)
+    note = "; ".join(f"{p} {READ}: {name}" + (", ambiguous" if c < 1.0 else "") for p, name, c in used)
     certainty = min(c for _, _, c in used)
     return replace(v, detail=f"{v.detail}; {note}" if v.detail else note,
                    confidence=round(v.confidence * certainty, 3))

@@ -63,11 +63,12 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
                             "alltoall", "all_to_all", "all2all", "comm", "comms", "communication", "nccl",
                             "collective", "collectives", "barrier", "broadcast", "grad_sync", "grads_sync",
                             "gradient_sync", "sync_grads", "allreduce_wait", "p2p", "send", "recv", "dp_sync",
-                            "weight_sync", "weights_sync", "param_sync", "params_sync", "model_sync"}),
+                            "weight_sync", "weights_sync", "param_sync", "params_sync", "model_sync", "gather",
+                            "scatter", "weight_gather", "param_gather"}),
     "data_wait": frozenset({"data", "dataloader", "dataloading", "data_loader", "data_loading", "loader", "loading",
                             "load", "fetch", "fetching", "input", "inputs", "io", "next_batch", "get_batch",
                             "batch_load", "batch_loading", "batch_wait", "batch_generator", "dataset", "prefetch",
-                            "sampler"}),
+                            "sampler", "buffer", "replay", "sample_batch", "batch_sample", "dequeue"}),
     "forward_backward": frozenset({"forward_backward", "fwd_bwd", "fwdbwd", "fb", "fwd_bwd_step", "train_batch"}),
     "forward": frozenset({"forward", "fwd", "fw", "fprop", "forward_pass"}),
     "backward": frozenset({"backward", "bwd", "bw", "bprop", "backprop", "backward_pass", "grad", "grads",
@@ -86,18 +87,18 @@ NOT_A_PHASE = frozenset({
     "eta", "remaining", "left", "since", "uptime", "wallclock", "timestamp", "date", "clock",
     "eval", "evaluation", "evaluate", "val", "valid", "validation", "test", "testing", "inference", "predict",
     "checkpoint", "checkpointing", "ckpt", "save", "saving", "export", "warmup", "setup", "init",
-    "startup", "compile", "compilation", "log", "logging", "print", "epoch", "epochs",
+    "startup", "compile", "compilation", "log", "logging", "print",
     "memory", "mem", "gpu_mem", "allocated", "reserved", "flops", "tflops", "mfu",
     "lr", "loss", "acc", "accuracy", "norm", "reward", "rollout", "rollouts", "generation", "generate",
-    "sampling", "env", "episode", "episodes", "total_time", "time_total", "time_elapsed", "total_elapsed",
+    "sampling", "env", "environment", "episode", "episodes", "total_time", "time_total", "time_elapsed", "total_elapsed",
     "wall_time", "walltime", "elapsed_total", "train_runtime",
 })
 """Words, anywhere in the name, that put a key outside one training step: evaluation,
 checkpoints, time since the start or to the end, memory, throughput, RL rollouts and generation,
 model quality. docs/METRICS.md prints it."""
-NAME_NOT_A_PHASE = frozenset({"throughput", "speed", "runtime", "perf", "performance"})
+NAME_NOT_A_PHASE = frozenset({"throughput", "speed", "runtime", "perf", "performance", "epoch", "epochs"})
 """Words that put a key outside the step in the name proper only: as a namespace they hold durations
-too (``speed/data_load_time``, ``runtime/iteration_time``)."""
+too (``speed/data_load_time``, ``runtime/iteration_time``, ``TrainEpochStats/avg_loader_time``)."""
 COMPONENTS = frozenset({"layer", "layers", "block", "blocks", "module", "modules", "expert", "experts", "head",
                         "heads", "op", "ops", "kernel", "kernels", "clip", "clipping"})
 """Words that make a duration one component's part of a phase (``layer.3.forward_ms``), not the
@@ -115,10 +116,12 @@ STATISTICS = frozenset({"total", "cumulative", "sum", "max", "min", "std", "var"
 """Words that make a duration a statistic over many steps, not one step's phase
 (``data_time_max_ms``, ``total_step_time``): read as a duration of no phase."""
 
-LEARNERS = frozenset({"actor", "critic", "policy", "value", "rl", "ppo", "dqn", "learner", "agent", "reward_model"})
-"""Beside ``update``, words that make it a reinforcement learner's whole update (its forward,
-backward and optimizer steps over mini-batches), not the optimizer step: a part of the step the
-insight has no phase for (``timing_s/update_actor``)."""
+LEARNERS = frozenset({"actor", "critic", "policy", "value", "rl", "ppo", "dqn", "learner", "agent", "reward_model",
+                      "algorithm", "algo", "ema", "target_network", "target_net", "buffer", "priorities"})
+"""Beside ``update``, words that make it another update than the optimizer step: a reinforcement
+learner's whole update (its forward, backward and optimizer steps over mini-batches,
+``timing_s/update_actor``), an EMA or target-network update, a replay buffer's: a part of the step
+the insight has no phase for."""
 PER_ITEM = frozenset({"token", "tokens", "sample", "samples", "example", "examples", "image", "images", "seq",
                       "sequence", "sequences", "item", "items", "sentence", "frame", "frames"})
 """After ``per``, words that make a duration a cost per item (``timing_per_token_ms``), not a
@@ -130,6 +133,11 @@ AMBIGUOUS: dict[tuple[str, ...], tuple[str, str]] = {
     ("train", "time"): ("", "train/time is the iteration time in some loggers, seconds since the start in others"),
 }
 """Names whose words mean different things in different codebases: (the other meaning, why)."""
+
+BARE_STEP = frozenset({"duration", "latency"})
+"""A name proper that is only one of these words: a duration that names no phase, most often the
+whole step's (levanter's ``throughput/duration``, tacotron2's ``duration``); read as the step at the
+ambiguous certainty."""
 
 AMBIGUOUS_CERTAINTY = 0.5
 """A read's certainty (0-1) where the name alone cannot decide (``AMBIGUOUS``); 1 otherwise."""
@@ -216,6 +224,12 @@ def _time_unit(name: str, proper: list[str]) -> tuple[str, float] | None:
     return None
 
 
+def _whole_of_a_phase(proper: list[str]) -> bool:
+    """Whether ``total`` stands next to a phase word (``step_total``, ``total_step_time``)."""
+    i = proper.index("total")
+    return any(_phase({w})[0] for w in proper[max(0, i - 1):i + 2] if w != "total")
+
+
 def _per_step(before: list[str]) -> tuple[str, float] | None:
     """The unit of ``ms/it``: the segment before a lone step word, when it ends in a time unit."""
     factor = TIME_UNITS.get(before[-1]) or END_UNITS.get(before[-1])
@@ -235,8 +249,8 @@ def read_name(name: str) -> Reading:
     if unit is None and (vocab & NOT_A_DURATION or (proper[-1] in ("s", "sec") and "per" in proper)):
         return Reading("", Unit(name), f"a count, rate or statistic: {_first(vocab & NOT_A_DURATION)}")
     stats = vocab & STATISTICS
-    if proper[-1] == "total" and len(proper) > 1 and _phase({proper[-2]})[0]:
-        stats = stats - {"total"}  # step_total: the whole of the step, not a sum of many
+    if "total" in stats and _whole_of_a_phase(proper):
+        stats = stats - {"total"}  # step_total, total_step_time: the whole of the step, not a sum of many
     veto = (vocab | space) & (NOT_A_PHASE | COMPONENTS) | stats | vocab & NAME_NOT_A_PHASE
     if veto:
         return Reading("", _unit(name, unit) if unit else Unit(name), f"not a phase of the step: {_first(veto)}",
@@ -252,6 +266,9 @@ def read_name(name: str) -> Reading:
         meaning, hit = _phase(space - DURATION_NAMESPACES)
     if meaning == "optimizer" and hit == "update" and (vocab | space) & LEARNERS:
         return Reading("", _unit(name, unit) if unit else Unit(name), f"a learner's whole update: {hit}")
+    if not meaning and len(proper) == 1 and proper[0] in BARE_STEP:
+        return Reading("step", _unit(name, unit), f"a bare '{proper[0]}': the step, if nothing else",
+                       AMBIGUOUS_CERTAINTY, "a bare duration is the step in most loggers, but not in all")
     if not meaning:
         return Reading("", _unit(name, unit) if unit else Unit(name), "a duration of no phase word")
     u = _unit(name, unit)
