@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.model.meanings import PHASES
@@ -59,20 +60,29 @@ def load(path: Path) -> list[Row]:
                 bool(t.get("ambiguous", False)), t.get("note", "")) for t in tables]
 
 
-def read(rows: Iterable[Row]) -> dict[tuple[str, str], str]:
-    """(repo, key) -> the meaning the daemon gives it (``""``: none), each repository's keys sent
-    by one trainer in one ``publish()`` dict."""
+class Got(NamedTuple):
+    """What the daemon made of a key: its meaning (``""``: none) and the read's certainty (0-1)."""
+
+    meaning: str
+    certainty: float = 1.0
+
+
+def read(rows: Iterable[Row]) -> dict[tuple[str, str], Got]:
+    """(repo, key) -> what the daemon makes of it, each repository's keys sent by one trainer in
+    one ``publish()`` dict."""
     by_repo: dict[str, list[str]] = defaultdict(list)
     for r in rows:
         by_repo[r.repo].append(r.key)
-    out: dict[tuple[str, str], str] = {}
+    out: dict[tuple[str, str], Got] = {}
     for repo, keys in by_repo.items():
         agg, mapper = Aggregator(), Mapper()
         agg.ingest("trainer", "0", [[PROFILE, 1, dict.fromkeys(keys, 1.0)]], mapper.resolve)
         # a phase told with its parts is read, then not counted again (its parts are): it was read right
-        seen = {v.raw or v.name: v.meaning for v in agg.roll(0.0, 1.0, 1.0).series if not v.outside or v.meaning}
+        seen = {v.raw or v.name: Got(v.meaning, v.certainty) for v in agg.roll(0.0, 1.0, 1.0).series
+                if not v.outside or v.meaning}
         for key in keys:  # a key refused by the window (two keys on one exported name) is read alone
-            out[repo, key] = seen[key] if key in seen else mapper.resolve(PROFILE, key, "trainer", "0").meaning
+            m = mapper.resolve(PROFILE, key, "trainer", "0")
+            out[repo, key] = seen.get(key, Got(m.meaning, m.certainty))
     return out
 
 
@@ -107,11 +117,11 @@ class Score:
         return self.nonphase_wrong / self.nonphase_total if self.nonphase_total else 0.0
 
 
-def score(rows: Iterable[Row], meanings: Mapping[tuple[str, str], str]) -> Score:
+def score(rows: Iterable[Row], meanings: Mapping[tuple[str, str], Got]) -> Score:
     """Score ``meanings`` (``read``) against the rows' labels."""
     s = Score()
     for r in rows:
-        meaning = meanings[r.repo, r.key]
+        meaning = meanings[r.repo, r.key].meaning
         ok = right(r, meaning)
         s.by_label[r.label][0] += ok
         s.by_label[r.label][1] += 1

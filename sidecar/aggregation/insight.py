@@ -148,10 +148,10 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
 
 def _reads(series: Iterable[SeriesView]) -> dict[str, dict[str, tuple[str, float]]]:
     """Role -> phase -> (name, certainty) of the timings whose phase was read from the name
-    (``READ``), the least certain read per phase."""
+    (``READ``) or is uncertain (a preset's bare ``time``), the least certain per phase."""
     out: dict[str, dict[str, tuple[str, float]]] = defaultdict(dict)
     for v in series:
-        if v.kind == TIMING and v.meaning in PHASES and READ in v.rule:
+        if v.kind == TIMING and v.meaning in PHASES + ("step",) and (READ in v.rule or v.certainty < 1.0):
             known = out[v.role].get(v.meaning)
             if known is None or v.certainty < known[1]:
                 out[v.role][v.meaning] = (v.raw or v.name, v.certainty)

@@ -31,7 +31,7 @@ from sidecar.model.settings import RoleSettings
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING
 from sidecar.processing import presets
 from sidecar.processing.presets import PRESETS
-from sidecar.processing.reader import Reading, counts_items, read_name, stem
+from sidecar.processing.reader import AMBIGUOUS_CERTAINTY, Reading, ambiguity, counts_items, read_name, stem
 from sidecar.processing.rules import MappingError, Rule, parse_rules
 from sidecar.processing.settings import MappingSettings
 from sidecar.processing.units import SECONDS, Unit, read_unit
@@ -137,6 +137,9 @@ class Mapper:
             if found is not None:
                 meaning, unit = found.meaning, found.unit
                 how = f"{how} + preset {found.preset}" if how else f"preset {found.preset}"
+                if kind == TIMING and (other := ambiguity(name)) is not None:  # a bare time: which framework?
+                    reading = Reading(meaning, unit, how, AMBIGUOUS_CERTAINTY, other[1])
+                    how = f"{how} (ambiguous: {other[1]})"
             elif kind == TIMING and unit.base in ("", SECONDS):
                 reading = read_name(name)
                 meaning, unit, how = _use_reading(reading, unit, how)

@@ -131,6 +131,7 @@ AMBIGUOUS: dict[tuple[str, ...], tuple[str, str]] = {
     ("iter", "time"): ("data_wait", "ESPnet's iter_time is the wait for the next batch; elsewhere the whole step"),
     ("time",): ("", "a bare time is the step in some loggers and seconds since the start in others"),
     ("train", "time"): ("", "train/time is the iteration time in some loggers, seconds since the start in others"),
+    ("batch",): ("", "a bare batch under time/ counts batches in composer; elsewhere it is the batch time"),
 }
 """Names whose words mean different things in different codebases: (the other meaning, why)."""
 
@@ -273,13 +274,22 @@ def read_name(name: str) -> Reading:
         return Reading("", _unit(name, unit) if unit else Unit(name), "a duration of no phase word")
     u = _unit(name, unit)
     why = f"'{hit}' -> {meaning}" + (f", unit {unit[0]}" if unit else ", unit not written: seconds")
-    other = AMBIGUOUS.get(tuple(w for w in proper if w not in TIME_UNITS))
-    if other is None and not namespace:
-        other = AMBIGUOUS.get(tuple(proper))
+    other = ambiguity(name)
     sibling = SIBLING_WORDS.get(proper[-1], "") if meaning == "step" and len(proper) > 1 else ""
     if other is not None:
         return Reading(meaning, u, why, AMBIGUOUS_CERTAINTY, other[1], sibling)
     return Reading(meaning, u, why, 1.0, "", sibling)
+
+
+def ambiguity(name: str) -> tuple[str, str] | None:
+    """(the other meaning, why) where ``name``'s words mean different things in different codebases
+    (``AMBIGUOUS``), whoever reads it (the reader, or a framework's preset for a bare ``time``)."""
+    segs = segments(name)
+    if not segs:
+        return None
+    proper = tuple(w for w in segs[-1] if w not in TIME_UNITS)
+    whole = tuple(w for seg in segs for w in seg if w not in TIME_UNITS)
+    return AMBIGUOUS.get(proper) or AMBIGUOUS.get(whole)
 
 
 def _phase(vocab: set[str]) -> tuple[str, str]:
@@ -303,3 +313,24 @@ def _unit(name: str, unit: tuple[str, float] | None) -> Unit:
 
 def _first(found: set[str]) -> str:
     return min(found, key=lambda w: (len(w), w)) if found else ""
+
+
+def doc_table() -> list[str]:
+    """docs/METRICS.md's vocabulary of the reader, one row per word list (a test keeps the two equal)."""
+    def words_of(ws: frozenset[str] | dict[str, float]) -> str:
+        return ", ".join(f"`{w}`" for w in sorted(ws))
+
+    rows = [("a time unit, anywhere in the name", words_of(TIME_UNITS) + "; at the end only: " + words_of(END_UNITS)),
+            ("a duration, when no unit is written (read in seconds)", words_of(DURATION_WORDS)),
+            ("a namespace of durations", words_of(DURATION_NAMESPACES))]
+    rows += [(f"phase `{phase}`", words_of(ws)) for phase, ws in PHASE_WORDS.items()]
+    rows += [("no phase of the step, anywhere in the name", words_of(NOT_A_PHASE)),
+             ("no phase of the step, in the name proper", words_of(NAME_NOT_A_PHASE)),
+             ("a component's part of a phase, not the phase", words_of(COMPONENTS)),
+             ("a statistic of many steps (`total` next to a phase word excepted)", words_of(STATISTICS)),
+             ("a count, a rate or a share, when no time unit is written", words_of(NOT_A_DURATION)),
+             ("after `per`: a cost per item", words_of(PER_ITEM)),
+             ("beside `update`: another update than the optimizer's", words_of(LEARNERS)),
+             ("alone: the step, uncertain", words_of(BARE_STEP)),
+             ("a namespace that says the step axis counts items", words_of(AXIS_NAMESPACES))]
+    return ["| the words | mean |", "| --- | --- |"] + [f"| {ws} | {what} |" for what, ws in rows]

@@ -1,0 +1,103 @@
+"""How well the daemon reads real metric names (issue 43), side by side with what it did before
+the name reader (the presets alone), and what a read costs per new series.
+
+    PYTHONPATH=. python bench/bench_names.py [--rounds 5]
+
+The corpus is ``tests/data/names/`` (real keys from the code of public training repositories,
+each labelled with what its code computes; ``tests/name_corpus.py`` publishes and scores it).
+For each part: the share of the phase timings (not marked ambiguous) read as their phase, the
+share of the keys that are no phase read as one (the costly error), the ambiguous keys apart; the
+published keys (what a tap or ``publish()`` carries) and the printed-only ones apart. The cost is
+the mapping stage's resolution of every key of a part with a fresh mapper (no cache), median of
+``--rounds`` alternating rounds, µs per key."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import sidecar.processing.mapping as mapping
+from sidecar.model.window import PROFILE
+from sidecar.processing.reader import Reading
+from sidecar.processing.units import Unit
+from tests.name_corpus import CORPUS, Row, load, read, score
+
+PARTS = ("names_design.toml", "names_holdout.toml", "names_holdout2.toml", "names_holdout3.toml")
+
+
+@contextmanager
+def presets_only() -> Iterator[None]:
+    """The mapping stage as it was before the reader: a name no rule or preset knows reads as nothing."""
+    real = mapping.read_name
+    mapping.read_name = lambda name: Reading("", Unit(name), "off")  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        mapping.read_name = real
+
+
+def shares(rows: list[Row]) -> dict[str, str]:
+    """The scores of ``rows`` as table cells."""
+    meanings = read(rows)
+    out = {}
+    for part, sel in (("published", [r for r in rows if r.published]), ("printed", [r for r in rows if not r.published])):
+        s = score(sel, meanings)
+        out[part] = (f"{s.phase_right}/{s.phase_total} = {s.phase_share:.1%} | {s.nonphase_wrong}/{s.nonphase_total} "
+                     f"= {s.nonphase_share:.1%} | {s.ambiguous_right}/{s.ambiguous_total}")  # three cells
+    return out
+
+
+def per_key_us(rows: list[Row], rounds: int) -> tuple[float, float]:
+    """Median µs per key to resolve ``rows``' keys with a fresh mapper: (with the reader, presets only)."""
+    keys = [r.key for r in rows]
+
+    def once() -> float:
+        mapper = mapping.Mapper()
+        t0 = time.perf_counter_ns()
+        for k in keys:
+            mapper.resolve(PROFILE, k, "trainer", "0")
+        return (time.perf_counter_ns() - t0) / len(keys) / 1000.0
+
+    timed: dict[str, list[float]] = {"reader": [], "presets": []}
+    for _ in range(rounds):
+        timed["reader"].append(once())
+        with presets_only():
+            timed["presets"].append(once())
+    return statistics.median(timed["reader"]), statistics.median(timed["presets"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    print("| part | keys (repos) | mapping | published: phase timings right | non-phase keys read as a phase "
+          "| ambiguous right | printed only: phase timings right | non-phase read as a phase | ambiguous right |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    every: list[Row] = []
+    for name in PARTS:
+        if not (CORPUS / name).exists():
+            continue
+        rows = load(CORPUS / name)
+        every += rows
+        head = f"| {name} | {len(rows)} ({len({r.repo for r in rows})})"
+        for label, scope in (("reader", _same), ("presets only", presets_only)):
+            with scope():
+                cells = shares(rows)
+            print(f"{head} | {label} | {cells['published']} | {cells['printed']} |")
+    reader_us, presets_us = per_key_us(every, args.rounds)
+    print(f"\nresolve one new key, {len(every)} keys, median of {args.rounds} rounds: reader {reader_us:.1f} us, "
+          f"presets only {presets_us:.1f} us (ratio {reader_us / presets_us:.2f})")
+    return 0
+
+
+@contextmanager
+def _same() -> Iterator[None]:
+    yield
+
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
