@@ -43,7 +43,8 @@ def shares(rows: list[Row]) -> dict[str, str]:
     """The scores of ``rows`` as table cells."""
     meanings = read(rows)
     out = {}
-    for part, sel in (("published", [r for r in rows if r.published]), ("printed", [r for r in rows if not r.published])):
+    published = [r for r in rows if r.published]
+    for part, sel in (("published", published), ("printed", [r for r in rows if not r.published])):
         s = score(sel, meanings)
         out[part] = (f"{s.phase_right}/{s.phase_total} = {s.phase_share:.1%} | {s.nonphase_wrong}/{s.nonphase_total} "
                      f"= {s.nonphase_share:.1%} | {s.ambiguous_right}/{s.ambiguous_total}")  # three cells

@@ -31,14 +31,14 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("microsoft/DeepSpeed", "pipe_send_output"): "printed in a 'time (ms)' line; no duration word",
     ("microsoft/DeepSpeed", "pipe_recv_grad"): "printed in a 'time (ms)' line; no duration word",
     ("microsoft/DeepSpeed", "batch_input"): "printed in a 'time (ms)' line; no duration word",
-    ("NVIDIA/Megatron-LM", "forward-backward"): "printed by timers.log; no duration word (its TensorBoard name is read)",
+    ("NVIDIA/Megatron-LM", "forward-backward"): "printed by timers.log; no duration word (its TB name is read)",
     ("karpathy/llm.c", "total average iteration time"): "printed; an average over the run reads as a statistic",
     ("facebookresearch/torchbeast", "dequeue"): "printed; no duration word",
     # published
     ("Denys88/rl_games", "performance/step_time"): "environment steps summed over a rollout; step_time is the "
                                                    "training step almost everywhere else",
     ("thu-ml/tianshou", "info/timing/train_time_update"): "a cumulative sum: nothing in the name says so",
-    ("google-research/big_vision", "z/secs/update0"): "the first step only (with compilation); 'update0' reads as no phase",
+    ("google-research/big_vision", "z/secs/update0"): "the first step only; 'update0' reads as no phase",
     ("pytorch/torchtitan", "time_metrics/data_loading(%)"): "a share of the step, read (rightly) as data_wait's share",
     ("volcengine/verl", "timing_s/update_weights"): "pushing weights to the rollout engine; elsewhere the optimizer's update",
 }

@@ -90,7 +90,8 @@ NOT_A_PHASE = frozenset({
     "startup", "compile", "compilation", "log", "logging", "print",
     "memory", "mem", "gpu_mem", "allocated", "reserved", "flops", "tflops", "mfu",
     "lr", "loss", "acc", "accuracy", "norm", "reward", "rollout", "rollouts", "generation", "generate",
-    "sampling", "env", "environment", "episode", "episodes", "total_time", "time_total", "time_elapsed", "total_elapsed",
+    "sampling", "env", "environment", "episode", "episodes", "total_time", "time_total", "time_elapsed",
+    "total_elapsed",
     "wall_time", "walltime", "elapsed_total", "train_runtime",
 })
 """Words, anywhere in the name, that put a key outside one training step: evaluation,
