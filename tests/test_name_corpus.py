@@ -40,7 +40,7 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("thu-ml/tianshou", "info/timing/train_time_update"): "a cumulative sum: nothing in the name says so",
     ("google-research/big_vision", "z/secs/update0"): "the first step only; 'update0' reads as no phase",
     ("pytorch/torchtitan", "time_metrics/data_loading(%)"): "a share of the step, read (rightly) as data_wait's share",
-    ("volcengine/verl", "timing_s/update_weights"): "pushing weights to the rollout engine; elsewhere the optimizer's update",
+    ("volcengine/verl", "timing_s/update_weights"): "weights pushed to the rollout engine; elsewhere the optimizer's",
 }
 """(repo, key) -> why the daemon does not read it as its code computes it."""
 
