@@ -51,6 +51,12 @@ by the GPU reading of its role alone (a live sender's, or its mapped series'): b
 ``compute-bound``; idle -> ``balanced`` at a low confidence, the idle share named
 ``<role>.unattributed`` (``_untimed``); no reading -> ``unknown``.
 
+No false health: a window the rules call ``balanced`` while a role's GPUs are idle at least
+``unexplained_idle_ratio`` of it beyond what the role's waits explain (the GPU idle
+attribution's ``unexplained``) is ``unexplained-idle`` instead (``_no_false_health``). Evidence a
+name reader read (no rule or preset mapped it) is named in the detail, and an ambiguous read
+lowers the confidence (``_read``).
+
 Every verdict has a confidence (0-1): 0.5 at its deciding threshold, rising to 1 as the deciding
 number moves one threshold's worth past it (for ``balanced``: how far the largest signal stays
 under its threshold). ``Hysteresis`` keeps the shown verdict from flapping between windows.
