@@ -182,7 +182,9 @@ def window_facts(report: IngestReport) -> WindowFacts:
         started = float(started) if isinstance(started, (int, float)) and 0 < started <= w.end_unix_s else 0.0
         step, first_step = w.sender_steps.get(s.sender), w.sender_first_steps.get(s.sender)
         stride = w.sender_step_strides.get(s.sender)
-        if stride and step is not None:  # its step counts samples or tokens: steps are that over the stride
+        if stride == 0:  # its step counts samples or tokens, how many a step not known yet: held
+            step = first_step = None
+        elif stride and step is not None:  # steps are its sample numbers over the stride
             step, first_step = step // stride, None if first_step is None else first_step // stride
         if step is None:  # no publish(step): a step field of its own (a framework's iter, global_step)
             step, first_step = numbers.get((s.role, s.worker), (None, None))

@@ -56,9 +56,15 @@ class StepAxes:
         self._named.add(sender)
 
     def strides(self) -> dict[int, int]:
-        """Sender -> the items per step of a sender whose axis counts items (the rules above)."""
-        return {s: a.stride for s, a in self._axes.items()
-                if s in self._named and a.stride > 1 and a.runs >= MIN_RUNS}
+        """Sender -> the items per step of a sender whose axis counts items (the rules above), 0
+        while its keys say so but its stride is not known yet (its steps are not counted until
+        it is: a sample number is never taken for a step number)."""
+        out = {}
+        for s in self._named:
+            a = self._axes.get(s)
+            if a is not None:
+                out[s] = a.stride if a.stride > 1 and a.runs >= MIN_RUNS else 0
+        return out
 
     def forget(self, gone: Collection[int]) -> None:
         for sender in gone:

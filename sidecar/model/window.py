@@ -89,7 +89,8 @@ class WindowReport:
     sender's first stepping window from it)."""
     sender_step_strides: dict[int, int] = field(default_factory=dict)
     """Sender id -> items per step, for a sender whose step counts samples or tokens rather than
-    steps (``sidecar.aggregation.step_axis``); its steps are its step numbers over this."""
+    steps (``sidecar.aggregation.step_axis``); its steps are its step numbers over this (0: not
+    known yet, its steps are not counted until it is)."""
 
     def window_series(self, kind: int | None = None, name: str | None = None) -> Iterable[SeriesView]:
         """Series with data in this window, optionally of one kind and name."""

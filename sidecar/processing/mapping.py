@@ -31,10 +31,18 @@ from sidecar.model.settings import RoleSettings
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING
 from sidecar.processing import presets
 from sidecar.processing.presets import PRESETS
-from sidecar.processing.reader import AMBIGUOUS_CERTAINTY, Reading, ambiguity, counts_items, read_name, stem
+from sidecar.processing.reader import (
+    AMBIGUOUS_CERTAINTY,
+    Reading,
+    ambiguity,
+    counts_items,
+    read_name,
+    read_rate,
+    stem,
+)
 from sidecar.processing.rules import MappingError, Rule, parse_rules
 from sidecar.processing.settings import MappingSettings
-from sidecar.processing.units import SECONDS, Unit, read_unit
+from sidecar.processing.units import PER_SECOND, SECONDS, Unit, read_unit
 
 __all__ = ["PRESETS", "Mapper", "MappingError", "Rule", "parse_rules", "preset_table"]
 _SEP = re.compile(r"[./]")
@@ -133,7 +141,8 @@ class Mapper:
         unit = read_unit(name)
         reading: Reading | None = None
         if not meaning and not (by_rule is not None and self.rules[by_rule - 1].unread):
-            found = presets.find(kind, name, unit, entry)
+            own_rate = unit.written and not unit.known and kind in (GAUGE, SCALAR) and read_rate(name)
+            found = None if own_rate else presets.find(kind, name, unit, entry)  # (samples/s) is no TFLOP/s
             if found is not None:
                 meaning, unit = found.meaning, found.unit
                 how = f"{how} + preset {found.preset}" if how else f"preset {found.preset}"
@@ -143,6 +152,8 @@ class Mapper:
             elif kind == TIMING and unit.base in ("", SECONDS):
                 reading = read_name(name)
                 meaning, unit, how = _use_reading(reading, unit, how)
+            elif kind in (GAUGE, SCALAR) and unit.base in ("", PER_SECOND) and (rate := read_rate(name)):
+                meaning, how = rate, f"{how} + {READ} (a rate)" if how else f"{READ} (a rate)"
         elif kind == TIMING and unit.base != SECONDS:
             if entry and unit.known:
                 return None  # a dict key in another unit (a percent: a share) is no timing

@@ -218,11 +218,9 @@ def _time_unit(name: str, proper: list[str]) -> tuple[str, float] | None:
             continue
         if w == "s" and 0 < i < len(proper) - 1 and proper[i + 1] != "per":
             continue  # an 's' inside a name (a plural split off, 'it_s') is no unit
-        if i + 1 < len(proper) and proper[i + 1] in ("per", "p") and i + 2 < len(proper):
-            return w, factor  # sec_per_iter: seconds per step
         if i > 0 and proper[i - 1] == "per":
-            return None  # samples_per_s: a rate
-        return w, factor
+            return None  # samples_per_s, tokens_per_second_per_gpu: a rate
+        return w, factor  # sec_per_iter too: seconds per step
     return None
 
 
@@ -316,6 +314,30 @@ def _first(found: set[str]) -> str:
     return min(found, key=lambda w: (len(w), w)) if found else ""
 
 
+RATES: dict[str, frozenset[str]] = {
+    "tokens_per_s": frozenset({"tokens", "token", "tok", "toks", "tks"}),
+    "samples_per_s": frozenset({"samples", "sample", "examples", "example", "images", "imgs", "img", "sequences",
+                                "seqs", "seq", "sentences"}),
+    "steps_per_s": frozenset({"steps", "step", "it", "its", "iter", "iters", "iterations", "batches", "batch"}),
+}
+"""Throughput meaning -> the words of what a rate counts, read before ``per``/``/`` and a time unit
+(``perf/tokens_per_sec``, ``train/samples_per_second_per_gpu``, ``it/s``)."""
+_PER_TIME = re.compile(r"(?i)([a-z]+)(?:[\s_]*(?:per|/)[\s_]*)(?:s|sec|secs|second|seconds)(?:$|[_\s/()]|per)")
+
+
+def read_rate(name: str) -> str:
+    """The throughput meaning (``RATES``) a rate's name says, ``""`` if none: what the last segment
+    counts per second (``perf/tokens_per_sec`` -> ``tokens_per_s``); a namespace of counts is read
+    too (``samples/s``). Environment frames and steps of RL (``fps``, ``SPS``) are no training rate."""
+    segs = _SEGMENTS.split(name)
+    for text in (segs[-1], "/".join(segs[-2:])) if len(segs) > 1 else (segs[-1],):
+        m = _PER_TIME.search(text)
+        if m is not None:
+            counted = m.group(1).lower()
+            return next((meaning for meaning, ws in RATES.items() if counted in ws), "")
+    return ""
+
+
 def doc_table() -> list[str]:
     """docs/METRICS.md's vocabulary of the reader, one row per word list (a test keeps the two equal)."""
     def words_of(ws: frozenset[str] | dict[str, float]) -> str:
@@ -334,4 +356,5 @@ def doc_table() -> list[str]:
              ("beside `update`: another update than the optimizer's", words_of(LEARNERS)),
              ("alone: the step, uncertain", words_of(BARE_STEP)),
              ("a namespace that says the step axis counts items", words_of(AXIS_NAMESPACES))]
+    rows += [(f"before `per`/`/` and a time unit: `{meaning}`", words_of(ws)) for meaning, ws in RATES.items()]
     return ["| the words | mean |", "| --- | --- |"] + [f"| {ws} | {what} |" for what, ws in rows]

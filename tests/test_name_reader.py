@@ -1,0 +1,146 @@
+"""The name reader, rule by rule (``sidecar/processing/reader.py``), and what the mapping stage and
+the window make of its reads: kinds that follow meaning, phases that contain phases, a step
+decided by its siblings, a samples axis, a user overruling a read."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.aggregation.aggregator import Aggregator
+from sidecar.aggregation.insight import compute_insight
+from sidecar.aggregation.ledger import window_facts
+from sidecar.model.insight import GpuFacts
+from sidecar.model.window import GAUGE, PROFILE, TIMING
+from sidecar.processing.mapping import Mapper, parse_rules
+from sidecar.processing.reader import read_name, read_rate, stem
+
+
+@pytest.mark.parametrize(("name", "meaning", "factor"), [
+    ("timing/data_s", "data_wait", 1.0),                       # a namespace, the unit at the end
+    ("perf/data_time_ms", "data_wait", 1e-3),
+    ("Train/Samples/elapsed_time_ms_forward", "forward", 1e-3),  # the unit inside
+    ("elapsed time per iteration (ms)", "step", 1e-3),          # Megatron's printed words
+    ("batch_time", "step", 1.0),                                # no unit written: seconds
+    ("sec_per_iter", "step", 1.0),
+    ("ms/it", "step", 1e-3),                                    # a unit per step
+    ("dataTimeMs", "data_wait", 1e-3),                          # camelCase
+    ("fwd_bwd_time", "forward_backward", 1.0),
+    ("optimizer_step_time", "optimizer", 1.0),                  # an optimizer word makes the step the optimizer's
+    ("backward_allreduce_ms", "comm_wait", 1e-3),               # collectives win over the phase they sit in
+    ("speed/data_load_time", "data_wait", 1.0),                 # speed as a namespace holds durations
+    ("train/timing/step_total", "step", 1.0),                   # total next to a phase word: the whole step
+    ("timers/forward", "forward", 1.0),
+])
+def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
+    r = read_name(name)
+    assert (r.meaning, r.unit.base, r.certainty) == (meaning, "seconds", 1.0), r
+    assert r.unit.factor == pytest.approx(factor)
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("time/time_elapsed", "time_elapsed"),        # since the start
+    ("eval_time_s", "eval"),
+    ("data_time_max_ms", "max"),                  # a statistic of many steps
+    ("layer.3.forward_ms", "layer"),              # one component's part
+    ("timing_per_token_ms/update_actor", "per item"),
+    ("time/iterations", "iterations"),            # a count under a namespace of durations
+    ("time/fps", "fps"),
+    ("memory/max_reserved(GiB)", "max"),
+    ("timing_s/update_actor", "update"),          # a learner's whole update is no optimizer step
+    ("time_debug/update_ema", "update"),
+    ("grad_norm", "norm"),
+    ("data", "no time unit"),                     # names a phase, says no duration
+    ("iteration-time/TFLOPs per gpu (estimated)", "tflops"),
+])
+def test_names_that_are_no_phase(name: str, why: str) -> None:
+    r = read_name(name)
+    assert r.meaning == "" and why in r.why, r
+
+
+def test_ambiguous_names_are_read_with_less_certainty_and_say_why() -> None:
+    r = read_name("iter_time")
+    assert (r.meaning, r.certainty) == ("step", 0.5) and "ESPnet" in r.ambiguous
+    m = Mapper().resolve(PROFILE, "time", "t", "0")  # a preset's bare time: which framework?
+    assert (m.meaning, m.certainty) == ("step", 0.5) and "ambiguous" in m.rule
+    assert read_name("throughput/duration").certainty == 0.5
+
+
+def test_rates_are_throughputs() -> None:
+    assert [read_rate(n) for n in ("perf/tokens_per_sec", "train/samples_per_second_per_gpu", "it/s",
+                                   "Throughput (samples/s)", "time/fps", "perf/throughput")] == \
+        ["tokens_per_s", "samples_per_s", "steps_per_s", "samples_per_s", "", ""]
+    m = Mapper().resolve(PROFILE, "Throughput (samples/s)", "t", "0")
+    assert (m.kind, m.meaning) == (GAUGE, "samples_per_s")  # not Megatron's TFLOP/s "throughput"
+
+
+def test_kinds_follow_meaning_on_both_paths() -> None:
+    mapper = Mapper()
+    for kind in (PROFILE, GAUGE):  # a tapped logger call (publish) and a gauge() alike
+        m = mapper.resolve(kind, "perf/data_time_ms", "t", "0")
+        assert (m.kind, m.meaning, m.scale) == (TIMING, "data_wait", 1.0) and "read from the name" in m.rule
+        m = mapper.resolve(kind, "timing/iter_s", "t", "0")
+        assert (m.kind, m.meaning, m.scale) == (TIMING, "step", 1000.0)
+    agg = Aggregator()
+    assert agg.ingest("t", "0", [[GAUGE, "timing/data_s", 0.03], [GAUGE, "timing/iter_s", 0.05]], mapper.resolve) \
+        == (2, {})
+    views = {v.raw: v for v in agg.roll(0.0, 1.0, 1.0).series}
+    assert views["timing/data_s"].kind == TIMING and views["timing/data_s"].snapshot
+    assert views["timing/data_s"].window["mean"] == pytest.approx(30.0)  # ms, as every timing series
+
+
+def test_a_users_rule_overrules_a_read() -> None:
+    rules = parse_rules([{"match": "perf/data_time_ms", "phase": "none"}, {"match": "batch_time", "phase": "optimizer"}])
+    mapper = Mapper(rules)
+    none = mapper.resolve(PROFILE, "perf/data_time_ms", "t", "0")
+    assert none.meaning == "" and none.rule.startswith("mapping[1] (no phase)")
+    assert mapper.resolve(PROFILE, "batch_time", "t", "0").meaning == "optimizer"
+    assert [r.source for r in rules] == ["match = 'perf/data_time_ms' -> none", "match = 'batch_time' -> optimizer"]
+
+
+DEEPSPEED = {f"Train/Samples/elapsed_time_ms_{k}": v for k, v in
+             {"forward": 10.0, "backward": 45.0, "backward_inner": 12.0, "backward_allreduce": 33.0, "step": 5.0}.items()}
+
+
+def _window(profiles: list[tuple[int, dict[str, float]]], sender: int = 1):
+    agg, mapper = Aggregator(), Mapper()
+    for step, data in profiles:
+        for key, value in data.items():  # DeepSpeed's monitor: one add_scalar (one publish) per key
+            agg.ingest("trainer", "0", [[PROFILE, step, {key: value}]], mapper.resolve, sender=sender)
+    return agg.roll(0.0, 10.0, 10.0)
+
+
+def test_a_phase_told_with_its_parts_counts_once_and_its_all_reduce_is_communication() -> None:
+    w = _window([(32 * i, DEEPSPEED) for i in range(1, 6)])
+    meanings = {v.raw.rsplit("_ms_", 1)[1]: v.meaning for v in w.series}
+    assert meanings == {"forward": "forward", "backward": "", "backward_inner": "backward",
+                        "backward_allreduce": "comm_wait", "step": "optimizer"}
+    whole = next(v for v in w.series if v.raw.endswith("_backward"))
+    assert whole.outside and "the sum of its parts" in whole.rule
+    shares = compute_insight(w, gpus=GpuFacts(busy={"0": 0.46})).roles["trainer"].time_share
+    assert shares == pytest.approx({"forward": 10 / 60, "backward": 12 / 60, "comm_wait": 33 / 60, "optimizer": 5 / 60})
+
+
+def test_a_step_alone_is_the_step_and_a_forward_backward_beside_its_parts_is_not_counted() -> None:
+    alone = _window([(1, {"Train/Samples/elapsed_time_ms_step": 50.0, "Train/Samples/elapsed_time_ms_data": 5.0})])
+    assert {v.raw: v.meaning for v in alone.series}["Train/Samples/elapsed_time_ms_step"] == "step"
+    both = _window([(1, {"fwd_ms": 10.0, "bwd_ms": 20.0, "fwd_bwd_ms": 30.0})])
+    assert {v.raw: v.meaning for v in both.series} == {"fwd_ms": "forward", "bwd_ms": "backward", "fwd_bwd_ms": ""}
+    assert stem("Train/Samples/elapsed_time_ms_backward") == "train_samples_backward"
+
+
+def test_a_samples_axis_counts_steps_not_samples() -> None:
+    from sidecar.model.window import IngestReport, SenderView
+
+    def report(w):
+        s = SenderView(1, "trainer", "0", 4242, {"started_unix_s": 1.0}, 0.1, 9.9, 5, 5, 5, 0, 0, 0, {}, {})
+        return IngestReport(w, (s,), {}, {}, {}, 0, 0, 0, 0, 0)
+
+    early = _window([(32, DEEPSPEED), (64, DEEPSPEED)])  # one stride seen: not yet known, not counted
+    assert early.sender_step_strides == {1: 0} and window_facts(report(early)).senders[0].step is None
+    samples = _window([(32 * i, DEEPSPEED) for i in range(1, 9)])
+    assert samples.sender_step_strides == {1: 32} and samples.sender_steps == {1: 256}
+    fact = window_facts(report(samples)).senders[0]
+    assert (fact.step, fact.first_step) == (8, 1)
+    # the same stride from a logger that says no samples namespace: every 32nd step, steps as sent
+    every = _window([(32 * i, {"timing/iter_s": 0.05}) for i in range(1, 9)])
+    assert every.sender_step_strides == {} and window_facts(report(every)).senders[0].step == 256
