@@ -89,7 +89,8 @@ def test_kinds_follow_meaning_on_both_paths() -> None:
 
 
 def test_a_users_rule_overrules_a_read() -> None:
-    rules = parse_rules([{"match": "perf/data_time_ms", "phase": "none"}, {"match": "batch_time", "phase": "optimizer"}])
+    rules = parse_rules([{"match": "perf/data_time_ms", "phase": "none"},
+                         {"match": "batch_time", "phase": "optimizer"}])
     mapper = Mapper(rules)
     none = mapper.resolve(PROFILE, "perf/data_time_ms", "t", "0")
     assert none.meaning == "" and none.rule.startswith("mapping[1] (no phase)")
@@ -97,8 +98,8 @@ def test_a_users_rule_overrules_a_read() -> None:
     assert [r.source for r in rules] == ["match = 'perf/data_time_ms' -> none", "match = 'batch_time' -> optimizer"]
 
 
-DEEPSPEED = {f"Train/Samples/elapsed_time_ms_{k}": v for k, v in
-             {"forward": 10.0, "backward": 45.0, "backward_inner": 12.0, "backward_allreduce": 33.0, "step": 5.0}.items()}
+DEEPSPEED = {f"Train/Samples/elapsed_time_ms_{k}": v for k, v in {
+    "forward": 10.0, "backward": 45.0, "backward_inner": 12.0, "backward_allreduce": 33.0, "step": 5.0}.items()}
 
 
 def _window(profiles: list[tuple[int, dict[str, float]]], sender: int = 1):
