@@ -47,7 +47,7 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("time/fps", "fps"),
     ("memory/max_reserved(GiB)", "max"),
     ("timing_s/update_actor", "update"),          # a learner's whole update is no optimizer step
-    ("time_debug/update_ema", "update"),
+    ("time_debug/update_ema", "ema"),
     ("grad_norm", "norm"),
     ("data", "no time unit"),                     # names a phase, says no duration
     ("iteration-time/TFLOPs per gpu (estimated)", "tflops"),

@@ -51,11 +51,13 @@ minimum as often as minutes) and ``h`` are units only at the end of a name."""
 END_UNITS: dict[str, float] = {"min": 60.0, "h": 3600.0}
 
 DURATION_WORDS = frozenset({"time", "times", "timing", "timings", "duration", "durations", "latency", "elapsed",
-                            "took", "wait", "waiting", "waited", "dt", "delay", "stall", "stalled", "blocked"})
+                            "took", "wait", "waiting", "waited", "dt", "delay", "stall", "stalled", "blocked", "timer",
+                            "timers", "starvation", "starved", "starving"})
 """Words that make the name proper a duration when no unit is written (then read in seconds:
 ``time.time()`` and ``perf_counter()`` differences, what Python code logs)."""
 DURATION_NAMESPACES = frozenset({"time", "times", "timing", "timings", "timer", "timers", "durations",
-                                 "latency", "latencies", "profile", "profiling", "perf_time"})
+                                 "latency", "latencies", "profile", "profiling", "perf_time", "timeperf", "timeit",
+                                 "time_perf", "perf_timing"})
 """Namespace segments whose keys are durations (``timing/data_s``, ``time/data``)."""
 
 PHASE_WORDS: dict[str, frozenset[str]] = {
@@ -64,20 +66,22 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
                             "collective", "collectives", "barrier", "broadcast", "grad_sync", "grads_sync",
                             "gradient_sync", "sync_grads", "allreduce_wait", "p2p", "send", "recv", "dp_sync",
                             "weight_sync", "weights_sync", "param_sync", "params_sync", "model_sync", "gather",
-                            "scatter", "weight_gather", "param_gather"}),
+                            "scatter", "weight_gather", "param_gather", "weight_update", "weights_update",
+                            "update_weights", "update_weight", "bcast"}),
     "data_wait": frozenset({"data", "dataloader", "dataloading", "data_loader", "data_loading", "loader", "loading",
                             "load", "fetch", "fetching", "input", "inputs", "io", "next_batch", "get_batch",
                             "batch_load", "batch_loading", "batch_wait", "batch_generator", "dataset", "prefetch",
-                            "sampler", "buffer", "replay", "sample_batch", "batch_sample", "dequeue"}),
+                            "sampler", "sample_batch", "batch_sample", "dequeue", "rb_sample", "buffer_sample",
+                            "replay_sample", "sample_buffer", "dl",
+                            "wait_for_batch", "queue_get", "inter_step", "inter_batch", "between_steps"}),
     "forward_backward": frozenset({"forward_backward", "fwd_bwd", "fwdbwd", "fb", "fwd_bwd_step", "train_batch"}),
-    "forward": frozenset({"forward", "fwd", "fw", "fprop", "forward_pass"}),
+    "forward": frozenset({"forward", "fwd", "fw", "fprop", "forward_pass", "logprobs", "logprob", "logp", "logits"}),
     "backward": frozenset({"backward", "bwd", "bw", "bprop", "backprop", "backward_pass", "grad", "grads",
                            "gradient", "gradients"}),
-    "optimizer": frozenset({"optimizer", "optim", "opt", "optimizer_step", "opt_step", "optim_step", "update",
-                            "param_update", "params_update", "weight_update", "apply_gradients", "adam",
-                            "adamw", "sgd", "zero_grad"}),
+    "optimizer": frozenset({"optimizer", "optim", "opt", "optimizer_step", "opt_step", "optim_step", "gradstep",
+                            "grad_step", "apply_gradients", "adam", "adamw", "sgd", "zero_grad"}),
     "step": frozenset({"step", "iter", "iteration", "it", "batch", "train_step", "step_time", "e2e",
-                       "end_to_end", "cycle", "train_iter", "minibatch", "mini_batch"}),
+                       "end_to_end", "cycle", "train_iter", "minibatch", "mini_batch", "loop"}),
 }
 """Phase -> the words (one word, or two joined by ``_``) that name it, tried in this order when a
 name holds words of several (``backward_allreduce``: communication, the part of the backward
@@ -87,7 +91,7 @@ NOT_A_PHASE = frozenset({
     "eta", "remaining", "left", "since", "uptime", "wallclock", "timestamp", "date", "clock",
     "eval", "evaluation", "evaluate", "val", "valid", "validation", "test", "testing", "inference", "predict",
     "checkpoint", "checkpointing", "ckpt", "save", "saving", "export", "warmup", "setup", "init",
-    "startup", "compile", "compilation", "log", "logging", "print",
+    "startup", "compile", "compilation", "log", "logging", "print", "store", "storing",
     "memory", "mem", "gpu_mem", "allocated", "reserved", "flops", "tflops", "mfu",
     "lr", "loss", "acc", "accuracy", "norm", "reward", "rollout", "rollouts", "generation", "generate",
     "sampling", "env", "environment", "episode", "episodes", "total_time", "time_total", "time_elapsed",
@@ -113,16 +117,21 @@ NOT_A_DURATION = frozenset({
 """Words that, in a name proper with no time unit written, make it a count, a rate or a share
 (``time/iterations``, ``samples_per_sec``, ``data_ratio``)."""
 STATISTICS = frozenset({"total", "cumulative", "sum", "max", "min", "std", "var", "stddev", "p90", "p95", "p99",
-                        "median", "minimum", "maximum"})
+                        "median", "minimum", "maximum", "diff", "difference", "delta"})
 """Words that make a duration a statistic over many steps, not one step's phase
 (``data_time_max_ms``, ``total_step_time``): read as a duration of no phase."""
 
-LEARNERS = frozenset({"actor", "critic", "policy", "value", "rl", "ppo", "dqn", "learner", "agent", "reward_model",
-                      "algorithm", "algo", "ema", "target_network", "target_net", "buffer", "priorities"})
-"""Beside ``update``, words that make it another update than the optimizer step: a reinforcement
-learner's whole update (its forward, backward and optimizer steps over mini-batches,
-``timing_s/update_actor``), an EMA or target-network update, a replay buffer's: a part of the step
-the insight has no phase for."""
+OTHER_PARTS = frozenset({"update", "updates", "preprocess", "preprocessing", "processing", "prep", "prepare",
+                         "preparation", "tokenize", "tokenization", "collate", "priority", "priorities", "ema"})
+"""Words of a part of the step the insight has no phase for: a learner's whole ``update`` (its
+forward, backward and optimizer steps over mini-batches: ``timing_s/update_actor``,
+``time/update``; in no corpus key is ``update`` the optimizer step alone, and beside ``weights`` it
+is the push of new weights to an inference engine: communication), host-side batch preparation
+(``data_preprocess_time``, ``input_prep_time``), an EMA or replay-priority update. A name with one of
+these and no stronger phase word reads as no phase (its time unattributed, never a wait)."""
+DATA_FIRST = frozenset({"queue_get", "wait_for_batch", "get_batch", "next_batch"})
+"""Words that say the trainer waits for its next batch even where another word would put the key
+outside the step (``stats/rollout_queue_get_time``: a learner blocked on its rollouts' queue)."""
 PER_ITEM = frozenset({"token", "tokens", "sample", "samples", "example", "examples", "image", "images", "seq",
                       "sequence", "sequences", "item", "items", "sentence", "frame", "frames"})
 """After ``per``, words that make a duration a cost per item (``timing_per_token_ms``), not a
@@ -136,10 +145,14 @@ AMBIGUOUS: dict[tuple[str, ...], tuple[str, str]] = {
 }
 """Names whose words mean different things in different codebases: (the other meaning, why)."""
 
-BARE_STEP = frozenset({"duration", "latency"})
+BARE_STEP = frozenset({"duration", "latency", "dt", "seconds", "secs", "sec"})
 """A name proper that is only one of these words: a duration that names no phase, most often the
 whole step's (levanter's ``throughput/duration``, tacotron2's ``duration``); read as the step at the
 ambiguous certainty."""
+
+WAIT_WORDS = frozenset({"wait", "waiting", "waited", "blocked", "stall", "stalled", "starvation", "starved",
+                        "starving"})
+"""A duration word that says the trainer waited; with no phase word, for its input (uncertain)."""
 
 AMBIGUOUS_CERTAINTY = 0.5
 """A read's certainty (0-1) where the name alone cannot decide (``AMBIGUOUS``); 1 otherwise."""
@@ -183,8 +196,13 @@ class Reading:
 
 
 def words(text: str) -> list[str]:
-    """The lower-case words of one segment: ``dataTime_ms`` -> ``['data', 'time', 'ms']``."""
-    return [w.lower() for w in _WORDS.findall(text)]
+    """The lower-case words of one segment: ``dataTime_ms`` -> ``['data', 'time', 'ms']``; ``log``
+    before ``probs``, ``prob`` or ``p`` is one word (``log_probs`` is a forward pass, not logging)."""
+    out = [w.lower() for w in _WORDS.findall(text)]
+    for i in range(len(out) - 1, 0, -1):
+        if out[i - 1] == "log" and out[i] in ("probs", "prob", "p"):
+            out[i - 1:i + 1] = ["log" + out[i]]
+    return out
 
 
 def segments(name: str) -> list[list[str]]:
@@ -252,6 +270,8 @@ def read_name(name: str) -> Reading:
     if "total" in stats and _whole_of_a_phase(proper):
         stats = stats - {"total"}  # step_total, total_step_time: the whole of the step, not a sum of many
     veto = (vocab | space) & (NOT_A_PHASE | COMPONENTS) | stats | vocab & NAME_NOT_A_PHASE
+    if vocab & DATA_FIRST:
+        veto = stats
     if veto:
         return Reading("", _unit(name, unit) if unit else Unit(name), f"not a phase of the step: {_first(veto)}",
                        outside=True)
@@ -264,8 +284,14 @@ def read_name(name: str) -> Reading:
     meaning, hit = _phase(vocab)
     if not meaning:
         meaning, hit = _phase(space - DURATION_NAMESPACES)
-    if meaning == "optimizer" and hit == "update" and (vocab | space) & LEARNERS:
-        return Reading("", _unit(name, unit) if unit else Unit(name), f"a learner's whole update: {hit}")
+    if meaning in ("", "optimizer", "step", "data_wait") and vocab & OTHER_PARTS and meaning != "comm_wait":
+        part = _first(vocab & OTHER_PARTS)
+        if meaning != "data_wait" or part in ("preprocess", "preprocessing", "processing", "prep", "prepare",
+                                              "preparation", "tokenize", "tokenization", "collate"):
+            return Reading("", _unit(name, unit) if unit else Unit(name), f"a part of the step of no phase: {part}")
+    if not meaning and vocab & WAIT_WORDS:
+        return Reading("data_wait", _unit(name, unit), "a wait for no named thing: the input, if nothing else",
+                       AMBIGUOUS_CERTAINTY, "a trainer's bare wait is most often for its next batch")
     if not meaning and len(proper) == 1 and proper[0] in BARE_STEP:
         return Reading("step", _unit(name, unit), f"a bare '{proper[0]}': the step, if nothing else",
                        AMBIGUOUS_CERTAINTY, "a bare duration is the step in most loggers, but not in all")
@@ -353,7 +379,9 @@ def doc_table() -> list[str]:
              ("a statistic of many steps (`total` next to a phase word excepted)", words_of(STATISTICS)),
              ("a count, a rate or a share, when no time unit is written", words_of(NOT_A_DURATION)),
              ("after `per`: a cost per item", words_of(PER_ITEM)),
-             ("beside `update`: another update than the optimizer's", words_of(LEARNERS)),
+             ("a part of the step of no phase (`update`: a learner's whole update)", words_of(OTHER_PARTS)),
+             ("the next batch, even where another word would put the key outside the step", words_of(DATA_FIRST)),
+             ("a wait for no named thing: `data_wait`, uncertain", words_of(WAIT_WORDS)),
              ("alone: the step, uncertain", words_of(BARE_STEP)),
              ("a namespace that says the step axis counts items", words_of(AXIS_NAMESPACES))]
     rows += [(f"before `per`/`/` and a time unit: `{meaning}`", words_of(ws)) for meaning, ws in RATES.items()]
