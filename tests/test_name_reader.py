@@ -145,3 +145,20 @@ def test_a_samples_axis_counts_steps_not_samples() -> None:
     # the same stride from a logger that says no samples namespace: every 32nd step, steps as sent
     every = _window([(32 * i, {"timing/iter_s": 0.05}) for i in range(1, 9)])
     assert every.sender_step_strides == {} and window_facts(report(every)).senders[0].step == 256
+
+
+def test_any_name_is_read_without_raising() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.text(min_size=1, max_size=200))
+    def check(name: str) -> None:
+        r = read_name(name)
+        assert r.meaning in ("", "data_wait", "forward", "backward", "forward_backward", "optimizer", "comm_wait",
+                             "step")
+        assert 0.0 < r.certainty <= 1.0 and (r.unit.base in ("", "seconds"))
+        assert read_rate(name) in ("", "tokens_per_s", "samples_per_s", "steps_per_s")
+        stem(name)
+
+    check()
