@@ -1,0 +1,135 @@
+"""What training runs really die of (issue 45): real shim processes that publish 100 steps, flush,
+then die the ways trainers die (an uncaught exception, torch's CUDA out-of-memory error raised on
+a CPU-only torch, an NCCL error of ``torch.distributed``, ``sys.exit`` with a status or a message,
+``MemoryError``, an error chained from an OOM, a multiprocessing child's ``sys.exit``,
+``os._exit(1)``), and the ends that must stay ``clean`` (a normal end, an exception in a thread, a
+caught ``SystemExit``). One real daemon; each case its own role; what the daemon exports for it
+(how, cause, GPU, the log line's detail) and the loss accounting unchanged.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.daemon_harness import DaemonProc, wait_for
+from tests.soak import ends
+from tests.soak.exits import PRELUDE
+
+GONE_AFTER_S = 2.0
+
+DEATHS = PRELUDE + textwrap.dedent("""
+    import threading
+    mode, role = sys.argv[2], sys.argv[3]
+    ch, calls = connect(role, "0", 0.05)
+    for step in range(1, 101):
+        ch.publish(step, {"step_ms": 1.0}); calls += 1
+    if mode == "mp_child":
+        import multiprocessing as mp
+        def work():
+            child = telemetry.configure(endpoint=sys.argv[1], role=role + "-child", worker="0")
+            child.publish(3, {"step_ms": 1.0}); telemetry.flush(wait_s=10)
+            sys.exit("the worker gave up")
+        p = mp.get_context("fork").Process(target=work); p.start(); p.join()
+    assert telemetry.flush(wait_s=10)
+    print(json.dumps({"made": calls}), flush=True)
+    time.sleep(0.3)  # flush() returns once ZeroMQ has the frames: let its I/O thread write them
+    GPU_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of 79.11 GiB of "
+               "which 1.25 GiB is free. Including non-PyTorch memory, this process has 77.8 GiB memory in use.")
+    if mode == "nan":
+        raise RuntimeError("loss is NaN at step 100")
+    if mode == "cuda_oom":
+        import torch
+        raise torch.cuda.OutOfMemoryError(GPU_OOM)
+    if mode == "old_oom":  # torch before 1.13: a RuntimeError
+        raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; "
+                           "14.21 GiB already allocated; 3.19 MiB free; 14.60 GiB reserved in total by PyTorch)")
+    if mode == "chained":
+        import torch
+        try:
+            raise torch.cuda.OutOfMemoryError(GPU_OOM)
+        except RuntimeError as exc:
+            raise RuntimeError("step 100 failed") from exc
+    if mode == "nccl":
+        import torch.distributed as dist
+        raise dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there "
+                                    "was a network error, NCCL version 2.21.5")
+    if mode == "memory":
+        raise MemoryError("cannot allocate the replay buffer")
+    if mode == "exit2":
+        sys.exit(2)
+    if mode == "exit_msg":
+        sys.exit("config file missing: run.yaml")
+    if mode == "os_exit":
+        os._exit(1)
+    if mode == "own_hook":
+        sys.excepthook = lambda *a: print("own hook", file=sys.stderr)
+        raise ValueError("told by the exit status only")
+    if mode == "close_first":
+        try:
+            raise RuntimeError("diverged")
+        finally:
+            telemetry.close()
+    if mode == "thread":
+        t = threading.Thread(target=lambda: 1 / 0, name="prefetch"); t.start(); t.join()
+    if mode == "caught_exit":
+        try:
+            sys.exit(3)
+        except SystemExit:
+            pass
+""")
+
+CASES = [
+    # mode, status, how, cause, gpu, the log line's detail
+    ("nan", 1, "failed", "exception", "", "(exception: RuntimeError: loss is NaN at step 100) at step 100"),
+    ("cuda_oom", 1, "oom", "cuda_oom", "1", "(cuda_oom on GPU 1: OutOfMemoryError: CUDA out of memory. Tried"),
+    ("old_oom", 1, "oom", "cuda_oom", "0", "(cuda_oom on GPU 0: RuntimeError: CUDA out of memory."),
+    ("chained", 1, "oom", "cuda_oom", "1", "RuntimeError: step 100 failed (from OutOfMemoryError: CUDA out"),
+    ("nccl", 1, "failed", "nccl", "", "(nccl: DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970"),
+    ("memory", 1, "oom", "host_oom", "", "(host_oom: MemoryError: cannot allocate the replay buffer)"),
+    ("exit2", 2, "failed", "exit_code", "", "(exit_code: exit status 2)"),
+    ("exit_msg", 1, "failed", "exit_code", "", "(exit_code: exit status 1)"),
+    ("own_hook", 1, "failed", "exit_code", "", "(exit_code: exit status 1)"),
+    ("close_first", 1, "failed", "exception", "", "(exception: RuntimeError: diverged)"),
+    ("os_exit", 1, "unclean", "", "", "unclean at step 100"),
+    ("clean", 0, "clean", "", "", "clean at step 100"),
+    ("thread", 0, "clean", "", "", "clean at step 100"),
+    ("caught_exit", 0, "clean", "", "", "clean at step 100"),
+    ("mp_child", 0, "clean", "", "", "clean at step 100"),
+]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
+    d = DaemonProc(tmp_path_factory.mktemp("deaths"), "--sender-gone-after", str(GONE_AFTER_S))
+    yield d
+    d.stop()
+
+
+def test_each_death_is_told_for_what_it_is(daemon: DaemonProc) -> None:
+    """All cases at once, each its own role: each is booked once with its how, cause and GPU on
+    the page, its detail in the log line, and the loss accounting exact."""
+    procs = {mode: ends.start(daemon, mode, f"die-{mode}", DEATHS) for mode, *_ in CASES}
+    done = {mode: ends.finish(p, f"die-{mode}") for mode, p in procs.items()}
+    log_lines = {}
+    for mode, status, how, cause, gpu, detail in CASES:
+        role = f"die-{mode}"
+        assert done[mode].status == status, (mode, done[mode].status)
+        assert wait_for(lambda: ends.ends_of(daemon, role), timeout_s=60, what=role) == {how: 1}, mode
+        last = ends.last_end(daemon, role)
+        assert last is not None and (last["how"], last["cause"], last["gpu"]) == (how, cause, gpu), (mode, last)
+        assert last["step"] == "100", (mode, last)
+        total, dropped = ends.losses(daemon, role)
+        assert total == done[mode].made, (mode, total, done[mode].made, dropped)
+        log_lines[mode] = [line for line in daemon.log().splitlines() if f"sender ended: {role}/0 " in line]
+        assert len(log_lines[mode]) == 1 and detail in log_lines[mode][0], (mode, log_lines[mode])
+    child = wait_for(lambda: ends.last_end(daemon, "die-mp_child-child"), timeout_s=60, what="the child's end")
+    assert (child["how"], child["cause"]) == ("failed", "exit_code"), child
+    assert "(exit_code: exit status 1: the worker gave up)" in daemon.log()
+    assert "NaN" not in "".join(lab.get("cause", "") for lab, _ in
+                                daemon.samples()["dflash_sidecar_sender_last_exit_timestamp_seconds"])
+    time.sleep(GONE_AFTER_S + 2.5)  # two tally scans more: nothing is booked twice
+    assert ends.ends_of(daemon, "die-nan") == {"failed": 1}
