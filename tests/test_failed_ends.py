@@ -9,13 +9,21 @@ caught ``SystemExit``). One real daemon; each case its own role; what the daemon
 
 from __future__ import annotations
 
+import json
+import socket
+import subprocess
+import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-from tests.daemon_harness import DaemonProc, wait_for
+from sidecar.cli.top import render, scrape
+from tests import wandb_records
+from tests.daemon_harness import DaemonProc, env, wait_for
 from tests.soak import ends
 from tests.soak.exits import PRELUDE
 
@@ -133,3 +141,54 @@ def test_each_death_is_told_for_what_it_is(daemon: DaemonProc) -> None:
                                 daemon.samples()["dflash_sidecar_sender_last_exit_timestamp_seconds"])
     time.sleep(GONE_AFTER_S + 2.5)  # two tally scans more: nothing is booked twice
     assert ends.ends_of(daemon, "die-nan") == {"failed": 1}
+
+
+def test_wandb_report_and_top_tell_what_ended_it(tmp_path: Path) -> None:
+    """A NaN failure and a CUDA OOM (torch's own error, raised on a CPU-only torch) under a daemon
+    logging to a real offline W&B run: each raises an alert naming its cause with the detail in
+    its text, the rows count ``failed`` and ``oom``; ``top`` shows the cause and the GPU; after
+    the daemon stopped, ``report`` shows the ends per how and what ended each role last."""
+    wandb_dir = tmp_path / "wandb"
+    wandb_dir.mkdir()
+    d = DaemonProc(tmp_path, "--wandb-run", "deaths-run", "--sender-gone-after", str(GONE_AFTER_S), interval=0.5,
+                   extra_env={"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true"})
+    try:
+        procs = [(ends.start(d, mode, f"wb-{mode}", DEATHS), f"wb-{mode}") for mode in ("nan", "cuda_oom")]
+        for p, role in procs:
+            ends.finish(p, role)
+        wait_for(lambda: ends.ends_of(d, "wb-nan") == {"failed": 1} and ends.ends_of(d, "wb-cuda_oom") == {"oom": 1},
+                 timeout_s=60, what="both ends")
+        console = Console(width=400, record=True)
+        console.print(render(scrape(d.url)))
+        screen = console.export_text()
+        assert "wb-cuda_oom/0 pid" in screen and "oom (cuda_oom on GPU 1) at step 100" in screen, screen
+        assert "failed (exception) at step 100" in screen, screen
+        logged = d.value("dflash_sidecar_wandb_rows_logged_total") or 0
+        wait_for(lambda: (d.value("dflash_sidecar_wandb_rows_logged_total") or 0) >= logged + 2, timeout_s=60,
+                 what="the rows after the ends logged")
+        time.sleep(1.5)  # the window with the last end reaches the state file
+    finally:
+        d.stop()
+    (run_file,) = list(wandb_dir.rglob("*.wandb"))
+    alerts = {a.title: a.text for a in wandb_records.of_type(run_file, "alert")}
+    host = socket.gethostname()
+    nan = f"wb-nan process ended failed (exception) on {host}"[:63]
+    oom = f"wb-cuda_oom process ended oom (cuda_oom) on {host}"[:63]
+    assert set(alerts) == {nan, oom}, alerts
+    assert "(exception: RuntimeError: loss is NaN at step 100)" in alerts[nan], alerts[nan]
+    assert "(cuda_oom on GPU 1: OutOfMemoryError: CUDA out of memory." in alerts[oom], alerts[oom]
+    rows = [{k.replace(f"sidecar/{host}/", ""): v for k, v in row.items()}
+            for row in wandb_records.history_rows(run_file)]
+    assert any(r.get("ends/wb-nan/failed") == 1 and r.get("ends/wb-nan/step") == 100 for r in rows)
+    assert any(r.get("ends/wb-cuda_oom/oom") == 1 and r.get("ends/wb-cuda_oom/unknown_records") == 0 for r in rows)
+    state = ["--state-dir", str(tmp_path / "state")]
+    data = json.loads(subprocess.run([sys.executable, "-m", "sidecar", "report", "--json", *state], capture_output=True,
+                                     text=True, env=env(), timeout=60, check=True).stdout)
+    last = {r["role"]: r["last_end"] for r in data["runs"]}
+    assert last["wb-nan"] == {"how": "failed", "cause": "exception", "detail": "RuntimeError: loss is NaN at step 100"}
+    assert last["wb-cuda_oom"]["cause"] == "cuda_oom", last
+    table = subprocess.run([sys.executable, "-m", "sidecar", "report", *state], capture_output=True, text=True,
+                           env=env(), timeout=60, check=True).stdout
+    assert "failed" in table.split("sender ends", 1)[1].split("\n", 1)[0], table
+    assert "  last end: failed (exception: RuntimeError: loss is NaN at step 100)" in table, table
+    assert "  last end: oom (cuda_oom: OutOfMemoryError: CUDA out of memory." in table, table
