@@ -1,7 +1,8 @@
 """What training runs really die of (issue 45): real shim processes that publish 100 steps, flush,
 then die the ways trainers die (an uncaught exception, torch's CUDA out-of-memory error raised on
 a CPU-only torch, an NCCL error of ``torch.distributed``, ``sys.exit`` with a status or a message,
-``MemoryError``, an error chained from an OOM, a multiprocessing child's ``sys.exit``,
+``MemoryError``, an error chained from an OOM, a DataLoader worker's error, a multiprocessing
+child's ``sys.exit``,
 ``os._exit(1)``), and the ends that must stay ``clean`` (a normal end, an exception in a thread, a
 caught ``SystemExit``). One real daemon; each case its own role; what the daemon exports for it
 (how, cause, GPU, the log line's detail) and the loss accounting unchanged.
@@ -65,6 +66,13 @@ DEATHS = PRELUDE + textwrap.dedent("""
         import torch.distributed as dist
         raise dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there "
                                     "was a network error, NCCL version 2.21.5")
+    if mode == "loader":  # a DataLoader worker's error, re-raised in the main process
+        import torch.utils.data as tud
+        class Bad(tud.Dataset):
+            def __len__(self): return 4
+            def __getitem__(self, i): raise ValueError(f"corrupt sample {i}")
+        for _ in tud.DataLoader(Bad(), num_workers=1):
+            pass
     if mode == "memory":
         raise MemoryError("cannot allocate the replay buffer")
     if mode == "exit2":
@@ -97,6 +105,7 @@ CASES = [
     ("old_oom", 1, "oom", "cuda_oom", "0", "(cuda_oom on GPU 0: RuntimeError: CUDA out of memory."),
     ("chained", 1, "oom", "cuda_oom", "1", "RuntimeError: step 100 failed (from OutOfMemoryError: CUDA out"),
     ("nccl", 1, "failed", "nccl", "", "(nccl: DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970"),
+    ("loader", 1, "failed", "exception", "", "(exception: ValueError: Caught ValueError in DataLoader worker process"),
     ("memory", 1, "oom", "host_oom", "", "(host_oom: MemoryError: cannot allocate the replay buffer)"),
     ("exit2", 2, "failed", "exit_code", "", "(exit_code: exit status 2)"),
     ("exit_msg", 1, "failed", "exit_code", "", "(exit_code: exit status 1)"),
