@@ -5,7 +5,8 @@ a CPU-only torch, an NCCL error of ``torch.distributed``, ``sys.exit`` with a st
 child's ``sys.exit``,
 ``os._exit(1)``), and the ends that must stay ``clean`` (a normal end, an exception in a thread, a
 caught ``SystemExit``). One real daemon; each case its own role; what the daemon exports for it
-(how, cause, GPU, the log line's detail) and the loss accounting unchanged.
+(how, cause, GPU, the log line's detail; ``promtool check metrics`` on the page) and the loss
+accounting unchanged.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from rich.console import Console
 
 from sidecar.cli.top import render, scrape
 from tests import wandb_records
-from tests.daemon_harness import DaemonProc, env, wait_for
+from tests.daemon_harness import DaemonProc, env, require_tool, wait_for
 from tests.soak import ends
 from tests.soak.exits import PRELUDE
 
@@ -148,6 +149,9 @@ def test_each_death_is_told_for_what_it_is(daemon: DaemonProc) -> None:
     assert "(exit_code: exit status 1: the worker gave up)" in daemon.log()
     assert "NaN" not in "".join(lab.get("cause", "") for lab, _ in
                                 daemon.samples()["dflash_sidecar_sender_last_exit_timestamp_seconds"])
+    lint = subprocess.run([require_tool("promtool"), "check", "metrics"], input=daemon.text(), capture_output=True,
+                          text=True, timeout=60)
+    assert lint.returncode == 0 and not lint.stdout.strip(), (lint.stdout, lint.stderr)
     time.sleep(GONE_AFTER_S + 2.5)  # two tally scans more: nothing is booked twice
     assert ends.ends_of(daemon, "die-nan") == {"failed": 1}
 
