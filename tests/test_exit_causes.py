@@ -2,17 +2,26 @@
 errors (CPU torch: its CUDA out-of-memory type, ``torch.distributed``'s backend error, its host
 allocator's real failure) and on the cases no trainer plans for: a chain whose cause is the OOM, a
 DataLoader worker's error re-raised in the main process, a ``__str__`` that raises, a message of
-megabytes, a chain that loops. And how the daemon tells an end from what it knows
-(``model.ends.how_ended``)."""
+megabytes, a chain that loops. How the daemon tells an end from what it knows
+(``model.ends.how_ended``). And a real process: the trainer's own hooks still run, the tally and
+the exit-status file tell its death."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
 import pytest
 import torch
 import torch.distributed as dist
 
 from sidecar.model.ends import EndFacts, how_ended
-from trainer_shim import exit_causes
+from sidecar.sources.tallies import read_exit_status
+from tests.daemon_harness import env
+from trainer_shim import exit_causes, wire
 from trainer_shim.exit_causes import classify, exit_detail
 
 OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.11 GiB of which "
@@ -111,3 +120,45 @@ def test_the_detail_is_bounded_and_nothing_raises() -> None:
 def test_how_an_end_is_told(facts: EndFacts, told: tuple[str, str, str]) -> None:
     end = how_ended(facts)
     assert (end.how, end.cause, end.detail) == told
+
+
+HOOKS_CHILD = """
+import sys, threading, time
+from trainer_shim import telemetry
+def own(kind, value, tb):
+    print("own hook:", kind.__name__, file=sys.stderr, flush=True)
+def own_thread(args):
+    print("own thread hook:", args.exc_type.__name__, file=sys.stderr, flush=True)
+sys.excepthook, threading.excepthook = own, own_thread  # the trainer's, before the shim's
+telemetry.configure(endpoint=sys.argv[1], role="t", worker="0")
+telemetry.count("n")
+telemetry.flush(wait_s=2)
+time.sleep(0.3)  # the flusher wrote the tally (and armed the exit-status file) after the cycle
+t = threading.Thread(target=lambda: 1 / 0, name="prefetch"); t.start(); t.join()
+raise RuntimeError("loss is NaN at step 100")
+"""
+
+
+def test_the_trainers_own_hooks_still_run_and_the_tally_tells_the_death(tmp_path: Path) -> None:
+    """The trainer's ``sys.excepthook`` and ``threading.excepthook``, installed before the shim,
+    run as before (the shim's chain to them); the final tally tells the main thread's exception
+    (not the thread's, seen first) and the exit-status file the status 1."""
+    directory = tmp_path / "s.sock.ledger"
+    directory.mkdir()  # as a daemon makes it: the shim never creates it
+    out = subprocess.run([sys.executable, "-c", HOOKS_CHILD, f"ipc://{tmp_path}/s.sock"], capture_output=True,
+                         text=True, timeout=60, env=env())
+    assert out.returncode == 1, out.stderr
+    assert "own thread hook: ZeroDivisionError" in out.stderr and "own hook: RuntimeError" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr  # the trainer's hooks replaced Python's printing, and still do
+    (tally_path,) = directory.glob("*" + wire.TALLY_SUFFIX)
+    fd = os.open(tally_path, os.O_RDONLY)
+    try:
+        payload = wire.read_tally_slots(lambda off, n: os.pread(fd, n, off))
+    finally:
+        os.close(fd)
+    assert payload is not None
+    tally = msgspec.msgpack.decode(payload, type=wire.Tally)
+    assert tally.end == wire.TallyEnd.CLOSED
+    assert (tally.cause, tally.detail, tally.thread) == ("exception", "RuntimeError: loss is NaN at step 100", "")
+    (exit_path,) = directory.glob("*" + wire.EXIT_SUFFIX)
+    assert read_exit_status(str(exit_path)) == 1

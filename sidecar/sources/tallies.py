@@ -176,7 +176,7 @@ class TallyDirectory:
                 r.crash = _fatal_signal(path)
             path, uid = sides[wire.EXIT_SUFFIX].get(ident, ("", -1))
             if path and uid == r.uid and _gone(*ident):
-                r.exit_status = _exit_status(path)
+                r.exit_status = read_exit_status(path)
         for found in sides.values():
             self._sweep(found)
 
@@ -305,7 +305,7 @@ def _fatal_signal(path: str) -> str:
     return FATAL_ERRORS.get(words, "fatal")
 
 
-def _exit_status(path: str) -> int | None:
+def read_exit_status(path: str) -> int | None:
     """The exit status an exit-status file holds (``wire.EXIT_UNSET``: none), None if unreadable."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
