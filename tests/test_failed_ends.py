@@ -154,6 +154,8 @@ def test_each_death_is_told_for_what_it_is(daemon: DaemonProc) -> None:
     assert lint.returncode == 0 and not lint.stdout.strip(), (lint.stdout, lint.stderr)
     time.sleep(GONE_AFTER_S + 2.5)  # two tally scans more: nothing is booked twice
     assert ends.ends_of(daemon, "die-nan") == {"failed": 1}
+    left = list(Path(daemon.endpoint.removeprefix("ipc://") + ".ledger").iterdir())
+    assert left == [], left  # every tally booked, its crash and exit-status files removed with it
 
 
 def test_wandb_report_and_top_tell_what_ended_it(tmp_path: Path) -> None:
