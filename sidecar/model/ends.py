@@ -2,7 +2,8 @@
 ended"; the families in docs/METRICS.md).
 
 The daemon tells an end once a sender's tally is booked (``sidecar.core.ingest``): from the tally
-(final or not, the signal the shim saw), the process's crash file and its memory cgroup.
+(final or not, the signal and the exception the shim saw), the process's crash file, its
+exit-status file and its memory cgroup (``EndFacts``, ``how_ended``).
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ the socket's group can create files but not list, replace or remove each other's
 ``SCAN_S`` lists it and reports the tallies that are ready to be booked: the process named by the
 file is gone (its pid no longer exists, or exists with another start time), or its publisher
 closed, for at least ``EXIT_GRACE_S``. What the tally says beyond what arrived is booked by
-``SenderRegistry.book_exit``; the file is then removed. Nothing here raises: an unreadable file is
-skipped, a malformed one counted and removed.
+``SenderRegistry.book_exit``; the file is then removed. Beside a tally, the process's crash file
+(the fatal signal faulthandler wrote down) and exit-status file (the status the C library wrote
+at ``exit(3)``, ``trainer_shim.exit_status``) are read with it and removed once its tallies are
+all booked. Nothing here raises: an unreadable file is skipped, a malformed one counted and removed.
 """
 
 from __future__ import annotations
