@@ -34,6 +34,8 @@ GONE_AFTER_S = 2.0
 DEATHS = PRELUDE + textwrap.dedent("""
     import threading
     mode, role = sys.argv[2], sys.argv[3]
+    if mode == "exit_off":  # the exit status not written down: the end is told from what Python saw
+        os.environ["DFLASH_TELEMETRY_EXIT_STATUS"] = "0"
     ch, calls = connect(role, "0", 0.05)
     for step in range(1, 101):
         ch.publish(step, {"step_ms": 1.0}); calls += 1
@@ -76,7 +78,7 @@ DEATHS = PRELUDE + textwrap.dedent("""
             pass
     if mode == "memory":
         raise MemoryError("cannot allocate the replay buffer")
-    if mode == "exit2":
+    if mode in ("exit2", "exit_off"):
         sys.exit(2)
     if mode == "exit_msg":
         sys.exit("config file missing: run.yaml")
@@ -116,6 +118,7 @@ CASES = [
     ("clean", 0, "clean", "", "", "clean at step 100"),
     ("thread", 0, "clean", "", "", "clean at step 100"),
     ("caught_exit", 0, "clean", "", "", "clean at step 100"),
+    ("exit_off", 2, "clean", "", "", "clean at step 100"),  # documented blind spot: no status told
     ("mp_child", 0, "clean", "", "", "clean at step 100"),
 ]
 

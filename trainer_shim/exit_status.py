@@ -22,9 +22,10 @@ writes into its own memory, not its parent's file); the child arms its own file 
 A fork made in C by an extension, without ``exec``, runs no Python hook: its ``exit`` would write
 its status into its parent's file.
 
-Where the C library has no ``on_exit`` (musl) or anything here fails, nothing is armed and the
-daemon falls back to what ``exit_hooks`` saw. Everything here is best effort, runs once per process
-(never on the trainer's hot path) and never raises.
+Where the C library has no ``on_exit`` (musl), with ``DFLASH_TELEMETRY_EXIT_STATUS=0``, or where
+anything here fails, nothing is armed and the daemon falls back to what ``exit_hooks`` saw.
+Everything here is best effort, runs once per process (never on the trainer's hot path) and never
+raises.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ from trainer_shim import wire
 log = logging.getLogger("trainer_shim")
 
 _armed: dict[str, Any] = {"pid": None, "stream": None, "address": None}
+ENV = "DFLASH_TELEMETRY_EXIT_STATUS"
+"""Set to ``0`` to arm nothing (then a ``sys.exit(2)`` reads ``clean``; an uncaught exception is
+still told by ``exit_hooks``)."""
 _MAP_FIXED = 0x10
 """Linux's ``MAP_FIXED`` (Python's ``mmap`` module does not name it)."""
 
@@ -48,6 +52,8 @@ def arm(path: str) -> bool:
     if _armed["pid"] == os.getpid():
         return _armed["stream"] is not None
     _armed.update(pid=os.getpid(), stream=None, address=None)
+    if os.environ.get(ENV, "1") == "0":
+        return False
     try:
         import ctypes
 
