@@ -38,9 +38,9 @@ class ConsoleExporter(Exporter):
         window = report.window
         rated = window.duration_s >= MIN_RATE_WINDOW_S
         accepted = report.records_accepted_in_window
-        parts = [f"window {window.duration_s:.1f}s" + ("" if rated else " (too short for rates)"),
-                 f"{len(report.live_senders)} senders",
-                 f"{accepted / window.duration_s:,.0f} rec/s" if rated else f"{accepted:,} records",
+        volume = (f"{accepted / window.duration_s:,.0f} rec/s" if rated
+                  else f"{accepted:,} records (too short for rates)")
+        parts = [f"window {window.duration_s:.1f}s", f"{len(report.live_senders)} senders", volume,
                  f"{new_drops} dropped"]
         steps = window.step_range
         if steps is not None:
