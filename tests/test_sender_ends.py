@@ -28,8 +28,8 @@ GONE_AFTER_S = 2.0
 CASES = [
     # mode, how, signal label
     ("clean", "clean", ""),
-    ("exit", "clean", ""),
-    ("exception", "clean", ""),
+    ("exit", "failed", ""),
+    ("exception", "failed", ""),
     ("sigterm", "terminated", "SIGTERM"),
     ("sigint", "terminated", "SIGINT"),
     ("sigkill", "unclean", ""),

@@ -446,7 +446,9 @@ class Publisher:
 
     def _write_tally_unguarded(self, end: wire.TallyEnd) -> None:
         if self._tally_final:
-            return
+            if self._tally_key is None or self._tally_key[2] == exit_hooks.seen():
+                return
+            end = self._tally_key[0]  # final stays final: only what ended the process is new
         transport = self._transport
         subscribed = transport is not None and transport.subscribers > 0
         at_join = self._at_join
@@ -481,6 +483,17 @@ class Publisher:
         finally:
             if got:
                 self._cycle_lock.release()
+
+    def _tally_on_seen(self) -> None:
+        """An exception that ends the process (or a thread) was seen: rewrite the tally now, final
+        or not, so that a process that then dies without a final one still tells it. Waits at most
+        ``SIGTERM_WAIT_S`` for a flush cycle in progress (whose own write then tells it)."""
+        if self._pid != os.getpid() or not self._cycle_lock.acquire(timeout=SIGTERM_WAIT_S):
+            return
+        try:
+            self._write_tally(wire.TallyEnd.RUNNING)
+        finally:
+            self._cycle_lock.release()
 
     def _refresh_wandb(self) -> None:
         info = wandb_run_info()
@@ -541,6 +554,7 @@ class Publisher:
         """multiprocessing's exit path (``util._exit_function``, run before ``os._exit`` in
         every multiprocessing child): send what is queued, bounded like ``close``."""
         if self._pid == os.getpid():
+            exit_hooks.note_in_flight()  # the exception or SystemExit leaving the child's run()
             self.close()
 
 
@@ -694,6 +708,11 @@ def owner_of(channel: Channel) -> Publisher | None:
     return None
 
 
+def _tally_all_on_seen() -> None:
+    for publisher in list(_PUBLISHERS):
+        publisher._tally_on_seen()
+
+
 def _close_all_at_exit() -> None:
     for publisher in list(_PUBLISHERS):
         if publisher._pid == os.getpid():
@@ -707,3 +726,4 @@ def env_worker(environ: Mapping[str, str] = os.environ) -> str:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(_close_all_at_exit)
+exit_hooks.on_seen(_tally_all_on_seen)

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from trainer_shim import exit_hooks, wire
+from trainer_shim import exit_hooks, exit_status, wire
 from trainer_shim.endpoint import tally_dir
 
 log = logging.getLogger("trainer_shim")
@@ -104,11 +104,11 @@ class TallyWriter:
     def _encode(self, channels: list[wire.TallyChannel], end: wire.TallyEnd) -> tuple[bytes, int]:
         """The payload, leaving out the last channels if it would not fit a slot."""
         kept = channels
-        signal, detail = exit_hooks.seen()
+        signal, cause, detail, gpu, thread = exit_hooks.seen()
         while True:
             tally = wire.Tally(wire.TALLY_VERSION, os.getpid(), _own_start_ticks(), self._started_unix_s,
                                  int(end), self._flush_interval_s, kept, len(channels) - len(kept), signal, detail,
-                                 self._max_pending)
+                                 self._max_pending, cause, gpu, thread)
             payload = self._encoder.encode(tally)
             if len(payload) <= wire.TALLY_MAX_PAYLOAD:
                 return payload, len(channels) - len(kept)
@@ -137,7 +137,9 @@ class TallyWriter:
         except OSError:
             pass
         self._fd, self.path, self._seq, self._last = fd, path, 0, None
-        exit_hooks.arm_crash_file(path[: -len(wire.TALLY_SUFFIX)] + wire.CRASH_SUFFIX)
+        base = path[: -len(wire.TALLY_SUFFIX)]
+        exit_hooks.arm_crash_file(base + wire.CRASH_SUFFIX)
+        exit_status.arm(base + wire.EXIT_SUFFIX)
         return True
 
     def _forget(self) -> None:

@@ -307,6 +307,12 @@ CRASH_SUFFIX: Final = ".crash"
 """Beside a tally, ``<pid>-<start ticks>-<token>.crash``: the file the shim points
 ``faulthandler`` at. Empty while the process lives; a fatal signal (SIGSEGV, SIGABRT, SIGBUS,
 SIGFPE, SIGILL) makes faulthandler write its report there (async-signal-safe, no Python runs)."""
+EXIT_SUFFIX: Final = ".exit"
+"""Beside a tally, ``<pid>-<start ticks>-<token>.exit``: the file the C library writes the
+process's exit status into as it exits (``trainer_shim.exit_status``): ``EXIT_UNSET`` until then,
+then the status given to ``exit(3)`` as a native 4-byte ``int`` in its first four bytes."""
+EXIT_UNSET: Final = b"DFSX\0\0\0\0"
+"""An exit-status file's content before the process exits through ``exit(3)``."""
 
 
 class TallyEnd(enum.IntEnum):
@@ -353,11 +359,20 @@ class Tally(msgspec.Struct, array_like=True):
     """The terminating signal the shim saw before this write (SIGTERM or SIGINT; 0: none): with a
     final tally, the process was *terminated* by it (docs/RELIABILITY.md, "How a sender ended")."""
     detail: str = ""
-    """What ended the process as far as the shim saw, in a few words: the type of the uncaught
-    exception (``KeyboardInterrupt``, ``ValueError``), empty if none."""
+    """What ended the process as far as the shim saw, in a few words: ``Type: first line of the
+    message`` of the uncaught exception (``cause`` says what it means; a shim before ``cause``
+    wrote the bare type, ``KeyboardInterrupt``, ``ValueError``), empty if none."""
     max_pending: int = 0
     """Records each channel may queue before the shim drops them (0: not told): the bound on what a
     process that died without a final tally made after its last flush, per channel."""
+    cause: str = ""
+    """What ended the process, one of ``exit_causes.CAUSES`` (empty: nothing the shim saw): set with
+    ``detail``, which then reads ``Type: first line of the message`` (cut at 160 characters)."""
+    gpu: int = -1
+    """For ``cause`` ``cuda_oom``: the GPU index torch's message names (-1: none)."""
+    thread: str = ""
+    """Non-empty when ``cause`` and ``detail`` tell an exception that ended a thread (its name), not
+    the process: the process's end is told from it only if the process then fails."""
 
 
 def tally_file_name(pid: int, start_ticks: int, token: str) -> str:

@@ -3,7 +3,7 @@ current window. Ingest thread only; the window copies it (``view``)."""
 
 from __future__ import annotations
 
-from sidecar.model.ends import EndsView, SenderEnd
+from sidecar.model.ends import HOWS, EndsView, SenderEnd
 
 MAX_ROLES = 1024
 """Roles whose last end is kept (the label table's bound: a role has a label pair)."""
@@ -26,7 +26,7 @@ class EndBook:
         """Count ``end`` and keep it as its role's last (a role beyond ``MAX_ROLES``, from tallies
         made up by hand, is neither)."""
         key = (end.role, end.how)
-        if key in self.counts or len(self.counts) < MAX_ROLES * 5:
+        if key in self.counts or len(self.counts) < MAX_ROLES * len(HOWS):
             self.counts[key] = self.counts.get(key, 0) + 1
         if end.role in self.last or len(self.last) < MAX_ROLES:
             self.last[end.role] = end

@@ -52,6 +52,8 @@ MAX_RUNS = 64
 MAX_SENDERS_PER_ROLE = 64
 """Sender processes remembered per run and role (to tell a daemon restart from a trainer restart)."""
 STATE_VERSION = 1
+LAST_END_DETAIL = 160
+"""Characters of a role's last end's detail kept in the state file, at most."""
 RUN_GAP_S = 300.0
 """Default ``run_gap_s``: a host's senders without a W&B run or run label start a new run when no
 sender of the host's current run sent for longer than this (seconds)."""
@@ -139,8 +141,9 @@ class WindowFacts:
     roles: Mapping[str, RoleFact]
     energy: Mapping[str, float] = field(default_factory=dict)
     gpu_roles: Mapping[str, str] = field(default_factory=dict)
-    ends: tuple[tuple[str, str], ...] = ()
-    """(role, how) of each sender end told in the window (``model.ends``)."""
+    ends: tuple[tuple[str, ...], ...] = ()
+    """(role, how, cause, detail) of each sender end told in the window (``model.ends``; cause
+    and detail may be left out)."""
     verdict: Verdict | None = None
     """The pipeline insight's verdict of the window (None without an insight)."""
 
@@ -206,7 +209,7 @@ def window_facts(report: IngestReport) -> WindowFacts:
                                lone, median, len(mine), names.get(role, ""),
                                dict(ri.reported) if ri is not None else {})
     return WindowFacts(w.end_unix_s, w.duration_s, tuple(senders), roles, energy, uuid_roles,
-                       tuple((e.role, e.how) for e in report.ends.new),
+                       tuple((e.role, e.how, e.cause, e.detail) for e in report.ends.new),
                        insight.verdict if insight is not None else None)
 
 
@@ -394,8 +397,8 @@ class RunLedger:
                 heard = max(float(r["observed_until"] or 0.0), self.session_begin or 0.0)
                 if (run, role) not in groups and r["pending_startup"] > 0 and facts.end_unix_s - heard > LIVE_S:
                     self._unplaced(r)
-        for role, how in facts.ends:
-            _book_end(self.runs, role, how)
+        for end in facts.ends:
+            _book_end(self.runs, *end[:4])
         self._verdicts(groups, facts.verdict, begin, facts.end_unix_s)
         self._no_trainer(facts, begin, sum(joules.values()))
         self.now_unix_s = facts.end_unix_s
@@ -658,20 +661,31 @@ def view_of(state: Mapping[str, Any], flops_per_token: float | None = None,
                                     r.get("flops_per_token") or flops_per_token,
                                     float(r.get("pending_startup", 0.0)), float(r.get("reported_mfu_s", 0.0)),
                                     float(r.get("reported_flop", 0.0)), dict(r.get("ends", {})),
-                                    dict(r.get("gap_after", {}))))
+                                    dict(r.get("gap_after", {})), _last_end(r.get("last_end"))))
     return RunLedgerView(tuple(roles), float(state.get("no_trainer_s", 0.0)), float(state.get("no_trainer_j", 0.0)),
                          int(state.get("runs_dropped", 0)), dict(state_errors or {}),
                          run_verdicts.views(run_verdicts.clean(state.get("verdicts"), state.get("runs", {}))))
 
 
-def _book_end(runs: Mapping[str, dict[str, dict[str, Any]]], role: str, how: str) -> None:
+def _last_end(raw: Any) -> dict[str, str]:
+    """A role's last end as kept in the state file (``how``, ``cause``, ``detail``), every value a
+    bounded string; empty if none (or not a mapping: a state file of an earlier version)."""
+    if not isinstance(raw, Mapping):
+        return {}
+    return {k: str(raw.get(k, ""))[:LAST_END_DETAIL] for k in ("how", "cause", "detail")}
+
+
+def _book_end(runs: Mapping[str, dict[str, dict[str, Any]]], role: str, how: str, cause: str = "",
+              detail: str = "") -> None:
     """Count a sender end of ``role`` (``model.ends``) in the most recent run that has the role,
-    and give it the restart gap its successor opened, if that came first (else the next one)."""
+    keep it as the role's last (how, cause and detail: ``report`` shows what ended it), and give
+    it the restart gap its successor opened, if that came first (else the next one)."""
     members = [m[role] for m in runs.values() if role in m]
     if not members:
         return
     r = max(members, key=lambda m: float(m["observed_until"] or 0.0))
     r.setdefault("ends", {})[how] = r.get("ends", {}).get(how, 0) + 1
+    r["last_end"] = {"how": how, "cause": cause, "detail": detail[:LAST_END_DETAIL]}
     gap = r.pop("gap_waiting", None)
     if gap is None:
         r["end_waiting"] = how

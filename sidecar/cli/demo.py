@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import queue
 import random
 import threading
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sidecar.cli.demo_loops import GENERIC_BOTTLENECKS, GenericLoop, LoopTimings, SeedStyleMonitor, Timings
+from sidecar.cli.demo_loops import GENERIC_BOTTLENECKS, JOIN_S, GenericLoop, LoopTimings, SeedStyleMonitor, Timings
 from sidecar.cli.exit_status import FAILURE, USAGE
 from sidecar.core.config import Config
 
@@ -132,9 +133,10 @@ class SimulatedPipeline:
     """Target and drafter worker threads joined by a bounded hidden-state queue."""
 
     def __init__(self, timings: PipelineTimings, targets: int, drafters: int, endpoint: str, seed: int = 0,
-                 monitor_interval_s: float | None = None) -> None:
+                 monitor_interval_s: float | None = None, run_label: str | None = None) -> None:
         """``monitor_interval_s``: publish seed-style (workers only record, a monitor thread
-        publishes per-batch means every that many seconds) instead of per-worker channels."""
+        publishes per-batch means every that many seconds) instead of per-worker channels;
+        ``run_label``: the run its senders belong to (``telemetry.configure``)."""
         from trainer_shim import telemetry
 
         self.t = timings
@@ -146,7 +148,8 @@ class SimulatedPipeline:
         # per-worker channels: the default channel is target 0's, so no sender stays silent (its
         # role would show in the run ledger with nothing in it); seed style publishes through it
         self.default = telemetry.configure(endpoint=endpoint, role="target" if monitor_interval_s is None else "demo",
-                                           worker="0" if monitor_interval_s is None else "main", flush_interval_s=0.1)
+                                           worker="0" if monitor_interval_s is None else "main", flush_interval_s=0.1,
+                                           run_label=run_label)
         self.telemetry = telemetry
         self.threads: list[threading.Thread] = []
         self.step = 0
@@ -249,7 +252,7 @@ class SimulatedPipeline:
         if self.monitor is not None:
             self.monitor.shutdown()
         for th in self.threads:
-            th.join(timeout=1.0)
+            th.join(timeout=JOIN_S)
         self.telemetry.flush()
 
 
@@ -304,18 +307,29 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
     finally:
         progress.stop()
         daemon.shutdown()
-    print(summary(daemon.ledger.ledger.view(), folder, cfg.prometheus_addr, began_unix_s), flush=True)
+    print(summary(daemon.ledger.ledger.view(), folder, cfg.prometheus_addr, began_unix_s, daemon.scrape_state.window()),
+          flush=True)
     return status
 
 
+def demo_run_label(now_unix_s: float | None = None, pid: int | None = None) -> str:
+    """The run a demo names for itself: ``demo-20261206T054616Z-4242`` (its start, UTC, and the
+    demo's pid). Each demo is a run of its own, whatever the run gap: two demos a few seconds
+    apart were one run of the host before (the second's summary told the first's time too)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now_unix_s is None else now_unix_s))
+    return f"demo-{stamp}-{os.getpid() if pid is None else pid}"
+
+
 def _start_pipeline(cfg: Config, ns: argparse.Namespace) -> SimulatedPipeline | GenericLoop | None:
-    """The simulated trainer ``ns`` asks for, started; None (logged) for a bottleneck its style lacks."""
+    """The simulated trainer ``ns`` asks for, started, in a run of its own (``demo_run_label``);
+    None (logged) for a bottleneck its style lacks."""
+    label = demo_run_label()
     if ns.style == "generic":
         if ns.bottleneck not in GENERIC_BOTTLENECKS:
             log.error("demo: --style generic takes --bottleneck %s", ", ".join(GENERIC_BOTTLENECKS))
             return None
         loop = GenericLoop(LoopTimings.for_bottleneck(ns.bottleneck), ns.ranks, cfg.endpoint[0], ns.form,
-                           ns.profile_interval)
+                           ns.profile_interval, run_label=label)
         loop.start_threads()
         log.info("demo: plain training loop with %d ranks (%s form), bottleneck=%s; metrics on http://%s/metrics",
                  ns.ranks, ns.form, ns.bottleneck, cfg.prometheus_addr)
@@ -325,7 +339,8 @@ def _start_pipeline(cfg: Config, ns: argparse.Namespace) -> SimulatedPipeline | 
         log.error("demo: the DFlash pipeline takes --bottleneck %s", ", ".join(BOTTLENECKS))
         return None
     pipeline = SimulatedPipeline(PipelineTimings.for_bottleneck(kind), ns.targets, ns.drafters, cfg.endpoint[0],
-                                 monitor_interval_s=ns.profile_interval if ns.style == "seed" else None)
+                                 monitor_interval_s=ns.profile_interval if ns.style == "seed" else None,
+                                 run_label=label)
     pipeline.start()
     log.info("demo: simulated pipeline with %d target and %d drafter workers, bottleneck=%s, style=%s; "
              "metrics on http://%s/metrics", ns.targets, ns.drafters, kind, ns.style, cfg.prometheus_addr)

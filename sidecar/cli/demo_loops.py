@@ -62,6 +62,11 @@ class LoopTimings(Timings):
 
 
 GENERIC_BOTTLENECKS = tuple(LoopTimings.BOTTLENECKS)
+JOIN_S = 10.0
+"""At the demo's end, how long each simulated thread may take to finish its step (seconds): a
+thread mid-step when the stop comes (its sleeps end at once) takes milliseconds, more on a
+loaded box; with the 1 s of earlier versions, a step published after the final flush was lost
+(the demo's summary reported "8 dropped")."""
 """``none`` is a balanced loop (compute-bound when its GPU reads busy, throttled when it throttles)."""
 
 
@@ -81,23 +86,27 @@ class _Stopper:
             th.start()
 
     def join(self) -> None:
+        """Stop the threads and wait for each to finish its step (at most ``JOIN_S`` each): a step
+        published after the senders' final flush would be lost at their close."""
         self.stop.set()
         for th in self.threads:
-            th.join(timeout=1.0)
+            th.join(timeout=JOIN_S)
 
 
 class GenericLoop(_Stopper):
     """``ranks`` threads, each a data-parallel rank of a plain loop (role ``trainer``)."""
 
     def __init__(self, timings: LoopTimings, ranks: int, endpoint: str, form: str, profile_interval_s: float,
-                 seed: int = 0) -> None:
+                 seed: int = 0, run_label: str | None = None) -> None:
+        """``run_label``: the run the loop's senders belong to (``telemetry.configure``)."""
         from trainer_shim import telemetry
 
         super().__init__(seed)
         self.t = timings
         self.form = form
         self.profile_interval_s = profile_interval_s
-        self.default = telemetry.configure(endpoint=endpoint, role="trainer", worker="0", flush_interval_s=0.1)
+        self.default = telemetry.configure(endpoint=endpoint, role="trainer", worker="0", flush_interval_s=0.1,
+                                           run_label=run_label)
         """Rank 0's channel (a second channel for the same worker would be a second sender)."""
         self.telemetry = telemetry
         self.threads = [threading.Thread(target=self._rank, args=(i,), name=f"rank-{i}", daemon=True)

@@ -81,11 +81,42 @@ def _role_line(r: RoleLedger) -> str:
             f"{r.seconds[badput]:.1f} s, steps {r.steps}")
 
 
-def summary(view: RunLedgerView | None, state: Path, prometheus_addr: str, since_unix_s: float = 0.0) -> str:
+WHY_DROPPED = {
+    "lost_at_exit": "sent by a sender as it closed and not received before the daemon stopped",
+    "before_join": "made before the daemon's subscription reached the sender (ZeroMQ drops what a PUB "
+                   "sends before it)",
+    "lost_in_transit": "lost between the shim and the daemon (a full socket buffer)",
+}
+"""Why a clean demo can drop records, for the reasons it can; any other reason is in
+docs/METRICS.md (``dflash_sidecar_records_dropped_total``)."""
+
+
+def records_line(final: IngestReport | None) -> str:
+    """``records: 7,512 accepted, none dropped``, or what was dropped, by reason, and why: from the
+    daemon's final window (its totals since it started: this demo's)."""
+    if final is None:
+        return "records: none received (the demo ended before its first window)"
+    accepted = sum(t.accepted for t in final.totals.values())
+    dropped: dict[str, int] = dict(final.messages_dropped)
+    for totals in final.totals.values():
+        for reason, n in totals.dropped.items():
+            dropped[reason] = dropped.get(reason, 0) + n
+    dropped = {reason: n for reason, n in dropped.items() if n > 0}
+    if not dropped:
+        return f"records: {accepted:,} accepted, none dropped"
+    why = "; ".join(f"{reason} {n:,}" + (f" ({WHY_DROPPED[reason]})" if reason in WHY_DROPPED else "")
+                    for reason, n in sorted(dropped.items()))
+    return (f"records: {accepted:,} accepted, {sum(dropped.values()):,} dropped: {why}; every reason is in "
+            "docs/METRICS.md (dflash_sidecar_records_dropped_total)")
+
+
+def summary(view: RunLedgerView | None, state: Path, prometheus_addr: str, since_unix_s: float = 0.0,
+            final: IngestReport | None = None) -> str:
     """The demo's last words: the verdict of each run this demo fed (a role last heard at or after
     ``since_unix_s``, unix seconds; the state folder keeps earlier demos' runs too) and each of its
-    roles' wall time, goodput and largest badput, then the three commands to try next (with this
-    demo's address and state folder)."""
+    roles' wall time, goodput and largest badput, what its records became (``records_line`` of
+    ``final``, the daemon's final window), then the three commands to try next (with this demo's
+    address and state folder)."""
     lines = ["", "demo summary"]
     roles = tuple(r for r in view.roles if r.last_unix_s >= since_unix_s) if view is not None else ()
     runs = list(dict.fromkeys(r.run for r in roles))
@@ -95,6 +126,7 @@ def summary(view: RunLedgerView | None, state: Path, prometheus_addr: str, since
         lines += [_role_line(r) for r in roles if r.run == run]
     if not roles:
         lines.append("no run in the ledger (the demo ended before its first window)")
+    lines.append(records_line(final))
     lines += ["", "try next:",
               f"  curl -s http://{prometheus_addr}/metrics | grep dflash_pipeline_bottleneck   # while a demo runs",
               f"  dflash-sidecar top --prometheus-addr {prometheus_addr}   # the terminal view, while a demo runs",

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 from sidecar.aggregation.ledger import view_of
 from sidecar.cli.exit_status import FAILURE, OK
 from sidecar.core.ledger_state import FILE_NAME, load, state_dir
-from sidecar.model.ends import HOWS
+from sidecar.model.ends import ALERTING, HOWS
 from sidecar.model.ledger import CAUSES, RoleLedger, RunLedgerView, RunVerdicts
 
 
@@ -30,7 +30,7 @@ def ledger_json(view: RunLedgerView, run: str | None = None) -> dict[str, Any]:
                   "mfu_ratio": r.mfu_ratio, "mfu_source": r.mfu_source, "joules_per_token": r.joules_per_token,
                   "joules_per_step": r.joules_per_step, "first_unix_s": r.first_unix_s,
                   "last_unix_s": r.last_unix_s, "open_gap_s": r.open_gap_s, "ends": dict(r.ends),
-                  "restart_gap_after": dict(r.gap_after)} for r in roles],
+                  "restart_gap_after": dict(r.gap_after), "last_end": dict(r.last_end)} for r in roles],
         "verdicts": [verdicts_json(v) for v in view.verdicts if run is None or v.run == run],
         "no_trainer_s": view.no_trainer_s,
         "no_trainer_j": view.no_trainer_j,
@@ -88,8 +88,10 @@ def format_table(view: RunLedgerView, run: str | None = None) -> str:
 
 
 def ends_table(roles: list[RoleLedger]) -> list[str]:
-    """How the senders of each run and role ended (docs/RELIABILITY.md), and the restart gap
-    seconds after each kind of end; nothing when no end was told."""
+    """How the senders of each run and role ended (docs/RELIABILITY.md), the restart gap seconds
+    after each kind of end, and under a role whose last end was not intended, what ended it
+    (``last end: failed (exception: RuntimeError: loss is NaN at step 100)``); nothing when no
+    end was told."""
     told = [r for r in roles if r.ends]
     if not told:
         return []
@@ -99,6 +101,10 @@ def ends_table(roles: list[RoleLedger]) -> list[str]:
         gaps = ", ".join(f"{how} {s:.1f} s" for how, s in sorted(r.gap_after.items()) if s > 0) or "-"
         lines.append(f"{r.run + ' ' + r.role:<{width}}" + "".join(f"{r.ends.get(how, 0):>12}" for how in HOWS)
                      + f"  {gaps}")
+        last = r.last_end
+        if last.get("how") in ALERTING:
+            what = ": ".join(x for x in (last.get("cause", ""), last.get("detail", "")) if x)
+            lines.append(f"  last end: {last['how']}" + (f" ({what})" if what else ""))
     return [*lines, ""]
 
 

@@ -29,6 +29,11 @@ poll stopped at its frame or byte cap (a backlog: with the wait, a backlog of la
 at 13 frames/s instead of 98)."""
 
 
+DRAIN_QUIET_MS = 100
+"""At shutdown, once the queue is first found empty, the drain waits this long (ms, once, within
+the drain's share) for one more frame: a sender that closed just before (the demo's, a job
+script's) may have its last frames in the kernel or in ZeroMQ's I/O thread, not yet readable;
+booked at once, they were lost at its exit."""
 DRAIN_SHARE = 0.5
 """Of the shutdown budget, the share spent handling frames that already arrived; the rest is
 for the final window roll and closing the socket (a frame's work is bounded by its size)."""
@@ -98,8 +103,11 @@ class IngestLoop:
                     self._stop.wait(min(COALESCE_S, max(0.0, self._window_start + self.interval_s - self.clock())))
             # What already arrived belongs to the last window, as far as the drain budget goes; what
             # still waits after it is left: its senders' next daemon counts it (before_join).
+            waited = False
             while not self._past_drain_deadline():
                 frames = self.receiver.poll(0)
+                if not frames and not waited:  # once: frames of a sender that closed just before
+                    waited, frames = True, self.receiver.poll(DRAIN_QUIET_MS)
                 for frame, peer in zip(frames, self._peers(frames)):
                     if self._past_drain_deadline():
                         break

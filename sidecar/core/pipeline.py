@@ -41,7 +41,7 @@ from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.senders import SenderRegistry, SenderState
 from sidecar.aggregation.settings import WindowSettings
 from sidecar.aggregation.verdict import Hysteresis, InsightSettings
-from sidecar.model.ends import ALERTING, EndsView, SenderEnd, how_ended
+from sidecar.model.ends import ALERTING, MAX_GPU_INDEX, EndFacts, EndsView, SenderEnd, how_ended
 from sidecar.model.insight import PipelineInsight
 from sidecar.model.messages import BatchMessage
 from sidecar.model.window import IngestHealth, IngestReport, LabelTotals, SenderView
@@ -49,6 +49,7 @@ from sidecar.processing.mapping import Mapper
 from sidecar.sources.decode import DecodeError, decode
 from sidecar.sources.receiver import ReceiverStats
 from sidecar.sources.tallies import ReadyTally
+from trainer_shim import exit_causes
 from trainer_shim.wire import TallyChannel
 
 log = logging.getLogger("sidecar")
@@ -249,7 +250,10 @@ def sender_ends(ready: ReadyTally, booked: Sequence[TallyChannel],
     """How the process of ``ready`` ended, one ``SenderEnd`` per role among its channels
     ``booked`` (booked now: not before, and not refused); ``latest_step(sender)``: the step of a
     sender's latest profile (the aggregator's), None if it sent none."""
-    how, signal = how_ended(ready.final, ready.tally.signal, ready.crash, ready.oom)
+    tally = ready.tally
+    told = how_ended(EndFacts(ready.final, tally.signal, ready.crash, ready.oom, ready.exit_status, tally.cause,
+                              exit_causes.cut(tally.detail), tally.thread))
+    gpu = tally.gpu if told.cause == "cuda_oom" and 0 <= tally.gpu < MAX_GPU_INDEX else -1
     roles: dict[str, list[TallyChannel]] = {}
     for channel in booked:
         roles.setdefault(channel.role, []).append(channel)
@@ -257,8 +261,9 @@ def sender_ends(ready: ReadyTally, booked: Sequence[TallyChannel],
     for role, channels in roles.items():
         steps = [s for s in (latest_step(c.sender) for c in channels) if s is not None]
         unknown = 0 if ready.final else ready.tally.max_pending * len(channels)
-        ends.append(SenderEnd(role, min(c.worker for c in channels), how, signal, ready.tally.pid,
-                              max(steps) if steps else None, ready.written_unix_s, unknown, ready.tally.detail[:64]))
+        ends.append(SenderEnd(role, min(c.worker for c in channels), told.how, told.signal, tally.pid,
+                              max(steps) if steps else None, ready.written_unix_s, unknown, told.detail, told.cause,
+                              gpu, ready.final))
     return ends
 
 

@@ -11,13 +11,18 @@ from sidecar.model.window import IngestReport
 
 log = logging.getLogger("sidecar")
 
+MIN_RATE_WINDOW_S = 1.0
+"""A window shorter than this (seconds: the last one of a daemon stopped just after a boundary)
+shows counts, not rates: 20 records in 0.01 s read as 2,000 rec/s, and the roles' batch rates as
+thirty times the run's."""
 EXPLAIN_HINT = "why: run `dflash-sidecar explain` for what each verdict lacks and the mapping line that supplies it"
 
 
 class ConsoleExporter(Exporter):
     """Logs ``window <s> | senders | records/s | dropped | step | verdict ... | rates | queue``
-    each window. While the verdict is ``unknown`` the line says why (the verdict's detail); the
-    first such line of a stretch of ``unknown`` windows also names ``dflash-sidecar explain``."""
+    each window (a window under ``MIN_RATE_WINDOW_S``: its records, no rate). While the verdict
+    is ``unknown`` the line says why (the verdict's detail); the first such line of a stretch of
+    ``unknown`` windows also names ``dflash-sidecar explain``."""
 
     name = "console"
 
@@ -31,15 +36,18 @@ class ConsoleExporter(Exporter):
         dropped = sum(sum(t.dropped.values()) for t in report.totals.values()) + sum(report.messages_dropped.values())
         new_drops, self._dropped_before = dropped - self._dropped_before, dropped
         window = report.window
-        rate = report.records_accepted_in_window / window.duration_s if window.duration_s > 0 else 0.0
-        parts = [f"window {window.duration_s:.1f}s", f"{len(report.live_senders)} senders",
-                 f"{rate:,.0f} rec/s", f"{new_drops} dropped"]
+        rated = window.duration_s >= MIN_RATE_WINDOW_S
+        accepted = report.records_accepted_in_window
+        volume = (f"{accepted / window.duration_s:,.0f} rec/s" if rated
+                  else f"{accepted:,} records (too short for rates)")
+        parts = [f"window {window.duration_s:.1f}s", f"{len(report.live_senders)} senders", volume,
+                 f"{new_drops} dropped"]
         steps = window.step_range
         if steps is not None:
             parts.append(f"step {steps[0]}" if steps[0] == steps[1] else f"steps {steps[0]}-{steps[1]}")
         insight = report.insight
         if insight is not None:
-            parts.append(format_insight(insight))
+            parts.append(format_insight(insight, rates=rated))
             if insight.verdict.name != "unknown":
                 self._hinted = False
             elif not self._hinted and insight.verdict.detail != "window too short":
@@ -53,14 +61,15 @@ class ConsoleExporter(Exporter):
         self.log.info("%s", self.line(window))
 
 
-def format_insight(insight: PipelineInsight) -> str:
+def format_insight(insight: PipelineInsight, rates: bool = True) -> str:
     """``verdict drafter-bound (target.queue_put_wait=0.64 queue_fill=0.97) | drafter 82.0 b/s ...``:
-    the verdict with its evidence, then the headline numbers."""
+    the verdict with its evidence, then the headline numbers (without the roles' batch rates with
+    ``rates`` false: a window too short to rate)."""
     v = insight.verdict
     parts = [f"verdict {v.text()}" + (f" confidence {v.confidence:.2f}" if v.name not in ("unknown", "idle") else "")]
-    rates = [f"{r.role} {r.batches_per_s:.1f} b/s" for r in insight.roles.values() if r.batches_per_s > 0]
-    if rates:
-        parts.append(", ".join(rates))
+    rated = [f"{r.role} {r.batches_per_s:.1f} b/s" for r in insight.roles.values() if rates and r.batches_per_s > 0]
+    if rated:
+        parts.append(", ".join(rated))
     queue = [f"{label} {value:.2f}" for label, value in (("queue fill", insight.queue_fill),
                                                           ("ready deficit", insight.ready_deficit))
              if value is not None]

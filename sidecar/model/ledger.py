@@ -87,6 +87,8 @@ class RoleLedger:
     gap_after: Mapping[str, float] = field(default_factory=dict)
     """Of its ``restart_gap`` seconds, those after an end, by that end's how (an ``unclean`` or
     ``oom`` gap is the time a kill cost the run until its successor started)."""
+    last_end: Mapping[str, str] = field(default_factory=dict)
+    """Its last sender end: ``how``, ``cause`` and ``detail`` (``model.ends``; empty: none told)."""
 
     @property
     def wall_s(self) -> float:

@@ -7,8 +7,10 @@ the socket's group can create files but not list, replace or remove each other's
 ``SCAN_S`` lists it and reports the tallies that are ready to be booked: the process named by the
 file is gone (its pid no longer exists, or exists with another start time), or its publisher
 closed, for at least ``EXIT_GRACE_S``. What the tally says beyond what arrived is booked by
-``SenderRegistry.book_exit``; the file is then removed. Nothing here raises: an unreadable file is
-skipped, a malformed one counted and removed.
+``SenderRegistry.book_exit``; the file is then removed. Beside a tally, the process's crash file
+(the fatal signal faulthandler wrote down) and exit-status file (the status the C library wrote
+at ``exit(3)``, ``trainer_shim.exit_status``) are read with it and removed once its tallies are
+all booked. Nothing here raises: an unreadable file is skipped, a malformed one counted and removed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import sys
 from dataclasses import dataclass
 
 import msgspec
@@ -47,6 +50,9 @@ FATAL_ERRORS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus erro
                 "Illegal instruction": "SIGILL"}
 """faulthandler's words for the fatal signals it handles (``Fatal Python error: <words>``)."""
 DIR_MODE = 0o3730
+Sides = dict[str, dict[tuple[int, int], tuple[str, int]]]
+"""Per suffix (crash, exit status), the files beside the tallies: ``(pid, start ticks)`` to
+``(path, owner uid)``."""
 
 _decoder = msgspec.msgpack.Decoder(wire.Tally)
 
@@ -67,6 +73,10 @@ class ReadyTally:
     ``fatal`` for a report it does not name; empty: none)."""
     oom: bool = False
     """The process's memory cgroup counted an OOM kill after the tally was first seen."""
+    exit_status: int | None = None
+    """The status the process exited with (0-255), as the C library wrote it into its exit-status
+    file (``trainer_shim.exit_status``); None: not told (no file, or the process did not end
+    through ``exit(3)``: ``os._exit``, a signal, a crash, or it still runs)."""
 
 
 @dataclass(slots=True)
@@ -135,7 +145,7 @@ class TallyDirectory:
         self._next_scan = now + SCAN_S
         ready: list[ReadyTally] = []
         present: set[str] = set()
-        crashes: dict[tuple[int, int], tuple[str, int]] = {}
+        sides: Sides = {wire.CRASH_SUFFIX: {}, wire.EXIT_SUFFIX: {}}
         for directory in self.directories:
             try:
                 with os.scandir(directory) as it:
@@ -143,9 +153,10 @@ class TallyDirectory:
                         if i >= MAX_FILES_PER_SCAN:
                             break
                         present.add(entry.path)
-                        crash = wire.parse_tally_file_name(entry.name, wire.CRASH_SUFFIX)
-                        if crash is not None:
-                            crashes[crash] = (entry.path, _owner(entry))
+                        for suffix, found_sides in sides.items():
+                            side = wire.parse_tally_file_name(entry.name, suffix)
+                            if side is not None:
+                                found_sides[side] = (entry.path, _owner(entry))
                         found = self._look(entry, now, grace_s)
                         if found is not None:
                             ready.append(found)
@@ -153,24 +164,30 @@ class TallyDirectory:
                 continue
         for path in [p for p in self._seen if p not in present]:
             del self._seen[path]
-        self._tell_crashes(ready, crashes)
+        self._tell_sides(ready, sides)
         return ready
 
-    def _tell_crashes(self, ready: list[ReadyTally], crashes: dict[tuple[int, int], tuple[str, int]]) -> None:
-        """Read the crash file of each ready tally's process (one its owner made: another member
-        of the socket's group cannot speak for it); remove the crash files of gone processes whose
-        tallies are all booked (none left in the directory)."""
+    def _tell_sides(self, ready: list[ReadyTally], sides: Sides) -> None:
+        """Read the crash file and the exit-status file of each ready tally's process (those its
+        owner made: another member of the socket's group cannot speak for it); remove the files
+        of gone processes whose tallies are all booked (none left in the directory)."""
         for r in ready:
-            path, uid = crashes.get((r.tally.pid, r.tally.start_ticks), ("", -1))
+            ident = (r.tally.pid, r.tally.start_ticks)
+            path, uid = sides[wire.CRASH_SUFFIX].get(ident, ("", -1))
             if path and uid == r.uid and not r.final:
                 r.crash = _fatal_signal(path)
-        self._sweep(crashes)
+            path, uid = sides[wire.EXIT_SUFFIX].get(ident, ("", -1))
+            if path and uid == r.uid and _gone(*ident):
+                r.exit_status = read_exit_status(path)
+        for found in sides.values():
+            self._sweep(found)
 
-    def _sweep(self, crashes: dict[tuple[int, int], tuple[str, int]], running_too: bool = False) -> None:
-        """Remove the crash files no tally left in the directory needs, of gone processes (and of
-        running ones too with ``running_too``: at the daemon's exit, a closed publisher's)."""
+    def _sweep(self, files: dict[tuple[int, int], tuple[str, int]], running_too: bool = False) -> None:
+        """Remove the crash or exit-status files no tally left in the directory needs, of gone
+        processes (and of running ones too with ``running_too``: at the daemon's exit, a closed
+        publisher's)."""
         pending = {(s.tally.pid, s.tally.start_ticks) for s in self._seen.values() if s.tally is not None}
-        for ident, (path, _) in crashes.items():
+        for ident, (path, _) in files.items():
             if ident not in pending and (running_too or _gone(*ident)):
                 self.remove(path)
 
@@ -242,10 +259,10 @@ class TallyDirectory:
             except OSError:
                 names = []
             tallies = {wire.parse_tally_file_name(name) for name in names}
-            crashes = {ident: (os.path.join(directory, name), -1) for name in names
-                       if (ident := wire.parse_tally_file_name(name, wire.CRASH_SUFFIX)) is not None
-                       and ident not in tallies}
-            self._sweep(crashes, running_too=True)
+            for suffix in (wire.CRASH_SUFFIX, wire.EXIT_SUFFIX):
+                files = {ident: (os.path.join(directory, name), -1) for name in names
+                         if (ident := wire.parse_tally_file_name(name, suffix)) is not None and ident not in tallies}
+                self._sweep(files, running_too=True)
             try:
                 os.rmdir(directory)
             except OSError:
@@ -288,6 +305,23 @@ def _fatal_signal(path: str) -> str:
     first = head.lstrip().splitlines()[0]
     words = first.partition("Fatal Python error: ")[2].strip()
     return FATAL_ERRORS.get(words, "fatal")
+
+
+def read_exit_status(path: str) -> int | None:
+    """The exit status an exit-status file holds (``wire.EXIT_UNSET``: none), None if unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        head = os.read(fd, len(wire.EXIT_UNSET))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(head) != len(wire.EXIT_UNSET) or head == wire.EXIT_UNSET:
+        return None
+    return int.from_bytes(head[:4], sys.byteorder, signed=True) & 0xFF
 
 
 def _gone(pid: int, ticks: int) -> bool:

@@ -1,9 +1,11 @@
 """The senders' ends in a W&B row (``ends/<role>/...``) and the alerts they raise.
 
 A window in which a process ended carries, per role, the count of ends by how so far and the last
-end's pid, step and the records it left unknown: the event row. An end that loses records
-(``ALERTING``: unclean, oom, crashed) also raises a W&B alert (``run.alert``), at most one per
-role and how every ``ALERT_EVERY_S`` (W&B's own ``wait_duration`` says the same to the service).
+end's pid, step and the records it left unknown: the event row. An end that was not intended
+(``ALERTING``: failed, unclean, oom, crashed) also raises a W&B alert (``run.alert``) whose title
+names the cause (``trainer process ended oom (cuda_oom) on n1``) and whose text has the end's
+detail (the exception's type and first line), at most one per role and how every
+``ALERT_EVERY_S`` (W&B's own ``wait_duration`` says the same to the service).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class AlertLimiter:
             if len(self._last) >= 4096:
                 self._last.clear()  # made-up roles from forged tallies: forget, alert again at worst
             self._last[key] = now
-            title = f"{end.role} process ended {end.how} on {host}"[:MAX_TITLE]
+            cause = f" ({end.cause})" if end.cause and end.cause != "signal" else ""
+            title = f"{end.role} process ended {end.how}{cause} on {host}"[:MAX_TITLE]
             out.append((title, f"dflash-sidecar on {host}: {end.text()}"))
         return out
