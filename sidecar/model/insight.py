@@ -60,6 +60,10 @@ class GpuFacts:
     roles: Mapping[str, str] = field(default_factory=dict)
     busy: Mapping[str, float] = field(default_factory=dict)
     """GPU -> share of time busy (0-1): GPM SM activity where the GPU has it, else NVML utilization."""
+    utilization: Mapping[str, float] = field(default_factory=dict)
+    """GPU -> NVML utilization (0-1) for the GPUs whose ``busy`` is GPM SM activity, read beside it:
+    collectives' kernels spin on a few SMs, so NVML counts a GPU waiting in an all-reduce as busy
+    while its SM activity stays low. Absent where ``busy`` is NVML utilization itself."""
 
 
 @dataclass(frozen=True, slots=True)
