@@ -24,6 +24,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sidecar.aggregation.cluster import node_figures
 from sidecar.aggregation.series import entropy_bits
 from sidecar.aggregation.verdict import OTHER_SHARE, UNATTRIBUTED_SHARE, InsightSettings, RoleFacts, decide
 from sidecar.model.insight import GpuFacts, PipelineInsight, RoleInsight, WorkerInsight
@@ -215,6 +216,7 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
         throttled_gpus=throttled,
         verdict=verdict,
         gpu_idle=idle_attribution(busy, roles),
+        node=node_figures(roles, senders, duration),
     )
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sidecar.model.cluster import NodeFigures
+
 VERDICT_CODES: dict[str, int] = {
     "unknown": 0, "balanced": 1, "target-bound": 2, "drafter-bound": 3, "queue-starved": 4,
     "host-bound": 5, "throttled": 6, "straggler": 7, "input-bound": 8, "communication-bound": 9,
@@ -129,6 +131,9 @@ class PipelineInsight:
     queue, collectives, host, unexplained); the split sums to ``idle``."""
     raw_verdict: Verdict | None = None
     """The window's own verdict when hysteresis held the previous one (else None)."""
+    node: NodeFigures | None = None
+    """The node's figures for the cluster rules (``sidecar.model.cluster``), None without a role
+    that publishes phase timings and batches."""
 
     def role(self, name: str) -> RoleInsight | None:
         return self.roles.get(name)
