@@ -34,6 +34,9 @@ def test_a_node_reports_its_step_and_its_split_by_class_for_the_run_most_of_its_
     assert node.step_s == pytest.approx(0.1)  # 10 steps per rank in a 1 s window
     assert node.shares["comm"] == pytest.approx(0.4) and node.shares["data"] == pytest.approx(0.05)
     assert node.shares["compute"] == pytest.approx(0.55) and sum(node.shares.values()) == pytest.approx(1.0)
+    # the first window after a rank (re)started counts its batches over a part of it: not reported
+    restarted = (senders[0], dataclasses.replace(senders[1], first_seen_age_s=0.4))
+    assert compute_insight(report(series, senders=restarted).window, None, None, restarted).node is None
     # no rank names a run: the node is unlabelled (one run for all such nodes of a Prometheus)
     rep = report(series)
     node = compute_insight(rep.window, None, None, rep.senders).node

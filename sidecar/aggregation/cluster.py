@@ -36,11 +36,19 @@ def cluster_run(hello: Mapping[str, Any] | None) -> str | None:
 def node_figures(roles: Mapping[str, RoleInsight], senders: Sequence[SenderView] | None,
                  duration_s: float) -> NodeFigures | None:
     """The node's figures from its main role (the one with the most workers among those with phase
-    timings, as the single-role verdict reads): None when no role has phase timings or batches."""
+    timings, as the single-role verdict reads): None when no role has phase timings or batches,
+    and, where ``senders`` are told, when none of the role's senders is live or one started inside
+    the window (a node's first window after a (re)start counts its ranks' batches over a part of
+    it: its step time would read long, and the cluster rules would name it for its restart)."""
     timed = [r for r in roles.values() if r.time_share and r.batches_per_s > 0 and r.workers > 0]
     if not timed:
         return None
     main = max(timed, key=lambda r: (r.workers, r.role))
+    if senders is not None:
+        own = [s for s in senders if s.role == main.role]
+        started = [s for s in own if s.first_seen_age_s is not None and s.first_seen_age_s < duration_s]
+        if started or not any(s.live(duration_s) for s in own):
+            return None
     share = main.time_share
     host = share.get("other", 0.0) if main.host_measured else 0.0
     parts = {"comm": share.get("comm_wait", 0.0), "data": share.get("data_wait", 0.0),
