@@ -128,7 +128,8 @@ def test_two_daemons_one_prometheus(tmp_path: Path) -> None:
 
         # every shipped rule loaded and evaluates without error against real series
         groups = json.loads(http_get(f"{base}/api/v1/rules"))["data"]["groups"]
-        assert {g["name"] for g in groups} == {"dflash-host", "dflash-cluster", "dflash-alerts"}
+        assert {g["name"] for g in groups} == {"dflash-host", "dflash-cluster", "dflash-alerts", "dflash-node",
+                                               "dflash-stragglers"}
         broken = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] == "err"]
         assert broken == []
         firing = [r["name"] for g in groups for r in g["rules"] if r.get("state") == "firing"]
