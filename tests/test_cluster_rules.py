@@ -42,3 +42,17 @@ def test_the_run_rules_read_only_recorded_series() -> None:
 def test_fewer_than_two_nodes_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 2"):
         rule_test_yaml(1)
+
+
+def test_the_dashboard_has_a_cluster_row_with_the_named_node_and_each_nodes_step() -> None:
+    import json
+
+    from tests.deploy_support import DASHBOARD
+
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    titles = [p["title"] for p in panels]
+    assert "Cluster" in titles
+    row = panels[titles.index("Cluster") + 1:]
+    exprs = {t["expr"] for p in row for t in p.get("targets", [])}
+    assert "run_host_cause:dflash_node_straggler:excess_seconds" in exprs
+    assert any(e.startswith("run_host_class:dflash_node_step_share_ratio:avg1m") for e in exprs)
