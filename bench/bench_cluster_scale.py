@@ -132,8 +132,9 @@ def measure(page: str, host: str, nodes: int, settle_s: float, tmp: Path) -> dic
         per_node = float(json.loads(get(f"{base}/api/v1/query?{query}"))["data"]["result"][0]["value"][1])
         seen = _count(base, "run_host:dflash_node_step_seconds:avg1m")
         recorded = _count(base, '{__name__=~"run.*:dflash_node_.+|host_cause:dflash_node_.+"}')
+        edge = _count(base, '{__name__=~".+:dflash_.+", host="node-0000"}')
         return {"nodes": nodes, "series_per_node": per_node, "head_series": head, "rss_mb": rss / 1e6,
-                "nodes_in_rules": seen, "straggler_series": recorded,
+                "nodes_in_rules": seen, "straggler_series": recorded, "recorded_per_node": edge,
                 **{f"eval_ms:{g}": statistics.median(v) * 1000 for g, v in evals.items()}}
     finally:
         prom.terminate()
@@ -157,11 +158,13 @@ def main() -> int:
         host = page.split('dflash_node_step_seconds{host="', 1)[1].split('"', 1)[0]
         rows = [measure(page, host, n, ns.settle, Path(tmp)) for n in ns.nodes]
     groups = sorted({k for r in rows for k in r if k.startswith("eval_ms:")})
-    print("| nodes | in the rules | dflash series per node | straggler rules' series | head series | "
+    print("| nodes | in the rules | dflash series per node | recorded per node | straggler rules' series | "
+          "head series | "
           "Prometheus RSS (MB) | " + " | ".join(f"{g[8:]} eval (ms)" for g in groups) + " |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in groups) + " |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in groups) + " |")
     for r in rows:
         print(f"| {r['nodes']} | {r['nodes_in_rules']:.0f} | {r['series_per_node']:.0f} | "
+              f"{r['recorded_per_node']:.0f} | "
               f"{r['straggler_series']:.0f} | {r['head_series']:.0f} | {r['rss_mb']:.0f} | "
               + " | ".join(f"{r.get(g, float('nan')):.2f}" for g in groups) + " |")
     return 0

@@ -13,62 +13,29 @@ import sys
 import time
 from pathlib import Path
 
-from tests.deploy_support import env, free_port, require_tool, spawn_sidecar, stop
-from tests.test_deploy_multinode import prometheus_config, query, wait_for
+from tests.cluster_nodes import Node, start_prometheus
+from tests.deploy_support import env, stop
+from tests.test_deploy_multinode import query, wait_for
 
-TRAINER = """
-import sys, time
-from trainer_shim import telemetry
-endpoint, slow = sys.argv[1], sys.argv[2] == "slow"
-ch = telemetry.configure(endpoint=endpoint, role="trainer", worker="0", flush_interval_s=0.05)
-phases = ({"data_time_ms": 2, "forward_ms": 26, "backward_ms": 34, "allreduce_ms": 2, "optimizer_step_ms": 3}
-          if slow else {"data_time_ms": 2, "forward_ms": 10, "backward_ms": 14, "allreduce_ms": 37,
-                        "optimizer_step_ms": 3})
-while True:
-    start = time.perf_counter()
-    for name, ms in phases.items():
-        t = time.perf_counter()
-        time.sleep(ms / 1000)
-        ch.timing(name, (time.perf_counter() - t) * 1000)
-    ch.timing("step_ms", (time.perf_counter() - start) * 1000)
-    ch.count("batches")
-"""
-NODES = ("n0", "n1", "n2", "n3")
 SLOW = "n3"
 RUN = "job44"
 NAMED = "run_host_cause:dflash_node_straggler:excess_seconds"
 
 
 def test_four_nodes_one_slow_by_compute_is_named_with_its_cause(tmp_path: Path) -> None:
-    prometheus = require_tool("prometheus", "prometheus")
+    nodes = [Node(f"n{i}", RUN, "compute" if i == 3 else "healthy") for i in range(4)]
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Path] = []
-    ports = {node: free_port() for node in NODES}
-    trainer_env = env() | {"DFLASH_RUN_LABEL": RUN}
     try:
-        web = free_port()
-        logs.append(tmp_path / "prometheus.log")
-        with open(logs[-1], "wb") as out:
-            procs.append(subprocess.Popen(
-                [prometheus, f"--config.file={prometheus_config(tmp_path, ports)}",
-                 f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{web}",
-                 "--log.level=warn"], stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path))
-        base = f"http://127.0.0.1:{web}"
+        prometheus, base = start_prometheus(tmp_path, nodes, logs)
+        procs.append(prometheus)
         cli = [sys.executable, "-m", "sidecar", "cluster", "--prometheus", base]
         wait_for("Prometheus up", lambda: query(base, "vector(1)"), 60, logs)
         empty = subprocess.run(cli, capture_output=True, text=True, env=env(), timeout=60, check=False)
         assert empty.returncode == 1 and "no run: no node reports dflash_node_* series" in empty.stderr, empty.stderr
 
-        for node in NODES:
-            (tmp_path / node).mkdir(mode=0o700)
-            endpoint = f"ipc://{tmp_path}/{node}/sidecar.sock"
-            logs += [tmp_path / f"{node}-daemon.log", tmp_path / f"{node}-trainer.log"]
-            procs.append(spawn_sidecar(["run", "--no-gpu-metrics", "--interval", "1", "--endpoint", endpoint,
-                                        "--prometheus-addr", f"127.0.0.1:{ports[node]}"], logs[-2]))
-            with open(logs[-1], "wb") as out:
-                procs.append(subprocess.Popen([sys.executable, "-c", TRAINER, endpoint,
-                                               "slow" if node == SLOW else "healthy"],
-                                              stdout=out, stderr=subprocess.STDOUT, env=trainer_env))
+        for node in nodes:
+            node.start(tmp_path, logs)
 
         wait_for("every node's figures", lambda: len(query(base, "run:dflash_node_hosts:count == 4")) == 1, 60, logs)
         full = time.monotonic()
@@ -97,11 +64,66 @@ def test_four_nodes_one_slow_by_compute_is_named_with_its_cause(tmp_path: Path) 
         data = json.loads(subprocess.run(cli + ["--run", RUN, "--json"], capture_output=True, text=True, env=env(),
                                          timeout=60, check=True).stdout)
         assert [(n["host"], n["cause"]) for n in data["named"]] == [(SLOW, "compute-bound")]
-        assert data["median_comm"] > 0.3 and {n["host"] for n in data["nodes"]} == set(NODES)
+        assert data["median_comm"] > 0.3 and {n["host"] for n in data["nodes"]} == {n.name for n in nodes}
         wrong = subprocess.run(cli + ["--run", "other"], capture_output=True, text=True, env=env(), timeout=60)
         assert wrong.returncode == 1 and "no run 'other' reports now; runs: job44 (4 nodes)" in wrong.stderr
-        daemon = subprocess.run(cli[:-1] + [f"http://127.0.0.1:{ports['n0']}"], capture_output=True, text=True,
+        daemon = subprocess.run(cli[:-1] + [f"http://127.0.0.1:{nodes[0].port}"], capture_output=True, text=True,
                                 env=env(), timeout=60)  # a daemon's address, not Prometheus's
         assert daemon.returncode == 1 and "not a daemon's /metrics" in daemon.stderr, daemon.stderr
     finally:
         stop(procs)
+        for node in nodes:
+            node.stop()
+
+
+def test_runs_sharing_one_prometheus_each_name_their_own_node_and_a_balanced_run_none(tmp_path: Path) -> None:
+    """Three runs scraped by one Prometheus: in ``ra`` a node slow by its data loader (its own
+    verdict input-bound), in ``rb`` a node slow and throttled (fake NVML: hw_slowdown on its GPUs),
+    ``rc`` balanced, one of its two nodes restarting (daemon and trainer) mid-run. Each run names
+    its own node with its cause, never another run's, and ``rc`` names nothing, restart included."""
+    from tests.fake_nvml.build import build_fake_nvml
+    from tests.fake_nvml.control import FakeNvml
+    from tests.fake_nvml.helpers import library_or_skip
+
+    library_or_skip("full")
+    library = build_fake_nvml("full")
+    control = FakeNvml(tmp_path / "nvml-control.txt", library, {"devices": 2})
+    control.gpu("*", utilization_gpu=60, clock_reasons=0x8)  # hw_slowdown
+    hot = {"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(control.path)}
+    nodes = [Node("a0", "ra", "healthy"), Node("a1", "ra", "healthy"), Node("a2", "ra", "input"),
+             Node("b0", "rb", "healthy"), Node("b1", "rb", "compute", nvml=hot), Node("b2", "rb", "healthy"),
+             Node("c0", "rc", "healthy"), Node("c1", "rc", "healthy")]
+    logs: list[Path] = []
+    prometheus, base = start_prometheus(tmp_path, nodes, logs)
+    named: set[tuple[str, str, str]] = set()
+
+    def watch() -> set[tuple[str, str, str]]:
+        named.update((m["metric"]["run"], m["metric"]["host"], m["metric"]["cause"]) for m in query(base, NAMED))
+        return named
+
+    try:
+        for node in nodes:
+            node.start(tmp_path, logs)
+        wait_for("three runs", lambda: len(query(base, "run:dflash_node_hosts:count >= 2")) == 3, 90, logs)
+        wait_for("a2 and b1 named", lambda: {("ra", "a2", "input-bound"), ("rb", "b1", "throttled")} <= watch(),
+                 45, logs)
+        nodes[-1].stop()  # c1 restarts: gone for 3 s, then back
+        for _ in range(6):
+            watch()
+            time.sleep(0.5)
+        nodes[-1].start(tmp_path, logs)
+        wait_for("c1 back", lambda: query(base, 'run_host:dflash_node_step_seconds:avg1m{host="c1"}'), 45, logs)
+        for _ in range(10):
+            watch()
+            time.sleep(0.5)
+        assert named == {("ra", "a2", "input-bound"), ("rb", "b1", "throttled")}, named
+        text = subprocess.run([sys.executable, "-m", "sidecar", "cluster", "--prometheus", base, "--run", "rc"],
+                              capture_output=True, text=True, env=env(), timeout=60, check=True).stdout
+        assert "run rc: 2 nodes" in text and "no node holds the others back" in text, text
+        several = subprocess.run([sys.executable, "-m", "sidecar", "cluster", "--prometheus", base],
+                                 capture_output=True, text=True, env=env(), timeout=60, check=False)
+        assert several.returncode == 1 and "3 runs report to this Prometheus: pass --run" in several.stderr
+    finally:
+        stop([prometheus])
+        for node in nodes:
+            node.stop()
