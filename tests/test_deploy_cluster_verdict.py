@@ -67,6 +67,12 @@ def test_four_nodes_one_slow_by_compute_is_named_with_its_cause(tmp_path: Path) 
         assert data["median_comm"] > 0.3 and {n["host"] for n in data["nodes"]} == {n.name for n in nodes}
         wrong = subprocess.run(cli + ["--run", "other"], capture_output=True, text=True, env=env(), timeout=60)
         assert wrong.returncode == 1 and "no run 'other' reports now; runs: job44 (4 nodes)" in wrong.stderr
+        # the run ledger of n0's daemon, with Prometheus's history: n3 held the run back most
+        state = env(XDG_STATE_HOME=str(tmp_path / "n0" / "xdg-state"))
+        report = subprocess.run([sys.executable, "-m", "sidecar", "report", "--run", RUN, "--prometheus", base],
+                                capture_output=True, text=True, env=state, timeout=60, check=False)
+        assert report.returncode == 0, report.stderr
+        assert f"run {RUN}: held back most by n3 (compute-bound) for" in report.stdout, report.stdout
         daemon = subprocess.run(cli[:-1] + [f"http://127.0.0.1:{nodes[0].port}"], capture_output=True, text=True,
                                 env=env(), timeout=60)  # a daemon's address, not Prometheus's
         assert daemon.returncode == 1 and "not a daemon's /metrics" in daemon.stderr, daemon.stderr

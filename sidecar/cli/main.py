@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--state-dir", default=None, help="the daemon's state folder (default: as the daemon)")
     report.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                         help="the daemon's TOML config file: report reads its state_dir and flops_per_token")
+    report.add_argument("--prometheus", default=None, metavar="URL",
+                        help="a Prometheus base URL: say which node held each run back most (its straggler rules)")
     cluster = add("cluster", help="the cluster's verdict from Prometheus: which node the others wait for, and why")
     cluster.add_argument("--prometheus", required=True, metavar="URL",
                          help="the Prometheus (or Thanos/Mimir query) base URL, e.g. http://prometheus:9090")
@@ -151,7 +153,8 @@ def _dispatch(argv: Sequence[str] | None) -> int:
             cfg = config_mod.load({"config_file": ns.config_file} if ns.config_file else {})
         except ConfigError as exc:
             ns.subparser.exit(USAGE, f"dflash-sidecar report: error: {exc}\n")
-        return run_report(ns.state_dir or cfg.state_dir, ns.run, ns.json, cfg.flops_per_token)
+        return run_report(ns.state_dir or cfg.state_dir, ns.run, ns.json, cfg.flops_per_token,
+                          prometheus=ns.prometheus)
     given = config_mod.given(vars(ns))
     try:
         cfg = config_mod.load(given)

@@ -29,9 +29,9 @@ class PrometheusApi:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
 
-    def query(self, promql: str) -> Vector:
-        """The instant vector of ``promql`` now. Raises ``PrometheusError``."""
-        data = self._get("query", {"query": promql})
+    def query(self, promql: str, at_s: float | None = None) -> Vector:
+        """The instant vector of ``promql`` now (or at ``at_s``, unix s). Raises ``PrometheusError``."""
+        data = self._get("query", {"query": promql} | ({"time": f"{at_s:.3f}"} if at_s is not None else {}))
         return [(r.get("metric", {}), float(r["value"][1])) for r in data.get("result", [])]
 
     def query_range(self, promql: str, start_s: float, end_s: float, step_s: float) -> list[tuple[dict[str, str],
