@@ -74,7 +74,7 @@ def start_prometheus(tmp: Path, nodes: list[Node], logs: list[Path]) -> tuple[su
     """A real Prometheus with the shipped cluster config and rules at a 1 s scrape and evaluation,
     scraping ``nodes``: the process and its base URL."""
     from tests.deploy_support import require_tool
-    from tests.test_deploy_multinode import prometheus_config
+    from tests.prometheus_harness import prometheus_config
 
     prometheus = require_tool("prometheus", "prometheus")
     web = free_port()

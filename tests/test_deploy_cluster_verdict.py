@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.cluster_nodes import Node, start_prometheus
 from tests.deploy_support import env, stop
-from tests.test_deploy_multinode import query, wait_for
+from tests.prometheus_harness import query, wait_for
 
 SLOW = "n3"
 RUN = "job44"

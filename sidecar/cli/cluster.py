@@ -68,9 +68,11 @@ class ClusterView:
 
 
 def _selector(run: str, **extra: str) -> str:
-    labels = {"run": run, **extra}
-    return "{" + ",".join(f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-                          for k, v in labels.items()) + "}"
+    """``{run="…",…}`` with each value quoted as PromQL reads a string (backslash, quote, newline)."""
+    def quoted(value: str) -> str:
+        return json.dumps(value)  # a JSON string is a valid PromQL double-quoted string for these escapes
+
+    return "{" + ",".join(f"{k}={quoted(v)}" for k, v in {"run": run, **extra}.items()) + "}"
 
 
 def pick_run(api: PrometheusApi, run: str | None) -> tuple[str, int]:
