@@ -1,6 +1,6 @@
 """The node's figures for the cluster rules: the run it serves (the launcher's label first, then
 the W&B run, else ``unlabelled``), its step time and its step split by phase class, as the
-``dflash_node_*`` families of a scrape."""
+``dflash_node_*`` families of a scrape; and the ``cluster`` command's screen of a view."""
 
 from __future__ import annotations
 
@@ -63,3 +63,26 @@ def test_the_node_families_are_six_series_labelled_with_host_and_run() -> None:
     # a window without phase timings has no node figures, and no dflash_node_* series
     quiet = compute_insight(report([]).window, None, None, ())
     assert quiet.node is None and not [f for f in insight_families(quiet, "n3") if f.name.startswith("dflash_node")]
+
+
+def test_the_cluster_screen_names_the_node_and_lists_every_node_slowest_first() -> None:
+    from sidecar.cli.cluster import ClusterView, Named, NodeRow, cluster_json, render, stretch_start
+
+    assert stretch_start([100.0, 105.0, 130.0, 135.0, 140.0], 5.0) == 130.0  # named again after a gap
+    assert stretch_start([], 5.0) is None
+    shares = {"comm": 0.02, "data": 0.02, "compute": 0.93, "host": 0.02, "unattributed": 0.01}
+    healthy = {"comm": 0.55, "data": 0.02, "compute": 0.4, "host": 0.02, "unattributed": 0.01}
+    view = ClusterView("job", 0.55, [Named("n3", "compute-bound", 0.53, 6.36, 1000.0)],
+                       [NodeRow("n3", 1.0, 2.18, shares, "balanced"),
+                        NodeRow("n0", 1.0, 1.0, healthy, "communication-bound")])
+    text = render(view, 1075.0)
+    assert text.splitlines()[:3] == [
+        "run job: 2 nodes; the median node waits 55% of its step in collectives",
+        "n3 holds the others back: compute-bound, since 00:16:40 UTC (1m 15s)",
+        "  its own work takes 0.530 s per step more than the median node's: the other nodes lose 6.36 GPU-hours "
+        "per hour waiting"]
+    rows = text.split("verdict\n", 1)[1].splitlines()
+    assert rows[0].split() == ["n3", "1.000", "2.18", "2%", "2%", "93%", "2%", "1%", "balanced"]
+    assert cluster_json(view)["named"][0]["host"] == "n3"
+    quiet = render(ClusterView("job", 0.05, [], view.nodes), 1075.0)
+    assert "no node holds the others back" in quiet

@@ -127,12 +127,18 @@ def _since(api: PrometheusApi, run: str, host: str, now_s: float) -> float | Non
     """When the node's current stretch as the named node began (within ``SINCE_LOOKBACK_S``)."""
     step = 5.0
     series = api.query_range(HELD + _selector(run, host=host), now_s - SINCE_LOOKBACK_S, now_s, step)
-    times = sorted(t for _, ts in series for t in ts)
-    if not times:
+    return stretch_start([t for _, ts in series for t in ts], step)
+
+
+def stretch_start(times: list[float], step_s: float) -> float | None:
+    """The first time of the last unbroken stretch of ``times`` (unix s, sampled every ``step_s``;
+    a gap over 1.5 steps breaks it), None when there is none."""
+    ordered = sorted(times)
+    if not ordered:
         return None
-    start = times[-1]
-    for t in reversed(times[:-1]):
-        if start - t > step * 1.5:
+    start = ordered[-1]
+    for t in reversed(ordered[:-1]):
+        if start - t > step_s * 1.5:
             break
         start = t
     return start
