@@ -5,6 +5,7 @@ the W&B run, else ``unlabelled``), its step time and its step split by phase cla
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -86,3 +87,16 @@ def test_the_cluster_screen_names_the_node_and_lists_every_node_slowest_first() 
     assert cluster_json(view)["named"][0]["host"] == "n3"
     quiet = render(ClusterView("job", 0.05, [], view.nodes), 1075.0)
     assert "no node holds the others back" in quiet
+
+
+def test_the_w_and_b_cluster_row_is_wired_where_both_settings_are_given(tmp_path: Path) -> None:
+    from sidecar.core import config
+    from sidecar.core.daemon import Daemon
+
+    given = {"wandb_run": "auto", "gpu_metrics": False, "state_dir": str(tmp_path)}
+    names = [e.name for e in Daemon(config.load(given), host="n0").exporters]
+    assert "wandb-cluster" not in names
+    with_url = Daemon(config.load(given | {"wandb_cluster_prometheus": "http://prom:9090"}), host="n0")
+    assert [e.name for e in with_url.exporters][-2:] == ["wandb", "wandb-cluster"]
+    with pytest.raises(config.ConfigError, match="expected an http\\(s\\) URL"):
+        config.load({"wandb_cluster_prometheus": "prom:9090"})

@@ -56,3 +56,10 @@ def test_the_dashboard_has_a_cluster_row_with_the_named_node_and_each_nodes_step
     exprs = {t["expr"] for p in row for t in p.get("targets", [])}
     assert "run_host_cause:dflash_node_straggler:excess_seconds" in exprs
     assert any(e.startswith("run_host_class:dflash_node_step_share_ratio:avg1m") for e in exprs)
+
+
+def test_every_series_the_readers_query_is_recorded_by_the_rules() -> None:
+    """The cluster command, report --prometheus and the W&B cluster row read these names."""
+    from sidecar.cli.cluster import READ
+
+    assert set(READ) - recorded_names() == set()

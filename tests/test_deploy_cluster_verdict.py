@@ -3,23 +3,38 @@ tests/test_deploy_multinode.py runs them), one real Prometheus with the shipped 
 rules at a 1 s scrape and evaluation. The trainers of n0-n2 wait ~55 % of each step in their
 all-reduce; n3 computes ~2.5 times as long and hardly waits (its own verdict: balanced). The rules
 must name n3, with its cause (compute-bound), soon after the nodes' first full windows, never a
-healthy node, and ``dflash-sidecar cluster`` must print the same."""
+healthy node; ``dflash-sidecar cluster`` must print the same, the W&B cluster row carry it (with one
+alert), and ``report --prometheus`` say n3 held the run back most."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from sidecar.aggregation.insight import compute_insight
+from sidecar.exporters.wandb.cluster_row import ClusterRow
+from sidecar.exporters.wandb.keys import pattern_of
+from sidecar.model.window import IngestReport
 from tests.cluster_nodes import Node, start_prometheus
 from tests.deploy_support import env, stop
+from tests.insight_synth import report, sender, worker
 from tests.prometheus_harness import query, wait_for
 
 SLOW = "n3"
 RUN = "job44"
 NAMED = "run_host_cause:dflash_node_straggler:excess_seconds"
+
+
+def _window_of_run(run: str) -> IngestReport:
+    """A window of a node whose trainer names ``run`` (what the W&B cluster row reads of it)."""
+    series = worker("trainer", "0", {"forward": 10, "comm_wait": 30}, 10)
+    senders = (dataclasses.replace(sender("trainer", "0"), hello={"run_label": run}),)
+    rep = report(series, senders=senders)
+    return dataclasses.replace(rep, insight=compute_insight(rep.window, None, None, senders))
 
 
 def test_four_nodes_one_slow_by_compute_is_named_with_its_cause(tmp_path: Path) -> None:
@@ -69,6 +84,23 @@ def test_four_nodes_one_slow_by_compute_is_named_with_its_cause(tmp_path: Path) 
         assert data["median_comm"] > 0.3 and {n["host"] for n in data["nodes"]} == {n.name for n in nodes}
         wrong = subprocess.run(cli + ["--run", "other"], capture_output=True, text=True, env=env(), timeout=60)
         assert wrong.returncode == 1 and "no run 'other' reports now; runs: job44 (4 nodes)" in wrong.stderr
+        # the W&B cluster row of n0's daemon (wandb_cluster_prometheus): handed to the W&B exporter's queue
+        rows: list[tuple[dict[str, float], tuple[tuple[str, str], ...]]] = []
+        poller = ClusterRow(base, "n0", lambda row, step, alerts: rows.append((dict(row), alerts)) or True)
+        assert poller.poll() is False  # no window yet: the node's run is not known
+        poller.consume(_window_of_run(RUN))
+        assert poller.poll() and poller.poll()
+        row, alerts = rows[0]
+        assert row["n0/cluster/nodes"] == 4 and row["n0/cluster/held_back"] == 1, row
+        assert row["n0/cluster/n3/excess_s"] > 0 and "n0/cluster/n3/lost_gpu_hours_per_hour" in row, row
+        assert alerts == (("n3 holds run job44 back (compute-bound)", "dflash-sidecar on n0: the nodes of run job44 "
+                           "wait for n3 (compute-bound); dflash-sidecar cluster --prometheus URL --run job44"),)
+        assert rows[1][1] == ()  # alerted once, not at every poll
+        assert all(pattern_of(f"sidecar/{key}") for key in row), row  # keys of the documented scheme
+        unreachable = ClusterRow("http://127.0.0.1:9", "n0", lambda *a: True)
+        unreachable.consume(_window_of_run(RUN))
+        assert unreachable.poll() is False
+
         # the run ledger of n0's daemon, with Prometheus's history: n3 held the run back most
         state = env(XDG_STATE_HOME=str(tmp_path / "n0" / "xdg-state"))
         report = subprocess.run([sys.executable, "-m", "sidecar", "report", "--run", RUN, "--prometheus", base],

@@ -13,17 +13,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from sidecar.cli.exit_status import FAILURE, OK, USAGE
-from sidecar.cli.prom_api import PrometheusApi, PrometheusError
-from sidecar.model.cluster import PHASE_CLASSES
+from sidecar.exporters.prometheus.query import PrometheusApi, PrometheusError
+from sidecar.model.cluster import HELD_SERIES, HOSTS_SERIES, LOST_SERIES, NAMED_SERIES, PHASE_CLASSES
 
-HOSTS = "run:dflash_node_hosts:count"
+HOSTS, NAMED, HELD, LOST = HOSTS_SERIES, NAMED_SERIES, HELD_SERIES, LOST_SERIES
 STEP = "run_host:dflash_node_step_seconds:avg1m"
 SHARES = "run_host_class:dflash_node_step_share_ratio:avg1m"
 RATIO = "run_host:dflash_node_work_seconds:ratio_median"
 MEDIAN_SHARE = "run_class:dflash_node_step_share_ratio:median"
-NAMED = "run_host_cause:dflash_node_straggler:excess_seconds"
-LOST = "run_host_cause:dflash_node_straggler:lost_gpu_hours_per_hour"
-HELD = "run_host:dflash_node_straggler:excess_seconds"
 VERDICTS = "host_verdict:dflash_pipeline_bottleneck:max"
 READ = (HOSTS, STEP, SHARES, RATIO, MEDIAN_SHARE, NAMED, LOST, HELD, VERDICTS)
 """The recorded series the command reads (tests check the rules record each)."""

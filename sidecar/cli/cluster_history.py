@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sidecar.cli.cluster import HOSTS, LOST, NAMED, _selector
-from sidecar.cli.prom_api import PrometheusApi, PrometheusError
+from sidecar.exporters.prometheus.query import PrometheusApi, PrometheusError
 from sidecar.model.ledger import RunLedgerView
 
 

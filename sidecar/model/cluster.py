@@ -34,3 +34,14 @@ class NodeFigures:
     role: str
     step_s: float
     shares: Mapping[str, float]
+
+
+HOSTS_SERIES = "run:dflash_node_hosts:count"
+"""The recorded series of the straggler rules that readers query (deploy/prometheus/rules/
+dflash-node.yml, dflash-stragglers.yml; tests check the rules record each): nodes per run."""
+NAMED_SERIES = "run_host_cause:dflash_node_straggler:excess_seconds"
+"""The node the others wait for, with its cause: seconds per step its work exceeds the median's."""
+HELD_SERIES = "run_host:dflash_node_straggler:excess_seconds"
+"""The same without the cause (its stretch does not break when the cause changes)."""
+LOST_SERIES = "run_host_cause:dflash_node_straggler:lost_gpu_hours_per_hour"
+"""GPU-hours per hour the run's other nodes lose waiting for the named node."""

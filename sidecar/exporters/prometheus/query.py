@@ -1,6 +1,8 @@
 """A small client of Prometheus's HTTP API (``/api/v1/query``, ``/api/v1/query_range``), stdlib
-only, for ``dflash-sidecar cluster``. Works against anything that serves that API: Prometheus,
-Thanos Query, Mimir/Cortex (with their path prefix in the base URL)."""
+only: how ``dflash-sidecar cluster`` and ``report --prometheus`` read the straggler rules back, and
+the W&B exporter's cluster row (``sidecar.exporters.wandb.cluster_row``). Works against anything
+that serves that API: Prometheus, Thanos Query, Mimir/Cortex (with their path prefix in the base
+URL)."""
 
 from __future__ import annotations
 
