@@ -92,6 +92,10 @@ limits", the normal state of a saturated GPU, and names it a clock-event reason
 hardware slowdowns; ``gpu_idle``, ``sync_boost`` and the clock settings are not limits either."""
 
 
+SPIN_GAP = 0.25
+"""NVML utilization this far over GPM SM activity on a ``communication-bound`` role: its detail says
+the collectives spin (the GPUs look busy while their SMs wait)."""
+
 _RULE = "Verdict"
 _SINGLE = "Verdict (single-role loops)"
 
@@ -362,7 +366,7 @@ def _beside_utilization(v: Verdict, busy: float | None, utilization: float | Non
     if utilization is None:
         return v
     v = replace(v, evidence=v.evidence + (("gpu_utilization", utilization),))
-    if v.name != "communication-bound" or busy is None or utilization - busy < 0.25:
+    if v.name != "communication-bound" or busy is None or utilization - busy < SPIN_GAP:
         return v
     note = f"GPUs {utilization:.0%} busy by NVML utilization, {busy:.0%} by GPM SM activity: collectives spin"
     return replace(v, detail=f"{v.detail}; {note}" if v.detail else note)
