@@ -120,7 +120,8 @@ def test_runs_sharing_one_prometheus_each_name_their_own_node_and_a_balanced_run
     """Three runs scraped by one Prometheus: in ``ra`` a node slow by its data loader (its own
     verdict input-bound), in ``rb`` a node slow and throttled (fake NVML: hw_slowdown on its GPUs),
     ``rc`` balanced, one of its two nodes restarting (daemon and trainer) mid-run. Each run names
-    its own node with its cause, never another run's, and ``rc`` names nothing, restart included."""
+    its own node with its cause, never another run's, and ``rc`` names nothing, restart included
+    (while c1 is down, ``cluster --run rc`` says only one node reports)."""
     from tests.fake_nvml.build import build_fake_nvml
     from tests.fake_nvml.control import FakeNvml
     from tests.fake_nvml.helpers import library_or_skip
@@ -147,10 +148,12 @@ def test_runs_sharing_one_prometheus_each_name_their_own_node_and_a_balanced_run
         wait_for("three runs", lambda: len(query(base, "run:dflash_node_hosts:count >= 2")) == 3, 90, logs)
         wait_for("a2 and b1 named", lambda: {("ra", "a2", "input-bound"), ("rb", "b1", "throttled")} <= watch(),
                  45, logs)
-        nodes[-1].stop()  # c1 restarts: gone for 3 s, then back
-        for _ in range(6):
-            watch()
-            time.sleep(0.5)
+        nodes[-1].stop()  # c1 restarts: gone a few seconds, then back
+        wait_for("rc down to c0", lambda: watch() is not None and query(
+            base, 'run:dflash_node_hosts:count{run="rc"} == 1'), 20, logs)
+        alone = subprocess.run([sys.executable, "-m", "sidecar", "cluster", "--prometheus", base, "--run", "rc"],
+                               capture_output=True, text=True, env=env(), timeout=60, check=False)
+        assert alone.returncode == 1 and "run 'rc': only one node reports (c0)" in alone.stderr, alone.stderr
         nodes[-1].start(tmp_path, logs)
         wait_for("c1 back", lambda: query(base, 'run_host:dflash_node_step_seconds:avg1m{host="c1"}'), 45, logs)
         for _ in range(10):
