@@ -5,15 +5,17 @@ CONTROL [RANK WORLD PORT]``.
 
 ``CONTROL`` is a JSON file the matrix rewrites: ``{"condition": NAME}`` or ``{"stop": true}``.
 Conditions (``EFFECTS``, milliseconds per step): ``input`` a slow dataset; ``host`` host work
-between the timed phases (a user's callback, a loop's own bookkeeping); ``unmapped`` a phase of
-the step timed under a name no preset knows; ``comm`` a slow collective (a real gloo
-all-reduce, its slowness a sleep inside the timed collective: a slow interconnect);
-``straggler`` rank 1 slow in its own compute; ``saturated`` changes nothing here (the fake GPU
-reads 97 %). Frameworks: ``plain`` (every occurrence, ``timed(loader)`` and ``timing()``;
-2 ranks all-reduce their gradients over gloo), ``snapshot`` (the same, per-batch means every
-0.25 s through ``publish()``), ``hf`` (``Trainer`` + ``SidecarCallback``), ``lightning`` (``Trainer`` +
-``SidecarCallback``), ``compile`` (a ``torch.compile``d model in a plain loop), ``ddp``
-(``DistributedDataParallel`` on gloo, 2 ranks)."""
+between the timed phases (a user's callback, a loop's own bookkeeping); ``unmapped`` a phase of the
+step timed under a name no preset knows; ``comm`` a slow collective (a real gloo all-reduce, its
+slowness a sleep inside the timed collective: a slow interconnect); ``straggler`` rank 1 slow in its
+own compute; ``saturated`` every rank's own compute longer in the plain loops (``plain``,
+``snapshot``, ``compile``, ``ddp``; the fake GPU reads 97 %: the ranks compute, they do not wait in
+the collective), nothing in ``hf`` and ``lightning``; ``spin`` the slow collective of ``comm`` (the
+fake GPU reads 97 % busy). Frameworks: ``plain`` (every occurrence, ``timed(loader)`` and
+``timing()``; 2 ranks all-reduce their gradients over gloo), ``snapshot`` (the same, per-batch means
+every 0.25 s through ``publish()``), ``hf`` (``Trainer`` + ``SidecarCallback``), ``lightning``
+(``Trainer`` + ``SidecarCallback``), ``compile`` (a ``torch.compile``d model in a plain loop),
+``ddp`` (``DistributedDataParallel`` on gloo, 2 ranks)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from typing import Any
 
 EFFECTS: dict[str, dict[str, float]] = {
     "base": {}, "input": {"data_ms": 60.0}, "host": {"host_ms": 60.0}, "unmapped": {"unmapped_ms": 80.0},
-    "comm": {"comm_ms": 60.0}, "straggler": {"slow_ms": 60.0}, "saturated": {},
+    "comm": {"comm_ms": 60.0}, "straggler": {"slow_ms": 60.0}, "saturated": {"work_ms": 30.0},
+    "spin": {"comm_ms": 60.0},
 }
 
 
@@ -141,12 +144,12 @@ def plain(endpoint: str, control: Control, rank: int, world: int, port: int, for
             record("data_wait_ms", (t0 - t_step) * 1000)
         out = model(x)
         loss = torch.nn.functional.mse_loss(out, y)
-        sleep_ms(control.ms("slow_ms"))
+        sleep_ms(control.ms("slow_ms") + control.ms("work_ms"))
         t1 = time.perf_counter()
         record("forward_ms", (t1 - t0) * 1000)
         opt.zero_grad()
         loss.backward()
-        sleep_ms(control.ms("slow_ms"))
+        sleep_ms(control.ms("slow_ms") + control.ms("work_ms"))
         t2 = time.perf_counter()
         record("backward_ms", (t2 - t1) * 1000)
         if world > 1 and not ddp:

@@ -93,10 +93,13 @@ def test_every_sample_carries_host(demo_scrape: str) -> None:
 NOT_IN_DEMO = {*(f"trainer/<role>/<worker>/cuda<device>/{v}" for v in ("allocated_bytes", "reserved_bytes",
                                                                         "max_reserved_bytes")),
                "ledger/<role>/mfu_ratio", "self/records_dropped/<reason>", "self/messages_dropped/<reason>",
-               *(f"pipeline/reported/{fig.wandb_key}/<role>" for fig in REPORTED)}
+               *(f"pipeline/reported/{fig.wandb_key}/<role>" for fig in REPORTED),
+               "cluster/nodes", "cluster/held_back", "cluster/<node>/excess_s",
+               "cluster/<node>/lost_gpu_hours_per_hour"}
 """Key patterns the demo cannot show: the CUDA allocator sampler needs CUDA, MFU needs
 flops_per_token, and the demo drops nothing (tests/test_wandb_keys.py builds rows with drops and
-the allocator)."""
+the allocator); the cluster row needs a Prometheus joining nodes (its keys are checked against the
+scheme in tests/test_deploy_cluster_verdict.py)."""
 
 
 def test_every_wandb_key_the_demo_logs_is_in_the_key_scheme(demo: tuple[str, Path]) -> None:

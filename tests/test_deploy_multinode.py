@@ -9,18 +9,12 @@ writes into `host`."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import urllib.parse
-from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-import yaml
-
-from tests.deploy_support import PROMETHEUS_DIR, env, free_port, http_get, require_tool, spawn_sidecar, stop
-from tests.waiting import wait_until
+from tests.deploy_support import env, free_port, http_get, require_tool, spawn_sidecar, stop
+from tests.prometheus_harness import prometheus_config, query, wait_for
 
 PUBLISHER = """
 import sys, time
@@ -43,37 +37,6 @@ def start_publisher(endpoint: str, pairs: list[str], log: Path) -> subprocess.Po
     with open(log, "wb") as out:
         return subprocess.Popen([sys.executable, "-c", PUBLISHER, endpoint, *pairs], stdout=out,
                                 stderr=subprocess.STDOUT, env=env())
-
-
-def prometheus_config(tmp: Path, targets: dict[str, int]) -> Path:
-    """The shipped prometheus-cluster.yml, rules and all, with a 1 s scrape and our two targets."""
-    shutil.copytree(PROMETHEUS_DIR / "rules", tmp / "rules")
-    config = yaml.safe_load((PROMETHEUS_DIR / "prometheus-cluster.yml").read_text())
-    config["global"].update(scrape_interval="1s", evaluation_interval="1s")
-    (tmp / "targets").mkdir()
-    (tmp / "targets" / "nodes.yml").write_text(yaml.safe_dump(
-        [{"targets": [f"127.0.0.1:{port}"], "labels": {"node": node}} for node, port in targets.items()]))
-    path = tmp / "prometheus.yml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def query(base: str, promql: str) -> list[dict]:
-    try:
-        body = http_get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
-    except OSError:  # Prometheus not up yet
-        return []
-    reply = json.loads(body)
-    assert reply["status"] == "success", reply
-    return reply["data"]["result"]
-
-
-def wait_for(what: str, probe: Callable[[], object], timeout: float, logs: list[Path]) -> object:
-    """``tests.waiting.wait_until``, failing with the daemons' and Prometheus' logs."""
-    try:
-        return wait_until(probe, timeout, 0.5, what)
-    except AssertionError as exc:
-        pytest.fail(f"{exc}; logs:\n" + "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in logs if p.exists()))
 
 
 def label_sets(result: list[dict]) -> list[dict[str, str]]:
@@ -128,7 +91,8 @@ def test_two_daemons_one_prometheus(tmp_path: Path) -> None:
 
         # every shipped rule loaded and evaluates without error against real series
         groups = json.loads(http_get(f"{base}/api/v1/rules"))["data"]["groups"]
-        assert {g["name"] for g in groups} == {"dflash-host", "dflash-cluster", "dflash-alerts"}
+        assert {g["name"] for g in groups} == {"dflash-host", "dflash-cluster", "dflash-alerts", "dflash-node",
+                                               "dflash-stragglers"}
         broken = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] == "err"]
         assert broken == []
         firing = [r["name"] for g in groups for r in g["rules"] if r.get("state") == "firing"]

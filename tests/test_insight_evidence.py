@@ -49,6 +49,24 @@ def test_busy_gpus_are_compute_bound_whatever_the_host_shares_say() -> None:
     assert verdict(report(ranks), GpuFacts(busy={"0": 0.5, "1": 0.5})).name == "straggler"
 
 
+def test_a_rank_waiting_in_its_all_reduce_on_busy_gpus_is_communication_bound() -> None:
+    # DDP: 57 % of each step in the all-reduce; NCCL's kernels spin, NVML reads the GPUs 96 % busy
+    ddp = report(worker("trainer", "0", {"data_wait": 1, "forward": 10, "backward": 14, "comm_wait": 57}, 10))
+    v = verdict(ddp, GpuFacts(busy={"0": 0.96}))  # utilization alone: the trainer's comm_wait decides
+    assert v.name == "communication-bound" and "no GPM SM activity" in v.detail, v
+    assert dict(v.evidence)["trainer.comm_wait"] == pytest.approx(0.57, abs=0.01)
+    assert v.confidence == confidence(dict(v.evidence)["trainer.comm_wait"], InsightSettings().comm_wait_ratio)
+    # GPM: SM activity 15 % read beside utilization 96 %
+    v = verdict(ddp, GpuFacts(busy={"0": 0.15}, utilization={"0": 0.96}))
+    assert v.name == "communication-bound" and "15% by GPM SM activity" in v.detail, v
+    assert dict(v.evidence)["gpu_busy"] == 0.15 and dict(v.evidence)["gpu_utilization"] == 0.96
+    # SM activity high too: the GPUs compute (collectives overlapped), whatever comm_wait says
+    assert verdict(ddp, GpuFacts(busy={"0": 0.95}, utilization={"0": 0.99})).name == "compute-bound"
+    # utilization alone with a comm_wait under its threshold: still compute-bound
+    busy = report(worker("trainer", "0", {"data_wait": 1, "forward": 30, "backward": 50, "comm_wait": 10}, 10))
+    assert verdict(busy, GpuFacts(busy={"0": 0.96})).name == "compute-bound"
+
+
 def test_a_loop_without_phase_timings_is_judged_by_its_gpus_alone() -> None:
     # the HF Trainer's own logs (loss, grad norm, samples/s): no phase timing at all
     logs = [gauge("trainer", "0", "loss", 2.2), gauge("trainer", "0", "grad_norm", 1.3),

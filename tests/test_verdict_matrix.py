@@ -1,12 +1,12 @@
-"""The verdict conformance matrix in CI (``tests/verdict_matrix.py``): plain loop (2 ranks on
-gloo, every occurrence and snapshots), Hugging Face ``Trainer``, Lightning, a ``torch.compile``d
-model and 2-rank ``DistributedDataParallel`` on gloo, each under injected input-, host- and
-GPU-saturated conditions and with one phase under an unmapped name, the 2-rank rows also under
-communication-bound and straggler conditions, on the fake NVML driver; real shim, real daemon,
-real sockets (30 cells; about 1.5-2 minutes on 2 loaded cores, three rows side by side). Every
-cell gets its verdict in >= 95 % of its windows after the first two, no window of the run says
-``host-bound`` outside host overhead (the trainer's first and last windows included), and once
-the trainer has exited the verdict is ``idle``."""
+"""The verdict conformance matrix in CI (``tests/verdict_matrix.py``): plain loop (2 ranks on gloo,
+every occurrence and snapshots), Hugging Face ``Trainer``, Lightning, a ``torch.compile``d model and
+2-rank ``DistributedDataParallel`` on gloo, each under injected input-, host- and GPU-saturated
+conditions and with one phase under an unmapped name, the 2-rank rows also under communication-bound
+and straggler conditions and a slow collective on GPUs NVML reads busy (``spin``:
+communication-bound), on the fake NVML driver; real shim, real daemon, real sockets (32 cells; about
+1.5-2 minutes on 2 loaded cores, three rows side by side). Every cell gets its verdict in >= 95 % of
+its windows after the first two, no window of the run says ``host-bound`` outside host overhead (the
+trainer's first and last windows included), and once the trainer has exited the verdict is ``idle``."""
 
 from __future__ import annotations
 

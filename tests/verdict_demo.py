@@ -32,6 +32,8 @@ SCENARIOS: dict[str, tuple[list[str], str, str]] = {
     **{f"loop-{b}": (["--style", "generic", "--bottleneck", b], v, "") for b, v in _LOOP.items()},
     "loop-compute": (["--style", "generic", "--bottleneck", "none"], "compute-bound", "loop-busy"),
     "loop-throttled": (["--style", "generic", "--bottleneck", "none"], "throttled", "loop-throttled"),
+    "loop-ddp-busy": (["--style", "generic", "--bottleneck", "comm"], "communication-bound", "loop-spin"),
+    "loop-ddp-gpm": (["--style", "generic", "--bottleneck", "comm"], "communication-bound", "loop-spin-gpm"),
     **{f"snap-{b}": (["--style", "generic", "--form", "snapshot", "--profile-interval", "0.5", "--bottleneck", b],
                      v, "") for b, v in _LOOP.items()},
 }
@@ -39,7 +41,9 @@ SCENARIOS: dict[str, tuple[list[str], str, str]] = {
 ``input`` (targets wait on the data loader; ``host`` until 0.3) is ``input-bound``: one word, one
 meaning. ``throttled``: the balanced demo with the fake driver reporting hw_slowdown on the
 drafters' GPU; ``loop-compute``: the balanced loop on a GPU whose GPM SM activity reads 97 %;
-``loop-throttled``: on a GPU at 60 % in hw_slowdown. The seed-style dict is per-batch means over
+``loop-throttled``: on a GPU at 60 % in hw_slowdown; ``loop-ddp-busy``: the loop waiting ~half its
+step in its all-reduce on GPUs NVML reads 96 % busy (collectives spin), without GPM;
+``loop-ddp-gpm``: the same with GPM SM activity at 15 % beside it. The seed-style dict is per-batch means over
 all workers, so it carries no per-worker balance: there is no ``seed-straggler``."""
 EXPECTED = {name: expected for name, (_, expected, _) in SCENARIOS.items()}
 DFLASH_SCENARIOS = [*_DFLASH, "throttled"]
@@ -69,7 +73,8 @@ def run_one(scenario: str, duration_s: float, interval_s: float, workdir: str) -
 
 def _fake_gpus(workdir: Path, setup: str) -> dict[str, str]:
     """Environment for a daemon whose NVML is the fake driver, 2 GPUs: ``dflash-throttled``: GPU 1
-    in hw_slowdown; ``loop-busy``: GPM SM activity 97 %; ``loop-throttled``: 60 % and hw_slowdown."""
+    in hw_slowdown; ``loop-busy``: GPM SM activity 97 %; ``loop-throttled``: 60 % and hw_slowdown;
+    ``loop-spin``: utilization 96 %, no GPM; ``loop-spin-gpm``: utilization 96 %, SM activity 15 %."""
     from tests.fake_nvml.build import build_fake_nvml
     from tests.fake_nvml.control import FakeNvml
 
@@ -81,6 +86,10 @@ def _fake_gpus(workdir: Path, setup: str) -> dict[str, str]:
         control.gpu(1, clock_reasons=0x8)
     elif setup == "loop-busy":
         control.gpu("*", utilization_gpu=100, gpm_supported=1, gpm_sm_util=97, clock_reasons=0)
+    elif setup == "loop-spin":
+        control.gpu("*", utilization_gpu=96, gpm_supported=0, clock_reasons=0)
+    elif setup == "loop-spin-gpm":
+        control.gpu("*", utilization_gpu=96, gpm_supported=1, gpm_sm_util=15, clock_reasons=0)
     else:
         control.gpu("*", utilization_gpu=60, clock_reasons=0x8)
     return {"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(control.path)}

@@ -29,18 +29,21 @@ from tests.daemon_harness import DaemonProc, env, free_port
 from tests.verdict_demo import LINE
 
 EXPECTED = {"input": "input-bound", "host": "host-bound", "comm": "communication-bound", "straggler": "straggler",
-            "saturated": "compute-bound", "unmapped": "balanced"}
+            "saturated": "compute-bound", "unmapped": "balanced", "spin": "communication-bound"}
 """Injected condition -> the verdict it must get. ``unmapped``: the step is fully timed, one
 phase under a name no preset knows, the GPU 30 % busy and nothing waiting: ``balanced``, the
-name in the evidence (never ``host-bound``)."""
+name in the evidence (never ``host-bound``). ``spin`` (2-rank rows): a slow collective on a GPU
+NVML reads 97 % busy without GPM (NCCL's kernels spin while a rank waits): ``communication-bound``,
+the trainer's ``comm_wait`` deciding. (With GPM SM activity beside it: ``loop-ddp-gpm`` of
+``tests/verdict_demo.py``; the daemon reads GPM only where the GPU has it from its start.)"""
 
 ROWS: dict[str, tuple[str, ...]] = {
-    "plain": ("unmapped", "input", "host", "saturated", "comm", "straggler"),
+    "plain": ("unmapped", "input", "host", "saturated", "comm", "straggler", "spin"),
     "snapshot": ("unmapped", "input", "host", "saturated", "comm", "straggler"),
     "hf": ("unmapped", "input", "host", "saturated"),
     "lightning": ("unmapped", "input", "host", "saturated"),
     "compile": ("unmapped", "input", "host", "saturated"),
-    "ddp": ("unmapped", "input", "host", "saturated", "comm", "straggler"),
+    "ddp": ("unmapped", "input", "host", "saturated", "comm", "straggler", "spin"),
 }
 """Framework -> its conditions, in run order. ``comm`` and ``straggler`` are cells of the rows
 that run 2 ranks on gloo (``RANKS``): ``hf``, ``lightning`` and ``compile`` run one process,
@@ -68,7 +71,10 @@ class RowResult:
     """Seconds the row took, from the daemon's start to the trainer's exit and the daemon's stop."""
 
 
-def _set_gpu(control: object, busy: int) -> None:
+def _set_gpu(control: object, condition: str) -> None:
+    """The fake GPU for ``condition``: 97 % utilization where it is saturated or spins in a
+    collective, else 30 %; no GPM."""
+    busy = 97 if condition in ("saturated", "spin") else 30
     control.gpu("*", utilization_gpu=busy, gpm_supported=0, clock_reasons=0)  # type: ignore[attr-defined]
 
 
@@ -97,7 +103,7 @@ def run_row(framework: str, workdir: Path, windows: int = 7, interval_s: float =
     interval_s *= WINDOW_SCALE.get(framework, 1.0)
     library = build_fake_nvml("full")
     nvml = FakeNvml(row_dir / "nvml-control.txt", library, {"devices": 1})
-    _set_gpu(nvml, 30)
+    _set_gpu(nvml, "base")
     control = row_dir / "control.json"
     conditions = ROWS[framework]
     _write(control, {"condition": conditions[0]})
@@ -121,7 +127,7 @@ def run_row(framework: str, workdir: Path, windows: int = 7, interval_s: float =
         time.sleep(2 * interval_s)  # the first steps' own costs (loader start, gloo's first collectives) pass
         marks: list[tuple[str, int]] = []
         for cond in conditions:
-            _set_gpu(nvml, 97 if cond == "saturated" else 30)
+            _set_gpu(nvml, cond)
             _write(control, {"condition": cond})
             marks.append((cond, len(_lines(d))))
             time.sleep(windows * interval_s)

@@ -185,7 +185,8 @@ class GpuAggregates:
 
     def facts(self, window_s: float | None = None) -> GpuFacts | None:
         """Active clock-event (throttle) reasons (latest poll), the group and the busy share of each
-        GPU (GPM SM activity where the GPU has it, else NVML utilization), for the insight: the
+        GPU (GPM SM activity where the GPU has it, else NVML utilization; with SM activity, NVML
+        utilization beside it), for the insight: the
         mean over the polls of the last ``window_s`` seconds when given (and the source keeps
         them), else the latest poll's; None before the first snapshot or without NVML. Warns once
         about configured GPUs this host lacks."""
@@ -201,11 +202,15 @@ class GpuAggregates:
         roles = {str(gpu): group for group, gpus in self.groups.resolve(snapshot).items() for gpu in gpus}
         polls = (self._recent(window_s) if self._recent is not None and window_s else ()) or (snapshot,)
         samples: dict[str, list[float]] = {}
+        beside: dict[str, list[float]] = {}
         for snap in polls:
             for r in snap.gpus:
                 value = r.sm_activity_ratio if r.sm_activity_ratio is not None else r.utilization_ratio
                 if r.up and value is not None:
                     samples.setdefault(str(r.index), []).append(value)
+                if r.up and r.sm_activity_ratio is not None and r.utilization_ratio is not None:
+                    beside.setdefault(str(r.index), []).append(r.utilization_ratio)
         up = {str(r.index) for r in snapshot.gpus if r.up}
         busy = {gpu: sum(v) / len(v) for gpu, v in samples.items() if gpu in up}
-        return GpuFacts(events, roles, busy)
+        utilization = {gpu: sum(v) / len(v) for gpu, v in beside.items() if gpu in up}
+        return GpuFacts(events, roles, busy, utilization)

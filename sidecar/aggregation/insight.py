@@ -21,9 +21,10 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from sidecar.aggregation.cluster import node_figures
 from sidecar.aggregation.series import entropy_bits
 from sidecar.aggregation.verdict import OTHER_SHARE, UNATTRIBUTED_SHARE, InsightSettings, RoleFacts, decide
 from sidecar.model.insight import GpuFacts, PipelineInsight, RoleInsight, WorkerInsight
@@ -210,10 +211,11 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
         queue_fill = _gauge_mean(list(target.values()) + list(drafter.values()), "queue_fill")
     live_roles = [s.role for s in senders or () if s.live(duration)]
     busy = role_busy(gpus, roles or set(live_roles))
+    beside = role_busy(replace(gpus, busy=gpus.utilization), roles or set(live_roles)) if gpus else {}
     live = None if senders is None else len(live_roles)
     gpu_idle = idle_attribution(busy, roles)
     verdict = decide(facts, duration, ready_deficit, queue_fill, throttled, gpus.roles if gpus else {}, settings,
-                     busy, live, live_roles, gpu_idle)
+                     busy, live, live_roles, beside, gpu_idle)
     return PipelineInsight(
         end_unix_s=window.end_unix_s,
         duration_s=duration,
@@ -229,6 +231,7 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
         throttled_gpus=throttled,
         verdict=verdict,
         gpu_idle=gpu_idle,
+        node=node_figures(roles, senders, duration),
     )
 
 

@@ -37,7 +37,12 @@ last message: ``sidecar.model.window.is_live``).
 Any other trainer (no target or drafter role, e.g. a plain training loop) gets the single-role
 rules on its main role (the one with the most workers that publishes phase timings). Evidence
 first: where its GPUs have a busy reading (GPM SM activity, else NVML utilization), busy >=
-``compute_busy_ratio`` is ``compute-bound`` whatever the host-side shares say. Otherwise (GPUs
+``compute_busy_ratio`` is ``compute-bound`` whatever the host-side shares say, except where the
+reading is NVML utilization alone and the role waits in collectives (``comm_wait`` share >=
+``comm_wait_ratio``): NCCL's kernels spin for the whole all-reduce and NVML counts them busy, so
+that is ``communication-bound``, its detail saying the trainer's timing decided
+(``_busy_but_waiting``); with GPM the evidence names NVML utilization beside SM activity
+(``gpu_utilization``). Otherwise (GPUs
 idle, or no GPU reading) the largest wait over its threshold decides: ``input-bound``
 (``data_wait`` share >= ``host_wait_ratio``), ``communication-bound`` (``comm_wait`` share >=
 ``comm_wait_ratio``), ``host-bound`` (``other`` >= ``host_overhead_ratio``, and only where
@@ -93,6 +98,10 @@ limits", the normal state of a saturated GPU, and names it a clock-event reason
 (``nvmlClocksEventReasonSwPowerCap``), keeping ``nvmlClocksThrottleReason*`` names for the
 hardware slowdowns; ``gpu_idle``, ``sync_boost`` and the clock settings are not limits either."""
 
+
+SPIN_GAP = 0.25
+"""NVML utilization this far over GPM SM activity on a ``communication-bound`` role: its detail says
+the collectives spin (the GPUs look busy while their SMs wait)."""
 
 _RULE = "Verdict"
 _SINGLE = "Verdict (single-role loops)"
@@ -181,7 +190,7 @@ def confidence(value: float, threshold: float) -> float:
 
 def _without_pipeline(roles: Mapping[str, RoleFacts], duration_s: float, throttled: Mapping[str, tuple[str, ...]],
                       gpu_roles: Mapping[str, str], s: InsightSettings, gpu_busy: Mapping[str, float],
-                      live_roles: Collection[str]) -> Verdict:
+                      live_roles: Collection[str], gpu_util: Mapping[str, float]) -> Verdict:
     """``decide`` for a window with neither the target nor the drafter role: the role with the
     most workers among those with phase timings, else the roles' GPUs alone."""
     timed = [f for f in roles.values() if f.time_share]
@@ -193,21 +202,26 @@ def _without_pipeline(roles: Mapping[str, RoleFacts], duration_s: float, throttl
                            f"no phase timings from role(s) {', '.join(sorted(roles))}")
         return _override(*untimed, roles, throttled, gpu_roles, s)
     main = max(timed, key=lambda f: (len(f.workers), f.role))
-    single, role = _single_role(main, gpu_busy.get(main.role), s)
+    util = gpu_util.get(main.role)
+    single, role = _single_role(main, gpu_busy.get(main.role), s, util)
+    single = _beside_utilization(single, gpu_busy.get(main.role), util)
     return _override(single, role, roles, throttled, gpu_roles, s)
 
 
 def decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: float | None,
            queue_fill: float | None, throttled: Mapping[str, tuple[str, ...]], gpu_roles: Mapping[str, str],
            s: InsightSettings, gpu_busy: Mapping[str, float] | None = None, live_senders: int | None = None,
-           live_roles: Collection[str] = (), gpu_idle: Mapping[str, Mapping[str, float]] | None = None) -> Verdict:
+           live_roles: Collection[str] = (), gpu_util: Mapping[str, float] | None = None,
+           gpu_idle: Mapping[str, Mapping[str, float]] | None = None) -> Verdict:
     """Apply the rules above to one window. ``gpu_busy``: role -> busy share of its GPUs over
     the window; ``live_senders``: how many trainer processes are live (None: not told);
     ``live_roles``: the roles of the live senders (one that sent no mapped series has GPUs too);
+    ``gpu_util``: role -> NVML utilization of its GPUs where their busy share is GPM SM activity
+    (``GpuFacts.utilization``), absent where the busy share is NVML utilization itself;
     ``gpu_idle``: role -> its GPUs' idle share split by cause (``insight.idle_attribution``), for
     the no-false-health rule (``_no_false_health``)."""
     v = _decide(roles, duration_s, ready_deficit, queue_fill, throttled, gpu_roles, s, gpu_busy, live_senders,
-                live_roles)
+                live_roles, gpu_util)
     return _no_false_health(v, roles, gpu_idle or {}, s) if v.name == "balanced" else v
 
 
@@ -235,7 +249,7 @@ def _no_false_health(v: Verdict, roles: Mapping[str, RoleFacts], gpu_idle: Mappi
 def _decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: float | None,
             queue_fill: float | None, throttled: Mapping[str, tuple[str, ...]], gpu_roles: Mapping[str, str],
             s: InsightSettings, gpu_busy: Mapping[str, float] | None, live_senders: int | None,
-            live_roles: Collection[str]) -> Verdict:
+            live_roles: Collection[str], gpu_util: Mapping[str, float] | None) -> Verdict:
     """``decide`` before the no-false-health rule."""
     target, drafter = roles.get(s.target_role), roles.get(s.drafter_role)
     if duration_s < MIN_WINDOW_S:
@@ -243,7 +257,8 @@ def _decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: fl
     if live_senders == 0:
         return Verdict("idle", (), "no live trainer")
     if target is None and drafter is None:
-        return _without_pipeline(roles, duration_s, throttled, gpu_roles, s, gpu_busy or {}, live_roles)
+        return _without_pipeline(roles, duration_s, throttled, gpu_roles, s, gpu_busy or {}, live_roles,
+                                 gpu_util or {})
     t_share = target.time_share if target else {}
     d_share = drafter.time_share if drafter else {}
     put_wait = t_share.get("queue_put_wait")
@@ -337,8 +352,10 @@ def _untimed(roles: Mapping[str, RoleFacts], live_roles: Collection[str], busy: 
     return Verdict("balanced", (("gpu_busy", b), (f"{role}.unattributed", 1 - b)), detail, round(0.5 * b, 3)), role
 
 
-def _single_role(f: RoleFacts, busy: float | None, s: InsightSettings) -> tuple[Verdict, str]:
-    """The single-role rules (module docstring) on one role's time shares and GPU busy share."""
+def _single_role(f: RoleFacts, busy: float | None, s: InsightSettings,
+                 utilization: float | None = None) -> tuple[Verdict, str]:
+    """The single-role rules (module docstring) on one role's time shares and GPU busy share
+    (``utilization``: NVML's beside it where ``busy`` is GPM SM activity)."""
     share = f.time_share
     r = f.role
     gpu = _pairs(("gpu_busy", busy))
@@ -349,6 +366,9 @@ def _single_role(f: RoleFacts, busy: float | None, s: InsightSettings) -> tuple[
     known = [(n, k, v, t) for n, k, v, t in signals if v is not None]
     evidence = tuple((k, v) for _, k, v, _ in known)
     if busy is not None and busy >= s.compute_busy_ratio:
+        waiting = _busy_but_waiting(f, busy, utilization, s)
+        if waiting is not None:
+            return _unattributed(waiting, f), r
         busy_share = sum(share.get(p, 0.0) for p in BUSY_PHASES)
         v = Verdict("compute-bound", gpu + ((f"{r}.busy", busy_share),) + evidence[:2],
                     confidence=confidence(busy, s.compute_busy_ratio))
@@ -381,6 +401,35 @@ def _read(v: Verdict, f: RoleFacts) -> Verdict:
     certainty = min(c for _, _, c in used)
     return replace(v, detail=f"{v.detail}; {note}" if v.detail else note,
                    confidence=round(v.confidence * certainty, 3))
+
+
+def _busy_but_waiting(f: RoleFacts, busy: float, utilization: float | None, s: InsightSettings) -> Verdict | None:
+    """``communication-bound`` for a role whose GPUs read busy only because collectives spin on
+    them, else None. NVML utilization counts any kernel running, and NCCL's kernels run for the
+    whole of an all-reduce while the rank waits for its peers: without GPM SM activity
+    (``utilization`` None: ``busy`` is NVML utilization) a ``comm_wait`` share at or over
+    ``comm_wait_ratio`` decides, and the detail says so. With SM activity (``busy`` is SM activity,
+    ``utilization`` NVML's beside it) a busy reading is real compute: None."""
+    comm = f.time_share.get("comm_wait", 0.0)
+    if utilization is not None or comm < s.comm_wait_ratio:
+        return None
+    detail = (f"GPUs {busy:.0%} busy by NVML utilization, which counts collectives' spinning kernels; "
+              f"no GPM SM activity: the trainer's comm_wait decides")
+    return Verdict("communication-bound", ((f"{f.role}.comm_wait", comm), ("gpu_busy", busy)), detail,
+                   confidence(comm, s.comm_wait_ratio))
+
+
+def _beside_utilization(v: Verdict, busy: float | None, utilization: float | None) -> Verdict:
+    """The verdict with NVML utilization read beside GPM SM activity (``gpu_busy``) in its evidence;
+    where utilization is high and SM activity low on a ``communication-bound`` role, the detail
+    names the spin (the GPUs look busy and wait)."""
+    if utilization is None:
+        return v
+    v = replace(v, evidence=v.evidence + (("gpu_utilization", utilization),))
+    if v.name != "communication-bound" or busy is None or utilization - busy < SPIN_GAP:
+        return v
+    note = f"GPUs {utilization:.0%} busy by NVML utilization, {busy:.0%} by GPM SM activity: collectives spin"
+    return replace(v, detail=f"{v.detail}; {note}" if v.detail else note)
 
 
 def _unattributed(v: Verdict, f: RoleFacts) -> Verdict:

@@ -16,7 +16,7 @@ from sidecar.cli.exit_status import FAILURE, OK, USAGE
 from sidecar.core import config as config_mod
 from sidecar.core.config import ConfigError
 
-SUBCOMMANDS = ("run", "check", "demo", "top", "explain", "report", "sample-config")
+SUBCOMMANDS = ("run", "check", "demo", "top", "explain", "report", "cluster", "sample-config")
 
 
 class DefaultsHelp(argparse.HelpFormatter):
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "records, polls NVML, exports to Prometheus and W&B.",
         epilog=config_mod.summary_help())
     parser.add_argument("--version", action="version", version=f"dflash-sidecar {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{run,check,demo,top,explain,report,sample-config}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,check,demo,top,explain,report,cluster,sample-config}")
     add = functools.partial(sub.add_parser, formatter_class=DefaultsHelp)
     run = add("run", help="run the daemon (the default)")
     config_mod.add_arguments(run)
@@ -75,9 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--state-dir", default=None, help="the daemon's state folder (default: as the daemon)")
     report.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                         help="the daemon's TOML config file: report reads its state_dir and flops_per_token")
+    report.add_argument("--prometheus", default=None, metavar="URL",
+                        help="a Prometheus base URL: say which node held each run back most (its straggler rules)")
+    cluster = add("cluster", help="the cluster's verdict from Prometheus: which node the others wait for, and why")
+    cluster.add_argument("--prometheus", required=True, metavar="URL",
+                         help="the Prometheus (or Thanos/Mimir query) base URL, e.g. http://prometheus:9090")
+    cluster.add_argument("--run", default=None, help="the run to show (needed when several report)")
+    cluster.add_argument("--json", action="store_true", help="print JSON")
     sample = add("sample-config", help="print a config file listing every setting and its default")
     for name, p in (("run", run), ("check", check), ("demo", demo), ("top", top), ("explain", explain),
-                    ("report", report), ("sample-config", sample)):
+                    ("report", report), ("cluster", cluster), ("sample-config", sample)):
         p.set_defaults(subparser=p, command=name)
     return parser
 
@@ -135,6 +142,10 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         return run_top(url, ns.refresh, ns.once)
     if ns.command == "explain":
         return _explain(ns)
+    if ns.command == "cluster":
+        from sidecar.cli.cluster import run_cluster
+
+        return run_cluster(ns.prometheus, ns.run, ns.json)
     if ns.command == "report":
         from sidecar.cli.report import run_report
 
@@ -142,7 +153,8 @@ def _dispatch(argv: Sequence[str] | None) -> int:
             cfg = config_mod.load({"config_file": ns.config_file} if ns.config_file else {})
         except ConfigError as exc:
             ns.subparser.exit(USAGE, f"dflash-sidecar report: error: {exc}\n")
-        return run_report(ns.state_dir or cfg.state_dir, ns.run, ns.json, cfg.flops_per_token)
+        return run_report(ns.state_dir or cfg.state_dir, ns.run, ns.json, cfg.flops_per_token,
+                          prometheus=ns.prometheus)
     given = config_mod.given(vars(ns))
     try:
         cfg = config_mod.load(given)

@@ -165,8 +165,10 @@ def run_verdicts(configured_dir: str | None, run: str, out: TextIO = sys.stdout)
 
 
 def run_report(configured_dir: str | None, run: str | None, as_json: bool, flops_per_token: float | None = None,
-               out: TextIO = sys.stdout) -> int:
-    """Print the ledger; returns the exit status: 0, 1 when there is no ledger (or no such run)."""
+               out: TextIO = sys.stdout, prometheus: str | None = None) -> int:
+    """Print the ledger; returns the exit status: 0, 1 when there is no ledger (or no such run).
+    ``prometheus``: a Prometheus base URL whose straggler rules' history says which node held
+    each run back most (``sidecar.cli.cluster_history``)."""
     view, path = read_view(configured_dir, flops_per_token, "report")
     if view is None:
         return FAILURE
@@ -174,8 +176,13 @@ def run_report(configured_dir: str | None, run: str | None, as_json: bool, flops
         print(f"dflash-sidecar report: no run {run!r} in {path}; runs: {', '.join(view.runs) or 'none'}",
               file=sys.stderr)
         return FAILURE
+    cluster = None
+    if prometheus:
+        from sidecar.cli.cluster_history import report_lines
+
+        cluster = report_lines(prometheus, view, run)
     if as_json:
-        print(json.dumps(ledger_json(view, run), indent=2), file=out)
+        print(json.dumps(ledger_json(view, run) | ({"cluster": cluster[1]} if cluster else {}), indent=2), file=out)
     else:
-        print(format_table(view, run), file=out)
+        print(format_table(view, run) + ("\n" + "\n".join(cluster[0]) if cluster else ""), file=out)
     return OK

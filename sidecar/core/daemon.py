@@ -37,6 +37,7 @@ from sidecar.exporters.console import ConsoleExporter
 from sidecar.exporters.prometheus.exporter import PrometheusExporter
 from sidecar.exporters.prometheus.server import raise_nofile_limit
 from sidecar.exporters.scrape_state import ScrapeState
+from sidecar.exporters.wandb.cluster_row import ClusterRow
 from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.nvml import NvmlSource
@@ -84,6 +85,8 @@ class Daemon:
         until the end); each window goes to each."""
         if self.wandb is not None:
             self.exporters.append(self.wandb)
+            if config.wandb_cluster_prometheus:
+                self.exporters.append(ClusterRow(config.wandb_cluster_prometheus, self.host, self.wandb.submit))
         self.ledger = LedgerStage(state_dir(config.state_dir) / FILE_NAME, config.flops_per_token, config.run_gap_s)
         self.insight = InsightStage(config)
         listeners: list[Listener] = [*self.exporters, self.scrape_state]

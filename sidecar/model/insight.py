@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sidecar.model.cluster import NodeFigures
+
 VERDICT_CODES: dict[str, int] = {
     "unknown": 0, "balanced": 1, "target-bound": 2, "drafter-bound": 3, "queue-starved": 4,
     "host-bound": 5, "throttled": 6, "straggler": 7, "input-bound": 8, "communication-bound": 9,
@@ -62,6 +64,10 @@ class GpuFacts:
     roles: Mapping[str, str] = field(default_factory=dict)
     busy: Mapping[str, float] = field(default_factory=dict)
     """GPU -> share of time busy (0-1): GPM SM activity where the GPU has it, else NVML utilization."""
+    utilization: Mapping[str, float] = field(default_factory=dict)
+    """GPU -> NVML utilization (0-1) for the GPUs whose ``busy`` is GPM SM activity, read beside it:
+    collectives' kernels spin on a few SMs, so NVML counts a GPU waiting in an all-reduce as busy
+    while its SM activity stays low. Absent where ``busy`` is NVML utilization itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +133,9 @@ class PipelineInsight:
     queue, collectives, host, unexplained); the split sums to ``idle``."""
     raw_verdict: Verdict | None = None
     """The window's own verdict when hysteresis held the previous one (else None)."""
+    node: NodeFigures | None = None
+    """The node's figures for the cluster rules (``sidecar.model.cluster``), None without a role
+    that publishes phase timings and batches."""
 
     def role(self, name: str) -> RoleInsight | None:
         return self.roles.get(name)

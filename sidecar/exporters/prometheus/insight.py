@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from sidecar.model.cluster import PHASE_CLASSES
 from sidecar.model.insight import INSIGHT_VALUES, VERDICTS, PipelineInsight
 from sidecar.model.meanings import REPORTED
 
@@ -31,7 +32,7 @@ def insight_families(insight: PipelineInsight, host: str) -> list[Metric]:
     if insight.verdict.name not in ("unknown", "idle"):
         conf.add_metric(h, insight.verdict.confidence)
     families: list[Metric] = [verdict, conf, *_role_families(insight, host), *_worker_families(insight, host),
-                              *_idle_families(insight, host)]
+                              *_idle_families(insight, host), *_node_families(insight, host)]
     for item in INSIGHT_VALUES:
         value = getattr(insight, item.attribute)
         if value is not None:
@@ -91,3 +92,21 @@ def _idle_families(insight: PipelineInsight, host: str) -> list[Metric]:
             if reason != "idle":
                 split.add_metric([host, group, reason], value)
     return [idle, split] if insight.gpu_idle else []
+
+
+def _node_families(insight: PipelineInsight, host: str) -> list[Metric]:
+    """``dflash_node_*``: the node's figures for the cluster rules (``sidecar.model.cluster``), 6
+    series per node: its step time and its step split into the five phase classes, labelled with
+    the run it serves."""
+    node = insight.node
+    if node is None:
+        return []
+    step = GaugeMetricFamily("dflash_node_step_seconds", "Step time of one rank of the node's main role (last "
+                             "window, seconds), labelled with the run the node serves.", labels=["host", "run"])
+    step.add_metric([host, node.run], node.step_s)
+    share = GaugeMetricFamily("dflash_node_step_share_ratio", "Share of the node's step by phase class: comm "
+                              "(collective waits), data (data-loader waits), compute (busy phases), host (measured "
+                              "host time), unattributed (0-1).", labels=["host", "run", "class"])
+    for name in PHASE_CLASSES:
+        share.add_metric([host, node.run, name], node.shares.get(name, 0.0))
+    return [step, share]

@@ -124,7 +124,17 @@ def _ends() -> list[KeyPattern]:
                        "fate is unknown, at most")]
 
 
-KEY_SCHEME: tuple[KeyPattern, ...] = tuple(_trainer() + _self() + _pipeline() + _gpus() + _ledger() + _ends())
+def _cluster() -> list[KeyPattern]:
+    """The cluster row (``cluster_row``), where ``wandb_cluster_prometheus`` is set: every 30 s."""
+    return [KeyPattern("cluster/nodes", "count", "nodes of the run this node serves that report to Prometheus"),
+            KeyPattern("cluster/held_back", "count", "nodes the run's other nodes wait for (the straggler rules)"),
+            KeyPattern("cluster/<node>/excess_s", "s", "a named node's own work per step over the median node's"),
+            KeyPattern("cluster/<node>/lost_gpu_hours_per_hour", "GPU-h/h",
+                       "GPU-hours per hour the run's other nodes lose waiting for it")]
+
+
+KEY_SCHEME: tuple[KeyPattern, ...] = tuple(_trainer() + _self() + _pipeline() + _gpus() + _ledger() + _ends()
+                                           + _cluster())
 """Every key of a window's row, under ``HOST_PREFIX``."""
 
 

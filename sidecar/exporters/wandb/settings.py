@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
+from urllib.parse import urlparse
 
 from sidecar.model.settings import declared, setting
 
@@ -15,6 +16,15 @@ def run_id(raw: Any) -> str:
     value = str(raw)
     if not value.strip() or any(c in value for c in "/ \t"):
         raise ValueError("expected a W&B run id or 'auto'")
+    return value
+
+
+def prometheus_url(raw: Any) -> str:
+    """An http(s) URL with a host. Raises ``ValueError`` otherwise."""
+    value = str(raw).strip()
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ValueError("expected an http(s) URL such as http://prometheus:9090")
     return value
 
 
@@ -39,7 +49,11 @@ class WandbSettings:
         summary="W&B entity where the trainer announces none (default: $WANDB_ENTITY)")
     wandb_queue: int = setting(256, check=int, bounds=(1, 100_000), unit="rows", metavar="N",
                                help="Rows the W&B exporter may queue before dropping (counted).")
+    wandb_cluster_prometheus: str | None = setting(None, check=prometheus_url, metavar="URL", help=(
+        "Prometheus base URL (e.g. http://prometheus:9090) whose straggler rules the daemon reads every 30 s "
+        "to log the cluster's verdict into the W&B run: the node the others wait for, its cost (docs/DEPLOY.md, "
+        "'Many nodes'). Unset: none."))
 
 
-RUN, _, _, QUEUE = declared(WandbSettings)
+RUN, _, _, QUEUE, _ = declared(WandbSettings)
 """The declarations ``WandbConfig.validate`` applies (run id, queue size)."""
