@@ -29,10 +29,11 @@ from tests.daemon_harness import DaemonProc, env, free_port
 from tests.verdict_demo import LINE
 
 EXPECTED = {"input": "input-bound", "host": "host-bound", "comm": "communication-bound", "straggler": "straggler",
-            "saturated": "compute-bound", "unmapped": "balanced", "spin": "communication-bound"}
+            "saturated": "compute-bound", "unmapped": "unexplained-idle", "spin": "communication-bound"}
 """Injected condition -> the verdict it must get. ``unmapped``: the step is fully timed, one
-phase under a name no preset knows, the GPU 30 % busy and nothing waiting: ``balanced``, the
-name in the evidence (never ``host-bound``). ``spin`` (2-rank rows): a slow collective on a GPU
+phase under a name no rule, preset or read maps (``t_update_ms``: a learner's update, no phase),
+the GPU 30 % busy and nothing waiting: ``unexplained-idle`` (no false health: 70 % idle that no
+wait explains), the name in the evidence (never ``host-bound``). ``spin`` (2-rank rows): a slow collective on a GPU
 NVML reads 97 % busy without GPM (NCCL's kernels spin while a rank waits): ``communication-bound``,
 the trainer's ``comm_wait`` deciding. (With GPM SM activity beside it: ``loop-ddp-gpm`` of
 ``tests/verdict_demo.py``; the daemon reads GPM only where the GPU has it from its start.)"""
@@ -71,11 +72,15 @@ class RowResult:
     """Seconds the row took, from the daemon's start to the trainer's exit and the daemon's stop."""
 
 
-def _set_gpu(control: object, condition: str) -> None:
-    """The fake GPU for ``condition``: 97 % utilization where it is saturated or spins in a
-    collective, else 30 %; no GPM."""
-    busy = 97 if condition in ("saturated", "spin") else 30
+def _set_gpu(control: object, busy: int) -> None:
+    """The fake GPU ``busy`` percent by NVML utilization; no GPM, no clock event."""
     control.gpu("*", utilization_gpu=busy, gpm_supported=0, clock_reasons=0)  # type: ignore[attr-defined]
+
+
+def _gpu_for(condition: str) -> int:
+    """The fake GPU's utilization for ``condition``: 97 % where it is saturated or spins in a
+    collective, else 30 %."""
+    return 97 if condition in ("saturated", "spin") else 30
 
 
 def _write(path: Path, state: dict[str, object]) -> None:
@@ -103,7 +108,7 @@ def run_row(framework: str, workdir: Path, windows: int = 7, interval_s: float =
     interval_s *= WINDOW_SCALE.get(framework, 1.0)
     library = build_fake_nvml("full")
     nvml = FakeNvml(row_dir / "nvml-control.txt", library, {"devices": 1})
-    _set_gpu(nvml, "base")
+    _set_gpu(nvml, _gpu_for("base"))
     control = row_dir / "control.json"
     conditions = ROWS[framework]
     _write(control, {"condition": conditions[0]})
@@ -127,7 +132,7 @@ def run_row(framework: str, workdir: Path, windows: int = 7, interval_s: float =
         time.sleep(2 * interval_s)  # the first steps' own costs (loader start, gloo's first collectives) pass
         marks: list[tuple[str, int]] = []
         for cond in conditions:
-            _set_gpu(nvml, cond)
+            _set_gpu(nvml, _gpu_for(cond))
             _write(control, {"condition": cond})
             marks.append((cond, len(_lines(d))))
             time.sleep(windows * interval_s)

@@ -238,10 +238,12 @@ def _no_false_health(v: Verdict, roles: Mapping[str, RoleFacts], gpu_idle: Mappi
     detail = f"GPUs {idle['idle']:.0%} idle, {gap:.0%} that no timing explains: "
     compute = sum(f.time_share.get(p, 0.0) for p in BUSY_PHASES) if (f := roles.get(role)) is not None else 0.0
     if compute >= gap:
-        detail += ("the idle is inside the timed compute phases (kernel gaps, launch overhead, small kernels: a "
-                   "profiler trace tells which)")
-    else:
-        detail += "time the data wait, collectives and forward/backward (dflash-sidecar explain says what is missing)"
+        detail += ("the idle is inside the timed compute phases, kernel gaps, launch overhead or small kernels, "
+                   "which a profiler trace tells apart")
+    else:  # no parentheses: the console line's evidence ends at the first ")"
+        detail += "time the data wait, collectives and forward/backward; dflash-sidecar explain says what is missing"
+    if v.detail:
+        detail += f"; {v.detail}"  # what the balanced reading said (an unmapped timing, a read)
     return Verdict("unexplained-idle", ((f"{role}.gpu_idle", idle["idle"]), (f"{role}.unexplained", gap)) + v.evidence,
                    detail, confidence(gap, s.unexplained_idle_ratio))
 
