@@ -81,11 +81,12 @@ def _role_line(r: RoleLedger) -> str:
             f"{r.seconds[badput]:.1f} s, steps {r.steps}")
 
 
-def summary(view: RunLedgerView | None, state: Path, prometheus_addr: str, since_unix_s: float = 0.0) -> str:
+def summary(view: RunLedgerView | None, state: Path, prometheus_addr: str, since_unix_s: float = 0.0,
+            picture: Path | None = None) -> str:
     """The demo's last words: the verdict of each run this demo fed (a role last heard at or after
     ``since_unix_s``, unix seconds; the state folder keeps earlier demos' runs too) and each of its
     roles' wall time, goodput and largest badput, then the three commands to try next (with this
-    demo's address and state folder)."""
+    demo's address and state folder); ``picture``: the run's HTML page, when written."""
     lines = ["", "demo summary"]
     roles = tuple(r for r in view.roles if r.last_unix_s >= since_unix_s) if view is not None else ()
     runs = list(dict.fromkeys(r.run for r in roles))
@@ -95,6 +96,8 @@ def summary(view: RunLedgerView | None, state: Path, prometheus_addr: str, since
         lines += [_role_line(r) for r in roles if r.run == run]
     if not roles:
         lines.append("no run in the ledger (the demo ended before its first window)")
+    if picture is not None:
+        lines.append(f"a picture of this run: {picture}   # open it in a browser (it fetches nothing)")
     lines += ["", "try next:",
               f"  curl -s http://{prometheus_addr}/metrics | grep dflash_pipeline_bottleneck   # while a demo runs",
               f"  dflash-sidecar top --prometheus-addr {prometheus_addr}   # the terminal view, while a demo runs",
