@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from sidecar.aggregation.ledger import SHARE_CAUSES, RunLedger, SenderFact, WindowFacts, sender_key
+from sidecar.aggregation.ledger import SHARE_CAUSES, RunLedger, SenderFact, WindowFacts, sender_key, started_of
 from sidecar.aggregation.verdict import MIN_WINDOW_S
 from sidecar.model.timeline import TIMELINE_VERSION, RunTimeline, TimelineEvent
 from sidecar.model.window import IngestReport, SenderView
@@ -108,14 +108,17 @@ def drops_of(s: SenderView) -> int:
 
 def runs_of_senders(runs: Mapping[str, Mapping[str, Mapping[str, Any]]],
                     facts: Iterable[SenderFact]) -> dict[str, list[SenderFact]]:
-    """Run -> the window's senders in it, as the run ledger placed them (its runs' ``senders``)."""
-    wanted = {s.key: s for s in facts}
+    """Run -> the window's senders in it, as the run ledger placed them (its runs' and roles'
+    ``senders``: a process's channels share its key, one per role)."""
+    wanted: dict[tuple[str, str], list[SenderFact]] = {}
+    for s in facts:
+        wanted.setdefault((s.key, s.role), []).append(s)
     out: dict[str, list[SenderFact]] = {}
     for run, members in runs.items():
-        for r in members.values():
+        for role, r in members.items():
             for key in r.get("senders", {}):
-                if key in wanted:
-                    out.setdefault(run, []).append(wanted.pop(key))
+                if (key, role) in wanted:
+                    out.setdefault(run, []).extend(wanted.pop((key, role)))
     return out
 
 
@@ -187,7 +190,7 @@ class RunTimelineBook:
         self.windows: int = int(s.get("windows", 0))
         self.window_s: float = float(s.get("window_s", 0.0))
         self.seen: dict[str, int] = dict(s.get("seen", {}))
-        """Sender key -> its drops so far (``drops_of``)."""
+        """``<sender key>|<role>|<worker>`` (a channel of a process) -> its drops so far (``drops_of``)."""
 
     def state(self) -> dict[str, Any]:
         return {"version": TIMELINE_VERSION, "run": self.run, "recent": self.recent, "older": self.older,
@@ -228,12 +231,17 @@ class RunTimelineBook:
             del self.events[0]
             self.events_dropped += 1
 
-    def drops(self, senders: Iterable[SenderView], end_unix_s: float) -> int:
-        """New drops of the run's ``senders`` since the last window (``drops_of``), ``end_unix_s``
-        the window's end."""
+    def senders(self, senders: Iterable[SenderView], end_unix_s: float) -> int:
+        """Note the run's ``senders`` in a window ending at ``end_unix_s``: a process new to a role
+        is marked as a start; returns their drops since the last window (``drops_of``)."""
+        known = {k.rsplit("|", 1)[0] for k in self.seen}
         total = 0
         for s in senders:
-            key = sender_key(s, end_unix_s)
+            process = f"{sender_key(s, end_unix_s)}|{s.role}"
+            if process not in known:
+                known.add(process)
+                self.mark(started_of(s, end_unix_s) or end_unix_s, "start", s.role)
+            key = f"{process}|{s.worker}"
             now = drops_of(s)
             total += max(0, now - self.seen.get(key, 0))
             self.seen.pop(key, None)
@@ -282,11 +290,8 @@ def observe(ledger: RunLedger, before: LedgerMark, facts: WindowFacts, report: I
         first = min(s.begin for s in senders)
         seconds = sum(delta.values()) or max(0.0, end - max(begin, first))
         book = book_of(run)
-        for s in senders:
-            if s.key not in book.seen:
-                book.mark(s.started_unix_s or s.begin, "start", s.role)
-        keys = {s.key for s in senders}
-        drops = book.drops((v for v in report.senders if sender_key(v, end) in keys), end)
+        keys = {(s.key, s.role) for s in senders}
+        drops = book.senders((v for v in report.senders if (sender_key(v, end), v.role) in keys), end)
         book.add(window_point(report, {s.role for s in senders}, delta, seconds, drops))
         changed.add(run)
     for e in report.ends.new:
