@@ -63,6 +63,24 @@ def _child(scenario: str, wandb_dir: str) -> dict[str, Any]:
         ex.shutdown()  # flushes the queued rows
         return {"run_id": run_id, "stats": _plain(ex.stats())}
 
+    if scenario == "picture":  # the run's page as an HTML panel when the exporter leaves the run
+        import dataclasses
+
+        import timeline_synth
+        from insight_synth import report, worker
+        book, fed = timeline_synth.book(120, 10.0, gpus=2)
+        window = dataclasses.replace(report(worker("trainer", "0", {"forward": 10}, 5)),
+                                     run_ledger=timeline_synth.ledger_view(fed, 120, 10.0),
+                                     timelines={timeline_synth.RUN: book.view()})
+        ex = WandbExporter(WandbConfig(run=timeline_synth.RUN, project="proj", dir=wandb_dir), host="box1")
+        ex.start()
+        until(lambda: ex.stats().state.value == "offline")
+        ex.consume(window)
+        until(lambda: ex.stats().rows_logged == 1)
+        run_id = ex.stats().run_id
+        ex.shutdown()
+        return {"run_id": run_id, "stats": _plain(ex.stats())}
+
     if scenario == "reattach":
         ex = WandbExporter(WandbConfig(run="auto", dir=wandb_dir), host="box1")
         ex.start()
@@ -316,3 +334,20 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     res = _child(sys.argv[1], sys.argv[2])
     print(json.dumps(res), flush=True)
+
+
+def test_the_runs_picture_goes_to_the_run_as_an_html_panel_when_the_exporter_leaves_it(
+        tmp_path: pathlib.Path) -> None:
+    import wandb_records
+    from test_report_html import fetches_nothing
+    env = dict(TRAINER_ENV, WANDB_MODE="offline", WANDB_API_KEY=FAKE_KEY)
+    result, _, _ = run_child("picture", tmp_path, env)
+    assert result["stats"]["rows_logged"] == 1 and result["stats"]["rows_dropped"] == {}
+    path = wandb_records.find_run_file(tmp_path, result["run_id"])
+    [panel] = [row["sidecar/box1/run_picture"] for row in wandb_records.history_rows(path)
+               if "sidecar/box1/run_picture" in row]
+    assert panel["_type"] == "html-file"
+    [page] = list(path.parent.rglob(panel["path"].split("/")[-1]))
+    text = page.read_text()
+    assert "<h1 id=\"verdict\">balanced for" in text and "uPlot" in text
+    fetches_nothing(text)  # no stylesheet injected (inject=False), nothing else fetched

@@ -31,6 +31,7 @@ from sidecar.exporters.base import Exporter
 from sidecar.exporters.wandb import join
 from sidecar.exporters.wandb.ends_row import ALERT_EVERY_S, AlertLimiter
 from sidecar.exporters.wandb.join import Plan, PlanKind, TrainerRun
+from sidecar.exporters.wandb.picture import PICTURE_KEY, RunPicture
 from sidecar.exporters.wandb.rows import window_row
 from sidecar.exporters.wandb.settings import QUEUE, RUN, WandbSettings
 from sidecar.model.backoff import Backoff
@@ -186,6 +187,7 @@ class WandbExporter(Exporter):
         self._retry_at = 0.0
         self._backoff = Backoff(RETRY_MIN_S, RETRY_MAX_S)
         self._alerts = AlertLimiter()
+        self._picture = RunPicture()
 
     # ---- caller side ---------------------------------------------------------------------
 
@@ -237,6 +239,7 @@ class WandbExporter(Exporter):
         """Queue the window's row (``rows.window_row``) against the trainer's step, with an alert
         for each end that loses records (``ends_row.AlertLimiter``)."""
         alerts = tuple(self._alerts.alerts(window.ends, self._host, time.monotonic())) if window.ends.new else ()
+        self._picture.keep(window)
         self.submit(window_row(window, self._host), window.window.trainer_step, alerts)
 
     def hello(self, sender: SenderView) -> None:
@@ -517,11 +520,24 @@ class WandbExporter(Exporter):
             self._run_id = None
         if run is None:
             return
+        self._log_picture(run)
         try:
             self._call(run.finish)
         except Exception as exc:  # noqa: BLE001 - best effort
             self._log.warning("W&B: closing run %s failed: %s", getattr(run, "id", "?"),
                               join.redact(repr(exc), self._environ))
+
+    def _log_picture(self, run: Any) -> None:
+        """Log the run's picture (``picture.RunPicture``) into ``run`` as an HTML panel before
+        leaving it; a failure is counted (``picture_error``) and logged."""
+        try:
+            page = self._picture.page(self._run_plan.run_id)
+            if page is not None:
+                html = importlib.import_module("wandb").Html(page, inject=False)  # inject would fetch a stylesheet
+                self._call(run.log, {join.KEY_PREFIX + self._host + "/" + PICTURE_KEY: html})
+        except Exception as exc:  # noqa: BLE001 - the rows are logged; a refused panel is not fatal
+            self._drop("picture_error")
+            self._log.warning("W&B: the run's picture failed (%s)", join.redact(repr(exc), self._environ))
 
     def _flush_and_close(self, wandb: Any) -> None:
         """On shutdown: log queued rows while time allows (half the timeout; the rest is for
