@@ -56,7 +56,9 @@ def chart_data(timeline: RunTimeline) -> dict[str, Any]:
     farther apart than twice their width)."""
     points = list(timeline.points)[-MAX_DRAWN_POINTS:]
     keys = timeline.keys()
-    rows: list[tuple[float, dict[str, float] | None]] = []
+    starts = [float(points[0]["t0"])] if points else []
+    starts += [e.unix_s for e in timeline.events if points and float(points[0]["t0"]) - 600 < e.unix_s]
+    rows: list[tuple[float, dict[str, float] | None]] = [(min(starts), None)] if starts else []  # the axis's start
     prev: dict[str, Any] | None = None
     for p in points:
         width = max(float(p["t1"]) - float(p["t0"]), timeline.window_s, 1e-3)
@@ -101,8 +103,8 @@ def ledger_svg(roles: list[RoleLedger]) -> str:
     """The ledger by cause per role: one horizontal stacked bar per role (its wall time as 100 %),
     each cause a rectangle with its seconds in a tooltip."""
     width, bar, gap, label = 720, 26, 14, 120
-    parts = [f'<svg role="img" aria-labelledby="ledger-caption" width="{width}" '
-             f'height="{len(roles) * (bar + gap) + gap}" viewBox="0 0 {width} {len(roles) * (bar + gap) + gap}">']
+    parts = [f'<svg role="img" aria-labelledby="ledger-caption" width="100%" style="max-width:{width * 1.5}px" '
+             f'viewBox="0 0 {width} {len(roles) * (bar + gap) + gap}">']
     for i, r in enumerate(roles):
         y = gap + i * (bar + gap)
         parts.append(f'<text x="0" y="{y + bar * 0.7:.1f}" font-size="13">{html.escape(r.role)}</text>')

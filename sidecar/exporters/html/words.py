@@ -198,6 +198,6 @@ def lacking(timeline: RunTimeline | None, problem: str | None, gpus: Mapping[str
     elif not gpus:
         out.append("No GPU data: the GPU chart is missing.")
     if timeline is not None and timeline.bucket_s:
-        out.append(f"Windows older than the last {len(timeline.points)} points are merged into buckets of "
-                   f"{seconds(timeline.bucket_s)} (their verdict seconds are kept exactly).")
+        out.append(f"Older windows are merged into buckets of {seconds(timeline.bucket_s)} (the most recent are "
+                   "kept as they were; verdict seconds are kept exactly).")
     return out

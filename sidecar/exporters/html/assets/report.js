@@ -11,6 +11,7 @@
   var syncing = false;
   var PALETTE = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#8c510a"];
   var FEW = (data.x || []).length < 40;
+  var AXIS = 56;
 
   function width(el) {
     return Math.max(320, Math.min(1200, (el.clientWidth || 900) - 8));
@@ -24,8 +25,16 @@
     return [min, max];
   }
 
+  function clip(u) {
+    u.ctx.save();
+    u.ctx.beginPath();
+    u.ctx.rect(u.bbox.left, u.bbox.top, u.bbox.width, u.bbox.height);
+    u.ctx.clip();
+  }
+
   function drawMarkers(u) {
     var ctx = u.ctx, top = u.bbox.top, h = u.bbox.height, r = window.devicePixelRatio || 1;
+    clip(u);
     (data.events || []).forEach(function (e) {
       if (e.t < u.scales.x.min || e.t > u.scales.x.max) return;
       var x = Math.round(u.valToPos(e.t, "x", true));
@@ -42,6 +51,7 @@
       ctx.fillText(e.tag, x + 2 * r, top + 11 * r);
       ctx.restore();
     });
+    ctx.restore();
   }
 
   function syncX(u, key) {
@@ -56,8 +66,12 @@
     var holder = document.querySelector("#" + id + " .chart");
     if (!holder) return null;
     scales.x = {time: true, range: xRange};
+    /* every chart's plot spans the same x pixels: a left axis of AXIS px, a right one or as much padding */
+    var right = axes.some(function (a) { return a.side === 1; });
+    axes.forEach(function (a) { a.size = AXIS; });
     var opts = {
       width: width(holder), height: height, series: [{}].concat(series), axes: [{}].concat(axes),
+      padding: [12, right ? 8 : AXIS + 8, 0, 0],
       scales: scales, bands: bands || [], cursor: {sync: {key: "dflash"}, drag: {x: true, y: false}},
       hooks: {drawClear: hooks.drawClear || [], draw: [drawMarkers].concat(hooks.draw || []), setScale: [syncX]}
     };
@@ -94,6 +108,7 @@
     var ctx = u.ctx, top = u.bbox.top, h = u.bbox.height;
     var perPx = (u.scales.x.max - u.scales.x.min) / u.bbox.width;
     var shown = {};
+    clip(u);
     data.band.forEach(function (p) {
       var t0 = p[0], t1 = p[1], v = p[3], span = Math.max(t1 - t0, 1e-9);
       var x0 = u.valToPos(t0, "x", true), x1 = u.valToPos(t1, "x", true), told = 0;
@@ -102,11 +117,12 @@
       Object.keys(v).sort().forEach(function (k) {
         var w = (x1 - x0) * v[k] / span;
         ctx.fillStyle = data.colours[k] || "#888888";
-        ctx.fillRect(x, top, w, h);
+        ctx.fillRect(x, top, w + 0.75, h);  /* a hair wider: no seams between neighbours */
         shown[k] = (shown[k] || 0) + w * perPx;
         x += w;
       });
     });
+    ctx.restore();
     if (!result.done) result.band = shown;
   }
 
