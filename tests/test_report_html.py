@@ -115,6 +115,23 @@ def test_a_week_with_gpus_and_a_single_window_run_draw_their_charts(tmp_path: Pa
     assert all(c["painted"] > 0.05 for c in painted), painted
     for name, seconds in fed.items():
         assert drawn["band"][name] == pytest.approx(seconds, rel=0.01), (drawn["band"], fed)
+    with Chromium() as c:  # hovering shows values, dragging zooms every chart on the same time
+        c.open(week, READY)
+        box = c.evaluate("JSON.stringify(document.querySelector('#band .u-over').getBoundingClientRect())")
+        box = json.loads(box)
+        y = box["y"] + box["height"] / 2
+        before = c.evaluate("window.dflashReport.xRanges()")
+        for kind, x in (("mouseMoved", 0.45), ("mousePressed", 0.45), ("mouseMoved", 0.5), ("mouseMoved", 0.55),
+                        ("mouseReleased", 0.55)):
+            c.call("Input.dispatchMouseEvent", type=kind, x=box["x"] + x * box["width"], y=y, button="left",
+                   buttons=0 if kind == "mouseReleased" else 1, clickCount=1)
+        after = c.evaluate("window.dflashReport.xRanges()")
+        c.call("Input.dispatchMouseEvent", type="mouseMoved", x=box["x"] + 0.5 * box["width"], y=y)
+        shown = c.evaluate("Array.from(document.querySelectorAll('#band .u-legend .u-value')).map(e => e.textContent)")
+    assert len({tuple(r) for r in before}) == 1 and len({tuple(r) for r in after}) == 1, (before, after)
+    (lo, hi), (lo2, hi2) = before[0], after[0]
+    assert lo < lo2 < hi2 < hi and (hi2 - lo2) == pytest.approx(0.1 * (hi - lo), rel=0.2), (before[0], after[0])
+    assert "input-bound" in shown, shown  # the middle of the week is the input-bound stretch
     one = RunTimelineBook(timeline_synth.RUN)
     first, fed_one = timeline_synth.book(1, 10.0, gpus=0)
     one.add(first.recent[0])

@@ -1,11 +1,13 @@
 /* dflash-sidecar report --html: draws the run's time charts with uPlot from the JSON block
    "dflash-data" (sidecar/exporters/html/render.py writes both). Nothing is fetched. When done,
-   window.dflashReport = {drawn: charts drawn, band: verdict -> seconds the band shows, done: true}
+   window.dflashReport = {drawn: charts drawn, band: verdict -> seconds the band shows, done: true,
+   xRanges(): each chart's time range now}
    and performance holds the mark "dflash-drawn". */
 (function () {
   "use strict";
   var data = JSON.parse(document.getElementById("dflash-data").textContent);
-  var result = {drawn: 0, band: {}, done: false};
+  var result = {drawn: 0, band: {}, done: false,
+                xRanges: function () { return charts.map(function (u) { return [u.scales.x.min, u.scales.x.max]; }); }};
   window.dflashReport = result;
   var charts = [];
   var syncing = false;
