@@ -7,6 +7,7 @@ real daemon's timeline across a daemon restart is checked in tests/test_run_ledg
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -120,3 +121,27 @@ def test_a_state_folder_from_before_timelines_still_reports_and_says_what_it_lac
     missing = subprocess.run([sys.executable, "-m", "sidecar", "report", "--state-dir", str(tmp_path), "--html",
                               str(page), "--run", "nope"], capture_output=True, text=True, env=env(), timeout=60)
     assert missing.returncode == 1 and "no run 'nope'" in missing.stderr
+
+
+def test_gpu_series_are_per_gpu_up_to_16_then_per_group_then_the_box() -> None:
+    from sidecar.aggregation.timeline import gpu_means
+    from sidecar.model.gpu import NVML_DISABLED, GpuReading, GpuSnapshot, GpuView, GroupAggregate
+    from sidecar.model.insight import GpuFacts
+    from tests.insight_synth import report
+
+    def window(n: int, groups: tuple[GroupAggregate, ...] = ()) -> dict[str, float]:
+        gpus = tuple(GpuReading(i, f"uuid-{i}", "H100", utilization_ratio=0.5, power_watts=100.0 + i)
+                     for i in range(n))
+        facts = GpuFacts(busy={"0": 0.9})  # GPM's SM activity wins over NVML utilization
+        view = GpuView(GpuSnapshot(0.0, 0.0, 0, gpus), NVML_DISABLED, groups, facts)
+        return gpu_means(dataclasses.replace(report([]), gpu=view))
+
+    few = window(2)
+    assert few == {"busy|gpu0": 0.9, "power|gpu0": 100.0, "busy|gpu1": 0.5, "power|gpu1": 101.0}
+    groups = (GroupAggregate("target", tuple(range(10)), 10, 0.4, 1000.0, None, None),
+              GroupAggregate("drafter", tuple(range(10, 20)), 10, 0.8, 2000.0, None, None))
+    assert window(20, groups) == {"busy|target": 0.4, "power|target": 1000.0, "busy|drafter": 0.8,
+                                  "power|drafter": 2000.0}
+    box = window(20)
+    assert box["busy|all"] == pytest.approx((0.9 + 19 * 0.5) / 20, rel=1e-3)
+    assert box["power|all"] == pytest.approx(sum(100.0 + i for i in range(20)))
