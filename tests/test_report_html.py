@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from sidecar.aggregation.timeline import RunTimelineBook
+from sidecar.core.timeline_state import load_view
 from sidecar.exporters.html.render import render
 from tests import timeline_synth
 from tests.chromium import Chromium, chromium_or_skip
@@ -78,12 +80,14 @@ def demo(tmp_path: Path, *args: str) -> tuple[Path, dict[str, Any], str]:
     return page, json.loads(ledger.stdout), out.stdout
 
 
-@pytest.mark.parametrize("args, verdict, roles", [
-    (("--style", "generic", "--bottleneck", "input", "--duration", "6"), "input-bound", ("trainer",)),
-    (("--bottleneck", "drafter", "--duration", "6"), "drafter-bound", ("drafter", "target")),
+@pytest.mark.parametrize("args, verdict, roles, step", [
+    (("--style", "generic", "--bottleneck", "input", "--duration", "6"), "input-bound", ("trainer",),
+     {"trainer|data": 0.060, "trainer|productive": 0.043}),  # demo_loops.LoopTimings: data 60 ms, 14+24+5 ms
+    (("--bottleneck", "drafter", "--duration", "6"), "drafter-bound", ("drafter", "target"),
+     {"drafter|productive": 0.136}),  # demo.PipelineTimings' drafter bottleneck: 40+80+16 ms
 ], ids=["plain-loop-input", "dflash-two-roles"])
 def test_a_demos_page_opens_offline_draws_every_chart_and_its_band_holds_the_runs_verdict_seconds(
-        tmp_path: Path, args: tuple[str, ...], verdict: str, roles: tuple[str, ...]) -> None:
+        tmp_path: Path, args: tuple[str, ...], verdict: str, roles: tuple[str, ...], step: dict[str, float]) -> None:
     chromium_or_skip()
     page, ledger, said = demo(tmp_path, *args)
     assert f"a picture of this run: {tmp_path / 'state' / 'demo.html'}" in said  # the demo wrote its own
@@ -101,6 +105,12 @@ def test_a_demos_page_opens_offline_draws_every_chart_and_its_band_holds_the_run
     for name, seconds in recorded.items():
         assert drawn["band"][name] == pytest.approx(seconds, abs=1.0), (drawn["band"], recorded)  # one window: 1 s
     assert "No GPU readings in this run" in text
+    # the step time by phase class the timeline kept: the demo's sleeps (slower, never faster, on a loaded box)
+    timeline, _ = load_view(tmp_path / "state", kept["run"])
+    assert timeline is not None
+    for key, seconds in step.items():
+        kept_means = [p["m"][f"step|{key}"] for p in timeline.points if f"step|{key}" in p["m"]]
+        assert kept_means and 0.9 * seconds <= statistics.median(kept_means) <= 1.5 * seconds, (key, kept_means)
 
 
 def test_a_week_with_gpus_and_a_single_window_run_draw_their_charts(tmp_path: Path) -> None:
