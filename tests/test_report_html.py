@@ -120,6 +120,7 @@ def test_a_week_with_gpus_and_a_single_window_run_draw_their_charts(tmp_path: Pa
     week = tmp_path / "week.html"
     week.write_text(render(timeline_synth.RUN, timeline_synth.ledger_view(fed, windows, 100.0), book.view()))
     fetches_nothing(week.read_text())
+    assert f"{3 * len(range(500, windows, 997)):,} records dropped or lost" in week.read_text()
     drawn, painted, headline = open_page(week, tmp_path / "week.png")
     assert headline.startswith("balanced") and drawn["drawn"] == 4  # band, GPUs, step time, rate
     assert all(c["painted"] > 0.05 for c in painted), painted

@@ -34,6 +34,7 @@ def test_a_30_day_run_is_bounded_and_its_buckets_keep_verdict_seconds_windows_an
     assert sum(p["n"] for p in view.points) == windows == view.windows
     assert view.verdict_seconds() == pytest.approx(fed, abs=1e-6)  # exact, however merged
     assert sum(p["s"] for p in view.points) == pytest.approx(windows * window_s)
+    assert sum(p.get("c", {}).get("drops", 0) for p in view.points) == 3 * len(range(500, windows, 997))
     older = view.points[:-RECENT_POINTS]
     for a, b in zip(view.points, view.points[1:]):
         assert a["t1"] <= b["t0"] + 1e-6  # in order, none overlapping

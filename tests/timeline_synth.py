@@ -42,8 +42,11 @@ def point(i: int, windows: int, window_s: float, gpus: int, roles: tuple[str, ..
         busy = (0.45 if slow else 0.92) + 0.05 * math.sin(i / 50 + g)
         means[f"busy|gpu{g}"] = round(busy, 3)
         means[f"power|gpu{g}"] = round(150 + 500 * busy, 1)
-    return {"t0": round(t1 - window_s, 3), "t1": round(t1, 3), "s": window_s, "n": 1, "v": {verdict: window_s},
-            "m": means}
+    out = {"t0": round(t1 - window_s, 3), "t1": round(t1, 3), "s": window_s, "n": 1, "v": {verdict: window_s},
+           "m": means}
+    if i % 997 == 500:  # now and then a sender drops records
+        out["c"] = {"drops": 3}
+    return out
 
 
 def book(windows: int, window_s: float = 10.0, gpus: int = 8, roles: tuple[str, ...] = ("trainer",),

@@ -70,6 +70,7 @@ def chart_data(timeline: RunTimeline) -> dict[str, Any]:
         "x": [round(t, 3) for t, _ in rows],
         "series": {k: [m.get(k) if m is not None else None for _, m in rows] for k in keys},
         "band": [[p["t0"], p["t1"], p["s"], p.get("v", {})] for p in points],
+        "drops": [[p["t1"], p["c"]["drops"]] for p in points if p.get("c", {}).get("drops")],
     }
 
 
@@ -141,8 +142,9 @@ def _figures(run: str, view: RunLedgerView, timeline: RunTimeline | None, data: 
         if "rate" in data["charts"]:
             out.append(_figure("rate", "Step rate (steps/s) and queue fill (%)",
                                words.rate_summary(timeline, data["roles"])))
-        out.append(_figure("events", "Markers: sender starts (S), ends (E) and daemon restarts (D)",
-                           words.events_summary(timeline.events, timeline.events_dropped)))
+        out.append(_figure("events", "Markers: sender starts (S), ends (E), daemon restarts (D), drops (red ticks)",
+                           words.events_summary(timeline.events, timeline.events_dropped)
+                           + " " + words.drops_summary(timeline)))
     roles = list(view.run(run))
     out.append(_figure("ledger", "Where the time went, per role (run ledger)", words.ledger_summary(roles),
                        ledger_svg(roles) + _legend(roles)))

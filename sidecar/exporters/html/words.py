@@ -174,6 +174,16 @@ def events_summary(events: Sequence[TimelineEvent], dropped: int) -> str:
     return text + (f" ({dropped} older markers forgotten)" if dropped else "") + "."
 
 
+def drops_summary(timeline: RunTimeline) -> str:
+    """How many records the run's senders dropped or lost, in how many points, and when first."""
+    dropped = [(p["t1"], p["c"]["drops"]) for p in timeline.points if p.get("c", {}).get("drops")]
+    if not dropped:
+        return "No record was dropped or lost."
+    return (f"{sum(n for _, n in dropped):,} records dropped or lost, in {len(dropped)} of {len(timeline.points)} "
+            f"points, the first by {clock(dropped[0][0])} (dflash-sidecar explain and the "
+            "dflash_sidecar_records_dropped_total series say why).")
+
+
 def event_rows(events: Sequence[TimelineEvent]) -> list[dict[str, Any]]:
     """The markers as the page draws them: time, a one-letter tag, colour and a title."""
     rows = []

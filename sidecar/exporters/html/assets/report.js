@@ -53,6 +53,11 @@
       ctx.fillText(e.tag, x + 2 * r, top + 11 * r);
       ctx.restore();
     });
+    ctx.fillStyle = "#d73027";  /* drops: a red tick at the plot's foot */
+    (data.drops || []).forEach(function (d) {
+      var x = u.valToPos(d[0], "x", true);
+      ctx.fillRect(x - r, top + h - 8 * r, 2 * r, 8 * r);
+    });
     ctx.restore();
   }
 
