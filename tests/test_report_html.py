@@ -144,10 +144,11 @@ def test_a_week_with_gpus_and_a_single_window_run_draw_their_charts(tmp_path: Pa
     assert lo < lo2 < hi2 < hi and (hi2 - lo2) == pytest.approx(0.1 * (hi - lo), rel=0.2), (before[0], after[0])
     assert "input-bound" in shown, shown  # the middle of the week is the input-bound stretch
     one = RunTimelineBook(timeline_synth.RUN)
-    first, fed_one = timeline_synth.book(1, 10.0, gpus=0)
+    odd = ("a.b </script> c",)  # a role name no selector or markup may trip on
+    first, fed_one = timeline_synth.book(1, 10.0, gpus=0, roles=odd)
     one.add(first.recent[0])
     single = tmp_path / "one.html"
-    single.write_text(render(timeline_synth.RUN, timeline_synth.ledger_view(fed_one, 1, 10.0), one.view()))
+    single.write_text(render(timeline_synth.RUN, timeline_synth.ledger_view(fed_one, 1, 10.0, odd), one.view()))
     drawn, painted, _ = open_page(single, tmp_path / "one.png")
     assert drawn["drawn"] == 3 and all(c["painted"] > 0.02 for c in painted), painted
     assert drawn["band"] == pytest.approx(fed_one, rel=0.05)

@@ -137,6 +137,7 @@ def window_point(report: IngestReport, roles: Iterable[str], verdict_s: Mapping[
         for role in sorted(roles)[:MAX_ROLES]:
             means.update(role_means(report, role))
     means.update(gpu_means(report))
+    means = {k: v for k, v in means.items() if math.isfinite(v)}  # the state files hold numbers only
     point: dict[str, Any] = {"t0": round(w.end_unix_s - w.duration_s, 3), "t1": round(w.end_unix_s, 3),
                              "s": round(seconds, 3), "n": 1,
                              "v": {k: round(v, 3) for k, v in verdict_s.items() if v > 0}, "m": means}
@@ -201,7 +202,8 @@ class RunTimelineBook:
         """Fold one window's point in (the oldest recent window merged into the buckets past
         ``RECENT_POINTS``; the buckets' width doubled past ``MAX_BUCKETS``)."""
         self.windows += 1
-        self.window_s = float(point["t1"] - point["t0"])
+        if point["t1"] - point["t0"] >= MIN_WINDOW_S or not self.window_s:  # not the shutdown flush's
+            self.window_s = float(point["t1"] - point["t0"])
         self.recent.append(point)
         while len(self.recent) > RECENT_POINTS:
             self._to_bucket(self.recent.pop(0))

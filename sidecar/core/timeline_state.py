@@ -46,7 +46,7 @@ def read(folder: Path, run: str) -> tuple[dict[str, Any] | None, str | None]:
     try:
         if path.stat().st_size > MAX_FILE_BYTES:
             return None, "corrupt"
-        state = json.loads(path.read_text())
+        state = json.loads(path.read_text(), parse_constant=_no_constant)
     except FileNotFoundError:
         return None, "absent"
     except (ValueError, UnicodeDecodeError):
@@ -58,6 +58,10 @@ def read(folder: Path, run: str) -> tuple[dict[str, Any] | None, str | None]:
     if state["version"] > TIMELINE_VERSION:
         return None, "newer_version"
     return state, None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a timeline holds")
 
 
 def _valid(state: Any, run: str) -> bool:

@@ -124,9 +124,9 @@ def ledger_svg(roles: list[RoleLedger]) -> str:
 
 
 def _figure(fid: str, title: str, summary: str, body: str = "") -> str:
-    return (f'<figure id="{fid}"><h2>{html.escape(title)}</h2><div class="fig">'
+    return (f'<figure id="{html.escape(fid)}"><h2>{html.escape(title)}</h2><div class="fig">'
             f'<div class="chart" role="img" aria-label="{html.escape(title)}: {html.escape(summary)}">{body}</div>'
-            f'<figcaption id="{fid}-caption">{html.escape(summary)}</figcaption></div></figure>')
+            f'<figcaption id="{html.escape(fid)}-caption">{html.escape(summary)}</figcaption></div></figure>')
 
 
 def _figures(run: str, view: RunLedgerView, timeline: RunTimeline | None, data: dict[str, Any]) -> list[str]:

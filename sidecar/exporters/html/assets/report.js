@@ -70,7 +70,7 @@
   }
 
   function make(id, height, series, axes, scales, hooks, bands, values) {
-    var holder = document.querySelector("#" + id + " .chart");
+    var figure = document.getElementById(id), holder = figure && figure.querySelector(".chart");
     if (!holder) return null;
     scales.x = {time: true, range: xRange};
     /* every chart's plot spans the same x pixels: a left axis of AXIS px, a right one or as much padding */
