@@ -126,8 +126,9 @@ def _ends() -> list[KeyPattern]:
 
 
 KEY_SCHEME: tuple[KeyPattern, ...] = tuple(_trainer() + _self() + _pipeline() + _gpus() + _ledger() + _ends()) + (
-    KeyPattern(PICTURE_KEY, "HTML", "the run's picture (`report --html`'s page) as an HTML panel, logged once when "
-               "the exporter leaves the run (the daemon stops, or the trainer announces another run)"),)
+    KeyPattern(PICTURE_KEY, "HTML", "the run's picture (`report --html`'s page) as an HTML panel: when the run's "
+               "last senders end, and when the exporter leaves the run (the daemon stops, or the trainer announces "
+               "another run) if the run went on since"),)
 """Every key of a window's row, under ``HOST_PREFIX``, and the run's picture."""
 
 

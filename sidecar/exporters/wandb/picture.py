@@ -1,6 +1,7 @@
 """The run's picture as a W&B HTML panel: ``report --html``'s page (``sidecar.exporters.html``),
-logged once into the run when the W&B exporter leaves it (the daemon stops, or the trainer
-announces another run), under ``sidecar/<host>/run_picture`` (``PICTURE_KEY``).
+logged into the run when its last senders end (a window with an end and no live sender), and
+when the W&B exporter leaves the run (the daemon stops, or the trainer announces another run) if
+the run went on since, under ``sidecar/<host>/run_picture`` (``PICTURE_KEY``).
 
 ``RunPicture.keep`` runs on the ingest thread (each window: it only keeps references to the
 window's immutable ledger view and timelines); ``RunPicture.page`` on the exporter thread, once.
@@ -9,6 +10,8 @@ window's immutable ledger view and timelines); ``RunPicture.page`` on the export
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from sidecar.exporters.html.render import render
 from sidecar.model.ledger import RunLedgerView
@@ -21,33 +24,53 @@ MAX_TIMELINES = 8
 """Runs whose latest timeline is kept (the exporter writes into one run at a time)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What a page is drawn from: the ledger view and the runs' timelines at one window, and the
+    count of windows that had touched a run by then."""
+
+    ledger: RunLedgerView | None
+    timelines: Mapping[str, RunTimeline]
+    touched: int
+
+
 class RunPicture:
     """The latest ledger view and each run's latest timeline, for the page at the run's end."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._ledger: RunLedgerView | None = None
-        self._timelines: dict[str, RunTimeline] = {}
+        self._now = Snapshot(None, {}, 0)
+        self._drawn = -1
+        """``Snapshot.touched`` of the last page made."""
 
-    def keep(self, window: IngestReport) -> None:
-        """Remember the window's ledger view and the timelines of the runs it touched."""
+    def keep(self, window: IngestReport) -> Snapshot:
+        """Remember the window's ledger view and the timelines of the runs it touched; returns
+        the snapshot after it (to draw the page as of this window later)."""
         with self._lock:
-            if window.run_ledger is not None:
-                self._ledger = window.run_ledger
+            now = self._now
+            timelines = dict(now.timelines)
             for run, timeline in window.timelines.items():
-                self._timelines.pop(run, None)
-                self._timelines[run] = timeline
-            while len(self._timelines) > MAX_TIMELINES:
-                del self._timelines[next(iter(self._timelines))]
+                timelines.pop(run, None)
+                timelines[run] = timeline
+            while len(timelines) > MAX_TIMELINES:
+                del timelines[next(iter(timelines))]
+            self._now = Snapshot(window.run_ledger or now.ledger, timelines, now.touched + bool(window.timelines))
+            return self._now
 
-    def page(self, run: str | None) -> str | None:
+    def page(self, run: str | None, at: Snapshot | None = None, only_new: bool = False) -> str | None:
         """The page of ``run`` (the trainer's W&B run id: the run ledger's run when the trainer
         announced it), else of the ledger's most recent run (a W&B run named by the daemon's
-        ``wandb_run`` setting: its trainers' run is the host's or the launcher's); None without a ledger."""
+        ``wandb_run`` setting: its trainers' run is the host's or the launcher's), as of ``at``
+        (default: the latest window); None without a ledger, and with ``only_new`` when no window
+        touched a run since the last page."""
         with self._lock:
-            ledger, timelines = self._ledger, dict(self._timelines)
+            snap = at or self._now
+            if only_new and snap.touched == self._drawn:
+                return None
+            self._drawn = snap.touched
+        ledger = snap.ledger
         if ledger is None or not ledger.runs:
             return None
         chosen = run if run is not None and ledger.run(run) else ledger.runs[-1]
-        timeline = timelines.get(chosen)
+        timeline = snap.timelines.get(chosen)
         return render(chosen, ledger, timeline, None if timeline is not None else "absent")
