@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sidecar.core import timeline_state  # noqa: E402
 from sidecar.core.ledger_state import save  # noqa: E402
 from sidecar.exporters.html.render import chart_data, render  # noqa: E402
-from sidecar.exporters.html.words import CAUSE_COLOURS, COLOURS  # noqa: E402
+from sidecar.exporters.html.words import COLOURS, PHASE_COLOURS  # noqa: E402
 from tests import timeline_synth  # noqa: E402
 from tests.chromium import Chromium  # noqa: E402
 
@@ -61,7 +61,7 @@ chart('gpu', g, {w: {position: 'right'}});
 var run = X.map(function () { return 0; }), s = [];
 D.classes.forEach(function (c, i) { var raw = D.series['step|trainer|' + c]; if (!raw) return;
   run = run.map(function (v, j) { return v + (raw[j] || 0) * 1000; });
-  s.push(ds(c, run.slice(), D.causes[c], {fill: s.length ? '-1' : 'origin'})); });
+  s.push(ds(c, run.slice(), D.phases[c], {fill: s.length ? '-1' : 'origin'})); });
 chart('step', s, {y: {stacked: false}});
 chart('rate', [ds('trainer', D.series['rate|trainer'], '#0072b2')]);
 requestAnimationFrame(function () {
@@ -82,7 +82,7 @@ def pages(windows: int, folder: Path, chartjs: str | None) -> tuple[dict[str, Pa
     out = {"uPlot": folder / f"uplot-{windows}.html"}
     out["uPlot"].write_text(render(timeline_synth.RUN, view, book.view()))
     if chartjs:
-        data = chart_data(book.view()) | {"colours": COLOURS, "causes": CAUSE_COLOURS, "classes": list(CAUSE_COLOURS),
+        data = chart_data(book.view()) | {"colours": COLOURS, "phases": PHASE_COLOURS, "classes": list(PHASE_COLOURS),
                                           "gpus": [f"gpu{g}" for g in range(8)]}
         out["Chart.js"] = folder / f"chartjs-{windows}.html"
         out["Chart.js"].write_text(chartjs_page(data, Path(chartjs).read_text()))

@@ -82,9 +82,9 @@ def demo(tmp_path: Path, *args: str) -> tuple[Path, dict[str, Any], str]:
 
 @pytest.mark.parametrize("args, verdict, roles, step", [
     (("--style", "generic", "--bottleneck", "input", "--duration", "6"), "input-bound", ("trainer",),
-     {"trainer|data": 0.060, "trainer|productive": 0.043}),  # demo_loops.LoopTimings: data 60 ms, 14+24+5 ms
+     {"trainer|data_wait": 0.060, "trainer|backward": 0.024}),  # demo_loops.LoopTimings: data 60 ms, backward 24
     (("--bottleneck", "drafter", "--duration", "6"), "drafter-bound", ("drafter", "target"),
-     {"drafter|productive": 0.136}),  # demo.PipelineTimings' drafter bottleneck: 40+80+16 ms
+     {"drafter|backward": 0.080, "drafter|forward": 0.040}),  # demo.PipelineTimings' drafter bottleneck
 ], ids=["plain-loop-input", "dflash-two-roles"])
 def test_a_demos_page_opens_offline_draws_every_chart_and_its_band_holds_the_runs_verdict_seconds(
         tmp_path: Path, args: tuple[str, ...], verdict: str, roles: tuple[str, ...], step: dict[str, float]) -> None:
@@ -105,7 +105,7 @@ def test_a_demos_page_opens_offline_draws_every_chart_and_its_band_holds_the_run
     for name, seconds in recorded.items():
         assert drawn["band"][name] == pytest.approx(seconds, abs=1.0), (drawn["band"], recorded)  # one window: 1 s
     assert "No GPU readings in this run" in text
-    # the step time by phase class the timeline kept: the demo's sleeps (slower, never faster, on a loaded box)
+    # the step time by phase the timeline kept: the demo's sleeps (slower, never faster, on a loaded box)
     timeline, _ = load_view(tmp_path / "state", kept["run"])
     assert timeline is not None
     for key, seconds in step.items():

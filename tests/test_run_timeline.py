@@ -146,3 +146,10 @@ def test_gpu_series_are_per_gpu_up_to_16_then_per_group_then_the_box() -> None:
     box = window(20)
     assert box["busy|all"] == pytest.approx((0.9 + 19 * 0.5) / 20, rel=1e-3)
     assert box["power|all"] == pytest.approx(sum(100.0 + i for i in range(20)))
+
+
+def test_every_phase_a_step_is_kept_by_has_its_colour_on_the_page() -> None:
+    from sidecar.aggregation.timeline import STEP_PHASES
+    from sidecar.exporters.html.words import PHASE_COLOURS
+
+    assert set(PHASE_COLOURS) == set(STEP_PHASES)

@@ -34,9 +34,10 @@ def point(i: int, windows: int, window_s: float, gpus: int, roles: tuple[str, ..
     means: dict[str, float] = {"conf": round(rng.uniform(0.6, 1.0), 3)}
     for role in roles:
         means[f"rate|{role}"] = round(rng.uniform(8, 10) * (0.5 if slow else 1.0), 3)
-        means[f"step|{role}|productive"] = round(rng.uniform(0.08, 0.09), 4)
-        means[f"step|{role}|data"] = round(rng.uniform(0.09, 0.1) if slow else rng.uniform(0.001, 0.003), 4)
-        means[f"step|{role}|communication"] = round(rng.uniform(0.005, 0.01), 4)
+        means[f"step|{role}|forward"] = round(rng.uniform(0.03, 0.035), 4)
+        means[f"step|{role}|backward"] = round(rng.uniform(0.05, 0.055), 4)
+        means[f"step|{role}|data_wait"] = round(rng.uniform(0.09, 0.1) if slow else rng.uniform(0.001, 0.003), 4)
+        means[f"step|{role}|comm_wait"] = round(rng.uniform(0.005, 0.01), 4)
         means[f"step|{role}|host"] = round(rng.uniform(0.001, 0.002), 4)
     for g in range(gpus):
         busy = (0.45 if slow else 0.92) + 0.05 * math.sin(i / 50 + g)

@@ -21,8 +21,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from sidecar.aggregation.ledger import SHARE_CAUSES, RunLedger, SenderFact, WindowFacts, sender_key, started_of
+from sidecar.aggregation.ledger import RunLedger, SenderFact, WindowFacts, sender_key, started_of
 from sidecar.aggregation.verdict import MIN_WINDOW_S
+from sidecar.model.meanings import BUSY_PHASES, WAIT_PHASES
 from sidecar.model.timeline import TIMELINE_VERSION, RunTimeline, TimelineEvent
 from sidecar.model.window import IngestReport, SenderView
 
@@ -41,6 +42,10 @@ MAX_EVENTS = 512
 """Markers kept per run; beyond, the oldest are forgotten (counted)."""
 MAX_SEEN = 256
 """Sender processes remembered per run (to mark each one's start once and count its drops)."""
+STEP_PHASES: tuple[str, ...] = (*BUSY_PHASES, *WAIT_PHASES, "host", "unattributed")
+"""The phases a role's step time is kept by: its mapped phases (``model.meanings``), ``host``
+(the gap no timing covers, where the insight measured it as host time) and ``unattributed``
+(timings that map to no meaning, and an unmeasured gap)."""
 DIGITS = 4
 """Significant digits a series mean is kept with."""
 
@@ -83,8 +88,8 @@ def gpu_means(report: IngestReport) -> dict[str, float]:
 
 
 def role_means(report: IngestReport, role: str) -> dict[str, float]:
-    """``rate|<role>`` and ``step|<role>|<class>`` of the window: its step rate and each phase
-    class's seconds per step per worker (its time share times the seconds per step)."""
+    """``rate|<role>`` and ``step|<role>|<phase>`` of the window: its step rate and each phase's
+    seconds per step per worker (its time share times the seconds per step; ``STEP_PHASES``)."""
     insight = report.insight
     ri = insight.roles.get(role) if insight is not None else None
     if ri is None:
@@ -95,8 +100,10 @@ def role_means(report: IngestReport, role: str) -> dict[str, float]:
     per_step = ri.workers / ri.batches_per_s
     steps: dict[str, float] = {}
     for phase, share in ri.time_share.items():
-        cause = SHARE_CAUSES.get(phase, "unattributed") if phase != "other" or ri.host_measured else "unattributed"
-        steps[cause] = steps.get(cause, 0.0) + max(0.0, share) * per_step
+        if phase == "other":  # the gap no timing covers: host time only where the insight measured it so
+            phase = "host" if ri.host_measured else "unattributed"
+        phase = phase if phase in STEP_PHASES else "unattributed"
+        steps[phase] = steps.get(phase, 0.0) + max(0.0, share) * per_step
     out.update({f"step|{role}|{c}": _round(s) for c, s in steps.items() if s > 0})
     return out
 

@@ -28,15 +28,12 @@ SERIES: tuple[tuple[str, str], ...] = (
     ("conf", "the verdict's confidence (0-1)"),
     ("queue", "hidden-state queue fill (0-1), where there is a queue"),
     ("rate|<role>", "the role's steps (batches) per second, its workers together"),
-    ("step|<role>|<class>", "seconds per step of the role's workers in a phase class (``STEP_CLASSES``)"),
+    ("step|<role>|<phase>", "seconds per step of the role's workers in a phase "
+                            "(``sidecar.aggregation.timeline.STEP_PHASES``)"),
     ("busy|<gpu>", "a GPU's busy share (0-1: GPM SM activity, else NVML utilization); a group's mean on big boxes"),
     ("power|<gpu>", "a GPU's power draw (watts); a group's total on big boxes"),
 )
 """The series a point's ``m`` holds: key pattern, meaning and unit (docs/METRICS.md lists them)."""
-
-STEP_CLASSES: tuple[str, ...] = ("productive", "data", "queue", "communication", "host", "unattributed")
-"""The classes a role's step time is stacked by: the run ledger's causes its phase time shares
-map to (``productive``: forward, backward, optimizer, pack)."""
 
 EVENT_KINDS: tuple[str, ...] = ("start", "end", "daemon")
 """``start``: a sender process of the run started (its role); ``end``: one ended (its role, and

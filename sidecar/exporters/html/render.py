@@ -21,7 +21,7 @@ from typing import Any
 
 from sidecar.exporters.html import words
 from sidecar.model.ledger import CAUSES, RoleLedger, RunLedgerView
-from sidecar.model.timeline import STEP_CLASSES, RunTimeline
+from sidecar.model.timeline import RunTimeline
 
 LIBRARY = "uPlot 1.6.32"
 """The charting library inlined (``assets/uPlot.iife.min.js``, ``assets/uPlot.LICENSE``)."""
@@ -84,8 +84,12 @@ def _roles(timeline: RunTimeline | None, ledger_roles: list[RoleLedger]) -> list
 def page_data(run: str, view: RunLedgerView, timeline: RunTimeline | None) -> dict[str, Any]:
     """Everything the page's script draws, as JSON-able data."""
     roles = _roles(timeline, list(view.run(run)))
-    data: dict[str, Any] = {"run": run, "roles": roles, "colours": words.COLOURS, "causes": words.CAUSE_COLOURS,
-                            "classes": list(STEP_CLASSES), "charts": []}
+    kept = dict.fromkeys(k.split("|")[2] for k in (timeline.keys() if timeline is not None else ())
+                         if k.startswith("step|"))
+    phases = {p: words.PHASE_COLOURS.get(p, "#888888")
+              for p in sorted(kept, key=lambda p: list(words.PHASE_COLOURS).index(p) if p in words.PHASE_COLOURS
+                              else len(words.PHASE_COLOURS))}  # the colours' order, any other phase last
+    data: dict[str, Any] = {"run": run, "roles": roles, "colours": words.COLOURS, "phases": phases, "charts": []}
     if timeline is None:
         return data
     data.update(chart_data(timeline), events=words.event_rows(timeline.events), gpus=_keys(timeline, "busy|"),
@@ -138,7 +142,7 @@ def _figures(run: str, view: RunLedgerView, timeline: RunTimeline | None, data: 
             if chart.startswith("step|"):
                 role = chart.split("|", 1)[1]
                 out.append(_figure(f"step-{role}", f"Step time of {role} by phase (ms per step)",
-                                   words.step_summary(timeline, role, STEP_CLASSES)))
+                                   words.step_summary(timeline, role, list(data["phases"]))))
         if "rate" in data["charts"]:
             out.append(_figure("rate", "Step rate (steps/s) and queue fill (%)",
                                words.rate_summary(timeline, data["roles"])))

@@ -43,7 +43,15 @@ CAUSE_COLOURS: dict[str, str] = {
     "throttled": "#a50026", "startup": "#999999", "compile": "#6a3d9a", "warmup": "#b2abd2", "checkpoint": "#0072b2",
     "shutdown": "#777777", "unattributed": "#d9d9d9", "unobserved": "#4d4d4d", "restart_gap": "#d55e00",
 }
-"""Run ledger cause (and step time class) -> its colour."""
+"""Run ledger cause -> its colour."""
+
+PHASE_COLOURS: dict[str, str] = {
+    "forward": "#009e73", "backward": "#5ab4ac", "forward_backward": "#35978f", "optimizer": "#01665e",
+    "pack": "#8c510a", "data_wait": "#e69f00", "queue_wait": "#f0e442", "queue_put_wait": "#d8c100",
+    "comm_wait": "#56b4e9", "host": "#cc79a7", "unattributed": "#bdbdbd",
+}
+"""Step time phase (``sidecar.aggregation.timeline.STEP_PHASES``) -> its colour, in the order the
+chart stacks them: work in greens first, waits in the colours of the ledger causes they count as."""
 
 
 def clock(unix_s: float) -> str:
@@ -122,9 +130,9 @@ def gpu_summary(timeline: RunTimeline, gpus: Sequence[str]) -> str:
     return "; ".join(parts) + "."
 
 
-def step_summary(timeline: RunTimeline, role: str, classes: Sequence[str]) -> str:
-    """The role's mean step time and its split by phase class."""
-    means = {c: series_values(timeline, f"step|{role}|{c}") for c in classes}
+def step_summary(timeline: RunTimeline, role: str, phases: Sequence[str]) -> str:
+    """The role's mean step time and its split by phase."""
+    means = {c: series_values(timeline, f"step|{role}|{c}") for c in phases}
     avg = {c: sum(v) / len(v) for c, v in means.items() if v}
     total = sum(avg.values())
     if total <= 0:
@@ -169,8 +177,9 @@ def events_summary(events: Sequence[TimelineEvent], dropped: int) -> str:
         counts[label] = counts.get(label, 0) + 1
     if not counts:
         return "No sender start, end or daemon restart was marked."
-    names = {"start": "sender start", "daemon": "daemon restart"}
-    text = ", ".join(f"{n} {names.get(k, 'sender ' + k)}" for k, n in counts.items())
+    names = {"start": "sender start{s}", "daemon": "daemon restart{s}"}
+    text = ", ".join(f"{n} " + names.get(k, "sender end{s}" + k[3:]).format(s="" if n == 1 else "s")
+                     for k, n in counts.items())
     return text + (f" ({dropped} older markers forgotten)" if dropped else "") + "."
 
 

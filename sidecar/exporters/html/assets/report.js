@@ -161,7 +161,7 @@
   }
 
   function steps(role) {
-    var classes = data.classes.filter(function (c) { return data.series["step|" + role + "|" + c]; });
+    var classes = Object.keys(data.phases).filter(function (c) { return data.series["step|" + role + "|" + c]; });
     var running = data.x.map(function () { return 0; });
     var series = [], values = [], bands = [];
     classes.forEach(function (c, i) {
@@ -170,10 +170,10 @@
         return (data.series["step|" + role + "|" + k] || [])[j] == null; }); });
       running = running.map(function (v, j) { return gap[j] ? v : v + (raw[j] || 0); });
       values.push(running.map(function (v, j) { return gap[j] ? null : v; }));
-      series.push(line(c, data.causes[c], "ms", function () { return ""; }, {
-        fill: data.causes[c] + "cc",
+      series.push(line(c, data.phases[c], "ms", function () { return ""; }, {
+        fill: data.phases[c] + "cc",
         value: function (u, v, si, j) { return j == null || raw[j] == null ? "-" : raw[j].toFixed(1) + " ms"; }}));
-      if (i > 0) bands.push({series: [i + 1, i], fill: data.causes[c] + "cc"});
+      if (i > 0) bands.push({series: [i + 1, i], fill: data.phases[c] + "cc"});
     });
     if (bands.length) series.forEach(function (s, i) { if (i > 0) s.fill = undefined; });
     make("step-" + role, 200, series, [{scale: "ms", size: 60}], {ms: {range: function (u, min, max) {
