@@ -5,7 +5,8 @@ when systemd sets it, else the ``state_dir`` setting, else ``$XDG_STATE_HOME/dfl
 (``~/.local/state/dflash-sidecar``). Written atomically (a temporary file in the same folder,
 fsync, rename), with a version (``STATE_VERSION``): a file of a newer version, or one that does
 not parse, is moved aside (``.v<N>`` / ``.corrupt``) and the ledger starts empty, so a downgrade or
-a torn disk never stops the daemon and never overwrites what a newer daemon wrote.
+a torn disk never stops the daemon and never overwrites what a newer daemon wrote. Each run's
+timeline is kept beside it, in ``timeline/`` (``sidecar.core.timeline_state``), by the same stage.
 """
 
 from __future__ import annotations
