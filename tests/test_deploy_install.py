@@ -102,6 +102,11 @@ def test_installs_units_config_env_and_venv(installed: tuple[Path, str]) -> None
     # the package's data travels with it
     table = list((root / "opt/dflash-sidecar/venv").rglob("site-packages/sidecar/processing/frameworks.toml"))
     assert [t.read_text() for t in table] == [(DEPLOY.parent / "sidecar/processing/frameworks.toml").read_text()], table
+    assets = DEPLOY.parent / "sidecar/exporters/html/assets"  # report --html's page: uPlot, its license, script
+    for asset in sorted(assets.iterdir()):
+        [got] = list((root / "opt/dflash-sidecar/venv").rglob(f"site-packages/sidecar/exporters/html/assets/"
+                                                             f"{asset.name}"))
+        assert got.read_bytes() == asset.read_bytes(), asset.name
     share = root / "opt/dflash-sidecar/share"
     assert (share / "systemd/resources.conf.example").is_file()
     assert (share / "prometheus/rules/dflash-alerts.yml").read_text() == \

@@ -22,6 +22,7 @@ import pytest
 
 from sidecar.aggregation.ledger import RoleFact, RunLedger, SenderFact, WindowFacts
 from sidecar.core.ledger_state import FILE_NAME, load, save, state_dir
+from sidecar.core.timeline_state import load_view
 from sidecar.model.ledger import CAUSES, peak_flops
 from tests.daemon_harness import DaemonProc, env, wait_for
 from tests.fake_nvml.control import FakeNvml
@@ -525,6 +526,15 @@ def test_scripted_run_with_a_trainer_and_a_daemon_restart(tmp_path: Path) -> Non
     table = subprocess.run([sys.executable, "-m", "sidecar", "report", "--state-dir", str(state)],
                            capture_output=True, text=True, env=env(), timeout=60)
     assert table.returncode == 0 and "run run-abc · role trainer" in table.stdout and "restart_gap" in table.stdout
+    # the run's timeline (docs/METRICS.md, "Run timeline") survived the daemon restart beside the ledger
+    timeline, problem = load_view(state, "run-abc")
+    assert problem is None and timeline is not None
+    kinds = [e.kind for e in timeline.events]
+    assert kinds.count("start") == 2 and kinds.count("daemon") == 1, timeline.events  # two trainers, one restart
+    kept = json.loads((state / FILE_NAME).read_text())["verdicts"]["run-abc"]
+    assert timeline.verdict_seconds() == pytest.approx({k: e["seconds"] for k, e in kept.items()}, abs=0.01)
+    assert {"busy|gpu0", "power|gpu0"} <= set(timeline.keys())  # the fake driver's GPU
+    assert all(p["m"]["power|gpu0"] == pytest.approx(200.0) for p in timeline.points if "power|gpu0" in p["m"])
 
 
 RUN = r"""

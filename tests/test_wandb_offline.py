@@ -63,6 +63,33 @@ def _child(scenario: str, wandb_dir: str) -> dict[str, Any]:
         ex.shutdown()  # flushes the queued rows
         return {"run_id": run_id, "stats": _plain(ex.stats())}
 
+    if scenario == "picture":  # the run's page as an HTML panel when the exporter leaves the run
+        import dataclasses
+
+        import timeline_synth
+        from insight_synth import report, worker
+
+        from sidecar.model.ends import EndsView, SenderEnd
+        book, fed = timeline_synth.book(120, 10.0, gpus=2)
+        window = dataclasses.replace(report(worker("trainer", "0", {"forward": 10}, 5)),
+                                     run_ledger=timeline_synth.ledger_view(fed, 100, 10.0),
+                                     timelines={timeline_synth.RUN: book.view()})
+        end = SenderEnd("trainer", "0", "clean", "", 4242, 7, time.time(), 0)
+        ended = dataclasses.replace(window, senders=(), run_ledger=timeline_synth.ledger_view(fed, 120, 10.0),
+                                    ends=EndsView(new=(end,)))  # its last sender ended: the picture now
+        later = dataclasses.replace(ended, timelines={}, ends=EndsView(),  # idle afterwards: no second one
+                                    run_ledger=timeline_synth.ledger_view(fed, 240, 10.0))
+        ex = WandbExporter(WandbConfig(run=timeline_synth.RUN, project="proj", dir=wandb_dir), host="box1")
+        ex.start()
+        until(lambda: ex.stats().state.value == "offline")
+        windows = (window, ended, later) if wandb_dir.endswith("ended") else (window,)  # else: the daemon stops
+        for w in windows:
+            ex.consume(w)
+        until(lambda: ex.stats().rows_logged == len(windows))
+        run_id = ex.stats().run_id
+        ex.shutdown()
+        return {"run_id": run_id, "stats": _plain(ex.stats())}
+
     if scenario == "reattach":
         ex = WandbExporter(WandbConfig(run="auto", dir=wandb_dir), host="box1")
         ex.start()
@@ -310,6 +337,28 @@ def test_shared_join_is_attempted_as_a_shared_writer_and_failure_is_retried(
     assert not run.telemetry.feature.resumed and not run.resumed and not run.resume
     assert run.run_group == "" and run.job_type == ""  # inherited WANDB_RUN_GROUP dropped
     assert FAKE_KEY not in out and FAKE_KEY not in err
+
+
+@pytest.mark.parametrize("how", ["ended", "stopped"])
+def test_the_runs_picture_goes_to_the_run_as_an_html_panel_once_when_it_ends_or_the_daemon_stops(
+        tmp_path: pathlib.Path, how: str) -> None:
+    import wandb_records
+    from test_report_html import fetches_nothing
+    env = dict(TRAINER_ENV, WANDB_MODE="offline", WANDB_API_KEY=FAKE_KEY)
+    folder = tmp_path / how
+    folder.mkdir()
+    result, _, _ = run_child("picture", folder, env)
+    assert result["stats"]["rows_logged"] == (3 if how == "ended" else 1) and result["stats"]["rows_dropped"] == {}
+    path = wandb_records.find_run_file(folder, result["run_id"])
+    [panel] = [row["sidecar/box1/run_picture"] for row in wandb_records.history_rows(path)
+               if "sidecar/box1/run_picture" in row]  # one: when the run ended, none again on leaving it
+    assert panel["_type"] == "html-file"
+    [page] = list(path.parent.rglob(panel["path"].split("/")[-1]))
+    text = page.read_text()
+    assert "<h1 id=\"verdict\">balanced for" in text and "uPlot" in text
+    # the ledger as the run ended (120 windows), not the idle window's after it; or the one window's
+    assert f"trainer: wall {'20.0' if how == 'ended' else '16.7'} min" in text
+    fetches_nothing(text)  # no stylesheet injected (inject=False), nothing else fetched
 
 
 if __name__ == "__main__":

@@ -68,10 +68,23 @@ def of_type(path: str | pathlib.Path, kind: str) -> list[Any]:
 
 
 def history_rows(path: str | pathlib.Path) -> list[dict[str, Any]]:
-    """The history rows, each as ``{key: decoded JSON value}`` (nested keys joined by ``/``)."""
-    return [{"/".join(item.nested_key) or item.key: json.loads(item.value_json)
-             for item in history.item}
-            for history in of_type(path, "history")]
+    """The history rows, each as ``{key: decoded JSON value}``; a logged object (a media file:
+    ``wandb.Html``...) comes as its fields under further ``nested_key`` parts, gathered back into
+    one dict under its key (``{"_type": "html-file", "path": ...}``)."""
+    rows = []
+    for history in of_type(path, "history"):
+        row: dict[str, Any] = {}
+        for item in history.item:
+            key, *fields = list(item.nested_key) or [item.key]
+            if not fields:
+                row[key] = json.loads(item.value_json)
+                continue
+            target = row.setdefault(key, {})
+            for field in fields[:-1]:
+                target = target.setdefault(field, {})
+            target[fields[-1]] = json.loads(item.value_json)
+        rows.append(row)
+    return rows
 
 
 def find_run_file(root: str | pathlib.Path, run_id: str) -> pathlib.Path:

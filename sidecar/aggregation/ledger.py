@@ -38,7 +38,7 @@ from sidecar.aggregation import run_verdicts
 from sidecar.model.insight import Verdict
 from sidecar.model.ledger import CAUSES, RoleLedger, RunLedgerView
 from sidecar.model.meanings import PHASES
-from sidecar.model.window import COUNT, GAUGE, LIVE_S, TIMING, IngestReport, WindowReport
+from sidecar.model.window import COUNT, GAUGE, LIVE_S, TIMING, IngestReport, SenderView, WindowReport
 
 GONE_AFTER_S = 3.0
 """A sender silent for longer than this at a window's end left at its last message (a shim sends
@@ -180,9 +180,7 @@ def window_facts(report: IngestReport) -> WindowFacts:
         last = s.last_seen_unix_s  # where its receipt put it: a silent sender is placed alike in every window
         if last < begin and s.last_seen_age_s > LIVE_S:  # a live sender silent this window still counts
             continue
-        hello = s.hello or {}
-        started = hello.get("started_unix_s")
-        started = float(started) if isinstance(started, (int, float)) and 0 < started <= w.end_unix_s else 0.0
+        started = started_of(s, w.end_unix_s)
         step, first_step = w.sender_steps.get(s.sender), w.sender_first_steps.get(s.sender)
         stride = w.sender_step_strides.get(s.sender)
         if stride == 0:  # its step counts samples or tokens, how many a step not known yet: held
@@ -191,8 +189,8 @@ def window_facts(report: IngestReport) -> WindowFacts:
             step, first_step = step // stride, None if first_step is None else first_step // stride
         if step is None:  # no publish(step): a step field of its own (a framework's iter, global_step)
             step, first_step = numbers.get((s.role, s.worker), (None, None))
-        senders.append(SenderFact(f"{s.pid}@{started:.3f}" if s.pid is not None else f"sender:{s.sender}",
-                                  run_of(s.hello), s.role, started, max(begin, started), last, step,
+        senders.append(SenderFact(sender_key(s, w.end_unix_s), run_of(s.hello), s.role, started,
+                                  max(begin, started), last, step,
                                   s.last_seen_age_s <= GONE_AFTER_S and not s.closed, _flops_of(s.hello),
                                   closed=s.closed, first_step=first_step, cycles=cycles.get((s.role, s.worker))))
     insight = report.insight
@@ -211,6 +209,18 @@ def window_facts(report: IngestReport) -> WindowFacts:
     return WindowFacts(w.end_unix_s, w.duration_s, tuple(senders), roles, energy, uuid_roles,
                        tuple((e.role, e.how, e.cause, e.detail) for e in report.ends.new),
                        insight.verdict if insight is not None else None)
+
+
+def started_of(s: SenderView, end_unix_s: float) -> float:
+    """When the sender's process started (its hello's ``started_unix_s``; 0: not told, or not
+    before ``end_unix_s``, the window's end)."""
+    started = (s.hello or {}).get("started_unix_s")
+    return float(started) if isinstance(started, (int, float)) and 0 < started <= end_unix_s else 0.0
+
+
+def sender_key(s: SenderView, end_unix_s: float) -> str:
+    """The name the ledger (and the run timeline) keeps a sender process under: its pid and start."""
+    return f"{s.pid}@{started_of(s, end_unix_s):.3f}" if s.pid is not None else f"sender:{s.sender}"
 
 
 def step_cycles(window: WindowReport) -> dict[tuple[str, str], int]:

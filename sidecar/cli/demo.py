@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 from sidecar.cli.demo_loops import GENERIC_BOTTLENECKS, JOIN_S, GenericLoop, LoopTimings, SeedStyleMonitor, Timings
 from sidecar.cli.exit_status import FAILURE, USAGE
 from sidecar.core.config import Config
+from sidecar.model.ledger import RunLedgerView
 
 log = logging.getLogger("sidecar")
 
@@ -307,8 +308,9 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
     finally:
         progress.stop()
         daemon.shutdown()
-    print(summary(daemon.ledger.ledger.view(), folder, cfg.prometheus_addr, began_unix_s, daemon.scrape_state.window()),
-          flush=True)
+    view = daemon.ledger.ledger.view()
+    print(summary(view, folder, cfg.prometheus_addr, began_unix_s, daemon.scrape_state.window(),
+                  _picture(view, folder, began_unix_s)), flush=True)
     return status
 
 
@@ -318,6 +320,23 @@ def demo_run_label(now_unix_s: float | None = None, pid: int | None = None) -> s
     apart were one run of the host before (the second's summary told the first's time too)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now_unix_s is None else now_unix_s))
     return f"demo-{stamp}-{os.getpid() if pid is None else pid}"
+
+
+def _picture(view: RunLedgerView, folder: Path, since_unix_s: float) -> Path | None:
+    """Write the page of the demo's run (its most recent, heard since ``since_unix_s``) to
+    ``<folder>/demo.html``; its path, None (logged) when there is no run or it cannot be written."""
+    from sidecar.cli.report_html import write_page
+
+    runs = [r.run for r in view.roles if r.last_unix_s >= since_unix_s]
+    if not runs:
+        return None
+    path = folder / "demo.html"
+    try:
+        write_page(view, folder, runs[-1], path)
+    except OSError as exc:
+        log.error("demo: cannot write the run's picture %s: %s", path, exc)
+        return None
+    return path
 
 
 def _start_pipeline(cfg: Config, ns: argparse.Namespace) -> SimulatedPipeline | GenericLoop | None:

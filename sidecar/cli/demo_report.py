@@ -111,12 +111,12 @@ def records_line(final: IngestReport | None) -> str:
 
 
 def summary(view: RunLedgerView | None, state: Path, prometheus_addr: str, since_unix_s: float = 0.0,
-            final: IngestReport | None = None) -> str:
+            final: IngestReport | None = None, picture: Path | None = None) -> str:
     """The demo's last words: the verdict of each run this demo fed (a role last heard at or after
     ``since_unix_s``, unix seconds; the state folder keeps earlier demos' runs too) and each of its
     roles' wall time, goodput and largest badput, what its records became (``records_line`` of
     ``final``, the daemon's final window), then the three commands to try next (with this demo's
-    address and state folder)."""
+    address and state folder); ``picture``: the run's HTML page, when written."""
     lines = ["", "demo summary"]
     roles = tuple(r for r in view.roles if r.last_unix_s >= since_unix_s) if view is not None else ()
     runs = list(dict.fromkeys(r.run for r in roles))
@@ -127,6 +127,8 @@ def summary(view: RunLedgerView | None, state: Path, prometheus_addr: str, since
     if not roles:
         lines.append("no run in the ledger (the demo ended before its first window)")
     lines.append(records_line(final))
+    if picture is not None:
+        lines.append(f"a picture of this run: {picture}   # open it in a browser (it fetches nothing)")
     lines += ["", "try next:",
               f"  curl -s http://{prometheus_addr}/metrics | grep dflash_pipeline_bottleneck   # while a demo runs",
               f"  dflash-sidecar top --prometheus-addr {prometheus_addr}   # the terminal view, while a demo runs",

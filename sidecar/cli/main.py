@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     report = add("report", help="the run ledger: where each run's time and energy went")
     report.add_argument("--run", default=None, help="only this run (a W&B run id, or host:NAME)")
     report.add_argument("--json", action="store_true", help="print JSON")
+    report.add_argument("--html", metavar="FILE", default=None,
+                        help="write one run (--run, default the most recent) as one self-contained HTML page to "
+                             "FILE: its verdict, GPUs and step time over time, and its ledger; it fetches nothing")
     report.add_argument("--state-dir", default=None, help="the daemon's state folder (default: as the daemon)")
     report.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                         help="the daemon's TOML config file: report reads its state_dir and flops_per_token")
@@ -153,6 +156,10 @@ def _dispatch(argv: Sequence[str] | None) -> int:
             cfg = config_mod.load({"config_file": ns.config_file} if ns.config_file else {})
         except ConfigError as exc:
             ns.subparser.exit(USAGE, f"dflash-sidecar report: error: {exc}\n")
+        if ns.html is not None:
+            from sidecar.cli.report_html import run_report_html
+
+            return run_report_html(ns.state_dir or cfg.state_dir, ns.run, ns.html, cfg.flops_per_token)
         return run_report(ns.state_dir or cfg.state_dir, ns.run, ns.json, cfg.flops_per_token,
                           prometheus=ns.prometheus)
     given = config_mod.given(vars(ns))

@@ -8,6 +8,7 @@ file is in the service's state folder (readable by the service user and root).
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -185,4 +186,7 @@ def run_report(configured_dir: str | None, run: str | None, as_json: bool, flops
         print(json.dumps(ledger_json(view, run) | ({"cluster": cluster[1]} if cluster else {}), indent=2), file=out)
     else:
         print(format_table(view, run) + ("\n" + "\n".join(cluster[0]) if cluster else ""), file=out)
+        where = f" --state-dir {shlex.quote(configured_dir)}" if configured_dir else ""
+        print(f"a picture of the run: dflash-sidecar report --html run.html"
+              f"{f' --run {shlex.quote(run)}' if run else ''}{where}", file=out)
     return OK

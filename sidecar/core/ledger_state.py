@@ -5,7 +5,8 @@ when systemd sets it, else the ``state_dir`` setting, else ``$XDG_STATE_HOME/dfl
 (``~/.local/state/dflash-sidecar``). Written atomically (a temporary file in the same folder,
 fsync, rename), with a version (``STATE_VERSION``): a file of a newer version, or one that does
 not parse, is moved aside (``.v<N>`` / ``.corrupt``) and the ledger starts empty, so a downgrade or
-a torn disk never stops the daemon and never overwrites what a newer daemon wrote.
+a torn disk never stops the daemon and never overwrites what a newer daemon wrote. Each run's
+timeline is kept beside it, in ``timeline/`` (``sidecar.core.timeline_state``), by the same stage.
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ import logging
 import math
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sidecar.aggregation.ledger import STATE_VERSION, RunLedger, window_facts
+from sidecar.aggregation.timeline import ledger_mark
+from sidecar.core import timeline_state
 from sidecar.model.ledger import RunLedgerView
+from sidecar.model.timeline import RunTimeline
 from sidecar.model.window import IngestReport
 
 log = logging.getLogger("sidecar")
@@ -70,7 +75,7 @@ def save(path: Path, state: dict[str, Any]) -> None:
     Raises ``OSError`` when the folder cannot be created or written."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     data = json.dumps(state, separators=(",", ":"), allow_nan=False).encode()
-    fd, tmp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -134,6 +139,8 @@ class LedgerStage:
         self.errors: dict[str, int] = {}
         """Reason -> failed loads, saves or window updates of the run ledger."""
         self.ledger = RunLedger(None, flops_per_token, run_gap_s)
+        self.timeline = timeline_state.TimelineKeeper(path.parent / timeline_state.FOLDER, save)
+        """Each run's timeline beside the ledger (``sidecar.core.timeline_state``)."""
 
     def load(self) -> None:
         """Continue from the state file (an unusable one is moved aside, counted)."""
@@ -149,20 +156,31 @@ class LedgerStage:
             log.info("dflash-sidecar: run ledger continued from %s (%d runs)", self.path, len(self.ledger.runs))
 
     def __call__(self, report: IngestReport) -> IngestReport:
-        return dataclasses.replace(report, run_ledger=self.view_after(report))
+        view, timelines = self.view_after(report)
+        return dataclasses.replace(report, run_ledger=view, timelines=timelines)
 
-    def view_after(self, window: IngestReport) -> RunLedgerView | None:
-        """Fold the window into the ledger and save it; None if the update failed."""
+    def view_after(self, window: IngestReport) -> tuple[RunLedgerView | None, Mapping[str, RunTimeline]]:
+        """Fold the window into the ledger and the touched runs' timelines and save them; the
+        ledger's view (None if the update failed) and the touched runs' timelines."""
         try:
-            self.ledger.add(window_facts(window))
+            before = ledger_mark(self.ledger)
+            facts = window_facts(window)
+            self.ledger.add(facts)
         except Exception:  # noqa: BLE001
             self._error("update_failed", exc_info=True)
-            return None
+            return None, {}
         try:
             save(self.path, self.ledger.state())
         except OSError as exc:
             self._error("save_failed", detail=f"{self.path}: {exc}")
-        return self.ledger.view(self.errors)
+        timelines: Mapping[str, RunTimeline] = {}
+        try:
+            timelines = self.timeline.fold(self.ledger, before, facts, window)
+        except OSError as exc:
+            self._error("timeline_save_failed", detail=f"{self.timeline.folder}: {exc}")
+        except Exception:  # noqa: BLE001  (the timeline never costs the ledger its window)
+            self._error("timeline_update_failed", exc_info=True)
+        return self.ledger.view({**self.errors, **self.timeline.errors}), timelines
 
     def _error(self, reason: str, detail: str = "", exc_info: bool = False) -> None:
         self.errors[reason] = self.errors.get(reason, 0) + 1

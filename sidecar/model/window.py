@@ -8,7 +8,7 @@ daemon has computed them, the window's pipeline insight and GPU view. Record kin
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ from sidecar.model.ends import EndsView
 from sidecar.model.gpu import GpuView
 from sidecar.model.insight import PipelineInsight
 from sidecar.model.ledger import RunLedgerView
+from sidecar.model.timeline import RunTimeline
 from trainer_shim.wire import RecordKind
 
 TIMING, COUNT, GAUGE, CATEGORY, SCALAR, PROFILE, ALLOCATOR = (
@@ -175,6 +176,8 @@ class IngestReport:
     gpu: GpuView | None = None
     run_ledger: RunLedgerView | None = None
     """The run ledger's totals after this window (None if it failed or is off)."""
+    timelines: Mapping[str, RunTimeline] = field(default_factory=dict)
+    """The timelines of the runs this window touched, after it (``model.timeline``; empty if off or failed)."""
     ends: EndsView = field(default_factory=EndsView)
     """How senders' processes ended: counts, the last per role, the ones told in this window."""
 

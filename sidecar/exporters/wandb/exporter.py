@@ -31,6 +31,7 @@ from sidecar.exporters.base import Exporter
 from sidecar.exporters.wandb import join
 from sidecar.exporters.wandb.ends_row import ALERT_EVERY_S, AlertLimiter
 from sidecar.exporters.wandb.join import Plan, PlanKind, TrainerRun
+from sidecar.exporters.wandb.picture import PICTURE_KEY, RunPicture, Snapshot
 from sidecar.exporters.wandb.rows import window_row
 from sidecar.exporters.wandb.settings import QUEUE, RUN, WandbSettings
 from sidecar.model.backoff import Backoff
@@ -131,6 +132,9 @@ class _Item(NamedTuple):
     step: int | None
     alerts: tuple[tuple[str, str], ...] = ()
     """``(title, text)`` of the W&B alerts to raise with the row (``ends_row.AlertLimiter``)."""
+    picture: Snapshot | None = None
+    """Log the run's picture as of this snapshot after the row (``picture.RunPicture``): its last
+    senders ended."""
 
 
 _LOGGING: Final = frozenset({PlanKind.SHARED, PlanKind.OFFLINE})
@@ -186,6 +190,7 @@ class WandbExporter(Exporter):
         self._retry_at = 0.0
         self._backoff = Backoff(RETRY_MIN_S, RETRY_MAX_S)
         self._alerts = AlertLimiter()
+        self._picture = RunPicture()
 
     # ---- caller side ---------------------------------------------------------------------
 
@@ -215,9 +220,10 @@ class WandbExporter(Exporter):
         self._thread.start()
 
     def submit(self, row: Mapping[str, float], trainer_step: int | None,
-               alerts: tuple[tuple[str, str], ...] = ()) -> bool:
+               alerts: tuple[tuple[str, str], ...] = (), picture: Snapshot | None = None) -> bool:
         """Queue one flat row (keys without the ``sidecar/`` prefix) logged against
-        ``trainer_step`` when known, and the ``(title, text)`` alerts to raise after it. Never
+        ``trainer_step`` when known, the ``(title, text)`` alerts to raise after it, and whether
+        the run's picture to log after it (``picture``: as of a ``RunPicture.keep``). Never
         blocks; returns False when the row is dropped (counted by reason in
         ``stats().rows_dropped``; its alerts with it)."""
         state = self._state
@@ -228,16 +234,19 @@ class WandbExporter(Exporter):
         if state is WandbState.REFUSED:
             return self._drop("refused")
         try:
-            self._queue.put_nowait(_Item(*self._target, dict(row), trainer_step, alerts))
+            self._queue.put_nowait(_Item(*self._target, dict(row), trainer_step, alerts, picture))
         except queue.Full:
             return self._drop("queue_full")
         return True
 
     def consume(self, window: IngestReport) -> None:
         """Queue the window's row (``rows.window_row``) against the trainer's step, with an alert
-        for each end that loses records (``ends_row.AlertLimiter``)."""
+        for each end that loses records (``ends_row.AlertLimiter``), and the run's picture when
+        its last senders ended in it (none live after an end)."""
         alerts = tuple(self._alerts.alerts(window.ends, self._host, time.monotonic())) if window.ends.new else ()
-        self.submit(window_row(window, self._host), window.window.trainer_step, alerts)
+        kept = self._picture.keep(window)
+        ended = bool(window.ends.new) and not window.live_senders
+        self.submit(window_row(window, self._host), window.window.trainer_step, alerts, kept if ended else None)
 
     def hello(self, sender: SenderView) -> None:
         """A shim hello: what it says about the trainer's W&B run (``on_trainer_hello``)."""
@@ -490,6 +499,8 @@ class WandbExporter(Exporter):
             self._skipped += skipped
         for title, text in item.alerts:
             self._alert(title, text)
+        if item.picture is not None:
+            self._log_picture(self._run, item.picture)
 
     def _alert(self, title: str, text: str) -> None:
         """Raise one W&B alert (``WARN``); a failure is counted (``alert_error``) and logged."""
@@ -517,11 +528,25 @@ class WandbExporter(Exporter):
             self._run_id = None
         if run is None:
             return
+        self._log_picture(run, None, only_new=True)
         try:
             self._call(run.finish)
         except Exception as exc:  # noqa: BLE001 - best effort
             self._log.warning("W&B: closing run %s failed: %s", getattr(run, "id", "?"),
                               join.redact(repr(exc), self._environ))
+
+    def _log_picture(self, run: Any, at: Snapshot | None, only_new: bool = False) -> None:
+        """Log the run's picture (``picture.RunPicture``) into ``run`` as an HTML panel (when its
+        last senders ended, and on leaving it if the run went on since: ``only_new``); a failure is
+        counted (``picture_error``) and logged."""
+        try:
+            page = self._picture.page(self._run_plan.run_id, at, only_new)
+            if page is not None:
+                html = importlib.import_module("wandb").Html(page, inject=False)  # inject would fetch a stylesheet
+                self._call(run.log, {join.KEY_PREFIX + self._host + "/" + PICTURE_KEY: html})
+        except Exception as exc:  # noqa: BLE001 - the rows are logged; a refused panel is not fatal
+            self._drop("picture_error")
+            self._log.warning("W&B: the run's picture failed (%s)", join.redact(repr(exc), self._environ))
 
     def _flush_and_close(self, wandb: Any) -> None:
         """On shutdown: log queued rows while time allows (half the timeout; the rest is for

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from sidecar.exporters.wandb.gpu_rows import GROUP_VALUES
 from sidecar.exporters.wandb.join import KEY_PREFIX, STEP_KEY
 from sidecar.exporters.wandb.ledger_row import FIGURES
+from sidecar.exporters.wandb.picture import PICTURE_KEY
 from sidecar.exporters.wandb.rows import ALLOCATOR_VALUES, GAUGE_STATS, TIMING_STATS
 from sidecar.model.ends import HOWS
 from sidecar.model.gpu import GPU_METRICS, XID_METRICS
@@ -134,8 +135,11 @@ def _cluster() -> list[KeyPattern]:
 
 
 KEY_SCHEME: tuple[KeyPattern, ...] = tuple(_trainer() + _self() + _pipeline() + _gpus() + _ledger() + _ends()
-                                           + _cluster())
-"""Every key of a window's row, under ``HOST_PREFIX``."""
+                                           + _cluster()) + (
+    KeyPattern(PICTURE_KEY, "HTML", "the run's picture (`report --html`'s page) as an HTML panel: when the run's "
+               "last senders end, and when the exporter leaves the run (the daemon stops, or the trainer announces "
+               "another run) if the run went on since"),)
+"""Every key of a window's row, under ``HOST_PREFIX``, and the run's picture."""
 
 
 def pattern_regex(pattern: str) -> re.Pattern[str]:
