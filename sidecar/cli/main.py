@@ -16,7 +16,7 @@ from sidecar.cli.exit_status import FAILURE, OK, USAGE
 from sidecar.core import config as config_mod
 from sidecar.core.config import ConfigError
 
-SUBCOMMANDS = ("run", "check", "demo", "top", "explain", "report", "sample-config")
+SUBCOMMANDS = ("run", "check", "demo", "top", "explain", "report", "trace", "sample-config")
 
 
 class DefaultsHelp(argparse.HelpFormatter):
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "records, polls NVML, exports to Prometheus and W&B.",
         epilog=config_mod.summary_help())
     parser.add_argument("--version", action="version", version=f"dflash-sidecar {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{run,check,demo,top,explain,report,sample-config}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,check,demo,top,explain,report,trace,sample-config}")
     add = functools.partial(sub.add_parser, formatter_class=DefaultsHelp)
     run = add("run", help="run the daemon (the default)")
     config_mod.add_arguments(run)
@@ -75,11 +75,56 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--state-dir", default=None, help="the daemon's state folder (default: as the daemon)")
     report.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                         help="the daemon's TOML config file: report reads its state_dir and flops_per_token")
+    trace = _add_trace(add)
     sample = add("sample-config", help="print a config file listing every setting and its default")
     for name, p in (("run", run), ("check", check), ("demo", demo), ("top", top), ("explain", explain),
-                    ("report", report), ("sample-config", sample)):
+                    ("report", report), ("trace", trace), ("sample-config", sample)):
         p.set_defaults(subparser=p, command=name)
     return parser
+
+
+def _add_trace(add: functools.partial[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """``trace``'s options (docs/SHIM.md, "A capture on request")."""
+    from sidecar.cli.trace import STEPS_DEFAULT, WAIT_DEFAULT_S
+    from trainer_shim.capture import MAX_STEPS
+
+    def steps(raw: str) -> int:
+        value = int(raw)
+        if not 1 <= value <= MAX_STEPS:
+            raise argparse.ArgumentTypeError(f"--steps must be from 1 to {MAX_STEPS}")
+        return value
+
+    trace = add("trace", help="N steps of torch.profiler from a live trainer, and where their time went")
+    trace.add_argument("--steps", type=steps, default=STEPS_DEFAULT, help=f"steps to capture (1 to {MAX_STEPS})")
+    trace.add_argument("--role", default=None, help="only the trainer publishing this role")
+    trace.add_argument("--worker", default=None, help="only the trainer publishing this worker")
+    trace.add_argument("--pid", type=int, default=None,
+                       help="only this process (also where the tally folder cannot be listed)")
+    trace.add_argument("--wait", type=float, default=WAIT_DEFAULT_S, help="seconds to wait for the steps")
+    trace.add_argument("--endpoint", action="append", default=None,
+                       help="the daemon's endpoint (default: as the daemon)")
+    trace.add_argument("--state-dir", default=None, help="where the trace is kept (default: as the daemon)")
+    trace.add_argument("--config", dest="config_file", metavar="FILE", default=None,
+                       help="the daemon's TOML config file: trace reads its endpoint and state_dir")
+    return trace
+
+
+def _trace(ns: argparse.Namespace) -> int:
+    """``trace``: ask, wait, keep, print (``sidecar.cli.trace``)."""
+    from sidecar.cli.trace import run_trace
+    from sidecar.core.ledger_state import state_dir
+
+    try:
+        given: dict[str, object] = {"config_file": ns.config_file} if ns.config_file else {}
+        if ns.endpoint:
+            given["endpoint"] = list(ns.endpoint)
+        cfg = config_mod.load(given)
+    except ConfigError as exc:
+        ns.subparser.exit(USAGE, f"dflash-sidecar trace: error: {exc}\n")
+    if not ns.wait > 0:
+        ns.subparser.exit(USAGE, "dflash-sidecar trace: error: --wait must be > 0\n")
+    return run_trace(tuple(cfg.endpoint), state_dir(ns.state_dir or cfg.state_dir), ns.steps, ns.role, ns.worker,
+                     ns.pid, ns.wait)
 
 
 def _unknown_arguments(parser: argparse.ArgumentParser, extra: list[str]) -> str:
@@ -135,6 +180,8 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         return run_top(url, ns.refresh, ns.once)
     if ns.command == "explain":
         return _explain(ns)
+    if ns.command == "trace":
+        return _trace(ns)
     if ns.command == "report":
         from sidecar.cli.report import run_report
 

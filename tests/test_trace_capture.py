@@ -1,0 +1,153 @@
+"""``dflash-sidecar trace`` against real trainers under a real daemon: real torch CPU loops (with a
+DataLoader's worker processes), a compiled step, the HF and Lightning callbacks, two trainers on
+one daemon, a trainer without torch, no trainer. Each asks from another process, as a user would,
+and reads the Chrome trace the capture kept."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.daemon_harness import DaemonProc, env
+from tests.waiting import wait_until
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[DaemonProc]:
+    d = DaemonProc(tmp_path)
+    yield d
+    d.stop()
+
+
+class Loop:
+    """A training loop of ``tests.capture_loops`` in a child process."""
+
+    def __init__(self, tmp: Path, kind: str, endpoint: str, role: str, **extra_env: str) -> None:
+        self.progress = tmp / f"progress-{role}.json"
+        self.log = tmp / f"loop-{role}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.capture_loops", kind, str(self.progress)],
+            env=env(DFLASH_SIDECAR_ENDPOINT=endpoint, DFLASH_ROLE=role, DFLASH_TRACE_MIN_GAP_S="0", **extra_env),
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+
+    def state(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.progress.read_text()))
+        except (OSError, ValueError):
+            return {"steps": 0}
+
+    def steps(self) -> int:
+        return int(self.state()["steps"])
+
+    def wait_steps(self, n: int, timeout_s: float = 120.0) -> None:
+        wait_until(lambda: self.proc.poll() is None and self.steps() >= n or self.proc.poll() is not None,
+                   timeout_s=timeout_s)
+        assert self.proc.poll() is None, self.log.read_text()
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def trace(d: DaemonProc, state: Path, *args: str, timeout_s: float = 180.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sidecar", "trace", "--endpoint", d.endpoint, "--state-dir",
+                           str(state), "--wait", "60", *args], env=env(), capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+def kept_trace(state: Path) -> dict[str, Any]:
+    (trace_file,) = sorted((state / "traces").glob("*.trace.json.gz"))
+    return dict(json.load(gzip.open(trace_file)))
+
+
+def profiler_steps(trace_json: dict[str, Any]) -> list[str]:
+    return [e["name"] for e in trace_json["traceEvents"] if e.get("cat") == "user_annotation"
+            and str(e.get("name", "")).startswith("ProfilerStep#")]
+
+
+def asked_and_kept(d: DaemonProc, tmp: Path, loop: Loop, steps: int = 4, *args: str) -> str:
+    """Ask ``loop`` for ``steps`` steps; the trace's ProfilerStep spans are checked, the loop
+    must go on stepping afterwards. Returns the command's output."""
+    loop.wait_steps(3)
+    state = tmp / "state"
+    t0 = time.monotonic()
+    out = trace(d, state, "--steps", str(steps), *args)
+    assert out.returncode == 0, out.stderr + loop.log.read_text()
+    assert time.monotonic() - t0 < 60
+    assert profiler_steps(kept_trace(state)) == [f"ProfilerStep#{i}" for i in range(steps)]
+    assert out.stdout.count("ProfilerStep#") == steps and "no GPU activity in the trace" in out.stdout
+    after = loop.steps()
+    loop.wait_steps(after + 5)
+    return out.stdout
+
+
+def test_a_cpu_loop_with_dataloader_workers_gives_four_steps_and_keeps_stepping(daemon: DaemonProc,
+                                                                                 tmp_path: Path) -> None:
+    loop = Loop(tmp_path, "plain", daemon.endpoint, "trainer")
+    try:
+        out = asked_and_kept(daemon, tmp_path, loop)
+        assert "top host ops (self time): " in out and "aten::" in out
+        # The capture's record: its trainer steps and who it was.
+        meta = json.loads(next((tmp_path / "state" / "traces").glob("*.capture.json")).read_text())["meta"]
+        assert meta["role"] == "trainer" and len(meta["steps"]) == 4 and meta["cuda"] is False
+    finally:
+        loop.stop()
+
+
+def test_a_compiled_step_is_captured_without_graph_break(daemon: DaemonProc, tmp_path: Path) -> None:
+    loop = Loop(tmp_path, "compiled", daemon.endpoint, "trainer")
+    try:
+        asked_and_kept(daemon, tmp_path, loop)
+        state = loop.state()
+        assert state["graph_breaks"] == 0, state
+    finally:
+        loop.stop()
+
+
+@pytest.mark.parametrize("kind", ["hf", "lightning"])
+def test_framework_callbacks_are_step_boundaries(kind: str, daemon: DaemonProc, tmp_path: Path) -> None:
+    loop = Loop(tmp_path, kind, daemon.endpoint, "trainer")
+    try:
+        asked_and_kept(daemon, tmp_path, loop, 3)
+    finally:
+        loop.stop()
+
+
+def test_two_trainers_role_picks_one(daemon: DaemonProc, tmp_path: Path) -> None:
+    a = Loop(tmp_path, "plain", daemon.endpoint, "target")
+    b = Loop(tmp_path, "notorch", daemon.endpoint, "drafter")
+    try:
+        b.wait_steps(3)
+        out = asked_and_kept(daemon, tmp_path, a, 2, "--role", "target")
+        assert "capture of target/" in out
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_trainer_without_torch_gets_a_clear_answer(daemon: DaemonProc, tmp_path: Path) -> None:
+    loop = Loop(tmp_path, "notorch", daemon.endpoint, "trainer")
+    try:
+        loop.wait_steps(3)
+        out = trace(daemon, tmp_path / "state")
+        assert out.returncode == 1
+        assert "a trainer without torch: this process never imported torch" in out.stderr
+        assert not (tmp_path / "state" / "traces").exists()
+    finally:
+        loop.stop()
+
+
+def test_no_trainer_and_no_daemon(daemon: DaemonProc, tmp_path: Path) -> None:
+    out = trace(daemon, tmp_path / "state")
+    assert out.returncode == 1 and "no live trainer" in out.stderr
+    gone = subprocess.run([sys.executable, "-m", "sidecar", "trace", "--endpoint", f"ipc://{tmp_path}/none.sock"],
+                          env=env(), capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 1 and "no live trainer" in gone.stderr and "is the daemon running?" in gone.stderr
