@@ -98,6 +98,16 @@ def test_a_cpu_loop_with_dataloader_workers_gives_four_steps_and_keeps_stepping(
         # The capture's record: its trainer steps and who it was.
         meta = json.loads(next((tmp_path / "state" / "traces").glob("*.capture.json")).read_text())["meta"]
         assert meta["role"] == "trainer" and len(meta["steps"]) == 4 and meta["cuda"] is False
+        # explain shows it beside the verdict, report lists it under its run.
+        state = str(tmp_path / "state")
+        explained = subprocess.run([sys.executable, "-m", "sidecar", "explain", "--prometheus-addr",
+                                    f"127.0.0.1:{daemon.port}", "--state-dir", state], env=env(),
+                                   capture_output=True, text=True, timeout=60)
+        assert explained.stdout.startswith("verdict: ") and "last capture (dflash-sidecar trace):" in explained.stdout
+        assert "ProfilerStep#3" in explained.stdout
+        reported = subprocess.run([sys.executable, "-m", "sidecar", "report", "--state-dir", state], env=env(),
+                                  capture_output=True, text=True, timeout=60)
+        assert "captures (dflash-sidecar trace):" in reported.stdout and "trainer/MainThread 4 steps" in reported.stdout
     finally:
         loop.stop()
 

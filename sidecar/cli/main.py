@@ -67,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--run", default=None,
                          help="a run's verdicts as the run ledger kept them (its share of the run's time and windows, "
                               "the dominant one's evidence): works after the run ended and without a daemon")
-    explain.add_argument("--state-dir", default=None, help="with --run: the daemon's state folder (default: as the "
-                                                           "daemon)")
+    explain.add_argument("--state-dir", default=None, help="the daemon's state folder: --run's ledger, kept captures "
+                                                           "(default: as the daemon)")
     report = add("report", help="the run ledger: where each run's time and energy went")
     report.add_argument("--run", default=None, help="only this run (a W&B run id, or host:NAME)")
     report.add_argument("--json", action="store_true", help="print JSON")
@@ -189,7 +189,8 @@ def _dispatch(argv: Sequence[str] | None) -> int:
             cfg = config_mod.load({"config_file": ns.config_file} if ns.config_file else {})
         except ConfigError as exc:
             ns.subparser.exit(USAGE, f"dflash-sidecar report: error: {exc}\n")
-        return run_report(ns.state_dir or cfg.state_dir, ns.run, ns.json, cfg.flops_per_token)
+        status = run_report(ns.state_dir or cfg.state_dir, ns.run, ns.json, cfg.flops_per_token)
+        return _with_captures(status, ns, cfg, last=False)
     given = config_mod.given(vars(ns))
     try:
         cfg = config_mod.load(given)
@@ -221,8 +222,23 @@ def _explain(ns: argparse.Namespace) -> int:
     if ns.run is not None:
         from sidecar.cli.report import run_verdicts
 
-        return run_verdicts(ns.state_dir or cfg.state_dir, ns.run)
-    return run_explain(url.removesuffix("/metrics") + "/explain", ns.json)
+        return _with_captures(run_verdicts(ns.state_dir or cfg.state_dir, ns.run), ns, cfg, last=False)
+    return _with_captures(run_explain(url.removesuffix("/metrics") + "/explain", ns.json), ns, cfg, last=True)
+
+
+def _with_captures(status: int, ns: argparse.Namespace, cfg: config_mod.Config, last: bool) -> int:
+    """After ``explain`` (``last``: the newest capture's breakdown beside the verdict) or ``report``
+    and ``explain --run`` (the run's captures), in text mode and when the command succeeded."""
+    if status != OK or ns.json:
+        return status
+    from sidecar.cli.trace_view import capture_list_lines, last_capture_lines
+    from sidecar.core.ledger_state import state_dir
+
+    folder = state_dir(ns.state_dir or cfg.state_dir)
+    lines = last_capture_lines(folder) if last else capture_list_lines(folder, ns.run)
+    if lines:
+        print("\n".join(lines))
+    return status
 
 
 def run_daemon(cfg: config_mod.Config, cli_overrides: dict[str, object]) -> int:

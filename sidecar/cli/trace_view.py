@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
-from sidecar.core.captures import Capture
+from sidecar.core.captures import FOLDER, Capture, captures, latest
 from sidecar.model.trace import TraceBreakdown
 
 
@@ -61,3 +62,35 @@ def capture_lines(c: Capture) -> list[str]:
     head = (f"capture of {m.get('role')}/{m.get('worker')} (pid {m.get('pid')}, run {m.get('run') or '-'}) at {when}: "
             f"{len(c.breakdown.steps)} profiler steps (trainer steps {', '.join(map(str, steps)) or '-'})")
     return [head, f"  trace: {c.trace if c.trace is not None else '(removed)'}", *breakdown_lines(c.breakdown)]
+
+
+def last_capture_lines(state_dir: Path) -> list[str]:
+    """``explain``'s part: the newest kept capture's breakdown, beside the verdict above it."""
+    c = latest(state_dir)
+    if c is None:
+        return ["", f"last capture: none kept in {state_dir / FOLDER} (dflash-sidecar trace takes one)"]
+    return ["", "last capture (dflash-sidecar trace):", *capture_lines(c)]
+
+
+def _of_run(c: Capture, run: str | None) -> bool:
+    have = str(c.meta.get("run") or "")
+    return run is None or have == run or (bool(have) and run.endswith(":" + have))
+
+
+def capture_list_lines(state_dir: Path, run: str | None = None) -> list[str]:
+    """``report``'s part: the kept captures per run, one line each."""
+    kept = [c for c in captures(state_dir) if _of_run(c, run)]
+    if not kept:
+        return []
+    lines = ["", "captures (dflash-sidecar trace):"]
+    for name in dict.fromkeys(str(c.meta.get("run") or "-") for c in kept):
+        lines.append(f"  run {name}:")
+        for c in (c for c in kept if str(c.meta.get("run") or "-") == name):
+            b, m = c.breakdown, c.meta
+            wall = b.total("wall_s")
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(m["ended_unix_s"])) if m.get("ended_unix_s") else "?"
+            side = (f"GPU busy {_pct(b.total('gpu_busy_s'), wall)}, host wait {_pct(b.total('idle_host_wait_s'), wall)}"
+                    if b.has_gpu else f"no GPU, host ops {_pct(b.total('host_busy_s'), wall)}")
+            lines.append(f"    {when} {m.get('role')}/{m.get('worker')} {len(b.steps)} steps, "
+                         f"{_ms(wall / max(1, len(b.steps)))} a step, {side}: {c.trace or '(trace removed)'}")
+    return lines
