@@ -27,7 +27,7 @@ def test_an_unknown_command_is_reported_as_a_command(capsys: pytest.CaptureFixtu
     assert "unknown command 'chek'; did you mean 'check'?" in err, err
     assert "unrecognized arguments" not in err
     err = _error(capsys, "frobnicate")
-    assert "unknown command 'frobnicate'; commands: run, check, demo, top, explain, report, sample-config" in err, err
+    assert "unknown command 'frobnicate'; commands: run, check, demo, top, explain, report, trace, sample-config" in err, err
 
 
 @pytest.mark.parametrize(("argv", "message"), [
