@@ -117,3 +117,28 @@ def test_load_trace_reads_gzip_and_refuses_what_is_not_a_trace(tmp_path: Path) -
     bad.write_text("{")
     with pytest.raises(ValueError, match="not JSON"):
         load_trace(str(bad))
+
+
+def test_the_prometheus_figures_of_a_capture() -> None:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.registry import Collector
+
+    from sidecar.exporters.prometheus.captures import capture_families
+    from sidecar.model.trace import CaptureView
+
+    view = CaptureView("trainer", "0", "run-1", 1.7e9, breakdown(fixture_trace()))
+
+    class One(Collector):
+        def collect(self) -> Any:
+            return capture_families(view, "h")
+
+    registry = CollectorRegistry()
+    registry.register(One())
+    labels = {"host": "h", "role": "trainer", "worker": "0"}
+    assert registry.get_sample_value("dflash_capture_step_seconds", labels) == pytest.approx(1000 * US)
+    assert registry.get_sample_value("dflash_capture_gpu_busy_ratio", labels) == pytest.approx(1380 / 2000)
+    assert registry.get_sample_value("dflash_capture_gpu_idle_ratio", {**labels, "cause": "host_wait"}) == \
+        pytest.approx(310 / 2000)
+    assert registry.get_sample_value("dflash_capture_communication_ratio", labels) == pytest.approx(200 / 2000)
+    assert registry.get_sample_value("dflash_capture_last_timestamp_seconds", labels) == 1.7e9
+    assert capture_families(None, "h") == []

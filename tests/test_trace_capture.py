@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon_harness import DaemonProc, env
+from tests.daemon_harness import DaemonProc, env, require_tool
 from tests.waiting import wait_until
 
 
@@ -108,6 +108,13 @@ def test_a_cpu_loop_with_dataloader_workers_gives_four_steps_and_keeps_stepping(
         reported = subprocess.run([sys.executable, "-m", "sidecar", "report", "--state-dir", state], env=env(),
                                   capture_output=True, text=True, timeout=60)
         assert "captures (dflash-sidecar trace):" in reported.stdout and "trainer/MainThread 4 steps" in reported.stdout
+        # Prometheus: the last capture's figures, host side only (no GPU here), a page promtool accepts.
+        wait_until(lambda: daemon.value("dflash_capture_step_seconds", role="trainer") is not None, timeout_s=30)
+        assert 0 < (daemon.value("dflash_capture_host_ops_ratio", role="trainer") or 0) <= 1
+        assert daemon.value("dflash_capture_gpu_busy_ratio") is None
+        promtool = require_tool("promtool")
+        lint = subprocess.run([promtool, "check", "metrics"], input=daemon.text(), capture_output=True, text=True)
+        assert lint.returncode == 0 and not (lint.stdout + lint.stderr).strip(), lint.stdout + lint.stderr
     finally:
         loop.stop()
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.model.trace import TraceBreakdown
+from sidecar.model.trace import CaptureView, TraceBreakdown
 
 FOLDER = "traces"
 KEEP_DEFAULT = 20
@@ -103,3 +103,27 @@ def prune(state_dir: Path, keep_n: int = KEEP_DEFAULT, max_mb: float = MAX_MB_DE
                 p.unlink(missing_ok=True)
         removed += 1
     return removed
+
+
+class LatestCapture:
+    """The newest kept capture as a ``CaptureView``, read again only when the folder changed (its
+    modification time): what the exporters read at every scrape or window. Never raises."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self._folder = folder(state_dir)
+        self._state_dir = state_dir
+        self._mtime_ns: int | None = None
+        self._view: CaptureView | None = None
+
+    def view(self) -> CaptureView | None:
+        try:
+            mtime = self._folder.stat().st_mtime_ns
+        except OSError:
+            return None
+        if mtime != self._mtime_ns:
+            c = latest(self._state_dir)
+            self._view = None if c is None else CaptureView(
+                str(c.meta.get("role") or ""), str(c.meta.get("worker") or ""), c.meta.get("run"),
+                float(c.meta.get("ended_unix_s") or 0.0), c.breakdown)
+            self._mtime_ns = mtime
+        return self._view

@@ -92,7 +92,8 @@ class Daemon:
         stages = window_stages(self.insight, self.ledger, GpuStage(self.gpus) if nvml is not None else None)
         self.pipeline = Pipeline(mapper=Mapper.from_settings(config, config), max_series=config.max_series,
                                  stages=stages, listeners=listeners)
-        admin = Admin(self.scrape_state, self._mapping_in_force, gpu_metrics=nvml is not None)
+        admin = Admin(self.scrape_state, self._mapping_in_force, gpu_metrics=nvml is not None,
+                      state_dir=state_dir(config.state_dir))
         self.scrape_state.attach(ingest=self.pipeline, wandb=self.wandb, admin=admin)
         self.ingest: IngestLoop | None = None
         self._signals: queue.SimpleQueue[int | str] = queue.SimpleQueue()

@@ -94,3 +94,14 @@ class TraceBreakdown:
                        kernel_wait_threshold_s=float(data.get("kernel_wait_threshold_s", 0.0)))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed trace breakdown: {exc}") from None
+
+
+@dataclass(frozen=True)
+class CaptureView:
+    """The newest kept capture, as the exporters read it between windows."""
+
+    role: str
+    worker: str
+    run: str | None
+    ended_unix_s: float
+    breakdown: TraceBreakdown
