@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.daemon_harness import DaemonProc, env, require_tool
+from tests.deploy_support import exposition_families, load_metric_names
 from tests.waiting import wait_until
 
 
@@ -115,6 +116,9 @@ def test_a_cpu_loop_with_dataloader_workers_gives_four_steps_and_keeps_stepping(
         promtool = require_tool("promtool")
         lint = subprocess.run([promtool, "check", "metrics"], input=daemon.text(), capture_output=True, text=True)
         assert lint.returncode == 0 and not (lint.stdout + lint.stderr).strip(), lint.stdout + lint.stderr
+        listed = {n: kind for n, (kind, source) in load_metric_names().items() if source == "capture"}
+        scraped = {n: k for n, k in exposition_families(daemon.text()).items() if n.startswith("dflash_capture_")}
+        assert scraped and all(listed.get(n) == k for n, k in scraped.items()), (scraped, listed)
     finally:
         loop.stop()
 

@@ -330,11 +330,14 @@ def _remove(path: str | None) -> None:
             pass
 
 
-def remove_own_trace() -> None:
-    """At close: remove the last trace file this process wrote that nobody took (best effort)."""
+def remove_own_files(directory: str | None) -> None:
+    """At close: remove this process's result file and the last trace it wrote that nobody took
+    (best effort; the request is its writer's to remove)."""
     if _state["pid"] == os.getpid():
         _remove(_state["trace"])
         _state["trace"] = None
+        if directory is not None and _state.get("ticks") is not None:
+            _remove(os.path.join(directory, stem(os.getpid(), _own_ticks()) + RESULT_SUFFIX))
 
 
 def _after_fork_in_child() -> None:

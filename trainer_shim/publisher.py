@@ -302,7 +302,7 @@ class Publisher:
         for, a result written; at close, the trace nobody took removed. Never raises."""
         try:
             if stopping:
-                capture.remove_own_trace()
+                capture.remove_own_files(self._tally.directory)
             else:
                 run = (self._wandb[0] if self._wandb else None) or self.wandb_run_id or self.run_label
                 capture.poll(self._tally.directory, time.monotonic(), run)
