@@ -7,7 +7,8 @@ every step, and runs until killed (at most ``LIMIT_S``).
 Kinds: ``plain`` (forward, backward, optimizer, a DataLoader with 2 workers, ``publish`` per step),
 ``compiled`` (the same with the forward and ``publish`` in a ``torch.compile``d function),
 ``hf`` (a Hugging Face Trainer with the shim's callback), ``lightning`` (a Lightning Trainer with
-the shim's callback), ``notorch`` (publishes, never imports torch).
+the shim's callback), ``notorch`` (publishes, never imports torch), ``silent`` (imports torch,
+never publishes: no step boundary).
 """
 
 from __future__ import annotations
@@ -91,6 +92,18 @@ def notorch(progress: Progress) -> None:
         progress.step()
 
 
+def silent(progress: Progress) -> None:
+    """Imports torch, counts, never publishes: no step boundary."""
+    import torch  # noqa: F401
+
+    from trainer_shim import telemetry
+
+    while True:
+        telemetry.count("batches")
+        time.sleep(0.005)
+        progress.step()
+
+
 def hf(progress: Progress) -> None:
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -147,5 +160,5 @@ def lightning(progress: Progress) -> None:
 if __name__ == "__main__":
     kind, path = sys.argv[1], sys.argv[2]
     p = Progress(path)
-    {"plain": plain, "compiled": lambda p: plain(p, compiled=True), "notorch": notorch, "hf": hf,
+    {"plain": plain, "compiled": lambda p: plain(p, compiled=True), "notorch": notorch, "silent": silent, "hf": hf,
      "lightning": lightning}[kind](p)

@@ -172,3 +172,22 @@ def test_no_trainer_and_no_daemon(daemon: DaemonProc, tmp_path: Path) -> None:
     gone = subprocess.run([sys.executable, "-m", "sidecar", "trace", "--endpoint", f"ipc://{tmp_path}/none.sock"],
                           env=env(), capture_output=True, text=True, timeout=60)
     assert gone.returncode == 1 and "no live trainer" in gone.stderr and "is the daemon running?" in gone.stderr
+
+
+def test_a_capture_already_running_and_steps_that_never_come(daemon: DaemonProc, tmp_path: Path) -> None:
+    loop = Loop(tmp_path, "silent", daemon.endpoint, "trainer")
+    try:
+        loop.wait_steps(3)
+        first = subprocess.Popen([sys.executable, "-m", "sidecar", "trace", "--endpoint", daemon.endpoint,
+                                  "--state-dir", str(tmp_path / "state"), "--wait", "8"], env=env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        directory = Path(daemon.endpoint.removeprefix("ipc://") + ".ledger")
+        wait_until(lambda: any(directory.glob("*.trace-request")), timeout_s=30)
+        second = trace(daemon, tmp_path / "state")
+        assert second.returncode == 1 and "a capture already running" in second.stderr, second.stderr
+        _, err = first.communicate(timeout=120)
+        assert first.returncode == 1 and "the steps never came" in err, err
+        assert not any(directory.glob("*.trace-request"))  # the requester removed its request
+        loop.wait_steps(loop.steps() + 5)  # and the trainer went on
+    finally:
+        loop.stop()

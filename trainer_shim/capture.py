@@ -138,6 +138,8 @@ def _start(c: _Capture, channel: Any) -> None:
         raise RuntimeError("torch is no longer imported")
     from torch.profiler import ProfilerActivity, profile
 
+    if _own_profiler_running():
+        raise RuntimeError("the trainer's own torch.profiler is running")
     cuda = bool(torch.cuda.is_available() and torch.cuda.is_initialized())
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     prof = profile(activities=activities, schedule=_record_every_step)
@@ -145,6 +147,12 @@ def _start(c: _Capture, channel: Any) -> None:
     c.prof = prof
     prof.start()
     _state["pending"].append(c.result("capturing"))
+
+
+def _own_profiler_running() -> bool:
+    """Whether a profiler of the trainer's own is on (a second one would end its session)."""
+    profiler = sys.modules.get("torch.autograd.profiler")
+    return bool(getattr(profiler, "_is_profiler_enabled", False))
 
 
 def _record_every_step(step: int) -> Any:
@@ -183,7 +191,7 @@ def _write_trace(c: _Capture) -> None:
         os.replace(tmp, path)
         _state["trace"] = path
         c.prof = None
-        _write_result(c.directory, c.name, c.result("done", trace=path))
+        _state["pending"].append(c.result("done", trace=path))  # after "capturing", by the flusher: in order
         _state["capture"], _state["last_end"] = None, time.monotonic()
     except Exception as exc:  # noqa: BLE001
         _remove(tmp)
@@ -194,13 +202,15 @@ def poll(directory: str | None, now: float, run: str | None = None) -> None:
     """The flusher's turn (``now``: monotonic seconds): write what the trainer's thread left, look
     for a request at most every ``POLL_S``, expire a capture whose steps never came. ``run``: the
     publisher's run (W&B run id or run label), told in the results. Never raises."""
-    if directory is None or now < _state["next_poll"] or _state["pid"] != os.getpid():
+    if directory is None or _state["pid"] != os.getpid():
+        return
+    name = stem(os.getpid(), _own_ticks())
+    while _state["pending"]:  # every cycle, in the order they were left (the only writer of results but this)
+        _write_result(directory, name, _state["pending"].pop(0))
+    if now < _state["next_poll"]:
         return
     _state["run"] = run
     _state["next_poll"] = now + POLL_S
-    name = stem(os.getpid(), _own_ticks())
-    while _state["pending"]:
-        _write_result(directory, name, _state["pending"].pop(0))
     _expire(directory, name)
     path = os.path.join(directory, name + REQUEST_SUFFIX)
     try:
@@ -238,6 +248,8 @@ def _refusal() -> tuple[str, str] | None:
         return "no_torch", "this process never imported torch: nothing to profile"
     if _state["capture"] is not None:
         return "busy", "a capture is already running in this process"
+    if _own_profiler_running():
+        return "busy", "the trainer's own torch.profiler is running"
     gap = _env_float(MIN_GAP_ENV, MIN_GAP_DEFAULT_S)
     last = _state["last_end"]
     if last is not None and time.monotonic() - last < gap:
