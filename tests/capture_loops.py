@@ -8,7 +8,7 @@ Kinds: ``plain`` (forward, backward, optimizer, a DataLoader with 2 workers, ``p
 ``compiled`` (the same with the forward and ``publish`` in a ``torch.compile``d function),
 ``hf`` (a Hugging Face Trainer with the shim's callback), ``lightning`` (a Lightning Trainer with
 the shim's callback), ``notorch`` (publishes, never imports torch), ``silent`` (imports torch,
-never publishes: no step boundary).
+never publishes: no step boundary), ``slowdown`` (its step time grows sixfold after 8 s).
 """
 
 from __future__ import annotations
@@ -92,6 +92,22 @@ def notorch(progress: Progress) -> None:
         progress.step()
 
 
+def slowdown(progress: Progress) -> None:
+    """A step of 5 ms for 8 s, then of 40 ms: the step time moves (counts its batches)."""
+    import torch
+
+    from trainer_shim import telemetry
+
+    x, start, step = torch.randn(16, 16), time.monotonic(), 0
+    while True:
+        (x @ x).sum()
+        time.sleep(0.005 if time.monotonic() - start < 8 else 0.04)
+        telemetry.count("batches")
+        telemetry.publish(step, {"step_ms": 5.0})
+        step += 1
+        progress.step()
+
+
 def silent(progress: Progress) -> None:
     """Imports torch, counts, never publishes: no step boundary."""
     import torch  # noqa: F401
@@ -160,5 +176,5 @@ def lightning(progress: Progress) -> None:
 if __name__ == "__main__":
     kind, path = sys.argv[1], sys.argv[2]
     p = Progress(path)
-    {"plain": plain, "compiled": lambda p: plain(p, compiled=True), "notorch": notorch, "silent": silent, "hf": hf,
-     "lightning": lightning}[kind](p)
+    {"plain": plain, "compiled": lambda p: plain(p, compiled=True), "notorch": notorch, "silent": silent,
+     "slowdown": slowdown, "hf": hf, "lightning": lightning}[kind](p)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests import wandb_records
 from tests.daemon_harness import DaemonProc, env, require_tool
 from tests.deploy_support import exposition_families, load_metric_names
 from tests.waiting import wait_until
@@ -191,3 +193,27 @@ def test_a_capture_already_running_and_steps_that_never_come(daemon: DaemonProc,
         loop.wait_steps(loop.steps() + 5)  # and the trainer went on
     finally:
         loop.stop()
+
+
+def test_an_automatic_capture_when_the_step_time_moves_reaches_wandb(tmp_path: Path) -> None:
+    wandb_dir = tmp_path / "wandb"
+    wandb_dir.mkdir()
+    d = DaemonProc(tmp_path, "--capture-on-step-change", "0.5", "--wandb-run", "capture-run",
+                   extra_env={"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true"})
+    loop = Loop(tmp_path, "slowdown", d.endpoint, "trainer")
+    try:
+        kept = tmp_path / "state" / "traces"
+        wait_until(lambda: any(kept.glob("*.capture.json")), timeout_s=90)
+        meta = json.loads(next(kept.glob("*.capture.json")).read_text())["meta"]
+        assert meta["why"].startswith("automatic: the trainer step time moved from "), meta
+        assert "sidecar: automatic capture: the trainer step time moved" in d.log()
+        logged = (d.value("dflash_sidecar_wandb_rows_logged_total") or 0) + 2
+        wait_until(lambda: (d.value("dflash_sidecar_wandb_rows_logged_total") or 0) >= logged, timeout_s=60)
+    finally:
+        loop.stop()
+        d.stop()
+    (run_file,) = wandb_dir.rglob("*.wandb")
+    rows = wandb_records.history_rows(run_file)
+    key = f"sidecar/{socket.gethostname()}/capture/trainer/MainThread/step_s"
+    (row,) = [r for r in rows if key in r]
+    assert row[key] > 0 and 0 < row[key.replace("step_s", "host_ops_ratio")] <= 1

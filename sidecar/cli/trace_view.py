@@ -61,7 +61,8 @@ def capture_lines(c: Capture) -> list[str]:
     steps = m.get("steps") or []
     head = (f"capture of {m.get('role')}/{m.get('worker')} (pid {m.get('pid')}, run {m.get('run') or '-'}) at {when}: "
             f"{len(c.breakdown.steps)} profiler steps (trainer steps {', '.join(map(str, steps)) or '-'})")
-    return [head, f"  trace: {c.trace if c.trace is not None else '(removed)'}", *breakdown_lines(c.breakdown)]
+    why = [f"  why: {m['why']}"] if str(m.get("why") or "").startswith("automatic") else []
+    return [head, *why, f"  trace: {c.trace if c.trace is not None else '(removed)'}", *breakdown_lines(c.breakdown)]
 
 
 def last_capture_lines(state_dir: Path) -> list[str]:

@@ -21,6 +21,7 @@ from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups
 from sidecar.core import config as config_mod
 from sidecar.core import systemd
 from sidecar.core.admin import Admin
+from sidecar.core.capture_watch import CaptureWatch
 from sidecar.core.config import Config, ConfigError
 from sidecar.core.ingest import IngestLoop
 from sidecar.core.ledger_state import FILE_NAME, LedgerStage, state_dir
@@ -86,7 +87,8 @@ class Daemon:
             self.exporters.append(self.wandb)
         self.ledger = LedgerStage(state_dir(config.state_dir) / FILE_NAME, config.flops_per_token, config.run_gap_s)
         self.insight = InsightStage(config)
-        listeners: list[Listener] = [*self.exporters, self.scrape_state]
+        self.captures = CaptureWatch(state_dir(config.state_dir), tuple(config.endpoint), config, self.host, self.wandb)
+        listeners: list[Listener] = [*self.exporters, self.scrape_state, self.captures]
         if nvml is not None:
             listeners.append(TrainerAttribution(nvml.attribute_trainers))
         stages = window_stages(self.insight, self.ledger, GpuStage(self.gpus) if nvml is not None else None)
@@ -210,7 +212,7 @@ class Daemon:
     def _reloading(self) -> list[Reloading]:
         """Every component with reloadable settings, each through its ``reload(settings)``."""
         ingest: list[Reloading] = [self.ingest] if self.ingest is not None else []
-        return [*ingest, self.pipeline, self.insight, *self.exporters]
+        return [*ingest, self.pipeline, self.insight, *self.exporters, self.captures]
 
     def _mapping_in_force(self) -> tuple[Mapper, Config]:
         """The mapping and the settings in force (what ``/explain`` reports; the pipeline takes a
