@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -217,3 +218,20 @@ def test_an_automatic_capture_when_the_step_time_moves_reaches_wandb(tmp_path: P
     key = f"sidecar/{socket.gethostname()}/capture/trainer/MainThread/step_s"
     (row,) = [r for r in rows if key in r]
     assert row[key] > 0 and 0 < row[key.replace("step_s", "host_ops_ratio")] <= 1
+
+
+def test_a_result_that_names_another_file_is_refused(tmp_path: Path) -> None:
+    """A "done" result whose trace is not the shim's own file for that request (a forged one names
+    a file the requester could move) keeps nothing and says so."""
+    from sidecar.core.capture_request import TraceError, Trainer, collect
+    from trainer_shim import capture
+    from trainer_shim.tally import process_start_ticks
+
+    me = Trainer(os.getpid(), process_start_ticks(os.getpid()) or 0, str(tmp_path), (("trainer", "0"),))
+    victim = tmp_path / "precious.json"
+    victim.write_text("{}")
+    (tmp_path / (me.stem + capture.RESULT_SUFFIX)).write_text(json.dumps(
+        {"id": "abc123", "status": "done", "trace": str(victim)}))
+    with pytest.raises(TraceError, match="names no trace of the trainer's own"):
+        collect(me, "abc123", 5.0, tmp_path / "state")
+    assert victim.read_text() == "{}" and not (tmp_path / "state").exists()

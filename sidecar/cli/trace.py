@@ -13,7 +13,7 @@ from typing import Any
 
 from sidecar.cli.exit_status import FAILURE, OK
 from sidecar.cli.trace_view import capture_lines
-from sidecar.core.capture_request import TraceError, Trainer, capture_one, choose, live_trainers
+from sidecar.core.capture_request import TraceError, Trainer, choose, collect, live_trainers, request
 from trainer_shim.endpoint import tally_dir
 from trainer_shim.tally import process_start_ticks
 
@@ -32,10 +32,16 @@ def run_trace(endpoints: tuple[str, ...], state_dir: Path, steps: int, role: str
     except TraceError as exc:
         print(f"dflash-sidecar trace: {exc}", file=sys.stderr)
         return FAILURE
-    status = OK
-    for t in targets:
+    status, asked = OK, []
+    for t in targets:  # every request first: the trainers capture at the same time
         try:
-            kept = capture_one(t, steps, role, worker, wait_s, state_dir)
+            asked.append((t, request(t, steps, role, worker, wait_s)))
+        except TraceError as exc:
+            print(f"dflash-sidecar trace: {exc}", file=sys.stderr)
+            status = FAILURE
+    for t, rid in asked:
+        try:
+            kept = collect(t, rid, wait_s, state_dir)
         except TraceError as exc:
             print(f"dflash-sidecar trace: {exc}", file=sys.stderr)
             status = FAILURE

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,11 @@ class Trainer:
     @property
     def stem(self) -> str:
         return shim_capture.stem(self.pid, self.ticks)
+
+    @property
+    def loader_worker(self) -> bool:
+        """A DataLoader worker process (every worker label ends ``/loader<N>``): never asked unless named."""
+        return bool(self.channels) and all(re.search(r"/loader\d+$", w) for _, w in self.channels)
 
     def label(self) -> str:
         names = ", ".join(f"{r}/{w}" for r, w in self.channels) or "no channel yet"
@@ -99,7 +106,8 @@ def choose(trainers: list[Trainer], role: str | None, worker: str | None, pid: i
     """The trainers a request goes to. Raises ``TraceError`` when none matches."""
     chosen = [t for t in trainers if (pid is None or t.pid == pid)
               and (role is None or any(r == role for r, _ in t.channels))
-              and (worker is None or any(w == worker for _, w in t.channels))]
+              and (worker is None or any(w == worker for _, w in t.channels))
+              and (pid is not None or not t.loader_worker)]
     if not trainers:
         raise TraceError("no live trainer: no process publishes to the daemon")
     if not chosen:
@@ -149,13 +157,49 @@ def _unlink(path: str) -> None:
         pass
 
 
-def result(t: Trainer, rid: str) -> dict[str, Any] | None:
-    """``t``'s result for request ``rid``, or None (none yet, or another request's)."""
+def owner(pid: int) -> int | None:
+    """The uid process ``pid`` runs as (the owner of ``/proc/<pid>``), or None if it is gone."""
     try:
-        data = json.loads(Path(t.directory, t.stem + shim_capture.RESULT_SUFFIX).read_text())
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def _owned_by(path: str, uid: int | None) -> bool:
+    """Whether ``path`` is a regular file (not a link) owned by ``uid``: what the trainer wrote,
+    not what another member of the socket's group planted under the same name."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and uid is not None and st.st_uid == uid
+
+
+def result(t: Trainer, rid: str) -> dict[str, Any] | None:
+    """``t``'s result for request ``rid``, or None (none yet, another request's, or a file the
+    trainer's user did not write)."""
+    path = os.path.join(t.directory, t.stem + shim_capture.RESULT_SUFFIX)
+    if not _owned_by(path, owner(t.pid)):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            data = json.loads(os.read(fd, 1 << 16))
+        finally:
+            os.close(fd)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and data.get("id") == rid else None
+
+
+def _trace_of(t: Trainer, rid: str, done: dict[str, Any]) -> str:
+    """The trace a ``done`` result names, if it is the one the shim writes: in the tally directory,
+    under the shim's own name for this request, a regular file of the trainer's user. Raises
+    ``TraceError`` otherwise."""
+    expected = os.path.join(t.directory, f"{t.stem}-{rid}{shim_capture.TRACE_SUFFIX}")
+    if done.get("trace") != expected or not _owned_by(expected, owner(t.pid)):
+        raise TraceError(f"{t.label()}: the result names no trace of the trainer's own ({done.get('trace')!r})")
+    return expected
 
 
 _TOLD = {
@@ -194,22 +238,29 @@ def capture_one(t: Trainer, steps: int, role: str | None, worker: str | None, wa
                 state_dir: Path, why: str = "asked (dflash-sidecar trace)") -> captures.Capture:
     """Ask ``t``, wait for its capture, keep it with its breakdown (``why`` goes with it).
     Raises ``TraceError`` saying what happened when there is no capture to keep."""
-    rid = request(t, steps, role, worker, wait_s)
+    return collect(t, request(t, steps, role, worker, wait_s), wait_s, state_dir, why)
+
+
+def collect(t: Trainer, rid: str, wait_s: float, state_dir: Path,
+            why: str = "asked (dflash-sidecar trace)") -> captures.Capture:
+    """Wait for the capture of request ``rid`` (``request``), remove the request, keep the capture.
+    Raises ``TraceError`` saying what happened when there is no capture to keep."""
     try:
         done = wait_for(t, rid, wait_s)
     finally:
         _unlink(os.path.join(t.directory, t.stem + shim_capture.REQUEST_SUFFIX))
+    trace = _trace_of(t, rid, done)
     try:
-        result_ = breakdown(load_trace(str(done["trace"])))
+        result_ = breakdown(load_trace(trace))
     except (OSError, ValueError) as exc:
         raise TraceError(f"{t.label()}: the trace cannot be read: {exc}") from None
     meta = {k: done.get(k) for k in ("pid", "role", "worker", "run", "steps", "cuda", "started_unix_s",
                                      "ended_unix_s")}
     meta["why"] = why
     try:
-        return captures.keep(state_dir, str(done["trace"]), meta, result_)
+        return captures.keep(state_dir, trace, meta, result_)
     except OSError as exc:
         raise TraceError(f"cannot keep the trace in {captures.folder(state_dir)}: {exc} (it stays at "
-                         f"{done['trace']})") from None
+                         f"{trace})") from None
 
 
