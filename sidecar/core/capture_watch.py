@@ -69,6 +69,7 @@ class CaptureWatch:
         self._state_dir, self._endpoints, self.settings, self._host = state_dir, endpoints, settings, host
         self._wandb = wandb
         self._latest = LatestCapture(state_dir)
+        self._started_unix_s = time.time()
         self._told: float | None = None
         self._verdict: str | None = None
         self._step_ref: dict[str, float] = {}
@@ -94,9 +95,8 @@ class CaptureWatch:
         view = self._latest.view()
         if view is None or view.ended_unix_s == self._told:
             return
-        first = self._told is None
         self._told = view.ended_unix_s
-        if self._wandb is not None and not (first and time.time() - view.ended_unix_s > 3600):  # not a stale one
+        if self._wandb is not None and view.ended_unix_s >= self._started_unix_s:  # not one from before the daemon
             row = {f"{self._host}/{key}": value for key, value in capture_row(view).items()}
             self._wandb.submit(row, window.window.trainer_step)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import time
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ def keep(state_dir: Path, source_trace: str, meta: dict[str, Any], result: Trace
     where = folder(state_dir)
     where.mkdir(parents=True, exist_ok=True)
     base = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{meta.get('pid', 0)}"
+    if (where / (base + _META)).exists():  # a second capture of the process within the second
+        base += f"-{secrets.token_hex(2)}"
     trace = where / (base + _TRACE)
     try:
         os.replace(source_trace, trace)
