@@ -9,7 +9,8 @@ loop's steps per second over ``--window`` seconds, then ``dflash-sidecar trace -
 another process (timed from its start to its exit: asking, the 4 steps, the export, the
 breakdown, the copy), then the steps per second over the next ``--window`` seconds (starting 1 s
 after the command returned) and over the ``--window`` seconds after those. Reported: per round and
-the medians, the after/before ratios.
+the medians, the after/before ratios, and what the profiler's start and stop cost the trainer's
+thread in each capture (the shim measures them and the command prints them).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--window", type=float, default=10.0)
     args = parser.parse_args()
-    rows = []
+    rows, costs = [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         daemon = DaemonProc(work)
@@ -70,6 +71,7 @@ def main() -> int:
                 if out.returncode != 0:
                     print(out.stderr, file=sys.stderr)
                     return 1
+                costs.append(next(ln for ln in out.stdout.splitlines() if "the profiler's start" in ln).strip())
                 time.sleep(1.0)
                 after = rate(progress, args.window)
                 later = rate(progress, args.window)
@@ -87,6 +89,7 @@ def main() -> int:
     print(f"median: {b:.1f} steps/s before, {t:.2f} s for the capture, {a:.1f} steps/s after, {z:.1f} in the next "
           f"window; after/before median {statistics.median(ratios):.3f} (range {min(ratios):.3f} to "
           f"{max(ratios):.3f}), next window/before {statistics.median(later):.3f}")
+    print("\n".join(costs))
     return 0
 
 

@@ -131,7 +131,7 @@ def test_a_compiled_step_is_captured_without_graph_break(daemon: DaemonProc, tmp
     try:
         asked_and_kept(daemon, tmp_path, loop)
         state = loop.state()
-        assert state["graph_breaks"] == 0, state
+        assert state["graph_breaks"] == 0 and state["recompiles"] == 0, state
     finally:
         loop.stop()
 

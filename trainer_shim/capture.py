@@ -79,6 +79,9 @@ class _Capture:
         self.cuda = False
         self.steps: list[int] = []
         self.started_unix_s: float | None = None
+        self.start_s: float | None = None
+        self.stop_s: float | None = None
+        """What the profiler's start and stop cost the trainer's thread (seconds)."""
         self.cancelled = False
         self.lock = threading.Lock()
         """Taken (never waited for) by the trainer's thread to start, by the flusher to cancel."""
@@ -89,7 +92,8 @@ class _Capture:
                 "steps": list(self.steps), "steps_wanted": self.steps_wanted,
                 "role": getattr(ch, "role", self.role), "worker": getattr(ch, "worker", self.worker),
                 "run": _state["run"], "cuda": self.cuda, "failures": _state["failures"],
-                "started_unix_s": self.started_unix_s, "ended_unix_s": time.time()}
+                "started_unix_s": self.started_unix_s, "ended_unix_s": time.time(),
+                "start_s": self.start_s, "stop_s": self.stop_s}
 
 
 _state: dict[str, Any] = {"capture": None, "last_end": None, "seen": None, "next_poll": 0.0, "failures": 0,
@@ -123,7 +127,9 @@ def at_step(channel: Any, step: Any) -> None:
         c.steps.append(int(step) if type(step) is int else -1)
         if len(c.steps) >= c.steps_wanted or time.time() > c.deadline_unix_s:
             armed = False
+            t0 = time.perf_counter()
             c.prof.stop()
+            c.stop_s = time.perf_counter() - t0
             threading.Thread(target=_write_trace, args=(c,), name="trainer-shim-trace", daemon=True).start()
         else:
             c.prof.step()
@@ -145,7 +151,9 @@ def _start(c: _Capture, channel: Any) -> None:
     prof = profile(activities=activities, schedule=_record_every_step)
     c.channel, c.cuda, c.started_unix_s = channel, cuda, time.time()
     c.prof = prof
+    t0 = time.perf_counter()
     prof.start()
+    c.start_s = time.perf_counter() - t0
     _state["pending"].append(c.result("capturing"))
 
 

@@ -62,6 +62,8 @@ def capture_lines(c: Capture) -> list[str]:
     head = (f"capture of {m.get('role')}/{m.get('worker')} (pid {m.get('pid')}, run {m.get('run') or '-'}) at {when}: "
             f"{len(c.breakdown.steps)} profiler steps (trainer steps {', '.join(map(str, steps)) or '-'})")
     why = [f"  why: {m['why']}"] if str(m.get("why") or "").startswith("automatic") else []
+    if isinstance(m.get("start_s"), (int, float)) and isinstance(m.get("stop_s"), (int, float)):
+        why.append(f"  the profiler's start {_ms(m['start_s'])} and stop {_ms(m['stop_s'])} on the trainer's thread")
     return [head, *why, f"  trace: {c.trace if c.trace is not None else '(removed)'}", *breakdown_lines(c.breakdown)]
 
 

@@ -255,7 +255,7 @@ def collect(t: Trainer, rid: str, wait_s: float, state_dir: Path,
     except (OSError, ValueError) as exc:
         raise TraceError(f"{t.label()}: the trace cannot be read: {exc}") from None
     meta = {k: done.get(k) for k in ("pid", "role", "worker", "run", "steps", "cuda", "started_unix_s",
-                                     "ended_unix_s")}
+                                     "ended_unix_s", "start_s", "stop_s")}
     meta["why"] = why
     try:
         return captures.keep(state_dir, trace, meta, result_)
