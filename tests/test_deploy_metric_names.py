@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.exporters.wandb.capture_row import FIGURES as CAPTURE_FIGURES
+from sidecar.exporters.wandb.capture_row import GPU_FIGURES
 from sidecar.model.meanings import REPORTED
 from tests.deploy_support import env, exposition_families, free_port, http_get, load_metric_names, spawn_sidecar, stop
 from tests.fake_nvml.control import FakeNvml
@@ -93,10 +95,12 @@ def test_every_sample_carries_host(demo_scrape: str) -> None:
 NOT_IN_DEMO = {*(f"trainer/<role>/<worker>/cuda<device>/{v}" for v in ("allocated_bytes", "reserved_bytes",
                                                                         "max_reserved_bytes")),
                "ledger/<role>/mfu_ratio", "self/records_dropped/<reason>", "self/messages_dropped/<reason>",
-               *(f"pipeline/reported/{fig.wandb_key}/<role>" for fig in REPORTED)}
+               *(f"pipeline/reported/{fig.wandb_key}/<role>" for fig in REPORTED),
+               *(f"capture/<role>/<worker>/{key}"
+                 for key in ("step_s", *(k for k, _ in CAPTURE_FIGURES + GPU_FIGURES)))}
 """Key patterns the demo cannot show: the CUDA allocator sampler needs CUDA, MFU needs
-flops_per_token, and the demo drops nothing (tests/test_wandb_keys.py builds rows with drops and
-the allocator)."""
+flops_per_token, the demo drops nothing (tests/test_wandb_keys.py builds rows with drops and
+the allocator), and it takes no profiler capture (tests/test_trace_capture.py logs one)."""
 
 
 def test_every_wandb_key_the_demo_logs_is_in_the_key_scheme(demo: tuple[str, Path]) -> None:

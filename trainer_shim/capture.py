@@ -104,8 +104,9 @@ for the flusher to write, the last trace file written (removed before the next).
 
 
 def at_step(channel: Any, step: Any) -> None:
-    """The step boundary while ``armed`` (called by ``publish`` on the trainer's thread). Starts,
-    steps or stops the profiler; never raises."""
+    """The step boundary while ``armed``: ``publish(step, ...)`` of ``channel`` on the trainer's
+    thread. Starts (on the first boundary of a channel the request matches), steps or stops the
+    profiler; never raises."""
     global armed
     c: _Capture | None = _state["capture"]
     if c is None or c.cancelled:
@@ -146,7 +147,7 @@ def _start(c: _Capture, channel: Any) -> None:
 
     if _own_profiler_running():
         raise RuntimeError("the trainer's own torch.profiler is running")
-    cuda = bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+    cuda = bool(torch.cuda.is_initialized())  # a flag: never initialises CUDA, never touches the device
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     prof = profile(activities=activities, schedule=_record_every_step)
     c.channel, c.cuda, c.started_unix_s = channel, cuda, time.time()
