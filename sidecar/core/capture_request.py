@@ -81,8 +81,12 @@ def live_trainers(endpoints: tuple[str, ...]) -> list[Trainer]:
                 continue
             found.append(Trainer(ident[0], ident[1], directory, _channels(os.path.join(directory, name))))
     if not listed:
-        why = (f"this user may not list {refused} (run trace as the daemon's user, or give --pid)" if refused
-               else f"no daemon's tally directory beside {', '.join(endpoints)} (is the daemon running?)")
+        if refused:
+            why = f"this user may not list {refused} (run trace as the daemon's user, or give --pid)"
+        elif not any(tally_dir(e) for e in endpoints):
+            why = f"{', '.join(endpoints)}: a capture needs an ipc:// endpoint (the tally directory beside its socket)"
+        else:
+            why = f"no daemon's tally directory beside {', '.join(endpoints)} (is the daemon running?)"
         raise TraceError(f"no live trainer: {why}")
     return found
 
