@@ -75,38 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--state-dir", default=None, help="the daemon's state folder (default: as the daemon)")
     report.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                         help="the daemon's TOML config file: report reads its state_dir and flops_per_token")
-    trace = _add_trace(add)
+    from sidecar.cli.trace import add_trace_arguments
+
+    trace = add_trace_arguments(add("trace", help="N steps of torch.profiler from a live trainer, and where their "
+                                                  "time went"))
     sample = add("sample-config", help="print a config file listing every setting and its default")
     for name, p in (("run", run), ("check", check), ("demo", demo), ("top", top), ("explain", explain),
                     ("report", report), ("trace", trace), ("sample-config", sample)):
         p.set_defaults(subparser=p, command=name)
     return parser
-
-
-def _add_trace(add: functools.partial[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    """``trace``'s options (docs/SHIM.md, "A capture on request")."""
-    from sidecar.cli.trace import STEPS_DEFAULT, WAIT_DEFAULT_S
-    from trainer_shim.capture import MAX_STEPS
-
-    def steps(raw: str) -> int:
-        value = int(raw)
-        if not 1 <= value <= MAX_STEPS:
-            raise argparse.ArgumentTypeError(f"--steps must be from 1 to {MAX_STEPS}")
-        return value
-
-    trace = add("trace", help="N steps of torch.profiler from a live trainer, and where their time went")
-    trace.add_argument("--steps", type=steps, default=STEPS_DEFAULT, help=f"steps to capture (1 to {MAX_STEPS})")
-    trace.add_argument("--role", default=None, help="only the trainer publishing this role")
-    trace.add_argument("--worker", default=None, help="only the trainer publishing this worker")
-    trace.add_argument("--pid", type=int, default=None,
-                       help="only this process (also where the tally folder cannot be listed)")
-    trace.add_argument("--wait", type=float, default=WAIT_DEFAULT_S, help="seconds to wait for the steps")
-    trace.add_argument("--endpoint", action="append", default=None,
-                       help="the daemon's endpoint (default: as the daemon)")
-    trace.add_argument("--state-dir", default=None, help="where the trace is kept (default: as the daemon)")
-    trace.add_argument("--config", dest="config_file", metavar="FILE", default=None,
-                       help="the daemon's TOML config file: trace reads its endpoint and state_dir")
-    return trace
 
 
 def _trace(ns: argparse.Namespace) -> int:
@@ -227,17 +204,12 @@ def _explain(ns: argparse.Namespace) -> int:
 
 
 def _with_captures(status: int, ns: argparse.Namespace, cfg: config_mod.Config, last: bool) -> int:
-    """After ``explain`` (``last``: the newest capture's breakdown beside the verdict) or ``report``
-    and ``explain --run`` (the run's captures), in text mode and when the command succeeded."""
-    if status != OK or ns.json:
-        return status
-    from sidecar.cli.trace_view import capture_list_lines, last_capture_lines
-    from sidecar.core.ledger_state import state_dir
+    """``status``, after printing the kept captures (``sidecar.cli.trace_view.print_captures``) where
+    the command succeeded in text mode."""
+    if status == OK and not ns.json:
+        from sidecar.cli.trace_view import print_captures
 
-    folder = state_dir(ns.state_dir or cfg.state_dir)
-    lines = last_capture_lines(folder) if last else capture_list_lines(folder, ns.run)
-    if lines:
-        print("\n".join(lines))
+        print_captures(ns.state_dir or cfg.state_dir, ns.run, last)
     return status
 
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sidecar.core.captures import FOLDER, Capture, captures, latest
+from sidecar.core.ledger_state import state_dir
 from sidecar.model.trace import TraceBreakdown
 
 
@@ -97,3 +98,12 @@ def capture_list_lines(state_dir: Path, run: str | None = None) -> list[str]:
             lines.append(f"    {when} {m.get('role')}/{m.get('worker')} {len(b.steps)} steps, "
                          f"{_ms(wall / max(1, len(b.steps)))} a step, {side}: {c.trace or '(trace removed)'}")
     return lines
+
+
+def print_captures(configured_state_dir: str | None, run: str | None, last: bool) -> None:
+    """After ``explain`` (``last``: the newest capture's breakdown beside the verdict), or after
+    ``report`` and ``explain --run`` (the run's captures, or every run's)."""
+    folder = state_dir(configured_state_dir)
+    lines = last_capture_lines(folder) if last else capture_list_lines(folder, run)
+    if lines:
+        print("\n".join(lines))
