@@ -121,29 +121,35 @@ def choose(trainers: list[Trainer], role: str | None, worker: str | None, pid: i
 
 
 def request(t: Trainer, steps: int, role: str | None, worker: str | None, wait_s: float) -> str:
-    """Write ``t``'s request file; returns its id. Raises ``TraceError`` if another request is
-    pending for it (a capture already running)."""
+    """Write ``t``'s request file, whole (written under a name of its own, then linked to the
+    request's name: the shim never reads half a request); returns its id. Raises ``TraceError``
+    if another request is pending for it (a capture already running) or it cannot be written."""
     path = os.path.join(t.directory, t.stem + shim_capture.REQUEST_SUFFIX)
     rid = secrets.token_hex(6)
     body = json.dumps({"id": rid, "steps": steps, "role": role, "worker": worker,
                        "deadline_unix_s": time.time() + wait_s}).encode()
-    for _ in range(2):
+    tmp = f"{path}.{rid}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
-        except FileExistsError:
-            if not _stale(path):
-                raise TraceError(f"{t.label()}: a capture already running (a request is pending: {path})") from None
-            _unlink(path)
-            continue
-        except OSError as exc:
-            raise TraceError(f"cannot ask {t.label()}: {exc.strerror} ({path})") from None
-        try:
-            os.fchmod(fd, 0o640)
+            os.fchmod(fd, 0o640)  # whatever the umask: the trainer's user reads it through the group
             os.write(fd, body)
         finally:
             os.close(fd)
-        return rid
-    raise TraceError(f"{t.label()}: a capture already running")
+        for _ in range(2):
+            try:
+                os.link(tmp, path)  # fails if a request is there: one capture at a time
+                return rid
+            except FileExistsError:
+                if not _stale(path):
+                    raise TraceError(f"{t.label()}: a capture already running (a request is pending: "
+                                     f"{path})") from None
+                _unlink(path)
+        raise TraceError(f"{t.label()}: a capture already running")
+    except OSError as exc:
+        raise TraceError(f"cannot ask {t.label()}: {exc.strerror} ({path})") from None
+    finally:
+        _unlink(tmp)
 
 
 def _stale(path: str) -> bool:
