@@ -96,11 +96,12 @@ class _Capture:
                 "start_s": self.start_s, "stop_s": self.stop_s}
 
 
-_state: dict[str, Any] = {"capture": None, "last_end": None, "seen": None, "next_poll": 0.0, "failures": 0,
-                          "pending": [], "trace": None, "pid": os.getpid(), "run": None}
+_state: dict[str, Any] = {"capture": None, "last_end": None, "seen": None, "bad": None, "next_poll": 0.0,
+                          "failures": 0, "pending": [], "trace": None, "pid": os.getpid(), "run": None}
 """The process's capture state (reset in a forked child): the current capture, when the last one
-ended (monotonic), the request file last read (inode, mtime), results the trainer's thread left
-for the flusher to write, the last trace file written (removed before the next)."""
+ended (monotonic), the id of the last request answered, the last unreadable request file answered
+(inode, mtime), results the trainer's thread left for the flusher to write, the last trace file
+written (removed before the next)."""
 
 
 def at_step(channel: Any, step: Any) -> None:
@@ -226,15 +227,19 @@ def poll(directory: str | None, now: float, run: str | None = None) -> None:
         st = os.stat(path, follow_symlinks=False)
     except OSError:
         return
-    if (st.st_ino, st.st_mtime_ns) == _state["seen"] or not stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(st.st_mode):
         return
-    _state["seen"] = (st.st_ino, st.st_mtime_ns)
     try:
-        request = _read_request(path)
+        request = _read_request(path)  # a pending request is read again at each look: its id tells it apart
     except ValueError as exc:
-        _write_result(directory, name, {"id": None, "status": "bad_request", "detail": str(exc), "pid": os.getpid()})
+        if _state["bad"] != (st.st_ino, st.st_mtime_ns):  # answered once per version of the file
+            _state["bad"] = (st.st_ino, st.st_mtime_ns)
+            _write_result(directory, name, {"id": None, "status": "bad_request", "detail": str(exc),
+                                            "pid": os.getpid()})
         return
-    _answer(request, directory, name)
+    if request["id"] != _state["seen"]:
+        _state["seen"] = request["id"]
+        _answer(request, directory, name)
 
 
 def _answer(request: dict[str, Any], directory: str, name: str) -> None:
@@ -364,8 +369,8 @@ def remove_own_files(directory: str | None) -> None:
 def _after_fork_in_child() -> None:
     global armed
     armed = False
-    _state.update(capture=None, last_end=None, seen=None, next_poll=0.0, failures=0, pending=[], trace=None,
-                  pid=os.getpid(), ticks=None)
+    _state.update(capture=None, last_end=None, seen=None, bad=None, next_poll=0.0, failures=0, pending=[],
+                  trace=None, pid=os.getpid(), ticks=None)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
