@@ -8,7 +8,8 @@ Kinds: ``plain`` (forward, backward, optimizer, a DataLoader with 2 workers, ``p
 ``compiled`` (the same with the forward and ``publish`` in a ``torch.compile``d function),
 ``hf`` (a Hugging Face Trainer with the shim's callback), ``lightning`` (a Lightning Trainer with
 the shim's callback), ``notorch`` (publishes, never imports torch), ``silent`` (imports torch,
-never publishes: no step boundary), ``slowdown`` (its step time grows sixfold after 8 s).
+never publishes: no step boundary), ``slowdown`` (its step time grows sixfold after 8 s),
+``loader`` (a ``timed`` DataLoader, no ``publish``).
 """
 
 from __future__ import annotations
@@ -78,6 +79,22 @@ def plain(progress: Progress, compiled: bool = False) -> None:
             if compiled:
                 progress.extra = {"graph_breaks": sum(counters["graph_break"].values()),
                                   "recompiles": sum(counters["recompiles"].values())}
+            progress.step()
+
+
+def loader(progress: Progress) -> None:
+    """Forward, backward, SGD over ``timed(DataLoader)``; never calls ``publish``."""
+    import torch
+
+    from trainer_shim.integrations.loader import timed
+
+    model = torch.nn.Linear(32, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    while True:
+        for x, y in timed(_data()):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
             progress.step()
 
 
@@ -177,4 +194,4 @@ if __name__ == "__main__":
     kind, path = sys.argv[1], sys.argv[2]
     p = Progress(path)
     {"plain": plain, "compiled": lambda p: plain(p, compiled=True), "notorch": notorch, "silent": silent,
-     "slowdown": slowdown, "hf": hf, "lightning": lightning}[kind](p)
+     "slowdown": slowdown, "loader": loader, "hf": hf, "lightning": lightning}[kind](p)

@@ -110,3 +110,24 @@ def test_the_trainers_own_profiler_is_never_disturbed(shim: tuple[Path, Channel]
     got = answer(directory)
     assert got["status"] == "failed" and got["failures"] == 1 and "own torch.profiler" in got["detail"]
     assert any(e.name == "aten::sum" for e in own.events())  # the trainer's profile is whole
+
+
+def test_a_loop_with_both_boundaries_counts_each_step_once(shim: tuple[Path, Channel]) -> None:
+    import gzip
+
+    from trainer_shim.integrations.loader import timed
+
+    directory, ch = shim
+    ask(directory, steps=3)
+    assert answer(directory)["status"] == "accepted"
+    x = torch.randn(8, 8)
+    for i, _ in enumerate(timed(range(8), channel=ch)):  # the loader's boundary comes first in each step
+        (x @ x).sum()
+        ch.publish(i, {"step_ms": 1.0})
+    deadline = time.monotonic() + 30
+    while (got := answer(directory))["status"] != "done" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert got["status"] == "done" and got["steps"] == [2, 3, 4]  # the loader's batch counts
+    events = json.load(gzip.open(got["trace"]))["traceEvents"]
+    assert sorted(e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")
+                  and e.get("cat") == "user_annotation") == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]

@@ -136,8 +136,9 @@ def test_a_compiled_step_is_captured_without_graph_break(daemon: DaemonProc, tmp
         loop.stop()
 
 
-@pytest.mark.parametrize("kind", ["hf", "lightning"])
+@pytest.mark.parametrize("kind", ["hf", "lightning", "loader"])
 def test_framework_callbacks_are_step_boundaries(kind: str, daemon: DaemonProc, tmp_path: Path) -> None:
+    """The HF and Lightning callbacks' step end, and a ``timed`` loader's batches (no publish)."""
     loop = Loop(tmp_path, kind, daemon.endpoint, "trainer")
     try:
         asked_and_kept(daemon, tmp_path, loop, 3)

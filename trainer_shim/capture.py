@@ -75,6 +75,8 @@ class _Capture:
         self.deadline_unix_s = float(request["deadline_unix_s"])
         self.directory, self.name = directory, name
         self.channel: Any = None
+        self.source = "publish"
+        """Which boundaries the capture counts, once started (``at_step``)."""
         self.prof: Any = None
         self.cuda = False
         self.steps: list[int] = []
@@ -104,10 +106,12 @@ ended (monotonic), the id of the last request answered, the last unreadable requ
 written (removed before the next)."""
 
 
-def at_step(channel: Any, step: Any) -> None:
-    """The step boundary while ``armed``: ``publish(step, ...)`` of ``channel`` on the trainer's
-    thread. Starts (on the first boundary of a channel the request matches), steps or stops the
-    profiler; never raises."""
+def at_step(channel: Any, step: Any, source: str = "publish") -> None:
+    """The step boundary while ``armed``, on the trainer's thread: ``publish(step, ...)`` of
+    ``channel`` (``source="publish"``), or the next batch of a ``timed`` loader (``"loader"``,
+    ``step`` its batch count). Starts the profiler at the first boundary of a channel the request
+    matches; from then on only that channel's boundaries of that source count (a loop with both
+    counts each step once), each marking a step, the N-th stopping it. Never raises."""
     global armed
     c: _Capture | None = _state["capture"]
     if c is None or c.cancelled:
@@ -120,11 +124,12 @@ def at_step(channel: Any, step: Any) -> None:
             if c.lock.acquire(blocking=False):
                 try:
                     if not c.cancelled:
+                        c.source = source
                         _start(c, channel)
                 finally:
                     c.lock.release()
             return
-        if channel is not c.channel:
+        if channel is not c.channel or source != c.source:
             return
         c.steps.append(int(step) if type(step) is int else -1)
         if len(c.steps) >= c.steps_wanted or time.time() > c.deadline_unix_s:
