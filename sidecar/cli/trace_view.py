@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sidecar.core.captures import FOLDER, Capture, captures, latest
 from sidecar.core.ledger_state import state_dir
-from sidecar.model.trace import TraceBreakdown
+from sidecar.model.trace import Hotspot, TraceBreakdown
 
 
 def _ms(seconds: float) -> str:
@@ -49,10 +49,10 @@ def breakdown_lines(b: TraceBreakdown, top: int = 5) -> list[str]:
     return lines
 
 
-def _hotspots(title: str, spots: Sequence[object]) -> list[str]:
+def _hotspots(title: str, spots: Sequence[Hotspot]) -> list[str]:
     if not spots:
         return []
-    return [f"  {title}: " + "; ".join(f"{s.name} {_ms(s.total_s)} x{s.count}" for s in spots)]  # type: ignore[attr-defined]
+    return [f"  {title}: " + "; ".join(f"{s.name} {_ms(s.total_s)} x{s.count}" for s in spots)]
 
 
 def capture_lines(c: Capture) -> list[str]:
