@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.exporters.wandb.capture_row import FIGURES as CAPTURE_FIGURES
+from sidecar.exporters.wandb.capture_row import GPU_FIGURES
 from sidecar.model.meanings import REPORTED
 from tests.deploy_support import env, exposition_families, free_port, http_get, load_metric_names, spawn_sidecar, stop
 from tests.fake_nvml.control import FakeNvml
@@ -95,11 +97,14 @@ NOT_IN_DEMO = {*(f"trainer/<role>/<worker>/cuda<device>/{v}" for v in ("allocate
                "ledger/<role>/mfu_ratio", "self/records_dropped/<reason>", "self/messages_dropped/<reason>",
                *(f"pipeline/reported/{fig.wandb_key}/<role>" for fig in REPORTED),
                "cluster/nodes", "cluster/held_back", "cluster/<node>/excess_s",
-               "cluster/<node>/lost_gpu_hours_per_hour"}
+               "cluster/<node>/lost_gpu_hours_per_hour",
+               *(f"capture/<role>/<worker>/{key}"
+                 for key in ("step_s", *(k for k, _ in CAPTURE_FIGURES + GPU_FIGURES)))}
 """Key patterns the demo cannot show: the CUDA allocator sampler needs CUDA, MFU needs
 flops_per_token, and the demo drops nothing (tests/test_wandb_keys.py builds rows with drops and
 the allocator); the cluster row needs a Prometheus joining nodes (its keys are checked against the
-scheme in tests/test_deploy_cluster_verdict.py)."""
+scheme in tests/test_deploy_cluster_verdict.py), and the demo takes no profiler capture
+(tests/test_trace_capture.py logs one)."""
 
 
 def test_every_wandb_key_the_demo_logs_is_in_the_key_scheme(demo: tuple[str, Path]) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from trainer_shim import wire
+from trainer_shim import capture, wire
 from trainer_shim.coerce import coerce as _coerce
 from trainer_shim.wire import RecordKind
 
@@ -289,6 +289,8 @@ def _publish_function(ch: Channel) -> Callable[[int, Mapping[str, float]], None]
             ch.step = step
         else:
             overflow()
+        if capture.armed:  # the step boundary a capture on request waits for (trainer_shim.capture)
+            capture.at_step(ch, step)
 
     return publish
 

@@ -27,7 +27,7 @@ from typing import Any, SupportsIndex, cast
 
 import msgspec
 
-from trainer_shim import __version__, exit_hooks, wire
+from trainer_shim import __version__, capture, exit_hooks, wire
 from trainer_shim.allocator import AllocatorSampler
 from trainer_shim.channel import Channel, StrictChannel, current_scalar_resolver
 from trainer_shim.coerce import coerce as _coerce
@@ -289,12 +289,25 @@ class Publisher:
                         with self._cycle:
                             self._cycles_done = self._cycles_started
                             self._cycle.notify_all()
+            self._poll_capture(stopping)
             if stopping:
                 if transport is not None:
                     transport.close(linger_ms=self._linger_ms)
                 with self._cycle_lock:
                     self._write_tally(wire.TallyEnd.CLOSED)
                 return
+
+    def _poll_capture(self, stopping: bool) -> None:
+        """A profiler capture's turn of this cycle (``trainer_shim.capture``): a request looked
+        for, a result written; at close, the trace nobody took removed. Never raises."""
+        try:
+            if stopping:
+                capture.remove_own_files(self._tally.directory)
+            else:
+                run = (self._wandb[0] if self._wandb else None) or self.wandb_run_id or self.run_label
+                capture.poll(self._tally.directory, time.monotonic(), run)
+        except Exception as exc:  # noqa: BLE001 - the flusher must never die
+            self._internal_error("a capture request failed", exc)
 
     def _connect(self) -> Transport | None:
         try:

@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager
 from time import perf_counter
 from typing import Any
 
-from trainer_shim import compile_support
+from trainer_shim import capture, compile_support
 from trainer_shim.channel import (
     _CATEGORY,
     _COUNT,
@@ -281,6 +281,8 @@ def publish(step: int, profile: Mapping[str, float]) -> None:
         snapshot[_STEP_KEY] = step
         _pq.append(snapshot)
         _default.step = step  # type: ignore[union-attr]
+        if capture.armed:  # the step boundary a capture on request waits for (trainer_shim.capture)
+            capture.at_step(_default, step)
     else:
         _default_channel().publish(step, profile)
 

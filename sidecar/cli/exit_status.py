@@ -12,11 +12,13 @@ NO_DAEMON_DEPENDENCIES = 3
 
 STATUSES: tuple[tuple[int, str, str], ...] = (
     (OK, "done", "the daemon or demo stopped on SIGTERM, Ctrl-C or its --duration; `check` found nothing to fail; "
-                 "`report`, `explain`, `top --once`, `cluster`, `sample-config` printed what was asked"),
+                 "`report`, `explain`, `top --once`, `cluster`, `sample-config` printed what was asked; `trace` kept a "
+                 "capture"),
     (FAILURE, "runtime failure (a log line or a message on stderr says what)",
      "the daemon or demo could not start (endpoint, port, TLS files); `check` failed a check; `report` or "
      "`explain --run` found no ledger or no such run; `explain` or `top --once` could not reach the daemon; "
-     "`cluster` could not reach Prometheus or found no run with two nodes"),
+     "`cluster` could not reach Prometheus or found no run with two nodes; `trace` found no live trainer or got "
+     "no capture (it says why)"),
     (USAGE, "wrong invocation (`dflash-sidecar: error: ...` on stderr, with what to type instead)",
      "an unknown command or option, a bad value, an invalid config file (unknown key, bad TOML, out of range)"),
     (NO_DAEMON_DEPENDENCIES, "the daemon's packages are missing",

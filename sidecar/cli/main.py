@@ -16,7 +16,7 @@ from sidecar.cli.exit_status import FAILURE, OK, USAGE
 from sidecar.core import config as config_mod
 from sidecar.core.config import ConfigError
 
-SUBCOMMANDS = ("run", "check", "demo", "top", "explain", "report", "cluster", "sample-config")
+SUBCOMMANDS = ("run", "check", "demo", "top", "explain", "report", "cluster", "trace", "sample-config")
 
 
 class DefaultsHelp(argparse.HelpFormatter):
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "records, polls NVML, exports to Prometheus and W&B.",
         epilog=config_mod.summary_help())
     parser.add_argument("--version", action="version", version=f"dflash-sidecar {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{run,check,demo,top,explain,report,cluster,sample-config}")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     add = functools.partial(sub.add_parser, formatter_class=DefaultsHelp)
     run = add("run", help="run the daemon (the default)")
     config_mod.add_arguments(run)
@@ -67,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--run", default=None,
                          help="a run's verdicts as the run ledger kept them (its share of the run's time and windows, "
                               "the dominant one's evidence): works after the run ended and without a daemon")
-    explain.add_argument("--state-dir", default=None, help="with --run: the daemon's state folder (default: as the "
-                                                           "daemon)")
+    explain.add_argument("--state-dir", default=None, help="the daemon's state folder: --run's ledger, kept captures "
+                                                           "(default: as the daemon)")
     report = add("report", help="the run ledger: where each run's time and energy went")
     report.add_argument("--run", default=None, help="only this run (a W&B run id, or host:NAME)")
     report.add_argument("--json", action="store_true", help="print JSON")
@@ -85,11 +85,33 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the Prometheus (or Thanos/Mimir query) base URL, e.g. http://prometheus:9090")
     cluster.add_argument("--run", default=None, help="the run to show (needed when several report)")
     cluster.add_argument("--json", action="store_true", help="print JSON")
+    from sidecar.cli.trace import add_trace_arguments
+
+    trace = add_trace_arguments(add("trace", help="N steps of torch.profiler from a live trainer, and where their "
+                                                  "time went"))
     sample = add("sample-config", help="print a config file listing every setting and its default")
     for name, p in (("run", run), ("check", check), ("demo", demo), ("top", top), ("explain", explain),
-                    ("report", report), ("cluster", cluster), ("sample-config", sample)):
+                    ("report", report), ("cluster", cluster), ("trace", trace), ("sample-config", sample)):
         p.set_defaults(subparser=p, command=name)
     return parser
+
+
+def _trace(ns: argparse.Namespace) -> int:
+    """``trace``: ask, wait, keep, print (``sidecar.cli.trace``)."""
+    from sidecar.cli.trace import run_trace
+    from sidecar.core.ledger_state import state_dir
+
+    try:
+        given: dict[str, object] = {"config_file": ns.config_file} if ns.config_file else {}
+        if ns.endpoint:
+            given["endpoint"] = list(ns.endpoint)
+        cfg = config_mod.load(given)
+    except ConfigError as exc:
+        ns.subparser.exit(USAGE, f"dflash-sidecar trace: error: {exc}\n")
+    if not ns.wait > 0:
+        ns.subparser.exit(USAGE, "dflash-sidecar trace: error: --wait must be > 0\n")
+    return run_trace(tuple(cfg.endpoint), state_dir(ns.state_dir or cfg.state_dir), ns.steps, ns.role, ns.worker,
+                     ns.pid, ns.wait)
 
 
 def _unknown_arguments(parser: argparse.ArgumentParser, extra: list[str]) -> str:
@@ -149,6 +171,8 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         from sidecar.cli.cluster import run_cluster
 
         return run_cluster(ns.prometheus, ns.run, ns.json)
+    if ns.command == "trace":
+        return _trace(ns)
     if ns.command == "report":
         from sidecar.cli.report import run_report
 
@@ -160,8 +184,9 @@ def _dispatch(argv: Sequence[str] | None) -> int:
             from sidecar.cli.report_html import run_report_html
 
             return run_report_html(ns.state_dir or cfg.state_dir, ns.run, ns.html, cfg.flops_per_token)
-        return run_report(ns.state_dir or cfg.state_dir, ns.run, ns.json, cfg.flops_per_token,
-                          prometheus=ns.prometheus)
+        status = run_report(ns.state_dir or cfg.state_dir, ns.run, ns.json, cfg.flops_per_token,
+                            prometheus=ns.prometheus)
+        return _with_captures(status, ns, cfg, last=False)
     given = config_mod.given(vars(ns))
     try:
         cfg = config_mod.load(given)
@@ -193,8 +218,18 @@ def _explain(ns: argparse.Namespace) -> int:
     if ns.run is not None:
         from sidecar.cli.report import run_verdicts
 
-        return run_verdicts(ns.state_dir or cfg.state_dir, ns.run)
-    return run_explain(url.removesuffix("/metrics") + "/explain", ns.json)
+        return _with_captures(run_verdicts(ns.state_dir or cfg.state_dir, ns.run), ns, cfg, last=False)
+    return _with_captures(run_explain(url.removesuffix("/metrics") + "/explain", ns.json), ns, cfg, last=True)
+
+
+def _with_captures(status: int, ns: argparse.Namespace, cfg: config_mod.Config, last: bool) -> int:
+    """``status``, after printing the kept captures (``sidecar.cli.trace_view.print_captures``) where
+    the command succeeded in text mode."""
+    if status == OK and not ns.json:
+        from sidecar.cli.trace_view import print_captures
+
+        print_captures(ns.state_dir or cfg.state_dir, ns.run, last)
+    return status
 
 
 def run_daemon(cfg: config_mod.Config, cli_overrides: dict[str, object]) -> int:

@@ -10,12 +10,15 @@ exporter or a stage.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from sidecar.core.captures import LatestCapture
 from sidecar.core.selfstats import read_self
 from sidecar.exporters.scrape_state import DaemonTelemetry, ScrapeState
 from sidecar.model.gpu import NVML_DISABLED
 from sidecar.model.settings import RoleSettings
+from sidecar.model.trace import CaptureView
 from sidecar.model.window import IngestReport
 from sidecar.processing.explain import explain_data
 from sidecar.processing.mapping import Mapper
@@ -25,18 +28,24 @@ class Admin:
     """``explain`` and ``telemetry`` for the scrape state (any thread)."""
 
     def __init__(self, scrape_state: ScrapeState, mapper: Callable[[], tuple[Mapper, RoleSettings]],
-                 gpu_metrics: bool) -> None:
+                 gpu_metrics: bool, state_dir: Path | None = None) -> None:
         """``mapper``: the mapping and the role names in force (they change on reload);
-        ``gpu_metrics``: whether the GPUs are polled (false: ``--no-gpu-metrics``)."""
+        ``gpu_metrics``: whether the GPUs are polled (false: ``--no-gpu-metrics``); ``state_dir``:
+        the state folder, whose newest profiler capture ``last_capture`` reads (None: none)."""
         self.scrape_state = scrape_state
         self._mapper = mapper
         self._gpu_metrics = gpu_metrics
+        self._captures = LatestCapture(state_dir) if state_dir is not None else None
 
     def explain(self) -> dict[str, Any]:
         """What ``dflash-sidecar explain`` prints (``processing.explain.explain_data``)."""
         window = self.scrape_state.window()
         mapper, roles = self._mapper()
         return explain_data(window, mapper, roles, gpu_missing(window, self._gpu_metrics))
+
+    def last_capture(self) -> CaptureView | None:
+        """The newest kept profiler capture (``sidecar.core.captures``), or None."""
+        return self._captures.view() if self._captures is not None else None
 
     def telemetry(self) -> DaemonTelemetry:
         stats = read_self()

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, TypeVar
 
 from sidecar.aggregation.settings import GpuGroupSettings, LedgerSettings, WindowSettings
 from sidecar.aggregation.verdict import InsightSettings
+from sidecar.core.capture_watch import CaptureSettings
 from sidecar.exporters.prometheus.settings import PrometheusSettings
 from sidecar.exporters.wandb.settings import WandbSettings
 from sidecar.model.settings import Setting, declared, one_of, setting
@@ -45,7 +46,7 @@ class DaemonSettings:
 
 @dataclass(frozen=True)
 class Config(ReceiverSettings, WindowSettings, NvmlSettings, GpuGroupSettings, PrometheusSettings,
-             WandbSettings, DaemonSettings, InsightSettings, MappingSettings, LedgerSettings):
+             WandbSettings, DaemonSettings, InsightSettings, MappingSettings, LedgerSettings, CaptureSettings):
     """Validated settings: every component's section at once, so each component takes it as its own
     settings (``Config`` is an ``InsightSettings``, a ``WandbSettings``, ...). The fields, defaults
     and meanings are the sections' (``SETTINGS``)."""

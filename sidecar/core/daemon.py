@@ -21,6 +21,7 @@ from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups
 from sidecar.core import config as config_mod
 from sidecar.core import systemd
 from sidecar.core.admin import Admin
+from sidecar.core.capture_watch import CaptureWatch
 from sidecar.core.config import Config, ConfigError
 from sidecar.core.ingest import IngestLoop
 from sidecar.core.ledger_state import FILE_NAME, LedgerStage, state_dir
@@ -89,13 +90,15 @@ class Daemon:
                 self.exporters.append(ClusterRow(config.wandb_cluster_prometheus, self.host, self.wandb.submit))
         self.ledger = LedgerStage(state_dir(config.state_dir) / FILE_NAME, config.flops_per_token, config.run_gap_s)
         self.insight = InsightStage(config)
-        listeners: list[Listener] = [*self.exporters, self.scrape_state]
+        self.captures = CaptureWatch(state_dir(config.state_dir), tuple(config.endpoint), config, self.host, self.wandb)
+        listeners: list[Listener] = [*self.exporters, self.scrape_state, self.captures]
         if nvml is not None:
             listeners.append(TrainerAttribution(nvml.attribute_trainers))
         stages = window_stages(self.insight, self.ledger, GpuStage(self.gpus) if nvml is not None else None)
         self.pipeline = Pipeline(mapper=Mapper.from_settings(config, config), max_series=config.max_series,
                                  stages=stages, listeners=listeners)
-        admin = Admin(self.scrape_state, self._mapping_in_force, gpu_metrics=nvml is not None)
+        admin = Admin(self.scrape_state, self._mapping_in_force, gpu_metrics=nvml is not None,
+                      state_dir=state_dir(config.state_dir))
         self.scrape_state.attach(ingest=self.pipeline, wandb=self.wandb, admin=admin)
         self.ingest: IngestLoop | None = None
         self._signals: queue.SimpleQueue[int | str] = queue.SimpleQueue()
@@ -212,7 +215,7 @@ class Daemon:
     def _reloading(self) -> list[Reloading]:
         """Every component with reloadable settings, each through its ``reload(settings)``."""
         ingest: list[Reloading] = [self.ingest] if self.ingest is not None else []
-        return [*ingest, self.pipeline, self.insight, *self.exporters]
+        return [*ingest, self.pipeline, self.insight, *self.exporters, self.captures]
 
     def _mapping_in_force(self) -> tuple[Mapper, Config]:
         """The mapping and the settings in force (what ``/explain`` reports; the pipeline takes a

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from sidecar.model.ends import EndsView
 from sidecar.model.gpu import GpuView
+from sidecar.model.trace import CaptureView
 from sidecar.model.window import IngestHealth, IngestReport, SenderView
 
 
@@ -56,6 +57,8 @@ class _AdminSide(Protocol):
     def explain(self) -> Mapping[str, Any]: ...
 
     def telemetry(self) -> DaemonTelemetry: ...
+
+    def last_capture(self) -> CaptureView | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +132,10 @@ class ScrapeState:
     def explain(self) -> Mapping[str, Any] | None:
         """The mapping report ``/explain`` serves (None: the page is absent)."""
         return self._admin.explain() if self._admin is not None else None
+
+    def last_capture(self) -> CaptureView | None:
+        """The newest profiler capture kept in the state folder (None: none, or no admin side)."""
+        return self._admin.last_capture() if self._admin is not None else None
 
     # -- the fan-out's side (ingest thread) ----------------------------------------------------------
 

@@ -7,7 +7,8 @@
 ``data_wait_ms`` is the host wall time spent inside the loader's ``next()`` for each batch,
 the first one included (it also pays for starting the workers). ``tokens``, when given, is a
 function of the batch returning its token count (an int; never a tensor read), counted as
-``tokens``.
+``tokens``. Each batch handed out is also a step boundary for a capture on request
+(``trainer_shim.capture``), so a loop that never calls ``publish`` can be traced too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from time import perf_counter_ns
 from typing import Any, Generic, TypeVar
 
-from trainer_shim import telemetry
+from trainer_shim import capture, telemetry
 from trainer_shim.integrations import names
 
 T = TypeVar("T")
@@ -38,6 +39,7 @@ class TimedLoader(Generic[T]):
     def __iter__(self) -> Iterator[T]:
         it = iter(self.loader)
         tm, name, tokens = self._tm, self.name, self.tokens
+        batches = 0
         while True:
             t0 = perf_counter_ns()
             try:
@@ -48,6 +50,9 @@ class TimedLoader(Generic[T]):
             tm.count(names.BATCHES)
             if tokens is not None:
                 tm.count(names.TOKENS, tokens(batch))
+            batches += 1
+            if capture.armed:  # each batch is a step boundary too (trainer_shim.capture)
+                capture.at_step(tm if tm is not telemetry else telemetry.channel(), batches, "loader")
             yield batch
 
 

@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from sidecar.exporters.prometheus.captures import capture_families
 from sidecar.exporters.prometheus.dcgm import DcgmSource
 from sidecar.exporters.prometheus.ends import ends_families
 from sidecar.exporters.prometheus.gpu import gpu_metric_families
@@ -94,6 +95,7 @@ class SidecarCollector(Collector):
         sources: list[tuple[str, FamilySource]] = [
             ("self", lambda: self_families(host, scraped.telemetry())),
             ("wandb", lambda: wandb_families(host, scraped.wandb_stats())),
+            ("captures", lambda: capture_families(scraped.last_capture(), host)),
         ]
         if ends is not None:  # between windows: an end shows at the scrape after it is told
             sources.append(("ends", lambda: ends_families(ends, roles, host)))

@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sidecar.exporters.wandb.capture_row import FIGURES as FIGURES_CAPTURE
+from sidecar.exporters.wandb.capture_row import GPU_FIGURES as GPU_FIGURES_CAPTURE
 from sidecar.exporters.wandb.gpu_rows import GROUP_VALUES
 from sidecar.exporters.wandb.join import KEY_PREFIX, STEP_KEY
 from sidecar.exporters.wandb.ledger_row import FIGURES
@@ -134,12 +136,22 @@ def _cluster() -> list[KeyPattern]:
                        "GPU-hours per hour the run's other nodes lose waiting for it")]
 
 
+def _captures() -> list[KeyPattern]:
+    p = "capture/<role>/<worker>/"
+    out = [KeyPattern(p + "step_s", "s", "a newly kept profiler capture's mean step wall time (one row per capture)")]
+    out += [KeyPattern(p + key, "0-1", f"its `{attribute}` as a share of the steps' wall time")
+            for key, attribute in FIGURES_CAPTURE]
+    out += [KeyPattern(p + key, "0-1", f"with device activity only: its `{attribute}` as a share of the wall time")
+            for key, attribute in GPU_FIGURES_CAPTURE]
+    return out
+
+
 KEY_SCHEME: tuple[KeyPattern, ...] = tuple(_trainer() + _self() + _pipeline() + _gpus() + _ledger() + _ends()
-                                           + _cluster()) + (
+                                           + _cluster() + _captures()) + (
     KeyPattern(PICTURE_KEY, "HTML", "the run's picture (`report --html`'s page) as an HTML panel: when the run's "
                "last senders end, and when the exporter leaves the run (the daemon stops, or the trainer announces "
                "another run) if the run went on since"),)
-"""Every key of a window's row, under ``HOST_PREFIX``, and the run's picture."""
+"""Every key of a window's row (and of a capture's row), under ``HOST_PREFIX``, and the run's picture."""
 
 
 def pattern_regex(pattern: str) -> re.Pattern[str]:
