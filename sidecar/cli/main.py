@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sidecar import __version__
 from sidecar.cli.exit_status import FAILURE, OK, USAGE
@@ -78,13 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--state-dir", default=None, help="the daemon's state folder (default: as the daemon)")
     report.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                         help="the daemon's TOML config file: report reads its state_dir and flops_per_token")
-    report.add_argument("--prometheus", default=None, metavar="URL",
-                        help="a Prometheus base URL: say which node held each run back most (its straggler rules)")
-    cluster = add("cluster", help="the cluster's verdict from Prometheus: which node the others wait for, and why")
-    cluster.add_argument("--prometheus", required=True, metavar="URL",
-                         help="the Prometheus (or Thanos/Mimir query) base URL, e.g. http://prometheus:9090")
-    cluster.add_argument("--run", default=None, help="the run to show (needed when several report)")
-    cluster.add_argument("--json", action="store_true", help="print JSON")
+    cluster = _add_cluster(add, report)
     from sidecar.cli.trace import add_trace_arguments
 
     trace = add_trace_arguments(add("trace", help="N steps of torch.profiler from a live trainer, and where their "
@@ -94,6 +88,19 @@ def build_parser() -> argparse.ArgumentParser:
                     ("report", report), ("cluster", cluster), ("trace", trace), ("sample-config", sample)):
         p.set_defaults(subparser=p, command=name)
     return parser
+
+
+def _add_cluster(add: Callable[..., argparse.ArgumentParser],
+                 report: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``report --prometheus`` and the ``cluster`` command's parser."""
+    report.add_argument("--prometheus", default=None, metavar="URL",
+                        help="a Prometheus base URL: say which node held each run back most (its straggler rules)")
+    cluster = add("cluster", help="the cluster's verdict from Prometheus: which node the others wait for, and why")
+    cluster.add_argument("--prometheus", required=True, metavar="URL",
+                         help="the Prometheus (or Thanos/Mimir query) base URL, e.g. http://prometheus:9090")
+    cluster.add_argument("--run", default=None, help="the run to show (needed when several report)")
+    cluster.add_argument("--json", action="store_true", help="print JSON")
+    return cluster
 
 
 def _trace(ns: argparse.Namespace) -> int:
@@ -174,19 +181,7 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     if ns.command == "trace":
         return _trace(ns)
     if ns.command == "report":
-        from sidecar.cli.report import run_report
-
-        try:
-            cfg = config_mod.load({"config_file": ns.config_file} if ns.config_file else {})
-        except ConfigError as exc:
-            ns.subparser.exit(USAGE, f"dflash-sidecar report: error: {exc}\n")
-        if ns.html is not None:
-            from sidecar.cli.report_html import run_report_html
-
-            return run_report_html(ns.state_dir or cfg.state_dir, ns.run, ns.html, cfg.flops_per_token)
-        status = run_report(ns.state_dir or cfg.state_dir, ns.run, ns.json, cfg.flops_per_token,
-                            prometheus=ns.prometheus)
-        return _with_captures(status, ns, cfg, last=False)
+        return _report(ns)
     given = config_mod.given(vars(ns))
     try:
         cfg = config_mod.load(given)
@@ -203,6 +198,23 @@ def _dispatch(argv: Sequence[str] | None) -> int:
 
         return run_demo(cfg, ns)
     return run_daemon(cfg, given)
+
+
+def _report(ns: argparse.Namespace) -> int:
+    """``report``: the run ledger as text or JSON, or the run's page (``--html``)."""
+    from sidecar.cli.report import run_report
+
+    try:
+        cfg = config_mod.load({"config_file": ns.config_file} if ns.config_file else {})
+    except ConfigError as exc:
+        ns.subparser.exit(USAGE, f"dflash-sidecar report: error: {exc}\n")
+    if ns.html is not None:
+        from sidecar.cli.report_html import run_report_html
+
+        return run_report_html(ns.state_dir or cfg.state_dir, ns.run, ns.html, cfg.flops_per_token)
+    status = run_report(ns.state_dir or cfg.state_dir, ns.run, ns.json, cfg.flops_per_token,
+                        prometheus=ns.prometheus)
+    return _with_captures(status, ns, cfg, last=False)
 
 
 def _explain(ns: argparse.Namespace) -> int:
