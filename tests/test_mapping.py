@@ -44,7 +44,9 @@ def test_key_grammar_and_presets(name: str, kind: int, expected: tuple[str, str,
 
 def test_unmapped_names_keep_the_channel_labels_and_a_meaning_needs_its_kind() -> None:
     assert resolve("train/loss_scale", GAUGE) == ("monitor", "0", "train/loss_scale", "")
-    assert resolve("forward_ms", GAUGE)[3] == ""  # a gauge is not a phase timing
+    # a gauge whose name is a phase's duration is that phase's timing, as the same key published is
+    assert Mapper().resolve(GAUGE, "forward_ms", "monitor", "0").kind == TIMING
+    assert resolve("forward_ms", GAUGE)[3] == "forward"
     assert resolve("batches", TIMING)[3] == ""
     # an unknown first segment is not a role (train/... is a namespace), a numeric worker makes it one
     assert resolve("train.forward_ms")[:2] == ("monitor", "0")
@@ -73,8 +75,10 @@ def test_user_rules_glob_and_regex_with_captures() -> None:
     assert resolve("loader.7.fetch_ms", mapper=mapper) == ("monitor", "7", "loader.7.fetch_ms", "data_wait")
     assert resolve("critic_rank2_bwd_ms", mapper=mapper) == ("critic", "2", "bwd_ms", "backward")  # + preset
     assert resolve("a.b.nccl_ms", mapper=mapper) == ("monitor", "0", "a.b_comm_ms", "comm_wait")
-    assert resolve("loader.7.fetch_ms", GAUGE, mapper=mapper)[3] == ""  # a phase rule needs a timing
-    assert mapper.hits == {1: 1, 2: 1, 3: 1}
+    # a phase rule makes a gauge of that name the phase's timing (kinds follow meaning)
+    assert Mapper(mapper.rules).resolve(GAUGE, "loader.7.fetch_ms", "monitor", "0").kind == TIMING
+    assert resolve("loader.7.fetch_ms", GAUGE, mapper=mapper)[3] == "data_wait"
+    assert mapper.hits == {1: 2, 2: 1, 3: 1}  # rule 1 mapped the name as a timing and as a gauge (re-kinded)
     assert Mapper(rules).unused_rules() == list(rules)
 
 

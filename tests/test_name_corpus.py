@@ -54,6 +54,7 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("pytorch/rl", "time/train/sample"): "a replay buffer's sample: 'sample' alone names no phase",
     ("tinygrad/tinygrad", "train/train_step_time"): "ambiguous: a step time without its data wait",
     ("vwxyzjn/cleanba", "stats/params_queue_get_time"): "ambiguous: an actor's wait for weights",
+    ("vwxyzjn/cleanba", "stats/rollout_queue_get_time"): "a queue's get reads as the DFlash queue's wait",
 }
 """(repo, key) -> why the daemon does not read it as its code computes it."""
 

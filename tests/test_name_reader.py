@@ -136,15 +136,18 @@ def test_a_samples_axis_counts_steps_not_samples() -> None:
         s = SenderView(1, "trainer", "0", 4242, {"started_unix_s": 1.0}, 0.1, 9.9, 5, 5, 5, 0, 0, 0, {}, {})
         return IngestReport(w, (s,), {}, {}, {}, 0, 0, 0, 0, 0)
 
-    early = _window([(32, DEEPSPEED), (64, DEEPSPEED)])  # one stride seen: not yet known, not counted
-    assert early.sender_step_strides == {1: 0} and window_facts(report(early)).senders[0].step is None
     samples = _window([(32 * i, DEEPSPEED) for i in range(1, 9)])
-    assert samples.sender_step_strides == {1: 32} and samples.sender_steps == {1: 256}
+    assert samples.sender_step_counts == {1: 8} and samples.sender_steps == {1: 256}
     fact = window_facts(report(samples)).senders[0]
     assert (fact.step, fact.first_step) == (8, 1)
-    # the same stride from a logger that says no samples namespace: every 32nd step, steps as sent
-    every = _window([(32 * i, {"timing/iter_s": 0.05}) for i in range(1, 9)])
-    assert every.sender_step_strides == {} and window_facts(report(every)).senders[0].step == 256
+    # a batch-size ramp (32, then 64 a step) and a variable token count: still one step a change
+    ramp = _window([(s, DEEPSPEED) for s in (32, 64, 96, 160, 224, 288)])
+    assert ramp.sender_step_counts == {1: 6}
+    # the same stride from a logger that says no samples namespace (every 32nd step): steps as sent;
+    # a rate under samples/ says nothing of the axis
+    every = _window([(32 * i, {"timing/iter_s": 0.05, "samples/s": 640.0, "tokens/sec/gpu": 9e3})
+                     for i in range(1, 9)])
+    assert every.sender_step_counts == {} and window_facts(report(every)).senders[0].step == 256
 
 
 def test_any_name_is_read_without_raising() -> None:
@@ -162,3 +165,55 @@ def test_any_name_is_read_without_raising() -> None:
         stem(name)
 
     check()
+
+
+@pytest.mark.parametrize(("profile", "expected"), [
+    # a part of the phase's own meaning alone is inside it: the forward stays, the attention is not counted again
+    ({"forward_ms": 30.0, "forward_attn_ms": 12.0}, {"forward_ms": "forward", "forward_attn_ms": ""}),
+    # a part of another phase alone stays beside it: the backward compute is not lost
+    ({"backward_ms": 45.0, "backward_allreduce_ms": 33.0},
+     {"backward_ms": "backward", "backward_allreduce_ms": "comm_wait"}),
+    # forward_backward beside another model's forward and backward is no sum of them
+    ({"timing/policy_fwd_bwd": 0.5, "timing/ref_logprob": 0.1, "timing/critic_backward": 0.2},
+     {"timing/policy_fwd_bwd": "forward_backward", "timing/ref_logprob": "forward",
+      "timing/critic_backward": "backward"}),
+    # Megatron: forward-backward beside forward-compute and backward-compute keeps its bubbles
+    ({"forward-backward-time": 0.5, "forward-compute-time": 0.1, "backward-compute-time": 0.2},
+     {"forward-backward-time": "forward_backward", "forward-compute-time": "forward",
+      "backward-compute-time": "backward"}),
+    # a loop's train_step beside its train_forward and train_backward is the whole step, not the optimizer
+    ({"timing/train_step": 0.5, "timing/train_forward": 0.1, "timing/train_backward": 0.2},
+     {"timing/train_step": "step", "timing/train_forward": "forward", "timing/train_backward": "backward"}),
+])
+def test_parts_and_siblings_keep_what_the_names_do_not_contain(profile: dict[str, float],
+                                                                expected: dict[str, str]) -> None:
+    assert {v.raw: v.meaning for v in _window([(1, profile)]).series} == expected
+
+
+def test_two_names_of_one_phase_read_one_preset_first() -> None:
+    w = _window([(1, {"time/data": 0.03, "data_time": 0.02, "time/step": 0.1})])
+    shares = compute_insight(w).roles["trainer"].time_share
+    assert shares["data_wait"] == pytest.approx(0.2)  # mmengine's data_time (a preset), not the read time/data
+
+
+def test_no_false_health_reads_no_kernel_and_the_timed_role() -> None:
+    from sidecar.aggregation.verdict import InsightSettings, RoleFacts, decide
+
+    s = InsightSettings()
+    timed = RoleFacts("trainer", {"forward": 0.4, "backward": 0.5, "optimizer": 0.1}, ())
+    balanced = {"trainer": timed, "eval": RoleFacts("eval", {}, ())}
+    # the timed trainer 80 % busy with its idle explained; an untimed evaluator's GPU 5 % busy
+    idle = {"trainer": {"idle": 0.2, "unexplained": 0.2}, "eval": {"idle": 0.95, "unexplained": 0.95}}
+    v = decide(balanced, 10.0, None, None, {}, {}, s, {"trainer": 0.8, "eval": 0.05}, 2, ("trainer", "eval"),
+               None, idle)
+    assert v.name == "balanced", v
+    # GPM SM activity 0.6 while NVML utilization reads 1.0: the GPU never idled
+    w = _window([(1, {"forward_ms": 40.0, "backward_ms": 50.0, "optimizer_ms": 10.0, "step_ms": 100.0})])
+    gpus = GpuFacts(busy={"0": 0.6}, utilization={"0": 1.0})
+    assert compute_insight(w, gpus=gpus).verdict.name != "unexplained-idle"
+
+
+def test_a_name_overruled_as_none_is_not_unattributed() -> None:
+    rules = parse_rules([{"match": "perf/data_time_ms", "phase": "none"}])
+    m = Mapper(rules).resolve(PROFILE, "perf/data_time_ms", "t", "0")
+    assert (m.kind, m.meaning, m.outside) == (TIMING, "", True)

@@ -496,7 +496,7 @@ class Aggregator:
                 steps[role, worker] = step
         return WindowReport(end_unix_s, duration_s, settle(views), steps, dict(self._allocator),
                             {sender: step for sender, (_, _, step) in self._steps.items()}, dict(self._first_steps),
-                            self._axes.strides())
+                            self._axes.counted())
 
 
     def _forget(self, known: set[Any]) -> None:

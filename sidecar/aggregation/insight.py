@@ -133,7 +133,9 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
         w = workers.get(view.worker)
         if w is None:
             w = workers[view.worker] = _Worker()
-        w.views[view.kind, view.meaning] = view
+        known = w.views.get((view.kind, view.meaning))
+        if known is None or _preferred(view, known):
+            w.views[view.kind, view.meaning] = view
     for view in stale:
         w = roles.get(view.role, {}).get(view.worker)
         if w is None and view.snapshot and view.cumulative.get("last_mean") is not None:
@@ -145,6 +147,16 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
         if w is not None:
             w.unmapped[view.raw or view.name] = view
     return dict(roles)
+
+
+def _preferred(view: SeriesView, known: SeriesView) -> bool:
+    """Of two series of one worker with one meaning (a phase logged under two names, a forward of
+    two models), the one the insight reads: a user's rule or a preset over a name read, then the
+    first name in order (deterministic, whatever order the series came in)."""
+    def rank(v: SeriesView) -> tuple[bool, str]:
+        return READ in v.rule, v.raw or v.name
+
+    return rank(view) < rank(known)
 
 
 def _reads(series: Iterable[SeriesView]) -> dict[str, dict[str, tuple[str, float]]]:
@@ -214,8 +226,10 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
     beside = role_busy(replace(gpus, busy=gpus.utilization), roles or set(live_roles)) if gpus else {}
     live = None if senders is None else len(live_roles)
     gpu_idle = idle_attribution(busy, roles)
+    # no false health reads idle as no kernel at all: NVML utilization beside GPM SM activity
+    running = idle_attribution({r: max(b, beside.get(r, b)) for r, b in busy.items()}, roles) if beside else gpu_idle
     verdict = decide(facts, duration, ready_deficit, queue_fill, throttled, gpus.roles if gpus else {}, settings,
-                     busy, live, live_roles, beside, gpu_idle)
+                     busy, live, live_roles, beside, running)
     return PipelineInsight(
         end_unix_s=window.end_unix_s,
         duration_s=duration,

@@ -182,11 +182,9 @@ def window_facts(report: IngestReport) -> WindowFacts:
             continue
         started = started_of(s, w.end_unix_s)
         step, first_step = w.sender_steps.get(s.sender), w.sender_first_steps.get(s.sender)
-        stride = w.sender_step_strides.get(s.sender)
-        if stride == 0:  # its step counts samples or tokens, how many a step not known yet: held
-            step = first_step = None
-        elif stride and step is not None:  # steps are its sample numbers over the stride
-            step, first_step = step // stride, None if first_step is None else first_step // stride
+        counted = w.sender_step_counts.get(s.sender)
+        if counted is not None:  # its step counts samples or tokens: its steps are its step changes
+            step, first_step = counted, 1
         if step is None:  # no publish(step): a step field of its own (a framework's iter, global_step)
             step, first_step = numbers.get((s.role, s.worker), (None, None))
         senders.append(SenderFact(sender_key(s, w.end_unix_s), run_of(s.hello), s.role, started,

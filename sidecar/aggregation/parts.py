@@ -14,10 +14,14 @@ stage reads the window:
 1. A name read as ``step`` whose reading says it means another phase beside its siblings
    (``SeriesView.sibling``) takes that meaning when timings of the same label that share its
    prefix (its stem less the last word) time the forward and the backward (or both as one).
-2. A phase timing whose stem is the start of another phase timing's stem (``x_backward`` and
-   ``x_backward_inner``) is the sum of its parts: it keeps no meaning (``outside``: it is not
-   unattributed time either), and the parts are read.
-3. ``forward_backward`` beside both ``forward`` and ``backward`` is their sum, likewise.
+2. A phase timing whose stem is the start of other phase timings' stems is timed with its parts
+   (``x_backward`` beside ``x_backward_inner`` and ``x_backward_allreduce``). Where the parts are
+   its own phase and another, and no user rule named it, it is their sum: it keeps no meaning
+   (``outside``: it is not unattributed time either) and the parts are read. Parts of its own
+   phase alone are inside it and not counted again (``forward`` beside ``forward_attn``); parts
+   of other phases alone stay beside it.
+3. ``forward_backward`` beside a ``forward`` and a ``backward`` of one prefix (``fwd_bwd`` beside
+   ``fwd`` and ``bwd``) is their sum, likewise.
 
 Each change is said in the series' ``rule`` (``explain`` shows it).
 """
@@ -64,15 +68,43 @@ def _siblings(out: list[SeriesView], members: list[int]) -> None:
 
 
 def _containers(out: list[SeriesView], members: list[int]) -> None:
-    meanings = {out[j].meaning for j in members}
     for i in members:
         v = out[i]
         if v.meaning not in PHASES:
             continue
-        parts = [out[j].raw or out[j].name for j in members if j != i and out[j].meaning in PARTS
-                 and out[j].stem.startswith(v.stem + "_")]
-        if not parts and v.meaning == "forward_backward" and {"forward", "backward"} <= meanings:
-            parts = ["forward", "backward"]
+        parts = [j for j in members if j != i and out[j].meaning in PARTS and out[j].stem.startswith(v.stem + "_")]
         if parts:
+            _split(out, i, parts)
+        elif v.meaning == "forward_backward" and _beside_its_halves(out, members, v):
             out[i] = replace(v, meaning="", outside=True,
-                             rule=f"{v.rule}; the sum of its parts ({', '.join(sorted(parts)[:3])}): not counted again")
+                             rule=f"{v.rule}; the sum of its forward and backward: not counted again")
+
+
+def _split(out: list[SeriesView], i: int, parts: list[int]) -> None:
+    """A phase timed with parts: the parts replace it where they are its own phase and another
+    (DeepSpeed's backward = backward_inner + backward_allreduce) and no rule named it; parts of its
+    own phase alone are inside it (``forward`` beside ``forward_attn``: the attention is not
+    counted again); parts of other phases alone stay beside it."""
+    v = out[i]
+    meanings = {out[j].meaning for j in parts}
+    names = ", ".join(sorted(out[j].raw or out[j].name for j in parts)[:3])
+    if v.meaning in meanings and len(meanings) > 1 and not v.rule.startswith("mapping["):
+        out[i] = replace(v, meaning="", outside=True,
+                         rule=f"{v.rule}; the sum of its parts ({names}): not counted again")
+        return
+    for j in parts:
+        if out[j].meaning == v.meaning:
+            out[j] = replace(out[j], meaning="", outside=True,
+                             rule=f"{out[j].rule}; a part of {v.raw or v.name}: counted there")
+
+
+def _beside_its_halves(out: list[SeriesView], members: list[int], fb: SeriesView) -> bool:
+    """Whether a ``forward`` and a ``backward`` timing of the same prefix as each other stand beside
+    ``fb`` (a ``forward_backward`` whose stem starts with that prefix): ``fwd_bwd`` beside ``fwd``
+    and ``bwd``, not Megatron's ``forward-backward`` beside ``forward-compute`` and ``backward-compute``."""
+    def prefix(stem: str) -> str:
+        return stem.rsplit("_", 1)[0] + "_" if "_" in stem else ""
+
+    forward = {prefix(out[j].stem) for j in members if out[j].meaning == "forward"}
+    backward = {prefix(out[j].stem) for j in members if out[j].meaning == "backward"}
+    return any(fb.stem.startswith(p) for p in forward & backward)

@@ -2,17 +2,14 @@
 
 Many loggers plot against what the trainer has seen, not the steps it took: DeepSpeed's
 TensorBoard monitor writes every ``Train/Samples/...`` scalar at ``global_samples``, and many
-TensorBoard users pass the sample count as ``global_step``. Counted as steps, such a run would
-take 32 times as many steps as it did (a batch of 32). A sender's step axis is read as a count of
-items when both hold:
-
-- a key it publishes says so: its namespace is a count of items (``Train/Samples/...``; the
-  mapping stage's ``Mapped.axis``);
-- the axis moves by the same stride, larger than one, from one step value to the next (at least
-  ``MIN_RUNS`` times in a row): the items of one step.
-
-Its steps are then its step numbers divided by that stride (the run ledger's count). A logger
-that writes every N steps moves by N too, but says no such namespace: its steps stay as sent.
+TensorBoard users pass the sample or token count as ``global_step``. Counted as steps, such a run
+would take 32 times as many steps as it did (a batch of 32). A sender's step axis counts items
+when a key it publishes says so: its namespace is a count of items (``Train/Samples/...``, not a
+rate such as ``samples/s``: the mapping stage's ``Mapped.axis``). Its steps are then the times its
+step value changed: one per logged step, whatever the items per step (a batch-size ramp, a
+variable number of tokens). A logger that writes such an axis only every N steps is counted N
+times short; one that writes every N steps on a step axis says no such namespace, and its step
+numbers are read as sent.
 """
 
 from __future__ import annotations
@@ -20,15 +17,12 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-MIN_RUNS = 2
-"""Consecutive advances by the same stride before it is taken."""
-
 
 @dataclass(slots=True)
 class _Axis:
     last: int
-    stride: int = 0
-    runs: int = 0
+    changes: int = 1
+    """Distinct step values in a row: the first one counts as the first step."""
 
 
 class StepAxes:
@@ -39,32 +33,21 @@ class StepAxes:
         self._named: set[int] = set()
 
     def see(self, sender: int, step: int) -> None:
-        """A profile of ``sender`` at ``step`` (once per ``publish``: a compare and, on a new step, a subtraction)."""
+        """A profile of ``sender`` at ``step`` (once per ``publish``: one compare, and an add on a new step)."""
         axis = self._axes.get(sender)
         if axis is None:
             self._axes[sender] = _Axis(step)
         elif step != axis.last:
-            delta = step - axis.last
-            if delta == axis.stride:
-                axis.runs += 1
-            else:
-                axis.stride, axis.runs = delta, 1
             axis.last = step
+            axis.changes += 1
 
     def name(self, sender: int) -> None:
         """A key of ``sender`` says its axis counts items (``Mapped.axis``)."""
         self._named.add(sender)
 
-    def strides(self) -> dict[int, int]:
-        """Sender -> the items per step of a sender whose axis counts items (the rules above), 0
-        while its keys say so but its stride is not known yet (its steps are not counted until
-        it is: a sample number is never taken for a step number)."""
-        out = {}
-        for s in self._named:
-            a = self._axes.get(s)
-            if a is not None:
-                out[s] = a.stride if a.stride > 1 and a.runs >= MIN_RUNS else 0
-        return out
+    def counted(self) -> dict[int, int]:
+        """Sender -> its steps so far, for the senders whose axis counts items (the rules above)."""
+        return {s: a.changes for s, a in self._axes.items() if s in self._named}
 
     def forget(self, gone: Collection[int]) -> None:
         for sender in gone:

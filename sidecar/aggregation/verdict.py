@@ -229,8 +229,12 @@ def _no_false_health(v: Verdict, roles: Mapping[str, RoleFacts], gpu_idle: Mappi
                      s: InsightSettings) -> Verdict:
     """``balanced`` needs evidence of a healthy step: a role whose GPUs are idle at least
     ``unexplained_idle_ratio`` of the window beyond what its waits explain makes the window
-    ``unexplained-idle`` instead, its evidence the idle and unexplained shares."""
-    worst = max(gpu_idle.items(), key=lambda kv: kv[1].get("unexplained", 0.0), default=None)
+    ``unexplained-idle`` instead, its evidence the idle and unexplained shares. The roles read are
+    those with phase timings (an untimed evaluator's idle GPUs do not make a timed trainer's
+    window unhealthy), all roles where none has any; idle is no kernel running (NVML utilization
+    beside GPM SM activity: ``insight.compute_insight``)."""
+    timed = {r: idle for r, idle in gpu_idle.items() if r in roles and roles[r].time_share}
+    worst = max((timed or gpu_idle).items(), key=lambda kv: kv[1].get("unexplained", 0.0), default=None)
     if worst is None or worst[1].get("unexplained", 0.0) < s.unexplained_idle_ratio:
         return v
     role, idle = worst
@@ -392,11 +396,19 @@ def _single_role(f: RoleFacts, busy: float | None, s: InsightSettings,
     return _unattributed(v, f), r
 
 
+EVIDENCE_OF: dict[str, tuple[str, ...]] = {
+    **{p: ("busy",) for p in BUSY_PHASES}, "step": (OTHER_SHARE, "busy"), "data_wait": (), "comm_wait": ()}
+"""A phase -> the evidence keys (after ``<role>.``) besides its own that it decides: the busy
+phases make ``busy``, ``step`` the gap ``other`` (and the busy share's denominator)."""
+
+
 def _read(v: Verdict, f: RoleFacts) -> Verdict:
     """Say which of the verdict's evidence was read from a name (no rule or preset mapped it), and
     lower its confidence by the read's certainty (a name that means different things in
     different codebases)."""
-    used = [(p, *f.read[p]) for p in f.read if any(k == f"{f.role}.{p}" for k, _ in v.evidence)]
+    keys = {k for k, _ in v.evidence}
+    used = [(p, *f.read[p]) for p in f.read
+            if f"{f.role}.{p}" in keys or any(f"{f.role}.{e}" in keys for e in EVIDENCE_OF.get(p, ()))]
     if not used:
         return v
     note = "; ".join(f"{p} {READ}: {name}" + (", ambiguous" if c < 1.0 else "") for p, name, c in used)

@@ -88,10 +88,10 @@ class WindowReport:
     sender_first_steps: dict[int, int] = field(default_factory=dict)
     """Sender id -> the first step it published that the daemon had (the run ledger counts a
     sender's first stepping window from it)."""
-    sender_step_strides: dict[int, int] = field(default_factory=dict)
-    """Sender id -> items per step, for a sender whose step counts samples or tokens rather than
-    steps (``sidecar.aggregation.step_axis``); its steps are its step numbers over this (0: not
-    known yet, its steps are not counted until it is)."""
+    sender_step_counts: dict[int, int] = field(default_factory=dict)
+    """Sender id -> its steps so far, counted as its step value changed, for a sender whose step
+    counts samples or tokens rather than steps (``sidecar.aggregation.step_axis``): the run ledger
+    reads these in place of its step numbers."""
 
     def window_series(self, kind: int | None = None, name: str | None = None) -> Iterable[SeriesView]:
         """Series with data in this window, optionally of one kind and name."""

@@ -95,10 +95,11 @@ class Mapper:
             mapped = self._entry(raw, role, worker)
             return replace(mapped, axis=True) if counts_items(raw) else mapped
         found = self._resolve(kind, raw, role, worker, entry=False)
-        if kind == GAUGE and found is not None and not found[0].meaning and found[1] is None:
-            # a gauge whose name reads as a phase's duration is kept as that timing
+        if kind == GAUGE and found is not None and not found[0].meaning:
+            # a gauge whose name is a phase's duration (read, a preset's, a rule's) is that timing, as
+            # the same name as a publish() key is: the two paths agree
             as_timing = self._resolve(TIMING, raw, role, worker, entry=True)
-            if as_timing is not None and as_timing[0].meaning and READ in as_timing[0].rule:
+            if as_timing is not None and as_timing[0].meaning:
                 found = as_timing
         return self._count(found)
 
@@ -141,8 +142,12 @@ class Mapper:
         unit = read_unit(name)
         reading: Reading | None = None
         if not meaning and not (by_rule is not None and self.rules[by_rule - 1].unread):
-            own_rate = unit.written and not unit.known and kind in (GAUGE, SCALAR) and read_rate(name)
-            found = None if own_rate else presets.find(kind, name, unit, entry)  # (samples/s) is no TFLOP/s
+            found = presets.find(kind, name, unit, entry)
+            if found is not None and kind in (GAUGE, SCALAR) and ((unit.written and not unit.known)
+                                                                 or unit.base == PER_SECOND):
+                said = read_rate(name)
+                if said and found.meaning != said:
+                    found = None  # a rate the name says (step/s, (samples/s)) is no step number or TFLOP/s
             if found is not None:
                 meaning, unit = found.meaning, found.unit
                 how = f"{how} + preset {found.preset}" if how else f"preset {found.preset}"
@@ -163,6 +168,8 @@ class Mapper:
         mapped = _mapped(kind, role, worker, name, meaning, how, unit)
         if kind == TIMING:
             mapped = replace(mapped, stem=stem(name))
+        if by_rule is not None and self.rules[by_rule - 1].unread:
+            mapped = replace(mapped, outside=True)  # the user says it is no phase: not unattributed either
         if reading is not None and (reading.meaning or reading.outside):
             mapped = replace(mapped, certainty=reading.certainty, sibling=reading.sibling, outside=reading.outside)
         return mapped, by_rule

@@ -44,11 +44,11 @@ TIME_UNITS: dict[str, float] = {
     "ns": 1e-9, "nanoseconds": 1e-9, "us": 1e-6, "µs": 1e-6, "usec": 1e-6, "microseconds": 1e-6,
     "ms": 1e-3, "msec": 1e-3, "msecs": 1e-3, "millis": 1e-3, "milliseconds": 1e-3,
     "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
-    "mins": 60.0, "minute": 60.0, "minutes": 60.0, "hr": 3600.0, "hrs": 3600.0, "hours": 3600.0,
+    "mins": 60.0, "minute": 60.0, "minutes": 60.0, "hours": 3600.0,
 }
 """Words that are a time unit wherever they stand in the name (seconds per unit). ``min`` (a
 minimum as often as minutes) and ``h`` are units only at the end of a name."""
-END_UNITS: dict[str, float] = {"min": 60.0, "h": 3600.0}
+END_UNITS: dict[str, float] = {"min": 60.0, "h": 3600.0, "hr": 3600.0, "hrs": 3600.0}
 
 DURATION_WORDS = frozenset({"time", "times", "timing", "timings", "duration", "durations", "latency", "elapsed",
                             "took", "wait", "waiting", "waited", "dt", "delay", "stall", "stalled", "blocked", "timer",
@@ -67,13 +67,17 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
                             "gradient_sync", "sync_grads", "allreduce_wait", "p2p", "send", "recv", "dp_sync",
                             "weight_sync", "weights_sync", "param_sync", "params_sync", "model_sync", "gather",
                             "scatter", "weight_gather", "param_gather", "weight_update", "weights_update",
-                            "update_weights", "update_weight", "bcast"}),
+                            "update_weights", "update_weight", "bcast", "grad_reduce", "grads_reduce",
+                            "reduce_grads", "reduce_grad", "reduce_gradients", "gradient_reduce", "sync_gradients",
+                            "sync_grad", "data_parallel_sync", "param_prefetch", "prefetch_params"}),
+    "queue_put_wait": frozenset({"put_wait", "queue_put", "put_blocked", "enqueue_wait"}),
+    "queue_wait": frozenset({"queue_get", "queue_wait", "get_wait", "queue_empty", "dequeue_wait"}),
     "data_wait": frozenset({"data", "dataloader", "dataloading", "data_loader", "data_loading", "loader", "loading",
                             "load", "fetch", "fetching", "input", "inputs", "io", "next_batch", "get_batch",
                             "batch_load", "batch_loading", "batch_wait", "batch_generator", "dataset", "prefetch",
                             "sampler", "sample_batch", "batch_sample", "dequeue", "rb_sample", "buffer_sample",
                             "replay_sample", "sample_buffer", "dl",
-                            "wait_for_batch", "queue_get", "inter_step", "inter_batch", "between_steps"}),
+                            "wait_for_batch", "inter_step", "inter_batch", "between_steps"}),
     "forward_backward": frozenset({"forward_backward", "fwd_bwd", "fwdbwd", "fb", "fwd_bwd_step", "train_batch"}),
     "forward": frozenset({"forward", "fwd", "fw", "fprop", "forward_pass", "logprobs", "logprob", "logp", "logits"}),
     "backward": frozenset({"backward", "bwd", "bw", "bprop", "backprop", "backward_pass", "grad", "grads",
@@ -85,15 +89,17 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
 }
 """Phase -> the words (one word, or two joined by ``_``) that name it, tried in this order when a
 name holds words of several (``backward_allreduce``: communication, the part of the backward
-that waits; ``data`` beside ``step``: the data wait of a step). docs/METRICS.md prints it."""
+that waits; ``data`` beside ``step``: the data wait of a step; a queue's get or put: the DFlash
+hidden-state queue's meanings). docs/METRICS.md prints it."""
 
 NOT_A_PHASE = frozenset({
     "eta", "remaining", "left", "since", "uptime", "wallclock", "timestamp", "date", "clock",
     "eval", "evaluation", "evaluate", "val", "valid", "validation", "test", "testing", "inference", "predict",
     "checkpoint", "checkpointing", "ckpt", "save", "saving", "export", "warmup", "setup", "init",
+    "model_load", "load_model", "loading_model", "weights_load", "load_weights", "load_checkpoint",
     "startup", "compile", "compilation", "log", "logging", "print", "store", "storing",
     "memory", "mem", "gpu_mem", "allocated", "reserved", "flops", "tflops", "mfu",
-    "lr", "loss", "acc", "accuracy", "norm", "reward", "rollout", "rollouts", "generation", "generate",
+    "lr", "acc", "accuracy", "norm", "reward", "rollout", "rollouts", "generation", "generate",
     "sampling", "env", "environment", "episode", "episodes", "total_time", "time_total", "time_elapsed",
     "total_elapsed",
     "wall_time", "walltime", "elapsed_total", "train_runtime",
@@ -104,8 +110,13 @@ model quality. docs/METRICS.md prints it."""
 NAME_NOT_A_PHASE = frozenset({"throughput", "speed", "runtime", "perf", "performance", "epoch", "epochs"})
 """Words that put a key outside the step in the name proper only: as a namespace they hold durations
 too (``speed/data_load_time``, ``runtime/iteration_time``, ``TrainEpochStats/avg_loader_time``)."""
+SOFT_NOT_A_PHASE = frozenset({"loss"})
+"""Words that put a key outside the step only where no phase word stands beside them: ``loss`` is
+the model's quality, ``loss_backward_time`` the backward."""
 COMPONENTS = frozenset({"layer", "layers", "block", "blocks", "module", "modules", "expert", "experts", "head",
-                        "heads", "op", "ops", "kernel", "kernels", "clip", "clipping"})
+                        "heads", "op", "ops", "kernel", "kernels", "clip", "clipping", "layernorm", "embeds",
+                        "embedding", "embeddings", "attn", "attention", "mlp", "router", "load_balance",
+                        "load_balancing"})
 """Words that make a duration one component's part of a phase (``layer.3.forward_ms``), not the
 phase: the step's forward is not layer 3's."""
 NOT_A_DURATION = frozenset({
@@ -116,20 +127,24 @@ NOT_A_DURATION = frozenset({
 })
 """Words that, in a name proper with no time unit written, make it a count, a rate or a share
 (``time/iterations``, ``samples_per_sec``, ``data_ratio``)."""
-STATISTICS = frozenset({"total", "cumulative", "sum", "max", "min", "std", "var", "stddev", "p90", "p95", "p99",
-                        "median", "minimum", "maximum", "diff", "difference", "delta"})
+STATISTICS = frozenset({"total", "cumulative", "sum", "max", "min", "std", "var", "stddev", "stdev", "p10", "p25",
+                        "p50", "p75", "p90", "p95", "p99", "median", "minimum", "maximum", "diff", "difference",
+                        "delta", "first"})
 """Words that make a duration a statistic over many steps, not one step's phase
 (``data_time_max_ms``, ``total_step_time``): read as a duration of no phase."""
 
-OTHER_PARTS = frozenset({"update", "updates", "preprocess", "preprocessing", "processing", "prep", "prepare",
-                         "preparation", "tokenize", "tokenization", "collate", "priority", "priorities", "ema"})
+HOST_PREP = frozenset({"preprocess", "preprocessing", "processing", "prep", "prepare", "preparation", "tokenize",
+                       "tokenization", "collate", "h2d", "d2h", "to_device", "transfer", "copy", "memcpy"})
+"""Host-side batch preparation and copies: a part of the step, never the data loader's wait."""
+OTHER_PARTS = frozenset({"update", "updates", "priority", "priorities", "ema", "scheduler", "sched",
+                         "lr_scheduler", "scaler", "swa"}) | HOST_PREP
 """Words of a part of the step the insight has no phase for: a learner's whole ``update`` (its
 forward, backward and optimizer steps over mini-batches: ``timing_s/update_actor``,
 ``time/update``; in no corpus key is ``update`` the optimizer step alone, and beside ``weights`` it
 is the push of new weights to an inference engine: communication), host-side batch preparation
 (``data_preprocess_time``, ``input_prep_time``), an EMA or replay-priority update. A name with one of
 these and no stronger phase word reads as no phase (its time unattributed, never a wait)."""
-DATA_FIRST = frozenset({"queue_get", "wait_for_batch", "get_batch", "next_batch"})
+DATA_FIRST = frozenset({"wait_for_batch", "get_batch", "next_batch"})
 """Words that say the trainer waits for its next batch even where another word would put the key
 outside the step (``stats/rollout_queue_get_time``: a learner blocked on its rollouts' queue)."""
 PER_ITEM = frozenset({"token", "tokens", "sample", "samples", "example", "examples", "image", "images", "seq",
@@ -167,8 +182,12 @@ AXIS_NAMESPACES = frozenset({"samples", "tokens", "examples", "sequences", "imag
 
 
 def counts_items(name: str) -> bool:
-    """Whether ``name``'s namespace says its logger's step counts items (``AXIS_NAMESPACES``)."""
-    return any(len(seg) == 1 and seg[0] in AXIS_NAMESPACES for seg in segments(name)[:-1])
+    """Whether ``name``'s namespace says its logger's step counts items (``AXIS_NAMESPACES``):
+    ``Train/Samples/lr``, not a rate of them (``samples/s``, ``tokens/sec/gpu``)."""
+    segs = segments(name)
+    if len(segs) < 2 or read_rate(name) or any(seg[0] in TIME_UNITS or "per" in seg for seg in segs[1:]):
+        return False  # samples/s, tokens/per_sec, tokens/sec/gpu: a rate
+    return any(len(seg) == 1 and seg[0] in AXIS_NAMESPACES for seg in segs[:-1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +221,11 @@ def words(text: str) -> list[str]:
     for i in range(len(out) - 1, 0, -1):
         if out[i - 1] == "log" and out[i] in ("probs", "prob", "p"):
             out[i - 1:i + 1] = ["log" + out[i]]
+        elif out[i].isdigit() and out[i - 1] == "p":
+            out[i - 1:i + 1] = ["p" + out[i]]  # p50, p99: a percentile
+        elif (out[i].isdigit() and i + 1 < len(out) and out[i + 1].isalpha() and len(out[i + 1]) <= 3
+              and out[i - 1].isalpha() and len(out[i - 1]) <= 3):
+            out[i - 1:i + 2] = [out[i - 1] + out[i] + out[i + 1]]  # h2d, d2h, all2all: one word
     return out
 
 
@@ -228,17 +252,19 @@ def _time_unit(name: str, proper: list[str]) -> tuple[str, float] | None:
     """The time unit written in the name: (as written, seconds per unit), or None."""
     if name.endswith("/s") or re.search(r"(?i)(?:per|/)[\s_]*s(?:ec(?:ond)?s?)?\)?$", name):
         return None  # a rate: samples/s, tokens_per_sec
+    last = len(proper) - 1
     for i, w in enumerate(proper):
         factor = TIME_UNITS.get(w)
-        if factor is None and i == len(proper) - 1:
+        if factor is None and i == last:
             factor = END_UNITS.get(w)
-        if factor is None:
-            continue
-        if w == "s" and 0 < i < len(proper) - 1 and proper[i + 1] != "per":
-            continue  # an 's' inside a name (a plural split off, 'it_s') is no unit
+        if factor is None or (i > 0 and proper[i - 1].isdigit()):
+            continue  # d2h, hr_10: a digit before it makes a word, not a unit
         if i > 0 and proper[i - 1] == "per":
             return None  # samples_per_s, tokens_per_second_per_gpu: a rate
-        return w, factor  # sec_per_iter too: seconds per step
+        beside = set(proper[max(0, i - 1):i + 2]) - {w}
+        if i < last and not beside & (DURATION_WORDS | {"per"}):
+            continue  # inside a name a unit stands by a duration word (time_ms_forward, sec_per_iter): ms_ssim
+        return w, factor
     return None
 
 
@@ -260,50 +286,72 @@ def read_name(name: str) -> Reading:
     if not segs:
         return Reading("", Unit(name), "no words")
     proper, namespace = segs[-1], [w for seg in segs[:-1] for w in seg]
+    if len(segs) > 1 and len(proper) == 1 and proper[0] in PHASE_WORDS["step"] and segs[-2][-1] not in TIME_UNITS:
+        proper, namespace = segs[-2] + proper, [w for seg in segs[:-2] for w in seg]  # optimizer.step: one phrase
     vocab, space = _vocab(proper), _vocab(namespace)
     unit = _time_unit(name, proper)
     if unit is None and len(segs) > 1 and len(proper) == 1 and proper[0] in PHASE_WORDS["step"]:
         unit = _per_step(segs[-2])  # ms/it, s/batch: a time unit per step
+    refused = _refused(name, proper, namespace, vocab, space, unit)
+    if refused is not None:
+        return refused
+    meaning, hit = _phase(vocab)
+    if not meaning:
+        meaning, hit = _phase(space - DURATION_NAMESPACES)
+    if not meaning or (meaning in ("optimizer", "step", "data_wait") and vocab & OTHER_PARTS):
+        return _no_phase_word(name, proper, vocab, unit, meaning)
+    why = f"'{hit}' -> {meaning}" + (f", unit {unit[0]}" if unit else ", unit not written: seconds")
+    other = ambiguity(name)
+    step_of_timer = len(proper) > 1 and proper[-2] in TIME_UNITS.keys() | DURATION_WORDS
+    sibling = SIBLING_WORDS.get(proper[-1], "") if meaning == "step" and step_of_timer else ""
+    if other is not None:
+        return Reading(meaning, _unit(name, unit), why, AMBIGUOUS_CERTAINTY, other[1], sibling)
+    return Reading(meaning, _unit(name, unit), why, 1.0, "", sibling)
+
+
+def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str], space: set[str],
+             unit: tuple[str, float] | None) -> Reading | None:
+    """The reading of a name that is no timing of a phase (a count, a rate, a statistic, a key
+    outside the step, no duration at all), None where a phase may be read."""
     if unit is None and (vocab & NOT_A_DURATION or (proper[-1] in ("s", "sec") and "per" in proper)):
         return Reading("", Unit(name), f"a count, rate or statistic: {_first(vocab & NOT_A_DURATION)}")
     stats = vocab & STATISTICS
     if "total" in stats and _whole_of_a_phase(proper):
         stats = stats - {"total"}  # step_total, total_step_time: the whole of the step, not a sum of many
     veto = (vocab | space) & (NOT_A_PHASE | COMPONENTS) | stats | vocab & NAME_NOT_A_PHASE
+    if vocab & SOFT_NOT_A_PHASE and not _phase(vocab)[0]:
+        veto |= vocab & SOFT_NOT_A_PHASE
     if vocab & DATA_FIRST:
         veto = stats
     if veto:
         return Reading("", _unit(name, unit) if unit else Unit(name), f"not a phase of the step: {_first(veto)}",
                        outside=True)
-    timed = unit is not None or bool(vocab & DURATION_WORDS) or bool(set(namespace) & DURATION_NAMESPACES)
-    if not timed:
+    if unit is None and not vocab & DURATION_WORDS and not set(namespace) & DURATION_NAMESPACES:
         return Reading("", Unit(name), "no time unit or duration word")
-    all_words = namespace + proper
-    if any(a == "per" and b in PER_ITEM for a, b in zip(all_words, all_words[1:], strict=False)):
+    words = namespace + proper
+    if any(a == "per" and b in PER_ITEM for a, b in zip(words, words[1:], strict=False)):
         return Reading("", _unit(name, unit) if unit else Unit(name), "a cost per item, not per step", outside=True)
-    meaning, hit = _phase(vocab)
-    if not meaning:
-        meaning, hit = _phase(space - DURATION_NAMESPACES)
-    if meaning in ("", "optimizer", "step", "data_wait") and vocab & OTHER_PARTS and meaning != "comm_wait":
-        part = _first(vocab & OTHER_PARTS)
-        if meaning != "data_wait" or part in ("preprocess", "preprocessing", "processing", "prep", "prepare",
-                                              "preparation", "tokenize", "tokenization", "collate"):
-            return Reading("", _unit(name, unit) if unit else Unit(name), f"a part of the step of no phase: {part}")
-    if not meaning and vocab & WAIT_WORDS:
+    return None
+
+
+def _no_phase_word(name: str, proper: list[str], vocab: set[str], unit: tuple[str, float] | None,
+                   meaning: str) -> Reading:
+    """A duration whose words name no phase, or name one beside a part of the step of no phase
+    (``OTHER_PARTS``: a learner's update, a scheduler's step, a host-side copy)."""
+    parts = vocab & OTHER_PARTS
+    if parts and (meaning != "data_wait" or parts & HOST_PREP):
+        part = _first(parts)
+        return Reading("", _unit(name, unit) if unit else Unit(name), f"a part of the step of no phase: {part}")
+    if meaning:  # a data word beside another part (a buffer's priority update): the data wait still
+        return Reading(meaning, _unit(name, unit), f"'{meaning}' beside {_first(parts)}", 1.0)
+    if vocab & WAIT_WORDS:
         return Reading("data_wait", _unit(name, unit), "a wait for no named thing: the input, if nothing else",
                        AMBIGUOUS_CERTAINTY, "a trainer's bare wait is most often for its next batch")
-    if not meaning and len(proper) == 1 and proper[0] in BARE_STEP:
+    if len(proper) == 1 and proper[0] in BARE_STEP:
         return Reading("step", _unit(name, unit), f"a bare '{proper[0]}': the step, if nothing else",
                        AMBIGUOUS_CERTAINTY, "a bare duration is the step in most loggers, but not in all")
-    if not meaning:
-        return Reading("", _unit(name, unit) if unit else Unit(name), "a duration of no phase word")
-    u = _unit(name, unit)
-    why = f"'{hit}' -> {meaning}" + (f", unit {unit[0]}" if unit else ", unit not written: seconds")
-    other = ambiguity(name)
-    sibling = SIBLING_WORDS.get(proper[-1], "") if meaning == "step" and len(proper) > 1 else ""
-    if other is not None:
-        return Reading(meaning, u, why, AMBIGUOUS_CERTAINTY, other[1], sibling)
-    return Reading(meaning, u, why, 1.0, "", sibling)
+    timed = unit is not None and bool(vocab & DURATION_WORDS)  # train/hr is a hit rate, not hours
+    return Reading("", _unit(name, unit) if timed else Unit(name), "a duration of no phase word")
 
 
 def ambiguity(name: str) -> tuple[str, str] | None:
@@ -348,7 +396,8 @@ RATES: dict[str, frozenset[str]] = {
 }
 """Throughput meaning -> the words of what a rate counts, read before ``per``/``/`` and a time unit
 (``perf/tokens_per_sec``, ``train/samples_per_second_per_gpu``, ``it/s``)."""
-_PER_TIME = re.compile(r"(?i)([a-z]+)(?:[\s_]*(?:per|/)[\s_]*)(?:s|sec|secs|second|seconds)(?:$|[_\s/()]|per)")
+_PER_TIME = re.compile(r"(?i)([a-z]+)(?:[\s_]*(?:per|/)[\s_]*)(?:per[\s_]*)?"
+                       r"(?:s|sec|secs|second|seconds)(?:$|[_\s/()]|per)")
 
 
 def read_rate(name: str) -> str:
@@ -356,7 +405,7 @@ def read_rate(name: str) -> str:
     counts per second (``perf/tokens_per_sec`` -> ``tokens_per_s``); a namespace of counts is read
     too (``samples/s``). Environment frames and steps of RL (``fps``, ``SPS``) are no training rate."""
     segs = _SEGMENTS.split(name)
-    for text in (segs[-1], "/".join(segs[-2:])) if len(segs) > 1 else (segs[-1],):
+    for text in dict.fromkeys((segs[-1], "/".join(segs[-2:]), "/".join(segs[-3:]))):  # tokens/sec/gpu
         m = _PER_TIME.search(text)
         if m is not None:
             counted = m.group(1).lower()

@@ -110,7 +110,7 @@ def read_unit(name: str) -> Unit:
     if not sep or not head:
         word = WORDS.get(lower)
         return Unit("", name, *word) if word is not None else Unit(name)
-    if last in _PER and head.endswith("_per") and len(head) > 4:
+    if last in _PER and head.endswith(("_per", "/per", ".per")) and len(head) > 4:  # examples/per_sec: a rate
         return Unit(name[:len(head) - 4], name[len(head) - 4:], *SUFFIXES["per_" + last])
     found = SUFFIXES.get(last) or WORDS.get(last)
     if found is None:
