@@ -31,12 +31,13 @@ PARTS = ("names_design.toml", "names_holdout.toml", "names_holdout2.toml", "name
 @contextmanager
 def presets_only() -> Iterator[None]:
     """The mapping stage as it was before the reader: a name no rule or preset knows reads as nothing."""
-    real = mapping.read_name
+    real, rate = mapping.read_name, mapping.read_rate
     mapping.read_name = lambda name: Reading("", Unit(name), "off")  # type: ignore[assignment]
+    mapping.read_rate = lambda name: ""  # type: ignore[assignment]
     try:
         yield
     finally:
-        mapping.read_name = real
+        mapping.read_name, mapping.read_rate = real, rate
 
 
 def shares(rows: list[Row]) -> dict[str, str]:

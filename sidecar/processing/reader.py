@@ -4,18 +4,19 @@ preset knows.
 A person who reads ``timing/data_s``, ``perf/data_time_ms``, ``Train/Samples/elapsed_time_ms_forward``
 or ``batch_time`` knows at once that each is a duration, in which unit, and which part of the
 training step it times. ``read_name`` does the same in four moves, once per new series (the
-mapping stage caches its answer; a read costs a few microseconds):
+mapping stage caches its answer; bench/RESULTS_NAMES.md has the cost):
 
-1. **Split** the name into segments (``/``, ``.``, ``:``, `` ``, brackets) and each segment into
-   words (``_``, ``-``, camelCase, letters/digits): ``Train/Samples/elapsed_time_ms_forward`` ->
-   ``[train] [samples] [elapsed time ms forward]``. The last segment is the name proper; the
+1. **Split** the name into segments (``/``, ``.``, ``:``, ``|``) and each segment into words
+   (``_``, ``-``, spaces, brackets, camelCase, letters/digits; ``h2d`` and ``p50`` stay one word):
+   ``Train/Samples/elapsed_time_ms_forward`` -> ``[train] [samples] [elapsed time ms forward]``. The last segment is the name proper; the
    others are its namespace (``train/``, ``perf/``, ``timing/``).
 2. **Refuse what is no phase of the step** (``NOT_A_PHASE``): words anywhere that put the key
    outside the training step (``eval``, ``val``, ``checkpoint``, ``memory``, ``eta``, ``epoch``...),
    and in the name proper the words of a count or a rate (``iterations``, ``samples``,
-   ``fps``, ``per_sec``, ``/s``) or of time since the start (``total``, ``since``, ``wall``).
-3. **Find the duration**: a time unit wherever it stands (``_ms`` suffix, ``(s)``, ``ms`` inside
-   ``elapsed_time_ms_forward``, ``sec_per_iter``), else a duration word (``time``, ``duration``,
+   ``fps``, ``per_sec``, ``/s``) or of a statistic of many steps (``total``, ``max``, ``p50``).
+3. **Find the duration**: a time unit at the end (``_ms``, ``(s)``) or inside the name beside a
+   duration word (``elapsed_time_ms_forward``, ``sec_per_iter``; ``ms_ssim`` is no duration), else a
+   duration word (``time``, ``duration``,
    ``latency``, ``elapsed``, ``wait``) in the name proper, else a namespace that holds durations
    (``timing/``, ``time/``, ``timers/``). A name without one is no timing, whatever it names.
 4. **Find the phase** from ``PHASE_WORDS`` (the documented vocabulary, docs/METRICS.md), in the
