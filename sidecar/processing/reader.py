@@ -8,8 +8,8 @@ mapping stage caches its answer; bench/RESULTS_NAMES.md has the cost):
 
 1. **Split** the name into segments (``/``, ``.``, ``:``, ``|``) and each segment into words
    (``_``, ``-``, spaces, brackets, camelCase, letters/digits; ``h2d`` and ``p50`` stay one word):
-   ``Train/Samples/elapsed_time_ms_forward`` -> ``[train] [samples] [elapsed time ms forward]``. The last segment is the name proper; the
-   others are its namespace (``train/``, ``perf/``, ``timing/``).
+   ``Train/Samples/elapsed_time_ms_forward`` -> ``[train] [samples] [elapsed time ms forward]``.
+   The last segment is the name proper; the others are its namespace (``train/``, ``timing/``).
 2. **Refuse what is no phase of the step** (``NOT_A_PHASE``): words anywhere that put the key
    outside the training step (``eval``, ``val``, ``checkpoint``, ``memory``, ``eta``, ``epoch``...),
    and in the name proper the words of a count or a rate (``iterations``, ``samples``,
