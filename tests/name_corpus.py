@@ -79,7 +79,7 @@ def read(rows: Iterable[Row]) -> dict[tuple[str, str], Got]:
         agg.ingest("trainer", "0", [[PROFILE, 1, dict.fromkeys(keys, 1.0)]], mapper.resolve)
         # a phase told with its parts is read, then not counted again (its parts are): it was read right
         seen = {v.raw or v.name: Got(v.meaning, v.certainty) for v in agg.roll(0.0, 1.0, 1.0).series
-                if not v.outside or v.meaning}
+                if not v.counted_in}
         for key in keys:  # a key refused by the window (two keys on one exported name) is read alone
             m = mapper.resolve(PROFILE, key, "trainer", "0")
             out[repo, key] = seen.get(key, Got(m.meaning, m.certainty))

@@ -48,7 +48,7 @@ def test_a_setting_outside_its_bounds_is_refused_with_the_range(setting: config.
     low, high = setting.bounds
     assert setting.value(config.load({setting.name: str(low)})) == low
     assert setting.value(config.load({setting.name: str(high)})) == high
-    step = 1 if isinstance(low, int) else low / 2
+    step = 1 if isinstance(low, int) else (low / 2 if low else 0.5)  # a bound of 0: below it is negative
     for bad in (low - step, high * 10, math.nan):
         if isinstance(low, int) and isinstance(bad, float) and math.isnan(bad):
             continue

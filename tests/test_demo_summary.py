@@ -117,7 +117,8 @@ def _assert_nothing_lost_or_told_why(summary: str) -> None:
 def test_a_final_window_too_short_to_rate_shows_counts_not_rates() -> None:
     """The last window of a daemon stopped just after a boundary (0.01 s): the log line gives its
     records and no rate (issue 45: "drafter 1304.4 b/s, 19,077 rec/s" against ~40 b/s and ~630
-    rec/s all run); a window of a second or more keeps its rates."""
+    rec/s all run); a window of a second or more keeps its rates, and so do the windows of a
+    daemon run at a sub-second interval (each as long as the one before it)."""
     from dataclasses import replace
 
     from sidecar.aggregation.insight import compute_insight
@@ -129,7 +130,13 @@ def test_a_final_window_too_short_to_rate_shows_counts_not_rates() -> None:
                        queue_fill=1.0)
         rep = replace(rep, insight=compute_insight(rep.window))
         rep = replace(rep, window=replace(rep.window, duration_s=duration_s), records_accepted_in_window=20)
-        line = ConsoleExporter().line(rep)
+        console = ConsoleExporter()
+        console.line(replace(rep, window=replace(rep.window, duration_s=10.0)))  # the run's windows before it
+        line = console.line(rep)
         assert ("rec/s" in line and "b/s" in line) == rated, line
         assert ("| 20 records (too short for rates) |" in line) == (not rated), line
         assert line.startswith(f"window {duration_s:.1f}s | "), line  # the line's head as log readers parse it
+    short = ConsoleExporter()
+    for _ in range(3):  # --interval 0.5: every window half a second, none a partial one after the first
+        line = short.line(replace(rep, window=replace(rep.window, duration_s=0.5)))
+    assert "rec/s" in line and "too short" not in line, line

@@ -32,7 +32,7 @@ def test_promql_metric_names_refuses_name_matchers() -> None:
 
 def test_metric_names_file_is_well_formed() -> None:
     names = load_metric_names()
-    assert all(source in {"daemon", "trainer", "nvml", "insight", "wandb", "prometheus", "dcgm", "ledger"}
+    assert all(source in {"daemon", "trainer", "nvml", "insight", "wandb", "prometheus", "dcgm", "ledger", "capture"}
                for _, source in names.values())
     for name, (kind, source) in names.items():
         if source == "dcgm":  # dcgm-exporter's own spelling: upper case, counters without _total

@@ -1,6 +1,6 @@
 """``explain`` writes a config that works when pasted: a real daemon and a real plain loop (a
 subprocess publishing every occurrence through the shim) whose data wait and optimizer step are
-timed under names no preset knows (``fetch_ms``, ``t_update_ms``). The first daemon reads their
+timed under names no preset knows (``fetch_ms``, ``t_optim_ms``). The first daemon reads their
 phases from the names and says so in the verdict (input-bound, "read from the name"); its explain
 output lists each read as a block to check. The user overrules one read in the pasted config
 (``fetch_ms`` is no phase of theirs): a second daemon on the same endpoint then names it
@@ -34,7 +34,7 @@ LOOP = textwrap.dedent("""
         phase("fetch_ms", 30)      # the data loader, under a name of the trainer's own
         phase("forward_ms", 6)
         phase("backward_ms", 10)
-        phase("t_update_ms", 4)    # the optimizer step, under a name of its own
+        phase("t_optim_ms", 4)    # the optimizer step, under a name of its own
         telemetry.count("batches")
     telemetry.flush(); telemetry.close()
 """)
@@ -66,11 +66,11 @@ def test_pasting_explains_config_pins_or_overrules_the_reads(tmp_path: Path) -> 
         data = wait_for(ready, timeout_s=30, what="explain's config and an input-bound verdict")
         rows = {r["name"]: r for r in data["series"]}  # type: ignore[attr-defined]
         assert rows["fetch_ms"]["meaning"] == "data_wait" and "read from the name" in rows["fetch_ms"]["rule"], rows
-        assert rows["t_update_ms"]["meaning"] == "optimizer", rows
+        assert rows["t_optim_ms"]["meaning"] == "optimizer", rows
         config = str(data["config"])
         assert '[[mapping]]\nmatch = "fetch_ms"\nphase = "data_wait"  # timing() of role trainer: read from the name' \
             in config, config
-        assert '[[mapping]]\nmatch = "t_update_ms"\nphase = "optimizer"' in config, config
+        assert '[[mapping]]\nmatch = "t_optim_ms"\nphase = "optimizer"' in config, config
         assert "DFlash" not in json.dumps(data["missing"])  # a single-role loop gets no DFlash lines
         path = tmp_path / "sidecar.toml"
         path.write_text(config.replace('match = "fetch_ms"\nphase = "data_wait"', 'match = "fetch_ms"\nphase = "none"'))

@@ -116,7 +116,7 @@ def test_a_phase_told_with_its_parts_counts_once_and_its_all_reduce_is_communica
     assert meanings == {"forward": "forward", "backward": "", "backward_inner": "backward",
                         "backward_allreduce": "comm_wait", "step": "optimizer"}
     whole = next(v for v in w.series if v.raw.endswith("_backward"))
-    assert whole.outside and "the sum of its parts" in whole.rule
+    assert whole.counted_in and "the sum of its parts" in whole.rule
     shares = compute_insight(w, gpus=GpuFacts(busy={"0": 0.46})).roles["trainer"].time_share
     assert shares == pytest.approx({"forward": 10 / 60, "backward": 12 / 60, "comm_wait": 33 / 60, "optimizer": 5 / 60})
 

@@ -123,7 +123,10 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
     unmapped: list[SeriesView] = []
     for view in series:
         if not view.meaning:
-            if view.kind == TIMING and view.window is not None and not view.outside:
+            # a timing outside the step (eval, a user's phase = "none") sent as a per-step snapshot is
+            # no part of the step's cycle; sent every occurrence it still took the worker's time: named
+            if (view.kind == TIMING and view.window is not None and not view.counted_in
+                    and not (view.outside and view.snapshot)):
                 unmapped.append(view)
             continue
         if view.window is None:

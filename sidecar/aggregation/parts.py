@@ -17,7 +17,7 @@ stage reads the window:
 2. A phase timing whose stem is the start of other phase timings' stems is timed with its parts
    (``x_backward`` beside ``x_backward_inner`` and ``x_backward_allreduce``). Where the parts are
    its own phase and another, and no user rule named it, it is their sum: it keeps no meaning
-   (``outside``: it is not unattributed time either) and the parts are read. Parts of its own
+   (``counted_in`` its parts: it is not unattributed time either) and the parts are read. Parts of its own
    phase alone are inside it and not counted again (``forward`` beside ``forward_attn``); parts
    of other phases alone stay beside it.
 3. ``forward_backward`` beside a ``forward`` and a ``backward`` of one prefix (``fwd_bwd`` beside
@@ -76,7 +76,7 @@ def _containers(out: list[SeriesView], members: list[int]) -> None:
         if parts:
             _split(out, i, parts)
         elif v.meaning == "forward_backward" and _beside_its_halves(out, members, v):
-            out[i] = replace(v, meaning="", outside=True,
+            out[i] = replace(v, meaning="", counted_in="forward, backward",
                              rule=f"{v.rule}; the sum of its forward and backward: not counted again")
 
 
@@ -89,12 +89,12 @@ def _split(out: list[SeriesView], i: int, parts: list[int]) -> None:
     meanings = {out[j].meaning for j in parts}
     names = ", ".join(sorted(out[j].raw or out[j].name for j in parts)[:3])
     if v.meaning in meanings and len(meanings) > 1 and not v.rule.startswith("mapping["):
-        out[i] = replace(v, meaning="", outside=True,
+        out[i] = replace(v, meaning="", counted_in=names,
                          rule=f"{v.rule}; the sum of its parts ({names}): not counted again")
         return
     for j in parts:
         if out[j].meaning == v.meaning:
-            out[j] = replace(out[j], meaning="", outside=True,
+            out[j] = replace(out[j], meaning="", counted_in=v.raw or v.name,
                              rule=f"{out[j].rule}; a part of {v.raw or v.name}: counted there")
 
 

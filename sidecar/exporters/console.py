@@ -12,15 +12,16 @@ from sidecar.model.window import IngestReport
 log = logging.getLogger("sidecar")
 
 MIN_RATE_WINDOW_S = 1.0
-"""A window shorter than this (seconds: the last one of a daemon stopped just after a boundary)
-shows counts, not rates: 20 records in 0.01 s read as 2,000 rec/s, and the roles' batch rates as
-thirty times the run's."""
+"""A window shorter than this (seconds) and than half the window before it (the last one of a
+daemon stopped just after a boundary) shows counts, not rates: 20 records in 0.01 s read as
+2,000 rec/s, and the roles' batch rates as thirty times the run's. A daemon run at a sub-second
+``--interval`` keeps its rates."""
 EXPLAIN_HINT = "why: run `dflash-sidecar explain` for what each verdict lacks and the mapping line that supplies it"
 
 
 class ConsoleExporter(Exporter):
     """Logs ``window <s> | senders | records/s | dropped | step | verdict ... | rates | queue``
-    each window (a window under ``MIN_RATE_WINDOW_S``: its records, no rate). While the verdict
+    each window (a partial window under ``MIN_RATE_WINDOW_S``: its records, no rate). While the verdict
     is ``unknown`` the line says why (the verdict's detail); the first such line of a stretch of
     ``unknown`` windows also names ``dflash-sidecar explain``."""
 
@@ -30,13 +31,16 @@ class ConsoleExporter(Exporter):
         self.log = logger
         self._dropped_before = 0
         self._hinted = False
+        self._last_s: float | None = None
+        """The previous window's length (s): a window as long as half of it is no partial one."""
 
     def line(self, report: IngestReport) -> str:
         """The line for ``report`` (also used by tests and ``top``)."""
         dropped = sum(sum(t.dropped.values()) for t in report.totals.values()) + sum(report.messages_dropped.values())
         new_drops, self._dropped_before = dropped - self._dropped_before, dropped
         window = report.window
-        rated = window.duration_s >= MIN_RATE_WINDOW_S
+        last, self._last_s = self._last_s, window.duration_s
+        rated = window.duration_s >= MIN_RATE_WINDOW_S or (last is not None and window.duration_s >= 0.5 * last)
         accepted = report.records_accepted_in_window
         volume = (f"{accepted / window.duration_s:,.0f} rec/s" if rated
                   else f"{accepted:,} records (too short for rates)")

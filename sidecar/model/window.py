@@ -69,6 +69,10 @@ class SeriesView:
     sibling: str = ""
     outside: bool = False
     stem: str = ""
+    counted_in: str = ""
+    """Set by the window's settling of a phase and its parts (``sidecar.aggregation.parts``): the
+    series whose time holds this one's (a phase's parts, or the phase its part is inside), so the
+    insight never counts it again."""
 
 
 @dataclass(frozen=True, slots=True)

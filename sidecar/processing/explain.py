@@ -73,7 +73,8 @@ def explain_data(report: Any, mapper: Mapper, roles: RoleSettings, gpu_missing: 
                 if v.meaning == "forward_backward":
                     present |= {(v.role, "forward"), (v.role, "backward")}
                 workers.setdefault(v.role, set()).add(v.worker)
-            if v.kind == TIMING and (not v.meaning or READ in v.rule) and not (v.outside and not v.meaning):
+            if v.kind == TIMING and (not v.meaning or READ in v.rule) and not v.counted_in \
+                    and not (v.outside and not v.meaning):
                 unmapped.append(v)  # (a name outside the step, or overruled as none, needs no rule)
     insight = report.insight if report is not None else None
     missing = missing_inputs(mapper, roles, present, snapshot_roles, workers, gpu_missing)
