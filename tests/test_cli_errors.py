@@ -101,7 +101,8 @@ def test_the_demo_ends_on_its_duration_without_claiming_a_sigterm(tmp_path: Path
     out = subprocess.run([sys.executable, "-m", "sidecar", "demo", "--duration", "1", "--no-gpu-metrics",
                           "--interval", "0.5", "--endpoint", f"ipc://{tmp_path}/demo.sock",
                           "--prometheus-addr", f"127.0.0.1:{free_port()}"],
-                         check=False, capture_output=True, text=True, env=env(), timeout=120)
+                         check=False, capture_output=True, text=True, env=env(XDG_STATE_HOME=str(tmp_path)),
+                         timeout=120)  # its ledger and page in the test's folder, never the user's
     assert out.returncode == 0, out.stderr
     assert "demo ran its --duration of 1 s, flushing and exiting" in out.stderr, out.stderr
     assert "SIGTERM" not in out.stderr
