@@ -217,3 +217,13 @@ def test_a_name_overruled_as_none_is_not_unattributed() -> None:
     rules = parse_rules([{"match": "perf/data_time_ms", "phase": "none"}])
     m = Mapper(rules).resolve(PROFILE, "perf/data_time_ms", "t", "0")
     assert (m.kind, m.meaning, m.outside) == (TIMING, "", True)
+
+
+def test_the_dflash_queue_rules_say_what_was_read() -> None:
+    from sidecar.aggregation.verdict import InsightSettings, RoleFacts, decide
+
+    s = InsightSettings()
+    target = RoleFacts("target", {"data_wait": 0.6, "forward": 0.3}, (), read={"data_wait": ("time/fetch", 1.0)})
+    drafter = RoleFacts("drafter", {"queue_wait": 0.5, "forward": 0.4}, ())
+    v = decide({"target": target, "drafter": drafter}, 10.0, 0.5, 0.1, {}, {}, s)
+    assert v.name == "input-bound" and "data_wait read from the name: time/fetch" in v.detail, v

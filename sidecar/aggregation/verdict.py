@@ -301,6 +301,9 @@ def _decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: fl
         threshold = s.starved_ratio if limit == s.target_role else s.backpressure_ratio
         base = replace(base, confidence=confidence(base.evidence[0][1], threshold) if base.evidence[0][0] in (
             "ready_deficit", f"{s.target_role}.queue_put_wait") else base.confidence)
+    for f in (target, drafter):  # the queue rules' evidence read from a name is said, as the others'
+        if f is not None:
+            base = _read(base, f)
     return _override(base, limit, roles, throttled, gpu_roles, s)
 
 
