@@ -154,8 +154,6 @@ class Aggregator:
         self._resolved: dict[Any, int] = {}
         """Owner -> charged resolutions in this window."""
         self._owner: Any = None
-        self._sender: Any = None
-        """The sender of the batch being ingested (its step axis is told by its keys)."""
         self._left = 0
 
     def series_count(self) -> int:
@@ -187,7 +185,6 @@ class Aggregator:
         (``_admit``), and each owner has its own ``resolve_budget``. Returns the number accepted
         and the records rejected, by reason (a new dict: the caller books both)."""
         self._owner = owner = sender if owner is None else owner
-        self._sender = sender
         self._left = self.resolve_budget - self._resolved.get(owner, 0)
         table = self._names.get(sender)
         if table is None or table[0] != role or table[1] != worker:  # a relabelled sender resolves its names anew
@@ -361,7 +358,7 @@ class Aggregator:
             self._steps[sender] = (role, worker, name)
             self._first_steps.setdefault(sender, name)
             self._axes.see(sender, name)
-            self._entries(value.items(), role, worker, cache, memo, names)
+            self._entries(value.items(), role, worker, cache, memo, names, sender)
             return None
         device = (role, worker, name)
         if device not in self._allocator and len(self._allocator) >= MAX_ALLOCATOR_SERIES:
@@ -370,7 +367,7 @@ class Aggregator:
         return None
 
     def _entries(self, entries: Any, role: str, worker: str, cache: dict[Any, Any], memo: dict[Any, Any],
-                 names: NameMap) -> None:
+                 names: NameMap, sender: int) -> None:
         """A profile dict's (key, value) entries: keys in a time unit are timings, the others gauges.
         The sender's table maps (PROFILE, key) to the entry's series, so the kind is decided once
         per key."""
@@ -386,7 +383,7 @@ class Aggregator:
                     continue
                 add = memo.get((PROFILE, entry))
                 if add is None:
-                    add = self._resolve_entry(entry, role, worker, cache, names)
+                    add = self._resolve_entry(entry, role, worker, cache, names, sender)
                     if (PROFILE, entry) not in cache:
                         memo[PROFILE, entry] = add
             except TypeError:
@@ -401,16 +398,17 @@ class Aggregator:
             rejected[k] = rejected.get(k, 0) + 1
 
     def _resolve_entry(self, entry: Any, role: str, worker: str, cache: dict[Any, Any],
-                       names: NameMap) -> Adder | str:
+                       names: NameMap, sender: int) -> Adder | str:
         """A dict key's series under (PROFILE, key): the mapping stage decides its kind
         (``Mapped.kind``: a key in a time unit is a timing), so a key is mapped before its series
-        is looked up (only one with room in the budget and a valid name)."""
+        is looked up (only one with room in the budget and a valid name); a key whose namespace says
+        ``sender``'s step counts items names its axis (``step_axis``)."""
         mapped = None
         if entry.__class__ is str and self._left > 0 and name_problem(entry) is None:
             mapped = names(PROFILE, entry, role, worker)
         kind = mapped.kind if mapped is not None and mapped.kind >= 0 else profile_entry_kind(entry)
         if mapped is not None and mapped.axis:
-            self._axes.name(self._sender)
+            self._axes.name(sender)
         add = self._resolve(kind, entry, role, worker, cache, None, snapshot=True, mapped=mapped)
         if add.__class__ is not str or (add != "cardinality" and len(cache) < MAX_CACHED_REJECTIONS):
             cache[PROFILE, entry] = add

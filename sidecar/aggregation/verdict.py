@@ -400,7 +400,7 @@ def _single_role(f: RoleFacts, busy: float | None, s: InsightSettings,
 
 
 EVIDENCE_OF: dict[str, tuple[str, ...]] = {
-    **{p: ("busy",) for p in BUSY_PHASES}, "step": (OTHER_SHARE, "busy"), "data_wait": (), "comm_wait": ()}
+    **{p: ("busy",) for p in BUSY_PHASES}, "step": (OTHER_SHARE, "busy")}
 """A phase -> the evidence keys (after ``<role>.``) besides its own that it decides: the busy
 phases make ``busy``, ``step`` the gap ``other`` (and the busy share's denominator)."""
 
