@@ -17,6 +17,7 @@ its loss and learning rate (no timing at all), its GPU 45 % busy, is ``unexplain
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -147,6 +148,15 @@ def run_trainer(name: str, workdir: Path, windows: int = 10, interval_s: float =
         d.stop()
 
 
+def ledger_after(row: Path) -> list[dict[str, object]]:
+    """The run ledger's runs as ``report --json`` reads them from the stopped daemon's state folder."""
+    out = subprocess.run([sys.executable, "-m", "sidecar", "report", "--json", "--state-dir", str(row / "state")],
+                         capture_output=True, text=True, env=env(), timeout=60)
+    assert out.returncode == 0, out.stderr
+    runs: list[dict[str, object]] = json.loads(out.stdout)["runs"]
+    return runs
+
+
 @pytest.mark.timeout(240)
 def test_three_trainers_with_names_of_their_own_get_the_right_verdict(tmp_path: Path) -> None:
     library_or_skip("full")
@@ -163,6 +173,12 @@ def test_three_trainers_with_names_of_their_own_get_the_right_verdict(tmp_path: 
             assert all("read from the name" in e and read_from in e for e in said), (trainer, lines)
         else:  # no timing at all, the GPU 45 % busy: no false health
             assert "balanced" not in verdicts and all("55% idle" in e for v, e in lines if v == expected), lines
+    for trainer in TRAINERS:  # after the run: each role's causes sum to its wall time, the verdict kept
+        runs = ledger_after(tmp_path / trainer)
+        assert runs, trainer
+        for r in runs:
+            seconds = r["seconds"]
+            assert isinstance(seconds, dict) and r["wall_s"] == pytest.approx(sum(seconds.values())), (trainer, r)
     # DeepSpeed's axis counts samples (32 a step): the ledger counts steps, the sent step stays the axis
     ds = rows["deepspeed"]
     sent, steps = ds["sent"], ds["steps"]
