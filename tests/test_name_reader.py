@@ -10,6 +10,7 @@ from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.ledger import window_facts
 from sidecar.model.insight import GpuFacts
+from sidecar.model.meanings import PHASES
 from sidecar.model.window import GAUGE, PROFILE, TIMING
 from sidecar.processing.mapping import Mapper, parse_rules
 from sidecar.processing.reader import read_name, read_rate, stem
@@ -30,6 +31,13 @@ from sidecar.processing.reader import read_name, read_rate, stem
     ("speed/data_load_time", "data_wait", 1.0),                 # speed as a namespace holds durations
     ("train/timing/step_total", "step", 1.0),                   # total next to a phase word: the whole step
     ("timers/forward", "forward", 1.0),
+    ("reader_cost", "data_wait", 1.0),                          # PaddlePaddle's costs are durations
+    ("batch_cost", "step", 1.0),
+    ("interval-time", "step", 1.0),                             # Megatron's timer of the logged interval
+    ("Speed/Batch_processing_time_ms", "step", 1e-3),           # a batch's processing is the step
+    ("timers/synch_weights_time_ms", "comm_wait", 1e-3),        # a sync verb beside what it moves
+    ("time/push_params", "comm_wait", 1.0),
+    ("perf/gradients_reduce_s", "comm_wait", 1.0),
 ])
 def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     r = read_name(name)
@@ -51,10 +59,29 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("grad_norm", "norm"),
     ("data", "no time unit"),                     # names a phase, says no duration
     ("iteration-time/TFLOPs per gpu (estimated)", "tflops"),
+    ("Prediction Iteration Time (seconds)", "predict"),  # a veto word in any of its forms
+    ("timing/evaluating_step_s", "evaluate"),
+    ("time/checkpoints_ms", "checkpoint"),
+    ("Time Wait For Batch (Eval)", "eval"),       # a wait for an eval batch is the evaluation's
+    ("step_start_time", "start"),                 # a moment, not a duration
+    ("time/step_stop_server", "stop"),
+    ("timing/offload_s", "offload"),              # an inference server's life
+    ("timing/convert_to_training_input", "convert"),  # host-side preparation, not the loader's wait
+    ("misc/gradient_update_elapse", "update"),    # a gradient's update: the learner's own, no backward
+    ("batch_preprocessing_time", "preprocessing"),  # only processing right after a step word is the step
 ])
 def test_names_that_are_no_phase(name: str, why: str) -> None:
     r = read_name(name)
     assert r.meaning == "" and why in r.why, r
+
+
+def test_lemmas_find_bases_never_phases() -> None:
+    from sidecar.processing.reader import lemmas
+
+    assert {"predict", "evaluate", "checkpoint", "compile", "save"} <= lemmas(
+        {"prediction", "evaluating", "checkpoints", "compiling", "saves"})
+    assert read_name("time/steps").meaning == ""  # a count, whatever its lemma
+    assert read_name("perf/logits_time").meaning == "forward"  # logits is no form of log
 
 
 def test_ambiguous_names_are_read_with_less_certainty_and_say_why() -> None:
@@ -158,8 +185,7 @@ def test_any_name_is_read_without_raising() -> None:
     @given(st.text(min_size=1, max_size=200))
     def check(name: str) -> None:
         r = read_name(name)
-        assert r.meaning in ("", "data_wait", "forward", "backward", "forward_backward", "optimizer", "comm_wait",
-                             "step")
+        assert r.meaning in {"", "step"} | set(PHASES)  # the queue's waits included (QueueWait)
         assert 0.0 < r.certainty <= 1.0 and (r.unit.base in ("", "seconds"))
         assert read_rate(name) in ("", "tokens_per_s", "samples_per_s", "steps_per_s")
         stem(name)

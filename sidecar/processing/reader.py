@@ -53,7 +53,7 @@ END_UNITS: dict[str, float] = {"min": 60.0, "h": 3600.0, "hr": 3600.0, "hrs": 36
 
 DURATION_WORDS = frozenset({"time", "times", "timing", "timings", "duration", "durations", "latency", "elapsed",
                             "took", "wait", "waiting", "waited", "dt", "delay", "stall", "stalled", "blocked", "timer",
-                            "timers", "starvation", "starved", "starving"})
+                            "timers", "starvation", "starved", "starving", "cost", "costs", "elapse", "spent"})
 """Words that make the name proper a duration when no unit is written (then read in seconds:
 ``time.time()`` and ``perf_counter()`` differences, what Python code logs)."""
 DURATION_NAMESPACES = frozenset({"time", "times", "timing", "timings", "timer", "timers", "durations",
@@ -61,23 +61,37 @@ DURATION_NAMESPACES = frozenset({"time", "times", "timing", "timings", "timer", 
                                  "time_perf", "perf_timing"})
 """Namespace segments whose keys are durations (``timing/data_s``, ``time/data``)."""
 
+WEIGHTS = frozenset({"weight", "weights", "param", "params", "parameter", "parameters"})
+GRADS = frozenset({"grad", "grads", "gradient", "gradients"})
+COMM_VERBS: dict[str, frozenset[str]] = {
+    "sync": WEIGHTS | GRADS | {"model"}, "synch": WEIGHTS | GRADS | {"model"},
+    "synchronize": WEIGHTS | GRADS | {"model"}, "reduce": GRADS, "gather": WEIGHTS, "prefetch": WEIGHTS,
+    "update": WEIGHTS, "push": WEIGHTS, "pull": WEIGHTS, "transfer": WEIGHTS, "broadcast": WEIGHTS,
+}
+"""A verb of moving tensors between processes -> the things it moves: either order beside each other
+(``grad_sync``, ``sync_weights``, ``reduce_gradients``, ``param_prefetch``) names communication.
+``update`` moves weights only (``update_weights``: new weights pushed to an inference engine); a
+model's or a gradient's update is the learner's own step."""
+
+
+def _pairs(verbs: dict[str, frozenset[str]]) -> frozenset[str]:
+    """``verb_object`` and ``object_verb`` for every verb and object of ``verbs``."""
+    return frozenset(p for verb, objects in verbs.items() for o in objects for p in (f"{verb}_{o}", f"{o}_{verb}"))
+
+
 PHASE_WORDS: dict[str, frozenset[str]] = {
     "comm_wait": frozenset({"allreduce", "all_reduce", "reduce_scatter", "reducescatter", "allgather", "all_gather",
                             "alltoall", "all_to_all", "all2all", "comm", "comms", "communication", "nccl",
-                            "collective", "collectives", "barrier", "broadcast", "grad_sync", "grads_sync",
-                            "gradient_sync", "sync_grads", "allreduce_wait", "p2p", "send", "recv", "dp_sync",
-                            "weight_sync", "weights_sync", "param_sync", "params_sync", "model_sync", "gather",
-                            "scatter", "weight_gather", "param_gather", "weight_update", "weights_update",
-                            "update_weights", "update_weight", "bcast", "grad_reduce", "grads_reduce",
-                            "reduce_grads", "reduce_grad", "reduce_gradients", "gradient_reduce", "sync_gradients",
-                            "sync_grad", "data_parallel_sync", "param_prefetch", "prefetch_params"}),
+                            "collective", "collectives", "barrier", "broadcast", "allreduce_wait", "p2p", "send",
+                            "recv", "dp_sync", "gather", "scatter", "bcast", "data_parallel_sync"})
+                           | _pairs(COMM_VERBS),
     "queue_put_wait": frozenset({"put_wait", "queue_put", "put_blocked", "enqueue_wait"}),
     "queue_wait": frozenset({"queue_get", "queue_wait", "get_wait", "queue_empty", "dequeue_wait"}),
     "data_wait": frozenset({"data", "dataloader", "dataloading", "data_loader", "data_loading", "loader", "loading",
                             "load", "fetch", "fetching", "input", "inputs", "io", "next_batch", "get_batch",
                             "batch_load", "batch_loading", "batch_wait", "batch_generator", "dataset", "prefetch",
                             "sampler", "sample_batch", "batch_sample", "dequeue", "rb_sample", "buffer_sample",
-                            "replay_sample", "sample_buffer", "dl",
+                            "replay_sample", "sample_buffer", "dl", "reader", "reading",
                             "wait_for_batch", "inter_step", "inter_batch", "between_steps"}),
     "forward_backward": frozenset({"forward_backward", "fwd_bwd", "fwdbwd", "fb", "fwd_bwd_step", "train_batch"}),
     "forward": frozenset({"forward", "fwd", "fw", "fprop", "forward_pass", "logprobs", "logprob", "logp", "logits"}),
@@ -86,28 +100,28 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
     "optimizer": frozenset({"optimizer", "optim", "opt", "optimizer_step", "opt_step", "optim_step", "gradstep",
                             "grad_step", "apply_gradients", "adam", "adamw", "sgd", "zero_grad"}),
     "step": frozenset({"step", "iter", "iteration", "it", "batch", "train_step", "step_time", "e2e",
-                       "end_to_end", "cycle", "train_iter", "minibatch", "mini_batch", "loop"}),
+                       "end_to_end", "cycle", "train_iter", "minibatch", "mini_batch", "loop", "interval"}),
 }
 """Phase -> the words (one word, or two joined by ``_``) that name it, tried in this order when a
 name holds words of several (``backward_allreduce``: communication, the part of the backward
 that waits; ``data`` beside ``step``: the data wait of a step; a queue's get or put: the DFlash
 hidden-state queue's meanings). docs/METRICS.md prints it."""
 
-NOT_A_PHASE = frozenset({
-    "eta", "remaining", "left", "since", "uptime", "wallclock", "timestamp", "date", "clock",
-    "eval", "evaluation", "evaluate", "val", "valid", "validation", "test", "testing", "inference", "predict",
-    "checkpoint", "checkpointing", "ckpt", "save", "saving", "export", "warmup", "setup", "init",
-    "model_load", "load_model", "loading_model", "weights_load", "load_weights", "load_checkpoint",
-    "startup", "compile", "compilation", "log", "logging", "print", "store", "storing",
-    "memory", "mem", "gpu_mem", "allocated", "reserved", "flops", "tflops", "mfu",
-    "lr", "acc", "accuracy", "norm", "reward", "rollout", "rollouts", "generation", "generate",
-    "sampling", "env", "environment", "episode", "episodes", "total_time", "time_total", "time_elapsed",
-    "total_elapsed",
-    "wall_time", "walltime", "elapsed_total", "train_runtime",
+EVAL_WORDS = frozenset({"eval", "evaluate", "val", "valid", "validate", "test", "inference", "predict"})
+"""Words of a model's evaluation: outside the training step even where a trainer waits for a batch."""
+NOT_A_PHASE = EVAL_WORDS | frozenset({
+    "eta", "remaining", "left", "since", "uptime", "wallclock", "timestamp", "date", "clock", "start", "begin",
+    "stop", "stopped", "checkpoint", "ckpt", "save", "export", "warmup", "setup", "init", "initialize",
+    "model_load", "load_model", "loading_model", "weights_load", "load_weights", "load_checkpoint", "startup",
+    "compile", "compilation", "log", "logging", "print", "store", "memory", "mem", "gpu_mem", "allocated",
+    "reserved", "flops", "tflops", "mfu", "lr", "acc", "accuracy", "norm", "reward", "rollout", "generate", "gen",
+    "collect", "sampling", "env", "environment", "episode", "total_time", "time_total", "time_elapsed",
+    "total_elapsed", "wall_time", "walltime", "elapsed_total", "train_runtime",
 })
-"""Words, anywhere in the name, that put a key outside one training step: evaluation,
-checkpoints, time since the start or to the end, memory, throughput, RL rollouts and generation,
-model quality. docs/METRICS.md prints it."""
+"""Words, anywhere in the name and in any of their forms (``lemmas``: ``prediction``, ``checkpoints``,
+``evaluating``), that put a key outside one training step: evaluation, checkpoints, time since the
+start or to the end, a moment (``step_start_time``) rather than a duration, memory, throughput, RL
+rollouts, their collection and generation, model quality. docs/METRICS.md prints it."""
 NAME_NOT_A_PHASE = frozenset({"throughput", "speed", "runtime", "perf", "performance", "epoch", "epochs"})
 """Words that put a key outside the step in the name proper only: as a namespace they hold durations
 too (``speed/data_load_time``, ``runtime/iteration_time``, ``TrainEpochStats/avg_loader_time``)."""
@@ -135,16 +149,20 @@ STATISTICS = frozenset({"total", "cumulative", "sum", "max", "min", "std", "var"
 (``data_time_max_ms``, ``total_step_time``): read as a duration of no phase."""
 
 HOST_PREP = frozenset({"preprocess", "preprocessing", "processing", "prep", "prepare", "preparation", "tokenize",
-                       "tokenization", "collate", "h2d", "d2h", "to_device", "transfer", "copy", "memcpy"})
+                       "tokenization", "collate", "h2d", "d2h", "to_device", "transfer", "copy", "memcpy", "convert",
+                       "conversion", "converting", "cast", "augment", "augmentation", "transform", "transforms"})
 """Host-side batch preparation and copies: a part of the step, never the data loader's wait."""
 OTHER_PARTS = frozenset({"update", "updates", "priority", "priorities", "ema", "scheduler", "sched",
-                         "lr_scheduler", "scaler", "swa"}) | HOST_PREP
+                         "lr_scheduler", "scaler", "swa", "server", "servers", "shutdown", "launch", "restart",
+                         "offload", "onload", "wake", "wakeup", "sleep", "resume"}) | HOST_PREP
 """Words of a part of the step the insight has no phase for: a learner's whole ``update`` (its
 forward, backward and optimizer steps over mini-batches: ``timing_s/update_actor``,
 ``time/update``; in no corpus key is ``update`` the optimizer step alone, and beside ``weights`` it
 is the push of new weights to an inference engine: communication), host-side batch preparation
-(``data_preprocess_time``, ``input_prep_time``), an EMA or replay-priority update. A name with one of
-these and no stronger phase word reads as no phase (its time unattributed, never a wait)."""
+(``data_preprocess_time``, ``input_prep_time``), an EMA or replay-priority update, an inference
+server's life (``step_stop_server``, ``offload``). A name with one of these and no stronger phase
+word reads as no phase (its time unattributed, never a wait); ``processing`` right after a step word
+is the step itself (``Batch_processing_time_ms``)."""
 DATA_FIRST = frozenset({"wait_for_batch", "get_batch", "next_batch"})
 """Words that say the trainer waits for its next batch even where another word would put the key
 outside the step (``stats/rollout_queue_get_time``: a learner blocked on its rollouts' queue)."""
@@ -241,6 +259,22 @@ def stem(name: str) -> str:
     return "_".join(w for seg in segments(name) for w in seg if w not in TIME_UNITS and w not in DURATION_WORDS)
 
 
+_SUFFIXES = ("ations", "ation", "ions", "ion", "ings", "ing", "es", "s", "ed")
+
+
+def lemmas(ws: set[str]) -> set[str]:
+    """``ws`` with the bases their endings may hide (``prediction`` -> ``predict``, ``evaluating`` ->
+    ``evaluate``, ``checkpoints`` -> ``checkpoint``): candidates only, for looking words up in a
+    list of base words, never to read a phase (``steps`` counts, ``step`` is a phase)."""
+    out = set(ws)
+    for w in ws:
+        for suffix in _SUFFIXES:
+            base = w[:-len(suffix)]
+            if w.endswith(suffix) and len(base) >= 3:
+                out.update((base, base + "e") + ((base + "ate",) if suffix.startswith("ation") else ()))
+    return out
+
+
 def _vocab(ws: list[str]) -> set[str]:
     """The words and the joined neighbour pairs and triples of ``ws`` (``all_reduce``, ``fwd_bwd_step``)."""
     out = set(ws)
@@ -299,7 +333,7 @@ def read_name(name: str) -> Reading:
     meaning, hit = _phase(vocab)
     if not meaning:
         meaning, hit = _phase(space - DURATION_NAMESPACES)
-    if not meaning or (meaning in ("optimizer", "step", "data_wait") and vocab & OTHER_PARTS):
+    if not meaning or ((meaning in ("optimizer", "step", "data_wait") or hit in GRADS) and _parts(proper, vocab)):
         return _no_phase_word(name, proper, vocab, unit, meaning)
     why = f"'{hit}' -> {meaning}" + (f", unit {unit[0]}" if unit else ", unit not written: seconds")
     other = ambiguity(name)
@@ -319,11 +353,12 @@ def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str]
     stats = vocab & STATISTICS
     if "total" in stats and _whole_of_a_phase(proper):
         stats = stats - {"total"}  # step_total, total_step_time: the whole of the step, not a sum of many
-    veto = (vocab | space) & (NOT_A_PHASE | COMPONENTS) | stats | vocab & NAME_NOT_A_PHASE
+    anywhere = lemmas(vocab | space)
+    veto = anywhere & NOT_A_PHASE | (vocab | space) & COMPONENTS | stats | vocab & NAME_NOT_A_PHASE
     if vocab & SOFT_NOT_A_PHASE and not _phase(vocab)[0]:
         veto |= vocab & SOFT_NOT_A_PHASE
     if vocab & DATA_FIRST:
-        veto = stats
+        veto = stats | anywhere & EVAL_WORDS  # a wait for an eval batch is the evaluation's
     if veto:
         return Reading("", _unit(name, unit) if unit else Unit(name), f"not a phase of the step: {_first(veto)}",
                        outside=True)
@@ -339,7 +374,7 @@ def _no_phase_word(name: str, proper: list[str], vocab: set[str], unit: tuple[st
                    meaning: str) -> Reading:
     """A duration whose words name no phase, or name one beside a part of the step of no phase
     (``OTHER_PARTS``: a learner's update, a scheduler's step, a host-side copy)."""
-    parts = vocab & OTHER_PARTS
+    parts = _parts(proper, vocab)
     if parts and (meaning != "data_wait" or parts & HOST_PREP):
         part = _first(parts)
         return Reading("", _unit(name, unit) if unit else Unit(name), f"a part of the step of no phase: {part}")
@@ -353,6 +388,16 @@ def _no_phase_word(name: str, proper: list[str], vocab: set[str], unit: tuple[st
                        AMBIGUOUS_CERTAINTY, "a bare duration is the step in most loggers, but not in all")
     timed = unit is not None and bool(vocab & DURATION_WORDS)  # train/hr is a hit rate, not hours
     return Reading("", _unit(name, unit) if timed else Unit(name), "a duration of no phase word")
+
+
+def _parts(proper: list[str], vocab: set[str]) -> set[str]:
+    """The words of ``OTHER_PARTS`` in the name, less a ``processing`` that follows a step word: a
+    batch's processing is the step (``Batch_processing_time_ms``), a batch's preprocessing is not."""
+    parts = vocab & OTHER_PARTS
+    for before, word in zip(proper, proper[1:], strict=False):
+        if word == "processing" and before in PHASE_WORDS["step"]:
+            parts.discard(word)
+    return parts
 
 
 def ambiguity(name: str) -> tuple[str, str] | None:
@@ -423,7 +468,7 @@ def doc_table() -> list[str]:
             ("a duration, when no unit is written (read in seconds)", words_of(DURATION_WORDS)),
             ("a namespace of durations", words_of(DURATION_NAMESPACES))]
     rows += [(f"phase `{phase}`", words_of(ws)) for phase, ws in PHASE_WORDS.items()]
-    rows += [("no phase of the step, anywhere in the name", words_of(NOT_A_PHASE)),
+    rows += [("no phase of the step, anywhere in the name, in any of their forms", words_of(NOT_A_PHASE)),
              ("no phase of the step, in the name proper", words_of(NAME_NOT_A_PHASE)),
              ("a component's part of a phase, not the phase", words_of(COMPONENTS)),
              ("a statistic of many steps (`total` next to a phase word excepted)", words_of(STATISTICS)),
