@@ -38,6 +38,13 @@ from sidecar.processing.reader import read_name, read_rate, stem
     ("timers/synch_weights_time_ms", "comm_wait", 1e-3),        # a sync verb beside what it moves
     ("time/push_params", "comm_wait", 1.0),
     ("perf/gradients_reduce_s", "comm_wait", 1.0),
+    ("ddp_sync_time", "comm_wait", 1.0),
+    ("p2p_wait_ms", "comm_wait", 1e-3),                         # p2p is one word, no percentile p2
+    ("pipeline_bubble_ms", "comm_wait", 1e-3),
+    ("time/batch_gen", "data_wait", 1.0),                       # Megatron's batch generator, no text generation
+    ("time/get_next", "data_wait", 1.0),
+    ("t_data", "data_wait", 1.0),                               # a script's timer variables
+    ("t_fwd", "forward", 1.0),
 ])
 def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     r = read_name(name)

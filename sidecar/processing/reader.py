@@ -55,7 +55,8 @@ DURATION_WORDS = frozenset({"time", "times", "timing", "timings", "duration", "d
                             "took", "wait", "waiting", "waited", "dt", "delay", "stall", "stalled", "blocked", "timer",
                             "timers", "starvation", "starved", "starving", "cost", "costs", "elapse", "spent"})
 """Words that make the name proper a duration when no unit is written (then read in seconds:
-``time.time()`` and ``perf_counter()`` differences, what Python code logs)."""
+``time.time()`` and ``perf_counter()`` differences, what Python code logs); so does a leading ``t``
+before another word (``t_data``, ``t_fwd``: a script's timer variables)."""
 DURATION_NAMESPACES = frozenset({"time", "times", "timing", "timings", "timer", "timers", "durations",
                                  "latency", "latencies", "profile", "profiling", "perf_time", "timeperf", "timeit",
                                  "time_perf", "perf_timing"})
@@ -63,9 +64,10 @@ DURATION_NAMESPACES = frozenset({"time", "times", "timing", "timings", "timer", 
 
 WEIGHTS = frozenset({"weight", "weights", "param", "params", "parameter", "parameters"})
 GRADS = frozenset({"grad", "grads", "gradient", "gradients"})
+PARALLEL = frozenset({"model", "ddp", "fsdp", "dp", "zero"})
 COMM_VERBS: dict[str, frozenset[str]] = {
-    "sync": WEIGHTS | GRADS | {"model"}, "synch": WEIGHTS | GRADS | {"model"},
-    "synchronize": WEIGHTS | GRADS | {"model"}, "reduce": GRADS, "gather": WEIGHTS, "prefetch": WEIGHTS,
+    "sync": WEIGHTS | GRADS | PARALLEL, "synch": WEIGHTS | GRADS | PARALLEL,
+    "synchronize": WEIGHTS | GRADS | PARALLEL, "reduce": GRADS, "gather": WEIGHTS, "prefetch": WEIGHTS,
     "update": WEIGHTS, "push": WEIGHTS, "pull": WEIGHTS, "transfer": WEIGHTS, "broadcast": WEIGHTS,
 }
 """A verb of moving tensors between processes -> the things it moves: either order beside each other
@@ -79,11 +81,17 @@ def _pairs(verbs: dict[str, frozenset[str]]) -> frozenset[str]:
     return frozenset(p for verb, objects in verbs.items() for o in objects for p in (f"{verb}_{o}", f"{o}_{verb}"))
 
 
+DATA_FIRST = frozenset({"wait_for_batch", "get_batch", "next_batch", "batch_gen", "batch_generator",
+                        "batch_generation"})
+"""Words that say the trainer waits for its next batch even where another word would put the key
+outside the step (``stats/rollout_queue_get_time``: a learner blocked on its rollouts' queue;
+``time/batch_gen``: Megatron's batch generator, no text generation)."""
+
 PHASE_WORDS: dict[str, frozenset[str]] = {
     "comm_wait": frozenset({"allreduce", "all_reduce", "reduce_scatter", "reducescatter", "allgather", "all_gather",
                             "alltoall", "all_to_all", "all2all", "comm", "comms", "communication", "nccl",
                             "collective", "collectives", "barrier", "broadcast", "allreduce_wait", "p2p", "send",
-                            "recv", "dp_sync", "gather", "scatter", "bcast", "data_parallel_sync"})
+                            "recv", "gather", "scatter", "bcast", "data_parallel_sync", "bubble"})
                            | _pairs(COMM_VERBS),
     "queue_put_wait": frozenset({"put_wait", "queue_put", "put_blocked", "enqueue_wait"}),
     "queue_wait": frozenset({"queue_get", "queue_wait", "get_wait", "queue_empty", "dequeue_wait"}),
@@ -92,7 +100,7 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
                             "batch_load", "batch_loading", "batch_wait", "batch_generator", "dataset", "prefetch",
                             "sampler", "sample_batch", "batch_sample", "dequeue", "rb_sample", "buffer_sample",
                             "replay_sample", "sample_buffer", "dl", "reader", "reading",
-                            "wait_for_batch", "inter_step", "inter_batch", "between_steps"}),
+                            "wait_for_batch", "inter_step", "inter_batch", "between_steps", "get_next"}) | DATA_FIRST,
     "forward_backward": frozenset({"forward_backward", "fwd_bwd", "fwdbwd", "fb", "fwd_bwd_step", "train_batch"}),
     "forward": frozenset({"forward", "fwd", "fw", "fprop", "forward_pass", "logprobs", "logprob", "logp", "logits"}),
     "backward": frozenset({"backward", "bwd", "bw", "bprop", "backprop", "backward_pass", "grad", "grads",
@@ -163,9 +171,6 @@ is the push of new weights to an inference engine: communication), host-side bat
 server's life (``step_stop_server``, ``offload``). A name with one of these and no stronger phase
 word reads as no phase (its time unattributed, never a wait); ``processing`` right after a step word
 is the step itself (``Batch_processing_time_ms``)."""
-DATA_FIRST = frozenset({"wait_for_batch", "get_batch", "next_batch"})
-"""Words that say the trainer waits for its next batch even where another word would put the key
-outside the step (``stats/rollout_queue_get_time``: a learner blocked on its rollouts' queue)."""
 PER_ITEM = frozenset({"token", "tokens", "sample", "samples", "example", "examples", "image", "images", "seq",
                       "sequence", "sequences", "item", "items", "sentence", "frame", "frames"})
 """After ``per``, words that make a duration a cost per item (``timing_per_token_ms``), not a
@@ -240,11 +245,11 @@ def words(text: str) -> list[str]:
     for i in range(len(out) - 1, 0, -1):
         if out[i - 1] == "log" and out[i] in ("probs", "prob", "p"):
             out[i - 1:i + 1] = ["log" + out[i]]
-        elif out[i].isdigit() and out[i - 1] == "p":
-            out[i - 1:i + 1] = ["p" + out[i]]  # p50, p99: a percentile
         elif (out[i].isdigit() and i + 1 < len(out) and out[i + 1].isalpha() and len(out[i + 1]) <= 3
               and out[i - 1].isalpha() and len(out[i - 1]) <= 3):
-            out[i - 1:i + 2] = [out[i - 1] + out[i] + out[i + 1]]  # h2d, d2h, all2all: one word
+            out[i - 1:i + 2] = [out[i - 1] + out[i] + out[i + 1]]  # h2d, d2h, all2all, p2p: one word
+        elif out[i].isdigit() and out[i - 1] == "p":
+            out[i - 1:i + 1] = ["p" + out[i]]  # p50, p99: a percentile
     return out
 
 
@@ -362,7 +367,8 @@ def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str]
     if veto:
         return Reading("", _unit(name, unit) if unit else Unit(name), f"not a phase of the step: {_first(veto)}",
                        outside=True)
-    if unit is None and not vocab & DURATION_WORDS and not set(namespace) & DURATION_NAMESPACES:
+    timer = len(proper) > 1 and proper[0] == "t"  # t_data, t_fwd: a script's timer variables
+    if unit is None and not timer and not vocab & DURATION_WORDS and not set(namespace) & DURATION_NAMESPACES:
         return Reading("", Unit(name), "no time unit or duration word")
     words = namespace + proper
     if any(a == "per" and b in PER_ITEM for a, b in zip(words, words[1:], strict=False)):
