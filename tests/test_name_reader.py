@@ -184,6 +184,30 @@ def test_a_samples_axis_counts_steps_not_samples() -> None:
     assert every.sender_step_counts == {} and window_facts(report(every)).senders[0].step == 256
 
 
+def _paced(strides: list[int], seconds_per_change: float, keys: dict[str, float]):
+    """A TensorBoard-style logger whose step moves by ``strides``, ``seconds_per_change`` apart."""
+    now = [0.0]
+    agg, mapper = Aggregator(clock=lambda: now[0]), Mapper()
+    step = 0
+    for stride in strides:
+        step += stride
+        now[0] += seconds_per_change
+        agg.ingest("trainer", "0", [[PROFILE, step, keys]], mapper.resolve, sender=1)
+    return agg.roll(0.0, 10.0, 10.0)
+
+
+def test_a_samples_axis_is_known_by_its_pace_without_a_samples_namespace() -> None:
+    keys = {"timing/iter_s": 0.05, "timing/data_s": 0.03}  # 50 ms a step
+    # the step moves by the batch (32) once per step's time: it counts samples
+    assert _paced([32] * 12, 0.05, keys).sender_step_counts == {1: 12}
+    # every tenth step logged on a step axis: it moves by 10 once per ten steps' time, read as sent
+    assert _paced([10] * 12, 0.5, keys).sender_step_counts == {}
+    # a stride that varies (a step axis logged when something happened), too few changes, no step time
+    assert _paced([32, 32, 33] * 4, 0.05, keys).sender_step_counts == {}
+    assert _paced([32] * 5, 0.05, keys).sender_step_counts == {}
+    assert _paced([32] * 12, 0.05, {"loss": 1.0}).sender_step_counts == {}
+
+
 def test_any_name_is_read_without_raising() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st

@@ -15,6 +15,7 @@ sender, dropped whenever series expire or are evicted (their adds would point at
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
@@ -108,7 +109,9 @@ class _Owner:
 class Aggregator:
     """Holds every series in use, bounded by ``max_series`` (the cardinality budget)."""
 
-    def __init__(self, max_series: int = WindowSettings.max_series, series_ttl_s: float = 3600.0) -> None:
+    def __init__(self, max_series: int = WindowSettings.max_series, series_ttl_s: float = 3600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: monotonic seconds, read when a sender's step moves (its step axis's pace)."""
         self._names: dict[Any, tuple[str, str, dict[Any, Any]]] = {}
         """Sender -> (role, worker it was labelled, its name table): (kind, name) -> the series'
         bound ``add`` or the reason such records are refused; profile entries under (PROFILE, key)."""
@@ -128,7 +131,7 @@ class Aggregator:
         self._last_active: dict[tuple[int, str, str, str], float] = {}
         self._steps: dict[int, tuple[str, str, int]] = {}
         """sender id -> (role, worker, latest step) of its last profile."""
-        self._axes = StepAxes()
+        self._axes = StepAxes(clock)
         """Whose step counts samples or tokens (``step_axis``)."""
         self._first_steps: dict[int, int] = {}
         """sender id -> the step of its first profile the daemon had (the ledger counts from it)."""
@@ -494,7 +497,14 @@ class Aggregator:
                 steps[role, worker] = step
         return WindowReport(end_unix_s, duration_s, settle(views), steps, dict(self._allocator),
                             {sender: step for sender, (_, _, step) in self._steps.items()}, dict(self._first_steps),
-                            self._axes.counted())
+                            self._axes.counted(self._step_ms(views)))
+
+    def _step_ms(self, views: list[SeriesView]) -> dict[int, float]:
+        """Sender -> its ``step`` timing's mean this window (milliseconds), for the step axes."""
+        by_place = {(v.role, v.worker): v.window["mean"] for v in views
+                    if v.kind == TIMING and v.meaning == "step" and v.window is not None}
+        return {sender: by_place[role, worker] for sender, (role, worker, _) in self._steps.items()
+                if (role, worker) in by_place}
 
 
     def _forget(self, known: set[Any]) -> None:
