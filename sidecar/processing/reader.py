@@ -41,6 +41,11 @@ from sidecar.processing.units import SECONDS, Unit
 _SEGMENTS = re.compile(r"[/.:|@,;=]+")
 _WORDS = re.compile(r"[A-Z]{2,}s(?![a-z])|[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+|µs")
 
+_PER_TIME = re.compile(r"(?i)([a-z]+)(?:[\s_]*(?:per|/)[\s_]*)(?:per[\s_]*)?"
+                       r"(?:s|sec|secs|second|seconds)(?:$|[_\s/()]|per)")
+"""A rate: what is counted, then ``per`` or ``/`` and seconds (``tokens_per_sec``, ``samples/s``,
+``it/s``): the one grammar of a rate, for ``read_rate`` and for telling a rate from a duration."""
+
 TIME_UNITS: dict[str, float] = {
     "ns": 1e-9, "nanoseconds": 1e-9, "us": 1e-6, "µs": 1e-6, "usec": 1e-6, "microseconds": 1e-6,
     "ms": 1e-3, "msec": 1e-3, "msecs": 1e-3, "millis": 1e-3, "milliseconds": 1e-3,
@@ -142,14 +147,33 @@ COMPONENTS = frozenset({"layer", "layers", "block", "blocks", "module", "modules
                         "load_balancing"})
 """Words that make a duration one component's part of a phase (``layer.3.forward_ms``), not the
 phase: the step's forward is not layer 3's."""
-NOT_A_DURATION = frozenset({
-    "iterations", "iters", "steps", "batches", "samples", "tokens", "examples", "sequences", "timesteps",
+ITEMS: dict[str, frozenset[str]] = {
+    "tokens": frozenset({"token", "tokens", "tok", "toks", "tks"}),
+    "samples": frozenset({"sample", "samples", "example", "examples", "image", "images", "img", "imgs", "sequence",
+                          "sequences", "seq", "seqs", "sentence", "sentences", "item", "items"}),
+    "frames": frozenset({"frame", "frames"}),
+    "steps": frozenset({"step", "steps", "it", "its", "iter", "iters", "iteration", "iterations", "batch",
+                        "batches", "timestep", "timesteps"}),
+}
+"""What a trainer counts -> the words that name it, declared once for the four rules below: a
+count in a name, a rate, a cost per item and an axis. ``frames`` are an environment's (RL), no
+training throughput."""
+_PLURALS = frozenset(w for ws in ITEMS.values() for w in ws if w.endswith("s") and w != "its")
+_DATA_ITEMS = ITEMS["tokens"] | ITEMS["samples"] | ITEMS["frames"]
+
+NOT_A_DURATION = _PLURALS | frozenset({
     "num", "count", "counts", "n", "size", "len", "length", "number", "idx", "index", "id", "fps", "sps", "tps",
     "ips", "qps", "rate", "per_sec", "per_second", "per_s", "ratio", "pct", "percent", "frac", "fraction",
     "share", "util", "utilization",
 })
 """Words that, in a name proper with no time unit written, make it a count, a rate or a share
-(``time/iterations``, ``samples_per_sec``, ``data_ratio``)."""
+(``time/iterations``, ``samples_per_sec``, ``data_ratio``): the plural of anything counted
+(``ITEMS``) and these."""
+PER_ITEM = _DATA_ITEMS
+"""After ``per``, words that make a duration a cost per item (``timing_per_token_ms``), not a
+phase of the step."""
+AXIS_NAMESPACES = _DATA_ITEMS & _PLURALS
+"""A namespace segment that names what a logger's x-axis counts (DeepSpeed's ``Train/Samples/``)."""
 STATISTICS = frozenset({"total", "cumulative", "sum", "max", "min", "std", "var", "stddev", "stdev", "p10", "p25",
                         "p50", "p75", "p90", "p95", "p99", "median", "minimum", "maximum", "diff", "difference",
                         "delta", "first"})
@@ -171,10 +195,6 @@ is the push of new weights to an inference engine: communication), host-side bat
 server's life (``step_stop_server``, ``offload``). A name with one of these and no stronger phase
 word reads as no phase (its time unattributed, never a wait); ``processing`` right after a step word
 is the step itself (``Batch_processing_time_ms``)."""
-PER_ITEM = frozenset({"token", "tokens", "sample", "samples", "example", "examples", "image", "images", "seq",
-                      "sequence", "sequences", "item", "items", "sentence", "frame", "frames"})
-"""After ``per``, words that make a duration a cost per item (``timing_per_token_ms``), not a
-phase of the step."""
 
 AMBIGUOUS: dict[tuple[str, ...], tuple[str, str]] = {
     ("iter", "time"): ("data_wait", "ESPnet's iter_time is the wait for the next batch; elsewhere the whole step"),
@@ -201,8 +221,6 @@ SIBLING_WORDS: dict[str, str] = {"step": "optimizer"}
 and ``X_backward`` (the same prefix) is the optimizer step (DeepSpeed's timers), alone the step."""
 
 
-AXIS_NAMESPACES = frozenset({"samples", "tokens", "examples", "sequences", "images"})
-"""A namespace segment that names what a logger's x-axis counts (DeepSpeed's ``Train/Samples/``)."""
 
 
 def counts_items(name: str) -> bool:
@@ -290,7 +308,7 @@ def _vocab(ws: list[str]) -> set[str]:
 
 def _time_unit(name: str, proper: list[str]) -> tuple[str, float] | None:
     """The time unit written in the name: (as written, seconds per unit), or None."""
-    if name.endswith("/s") or re.search(r"(?i)(?:per|/)[\s_]*s(?:ec(?:ond)?s?)?\)?$", name):
+    if _PER_TIME.search(name):
         return None  # a rate: samples/s, tokens_per_sec
     last = len(proper) - 1
     for i, w in enumerate(proper):
@@ -440,16 +458,10 @@ def _first(found: set[str]) -> str:
     return min(found, key=lambda w: (len(w), w)) if found else ""
 
 
-RATES: dict[str, frozenset[str]] = {
-    "tokens_per_s": frozenset({"tokens", "token", "tok", "toks", "tks"}),
-    "samples_per_s": frozenset({"samples", "sample", "examples", "example", "images", "imgs", "img", "sequences",
-                                "seqs", "seq", "sentences"}),
-    "steps_per_s": frozenset({"steps", "step", "it", "its", "iter", "iters", "iterations", "batches", "batch"}),
-}
-"""Throughput meaning -> the words of what a rate counts, read before ``per``/``/`` and a time unit
-(``perf/tokens_per_sec``, ``train/samples_per_second_per_gpu``, ``it/s``)."""
-_PER_TIME = re.compile(r"(?i)([a-z]+)(?:[\s_]*(?:per|/)[\s_]*)(?:per[\s_]*)?"
-                       r"(?:s|sec|secs|second|seconds)(?:$|[_\s/()]|per)")
+RATES: dict[str, frozenset[str]] = {"tokens_per_s": ITEMS["tokens"], "samples_per_s": ITEMS["samples"],
+                                    "steps_per_s": ITEMS["steps"]}
+"""Throughput meaning -> the words of what a rate counts (``ITEMS``), read before ``per``/``/`` and a
+time unit (``perf/tokens_per_sec``, ``train/samples_per_second_per_gpu``, ``it/s``)."""
 
 
 def read_rate(name: str) -> str:
