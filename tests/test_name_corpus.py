@@ -16,7 +16,7 @@ import pytest
 from tests.name_corpus import CORPUS, PHASE_LABELS, Got, Row, load, read, right
 
 FILES = ("names_design.toml", "names_holdout.toml", "names_holdout2.toml", "names_holdout3.toml",
-         "names_holdout4.toml")
+         "names_holdout4.toml", "names_holdout5.toml")
 
 KNOWN_MISSES: dict[tuple[str, str], str] = {
     # printed only, a bare word beside others in a log line: no tap sees it, the name alone says no duration
@@ -59,6 +59,35 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     # the fourth held-out part, scored once; these two left after its other misses taught the vocabulary
     ("huggingface/nanoVLM", "training_stats/max_data_load_time"): "a max over ranks reads as a statistic",
     ("huggingface/nanoVLM", "training_stats/max_fw_bw_time"): "a max over ranks reads as a statistic",
+    # the fifth held-out part (33 new repositories), scored once before any of its misses were looked at
+    ("facebookresearch/jepa", "gpu_etime_ms"): "'etime' (elapsed time) is no duration word the reader knows",
+    ("facebookresearch/jepa", "gpu-time(ms)"): "a CSV column: 'gpu time' names no phase",
+    ("facebookresearch/jepa", "wall-time(ms)"): "a CSV column: 'wall time' names no phase",
+    ("facebookresearch/SlowFast", "dt_net"): "'net' (the network's time) names no phase",
+    ("facebookresearch/pycls", "time_diff"): "a timer's last difference: 'diff' names no phase",
+    ("facebookresearch/pycls", "time_avg"): "a timer's running mean: names no phase, reads as a statistic",
+    ("ray-project/ray", "timers/apply_grad_time_ms"): "applying gradients is the optimizer; 'grad' reads as backward",
+    ("ray-project/ray", "timers/compute_grads_time_ms"): "computing gradients is forward and backward; read as backward",
+    ("THUDM/GLM", "Train/elapsed_time"): "a bare elapsed time names no phase (the interval's, here)",
+    ("dmlc/dgl", "sample+data_copy"): "printed; no duration word",
+    ("dmlc/dgl", "forward"): "printed; no duration word",
+    ("dmlc/dgl", "backward"): "printed; no duration word",
+    ("awslabs/dgl-ke", "forward"): "printed; no duration word",
+    ("awslabs/dgl-ke", "backward"): "printed; no duration word",
+    ("PaddlePaddle/PaddleNLP", "read-data"): "printed by a timer's log line; no duration word",
+    ("PaddlePaddle/PaddleNLP", "forward-backward"): "printed by a timer's log line; no duration word",
+    ("PaddlePaddle/PaddleNLP", "all-reduce"): "printed by a timer's log line; no duration word",
+    ("PaddlePaddle/PaddleNLP", "optimizer-step"): "printed by a timer's log line; no duration word",
+    ("THUDM/GLM", "backward"): "printed by timers.log; no duration word",
+    ("THUDM/GLM", "allreduce"): "printed by timers.log; no duration word",
+    ("THUDM/GLM", "optimizer"): "printed by timers.log; no duration word",
+    ("THUDM/GLM", "batch generator"): "printed by timers.log; no duration word",
+    ("THUDM/GLM", "data loader"): "printed by timers.log; no duration word",
+    ("facebookresearch/maskrcnn-benchmark", "data"): "printed MetricLogger meter; a bare 'data' is no duration",
+    ("pytorch/vision", "data"): "printed MetricLogger meter; a bare 'data' is no duration",
+    ("facebookresearch/moco", "Data"): "printed AverageMeter; a bare 'Data' is no duration",
+    ("jik876/hifi-gan", "s/b"): "printed; seconds per batch in a log line, no phase word",
+    ("PixArt-alpha/PixArt-alpha", "time_all"): "printed; 'all' names no phase",
 }
 """(repo, key) -> why the daemon does not read it as its code computes it."""
 
