@@ -10,7 +10,7 @@ import dataclasses
 
 import msgspec
 
-from sidecar.aggregation.ledger import window_facts
+from sidecar.aggregation.ledger.facts import window_facts
 from sidecar.aggregation.senders import SenderRegistry
 from sidecar.core.pipeline import sender_view
 from sidecar.model.messages import BatchMessage, HelloMessage

@@ -8,7 +8,7 @@ import pytest
 
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.insight import compute_insight
-from sidecar.aggregation.ledger import window_facts
+from sidecar.aggregation.ledger.facts import window_facts
 from sidecar.model.insight import GpuFacts
 from sidecar.model.meanings import PHASES
 from sidecar.model.window import GAUGE, PROFILE, TIMING

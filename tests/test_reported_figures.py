@@ -13,7 +13,8 @@ import pytest
 from rich.console import Console
 
 from sidecar.aggregation.insight import compute_insight
-from sidecar.aggregation.ledger import RoleFact, RunLedger, SenderFact, WindowFacts
+from sidecar.aggregation.ledger.facts import RoleFact, SenderFact, WindowFacts
+from sidecar.aggregation.ledger.fold import RunLedger
 from sidecar.cli.top import render
 from sidecar.exporters.wandb.insight_row import insight_row
 from sidecar.model.ledger import CAUSES

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from sidecar.aggregation.ledger import RoleFact, RunLedger, SenderFact, WindowFacts
+from sidecar.aggregation.ledger.facts import RoleFact, SenderFact, WindowFacts
+from sidecar.aggregation.ledger.fold import RunLedger
 from sidecar.core.ledger_state import FILE_NAME, load, save, state_dir
 from sidecar.core.timeline_state import load_view
 from sidecar.model.ledger import CAUSES, peak_flops
@@ -322,7 +323,7 @@ def test_runs_without_a_wandb_run_or_label_are_cut_at_gaps_longer_than_run_gap_s
 
 
 def test_the_run_is_the_wandb_run_then_the_label_then_the_host_and_flops_come_from_the_hello() -> None:
-    from sidecar.aggregation.ledger import _flops_of, run_of
+    from sidecar.aggregation.ledger.facts import _flops_of, run_of
 
     assert run_of({"wandb_run_id": "abc", "run_label": "slurm:7", "host": "box"}) == "abc"
     assert run_of({"run_label": "slurm:7", "host": "box"}) == "slurm:7"

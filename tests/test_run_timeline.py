@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.aggregation.ledger import RoleFact, RunLedger, SenderFact, WindowFacts
+from sidecar.aggregation.ledger.facts import RoleFact, SenderFact, WindowFacts
+from sidecar.aggregation.ledger.fold import RunLedger
 from sidecar.aggregation.timeline import FIRST_BUCKET_S, MAX_BUCKETS, RECENT_POINTS, RunTimelineBook, merge
 from sidecar.core import timeline_state
 from sidecar.core.ledger_state import FILE_NAME, save

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.aggregation.ledger import RoleFact, RunLedger, SenderFact, WindowFacts
+from sidecar.aggregation.ledger.facts import RoleFact, SenderFact, WindowFacts
+from sidecar.aggregation.ledger.fold import RunLedger
 from sidecar.cli.report import format_table, ledger_json
 from sidecar.core.ledger_state import FILE_NAME, load, save
 from sidecar.model.insight import Verdict

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from sidecar.aggregation.ledger import RoleFact, RunLedger, SenderFact, WindowFacts, step_cycles, step_numbers
+from sidecar.aggregation.ledger.facts import RoleFact, SenderFact, WindowFacts, step_cycles, step_numbers
+from sidecar.aggregation.ledger.fold import RunLedger
 from sidecar.model.ledger import CAUSES
 from sidecar.model.window import COUNT, GAUGE, TIMING, SeriesView, WindowReport
 from tests.daemon_harness import DaemonProc, env, wait_for

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.insight import compute_insight
-from sidecar.aggregation.ledger import RunLedger, window_facts
+from sidecar.aggregation.ledger.facts import window_facts
+from sidecar.aggregation.ledger.fold import RunLedger
 from sidecar.model.window import PROFILE, TIMING, IngestReport
 from sidecar.processing.mapping import Mapper
 from tests.insight_synth import sender

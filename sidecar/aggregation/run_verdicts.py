@@ -2,8 +2,8 @@
 as the seconds and windows each verdict held and its evidence averaged over its seconds, so a run
 that ended still says why it was slow (``dflash-sidecar report``, ``explain --run``).
 
-Pure data in and out (the state is plain JSON-able dicts, ``RunLedger`` persists it): a verdict's
-entry is ``{"seconds", "windows", "evidence": {name: [value x seconds, seconds]}, "detail"}``.
+Pure data in and out (typed records, ``VerdictRecord``; ``RunLedger`` persists them): a verdict's
+entry in the state file is ``{"seconds", "windows", "evidence": {name: [value x seconds, seconds]}, "detail"}``.
 A state without verdicts (written before they were kept) loads as none; a malformed entry is
 dropped alone (``clean``), never the ledger with it.
 """
@@ -11,8 +11,9 @@ dropped alone (``clean``), never the ledger with it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from sidecar.model.insight import VERDICT_CODES, Verdict
 from sidecar.model.ledger import RunVerdicts, VerdictShare
@@ -24,29 +25,58 @@ MAX_EVIDENCE = 16
 MAX_DETAIL = 200
 """Characters of a verdict's detail kept."""
 
-Verdicts = dict[str, dict[str, dict[str, Any]]]
-"""run -> verdict name -> its entry (the module docstring)."""
+
+@dataclass(slots=True)
+class VerdictRecord:
+    """One verdict over one run: the ``seconds`` and ``windows`` it held, its ``evidence`` (name ->
+    (value x seconds, seconds) summed) and the latest ``detail`` it gave."""
+
+    seconds: float = 0.0
+    windows: int = 0
+    evidence: dict[str, tuple[float, float]] = field(default_factory=dict)
+    detail: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {"seconds": self.seconds, "windows": self.windows,
+                "evidence": {k: list(v) for k, v in self.evidence.items()}, "detail": self.detail}
+
+    @classmethod
+    def from_json(cls, entry: object) -> VerdictRecord | None:
+        """The entry of a state file, None when malformed."""
+        if not isinstance(entry, dict) or not isinstance(entry.get("detail", ""), str):
+            return None
+        seconds, windows, evidence = entry.get("seconds", -1.0), entry.get("windows"), entry.get("evidence", {})
+        if not (_finite(seconds) and seconds >= 0 and isinstance(windows, int) and windows >= 0
+                and isinstance(evidence, dict)):
+            return None
+        if not all(isinstance(v, list) and len(v) == 2 and all(_finite(x) for x in v) for v in evidence.values()):
+            return None
+        return cls(float(seconds), windows, {str(k): (float(w), float(c)) for k, (w, c) in evidence.items()},
+                   str(entry.get("detail", "")))
+
+
+Verdicts = dict[str, dict[str, VerdictRecord]]
+"""run -> verdict name -> its record."""
 
 
 def fold(verdicts: Verdicts, run: str, verdict: Verdict, seconds: float) -> None:
     """Add one window's ``verdict`` to ``run``: ``seconds`` of the run it covered (>= 0)."""
     if verdict.name in NOT_A_RUN_VERDICT or verdict.name not in VERDICT_CODES or not seconds > 0:
         return
-    entry = verdicts.setdefault(run, {}).setdefault(verdict.name, {"seconds": 0.0, "windows": 0, "evidence": {},
-                                                                   "detail": ""})
-    entry["seconds"] += seconds
-    entry["windows"] += 1
-    evidence = entry["evidence"]
+    entry = verdicts.setdefault(run, {}).setdefault(verdict.name, VerdictRecord())
+    entry.seconds += seconds
+    entry.windows += 1
+    evidence = entry.evidence
     for name, value in verdict.evidence:
         if not math.isfinite(value) or (name not in evidence and len(evidence) >= MAX_EVIDENCE):
             continue
         weighted, covered = evidence.get(name, (0.0, 0.0))
-        evidence[name] = [weighted + value * seconds, covered + seconds]
+        evidence[name] = (weighted + value * seconds, covered + seconds)
     if verdict.detail:
-        entry["detail"] = verdict.detail[:MAX_DETAIL]
+        entry.detail = verdict.detail[:MAX_DETAIL]
 
 
-def clean(raw: Any, runs: Mapping[str, Any]) -> Verdicts:
+def clean(raw: object, runs: Collection[str]) -> Verdicts:
     """The well-formed entries of ``raw`` (a state's ``verdicts``) for runs in ``runs``."""
     out: Verdicts = {}
     if not isinstance(raw, dict):
@@ -54,32 +84,28 @@ def clean(raw: Any, runs: Mapping[str, Any]) -> Verdicts:
     for run, by_name in raw.items():
         if run not in runs or not isinstance(by_name, dict):
             continue
-        kept = {name: entry for name, entry in by_name.items() if name in VERDICT_CODES and _entry_ok(entry)}
+        kept = {name: entry for name, entry in ((name, VerdictRecord.from_json(e)) for name, e in by_name.items()
+                                                if name in VERDICT_CODES) if entry is not None}
         if kept:
             out[run] = kept
     return out
 
 
-def _entry_ok(entry: Any) -> bool:
-    if not isinstance(entry, dict) or not isinstance(entry.get("detail", ""), str):
-        return False
-    seconds, windows, evidence = entry.get("seconds", -1.0), entry.get("windows"), entry.get("evidence", {})
-    if not (_finite(seconds) and seconds >= 0 and isinstance(windows, int) and windows >= 0
-            and isinstance(evidence, dict)):
-        return False
-    return all(isinstance(v, list) and len(v) == 2 and all(_finite(x) for x in v) for v in evidence.values())
+def to_json(verdicts: Verdicts) -> dict[str, object]:
+    """The state's ``verdicts`` (the module docstring)."""
+    return {run: {name: e.to_json() for name, e in by_name.items()} for run, by_name in verdicts.items()}
 
 
-def _finite(x: Any) -> bool:
+def _finite(x: object) -> TypeGuard[int | float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def views(verdicts: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> tuple[RunVerdicts, ...]:
-    """Each run's ``RunVerdicts`` (verdicts by seconds, most first) from state already ``clean``."""
+def views(verdicts: Mapping[str, Mapping[str, VerdictRecord]]) -> tuple[RunVerdicts, ...]:
+    """Each run's ``RunVerdicts`` (verdicts by seconds, most first)."""
     out = []
     for run, by_name in verdicts.items():
-        shares = [VerdictShare(name, float(e["seconds"]), int(e["windows"]),
-                               tuple((k, w / s) for k, (w, s) in e.get("evidence", {}).items() if s > 0),
-                               str(e.get("detail", ""))) for name, e in by_name.items()]
+        shares = [VerdictShare(name, e.seconds, e.windows,
+                               tuple((k, w / s) for k, (w, s) in e.evidence.items() if s > 0), e.detail)
+                  for name, e in by_name.items()]
         out.append(RunVerdicts(run, tuple(sorted(shares, key=lambda v: (-v.seconds, v.name)))))
     return tuple(out)

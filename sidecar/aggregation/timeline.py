@@ -21,7 +21,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from sidecar.aggregation.ledger import RunLedger, SenderFact, WindowFacts, sender_key, started_of
+from sidecar.aggregation.ledger.facts import SenderFact, WindowFacts, sender_key, started_of
+from sidecar.aggregation.ledger.fold import RunLedger
+from sidecar.aggregation.ledger.record import RoleRecord
 from sidecar.aggregation.verdict import MIN_WINDOW_S
 from sidecar.model.meanings import BUSY_PHASES, WAIT_PHASES
 from sidecar.model.timeline import TIMELINE_VERSION, RunTimeline, TimelineEvent
@@ -113,7 +115,7 @@ def drops_of(s: SenderView) -> int:
     return s.lost_in_transit + sum(s.sender_dropped.values()) + sum(s.rejected.values())
 
 
-def runs_of_senders(runs: Mapping[str, Mapping[str, Mapping[str, Any]]],
+def runs_of_senders(runs: Mapping[str, Mapping[str, RoleRecord]],
                     facts: Iterable[SenderFact]) -> dict[str, list[SenderFact]]:
     """Run -> the window's senders in it, as the run ledger placed them (its runs' and roles'
     ``senders``: a process's channels share its key, one per role)."""
@@ -123,7 +125,7 @@ def runs_of_senders(runs: Mapping[str, Mapping[str, Mapping[str, Any]]],
     out: dict[str, list[SenderFact]] = {}
     for run, members in runs.items():
         for role, r in members.items():
-            for key in r.get("senders", {}):
+            for key in r.senders:
                 if (key, role) in wanted:
                     out.setdefault(run, []).extend(wanted.pop((key, role)))
     return out
@@ -273,8 +275,8 @@ where its roles were accounted up to (Unix seconds)."""
 
 def ledger_mark(ledger: RunLedger) -> LedgerMark:
     """The ledger's verdict seconds and accounted-up-to times, taken before it folds a window."""
-    verdicts = {run: {name: float(e["seconds"]) for name, e in by.items()} for run, by in ledger.verdicts.items()}
-    until = {run: max(float(r["observed_until"] or 0.0) for r in members.values())
+    verdicts = {run: {name: e.seconds for name, e in by.items()} for run, by in ledger.verdicts.items()}
+    until = {run: max(r.until for r in members.values())
              for run, members in ledger.runs.items() if members}
     return verdicts, until
 
@@ -290,11 +292,11 @@ def observe(ledger: RunLedger, before: LedgerMark, facts: WindowFacts, report: I
     changed: set[str] = set()
     for run, senders in runs_of_senders(ledger.runs, facts.senders).items():
         members = ledger.runs[run]
-        until = max(float(r["observed_until"] or 0.0) for r in members.values())
-        if until <= until_before.get(run, -1.0) and not any(r.get("live") for r in members.values()):
+        until = max(r.until for r in members.values())
+        if until <= until_before.get(run, -1.0) and not any(r.live for r in members.values()):
             continue
         was = verdicts_before.get(run, {})
-        delta = {name: float(e["seconds"]) - was.get(name, 0.0) for name, e in ledger.verdicts.get(run, {}).items()}
+        delta = {name: e.seconds - was.get(name, 0.0) for name, e in ledger.verdicts.get(run, {}).items()}
         delta = {k: v for k, v in delta.items() if v > 1e-9}
         first = min(s.begin for s in senders)
         seconds = sum(delta.values()) or max(0.0, end - max(begin, first))
@@ -304,7 +306,7 @@ def observe(ledger: RunLedger, before: LedgerMark, facts: WindowFacts, report: I
         book.add(window_point(report, {s.role for s in senders}, delta, seconds, drops))
         changed.add(run)
     for e in report.ends.new:
-        having = [(float(m[e.role]["observed_until"] or 0.0), run) for run, m in ledger.runs.items() if e.role in m]
+        having = [(m[e.role].until, run) for run, m in ledger.runs.items() if e.role in m]
         if having:
             run = max(having)[1]
             book_of(run).mark(e.unix_s, "end", e.role, e.how)

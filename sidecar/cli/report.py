@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from sidecar.aggregation.ledger import view_of
+from sidecar.aggregation.ledger.fold import view_of
 from sidecar.cli.exit_status import FAILURE, OK
 from sidecar.core.ledger_state import FILE_NAME, load, state_dir
 from sidecar.model.ends import ALERTING, HOWS

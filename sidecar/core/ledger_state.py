@@ -3,7 +3,8 @@
 One JSON file, ``run-ledger.json``, in the state folder: ``$STATE_DIRECTORY`` (its first entry)
 when systemd sets it, else the ``state_dir`` setting, else ``$XDG_STATE_HOME/dflash-sidecar``
 (``~/.local/state/dflash-sidecar``). Written atomically (a temporary file in the same folder,
-fsync, rename), with a version (``STATE_VERSION``): a file of a newer version, or one that does
+fsync, rename), with a version (``STATE_VERSION`` and its rule, ``state_problem``, beside the typed record in
+``sidecar.aggregation.ledger.record``): a file of a newer version, or one that does
 not parse, is moved aside (``.v<N>`` / ``.corrupt``) and the ledger starts empty, so a downgrade or
 a torn disk never stops the daemon and never overwrites what a newer daemon wrote. Each run's
 timeline is kept beside it, in ``timeline/`` (``sidecar.core.timeline_state``), by the same stage.
@@ -14,14 +15,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-from sidecar.aggregation.ledger import STATE_VERSION, RunLedger, window_facts
+from sidecar.aggregation.ledger.facts import window_facts
+from sidecar.aggregation.ledger.fold import RunLedger
+from sidecar.aggregation.ledger.record import state_problem
 from sidecar.aggregation.timeline import ledger_mark
 from sidecar.core import timeline_state
 from sidecar.model.ledger import RunLedgerView
@@ -46,7 +47,7 @@ def state_dir(configured: str | None = None) -> Path:
     return Path(base) / "dflash-sidecar"
 
 
-def load(path: Path, move_aside: bool = True) -> tuple[dict[str, Any] | None, str | None]:
+def load(path: Path, move_aside: bool = True) -> tuple[dict[str, object] | None, str | None]:
     """``(state, problem)``: the state of ``path`` (None when absent or unusable) and, when it was
     unusable, why (``corrupt``, ``newer_version``, ``unreadable``); an unusable file is moved aside
     when ``move_aside`` (the daemon's load; a reader such as ``report`` leaves it)."""
@@ -61,16 +62,13 @@ def load(path: Path, move_aside: bool = True) -> tuple[dict[str, Any] | None, st
     except OSError as exc:
         log.error("sidecar: run ledger state %s cannot be read (%s); starting an empty ledger", path, exc)
         return None, "unreadable"
-    version = state.get("version") if isinstance(state, dict) else None
-    if not isinstance(version, int) or not _valid(state):
-        return _aside(path, "corrupt", "not a run ledger state", move_aside)
-    if version > STATE_VERSION:
-        return _aside(path, "newer_version", f"version {version}, this daemon reads up to {STATE_VERSION}",
-                      move_aside)
+    problem = state_problem(state)
+    if problem is not None:
+        return _aside(path, *problem, move_aside)
     return state, None
 
 
-def save(path: Path, state: dict[str, Any]) -> None:
+def save(path: Path, state: Mapping[str, object]) -> None:
     """Write ``state`` atomically (readers see the old file or the new one, never a mix).
     Raises ``OSError`` when the folder cannot be created or written."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -92,25 +90,8 @@ def save(path: Path, state: dict[str, Any]) -> None:
         os.close(dir_fd)
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number a ledger holds")
-
-
-def _valid(state: dict[str, Any]) -> bool:
-    """The shape ``RunLedger`` reads: runs -> roles -> totals with finite numbers."""
-    runs = state.get("runs", {})
-    if not isinstance(runs, dict):
-        return False
-    for roles in runs.values():
-        if not isinstance(roles, dict):
-            return False
-        for r in roles.values():
-            if not isinstance(r, dict) or not isinstance(r.get("senders"), dict):
-                return False
-            numbers = [*r.get("seconds", {}).values(), *r.get("joules", {}).values(), r.get("tokens"), r.get("steps")]
-            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in numbers):
-                return False
-    return True
 
 
 def _aside(path: Path, why: str, detail: str, move: bool) -> tuple[None, str]:
@@ -132,7 +113,7 @@ class LedgerStage:
     to load, update or save is counted by reason and logged once; the ledger never stops the
     other exports (its part is None where the update failed)."""
 
-    def __init__(self, path: Path, flops_per_token: Any, run_gap_s: float) -> None:
+    def __init__(self, path: Path, flops_per_token: float | None, run_gap_s: float) -> None:
         self.path = path
         self.flops_per_token = flops_per_token
         self.run_gap_s = run_gap_s

@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sidecar.aggregation.ledger import RunLedger, WindowFacts
+from sidecar.aggregation.ledger.facts import WindowFacts
+from sidecar.aggregation.ledger.fold import RunLedger
 from sidecar.aggregation.timeline import LedgerMark, RunTimelineBook, observe
 from sidecar.model.timeline import TIMELINE_VERSION, RunTimeline
 from sidecar.model.window import IngestReport
