@@ -67,7 +67,7 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("facebookresearch/pycls", "time_diff"): "a timer's last difference: 'diff' names no phase",
     ("facebookresearch/pycls", "time_avg"): "a timer's running mean: names no phase, reads as a statistic",
     ("ray-project/ray", "timers/apply_grad_time_ms"): "applying gradients is the optimizer; 'grad' reads as backward",
-    ("ray-project/ray", "timers/compute_grads_time_ms"): "computing gradients is forward and backward; read as backward",
+    ("ray-project/ray", "timers/compute_grads_time_ms"): "computing gradients is forward+backward; read as backward",
     ("THUDM/GLM", "Train/elapsed_time"): "a bare elapsed time names no phase (the interval's, here)",
     ("dmlc/dgl", "sample+data_copy"): "printed; no duration word",
     ("dmlc/dgl", "forward"): "printed; no duration word",
