@@ -22,7 +22,7 @@ import msgspec
 
 from trainer_shim import __version__, capture, exit_hooks, wire
 from trainer_shim.allocator import AllocatorSampler
-from trainer_shim.channel import Channel, current_scalar_resolver
+from trainer_shim.channel import Channel, Record, current_scalar_resolver
 from trainer_shim.coerce import coerce as _coerce
 from trainer_shim.coerce import warn_once as _warn_once
 from trainer_shim.process_life import SIGTERM_WAIT_S, child_suffix, say_unreachable_once
@@ -323,7 +323,7 @@ class Flusher:
             ch.hello_due = False
             ch.last_hello_monotonic = now
 
-    def _send_chunk(self, transport: Transport, ch: Channel, chunk: list[object], now: float) -> None:
+    def _send_chunk(self, transport: Transport, ch: Channel, chunk: list[Record], now: float) -> None:
         """Encode and send ``chunk`` as one BATCH (or several when the frame would exceed
         ``wire.MAX_MESSAGE_BYTES``). Accounts every record; never raises."""
         frame = self._encode(ch, chunk)
@@ -353,7 +353,7 @@ class Flusher:
             ch._count_dropped("transport_error", len(chunk))
         self._accounted += len(chunk)
 
-    def _encode(self, ch: Channel, chunk: list[object]) -> bytes | None:
+    def _encode(self, ch: Channel, chunk: list[Record]) -> bytes | None:
         try:
             return wire.encode_batch(self._encoder, ch.sender, ch.seq, ch.role, ch.worker,
                                      _header_step(ch.step), ch.records_total + len(chunk),
@@ -361,7 +361,7 @@ class Flusher:
         except Exception:  # noqa: BLE001 - TypeError, OverflowError, RecursionError...
             return None
 
-    def _encodable(self, chunk: list[object], ch: Channel) -> list[object]:
+    def _encodable(self, chunk: list[Record], ch: Channel) -> list[Record]:
         """Slow path after a failed encode: keep the records that encode on their own."""
         good = []
         for rec in chunk:

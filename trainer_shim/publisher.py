@@ -18,11 +18,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from trainer_shim import exit_hooks, process_life, wire
 from trainer_shim.allocator import AllocatorSampler
-from trainer_shim.channel import Channel, StrictChannel, current_scalar_resolver
+from trainer_shim.channel import Channel, ChannelStats, StrictChannel, current_scalar_resolver
 from trainer_shim.coerce import coerce as _coerce
 from trainer_shim.coerce import warn_once as _warn_once
 from trainer_shim.flusher import CONNECT_GRACE_S, HEARTBEAT_S, HELLO_REFRESH_S, Flusher, _header_step
@@ -167,7 +166,7 @@ class Publisher:
                 ch.hello_due = True
         self._flusher.refresh_hello_soon()
 
-    def stats(self) -> dict[tuple[str, str], dict[str, Any]]:
+    def stats(self) -> dict[tuple[str, str], ChannelStats]:
         """Per channel: sender id, messages and records sent, drops by reason, records queued."""
         return {
             key: {"sender": ch.sender, "seq": ch.seq, "records_total": ch.records_total,
