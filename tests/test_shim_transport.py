@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.shim_helpers import ReceiverProcess, SenderBook, books_of, wait_until
-from trainer_shim import __version__, publisher, telemetry, transport, wire
+from trainer_shim import __version__, flusher, telemetry, transport, wire
 from trainer_shim.publisher import Publisher
 from trainer_shim.wire import RecordKind
 
@@ -113,7 +113,7 @@ def test_stalled_receiver_from_the_start(ep: str, receivers, publishers,  # type
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A bound SUB that is never read never subscribes: everything is counted as ``no_receiver``,
     and the count reaches the receiver once it recovers."""
-    monkeypatch.setattr(publisher, "HEARTBEAT_S", 0.1)
+    monkeypatch.setattr(flusher, "HEARTBEAT_S", 0.1)
     rx = receivers(ep, stalled=True)
     pub = publishers(ep)
     ch = pub.channel("trainer", "0")
@@ -259,8 +259,8 @@ def test_many_threads_publishing_at_once(ep: str, receivers, publishers) -> None
 
 def test_hello_heartbeats_and_wandb(ep: str, receivers, publishers,  # type: ignore[no-untyped-def]
                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(publisher, "HEARTBEAT_S", 0.1)
-    monkeypatch.setattr(publisher, "HELLO_REFRESH_S", 0.2)
+    monkeypatch.setattr(flusher, "HEARTBEAT_S", 0.1)
+    monkeypatch.setattr(flusher, "HELLO_REFRESH_S", 0.2)
     monkeypatch.delitem(sys.modules, "wandb", raising=False)
     rx = receivers(ep)
     pub = publishers(ep)

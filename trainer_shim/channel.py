@@ -20,13 +20,17 @@ from contextlib import AbstractContextManager
 from itertools import repeat
 from operator import call as _call
 from time import perf_counter
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import msgspec
 
 from trainer_shim import capture, wire
 from trainer_shim.coerce import coerce as _coerce
 from trainer_shim.wire import RecordKind
+
+if TYPE_CHECKING:
+    from trainer_shim.cuda_scalar import ScalarResolver
 
 _TIMING = int(RecordKind.TIMING)
 _COUNT = int(RecordKind.COUNT)
@@ -99,8 +103,8 @@ class Channel:
         self.thread = threading.current_thread().name
         self.relabel = False
         self._cap = max_pending
-        self._q: collections.deque[tuple[Any, ...] | Timer] = collections.deque()
-        self._pq: collections.deque[dict[Any, Any]] = collections.deque()  # publish() snapshots
+        self._q: collections.deque[Record] = collections.deque()
+        self._pq: collections.deque[dict[str, float]] = collections.deque()  # publish() snapshots
         self.reset()
         self._bind()
 
@@ -169,13 +173,13 @@ class Channel:
         with self._overflow_lock:
             self.dropped[reason] = self.dropped.get(reason, 0) + n
 
-    def drain(self) -> list[Any]:
+    def drain(self) -> list[Record]:
         """Take every queued record, oldest first (profile snapshots ahead of the other records
         queued in the same interval), and fold the overflow count into ``dropped``. A record is
         a ``(kind, name, value)`` tuple or a finished ``Timer``, which unpacks and encodes the
         same way (it cannot be indexed). Only the flusher calls this."""
         q, pq = self._q, self._pq
-        records: list[Any] = list(map(_call, repeat(q.popleft, len(q))))  # one C loop, ~15 ns a record
+        records: list[Record] = list(map(_call, repeat(q.popleft, len(q))))  # one C loop, ~15 ns a record
         if pq:
             snapshots = list(map(_call, repeat(pq.popleft, len(pq))))
             records[:0] = [(_PROFILE, p.pop(_STEP_KEY, None), p) for p in snapshots]
@@ -190,13 +194,13 @@ class Channel:
         return len(self._q) + len(self._pq)
 
 
-_gpu_scalars: Any = None
+_gpu_scalars: ModuleType | None = None
 """``trainer_shim.cuda_scalar`` once ``gpu_scalars()`` imported it. Kept here because an import
 statement in ``Channel._scalar`` cost each call about 1 µs, as much as the rest of the call
 (``bench/bench_scalar.py``); a global read costs tens of ns."""
 
 
-def gpu_scalars() -> Any:
+def gpu_scalars() -> ModuleType:
     """``trainer_shim.cuda_scalar``, imported at the first call: only a trainer that imported torch
     calls this (the first CUDA scalar, or ``configure()`` with torch imported)."""
     global _gpu_scalars
@@ -207,7 +211,7 @@ def gpu_scalars() -> Any:
     return _gpu_scalars
 
 
-def current_scalar_resolver() -> Any:
+def current_scalar_resolver() -> ScalarResolver | None:
     """The GPU scalar resolver if the trainer ever made one, else None; never imports."""
     return _gpu_scalars.current() if _gpu_scalars is not None else None
 
@@ -361,9 +365,25 @@ class Timer(msgspec.Struct, array_like=True, gc=False):
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         """Records nothing: each channel's subclass queues the timer in that channel."""
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[int | str | float]:
         """Unpacks as the tuples in a channel's queue do: ``kind, name, ms = timer``."""
         return iter((self.kind, self.name, self.value))
+
+
+Record = tuple[object, ...] | Timer
+"""One queued record: a ``(kind, name, value)`` tuple (a profile snapshot drained as
+``(kind, step, snapshot)``), or a finished ``Timer``, which unpacks and encodes the same way."""
+
+
+class ChannelStats(TypedDict):
+    """One channel's figures in ``Publisher.stats()``: its sender id, messages sent (``seq``),
+    records sent, drops by reason, records queued."""
+
+    sender: int
+    seq: int
+    records_total: int
+    dropped: dict[str, int]
+    pending: int
 
 
 class StrictChannel(Channel):

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from time import perf_counter_ns
 from typing import Any
 
@@ -93,7 +94,7 @@ _direct_calls = False
 (``register_direct_calls``), or cannot be."""
 
 
-def _fake(*args: Any) -> None:
+def _fake(*args: object) -> None:
     """The fake kernel: at trace time an operator records nothing. Its first call registers the
     direct calls with inductor, which by then has been imported completely if it compiles the
     graph (registering while this module is imported could import it halfway through)."""
@@ -217,12 +218,12 @@ class _GraphTimer:
         timer_end(CARRIER, self.fid, self.name)
 
 
-def timer_in_graph(timing: Callable[[str, float], None]) -> Callable[[Any], Any]:
+def timer_in_graph(timing: Callable[[str, float], None]) -> Callable[[object], AbstractContextManager[None]]:
     """The function dynamo traces instead of a channel's ``timer``: ``timing`` records."""
     fid = len(_fns)
     _fns.append(timing)
 
-    def compiled_timer(name: Any) -> Any:
+    def compiled_timer(name: object) -> AbstractContextManager[None]:
         if type(name) is not str:
             return contextlib.nullcontext()  # no operator takes it; nothing recorded
         return _GraphTimer(fid, name)
@@ -230,7 +231,7 @@ def timer_in_graph(timing: Callable[[str, float], None]) -> Callable[[Any], Any]
     return compiled_timer
 
 
-def plain_publish(step: Any, profile: Any) -> bool:
+def plain_publish(step: object, profile: object) -> bool:
     """Whether ``publish(step, profile)`` has the form both compiled forms take (an int step, a
     dict of str keys without ``SEP`` to int or float values); anything else runs eagerly. Read
     while dynamo traces: the answer is a constant of the graph."""
@@ -246,12 +247,12 @@ def eager_fallback(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compiler.disable(fn, reason="trainer_shim: argument types without an operator")
 
 
-def guarded_publish(fn: Callable[..., Any], traced: Callable[[Any, Any], None]) -> Callable[..., None]:
+def guarded_publish(fn: Callable[..., object], traced: Callable[[Any, Any], None]) -> Callable[..., None]:
     """The ``publish`` dynamo traces instead of recording function ``fn``: ``traced(step,
     profile)`` for a call of the form ``plain_publish`` accepts, else ``fn`` eagerly."""
     fallback = eager_fallback(fn)
 
-    def publish_in_graph(step: Any, profile: Any) -> None:
+    def publish_in_graph(step: object, profile: object) -> None:
         if not plain_publish(step, profile):
             fallback(step, profile)
             return
@@ -276,7 +277,7 @@ def in_graph(kind: str, fn: Callable[..., Any]) -> Callable[..., None]:
 
     fallback = eager_fallback(fn)
 
-    def record_in_graph(name: Any, value: Any = 1) -> None:
+    def record_in_graph(name: object, value: object = 1) -> None:
         if type(name) is not str or type(value) is bool:
             fallback(name, value)
         elif isinstance(value, torch.Tensor):

@@ -34,6 +34,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
 from trainer_shim import exit_causes
@@ -136,13 +137,13 @@ def install_excepthook() -> None:
         threading.excepthook = _thread_excepthook
 
 
-def _excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+def _excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
     note_exception(value)
     previous = _hook["previous"]
     (previous if callable(previous) and previous is not _excepthook else sys.__excepthook__)(kind, value, tb)
 
 
-def _thread_excepthook(args: Any) -> None:
+def _thread_excepthook(args: threading.ExceptHookArgs) -> None:
     thread = getattr(args, "thread", None)
     note_exception(getattr(args, "exc_value", None), getattr(thread, "name", None) or "thread")
     previous = _hook["thread_previous"]

@@ -38,6 +38,8 @@ from trainer_shim.channel import (
     _STEP_KEY,
     _TIMING,
     Channel,
+    ChannelStats,
+    Record,
     Timer,
     gpu_scalars,
     strict_from_env,
@@ -71,8 +73,8 @@ _default: Channel | None = None
 _defaults: dict[str, Any] = {}
 _close_hooks: list[Callable[[], None]] = []
 # The default channel's queues and the capacity the fast path may use (0: take the slow path).
-_q: collections.deque[tuple[Any, ...] | Timer] = collections.deque()
-_pq: collections.deque[dict[Any, Any]] = collections.deque()
+_q: collections.deque[Record] = collections.deque()
+_pq: collections.deque[dict[str, float]] = collections.deque()
 _cap = 0
 
 
@@ -207,7 +209,7 @@ def announce_wandb_run(run_id: str | None = None) -> None:
         _publisher.refresh_wandb(run_id)
 
 
-def stats() -> dict[tuple[str, str], dict[str, Any]]:
+def stats() -> dict[tuple[str, str], ChannelStats]:
     """Per channel: records sent, drops by reason, records queued (see ``Publisher.stats``)."""
     return _publisher.stats() if _publisher is not None else {}
 

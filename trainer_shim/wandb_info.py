@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+
+WandbRunInfo = tuple[()] | tuple[str | None, str | None, str | None, str | None, bool | None]
+"""``()``, or ``(run_id, project, entity, mode, primary)`` (see ``wandb_run_info``)."""
 
 
 def _str(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def wandb_run_info() -> tuple[Any, ...]:
+def wandb_run_info() -> WandbRunInfo:
     """``(run_id, project, entity, mode, primary)`` of the trainer's active W&B run, or ``()``
     when wandb is not imported or no run is active. Strings or None, ``primary`` a bool or None,
     so the hello always encodes. Never raises."""

@@ -25,7 +25,7 @@ import enum
 import math
 import struct
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple, TypeGuard
 
 import msgspec
@@ -276,7 +276,7 @@ def encode_batch(
     step: int | None,
     records_total: int,
     dropped: dict[str, int],
-    records: list[Any],
+    records: Sequence[object],
 ) -> bytes:
     """Encode a BATCH message. Raises ``TypeError`` if a record holds a value msgpack cannot
     carry and the encoder has no hook for it."""
