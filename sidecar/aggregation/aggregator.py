@@ -21,7 +21,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Hashable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from itertools import islice
 from operator import length_hint
 from typing import Any
@@ -110,22 +110,25 @@ class _NeedNames(Exception):
         self.entry = entry
 
 
-@dataclass(slots=True)
 class _Turn:
     """One batch's progress through ``Aggregator.ingest``, handed back with its rest
-    (``SenderBatch.resume``) where it waits for names to be mapped."""
+    (``SenderBatch.resume``) where it waits for names to be mapped. A plain class: one is made
+    per batch."""
 
-    owner: Hashable
-    left: int
-    """Names ``owner`` may still resolve this window without finding their series."""
-    table: NameTable
-    """The sender's series table as the batch began (kept, even if the tables are dropped meanwhile)."""
-    memo: dict[Any, Adder | str]
-    """This batch's names whose outcome ``table`` does not keep (``cardinality``, or rejections
-    beyond its bound): each is resolved once per batch, so a batch's work is bounded by its size."""
-    names: Mapping[NameKey, Mapped] = field(default_factory=dict)
-    entries_from: int | None = None
-    """The batch stopped in its first record's profile: its keys from this one on are left."""
+    __slots__ = ("owner", "left", "table", "memo", "names", "entries_from")
+
+    def __init__(self, owner: Hashable, table: NameTable, names: Mapping[NameKey, Mapped]) -> None:
+        self.owner = owner
+        self.left = 0
+        """Names ``owner`` may still resolve this window without finding their series."""
+        self.table = table
+        """The sender's series table as the batch began (kept, even if the tables are dropped meanwhile)."""
+        self.memo: dict[Any, Adder | str] = {}
+        """This batch's names whose outcome ``table`` does not keep (``cardinality``, or rejections
+        beyond its bound): each is resolved once per batch, so a batch's work is bounded by its size."""
+        self.names = names
+        self.entries_from: int | None = None
+        """The batch stopped in its first record's profile: its keys from this one on are left."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,26 +225,25 @@ class Aggregator:
         creates count against (the table is shared fairly between owners, ``_admit``), each with
         its own ``resolve_budget`` of new names per window. Returns the records accepted and the
         rejected ones by reason (a new dict), for the part of the batch done."""
-        owner = batch.owner
-        turn = batch.resume
+        sender, owner, role, worker, records, names, turn = batch
         if not isinstance(turn, _Turn):
-            table = self._names.get(batch.sender)
-            if table is None or table[0] != batch.role or table[1] != batch.worker:  # relabelled: names anew
-                table = self._names[batch.sender] = (batch.role, batch.worker, {})
-            turn = _Turn(owner, 0, table[2], {}, batch.names)
+            table = self._names.get(sender)
+            if table is None or table[0] != role or table[1] != worker:  # a relabelled sender maps its names anew
+                table = self._names[sender] = (role, worker, {})
+            turn = _Turn(owner, table[2], names)
         turn.left = self.resolve_budget - self._resolved.get(owner, 0)
-        turn.names = batch.names
-        records = iter(batch.records)
+        turn.names = names
+        remaining = iter(records)
         try:
-            accepted, rejected, need, met = self._ingest(batch.role, batch.worker, records, batch.sender, turn)
+            accepted, rejected, need, met = self._ingest(role, worker, remaining, sender, turn)
         finally:
             self._resolved[owner] = self.resolve_budget - turn.left
         if need is None:
             return Ingested(accepted, rejected)
-        rest = [met, *records]
+        rest = [met, *remaining]
         turn.entries_from = need.entry
         wanted = self._wanted(rest, need.entry, turn)
-        return Ingested(accepted, rejected, wanted, replace(batch, records=rest, names={}, resume=turn))
+        return Ingested(accepted, rejected, wanted, SenderBatch(sender, owner, role, worker, rest, resume=turn))
 
     def _ingest(self, role: str, worker: str, records: Iterator[Any], sender: int,
                 turn: _Turn) -> tuple[int, dict[str, int], _NeedNames | None, Any]:

@@ -87,7 +87,7 @@ def aggregate(aggregator: Aggregator, mapper: Mapper, batch: SenderBatch) -> tup
     accepted, rejected = done.accepted, done.rejected
     while done.rest is not None:
         names = mapper.map_names(done.unmapped, batch.role, batch.worker)
-        done = aggregator.ingest(dataclasses.replace(done.rest, names=names))
+        done = aggregator.ingest(done.rest.mapped(names))
         accepted += done.accepted
         for reason, count in done.rejected.items():
             rejected[reason] = rejected.get(reason, 0) + count
