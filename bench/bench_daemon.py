@@ -76,10 +76,16 @@ from daemon_proc import (
 # -- 1a: in-process ingest -----------------------------------------------------------------------
 
 class _NoReceiver:
-    """A receiver with no endpoint, for an ``IngestLoop`` fed frames in process."""
+    """A receiver with no endpoint, for an ``IngestLoop`` fed frames in process (``stats``: what
+    an ingest loop before ``Receiver.received`` read)."""
 
     endpoints: list[str] = []
     stats: Any = None
+
+    def received(self) -> Any:
+        from sidecar.model.handoff import Received
+
+        return Received()
 
 
 def make_frames(batch: int, n_records: int, seed: int = 1) -> tuple[list[bytes], int]:

@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from sidecar.aggregation.gpu_groups import GpuAggregates, GpuGroups  # noqa: E402
+from sidecar.core.scrape_state import ScrapeState  # noqa: E402
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector  # noqa: E402
 from sidecar.exporters.prometheus.page import MetricsPage  # noqa: E402
 from sidecar.exporters.prometheus.server import GZIP_LEVEL, serve  # noqa: E402
-from sidecar.exporters.scrape_state import ScrapeState  # noqa: E402
 from sidecar.sources.nvml import NvmlSource  # noqa: E402
 from tests.fake_nvml import FakeNvml, build_fake_nvml  # noqa: E402
 
@@ -60,6 +60,11 @@ def trainer_report(workers: int, names: int) -> object:
     class _NoReceiver:
         endpoints: list[str] = []
         stats = ReceiverStats()
+
+        def received(self) -> object:
+            from sidecar.model.handoff import Received
+
+            return Received()
 
     reports: list[object] = []
     loop = IngestLoop(_NoReceiver(), 1.0, Pipeline(listeners=[OnWindow(reports.append)]))  # type: ignore[arg-type]

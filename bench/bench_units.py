@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from sidecar.aggregation.aggregator import Aggregator
+from sidecar.core.pipeline import ingest_records
 from sidecar.model.window import GAUGE, PROFILE, TIMING
 from sidecar.processing.mapping import Mapper
 
@@ -31,12 +32,12 @@ ROWS: dict[str, tuple[Any, Any]] = {
 def ingest_ns(record: list[Any], n: int, batch: int = 500) -> float:
     """ns per record (dict keys counted one each) to aggregate ``n`` copies, names already known."""
     agg, mapper = Aggregator(), Mapper()
-    agg.ingest("trainer", "0", [record], mapper.resolve)  # resolves the names once
+    ingest_records(agg, "trainer", "0", [record], mapper)  # resolves the names once
     records = [record] * batch
     per = len(record[2]) if record[0] == PROFILE else 1
     t0 = time.perf_counter_ns()
     for _ in range(n // batch):
-        agg.ingest("trainer", "0", records, mapper.resolve)
+        ingest_records(agg, "trainer", "0", records, mapper)
     return (time.perf_counter_ns() - t0) / ((n // batch) * batch * per)
 
 

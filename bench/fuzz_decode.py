@@ -36,6 +36,7 @@ with atheris.instrument_imports(include=["sidecar", "trainer_shim"]):
 
     from sidecar.core.ingest import IngestLoop
     from sidecar.core.pipeline import Pipeline
+    from sidecar.model.handoff import Received
     from sidecar.sources.decode import DecodeError, decode
     from sidecar.sources.receiver import ReceiverStats
     from trainer_shim import wire
@@ -52,8 +53,11 @@ class _NoSocket:
     endpoints: list[str] = []
     stats = ReceiverStats()
 
-    def poll(self, timeout_ms: int) -> list[bytes]:
+    def poll(self, timeout_ms: int) -> list[tuple[bytes, int | None]]:
         return []
+
+    def received(self) -> Received:
+        return Received()
 
     def close(self) -> None:
         pass

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.sources.receiver import FairQueue, ReceiverStats
+from sidecar.model.handoff import Received
 from tests.launcher import ROOT, DaemonProc, Samples, env, free_port, spawn_sidecar
 from tests.waiting import wait_until
 
@@ -92,13 +92,16 @@ class NoSocket:
 
     def __init__(self) -> None:
         self.endpoints: list[str] = []
-        self.stats = ReceiverStats()
         self.backlog = False
-        self.peers: list[int | None] = []
-        self.shares = FairQueue()
 
-    def poll(self, timeout_ms: int) -> list[bytes]:
+    def poll(self, timeout_ms: int) -> list[tuple[bytes, int | None]]:
         return []
+
+    def charge(self, peer: int | None, cpu_s: float, nbytes: int) -> None:
+        pass
+
+    def received(self) -> Received:
+        return Received()
 
     def close(self) -> None:
         pass

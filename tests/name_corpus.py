@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sidecar.aggregation.aggregator import Aggregator
+from sidecar.core.pipeline import ingest_records
 from sidecar.model.meanings import PHASES
 from sidecar.model.window import PROFILE
 from sidecar.processing.mapping import Mapper
@@ -76,7 +77,7 @@ def read(rows: Iterable[Row]) -> dict[tuple[str, str], Got]:
     out: dict[tuple[str, str], Got] = {}
     for repo, keys in by_repo.items():
         agg, mapper = Aggregator(), Mapper()
-        agg.ingest("trainer", "0", [[PROFILE, 1, dict.fromkeys(keys, 1.0)]], mapper.resolve)
+        ingest_records(agg, "trainer", "0", [[PROFILE, 1, dict.fromkeys(keys, 1.0)]], mapper)
         # a phase told with its parts is read, then not counted again (its parts are): it was read right
         seen = {v.raw or v.name: Got(v.meaning, v.certainty) for v in agg.roll(0.0, 1.0, 1.0).series
                 if not v.counted_in}

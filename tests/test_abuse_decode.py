@@ -12,7 +12,7 @@ import pytest
 from sidecar.aggregation.aggregator import MAX_ALLOCATOR_SERIES, RESERVED_FAMILIES, Aggregator
 from sidecar.aggregation.senders import MAX_LABEL_PAIRS
 from sidecar.core.ingest import IngestLoop
-from sidecar.core.pipeline import Pipeline
+from sidecar.core.pipeline import Pipeline, ingest_records
 from sidecar.model.messages import BatchMessage, HelloMessage
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.decode import MAX_PROFILE_KEYS, DecodeError, decode
@@ -96,7 +96,7 @@ def test_limits_are_named_and_a_bad_record_does_not_sink_its_batch() -> None:
                              [[2, "c", 1], "junk", [6, 1, {f"k{i}": 1.0 for i in range(MAX_PROFILE_KEYS + 1)}],
                               [3, "g", [1, [2]]]]]))
     assert isinstance(msg, BatchMessage) and msg.records == [[2, "c", 1], None, None, None]
-    assert Aggregator().ingest("r", "w", msg.records, Mapper().resolve) == (1, {"malformed_record": 3})
+    assert ingest_records(Aggregator(), "r", "w", msg.records, Mapper()) == (1, {"malformed_record": 3})
 
 
 def test_a_hello_keeps_known_short_fields_only() -> None:
@@ -119,17 +119,17 @@ def test_a_label_value_flood_is_capped_and_counted() -> None:
 
 def test_an_allocator_device_flood_is_capped_and_counted() -> None:
     agg = Aggregator()
-    accepted, rejected = agg.ingest("r", "w", [[7, device, [1, 2, 3]] for device in range(MAX_ALLOCATOR_SERIES + 300)],
-                                    Mapper().resolve)
+    devices = [[7, device, [1, 2, 3]] for device in range(MAX_ALLOCATOR_SERIES + 300)]
+    accepted, rejected = ingest_records(agg, "r", "w", devices, Mapper())
     assert accepted == MAX_ALLOCATOR_SERIES and rejected == {"cardinality": 300}
     assert len(agg.roll(0.0, 0.0, 1.0).allocator) == MAX_ALLOCATOR_SERIES
 
 
 def test_expired_names_release_their_family() -> None:
     agg = Aggregator(series_ttl_s=10.0)
-    agg.ingest("r", "w", [[3, f"name_{i}", 1.0] for i in range(100)], Mapper().resolve)
+    ingest_records(agg, "r", "w", [[3, f"name_{i}", 1.0] for i in range(100)], Mapper())
     agg.roll(0.0, 0.0, 1.0)
     agg.roll(20.0, 20.0, 1.0)  # idle past the TTL: expired
     # only the reserved families remain
     assert agg.series_count() == 0 and len(agg._family_owner) == len(RESERVED_FAMILIES)
-    assert agg.ingest("r", "w", [[3, "name.0", 1.0]], Mapper().resolve) == (1, {})  # and the name can be reused
+    assert ingest_records(agg, "r", "w", [[3, "name.0", 1.0]], Mapper()) == (1, {})  # and the name can be reused

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.aggregation.aggregator import PROFILE, Aggregator
+from sidecar.core.pipeline import ingest_records
 from sidecar.model.mapped import Mapped
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.receiver import QUEUE_CEILING_BYTES
@@ -92,7 +93,7 @@ def test_profile_keys_beyond_the_budget_are_resolved_once_per_batch() -> None:
             return super().resolve(kind, raw, role, worker)
 
     profile = {f"key_{k}": 1.0 for k in range(500)}
-    agg.ingest("r", "0", [[PROFILE, step, profile] for step in range(100)], CountingMapper().resolve)
+    ingest_records(agg, "r", "0", [[PROFILE, step, profile] for step in range(100)], CountingMapper())
     assert agg.profile_entries_rejected["r", "0", "cardinality"] == 100 * 490
     assert len(mapped) == 500, f"{len(mapped)} mappings for 500 distinct keys"
     assert len(calls) == 500, f"{len(calls)} resolutions for 500 distinct keys"

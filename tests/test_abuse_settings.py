@@ -20,6 +20,7 @@ import pytest
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.core import config
 from sidecar.core.config import ConfigError
+from sidecar.core.pipeline import ingest_records
 from sidecar.exporters.prometheus.collector import ExportState
 from sidecar.exporters.prometheus.server import serve
 from sidecar.processing.mapping import Mapper
@@ -181,11 +182,11 @@ def test_the_value_bounds_of_the_protocol_are_the_codes() -> None:
     agg = Aggregator()
     for kind, (low, high) in bounds.items():
         for value in (low, high):  # the stated bounds are accepted, by the daemon and by the shim's check
-            accepted, rejected = agg.ingest("r", "0", [[kind, f"k{kind}", value]], Mapper().resolve)
+            accepted, rejected = ingest_records(agg, "r", "0", [[kind, f"k{kind}", value]], Mapper())
             assert accepted == 1, (kind, value, rejected)
             assert wire.record_problem(kind, f"k{kind}", value) is None
         for value in (math.nextafter(high, math.inf), 1e308, math.nextafter(low, -math.inf) if low else -1.0):
-            _, rejected = agg.ingest("r", "0", [[kind, f"k{kind}", value]], Mapper().resolve)
+            _, rejected = ingest_records(agg, "r", "0", [[kind, f"k{kind}", value]], Mapper())
             reason = "out_of_range" if value != -1.0 else "invalid_value"
             assert rejected == {reason: 1}, (kind, value, rejected)
             assert wire.record_problem(kind, f"k{kind}", value) == reason, (kind, value)

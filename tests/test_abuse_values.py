@@ -10,6 +10,7 @@ from pathlib import Path
 import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar.core.pipeline import ingest_records
 from tests.daemon_harness import DaemonProc, raw_publisher, wait_for
 
 enc = msgspec.msgpack.Encoder()
@@ -49,13 +50,13 @@ def test_entropy_counts_every_key_of_the_window_within_its_bound() -> None:
     from sidecar.processing.mapping import Mapper
 
     agg = Aggregator()
-    agg.ingest("drafter", "0", [[CATEGORY, "bucket", k] for k in range(100) for _ in range(3)], Mapper().resolve)
+    ingest_records(agg, "drafter", "0", [[CATEGORY, "bucket", k] for k in range(100) for _ in range(3)], Mapper())
     view = next(v for v in agg.roll(1.0, 1.0, 1.0).series if v.name == "bucket")
     assert abs(view.window["entropy_bits"] - math.log2(100)) < 1e-9, view.window["entropy_bits"]
     assert len(view.cumulative["totals"]) == 65  # exported keys stay capped: 64 and _other
     # many series with many keys: the window's extra keys are bounded in all
     for s in range(200):
-        agg.ingest("drafter", "0", [[CATEGORY, f"c{s}", k] for k in range(2000)], Mapper().resolve)
+        ingest_records(agg, "drafter", "0", [[CATEGORY, f"c{s}", k] for k in range(2000)], Mapper())
     windows = [v.window for v in agg.roll(2.0, 2.0, 1.0).series if v.window and v.name.startswith("c")]
     keys = sum(len(w["distribution"]) for w in windows)
     assert max(len(w["distribution"]) for w in windows) <= MAX_WINDOW_KEYS + 1

@@ -12,6 +12,7 @@ from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.senders import SenderRegistry
 from sidecar.aggregation.series import CategorySeries, entropy_bits
 from sidecar.aggregation.sketch import EXACT_LIMIT, RANK_ERROR, QuantileBuffer
+from sidecar.core.pipeline import ingest_records
 from sidecar.model.messages import BatchMessage, HelloMessage
 from sidecar.model.names import counter_token, family_names, metric_token, timing_token
 from sidecar.model.window import COUNT, GAUGE, TIMING
@@ -69,7 +70,7 @@ def test_name_tokens() -> None:
 
 
 def _ingest(agg: Aggregator, records: list, role: str = "r", worker: str = "w"):
-    return agg.ingest(role, worker, records, Mapper().resolve)
+    return ingest_records(agg, role, worker, records, Mapper())
 
 
 def test_values_are_validated_per_kind() -> None:

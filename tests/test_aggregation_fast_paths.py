@@ -10,13 +10,14 @@ import numpy as np
 
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.sketch import QUANTILES, QuantileBuffer, inverted_cdf_rank
+from sidecar.core.pipeline import ingest_records
 from sidecar.model.mapped import Mapped
 from sidecar.model.window import GAUGE, PROFILE, TIMING
 from sidecar.processing.mapping import Mapper
 
 
 def _ingest(agg: Aggregator, records: list) -> tuple[int, dict[str, int]]:
-    return agg.ingest("r", "w", records, Mapper().resolve)
+    return ingest_records(agg, "r", "w", records, Mapper())
 
 
 def _window(agg: Aggregator, kind: int, token: str) -> dict:
@@ -84,14 +85,14 @@ def test_new_names_are_mapped_once_each_where_the_batch_meets_them() -> None:
             return super().resolve(kind, raw, role, worker)
 
     agg, mapper = Aggregator(), Asked()
-    assert agg.ingest("r", "w", [[GAUGE, "old", 1.0]], mapper.resolve) == (1, {})
+    assert ingest_records(agg, "r", "w", [[GAUGE, "old", 1.0]], mapper) == (1, {})
     batch = [[GAUGE, "new", 1.0], [GAUGE, "old", 2.0], [PROFILE, 3, {"new": 2.0, "p_ms": 1.0}], [GAUGE, "new", 3.0],
              [TIMING, "p_ms", 2.0]]
-    assert agg.ingest("r", "w", batch, mapper.resolve) == (5, {})
+    assert ingest_records(agg, "r", "w", batch, mapper) == (5, {})
     # a dict key is asked as (PROFILE, key): the mapping stage decides its kind from its unit; the
     # record under the same name finds the series the key made
     assert asked == [(GAUGE, "old"), (GAUGE, "new"), (PROFILE, "new"), (PROFILE, "p_ms")]
     views = {v.name: v for v in agg.roll(0.0, 0.0, 1.0).series}
     assert views["new"].window["last"] == 3.0 and views["new"].window["count"] == 3.0  # 1.0, the entry 2.0, 3.0
     assert views["old"].window["last"] == 2.0 and views["p"].window["count"] == 2.0
-    assert agg.ingest("r", "w", batch, mapper.resolve) == (5, {}) and len(asked) == 4  # known now: not asked again
+    assert ingest_records(agg, "r", "w", batch, mapper) == (5, {}) and len(asked) == 4  # known now: not asked again

@@ -392,3 +392,113 @@ def test_the_architecture_maps_every_package_and_every_module_of_the_core_and_th
     modules_of = [f"{package}/{p.name}" for package in ("core", "cli")
                   for p in (ROOT / "sidecar" / package).glob("*.py") if p.name != "__init__.py"]
     assert set(modules_of) - named == set()
+
+
+STAGE_OBJECTS = {"registry": "aggregation", "aggregator": "aggregation", "ends": "aggregation",
+                 "mapper": "processing", "receiver": "sources", "tallies": "sources"}
+"""The stages' objects the core holds (as ``self.<name>`` or a local of that name)."""
+FOREIGN_PRIVATE = {"sidecar/cli/main.py": {"_actions"}}
+"""Private names of an outside library read where it has no public way (argparse's actions)."""
+STAGE_FIELDS_CORE_READS = {("receiver", "backlog"), ("receiver", "endpoints")}
+"""Data (not a call) the core reads of a stage's object: what the receiver says of its queue and
+its endpoints. Everything else a stage hands the core is a call's return value."""
+
+
+def _defined_names(tree: ast.AST) -> set[str]:
+    """Names a module defines: its functions, classes and their attributes (``self.x = ...``,
+    class-level fields), its top-level names: what a ``_private`` access may name there."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.alias):
+            names.add(node.asname or node.name.split(".")[0])
+    return names
+
+
+def private_reaches(*folders: str) -> list[str]:
+    """``x._name`` (one underscore) where ``x`` is not ``self``/``cls`` and the module defines no
+    ``_name``: a reach into another module's private state (or a private helper of another
+    module's object)."""
+    found = []
+    for path in modules(*folders):
+        tree = ast.parse(path.read_text(), str(path))
+        own = _defined_names(tree) | FOREIGN_PRIVATE.get(rel(path), set())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            name = node.attr
+            if not name.startswith("_") or name.startswith("__") or name in own:
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            found.append(f"{rel(path)}:{node.lineno} .{name}")
+    return found
+
+
+def _stage_root(node: ast.expr) -> str | None:
+    """The stage object an expression starts from: ``self.registry`` or a local ``registry``."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return node.attr if node.attr in STAGE_OBJECTS else None
+    if isinstance(node, ast.Name):
+        return node.id if node.id in STAGE_OBJECTS else None
+    return None
+
+
+def core_reaches(*folders: str) -> list[str]:
+    """In the core: a stage object's attribute read as data rather than called (``registry.totals``,
+    ``receiver.peers``, ``receiver.shares.charge(...)``), beyond ``STAGE_FIELDS_CORE_READS``; and
+    any write to an attribute of an object other than ``self`` (``self.tallies.malformed = 0``)."""
+    found = []
+    for path in modules(*folders):
+        tree = ast.parse(path.read_text(), str(path))
+        called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            where = f"{rel(path)}:{node.lineno}"
+            if isinstance(node.ctx, ast.Store | ast.Del):
+                if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                    found.append(f"{where} writes {ast.unparse(node)}")
+                continue
+            root = _stage_root(node.value)
+            if root is not None and id(node) not in called and (root, node.attr) not in STAGE_FIELDS_CORE_READS:
+                found.append(f"{where} reads {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_reaches_into_another_modules_private_state() -> None:
+    """A stage hands what the next needs as a value or a public call: nothing reads or calls
+    another module's ``_private`` names."""
+    assert private_reaches("sidecar") == []
+
+
+def test_the_core_calls_the_stages_and_writes_only_its_own_state() -> None:
+    """The pipeline and the ingest loop take what a stage hands back (a call's value); they read
+    no stage's fields (beyond the receiver's ``backlog`` and ``endpoints``) and write into no
+    other object."""
+    assert core_reaches("sidecar/core") == []
+
+
+def test_the_reach_checks_see_what_they_look_for(tmp_path: Path) -> None:
+    """The old side doors, written out: each check finds them."""
+    global ROOT
+    core = tmp_path / "sidecar" / "core"
+    core.mkdir(parents=True)
+    (core / "old.py").write_text(
+        "def run(self, frames, state):\n"
+        "    peers = self.receiver.peers\n"
+        "    self.receiver.shares.charge(peers[0], 0.1, 10)\n"
+        "    self.tallies.malformed = 0\n"
+        "    registry = self.registry\n"
+        "    return registry.totals, self.aggregator.profile_entries_rejected, state.table._owner\n")
+    saved, ROOT = ROOT, tmp_path
+    try:
+        assert len(core_reaches("sidecar/core")) == 5
+        assert private_reaches("sidecar") == ["sidecar/core/old.py:6 ._owner"]
+    finally:
+        ROOT = saved

@@ -86,7 +86,7 @@ def test_each_setting_is_declared_once_by_its_component() -> None:
     ``config_file``) is one declared setting, with the section's default."""
     import dataclasses
 
-    from sidecar.aggregation.verdict import InsightSettings
+    from sidecar.aggregation.settings import InsightSettings
 
     fields = {f.name: f for f in dataclasses.fields(config.Config)}
     assert set(fields) - {"config_file"} == {s.attr for s in config.SETTINGS}

@@ -58,7 +58,7 @@ def test_a_restarted_run_shows_its_own_step_and_the_killed_sender_is_not_counted
 def test_the_scrape_state_reads_the_wandb_exporter_it_was_handed() -> None:
     """The W&B exporter is wired by its own parameter (None: W&B is off), never found by a name."""
     from sidecar.core.pipeline import Pipeline
-    from sidecar.exporters.scrape_state import ScrapeState
+    from sidecar.core.scrape_state import ScrapeState
     from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
 
     wandb = WandbExporter(WandbConfig(run="r", offline=True), host="h")

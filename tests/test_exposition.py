@@ -16,11 +16,11 @@ from prometheus_client.utils import floatToGoString
 
 from sidecar.core.ingest import IngestLoop
 from sidecar.core.pipeline import OnWindow, Pipeline
+from sidecar.core.scrape_state import ScrapeState
 from sidecar.exporters.prometheus import exposition
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.prometheus.page import MetricsPage
 from sidecar.exporters.prometheus.server import serve
-from sidecar.exporters.scrape_state import ScrapeState
 from sidecar.model.gpu import GpuView, NvmlState, NvmlStatus
 from sidecar.model.window import IngestReport
 from tests.daemon_harness import NoSocket, free_port

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.aggregation.aggregator import Aggregator
+from sidecar.core.pipeline import ingest_records
 from sidecar.model.meanings import MEANINGS
 from sidecar.model.settings import RoleSettings
 from sidecar.model.window import GAUGE, PROFILE, TIMING, IngestReport
@@ -147,7 +148,7 @@ def test_a_users_rule_wins_over_a_preset() -> None:
 def _explain_rows(records: dict[str, float]) -> dict[str, dict[str, str]]:
     agg, mapper = Aggregator(), Mapper()
     for step in range(3):
-        agg.ingest("trainer", "0", [[PROFILE, step, records]], mapper.resolve)
+        ingest_records(agg, "trainer", "0", [[PROFILE, step, records]], mapper)
     window = agg.roll(1.0, 1_700_000_000.0, 1.0)
     report = IngestReport(window, (), {}, {}, {}, 0, 0, 0, len(window.series), 0)
     return {r["name"]: r for r in explain_data(report, mapper, RoleSettings())["series"]}

@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 
 from sidecar.aggregation.insight import compute_insight
-from sidecar.aggregation.verdict import Hysteresis, InsightSettings, confidence
+from sidecar.aggregation.settings import InsightSettings
+from sidecar.aggregation.verdict import Hysteresis, confidence
 from sidecar.core.pipeline import GpuStage
 from sidecar.model.insight import GpuFacts, Verdict
 from sidecar.model.window import IngestReport, SeriesView

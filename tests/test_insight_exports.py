@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sidecar.aggregation.insight import compute_insight
-from sidecar.aggregation.verdict import InsightSettings
+from sidecar.aggregation.settings import InsightSettings
 from sidecar.cli.top import render, samples_of
 from sidecar.core import config as config_mod
 from sidecar.core import pipeline as pipeline_mod

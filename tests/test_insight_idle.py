@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from rich.console import Console
 
 from sidecar.aggregation.insight import compute_insight as compute_window
-from sidecar.aggregation.verdict import InsightSettings
+from sidecar.aggregation.settings import InsightSettings
 from sidecar.cli.top import render, samples_of
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.wandb.insight_row import insight_row

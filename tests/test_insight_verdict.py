@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from sidecar.aggregation.insight import compute_insight
-from sidecar.aggregation.verdict import InsightSettings
+from sidecar.aggregation.settings import InsightSettings
 from sidecar.model.insight import VERDICT_CODES, GpuFacts, Verdict
 from tests.insight_synth import gauge, pipeline, report, worker
 

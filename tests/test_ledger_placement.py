@@ -12,7 +12,6 @@ import msgspec
 
 from sidecar.aggregation.ledger.facts import window_facts
 from sidecar.aggregation.senders import SenderRegistry
-from sidecar.core.pipeline import sender_view
 from sidecar.model.messages import BatchMessage, HelloMessage
 from sidecar.model.window import IngestReport, WindowReport
 from sidecar.sources.decode import decode
@@ -40,12 +39,12 @@ def test_the_receipt_time_reaches_the_window_view_from_hello_and_batch() -> None
     registry = SenderRegistry()
     hello = {"pid": 1, "role": "drafter", "worker": "0"}
     state = registry.on_hello(HelloMessage(7, 0, hello), 10.0, START + 10.0)
-    assert state is not None and sender_view(state, 12.0).last_seen_unix_s == START + 10.0
+    assert state is not None and state.view(12.0).last_seen_unix_s == START + 10.0
     frame = wire.encode_batch(msgspec.msgpack.Encoder(), 7, 1, "drafter", "0", None, 0, {}, [])
     batch = decode(frame)
     assert isinstance(batch, BatchMessage)
     assert registry.on_batch(batch, 11.0, START + 11.0) is state
-    assert sender_view(state, 12.0).last_seen_unix_s == START + 11.0
+    assert state.view(12.0).last_seen_unix_s == START + 11.0
 
 
 def test_a_sender_whose_first_message_was_refused_has_a_receipt_time_too() -> None:
@@ -56,4 +55,4 @@ def test_a_sender_whose_first_message_was_refused_has_a_receipt_time_too() -> No
     assert isinstance(batch, BatchMessage) and registry.on_batch(batch, 10.0, START + 10.0) is None
     assert registry.messages_dropped == {"impossible_count": 1}
     [state] = registry
-    assert sender_view(state, 12.0).last_seen_unix_s == START + 10.0
+    assert state.view(12.0).last_seen_unix_s == START + 10.0

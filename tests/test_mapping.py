@@ -9,6 +9,7 @@ from sidecar.aggregation.aggregator import PROFILE, Aggregator
 from sidecar.aggregation.verdict import Hysteresis, Verdict
 from sidecar.core import config as config_mod
 from sidecar.core.config import ConfigError
+from sidecar.core.pipeline import ingest_records
 from sidecar.model.mapped import Mapped
 from sidecar.model.meanings import COUNT, GAUGE, MEANINGS, TIMING
 from sidecar.processing.mapping import PRESETS, Mapper, MappingError, parse_rules
@@ -129,9 +130,9 @@ def test_names_are_resolved_once_per_series_not_per_record() -> None:
     agg = Aggregator()
     records = [[TIMING, "target.model_forward_ms", 5.0], [COUNT, "drafter.1.tokens", 10]] * 500
     records += [[PROFILE, 3, {"drafter.queue_get_ms": 1.0, "drafter.forward_ms": 2.0}]] * 100
-    assert agg.ingest("monitor", "0", records, CountingMapper().resolve) == (len(records), {})
+    assert ingest_records(agg, "monitor", "0", records, CountingMapper()) == (len(records), {})
     assert CountingMapper.calls == 4
-    assert agg.ingest("monitor", "0", records, CountingMapper().resolve) == (len(records), {})
+    assert ingest_records(agg, "monitor", "0", records, CountingMapper()) == (len(records), {})
     assert CountingMapper.calls == 4  # known names go straight to their series: the mapping stage is not asked
     views = {(v.role, v.worker, v.name): v for v in agg.roll(0.0, 0.0, 1.0).series}
     fwd = views["target", "0", "model_forward"]
@@ -144,17 +145,17 @@ def test_names_are_resolved_once_per_series_not_per_record() -> None:
 def test_the_same_name_in_two_roles_is_two_series_not_a_collision() -> None:
     agg = Aggregator()
     records = [[TIMING, "target.forward_ms", 1.0], [TIMING, "drafter.forward_ms", 2.0]]
-    assert agg.ingest("monitor", "0", records, Mapper().resolve) == (2, {})
+    assert ingest_records(agg, "monitor", "0", records, Mapper()) == (2, {})
     assert sorted(v.role for v in agg.roll(0.0, 0.0, 1.0).series) == ["drafter", "target"]
 
 
 def test_a_new_mapper_remaps_on_the_next_record() -> None:
     agg = Aggregator()
-    agg.ingest("t", "0", [[TIMING, "qzx_ms", 1.0]], Mapper().resolve)  # a name nothing reads
+    ingest_records(agg, "t", "0", [[TIMING, "qzx_ms", 1.0]], Mapper())  # a name nothing reads
     assert [v.meaning for v in agg.roll(0.0, 0.0, 1.0).series] == [""]
     agg.remap()  # what the pipeline does when it takes a reloaded mapping
-    agg.ingest("t", "0", [[TIMING, "qzx_ms", 1.0]],
-               Mapper(parse_rules([{"match": "qzx_ms", "phase": "data_wait"}])).resolve)
+    ingest_records(agg, "t", "0", [[TIMING, "qzx_ms", 1.0]],
+               Mapper(parse_rules([{"match": "qzx_ms", "phase": "data_wait"}])))
     assert [v.meaning for v in agg.roll(1.0, 1.0, 1.0).series] == ["data_wait"]
 
 
@@ -195,8 +196,8 @@ def test_hysteresis_holds_a_weak_change_for_one_window_and_takes_a_strong_one() 
 
 def test_a_relabelled_sender_maps_its_names_again() -> None:
     agg = Aggregator()
-    assert agg.ingest("target", "0", [[TIMING, "forward_ms", 1.0]], Mapper().resolve, sender=5) == (1, {})
-    assert agg.ingest("drafter", "0", [[TIMING, "forward_ms", 2.0]], Mapper().resolve, sender=5) == (1, {})
+    assert ingest_records(agg, "target", "0", [[TIMING, "forward_ms", 1.0]], Mapper(), sender=5) == (1, {})
+    assert ingest_records(agg, "drafter", "0", [[TIMING, "forward_ms", 2.0]], Mapper(), sender=5) == (1, {})
     views = {v.role: v.window["count"] for v in agg.roll(0.0, 0.0, 1.0, known_senders=[5]).series}
     assert views == {"target": 1.0, "drafter": 1.0}
     agg.roll(1.0, 1.0, 1.0, known_senders=[])  # a forgotten sender's name table goes with it
@@ -212,9 +213,9 @@ def test_the_mapper_keeps_what_it_mapped_when_the_aggregator_drops_its_tables() 
             return super()._map(kind, raw, role, worker)
 
     agg, mapper = Aggregator(), Counted()
-    assert agg.ingest("t", "0", [[TIMING, "fetch_ms", 1.0]], mapper.resolve) == (1, {})
+    assert ingest_records(agg, "t", "0", [[TIMING, "fetch_ms", 1.0]], mapper) == (1, {})
     agg.remap()  # the series tables dropped (as when series expire or are evicted)
-    assert agg.ingest("t", "0", [[TIMING, "fetch_ms", 2.0]], mapper.resolve) == (1, {})
+    assert ingest_records(agg, "t", "0", [[TIMING, "fetch_ms", 2.0]], mapper) == (1, {})
     assert mapped == ["fetch_ms"]
     assert mapper.resolve(TIMING, "fetch_ms", "t", "1").worker == "1"  # another sender's labels: mapped anew
     assert mapped == ["fetch_ms", "fetch_ms"]

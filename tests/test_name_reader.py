@@ -9,6 +9,7 @@ import pytest
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.ledger.facts import window_facts
+from sidecar.core.pipeline import ingest_records
 from sidecar.model.insight import GpuFacts
 from sidecar.model.meanings import PHASES
 from sidecar.model.window import GAUGE, PROFILE, TIMING
@@ -115,7 +116,7 @@ def test_kinds_follow_meaning_on_both_paths() -> None:
         m = mapper.resolve(kind, "timing/iter_s", "t", "0")
         assert (m.kind, m.meaning, m.scale) == (TIMING, "step", 1000.0)
     agg = Aggregator()
-    assert agg.ingest("t", "0", [[GAUGE, "timing/data_s", 0.03], [GAUGE, "timing/iter_s", 0.05]], mapper.resolve) \
+    assert ingest_records(agg, "t", "0", [[GAUGE, "timing/data_s", 0.03], [GAUGE, "timing/iter_s", 0.05]], mapper) \
         == (2, {})
     views = {v.raw: v for v in agg.roll(0.0, 1.0, 1.0).series}
     assert views["timing/data_s"].kind == TIMING and views["timing/data_s"].snapshot
@@ -140,7 +141,7 @@ def _window(profiles: list[tuple[int, dict[str, float]]], sender: int = 1):
     agg, mapper = Aggregator(), Mapper()
     for step, data in profiles:
         for key, value in data.items():  # DeepSpeed's monitor: one add_scalar (one publish) per key
-            agg.ingest("trainer", "0", [[PROFILE, step, {key: value}]], mapper.resolve, sender=sender)
+            ingest_records(agg, "trainer", "0", [[PROFILE, step, {key: value}]], mapper, sender=sender)
     return agg.roll(0.0, 10.0, 10.0)
 
 
@@ -192,7 +193,7 @@ def _paced(strides: list[int], seconds_per_change: float, keys: dict[str, float]
     for stride in strides:
         step += stride
         now[0] += seconds_per_change
-        agg.ingest("trainer", "0", [[PROFILE, step, keys]], mapper.resolve, sender=1)
+        ingest_records(agg, "trainer", "0", [[PROFILE, step, keys]], mapper, sender=1)
     return agg.roll(0.0, 10.0, 10.0)
 
 
@@ -254,7 +255,8 @@ def test_two_names_of_one_phase_read_one_preset_first() -> None:
 
 
 def test_no_false_health_reads_no_kernel_and_the_timed_role() -> None:
-    from sidecar.aggregation.verdict import InsightSettings, RoleFacts, decide
+    from sidecar.aggregation.settings import InsightSettings
+    from sidecar.aggregation.verdict import RoleFacts, decide
 
     s = InsightSettings()
     timed = RoleFacts("trainer", {"forward": 0.4, "backward": 0.5, "optimizer": 0.1}, ())
@@ -277,7 +279,8 @@ def test_a_name_overruled_as_none_is_not_unattributed() -> None:
 
 
 def test_the_dflash_queue_rules_say_what_was_read() -> None:
-    from sidecar.aggregation.verdict import InsightSettings, RoleFacts, decide
+    from sidecar.aggregation.settings import InsightSettings
+    from sidecar.aggregation.verdict import RoleFacts, decide
 
     s = InsightSettings()
     target = RoleFacts("target", {"data_wait": 0.6, "forward": 0.3}, (), read={"data_wait": ("time/fetch", 1.0)})

@@ -225,10 +225,10 @@ def test_served_page_with_compat_equals_generate_latest_byte_for_byte() -> None:
 
     from prometheus_client.utils import floatToGoString
 
+    from sidecar.core.scrape_state import ScrapeState
     from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
     from sidecar.exporters.prometheus.exposition import go_float
     from sidecar.exporters.prometheus.page import MetricsPage
-    from sidecar.exporters.scrape_state import ScrapeState
     from sidecar.model.gpu import VIOLATION_POLICIES, ProfilingState
 
     rng = random.Random(24)

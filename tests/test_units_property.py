@@ -15,6 +15,7 @@ from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.ledger.facts import window_facts
 from sidecar.aggregation.ledger.fold import RunLedger
+from sidecar.core.pipeline import ingest_records
 from sidecar.model.window import PROFILE, TIMING, IngestReport
 from sidecar.processing.mapping import Mapper
 from tests.insight_synth import sender
@@ -53,7 +54,7 @@ def run(form: str, phases: dict[str, float], step_ms: float, every_occurrence: b
             step = w * steps + i
             records = (_timings(form, phases, step_ms) + [[PROFILE, step, {}]] if every_occurrence
                        else [[PROFILE, step, _dict(form, phases, step_ms)]])
-            _, rejected = agg.ingest("trainer", "0", records, mapper.resolve, sender=1)
+            _, rejected = ingest_records(agg, "trainer", "0", records, mapper, sender=1)
             assert not rejected, rejected
         end = T0 + (w + 1) * duration_s
         window = agg.roll(float(w + 1) * duration_s, end, duration_s)

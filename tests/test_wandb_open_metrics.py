@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.aggregation.insight import compute_insight
 from sidecar.core.config import Config
+from sidecar.core.scrape_state import ScrapeState
 from sidecar.exporters.prometheus.collector import ExportState, SidecarCollector
 from sidecar.exporters.prometheus.server import serve
 from sidecar.exporters.prometheus.wandb_page import (
@@ -31,7 +32,6 @@ from sidecar.exporters.prometheus.wandb_page import (
     WandbPage,
     family_templates,
 )
-from sidecar.exporters.scrape_state import ScrapeState
 from sidecar.model.gpu import GpuReading, GpuSnapshot, GpuView, GroupAggregate, NvmlState, NvmlStatus
 from sidecar.model.insight import VERDICT_CODES, GpuFacts
 from tests.daemon_harness import free_port, require_tool

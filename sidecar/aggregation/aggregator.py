@@ -1,23 +1,29 @@
 """Aggregation: records in, one ``WindowReport`` out per window.
 
-Single-threaded by design: the ingest thread calls ``ingest`` for every batch and ``roll`` at each
-window boundary, so no lock is needed and a scrape never waits on ingest (exporters only read the
-immutable reports). Each batch's rejected records are counted by reason in the dict ``ingest``
-returns.
+Single-threaded by design: the ingest thread calls ``ingest`` for every batch and ``close`` at
+each window boundary, so no lock is needed and a scrape never waits on ingest (exporters only
+read the immutable reports). Each batch's rejected records are counted by reason in what
+``ingest`` returns (``model.mapped.Ingested``).
 
-The aggregator never maps names itself: a name its sender's series table does not know yet is
-looked up once through the ``NameMap`` the pipeline hands in with the batch (the mapping stage,
-``sidecar.processing.mapping.Mapper.resolve``, which keeps its own cache of what it mapped). The
-series tables (a sender's name -> its series' bound ``add``) are the aggregator's own, one per
-sender, dropped whenever series expire or are evicted (their adds would point at dead series).
+The aggregator never maps names itself and calls nothing back: a batch comes as a
+``model.mapped.SenderBatch``, with the ``Mapped`` of each name the sender's series table does not
+know yet. Where one is missing, ``ingest`` stops at that record and hands the rest of the batch
+back with the names it needs; the pipeline has the mapping stage map them
+(``sidecar.processing.mapping.Mapper``, which keeps its own cache of what it mapped) and hands the
+rest back, mapped. The series tables (a sender's name -> its series' bound ``add``) are the
+aggregator's own, one per sender, dropped whenever series expire or are evicted (their adds
+would point at dead series).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections import deque
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import islice
+from operator import length_hint
 from typing import Any
 
 from sidecar.aggregation.parts import settle
@@ -32,7 +38,8 @@ from sidecar.aggregation.series import (
 )
 from sidecar.aggregation.settings import WindowSettings
 from sidecar.aggregation.step_axis import StepAxes
-from sidecar.model.mapped import Mapped
+from sidecar.model.handoff import AggregatesPart
+from sidecar.model.mapped import Ingested, Mapped, NameKey, SenderBatch
 from sidecar.model.names import claimed_names, counter_token, metric_token, timing_token
 from sidecar.model.window import (
     ALLOCATOR,
@@ -88,10 +95,40 @@ def _scaled(add: Adder, scale: float) -> Adder:
     return scaled
 
 
-NameMap = Callable[[int, str, str, str], Mapped]
-"""The mapping stage's answer for one name: (kind, name as sent, the sender's role, worker) ->
-its ``Mapped`` (``kind`` PROFILE: a ``publish()`` dict key, whose ``Mapped.kind`` decides).
-Asked once per sender and name (names already checked by ``trainer_shim.wire.name_problem``)."""
+SeriesKey = tuple[int, str, str, str]
+"""A series: (kind, exported token, role, worker)."""
+NameTable = dict[Any, "Adder | str"]
+"""A sender's series table: (kind as sent, name as sent) -> its series' ``add`` or the reason
+such records are refused; a profile entry under (PROFILE, key). Keys are whatever a client sent."""
+
+
+class _NeedNames(Exception):
+    """A record (or a profile's key ``entry``) whose name the batch has no mapping for yet."""
+
+    def __init__(self, entry: int | None) -> None:
+        super().__init__()
+        self.entry = entry
+
+
+class _Turn:
+    """One batch's progress through ``Aggregator.ingest``, handed back with its rest
+    (``SenderBatch.resume``) where it waits for names to be mapped. A plain class: one is made
+    per batch."""
+
+    __slots__ = ("owner", "left", "table", "memo", "names", "entries_from")
+
+    def __init__(self, owner: Hashable, table: NameTable, names: Mapping[NameKey, Mapped]) -> None:
+        self.owner = owner
+        self.left = 0
+        """Names ``owner`` may still resolve this window without finding their series."""
+        self.table = table
+        """The sender's series table as the batch began (kept, even if the tables are dropped meanwhile)."""
+        self.memo: dict[Any, Adder | str] = {}
+        """This batch's names whose outcome ``table`` does not keep (``cardinality``, or rejections
+        beyond its bound): each is resolved once per batch, so a batch's work is bounded by its size."""
+        self.names = names
+        self.entries_from: int | None = None
+        """The batch stopped in its first record's profile: its keys from this one on are left."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,23 +149,24 @@ class Aggregator:
     def __init__(self, max_series: int = WindowSettings.max_series, series_ttl_s: float = 3600.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """``clock``: monotonic seconds, read when a sender's step moves (its step axis's pace)."""
-        self._names: dict[Any, tuple[str, str, dict[Any, Any]]] = {}
+        self._names: dict[int, tuple[str, str, NameTable]] = {}
         """Sender -> (role, worker it was labelled, its name table): (kind, name) -> the series'
         bound ``add`` or the reason such records are refused; profile entries under (PROFILE, key)."""
-        self._meta: dict[tuple[int, str, str, str], tuple[Mapped, bool]] = {}
+        self._meta: dict[SeriesKey, tuple[Mapped, bool]] = {}
         """Series key -> (its mapping, snapshot), decided once when the series is first resolved."""
-        self._snapshot_last: dict[tuple[int, str, str, str], tuple[float, float]] = {}
+        self._snapshot_last: dict[SeriesKey, tuple[float, float]] = {}
         self.max_series = max_series
         self.series_ttl_s = series_ttl_s
-        self._series: dict[tuple[int, str, str, str], Series] = {}
-        self._raw_names: dict[tuple[int, str, str, str], str] = {}
+        self._series: dict[SeriesKey, Series] = {}
+        self._raw_names: dict[SeriesKey, str] = {}
         self._family_owner: dict[str, _Owner] = {}
         """Prometheus family (or sample) name -> the series that claimed it first. Series of the
         same kind and sanitized name share a family whatever their role and worker (their labels
         tell them apart); any other series claiming one of its names collides."""
         self._reset_owners()
         self._logged_collisions: set[tuple[int, str, str, str]] = set()
-        self._last_active: dict[tuple[int, str, str, str], float] = {}
+        """(kind, name, role, worker) of the collisions logged."""
+        self._last_active: dict[SeriesKey, float] = {}
         self._steps: dict[int, tuple[str, str, int]] = {}
         """sender id -> (role, worker, latest step) of its last profile."""
         self._axes = StepAxes(clock)
@@ -144,9 +182,9 @@ class Aggregator:
         self.generation = 0
         """Bumped whenever series expire or are evicted, or names are remapped (the name tables are
         dropped then)."""
-        self._owner_of: dict[tuple[int, str, str, str], Any] = {}
-        """Series key -> the sender (``ingest``'s ``owner``) that created it."""
-        self._owned: dict[Any, dict[tuple[int, str, str, str], None]] = {}
+        self._owner_of: dict[SeriesKey, Hashable] = {}
+        """Series key -> the owner (``SenderBatch.owner``) that created it."""
+        self._owned: dict[Hashable, dict[SeriesKey, None]] = {}
         """Owner -> its series keys, oldest first: each owner's share of the table."""
         self.evicted_series = 0
         """Series evicted from an owner over its fair share for one below it (their window is lost)."""
@@ -154,10 +192,8 @@ class Aggregator:
         """Names an owner may resolve per window without finding its series (new series and refusals):
         a flood of distinct names costs about 10 us a name to map; beyond this budget the owner's
         further new names are refused as ``cardinality`` without mapping (about 0.3 us)."""
-        self._resolved: dict[Any, int] = {}
+        self._resolved: dict[Hashable, int] = {}
         """Owner -> charged resolutions in this window."""
-        self._owner: Any = None
-        self._left = 0
 
     def series_count(self) -> int:
         return len(self._series)
@@ -172,103 +208,163 @@ class Aggregator:
         self.generation += 1
         self._names.clear()
 
-    def names_of(self, sender: Any) -> dict[Any, Any]:
+    def names_of(self, sender: int) -> NameTable:
         """``sender``'s name table (read-only use: tests and ``explain``); empty if it has none."""
         table = self._names.get(sender)
         return table[2] if table is not None else {}
 
     # -- ingest ----------------------------------------------------------------------------------
 
-    def ingest(self, role: str, worker: str, records: list[Any], names: NameMap, sender: Any = 0,
-               owner: Any = None) -> tuple[int, dict[str, int]]:
-        """Aggregate one batch of ``records`` from a sender labelled (role, worker). ``names``: the
-        mapping stage, asked once per sender and new name. ``sender`` (its id) keys its series
-        table and the steps its profiles carry. ``owner`` (hashable; default: ``sender``) is who
-        the series it creates count against: the table is shared fairly between owners
-        (``_admit``), and each owner has its own ``resolve_budget``. Returns the number accepted
-        and the records rejected, by reason (a new dict: the caller books both)."""
-        self._owner = owner = sender if owner is None else owner
-        self._left = self.resolve_budget - self._resolved.get(owner, 0)
-        table = self._names.get(sender)
-        if table is None or table[0] != role or table[1] != worker:  # a relabelled sender resolves its names anew
-            table = self._names[sender] = (role, worker, {})
+    def ingest(self, batch: SenderBatch) -> Ingested:
+        """Aggregate ``batch`` (one sender's records, labelled (role, worker)), in order, each record
+        into its series as the sender's series table finds it. At the first record whose name the
+        table does not know and whose mapping ``batch.names`` lacks, it stops and hands the rest
+        back (``Ingested.rest``) with the names to map (``Ingested.unmapped``: that name, and the
+        further new names before the next profile, or a profile's new keys, as far as the budget
+        goes): the batch goes on once they are mapped. ``batch.owner`` is whom the series it
+        creates count against (the table is shared fairly between owners, ``_admit``), each with
+        its own ``resolve_budget`` of new names per window. Returns the records accepted and the
+        rejected ones by reason (a new dict), for the part of the batch done."""
+        sender, owner, role, worker, records, names, turn = batch
+        if not isinstance(turn, _Turn):
+            table = self._names.get(sender)
+            if table is None or table[0] != role or table[1] != worker:  # a relabelled sender maps its names anew
+                table = self._names[sender] = (role, worker, {})
+            turn = _Turn(owner, table[2], names)
+        turn.left = self.resolve_budget - self._resolved.get(owner, 0)
+        turn.names = names
+        remaining = iter(records)
         try:
-            return self._ingest(role, worker, table[2], records, names, sender)
+            accepted, rejected, need, met = self._ingest(role, worker, remaining, sender, turn)
         finally:
-            self._resolved[owner] = self.resolve_budget - self._left
+            self._resolved[owner] = self.resolve_budget - turn.left
+        if need is None:
+            return Ingested(accepted, rejected)
+        rest = [met, *remaining]
+        turn.entries_from = need.entry
+        wanted = self._wanted(rest, need.entry, turn)
+        return Ingested(accepted, rejected, wanted, SenderBatch(sender, owner, role, worker, rest, resume=turn))
 
-    def _ingest(self, role: str, worker: str, cache: dict[Any, Any], records: list[Any], names: NameMap,
-                sender: int) -> tuple[int, dict[str, int]]:
+    def _ingest(self, role: str, worker: str, records: Iterator[Any], sender: int,
+                turn: _Turn) -> tuple[int, dict[str, int], _NeedNames | None, Any]:
         accepted = 0
         rejected: dict[str, int] = {}
-        memo: dict[Any, Any] = {}
-        """This batch's names whose outcome ``cache`` does not keep (``cardinality``, or rejections
-        beyond its bound): each is resolved once per batch, so a batch's work is bounded by its size."""
-        for rec in records:
-            if rec.__class__ is not list or len(rec) != 3:
-                rejected["malformed_record"] = rejected.get("malformed_record", 0) + 1
-                continue
-            kind, name, value = rec
-            if kind == PROFILE or kind == ALLOCATOR:
-                reason = self._special(kind, name, value, role, worker, cache, sender, memo, names)
-            else:
-                try:
-                    add = cache[kind, name]
-                except KeyError:
-                    add = memo.get((kind, name))
-                    if add is None:
-                        add = self._resolve(kind, name, role, worker, cache, names)
-                        if (kind, name) not in cache:
-                            memo[kind, name] = add
-                except TypeError:  # an unhashable kind or name
-                    add = record_problem(kind, name, value) or "bad_name"
-                if add.__class__ is str:
-                    reason = add
-                elif add(value):
-                    accepted += 1
+        cache, memo = turn.table, turn.memo
+        rec: Any = None
+        try:
+            for rec in records:
+                if rec.__class__ is not list or len(rec) != 3:
+                    rejected["malformed_record"] = rejected.get("malformed_record", 0) + 1
                     continue
+                kind, name, value = rec
+                if kind == PROFILE or kind == ALLOCATOR:
+                    reason = self._special(kind, name, value, role, worker, sender, turn)
                 else:
-                    reason = record_problem(kind, name, value) or "invalid_value"  # the rule's reason
-            if reason is None:
-                accepted += 1
-            else:
-                rejected[reason] = rejected.get(reason, 0) + 1
-        return accepted, rejected
+                    add: Adder | str | None
+                    try:
+                        add = cache[kind, name]
+                    except KeyError:
+                        add = memo.get((kind, name))
+                        if add is None:
+                            add = self._resolve(kind, name, role, worker, turn)
+                            if (kind, name) not in cache:
+                                memo[kind, name] = add
+                    except TypeError:  # an unhashable kind or name
+                        add = record_problem(kind, name, value) or "bad_name"
+                    if add.__class__ is str:
+                        reason = add  # type: ignore[assignment]
+                    elif add(value):  # type: ignore[misc,operator]
+                        accepted += 1
+                        continue
+                    else:
+                        reason = record_problem(kind, name, value) or "invalid_value"  # the rule's reason
+                if reason is None:
+                    accepted += 1
+                else:
+                    rejected[reason] = rejected.get(reason, 0) + 1
+        except _NeedNames as need:  # ``rec`` waits for its name: the rest of the batch is handed back
+            return accepted, rejected, need, rec
+        return accepted, rejected, None, None
 
-    def _resolve(self, kind: Any, name: Any, role: str, worker: str, cache: dict[Any, Any],
-                 names: NameMap | None, snapshot: bool = False, mapped: Mapped | None = None) -> Adder | str:
+    def _wanted(self, rest: list[Any], entry: int | None, turn: _Turn) -> tuple[NameKey, ...]:
+        """The names to map for the rest of a batch to go on, in the order it meets them: from the
+        profile entry ``entry`` of its first record on, that profile's new keys; else the new names
+        of its plain records up to the next profile (which may make later names known). No more
+        than the budget left lets through: each name new to the table spends one (a refund,
+        a name that finds its series, only stops the batch again further on)."""
+        cache, memo, left = turn.table, turn.memo, turn.left
+        wanted: dict[NameKey, None] = {}
+        if entry is not None:
+            for key in islice(rest[0][2], entry, None):
+                if left <= 0:
+                    break
+                try:
+                    if (PROFILE, key) in cache or (PROFILE, key) in memo:
+                        continue
+                except TypeError:
+                    continue
+                left -= 1
+                if key.__class__ is str and name_problem(key) is None:
+                    wanted[PROFILE, key] = None
+            return tuple(wanted)
+        for rec in rest:
+            if left <= 0:
+                break
+            if rec.__class__ is not list or len(rec) != 3:
+                continue
+            kind, name = rec[0], rec[1]
+            if kind == PROFILE or kind == ALLOCATOR:
+                break
+            try:
+                if (kind, name) in cache or (kind, name) in memo or (kind, name) in wanted:
+                    continue
+            except TypeError:
+                continue
+            if record_rule(kind) is None or int(kind) not in self._factories:
+                continue
+            left -= 1
+            if name_problem(name) is None:
+                wanted[int(kind), name] = None
+        return tuple(wanted)
+
+    def _resolve(self, kind: Any, name: Any, role: str, worker: str, turn: _Turn, snapshot: bool = False,
+                 mapped: Mapped | None = None, entry: bool = False) -> Adder | str:
         """The ``add`` of the series for (kind, name) from this sender, created if need be, or the
-        reason its records are refused; cached in ``cache`` (rejections only up to a bound, and
-        never ``cardinality``: room may free up). The name is mapped through ``names`` unless
-        ``mapped`` is given (a dict key, mapped first to decide its kind; ``names`` None: it could
-        not be). Runs once per sender and name, never per record."""
+        reason its records are refused; cached in the sender's table (rejections only up to a
+        bound, and never ``cardinality``: room may free up). The name's mapping is the batch's
+        (``turn.names``; raises ``_NeedNames`` where it lacks it) unless ``mapped`` is given (a
+        dict key, mapped first to decide its kind: ``entry``; None: it could not be). Runs once
+        per sender and name, never per record."""
         if record_rule(kind) is None:
             return "unknown_kind"
         kind = int(kind)  # True and 1.0 are 1 (as in the cache's keys), in the table as here
         factory = self._factories.get(kind)
         if factory is None:  # PROFILE and ALLOCATOR, which have no series of their own
             return "unknown_kind"
-        if self._left <= 0:
+        if turn.left <= 0:
             return "cardinality"  # over this window's budget: refused unmapped (cheap), not cached
         problem = name_problem(name)
-        if problem is None and mapped is None and names is not None:
-            mapped = names(kind, name, role, worker)
+        if problem is None and mapped is None and not entry:
+            mapped = turn.names.get((kind, name))
+            if mapped is None:
+                raise _NeedNames(None)
         sent = kind  # the name table keys by the kind as sent
         if mapped is not None and kind == GAUGE and mapped.kind == TIMING:
             # a gauge whose name reads as a phase's duration is that phase's timing, read as a
             # snapshot (each value one step's), as the same key in a publish() dict is
             kind, factory, snapshot = TIMING, self._factories[TIMING], True
-        self._left -= 1  # refunded below if the name finds its series
+        turn.left -= 1  # refunded below if the name finds its series
         token = (mapped.token or _TOKENS[kind](mapped.name)) if mapped is not None else ""
         if problem is None and not token:
             problem = "bad_name"
+        cache = turn.table
         if problem is not None or mapped is None:
             return _cached_rejection(cache, sent, name, problem or "bad_name")
         role, worker, local = mapped.role, mapped.worker, mapped.name
         key = (kind, token, role, worker)
-        series = self._series.get(key)
+        series: Series | str | None = self._series.get(key)
         if series is None:
-            series = self._create_series(key, factory, mapped, snapshot)
+            series = self._create_series(key, factory, mapped, snapshot, turn.owner)
             if isinstance(series, str):  # "cardinality" is not cached: room may free up when series expire
                 return series if series == "cardinality" else _cached_rejection(cache, sent, name, series)
         elif self._raw_names[key] != local:
@@ -277,18 +373,18 @@ class Aggregator:
             return _cached_rejection(cache, sent, name, "name_collision")
         else:
             self._meta[key] = (mapped, self._meta[key][1])  # a reload may remap
-            self._left += 1  # an existing series: re-resolving (after a cache clear) is free
-        add: Adder = series.add
+            turn.left += 1  # an existing series: re-resolving (after a cache clear) is free
+        add: Adder = series.add  # type: ignore[union-attr]
         if mapped.scale != 1.0:
             add = _scaled(add, mapped.scale)
         cache[sent, name] = add
         return add
 
-    def _create_series(self, key: tuple[int, str, str, str], factory: Callable[[], Any], mapped: Mapped,
-                       snapshot: bool) -> Any:
+    def _create_series(self, key: SeriesKey, factory: Callable[[], Series], mapped: Mapped,
+                       snapshot: bool, owner: Hashable) -> Series | str:
         """A new series for ``key`` (kind, token, role, worker) of the current sender, or the reason
         it is refused: ``name_collision`` (another kind or name claims its families; logged) or
-        ``cardinality`` (the sender's share of series is used up)."""
+        ``cardinality`` (``owner``'s share of series is used up)."""
         kind, token, role, worker = key
         local = mapped.name
         families = claimed_names(kind, token)
@@ -298,18 +394,18 @@ class Aggregator:
             # Another kind (or a different name whose samples land here) would corrupt the family.
             self._log_collision(kind, local, role, worker, clash)
             return "name_collision"
-        if not self._admit(self._owner):
+        if not self._admit(owner):
             return "cardinality"
         series = self._series[key] = factory()
-        self._owner_of[key] = self._owner
-        self._owned.setdefault(self._owner, {})[key] = None
+        self._owner_of[key] = owner
+        self._owned.setdefault(owner, {})[key] = None
         self._raw_names[key] = local
         self._meta[key] = (mapped, snapshot)
         for f in families:
             self._family_owner.setdefault(f, _Owner(kind, token, local, role, worker))
         return series
 
-    def _admit(self, owner: Any) -> bool:
+    def _admit(self, owner: Hashable) -> bool:
         """Whether ``owner`` may create one more series. Below ``max_series``: yes. When the table
         is full, an owner holding less than its fair share (``max_series`` / owners holding series,
         itself included) takes room from the owner holding the most, which is over its share: one
@@ -334,7 +430,7 @@ class Aggregator:
         self._rebuild_owners()
         return True
 
-    def _drop_series(self, key: tuple[int, str, str, str]) -> None:
+    def _drop_series(self, key: SeriesKey) -> None:
         del self._series[key], self._raw_names[key], self._meta[key]
         self._last_active.pop(key, None)
         self._snapshot_last.pop(key, None)
@@ -352,16 +448,25 @@ class Aggregator:
             for family in claimed_names(kind, token):
                 self._family_owner.setdefault(family, _Owner(kind, token, raw, role, worker))
 
-    def _special(self, kind: int, name: Any, value: Any, role: str, worker: str, cache: dict[Any, Any],
-                 sender: int, memo: dict[Any, Any], names: NameMap) -> str | None:
+    def _special(self, kind: int, name: Any, value: Any, role: str, worker: str, sender: int,
+                 turn: _Turn) -> str | None:
         problem = record_problem(kind, name, value)
         if problem is not None:
             return problem
         if kind == PROFILE:
-            self._steps[sender] = (role, worker, name)
-            self._first_steps.setdefault(sender, name)
-            self._axes.see(sender, name)
-            self._entries(value.items(), role, worker, cache, memo, names, sender)
+            items = iter(value.items())
+            start, turn.entries_from = turn.entries_from, None
+            if start is None:
+                self._steps[sender] = (role, worker, name)
+                self._first_steps.setdefault(sender, name)
+                self._axes.see(sender, name)
+            else:  # the profile the batch stopped in, for its keys' mapping: on from that key
+                deque(islice(items, start), maxlen=0)
+            try:
+                self._entries(items, role, worker, sender, turn)
+            except _NeedNames as need:
+                need.entry = len(value) - length_hint(items) - 1  # the key met, not yet done
+                raise
             return None
         device = (role, worker, name)
         if device not in self._allocator and len(self._allocator) >= MAX_ALLOCATOR_SERIES:
@@ -369,53 +474,57 @@ class Aggregator:
         self._allocator[device] = (value[0], value[1], value[2])
         return None
 
-    def _entries(self, entries: Any, role: str, worker: str, cache: dict[Any, Any], memo: dict[Any, Any],
-                 names: NameMap, sender: int) -> None:
+    def _entries(self, entries: Iterator[tuple[Any, Any]], role: str, worker: str, sender: int, turn: _Turn) -> None:
         """A profile dict's (key, value) entries: keys in a time unit are timings, the others gauges.
         The sender's table maps (PROFILE, key) to the entry's series, so the kind is decided once
         per key."""
         rejected = self.profile_entries_rejected
+        cache, memo = turn.table, turn.memo
         for entry, number in entries:
+            add: Adder | str | None
             try:
                 add = cache[PROFILE, entry]
             except KeyError:
-                if self._left <= 0:  # over the budget: no memo either (a flood's keys are each new)
+                if turn.left <= 0:  # over the budget: no memo either (a flood's keys are each new)
                     reason = "cardinality"
                     k = (role, worker, reason)
                     rejected[k] = rejected.get(k, 0) + 1
                     continue
                 add = memo.get((PROFILE, entry))
                 if add is None:
-                    add = self._resolve_entry(entry, role, worker, cache, names, sender)
+                    add = self._resolve_entry(entry, role, worker, sender, turn)
                     if (PROFILE, entry) not in cache:
                         memo[PROFILE, entry] = add
             except TypeError:
                 add = "bad_name"
             if add.__class__ is str:
-                reason = add
-            elif add(number):
+                reason = add  # type: ignore[assignment]
+            elif add(number):  # type: ignore[misc,operator]
                 continue
             else:
                 reason = profile_entry_problem(entry, number) or "invalid_value"  # the rule's reason
             k = (role, worker, reason)
             rejected[k] = rejected.get(k, 0) + 1
 
-    def _resolve_entry(self, entry: Any, role: str, worker: str, cache: dict[Any, Any],
-                       names: NameMap, sender: int) -> Adder | str:
+    def _resolve_entry(self, entry: Any, role: str, worker: str, sender: int, turn: _Turn) -> Adder | str:
         """A dict key's series under (PROFILE, key): the mapping stage decides its kind
         (``Mapped.kind``: a key in a time unit is a timing), so a key is mapped before its series
-        is looked up (only one with room in the budget and a valid name); a key whose namespace says
-        ``sender``'s step counts items names its axis (``step_axis``)."""
+        is looked up (only one with room in the budget and a valid name; ``_NeedNames`` where the
+        batch lacks its mapping); a key whose namespace says ``sender``'s step counts items names
+        its axis (``step_axis``)."""
         mapped = None
-        if entry.__class__ is str and self._left > 0 and name_problem(entry) is None:
-            mapped = names(PROFILE, entry, role, worker)
+        if entry.__class__ is str and turn.left > 0 and name_problem(entry) is None:
+            mapped = turn.names.get((PROFILE, entry))
+            if mapped is None:
+                raise _NeedNames(None)
         kind = mapped.kind if mapped is not None and mapped.kind >= 0 else profile_entry_kind(entry)
         if mapped is not None and mapped.axis:
             self._axes.name(sender)
-        add = self._resolve(kind, entry, role, worker, cache, None, snapshot=True, mapped=mapped)
+        add = self._resolve(kind, entry, role, worker, turn, snapshot=True, mapped=mapped, entry=True)
+        cache = turn.table
         if add.__class__ is not str or (add != "cardinality" and len(cache) < MAX_CACHED_REJECTIONS):
             cache[PROFILE, entry] = add
-        return add  # type: ignore[return-value]
+        return add
 
     def _reset_owners(self) -> None:
         self._family_owner = {reserved: _Owner(-1, "", reserved, "", "") for reserved in RESERVED_FAMILIES}
@@ -441,6 +550,13 @@ class Aggregator:
         """The step of ``sender``'s latest profile (``publish(step, ...)``), None if it sent none."""
         entry = self._steps.get(sender)
         return None if entry is None else entry[2]
+
+    def close(self, now_monotonic: float, end_unix_s: float, duration_s: float, live_senders: Collection[int],
+              known_senders: Collection[int]) -> AggregatesPart:
+        """The aggregator's part of the window ending now: ``roll``'s report, with copies of the
+        profile entries skipped so far and the series held after it."""
+        window = self.roll(now_monotonic, end_unix_s, duration_s, live_senders, known_senders)
+        return AggregatesPart(window, dict(self.profile_entries_rejected), len(self._series))
 
     def roll(self, now_monotonic: float, end_unix_s: float, duration_s: float,
              live_senders: Collection[int] | None = None, known_senders: Collection[int] | None = None) -> WindowReport:
@@ -507,7 +623,7 @@ class Aggregator:
                 if (role, worker) in by_place}
 
 
-    def _forget(self, known: set[Any]) -> None:
+    def _forget(self, known: set[int]) -> None:
         """Drop the steps, step axes and name tables of the senders not in ``known``."""
         gone = self._steps.keys() - known
         for sender in gone:
@@ -518,7 +634,7 @@ class Aggregator:
             del self._names[sender]
 
 
-def _cached_rejection(cache: dict[Any, Any], kind: int, name: Any, reason: str) -> str:
+def _cached_rejection(cache: NameTable, kind: int, name: Any, reason: str) -> str:
     """``reason``, remembered for (kind, name) in the sender's ``cache`` while it holds fewer than
     ``MAX_CACHED_REJECTIONS``."""
     if len(cache) < MAX_CACHED_REJECTIONS:

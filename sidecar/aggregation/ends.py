@@ -18,9 +18,6 @@ class EndBook:
         self.counts: dict[tuple[str, str], int] = {}
         self.last: dict[str, SenderEnd] = {}
         self._new: list[SenderEnd] = []
-        self.latest = EndsView()
-        """The counts and last ends as of the latest end, replaced whole (any thread may read it):
-        the scrape shows an end at once, not at the next window."""
 
     def book(self, end: SenderEnd) -> None:
         """Count ``end`` and keep it as its role's last (a role beyond ``MAX_ROLES``, from tallies
@@ -32,7 +29,6 @@ class EndBook:
             self.last[end.role] = end
         self._new.append(end)
         del self._new[:-MAX_NEW]
-        self.latest = EndsView(dict(self.counts), dict(self.last))
 
     def view(self) -> EndsView:
         """The ends so far, with the new ones since the last call."""

@@ -26,7 +26,8 @@ from typing import Any
 
 from sidecar.aggregation.cluster import node_figures
 from sidecar.aggregation.series import entropy_bits
-from sidecar.aggregation.verdict import OTHER_SHARE, UNATTRIBUTED_SHARE, InsightSettings, RoleFacts, decide
+from sidecar.aggregation.settings import InsightSettings
+from sidecar.aggregation.verdict import OTHER_SHARE, UNATTRIBUTED_SHARE, RoleFacts, decide
 from sidecar.model.insight import GpuFacts, PipelineInsight, RoleInsight, WorkerInsight
 from sidecar.model.mapped import READ
 from sidecar.model.meanings import BUSY_PHASES, PHASES, REPORTED, WAIT_PHASES  # noqa: F401 - re-exported

@@ -19,9 +19,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.model.handoff import SendersPart
 from sidecar.model.messages import BatchMessage, HelloMessage
 from sidecar.model.names import label_value
-from sidecar.model.window import LabelTotals, is_live
+from sidecar.model.window import LabelTotals, SenderView, is_live
 from trainer_shim.wire import Tally, TallyChannel
 
 MAX_SENDERS = 4096
@@ -98,16 +99,12 @@ class SenderState:
         pid = (self.hello or {}).get("pid")
         return pid if pid.__class__ is int else None
 
-    def book(self, accepted: int, rejected: dict[str, int]) -> None:
-        """Book the aggregator's outcome for the batch ``SenderRegistry.on_batch`` just accounted
-        (into this sender and its labels' totals: the registry is not entered again)."""
-        self.accepted += accepted
-        totals = self.totals
-        assert totals is not None  # on_batch set it before returning this state
-        totals.accepted += accepted
-        for reason, count in rejected.items():
-            self.rejected[reason] = self.rejected.get(reason, 0) + count
-            totals.add_dropped(reason, count)
+    def view(self, now: float) -> SenderView:
+        """This sender as the listeners see it (a copy), at ``now`` (monotonic seconds)."""
+        return SenderView(self.sender, self.role, self.worker, self.pid, self.hello, now - self.last_seen,
+                          self.last_seen_unix_s, self.records_total, self.received, self.accepted, self.before_join,
+                          self.lost_in_transit, self.messages_lost, dict(self.rejected), dict(self.sender_dropped),
+                          first_seen_age_s=now - self.first_seen, closed=self.closed)
 
 
 class SenderRegistry:
@@ -344,6 +341,26 @@ class SenderRegistry:
         for key in idle:
             del self.totals[key]
         return len(dead)
+
+    def add_outcome(self, state: SenderState, accepted: int, rejected: dict[str, int]) -> None:
+        """Count the aggregator's outcome for the batch ``on_batch`` just accounted for ``state``
+        (into the sender and the totals of the labels the batch came under)."""
+        state.accepted += accepted
+        totals = state.totals
+        assert totals is not None  # on_batch set it before returning this state
+        totals.accepted += accepted
+        for reason, count in rejected.items():
+            state.rejected[reason] = state.rejected.get(reason, 0) + count
+            totals.add_dropped(reason, count)
+
+    def window(self, now: float, duration_s: float) -> SendersPart:
+        """The registry's part of the window of ``duration_s`` seconds ending at ``now``
+        (monotonic): senders and label pairs past their time forgotten first (``expire``), then
+        copies of what is left."""
+        self.expire(now)
+        totals = {k: LabelTotals(v.accepted, dict(v.dropped), v.last_seen_unix_s) for k, v in self.totals.items()}
+        return SendersPart(tuple(s.sender for s in self.live(now, duration_s)), frozenset(self.senders),
+                           tuple(s.view(now) for s in self.senders.values()), totals, dict(self.messages_dropped))
 
     def live(self, now: float, window_s: float) -> list[SenderState]:
         """The senders live in the window of ``window_s`` seconds ending at ``now``

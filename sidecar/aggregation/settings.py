@@ -1,5 +1,6 @@
 """The aggregation stage's settings (``sidecar.model.settings``): the window, the cardinality
-budget, the GPU groups and the run ledger. The verdict's are ``verdict.InsightSettings``."""
+budget, the GPU groups, the run ledger and the verdict's role names and thresholds
+(``InsightSettings``, which ``verdict`` reads)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sidecar.aggregation.gpu_groups import GpuGroups
-from sidecar.model.settings import setting
+from sidecar.model.gpu import CLOCK_EVENT_REASONS
+from sidecar.model.settings import RoleSettings, one_of, ratio, setting
 
 
 def flops(raw: Any) -> float:
@@ -80,3 +82,66 @@ class LedgerSettings:
         help="A host's trainers with neither a W&B run nor a run label start a new run when no sender of the "
              "host's current run sent for longer than this (seconds); within it, a new trainer is a restart of "
              "the same run.")
+
+
+DEFAULT_THROTTLE_REASONS: tuple[str, ...] = (
+    "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "board_limit",
+    "reliability")
+"""NVML clock-event reasons (``sidecar.model.gpu.CLOCK_EVENT_REASONS``) that make a ``throttled``
+verdict, in bit order; the default of ``insight_throttle_reasons``. ``sw_power_cap`` is left out:
+nvml.h says of it "the clocks have been optimized to ensure not to exceed currently set power
+limits", the normal state of a saturated GPU, and names it a clock-event reason
+(``nvmlClocksEventReasonSwPowerCap``), keeping ``nvmlClocksThrottleReason*`` names for the
+hardware slowdowns; ``gpu_idle``, ``sync_boost`` and the clock settings are not limits either."""
+
+_RULE = "Verdict"
+_SINGLE = "Verdict (single-role loops)"
+
+
+def threshold(default: float, help: str) -> Any:
+    """A verdict threshold: a reloadable ratio setting (0-1) of ``InsightSettings``."""
+    return setting(default, reloadable=True, check=ratio, help=help)
+
+
+@dataclass(frozen=True)
+class InsightSettings(RoleSettings):
+    """Role names (``RoleSettings``) and verdict thresholds: the ``insight_*`` settings
+    (``sidecar.model.settings``), all reloadable (applied on SIGHUP)."""
+
+    KEY_PREFIX: ClassVar[str] = "insight_"
+    TITLE: ClassVar[str] = "insight"
+
+    starved_ratio: float = threshold(0.15,
+        f"{_RULE}: drafters starve (the supply side limits) when they spend at least this share of wall time "
+        "waiting on an empty queue (the ready deficit).")
+    backpressure_ratio: float = threshold(0.15,
+        f"{_RULE}: drafters limit (drafter-bound) when targets spend at least this share of wall time blocked on "
+        "a full queue.")
+    queue_full_ratio: float = threshold(0.9,
+        f"{_RULE}: drafter-bound when the queue is at least this full and targets publish no queue_put_wait "
+        "timing.")
+    host_wait_ratio: float = threshold(0.25,
+        f"{_RULE}: input-bound when the limiting role waits on the host data loader (data_wait) for at least "
+        "this share of wall time.")
+    handoff_ratio: float = threshold(0.25,
+        f"{_RULE}: queue-starved when drafters starve and targets spend at least this share of wall time packing "
+        "hidden states (pack).")
+    straggler_score: float = threshold(0.7,
+        f"{_RULE}: a worker whose score (best median busy time per batch of its role / its own) is below this is "
+        "a straggler.")
+    comm_wait_ratio: float = threshold(0.25,
+        f"{_SINGLE}: communication-bound when the role spends at least this share of wall time in collective "
+        "waits (comm_wait).")
+    host_overhead_ratio: float = threshold(0.3,
+        f"{_SINGLE}: host-bound when at least this share of the role's wall time is measured host time between "
+        "its timed phases (inside its step).")
+    compute_busy_ratio: float = threshold(0.85,
+        f"{_SINGLE}: compute-bound when the role's GPUs are at least this busy (GPM SM activity, else NVML "
+        "utilization), whatever the host-side shares say.")
+    unexplained_idle_ratio: float = threshold(0.3,
+        f"{_RULE}: unexplained-idle, never balanced, when a role's GPUs are idle at least this share of the "
+        "window beyond what its waits (data, queue, collectives, measured host time) explain.")
+    throttle_reasons: tuple[str, ...] = setting(
+        DEFAULT_THROTTLE_REASONS, kind="list", reloadable=True,
+        check=one_of(*(name for _, name in CLOCK_EVENT_REASONS)),
+        metavar="REASON", help=f"{_RULE}: NVML clock-event reasons that count as throttling (repeatable).")

@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from sidecar.aggregation.settings import GpuGroupSettings, LedgerSettings, WindowSettings
-from sidecar.aggregation.verdict import InsightSettings
+from sidecar.aggregation.settings import GpuGroupSettings, InsightSettings, LedgerSettings, WindowSettings
 from sidecar.core.capture_watch import CaptureSettings
 from sidecar.exporters.prometheus.settings import PrometheusSettings
 from sidecar.exporters.wandb.settings import WandbSettings

@@ -33,17 +33,18 @@ from sidecar.core.pipeline import (
     TrainerAttribution,
     window_stages,
 )
+from sidecar.core.scrape_state import ScrapeState
+from sidecar.core.selfstats import raise_nofile_limit
 from sidecar.exporters.base import Exporter
 from sidecar.exporters.console import ConsoleExporter
 from sidecar.exporters.prometheus.exporter import PrometheusExporter
-from sidecar.exporters.prometheus.server import raise_nofile_limit
-from sidecar.exporters.scrape_state import ScrapeState
 from sidecar.exporters.wandb.cluster_row import ClusterRow
 from sidecar.exporters.wandb.exporter import WandbConfig, WandbExporter
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.nvml import NvmlSource
 from sidecar.sources.receiver import Receiver
 from trainer_shim.endpoint import daemon_endpoint, shim_would_miss
+from trainer_shim.integrations.tap_targets import exclude as exclude_from_taps
 
 log = logging.getLogger("sidecar")
 
@@ -75,7 +76,7 @@ class Daemon:
         self.gpus = GpuAggregates(GpuGroups.parse(config.gpu_group), nvml.latest if nvml else None,
                                   nvml.status if nvml else None, nvml.recent if nvml else None)
         self.wandb = WandbExporter(WandbConfig.from_settings(config, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S / 2),
-                                   host=self.host) if config.wandb_run else None
+                                   host=self.host, own_run=exclude_from_taps) if config.wandb_run else None
         self.scrape_state = ScrapeState(gpus=self.gpus if nvml is not None else None)
         """What every exporter reads between windows; the other providers are attached once made."""
         self.prometheus = PrometheusExporter(self.host, config.prometheus_addr, config.prometheus_tls_cert,
@@ -97,8 +98,7 @@ class Daemon:
         stages = window_stages(self.insight, self.ledger, GpuStage(self.gpus) if nvml is not None else None)
         self.pipeline = Pipeline(mapper=Mapper.from_settings(config, config), max_series=config.max_series,
                                  stages=stages, listeners=listeners)
-        admin = Admin(self.scrape_state, self._mapping_in_force, gpu_metrics=nvml is not None,
-                      state_dir=state_dir(config.state_dir))
+        admin = Admin(self._mapping_in_force, gpu_metrics=nvml is not None, state_dir=state_dir(config.state_dir))
         self.scrape_state.attach(ingest=self.pipeline, wandb=self.wandb, admin=admin)
         self.ingest: IngestLoop | None = None
         self._signals: queue.SimpleQueue[int | str] = queue.SimpleQueue()

@@ -92,7 +92,7 @@ class IngestLoop:
             while not self._stop.is_set():
                 timeout_ms = max(0, int((self._window_start + self.interval_s - self.clock()) * 1000))
                 frames = self.receiver.poll(min(timeout_ms, 200))
-                for frame, peer in zip(frames, self._peers(frames)):
+                for frame, peer in frames:
                     if self._past_drain_deadline():
                         break  # a backlog must not delay the final window past the shutdown join
                     self._handle_charged(frame, peer)
@@ -108,7 +108,7 @@ class IngestLoop:
                 frames = self.receiver.poll(0)
                 if not frames and not waited:  # once: frames of a sender that closed just before
                     waited, frames = True, self.receiver.poll(DRAIN_QUIET_MS)
-                for frame, peer in zip(frames, self._peers(frames)):
+                for frame, peer in frames:
                     if self._past_drain_deadline():
                         break
                     self._handle_charged(frame, peer)
@@ -138,10 +138,9 @@ class IngestLoop:
     def _book_tallies(self, grace_s: float) -> None:
         now = self.clock()
         try:
-            ready_tallies = self.tallies.scan(now, grace_s)
-            if self.tallies.malformed:
-                self.pipeline.refuse_tallies(self.tallies.malformed)
-                self.tallies.malformed = 0
+            ready_tallies, malformed = self.tallies.scan(now, grace_s)
+            if malformed:
+                self.pipeline.refuse_tallies(malformed)
             for ready in ready_tallies:
                 witnessed = ready.written_unix_s >= self.started_unix_s
                 if self.pipeline.book_gone(ready, now, grace_s, witnessed):
@@ -156,16 +155,12 @@ class IngestLoop:
             self._roll(now, now - self._window_start)
             self._window_start = now
 
-    def _peers(self, frames: list[bytes]) -> list[int | None]:
-        peers = self.receiver.peers
-        return peers if len(peers) == len(frames) else [None] * len(frames)
-
     def _handle_charged(self, frame: bytes, peer: int | None) -> None:
-        """``handle_frame``, its CPU time charged to the peer's share (``receiver.FairQueue``)."""
+        """``handle_frame``, its CPU time charged to the peer's share (``Receiver.charge``)."""
         started = time.thread_time()
         self.tallies.note_process(peer)
         self.pipeline.frame(frame, self.clock(), peer)
-        self.receiver.shares.charge(peer, time.thread_time() - started, len(frame))
+        self.receiver.charge(peer, time.thread_time() - started, len(frame))
 
     def handle_frame(self, frame: bytes, peer_pid: int | None = None) -> None:
         """The pipeline's ``frame`` at the loop's clock. Never raises."""
@@ -175,4 +170,4 @@ class IngestLoop:
         # The window's end on the unix clock at ``now`` itself (not some time later), so a silent
         # sender's last message, placed at the end less its age, is placed alike in every window.
         end_unix_s = time.time() - (self.clock() - now)
-        self.pipeline.close_window(now, end_unix_s, duration_s, self.receiver.stats)
+        self.pipeline.close_window(now, end_unix_s, duration_s, self.receiver.received())

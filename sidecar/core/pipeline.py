@@ -1,28 +1,32 @@
 """The daemon's pipeline: the one owner of the order a record and a window go through.
 
-A frame::
+A frame, each hop a plain call whose input and output are ``sidecar.model`` values::
 
     bytes --decode--> BatchMessage | HelloMessage --resolve--> SenderState (or dropped, counted)
-          --aggregate--> (accepted, rejected by reason) --book--> the sender's and its labels' counts
+          --aggregate--> Ingested (accepted, rejected by reason; or the rest of the batch and the
+                         names new to the sender's table --map--> their Mapped --aggregate-->
+                         the rest, mapped)
+          --add_outcome--> the sender's and its labels' counts (the registry's own write)
 
-``resolve`` is the registry's (entered once per frame); ``aggregate`` the aggregator's, which
-finds each record's series in its sender's table, asking the mapper (``Mapped``, from the
-mapper's own cache or mapped now) only for a name the table does not know yet; ``book`` the
-sender state's own.
+``resolve`` is the registry's (entered once per frame, and once more to count the outcome);
+``aggregate`` the aggregator's, which finds each record's series in its sender's table; ``map``
+the mapping stage's (``Mapped``, from the mapper's own cache or mapped now), asked only for the
+names the aggregator handed back (at most the owner's budget of new names a window). Neither
+stage calls the other.
 
 A window (at each boundary)::
 
-    aggregates + accounting --window--> IngestReport --window stages--> IngestReport (+ gpu,
-    insight, run ledger: ``window_stages``, their one order) --fan-out--> every listener's
-    ``consume`` (exporters, the scrape state, the NVML trainer attribution), the same immutable
-    object to each
+    the receiver's counters (``Received``) + the registry's part (``SendersPart``) + the
+    aggregator's part (``AggregatesPart``) --window--> IngestReport --window stages-->
+    IngestReport (+ gpu, insight, run ledger: ``window_stages``, their one order) --fan-out-->
+    every listener's ``consume`` (exporters, the scrape state, the NVML trainer attribution),
+    the same immutable object to each
 
-and a hello goes to every listener's ``hello`` as a ``SenderView``. A gone sender's tally
+each part a value its stage hands back (``sidecar.model.handoff``), copied at the window's end.
+A hello goes to every listener's ``hello`` as a ``SenderView``. A gone sender's tally
 (``book_gone``) is booked by the registry and its end, with the aggregator's latest step of it,
-told to the end book, which the next window carries. Everything here runs on the
-ingest thread (``sidecar.core.ingest.IngestLoop`` drives it); no stage calls back into an earlier one:
-each is a plain function or object whose input and output are types of ``sidecar.model``, and
-each returns what it found (rejections included).
+told to the end book, which the next window carries. Everything here runs on the ingest thread
+(``sidecar.core.ingest.IngestLoop`` drives it).
 Nothing a client sends can raise out of ``frame``: bad frames and records are counted by reason.
 """
 
@@ -31,26 +35,30 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.ends import EndBook
 from sidecar.aggregation.gpu_groups import GpuAggregates
 from sidecar.aggregation.insight import compute_insight
-from sidecar.aggregation.senders import SenderRegistry, SenderState
-from sidecar.aggregation.settings import WindowSettings
-from sidecar.aggregation.verdict import Hysteresis, InsightSettings
-from sidecar.model.ends import ALERTING, MAX_GPU_INDEX, EndFacts, EndsView, SenderEnd, how_ended
+from sidecar.aggregation.senders import SenderRegistry
+from sidecar.aggregation.settings import InsightSettings, WindowSettings
+from sidecar.aggregation.verdict import Hysteresis
+from sidecar.model.ends import ALERTING, MAX_GPU_INDEX, EndFacts, SenderEnd, how_ended
+from sidecar.model.handoff import Received
 from sidecar.model.insight import PipelineInsight
+from sidecar.model.mapped import SenderBatch
 from sidecar.model.messages import BatchMessage
-from sidecar.model.window import IngestHealth, IngestReport, LabelTotals, SenderView
+from sidecar.model.window import IngestHealth, IngestReport, SenderView
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.decode import DecodeError, decode
-from sidecar.sources.receiver import ReceiverStats
 from sidecar.sources.tallies import ReadyTally
 from trainer_shim import exit_causes
 from trainer_shim.wire import TallyChannel
+
+if TYPE_CHECKING:
+    from sidecar.core.config import Config
 
 log = logging.getLogger("sidecar")
 
@@ -71,16 +79,31 @@ WindowStage = Callable[[IngestReport], IngestReport]
 (``dataclasses.replace``: the ingest's report is never mutated)."""
 
 
-def sender_view(s: SenderState, now: float) -> SenderView:
-    """A sender as the listeners see it (a copy)."""
-    return SenderView(s.sender, s.role, s.worker, s.pid, s.hello, now - s.last_seen, s.last_seen_unix_s,
-                      s.records_total, s.received, s.accepted, s.before_join, s.lost_in_transit, s.messages_lost,
-                      dict(s.rejected), dict(s.sender_dropped), first_seen_age_s=now - s.first_seen,
-                      closed=s.closed)
+def aggregate(aggregator: Aggregator, mapper: Mapper, batch: SenderBatch) -> tuple[int, dict[str, int]]:
+    """aggregate -> map -> aggregate: ``batch`` through the aggregator, the names it hands back
+    mapped by ``mapper`` (the mapping stage) on the way, as often as it stops for names. Returns
+    the records accepted and the rejected ones by reason, the whole batch's."""
+    done = aggregator.ingest(batch)
+    accepted, rejected = done.accepted, done.rejected
+    while done.rest is not None:
+        names = mapper.map_names(done.unmapped, batch.role, batch.worker)
+        done = aggregator.ingest(done.rest.mapped(names))
+        accepted += done.accepted
+        for reason, count in done.rejected.items():
+            rejected[reason] = rejected.get(reason, 0) + count
+    return accepted, rejected
+
+
+def ingest_records(aggregator: Aggregator, role: str, worker: str, records: list[Any], mapper: Mapper,
+                   sender: int = 0, owner: Hashable | None = None) -> tuple[int, dict[str, int]]:
+    """``aggregate`` of ``records`` from one sender labelled (role, worker), ``owner`` by default
+    the sender (tests, benchmarks: the pipeline's ``frame`` without the registry)."""
+    return aggregate(aggregator, mapper, SenderBatch(sender, sender if owner is None else owner, role, worker, records))
 
 
 class Pipeline:
-    """decode -> resolve -> aggregate -> book; window -> window stages -> fan-out (module docstring).
+    """decode -> resolve -> aggregate (-> map -> aggregate) -> count; window -> window stages ->
+    fan-out (module docstring).
     Ingest thread only, except ``reload``, ``mapping`` and ``health`` (any thread)."""
 
     def __init__(self, *, mapper: Mapper | None = None, max_series: int = WindowSettings.max_series,
@@ -106,17 +129,13 @@ class Pipeline:
         last = self.last_data_monotonic
         return IngestHealth(self.internal_errors, None if last is None else self.clock() - last)
 
-    def ends_now(self) -> EndsView:
-        """The senders' ends told so far, as of the latest (any thread)."""
-        return self.ends.latest
-
-    def reload(self, settings: Any) -> None:
+    def reload(self, settings: Config) -> None:
         """New settings (a config reload; any thread): ``settings`` is a ``MappingSettings`` and a
         ``RoleSettings`` (``sidecar.core.config.Config`` is both). A changed mapping or role names map
         from the next frame on (the ingest thread swaps the new mapper in, so the stages stay
         single-threaded; its cache starts empty and every name is mapped again)."""
         mapper, now = Mapper.from_settings(settings, settings), self.mapping()
-        if (mapper.rules, mapper.known_roles) != (now.rules, now.known_roles):
+        if not mapper.maps_like(now):
             self._next_mapper = mapper
 
     def mapping(self) -> Mapper:
@@ -133,7 +152,8 @@ class Pipeline:
     # -- a frame -----------------------------------------------------------------------------------
 
     def frame(self, frame: bytes, now: float, peer_pid: int | None = None) -> None:
-        """decode -> resolve -> aggregate -> book for one frame (a hello: -> fan-out).
+        """decode -> resolve -> aggregate (-> map -> aggregate) -> count for one frame (a hello:
+        -> fan-out).
         ``peer_pid``: the process at the other end of its connection, where the kernel says
         (ipc). Never raises."""
         registry = self.registry
@@ -151,15 +171,15 @@ class Pipeline:
                 if state is None:
                     return
                 owner = state.peer_pid if state.peer_pid is not None else state.sender  # the kernel's pid (ipc)
-                accepted, rejected = self.aggregator.ingest(state.role, state.worker, msg.records, self.mapper.resolve,
-                                                            state.sender, owner)
-                state.book(accepted, rejected)
+                batch = SenderBatch(state.sender, owner, state.role, state.worker, msg.records)
+                accepted, rejected = aggregate(self.aggregator, self.mapper, batch)
+                registry.add_outcome(state, accepted, rejected)
                 self._accepted_in_window += accepted
                 self.last_data_monotonic = now
             else:
                 state = registry.on_hello(msg, now, time.time(), peer_pid)
                 if state is not None:
-                    self.fan_out_hello(sender_view(state, now))
+                    self.fan_out_hello(state.view(now))
         except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on
             self.internal_error("ingesting", exc)
 
@@ -181,7 +201,8 @@ class Pipeline:
                                          witnessed=witnessed)
         if booked is None:
             return False
-        for end in sender_ends(ready, booked, self.aggregator.latest_step):
+        steps = {c.sender: self.aggregator.latest_step(c.sender) for c in booked}
+        for end in sender_ends(ready, booked, steps):
             self.ends.book(end)
             log.log(logging.WARNING if end.how in ALERTING else logging.INFO, "sidecar: sender ended: %s", end.text())
         return True
@@ -189,12 +210,12 @@ class Pipeline:
     # -- a window ----------------------------------------------------------------------------------
 
     def close_window(self, now: float, end_unix_s: float, duration_s: float,
-                     receiver_stats: ReceiverStats) -> IngestReport:
-        """window -> insight -> fan-out: roll the aggregates, copy the accounting, run the window
-        stages and hand the result to every listener. ``now``: the window's end on the monotonic
-        clock, ``end_unix_s`` the same moment on the unix clock; ``receiver_stats``: the receiver's
-        counters (``frames``, ``bytes``, ``disconnects``, ``refused``). Returns the window as fanned out."""
-        report = self.window(now, end_unix_s, duration_s, receiver_stats)
+                     received: Received = Received()) -> IngestReport:
+        """window -> window stages -> fan-out: the stages' parts as one report, the window stages
+        run and the result handed to every listener. ``now``: the window's end on the monotonic
+        clock, ``end_unix_s`` the same moment on the unix clock; ``received``: the receiver's part
+        (``Receiver.received``). Returns the window as fanned out."""
+        report = self.window(now, end_unix_s, duration_s, received)
         try:
             window = self.finish(report)
         except Exception:  # noqa: BLE001 - the stages guard themselves; a bug here must not stop ingest
@@ -204,21 +225,18 @@ class Pipeline:
         self.fan_out(window)
         return window
 
-    def window(self, now: float, end_unix_s: float, duration_s: float, receiver_stats: ReceiverStats) -> IngestReport:
-        """The window stage: the aggregates and the accounting as one immutable report."""
-        registry = self.registry
-        registry.expire(now)
-        live = [s.sender for s in registry.live(now, duration_s)]
-        aggregates = self.aggregator.roll(now, end_unix_s, duration_s, live, registry.senders.keys())
-        senders = tuple(sender_view(s, now) for s in registry)
-        totals = {k: LabelTotals(v.accepted, dict(v.dropped), v.last_seen_unix_s) for k, v in registry.totals.items()}
-        dropped = dict(registry.messages_dropped)
-        for reason, n in receiver_stats.refused.items():  # dropped unread by the receiver (CPU share)
+    def window(self, now: float, end_unix_s: float, duration_s: float, received: Received = Received()) -> IngestReport:
+        """The window stage: the registry's, the aggregator's and the receiver's parts as one
+        immutable report (the receiver's refusals counted with the registry's dropped messages)."""
+        senders = self.registry.window(now, duration_s)
+        aggregates = self.aggregator.close(now, end_unix_s, duration_s, senders.live, senders.known)
+        dropped = dict(senders.messages_dropped)
+        for reason, n in received.refused.items():  # dropped unread by the receiver (CPU share)
             dropped[reason] = dropped.get(reason, 0) + n
         report = IngestReport(
-            aggregates, senders, totals, dropped, dict(self.aggregator.profile_entries_rejected),
-            receiver_stats.frames, receiver_stats.bytes, receiver_stats.disconnects,
-            self.aggregator.series_count(), self._accepted_in_window, ends=self.ends.view(),
+            aggregates.window, senders.senders, senders.totals, dropped, aggregates.profile_entries_rejected,
+            received.frames, received.bytes, received.disconnects, aggregates.series, self._accepted_in_window,
+            ends=self.ends.view(),
         )
         self._accepted_in_window = 0
         return report
@@ -246,10 +264,10 @@ class Pipeline:
 
 
 def sender_ends(ready: ReadyTally, booked: Sequence[TallyChannel],
-                latest_step: Callable[[int], int | None]) -> list[SenderEnd]:
+                latest_steps: Mapping[int, int | None]) -> list[SenderEnd]:
     """How the process of ``ready`` ended, one ``SenderEnd`` per role among its channels
-    ``booked`` (booked now: not before, and not refused); ``latest_step(sender)``: the step of a
-    sender's latest profile (the aggregator's), None if it sent none."""
+    ``booked`` (booked now: not before, and not refused); ``latest_steps``: sender -> the step of
+    its latest profile (the aggregator's ``latest_step``), None if it sent none."""
     tally = ready.tally
     told = how_ended(EndFacts(ready.final, tally.signal, ready.crash, ready.oom, ready.exit_status, tally.cause,
                               exit_causes.cut(tally.detail), tally.thread))
@@ -259,7 +277,7 @@ def sender_ends(ready: ReadyTally, booked: Sequence[TallyChannel],
         roles.setdefault(channel.role, []).append(channel)
     ends = []
     for role, channels in roles.items():
-        steps = [s for s in (latest_step(c.sender) for c in channels) if s is not None]
+        steps = [s for s in (latest_steps.get(c.sender) for c in channels) if s is not None]
         unknown = 0 if ready.final else ready.tally.max_pending * len(channels)
         ends.append(SenderEnd(role, min(c.worker for c in channels), told.how, told.signal, tally.pid,
                               max(steps) if steps else None, ready.written_unix_s, unknown, told.detail, told.cause,

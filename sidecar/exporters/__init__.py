@@ -1,2 +1,3 @@
 """Exporters: the fan-out's listeners that send each window out (Prometheus, W&B, the console),
-the interface they share (``base``) and the scrape state they read between windows (``scrape_state``)."""
+the interface they share (``base``: with ``ScrapeView``, what they read between windows, which the
+daemon's core provides)."""

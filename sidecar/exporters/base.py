@@ -3,16 +3,76 @@
 The pipeline's fan-out (``sidecar.core.pipeline``) calls ``consume(window)`` on every exporter from
 the ingest thread, and ``hello(sender)`` for each hello; that is the whole route after
 aggregation. What an exporter reads between windows comes from the one scrape state it is given
-(``sidecar.exporters.scrape_state.ScrapeState``). The daemon starts every exporter through ``start`` and stops
-it through ``shutdown``, in the reverse order. Lifecycle: create -> ``start()`` ->
-``consume()``... -> ``shutdown(timeout_s)``.
+(a ``ScrapeView``: the daemon's is ``sidecar.core.scrape_state.ScrapeState``). The daemon starts
+every exporter through ``start`` and stops it through ``shutdown``, in the reverse order.
+Lifecycle: create -> ``start()`` -> ``consume()``... -> ``shutdown(timeout_s)``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import enum
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-from sidecar.model.window import IngestReport, SenderView
+from sidecar.model.gpu import GpuView
+from sidecar.model.trace import CaptureView
+from sidecar.model.window import DaemonTelemetry, IngestReport, SenderView
+
+
+class WandbStatsLike(Protocol):
+    """What a scrape reads of the W&B exporter's ``stats()``
+    (``sidecar.exporters.wandb.exporter.WandbStats``)."""
+
+    @property
+    def state(self) -> enum.Enum: ...
+    @property
+    def queue_depth(self) -> int: ...
+    @property
+    def rows_logged(self) -> int: ...
+    @property
+    def rows_dropped(self) -> Mapping[str, int]: ...
+
+
+class ScrapeView(Protocol):
+    """What an exporter reads between windows, at scrape time (any thread), read-only; each
+    reader returns None where the daemon has no such provider. The daemon's is
+    ``sidecar.core.scrape_state.ScrapeState``; ``Unscraped`` reads nothing."""
+
+    @property
+    def has_gpus(self) -> bool: ...
+    @property
+    def has_admin(self) -> bool: ...
+    def window(self) -> IngestReport | None: ...
+    def gpu_view(self) -> GpuView | None: ...
+    def wandb_stats(self) -> WandbStatsLike | None: ...
+    def telemetry(self) -> DaemonTelemetry | None: ...
+    def explain(self) -> Mapping[str, Any] | None: ...
+    def last_capture(self) -> CaptureView | None: ...
+
+
+class Unscraped:
+    """A ``ScrapeView`` with no provider at all (an exporter handed none: tests, benchmarks)."""
+
+    has_gpus = False
+    has_admin = False
+
+    def window(self) -> IngestReport | None:
+        return None
+
+    def gpu_view(self) -> GpuView | None:
+        return None
+
+    def wandb_stats(self) -> WandbStatsLike | None:
+        return None
+
+    def telemetry(self) -> DaemonTelemetry | None:
+        return None
+
+    def explain(self) -> Mapping[str, Any] | None:
+        return None
+
+    def last_capture(self) -> CaptureView | None:
+        return None
 
 
 class Exporter:

@@ -1,8 +1,12 @@
-"""What the mapping stage hands the series stage: a trainer's series name resolved."""
+"""What the mapping stage hands the series stage: a trainer's series name resolved, and the
+batches that carry the mapped names into the aggregator."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,3 +51,46 @@ class Mapped:
 
 READ = "read from the name"
 """A ``rule`` that starts with this: the meaning was read from the name (``sidecar.processing.reader``)."""
+
+
+NameKey = tuple[int, str]
+"""A series name as a sender sent it: (record kind, name); a ``publish()`` dict key is (PROFILE, key)."""
+
+
+NO_NAMES: Mapping[NameKey, Mapped] = MappingProxyType({})
+"""A new batch's mapped names: none yet."""
+
+
+class SenderBatch(NamedTuple):
+    """One sender's records on their way into the aggregator, with the mapping stage's answers
+    for the names the aggregator asked for (``Ingested.unmapped``). A tuple: one is made per
+    frame, so it must be cheap to make.
+
+    ``sender`` (its id) keys the sender's series table; ``owner`` (the process behind its
+    connection, else the sender) is whom the series it creates count against; ``role`` and
+    ``worker`` are the labels the batch came under. ``resume``: the aggregator's own bookmark in a
+    batch it handed back unfinished (``Ingested.rest``); None for a new batch."""
+
+    sender: int
+    owner: Hashable
+    role: str
+    worker: str
+    records: Sequence[Any]
+    names: Mapping[NameKey, Mapped] = NO_NAMES
+    resume: object = None
+
+    def mapped(self, names: Mapping[NameKey, Mapped]) -> SenderBatch:
+        """This batch with ``names``, the mapping stage's answers for the names asked."""
+        return SenderBatch(self.sender, self.owner, self.role, self.worker, self.records, names, self.resume)
+
+
+class Ingested(NamedTuple):
+    """What the aggregator made of (a part of) a batch: the records accepted and the rejected
+    ones by reason; where it met names its sender's series table does not know yet, the names it
+    needs mapped (``unmapped``, in the order the batch meets them) and the rest of the batch
+    (``rest``), to be handed back with their ``Mapped`` (``SenderBatch.mapped``)."""
+
+    accepted: int
+    rejected: dict[str, int]
+    unmapped: tuple[NameKey, ...] = ()
+    rest: SenderBatch | None = None

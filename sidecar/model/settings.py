@@ -194,7 +194,7 @@ def one_of(*choices: str) -> Callable[[Any], str]:
 @dataclass(frozen=True)
 class RoleSettings:
     """The DFlash role names: the mapping stage knows them as roles, the verdict reads the queue
-    between them (``sidecar.aggregation.verdict.InsightSettings`` extends this)."""
+    between them (``sidecar.aggregation.settings.InsightSettings`` extends this)."""
 
     KEY_PREFIX: ClassVar[str] = "insight_"
 

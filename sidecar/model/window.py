@@ -202,3 +202,16 @@ class IngestHealth:
     """Bugs survived (each counted, the frame dropped)."""
     data_age_s: float | None
     """Seconds since the newest trainer data was accepted; None before any."""
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonTelemetry:
+    """The daemon's own figures at one moment (``sidecar.core.scrape_state``)."""
+
+    cpu_seconds: float
+    """User + system CPU time of the process (seconds)."""
+    rss_bytes: int
+    threads: int
+    open_fds: int
+    ingest: IngestHealth | None
+    """None until ingest runs."""

@@ -1,8 +1,9 @@
 """The mapping stage: a trainer's own series names -> role, worker and meaning.
 
 Each new series name (per sender, kind and name; never per record: the aggregator keeps each
-sender's names with their series, and asks again only after dropping them) is resolved in this
-order, and the answer kept in the mapper's own cache (``Mapper.resolve``):
+sender's names with their series, and asks again only after dropping them; the pipeline hands
+the names it asks for to ``Mapper.map_names``) is resolved in this order, and the answer kept in
+the mapper's own cache (``Mapper.resolve``):
 
 1. the user's rules (``[[mapping]]`` tables in the TOML config), first match wins: a glob or a
    regex over the name as sent, whose captures may fill ``role``, ``worker`` and ``name``;
@@ -24,7 +25,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from sidecar.model.mapped import READ, Mapped
+from sidecar.model.mapped import READ, Mapped, NameKey
 from sidecar.model.meanings import MEANINGS
 from sidecar.model.names import counter_token, metric_token
 from sidecar.model.settings import RoleSettings
@@ -88,6 +89,16 @@ class Mapper:
                 cache.clear()
             mapped = cache[key] = self._map(kind, raw, role, worker)
         return mapped
+
+    def maps_like(self, other: Mapper) -> bool:
+        """Whether ``other`` maps every name as this one does (the same rules and role names)."""
+        return (self.rules, self.known_roles) == (other.rules, other.known_roles)
+
+    def map_names(self, names: Iterable[NameKey], role: str, worker: str) -> dict[NameKey, Mapped]:
+        """The mapping stage's step in a batch: each (kind, name) ``resolve``d for a sender labelled
+        (role, worker), in order (``model.mapped.Ingested.unmapped``: the names the aggregator
+        asked for)."""
+        return {key: self.resolve(key[0], key[1], role, worker) for key in names}
 
     def _map(self, kind: int, raw: str, role: str, worker: str) -> Mapped:
         """``resolve``, uncached: the rules, the key grammar, the presets."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from sidecar.model.handoff import Received
 from trainer_shim.endpoint import user_runtime_dir
 from trainer_shim.wire import MAX_MESSAGE_BYTES
 
@@ -175,11 +176,17 @@ class FairQueue:
 
 @dataclass
 class ReceiverStats:
+    """The receiver's counters since it started (mutable, the receiver's own)."""
+
     frames: int = 0
     bytes: int = 0
     disconnects: int = 0
     refused: dict[str, int] = field(default_factory=dict)
     """Frames dropped unread, by reason (``over_share``)."""
+
+    def part(self) -> Received:
+        """A copy of the counters: the receiver's part of a window."""
+        return Received(self.frames, self.bytes, self.disconnects, dict(self.refused))
 
 
 class Receiver:
@@ -192,13 +199,9 @@ class Receiver:
         self.backlog = False
         """More frames are likely waiting: the last ``poll`` left frames in the fair queue, or took
         ``BACKLOG_PULL`` frames or more from ZeroMQ."""
-        self.peers: list[int | None] = []
-        """For each frame of the last ``poll``: the pid of the process at the other end of its
-        ipc connection (the kernel's ``SO_PEERCRED``, which ZeroMQ reads when the connection is
-        accepted), or None (tcp)."""
-        self.shares = FairQueue()
+        self._shares = FairQueue()
         """Frames waiting, per peer, and each peer's share of the ingest thread's CPU; the caller
-        charges each frame's measured cost (``FairQueue.charge``)."""
+        charges each frame's measured cost (``charge``)."""
         self._closed = False
         self._locks: list[int] = []
         self._ipc_paths: list[tuple[str, str]] = []
@@ -272,12 +275,15 @@ class Receiver:
             os.unlink(path)  # stale: whoever bound it no longer holds the lock
         self._ipc_paths.append((path, lock_path))
 
-    def poll(self, timeout_ms: int) -> list[bytes]:
-        """Frames for the ingest thread: everything queued in ZeroMQ is taken (up to ``MAX_PULL``
-        frames, not copied) into the fair queue, then one round of it is handed out, at most
-        ``MAX_FRAMES_PER_POLL`` frames or about ``POLL_MAX_BYTES``. Waits up to ``timeout_ms``
-        only when nothing is waiting. One wait covers the frames and the disconnect monitor."""
-        fair = self.shares
+    def poll(self, timeout_ms: int) -> list[tuple[bytes, int | None]]:
+        """(frame, peer) pairs for the ingest thread, ``peer`` the pid of the process at the other
+        end of its ipc connection (the kernel's ``SO_PEERCRED``, which ZeroMQ reads when the
+        connection is accepted) or None (tcp): everything queued in ZeroMQ is taken (up to
+        ``MAX_PULL`` frames, not copied) into the fair queue, then one round of it is handed out,
+        at most ``MAX_FRAMES_PER_POLL`` frames or about ``POLL_MAX_BYTES``. Waits up to
+        ``timeout_ms`` only when nothing is waiting. One wait covers the frames and the
+        disconnect monitor. The caller ``charge``s each frame's cost once handled."""
+        fair = self._shares
         ready = dict(self._poller.poll(0 if fair.pending else timeout_ms))
         taken = 0
         if self._sock in ready:
@@ -296,13 +302,21 @@ class Receiver:
         if self._monitor in ready:
             self._drain_monitor()
         picked = fair.round(MAX_FRAMES_PER_POLL, POLL_MAX_BYTES)
-        frames = [msg.bytes for msg, _ in picked]
-        self.peers = [peer for _, peer in picked]  # type: ignore[misc]
-        self.stats.bytes += sum(len(f) for f in frames)
+        frames: list[tuple[bytes, int | None]] = [(msg.bytes, peer) for msg, peer in picked]  # type: ignore[misc]
+        self.stats.bytes += sum(len(f) for f, _ in frames)
         # A pull near a connection's high-water mark may have stopped a sender there: no coalescing
         # wait then, or a fast sender gets RECV_HWM frames a wait (ZeroMQ's mark is approximate).
         self.backlog = bool(fair.pending) or taken >= BACKLOG_PULL
         return frames
+
+    def received(self) -> Received:
+        """The counters as of now, copied: the receiver's part of a window."""
+        return self.stats.part()
+
+    def charge(self, peer: int | None, cpu_s: float, nbytes: int) -> None:
+        """Book a handled frame's measured cost (CPU seconds, its size) to its peer's share of the
+        ingest thread (``FairQueue.charge``): what decides the peer's next rounds."""
+        self._shares.charge(peer, cpu_s, nbytes)
 
     def _drain_monitor(self) -> None:
         while True:

@@ -20,6 +20,7 @@ import os
 import stat
 import sys
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgspec
 
@@ -88,6 +89,15 @@ class _Seen:
     oom: Baseline = ()
 
 
+class TallyScan(NamedTuple):
+    """What one ``TallyDirectory.scan`` found."""
+
+    ready: list[ReadyTally]
+    """The tallies ready to be booked."""
+    malformed: int
+    """Files of gone processes that held no intact tally (removed)."""
+
+
 class TallyDirectory:
     """The tally directories of a daemon's ipc endpoints."""
 
@@ -96,9 +106,8 @@ class TallyDirectory:
         self._seen: dict[str, _Seen] = {}
         self._baselines: dict[int, Baseline] = {}
         self._next_scan = 0.0
-        self.malformed = 0
-        """Files of gone processes that held no intact tally (removed), since the caller last
-        reset it."""
+        self._malformed = 0
+        """Files of gone processes that held no intact tally (removed) in the current scan."""
 
     def prepare(self) -> None:
         """Create each directory (after the socket is bound: the socket's directory exists and is
@@ -139,10 +148,12 @@ class TallyDirectory:
         """Whether a scan is due (monotonic seconds)."""
         return bool(self.directories) and now >= self._next_scan
 
-    def scan(self, now: float, grace_s: float = EXIT_GRACE_S) -> list[ReadyTally]:
+    def scan(self, now: float, grace_s: float = EXIT_GRACE_S) -> TallyScan:
         """The tallies ready to be booked now (gone or closed for ``grace_s``; 0 at the daemon's
-        shutdown, once what arrived is drained)."""
+        shutdown, once what arrived is drained), and how many files of gone processes held no
+        intact tally (removed: the caller counts them)."""
         self._next_scan = now + SCAN_S
+        self._malformed = 0
         ready: list[ReadyTally] = []
         present: set[str] = set()
         sides: Sides = {wire.CRASH_SUFFIX: {}, wire.EXIT_SUFFIX: {}}
@@ -165,7 +176,7 @@ class TallyDirectory:
         for path in [p for p in self._seen if p not in present]:
             del self._seen[path]
         self._tell_sides(ready, sides)
-        return ready
+        return TallyScan(ready, self._malformed)
 
     def _tell_sides(self, ready: list[ReadyTally], sides: Sides) -> None:
         """Read the crash file and the exit-status file of each ready tally's process (those its
@@ -212,7 +223,7 @@ class TallyDirectory:
         gone = _gone(pid, ticks)
         if tally is None or tally.pid != pid:
             if gone:  # not a tally (a running process may be writing its first slot: wait for it)
-                self.malformed += 1
+                self._malformed += 1
                 self.remove(entry.path)
             return None
         final = tally.end != wire.TallyEnd.RUNNING

@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from sidecar.exporters.base import ScrapeView, Unscraped
 from sidecar.exporters.prometheus.captures import capture_families
 from sidecar.exporters.prometheus.dcgm import DcgmSource
 from sidecar.exporters.prometheus.ends import ends_families
@@ -32,7 +33,6 @@ from sidecar.exporters.prometheus.gpu import gpu_metric_families
 from sidecar.exporters.prometheus.insight import insight_families
 from sidecar.exporters.prometheus.ledger import ledger_families
 from sidecar.exporters.prometheus.process import self_families, wandb_families
-from sidecar.exporters.scrape_state import ScrapeState
 from sidecar.model.gpu import GpuView
 from sidecar.model.names import TRAINER_FAMILIES
 from sidecar.model.window import (
@@ -57,12 +57,12 @@ class ExportState:
     once per window, and ``scrape_state``, the daemon's one read-only scrape state, for what changes
     between windows: the GPUs (their latest snapshot, not the window's), the daemon's own
     telemetry, the W&B exporter's stats, ``/explain``. What the scrape state lacks has no
-    families (a bare ``ScrapeState`` in tests: the window's families only)."""
+    families (``Unscraped`` in tests: the window's families only)."""
 
     host: str
     started_unix_s: float
     report: IngestReport | None = None
-    scrape_state: ScrapeState = field(default_factory=ScrapeState)
+    scrape_state: ScrapeView = field(default_factory=Unscraped)
     http: Callable[[], list[Metric]] | None = None
     """The metrics server's own counters (connections accepted, closed early by reason)."""
     dcgm_compat: bool = False
@@ -91,13 +91,13 @@ class SidecarCollector(Collector):
         scraped = state.scrape_state
         report = state.report
         roles = {role for role, _ in report.totals} if report is not None else set()
-        ends = scraped.ends() or (report.ends if report is not None else None)
+        ends = report.ends if report is not None else None  # the window's own: one source
         sources: list[tuple[str, FamilySource]] = [
             ("self", lambda: self_families(host, scraped.telemetry())),
             ("wandb", lambda: wandb_families(host, scraped.wandb_stats())),
             ("captures", lambda: capture_families(scraped.last_capture(), host)),
         ]
-        if ends is not None:  # between windows: an end shows at the scrape after it is told
+        if ends is not None:  # an end shows from the window after it is told
             sources.append(("ends", lambda: ends_families(ends, roles, host)))
         view = _Once(scraped.gpu_view) if scraped.has_gpus else None  # one GpuView per scrape for both GPU sources
         if view is not None:

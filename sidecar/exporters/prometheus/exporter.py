@@ -8,11 +8,10 @@ import logging
 import time
 from typing import Any
 
-from sidecar.exporters.base import Exporter
+from sidecar.exporters.base import Exporter, ScrapeView, Unscraped
 from sidecar.exporters.prometheus.collector import ExportState
 from sidecar.exporters.prometheus.server import serve
 from sidecar.exporters.prometheus.settings import PrometheusSettings
-from sidecar.exporters.scrape_state import ScrapeState
 from sidecar.model.window import IngestReport
 
 log = logging.getLogger("sidecar")
@@ -24,13 +23,13 @@ class PrometheusExporter(Exporter):
     name = "prometheus"
 
     def __init__(self, host: str, addr: str, certfile: str | None = None, keyfile: str | None = None, *,
-                 scrape_state: ScrapeState | None = None, dcgm_compat: bool = False) -> None:
+                 scrape_state: ScrapeView | None = None, dcgm_compat: bool = False) -> None:
         """``addr``: "host:port" (IPv6 in brackets). ``scrape_state``: what is read at scrape time (see
         ``ExportState``); a bare one leaves those families out. ``dcgm_compat``: also the
         dcgm-exporter names."""
         self.addr = addr
         self.certfile, self.keyfile = certfile, keyfile
-        self.state = ExportState(host=host, started_unix_s=time.time(), scrape_state=scrape_state or ScrapeState(),
+        self.state = ExportState(host=host, started_unix_s=time.time(), scrape_state=scrape_state or Unscraped(),
                                  dcgm_compat=dcgm_compat)
         self._server: Any = None
 

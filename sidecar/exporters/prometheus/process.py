@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sidecar.exporters.scrape_state import DaemonTelemetry, WandbStatsLike
+from sidecar.exporters.base import WandbStatsLike
+from sidecar.model.window import DaemonTelemetry
 
 
 def self_families(host: str, stats: DaemonTelemetry | None) -> list[Metric]:

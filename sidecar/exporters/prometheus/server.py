@@ -76,18 +76,6 @@ PREPARE_EVERY_S = 0.5
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
-def raise_nofile_limit() -> tuple[int, int]:
-    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit (where allowed); returns (soft, hard)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError) as exc:
-            log.warning("sidecar: cannot raise the open-file limit from %d to %d: %s", soft, hard, exc)
-    return soft, hard
-
-
 @dataclass
 class _Connection:
     since: float

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
@@ -36,7 +36,6 @@ from sidecar.exporters.wandb.rows import window_row
 from sidecar.exporters.wandb.settings import QUEUE, RUN, WandbSettings
 from sidecar.model.backoff import Backoff
 from sidecar.model.window import IngestReport, SenderView
-from trainer_shim.integrations.tap_targets import exclude as exclude_from_taps
 
 POLL_S: Final = 0.2
 """How often the idle exporter thread looks for a new target run (seconds)."""
@@ -146,10 +145,14 @@ class WandbExporter(Exporter):
     name = "wandb"
 
     def __init__(self, config: WandbConfig, host: str, log: logging.Logger | None = None,
-                 environ: Mapping[str, str] | None = None) -> None:
-        """``environ``: where the W&B variables are read (default ``os.environ``). Raises
-        ``ValueError`` for an invalid ``config``."""
+                 environ: Mapping[str, str] | None = None, *, own_run: Callable[[object], None] | None = None) -> None:
+        """``environ``: where the W&B variables are read (default ``os.environ``). ``own_run``:
+        told each W&B run this exporter starts, before its first row, so that a logger tap in
+        this process never forwards the sidecar's own rows back to it (the daemon hands the
+        shim's ``trainer_shim.integrations.tap_targets.exclude``: the shim keeps what its taps
+        skip; None: nothing to tell). Raises ``ValueError`` for an invalid ``config``."""
         config.validate()
+        self._own_run = own_run
         self._config = config
         self._host = host
         self._log = log or logging.getLogger("sidecar.wandb")
@@ -458,7 +461,8 @@ class WandbExporter(Exporter):
             _quiet_teardown()  # the failed run stays registered in the service: start afresh
             self._retry_at = time.monotonic() + self._backoff.failed()
             return
-        exclude_from_taps(run)  # a tapped wandb.log in this process must not send our rows back
+        if self._own_run is not None:
+            self._own_run(run)  # a tapped wandb.log in this process must not send our rows back
         self._run, self._axis_defined = run, False
         self._backoff.reset()
         with self._lock:

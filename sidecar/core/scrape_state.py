@@ -1,26 +1,25 @@
 """The scrape state: what every exporter may read between windows, at scrape time, in one object.
 
-An exporter gets two things: each window (``consume``) and this object. It reads the GPUs as they
+It is the daemon's host interface to its exporters (a ``sidecar.exporters.base.ScrapeView``):
+an exporter gets two things, each window (``consume``) and this object. It reads the GPUs as they
 are now (not as at the window's end), ingest's health, the W&B exporter's statistics, the
 daemon's own telemetry and the ``/explain`` report; it never writes here and never calls a stage.
 The daemon wires the providers in one ``attach``, before anything starts, each by its own typed
-parameter (none is looked up by a name); a provider left out reads as None.
-The latest window is kept here too (the scrape state is a listener of the fan-out), so that admin
-pages read it from the pipeline's side, never back out of an exporter. It sits beside the
-exporters, its readers; the daemon's core builds it and hands it to them.
+parameter (none is looked up by a name); a provider left out reads as None. The latest window
+is kept here too (the scrape state is a listener of the fan-out): everything of a window a
+scrape shows is read from that window (one source per figure), and the admin side is handed it.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sidecar.model.ends import EndsView
+from sidecar.core.selfstats import read_self
+from sidecar.exporters.base import WandbStatsLike
 from sidecar.model.gpu import GpuView
 from sidecar.model.trace import CaptureView
-from sidecar.model.window import IngestHealth, IngestReport, SenderView
+from sidecar.model.window import DaemonTelemetry, IngestHealth, IngestReport, SenderView
 
 
 class _GpuSide(Protocol):
@@ -30,22 +29,6 @@ class _GpuSide(Protocol):
 class _IngestSide(Protocol):
     def health(self) -> IngestHealth: ...
 
-    def ends_now(self) -> EndsView: ...
-
-
-class WandbStatsLike(Protocol):
-    """What the scrape state's readers read of the W&B exporter's ``stats()``
-    (``sidecar.exporters.wandb.exporter.WandbStats``)."""
-
-    @property
-    def state(self) -> enum.Enum: ...
-    @property
-    def queue_depth(self) -> int: ...
-    @property
-    def rows_logged(self) -> int: ...
-    @property
-    def rows_dropped(self) -> Mapping[str, int]: ...
-
 
 class _WandbSide(Protocol):
     """The W&B exporter (``sidecar.exporters.wandb.exporter.WandbExporter``)."""
@@ -54,24 +37,11 @@ class _WandbSide(Protocol):
 
 
 class _AdminSide(Protocol):
-    def explain(self) -> Mapping[str, Any]: ...
+    """``sidecar.core.admin.Admin``: it reads nothing back from here (it is handed the window)."""
 
-    def telemetry(self) -> DaemonTelemetry: ...
+    def explain(self, window: IngestReport | None) -> Mapping[str, Any]: ...
 
     def last_capture(self) -> CaptureView | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class DaemonTelemetry:
-    """The daemon's own figures at one moment (``sidecar.core.admin``)."""
-
-    cpu_seconds: float
-    """User + system CPU time of the process (seconds)."""
-    rss_bytes: int
-    threads: int
-    open_fds: int
-    ingest: IngestHealth | None
-    """None until ingest runs."""
 
 
 class ScrapeState:
@@ -88,10 +58,10 @@ class ScrapeState:
         self._admin: _AdminSide | None = None
         self._window: IngestReport | None = None
 
-    def attach(self, *, ingest: _IngestSide, wandb: _WandbSide | None, admin: _AdminSide) -> None:
+    def attach(self, *, ingest: _IngestSide, wandb: _WandbSide | None, admin: _AdminSide | None) -> None:
         """Wire the providers made after this object, at once (the daemon, before it starts
-        anything): ``ingest``: the pipeline (its ``health``, its ends); ``wandb``: the W&B
-        exporter (None: W&B is off); ``admin``: a ``sidecar.core.admin.Admin``."""
+        anything): ``ingest``: the pipeline (its ``health``); ``wandb``: the W&B exporter (None:
+        W&B is off); ``admin``: a ``sidecar.core.admin.Admin``."""
         self._ingest, self._wandb, self._admin = ingest, wandb, admin
 
     # -- readers -----------------------------------------------------------------------------------
@@ -117,21 +87,22 @@ class ScrapeState:
     def ingest_health(self) -> IngestHealth | None:
         return self._ingest.health() if self._ingest is not None else None
 
-    def ends(self) -> EndsView | None:
-        """The senders' ends told so far, as of the latest (None without ingest)."""
-        return self._ingest.ends_now() if self._ingest is not None else None
-
     def wandb_stats(self) -> WandbStatsLike | None:
         """The W&B exporter's queue, rows and state (None: W&B is off)."""
         return self._wandb.stats() if self._wandb is not None else None
 
     def telemetry(self) -> DaemonTelemetry | None:
-        """The daemon's own CPU, memory, threads, descriptors and ingest health."""
-        return self._admin.telemetry() if self._admin is not None else None
+        """The daemon's own CPU, memory, threads, descriptors and ingest health (None without the
+        admin side)."""
+        if self._admin is None:
+            return None
+        stats = read_self()
+        return DaemonTelemetry(stats.cpu_seconds, stats.rss_bytes, stats.threads, stats.open_fds,
+                               self.ingest_health())
 
     def explain(self) -> Mapping[str, Any] | None:
-        """The mapping report ``/explain`` serves (None: the page is absent)."""
-        return self._admin.explain() if self._admin is not None else None
+        """The mapping report ``/explain`` serves, of the latest window (None: the page is absent)."""
+        return self._admin.explain(self._window) if self._admin is not None else None
 
     def last_capture(self) -> CaptureView | None:
         """The newest profiler capture kept in the state folder (None: none, or no admin side)."""
