@@ -352,6 +352,26 @@ def test_no_function_over_60_lines() -> None:
     assert set(long_functions(*PRODUCT)) == LONG_FUNCTIONS_TO_SPLIT
 
 
+ANY_CEILING = 453
+"""``Any`` in the product code (each use of the name, imports aside): 542 before the ledger's fold
+was typed and the publisher split, 453 after. Lower it as code is typed; never raise it."""
+
+
+def any_in(source: str) -> int:
+    """Each ``Any`` ``source`` names (``Any`` or ``typing.Any``; the import itself is no use)."""
+    return sum(1 for node in ast.walk(ast.parse(source))
+               if (isinstance(node, ast.Name) and node.id == "Any")
+               or (isinstance(node, ast.Attribute) and node.attr == "Any"))
+
+
+def test_any_stays_where_a_foreign_type_is_unknown_and_its_count_only_falls() -> None:
+    assert sum(any_in(p.read_text()) for p in modules(*PRODUCT)) <= ANY_CEILING
+
+
+def test_the_any_count_sees_both_spellings_and_not_the_import() -> None:
+    assert any_in("import typing\nfrom typing import Any\nx: Any = 1\ny: typing.Any = 2\n") == 2
+
+
 ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
 
 
