@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.sources.tallies import EXIT_GRACE_S, SCAN_S
+from sidecar.model.liveness import GONE_AFTER_S
+from sidecar.sources.tallies import SCAN_S
 from tests.daemon_harness import DaemonProc, env
 from tests.soak import exits
 
@@ -149,7 +150,7 @@ def test_a_sender_that_closed_just_before_the_daemon_stopped_is_booked_by_that_d
     assert not tallies.exists(), "the stopped daemon left the closed sender's tally (the directory goes when empty)"
     second = DaemonProc(tmp_path)
     try:
-        time.sleep(EXIT_GRACE_S + SCAN_S + 2.5)  # a tally left behind would be booked by now
+        time.sleep(GONE_AFTER_S + SCAN_S + 2.5)  # a tally left behind would be booked by now
         assert second.value("dflash_sidecar_records_dropped_total", role="ended") is None
     finally:
         second.stop()
@@ -166,7 +167,7 @@ def test_a_tally_written_before_the_daemon_started_is_what_an_earlier_daemon_was
         first.stop(signal.SIGKILL)
     second = DaemonProc(tmp_path)
     try:
-        time.sleep(EXIT_GRACE_S + SCAN_S + 2.5)
+        time.sleep(GONE_AFTER_S + SCAN_S + 2.5)
         assert second.value("dflash_sidecar_records_dropped_total", role="ended", reason="lost_at_exit") in (None, 0)
         assert second.value("dflash_sidecar_records_dropped_total", role="ended", reason="before_join") == made
     finally:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.model.handoff import SendersPart
+from sidecar.model.liveness import FORGET_AFTER_S
 from sidecar.model.messages import BatchMessage, HelloMessage
 from sidecar.model.names import label_value
 from sidecar.model.window import LabelTotals, SenderView, is_live
@@ -30,8 +31,6 @@ MAX_LABEL_PAIRS = 1024
 """Distinct (role, worker) pairs whose totals are kept; a batch under a further pair, while none
 can be evicted (see ``EVICT_IDLE_S``), is dropped and counted
 (``messages_dropped{reason="too_many_labels"}``)."""
-SENDER_TTL_S = 600.0
-"""A sender silent this long is forgotten (its cumulative counts stay in the role totals)."""
 LABEL_TTL_S = 3600.0
 """A (role, worker) pair without a message this long is forgotten (its series leave the page;
 if it comes back its counters restart from zero, which Prometheus reads as a reset)."""
@@ -110,7 +109,7 @@ class SenderState:
 class SenderRegistry:
     """Tracks senders and turns their sequence numbers and counters into exact loss counts."""
 
-    def __init__(self, max_senders: int = MAX_SENDERS, ttl_s: float = SENDER_TTL_S,
+    def __init__(self, max_senders: int = MAX_SENDERS, ttl_s: float = FORGET_AFTER_S,
                  max_label_pairs: int = MAX_LABEL_PAIRS) -> None:
         self.max_senders = max_senders
         self.max_label_pairs = max_label_pairs

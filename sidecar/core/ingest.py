@@ -15,9 +15,10 @@ from collections.abc import Callable
 
 from sidecar.aggregation.settings import WindowSettings
 from sidecar.core.pipeline import Pipeline
+from sidecar.model.liveness import GONE_AFTER_S
 from sidecar.model.window import IngestHealth
 from sidecar.sources.receiver import Receiver
-from sidecar.sources.tallies import EXIT_GRACE_S, TallyDirectory
+from sidecar.sources.tallies import TallyDirectory
 
 log = logging.getLogger("sidecar")
 
@@ -43,9 +44,9 @@ class IngestLoop:
     """Runs the receive/aggregate loop on its own thread."""
 
     def __init__(self, receiver: Receiver, interval_s: float, pipeline: Pipeline,
-                 clock: Callable[[], float] = time.monotonic, gone_after_s: float = EXIT_GRACE_S) -> None:
+                 clock: Callable[[], float] = time.monotonic, gone_after_s: float = GONE_AFTER_S) -> None:
         """``gone_after_s``: how long a gone (or closed) sender's tally waits, its senders silent,
-        before it is booked and its end told (``sources.tallies.EXIT_GRACE_S``)."""
+        before it is booked and its end told (``model.liveness.GONE_AFTER_S``)."""
         self.receiver = receiver
         self.gone_after_s = gone_after_s
         self.interval_s = interval_s

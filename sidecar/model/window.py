@@ -16,6 +16,7 @@ from sidecar.model.ends import EndsView
 from sidecar.model.gpu import GpuView
 from sidecar.model.insight import PipelineInsight
 from sidecar.model.ledger import RunLedgerView
+from sidecar.model.liveness import LIVE_S
 from sidecar.model.timeline import RunTimeline
 from trainer_shim.wire import RecordKind
 
@@ -26,13 +27,6 @@ TIMING, COUNT, GAUGE, CATEGORY, SCALAR, PROFILE, ALLOCATOR = (
 KIND_NAMES = {TIMING: "timing", COUNT: "counter", GAUGE: "gauge", CATEGORY: "category", SCALAR: "scalar"}
 """A series' kind as a word (logs, ``explain``)."""
 
-LIVE_S = 10.0
-"""A sender is *live* while its last message is at most this old: a shim sends at least a
-heartbeat every 2 s, so five missed heartbeats mean it is gone (killed, exited, or cut off).
-Live senders are what ``dflash_sidecar_senders``, ``dflash_trainer_step`` and the console show;
-a sender no longer live but not yet forgotten (``aggregation.senders.SENDER_TTL_S``) still has
-its accounting. A sender that said it was closing (``trainer_shim.wire.Hello.closing``: a clean
-exit) is live only in the window its last message arrived in (``is_live``)."""
 
 
 def is_live(last_seen_age_s: float, closed: bool, window_s: float) -> bool:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sidecar.model.address import parse_host_port
+from sidecar.model.liveness import GONE_AFTER_S
 from sidecar.model.settings import declared, one_of, setting
 from sidecar.sources.nvml_cadence import COST_AWARE, MODES
 from trainer_shim.endpoint import daemon_endpoint
@@ -61,7 +62,7 @@ class ReceiverSettings:
         "records; a warning is logged). Off: tcp is loopback-only."))
 
     sender_gone_after: float = setting(
-        5.0, check=float, bounds=(1.0, 600.0), unit="seconds", metavar="S",
+        GONE_AFTER_S, check=float, bounds=(1.0, 600.0), unit="seconds", metavar="S",
         help="A sender's process gone (or its publisher closed) is booked, and how it ended told, once its "
              "senders have been silent this long (seconds): its last frames still on the way are counted as "
              "received first.")

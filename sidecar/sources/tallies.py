@@ -6,7 +6,7 @@ This module creates the directory (the daemon's own: mode 3730, sticky and setgi
 the socket's group can create files but not list, replace or remove each other's), and once per
 ``SCAN_S`` lists it and reports the tallies that are ready to be booked: the process named by the
 file is gone (its pid no longer exists, or exists with another start time), or its publisher
-closed, for at least ``EXIT_GRACE_S``. What the tally says beyond what arrived is booked by
+closed, for at least ``model.liveness.GONE_AFTER_S``. What the tally says beyond what arrived is booked by
 ``SenderRegistry.book_exit``; the file is then removed. Beside a tally, the process's crash file
 (the fatal signal faulthandler wrote down) and exit-status file (the status the C library wrote
 at ``exit(3)``, ``trainer_shim.exit_status``) are read with it and removed once its tallies are
@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from sidecar.model.liveness import GONE_AFTER_S
 from sidecar.sources.cgroup import Baseline, oom_baseline, oom_killed
 from trainer_shim import wire
 from trainer_shim.endpoint import tally_dir
@@ -32,12 +33,6 @@ log = logging.getLogger("sidecar")
 
 SCAN_S = 1.0
 """How often the tally directories are listed (seconds)."""
-EXIT_GRACE_S = 5.0
-"""The default of the ``sender_gone_after`` setting: a gone process's tally waits this long (and
-each of its senders must have been silent this long) before it is booked, so that its last frames,
-still in the kernel's socket buffer or ZeroMQ's queue when it died, are counted as received first.
-With 1 s, a short-lived process's only batch arrived after its booking on a box at load 9-19 (2
-cores), and was counted as ``lost_at_exit`` (and its frame as ``after_exit``) instead of accepted."""
 MAX_FILES_PER_SCAN = 4096
 """Entries looked at per directory per scan: a directory flooded with files costs a bounded scan."""
 MAX_TALLY_BYTES = wire.TALLY_SLOT_OFFSETS[1] + wire.TALLY_MAX_PAYLOAD + 64
@@ -148,7 +143,7 @@ class TallyDirectory:
         """Whether a scan is due (monotonic seconds)."""
         return bool(self.directories) and now >= self._next_scan
 
-    def scan(self, now: float, grace_s: float = EXIT_GRACE_S) -> TallyScan:
+    def scan(self, now: float, grace_s: float = GONE_AFTER_S) -> TallyScan:
         """The tallies ready to be booked now (gone or closed for ``grace_s``; 0 at the daemon's
         shutdown, once what arrived is drained), and how many files of gone processes held no
         intact tally (removed: the caller counts them)."""

@@ -14,12 +14,10 @@ from dataclasses import dataclass, field
 
 from sidecar.model.insight import Verdict
 from sidecar.model.ledger import CAUSES
+from sidecar.model.liveness import LIVE_S, SENDING_S
 from sidecar.model.meanings import PHASES
-from sidecar.model.window import COUNT, GAUGE, LIVE_S, TIMING, IngestReport, SenderView, WindowReport
+from sidecar.model.window import COUNT, GAUGE, TIMING, IngestReport, SenderView, WindowReport
 
-GONE_AFTER_S = 3.0
-"""A sender silent for longer than this at a window's end left at its last message (a shim sends
-a heartbeat every 2 s)."""
 COMPILE_FACTOR = 5.0
 """A step in a sender's first ``COMPILE_WINDOWS`` windows with steps at least this many times its
 window's median step marks compilation: its excess over the median is ``compile``."""
@@ -41,7 +39,7 @@ class SenderFact:
     """One sender in one window: ``key`` names its process (pid and start); ``begin`` the later of
     its start and the window's begin, ``end`` its last message (unix seconds, read once at its
     receipt: the same float in every window, so only a message sent since places it later);
-    ``alive`` whether it is still sending at the window's end (``GONE_AFTER_S``; not once it
+    ``alive`` whether it is still sending at the window's end (``model.liveness.SENDING_S``; not once it
     closed); ``step`` its latest step (None before one)."""
 
     key: str
@@ -147,7 +145,7 @@ def window_facts(report: IngestReport) -> WindowFacts:
             step, first_step = numbers.get((s.role, s.worker), (None, None))
         senders.append(SenderFact(sender_key(s, w.end_unix_s), run_of(s.hello), s.role, started,
                                   max(begin, started), last, step,
-                                  s.last_seen_age_s <= GONE_AFTER_S and not s.closed, _flops_of(s.hello),
+                                  s.last_seen_age_s <= SENDING_S and not s.closed, _flops_of(s.hello),
                                   closed=s.closed, first_step=first_step, cycles=cycles.get((s.role, s.worker))))
     insight = report.insight
     gpu_of_role, names, energy, uuid_roles = _gpus(report, {s.role for s in senders})

@@ -37,7 +37,7 @@ from sidecar.aggregation.ledger.facts import COMPILE_WINDOWS, HOST_RUN, RoleFact
 from sidecar.aggregation.ledger.record import LAST_END_DETAIL, LastEnd, LedgerRecord, RoleRecord, SenderMemory
 from sidecar.model.insight import Verdict
 from sidecar.model.ledger import CAUSES, RoleLedger, RunLedgerView
-from sidecar.model.window import LIVE_S
+from sidecar.model.liveness import LIVE_S
 
 MAX_RUNS = 64
 """Runs kept; beyond, the one seen least recently is forgotten (counted)."""
