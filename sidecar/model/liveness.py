@@ -1,17 +1,9 @@
 """One liveness policy: what a sender's silence means, and after how long, for every stage.
 
 A shim sends at least a heartbeat every 2 s (``trainer_shim.flusher.HEARTBEAT_S``), so each
-cut-off below is a count of missed heartbeats. From shortest to longest, the words they define:
-
-- *sending* (``SENDING_S``): heard within 3 s of a window's end and not closed; a sender silent
-  longer stopped at its last message (the run ledger's time of a role ends there).
-- *gone* (``GONE_AFTER_S``, the ``sender_gone_after`` setting's default): a process whose tally
-  says it exited, and whose senders have all been silent this long, has its end told and its
-  tally booked.
-- *live* (``LIVE_S``): heard within 10 s of a window's end (``model.window.is_live``); what the
-  senders gauge, the trainer step and the console show.
-- *forgotten* (``FORGET_AFTER_S``): the registry drops a sender silent this long (its counts
-  stay in its labels' totals).
+cut-off below is a count of missed heartbeats. Shortest first, the words they define: *sending*,
+*gone*, *live*, *forgotten* (docs/ARCHITECTURE.md's glossary; ``tests/test_glossary.py`` keeps the
+two in step).
 """
 
 from __future__ import annotations
