@@ -5,14 +5,13 @@ each window boundary, so no lock is needed and a scrape never waits on ingest (e
 read the immutable reports). Each batch's rejected records are counted by reason in what
 ``ingest`` returns (``model.mapped.Ingested``).
 
-The aggregator never maps names itself and calls nothing back: a batch comes as a
-``model.mapped.SenderBatch``, with the ``Mapped`` of each name the sender's series table does not
-know yet. Where one is missing, ``ingest`` stops at that record and hands the rest of the batch
-back with the names it needs; the pipeline has the mapping stage map them
-(``sidecar.processing.mapping.Mapper``, which keeps its own cache of what it mapped) and hands the
-rest back, mapped. The series tables (a sender's name -> its series' bound ``add``) are the
-aggregator's own, one per sender, dropped whenever series expire or are evicted (their adds
-would point at dead series).
+The aggregator never maps names itself and calls nothing back: at the first record whose name
+the sender's series table does not know yet, ``ingest`` stops and hands the rest of the batch
+back (``model.mapped.PendingBatch``) with the names it needs; the pipeline has the mapping stage
+map them (``sidecar.processing.mapping.Mapper``, which keeps its own cache of what it mapped) and
+hands the rest back to ``resume`` with their ``Mapped``. The series tables (a sender's name ->
+its series' bound ``add``) are the aggregator's own, one per sender, dropped whenever series
+expire or are evicted (their adds would point at dead series).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Hashable, Iterator, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from operator import length_hint
@@ -39,7 +38,7 @@ from sidecar.aggregation.series import (
 from sidecar.aggregation.settings import WindowSettings
 from sidecar.aggregation.step_axis import StepAxes
 from sidecar.model.handoff import AggregatesPart
-from sidecar.model.mapped import Ingested, Mapped, NameKey, SenderBatch
+from sidecar.model.mapped import NO_NAMES, Ingested, Mapped, NameKey, PendingBatch
 from sidecar.model.names import claimed_names, counter_token, metric_token, timing_token
 from sidecar.model.window import (
     ALLOCATOR,
@@ -111,22 +110,26 @@ class _NeedNames(Exception):
 
 
 class _Turn:
-    """One batch's progress through ``Aggregator.ingest``, handed back with its rest
-    (``SenderBatch.resume``) where it waits for names to be mapped. A plain class: one is made
-    per batch."""
+    """A sender's turn in ``Aggregator.ingest``: the name table of the sender as labelled, and the
+    progress of the batch being ingested, handed back with its rest (``PendingBatch.resume``) where
+    it waits for names to be mapped. One per sender and labels, reused batch after batch (a
+    sender's batches go through one at a time): a batch allocates nothing of its own here
+    (bench/RESULTS_DAEMON.md, "The second step's path")."""
 
-    __slots__ = ("owner", "left", "table", "memo", "names", "entries_from")
+    __slots__ = ("role", "worker", "table", "owner", "left", "memo", "names", "entries_from")
 
-    def __init__(self, owner: Hashable, table: NameTable, names: Mapping[NameKey, Mapped]) -> None:
-        self.owner = owner
+    def __init__(self, role: str, worker: str) -> None:
+        self.role = role
+        self.worker = worker
+        self.table: NameTable = {}
+        """The sender's series table (a resumed batch keeps its own, even if the tables are dropped meanwhile)."""
+        self.owner: Hashable = None
         self.left = 0
         """Names ``owner`` may still resolve this window without finding their series."""
-        self.table = table
-        """The sender's series table as the batch began (kept, even if the tables are dropped meanwhile)."""
         self.memo: dict[Any, Adder | str] = {}
         """This batch's names whose outcome ``table`` does not keep (``cardinality``, or rejections
         beyond its bound): each is resolved once per batch, so a batch's work is bounded by its size."""
-        self.names = names
+        self.names: Mapping[NameKey, Mapped] = NO_NAMES
         self.entries_from: int | None = None
         """The batch stopped in its first record's profile: its keys from this one on are left."""
 
@@ -149,9 +152,10 @@ class Aggregator:
     def __init__(self, max_series: int = WindowSettings.max_series, series_ttl_s: float = 3600.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """``clock``: monotonic seconds, read when a sender's step moves (its step axis's pace)."""
-        self._names: dict[int, tuple[str, str, NameTable]] = {}
-        """Sender -> (role, worker it was labelled, its name table): (kind, name) -> the series'
-        bound ``add`` or the reason such records are refused; profile entries under (PROFILE, key)."""
+        self._names: dict[int, _Turn] = {}
+        """Sender -> its turn: the role and worker it was labelled, its name table ((kind, name) ->
+        the series' bound ``add`` or the reason such records are refused; profile entries under
+        (PROFILE, key)) and its batch in progress."""
         self._meta: dict[SeriesKey, tuple[Mapped, bool]] = {}
         """Series key -> (its mapping, snapshot), decided once when the series is first resolved."""
         self._snapshot_last: dict[SeriesKey, tuple[float, float]] = {}
@@ -183,7 +187,7 @@ class Aggregator:
         """Bumped whenever series expire or are evicted, or names are remapped (the name tables are
         dropped then)."""
         self._owner_of: dict[SeriesKey, Hashable] = {}
-        """Series key -> the owner (``SenderBatch.owner``) that created it."""
+        """Series key -> the owner (``ingest``'s ``owner``) that created it."""
         self._owned: dict[Hashable, dict[SeriesKey, None]] = {}
         """Owner -> its series keys, oldest first: each owner's share of the table."""
         self.evicted_series = 0
@@ -210,40 +214,49 @@ class Aggregator:
 
     def names_of(self, sender: int) -> NameTable:
         """``sender``'s name table (read-only use: tests and ``explain``); empty if it has none."""
-        table = self._names.get(sender)
-        return table[2] if table is not None else {}
+        turn = self._names.get(sender)
+        return turn.table if turn is not None else {}
 
     # -- ingest ----------------------------------------------------------------------------------
 
-    def ingest(self, batch: SenderBatch) -> Ingested:
-        """Aggregate ``batch`` (one sender's records, labelled (role, worker)), in order, each record
-        into its series as the sender's series table finds it. At the first record whose name the
-        table does not know and whose mapping ``batch.names`` lacks, it stops and hands the rest
-        back (``Ingested.rest``) with the names to map (``Ingested.unmapped``: that name, and the
-        further new names before the next profile, or a profile's new keys, as far as the budget
-        goes): the batch goes on once they are mapped. ``batch.owner`` is whom the series it
-        creates count against (the table is shared fairly between owners, ``_admit``), each with
-        its own ``resolve_budget`` of new names per window. Returns the records accepted and the
-        rejected ones by reason (a new dict), for the part of the batch done."""
-        sender, owner, role, worker, records, names, turn = batch
-        if not isinstance(turn, _Turn):
-            table = self._names.get(sender)
-            if table is None or table[0] != role or table[1] != worker:  # a relabelled sender maps its names anew
-                table = self._names[sender] = (role, worker, {})
-            turn = _Turn(owner, table[2], names)
+    def ingest(self, sender: int, owner: Hashable, role: str, worker: str, records: Sequence[object]) -> Ingested:
+        """Aggregate a batch of ``records`` of ``sender`` (its id), labelled (role, worker), in
+        order, each record into its series as the sender's series table finds it. ``owner`` is whom
+        the series it creates count against (the table is shared fairly between owners,
+        ``_admit``), each with its own ``resolve_budget`` of new names per window. At the first
+        record whose name the table does not know, it stops and hands the rest back as a
+        ``PendingBatch`` with the names to map (that name, and the further new names before the
+        next profile, or a profile's new keys, as far as the budget goes): ``resume`` goes on once
+        they are mapped. Returns (accepted, rejected by reason, the pending rest or None) for the
+        part of the batch done."""
+        turn = self._names.get(sender)
+        if turn is None or turn.role != role or turn.worker != worker:  # a relabelled sender maps its names anew
+            turn = self._names[sender] = _Turn(role, worker)
+        turn.owner = owner
+        turn.entries_from = None
+        if turn.memo:
+            turn.memo.clear()
+        return self._pass(sender, turn, iter(records), NO_NAMES)
+
+    def resume(self, pending: PendingBatch, names: Mapping[NameKey, Mapped]) -> Ingested:
+        """``ingest`` going on with ``pending``, the rest of a batch it stopped in, once the names
+        it asked for are mapped (``names``: the mapping stage's answers)."""
+        return self._pass(pending.sender, pending.resume, iter(pending.records), names)  # type: ignore[arg-type]
+
+    def _pass(self, sender: int, turn: _Turn, remaining: Iterator[object], names: Mapping[NameKey, Mapped]) -> Ingested:
+        owner = turn.owner
         turn.left = self.resolve_budget - self._resolved.get(owner, 0)
         turn.names = names
-        remaining = iter(records)
         try:
-            accepted, rejected, need, met = self._ingest(role, worker, remaining, sender, turn)
+            accepted, rejected, need, met = self._ingest(turn.role, turn.worker, remaining, sender, turn)
         finally:
             self._resolved[owner] = self.resolve_budget - turn.left
         if need is None:
-            return Ingested(accepted, rejected)
+            return accepted, rejected, None
         rest = [met, *remaining]
         turn.entries_from = need.entry
         wanted = self._wanted(rest, need.entry, turn)
-        return Ingested(accepted, rejected, wanted, SenderBatch(sender, owner, role, worker, rest, resume=turn))
+        return accepted, rejected, PendingBatch(sender, owner, turn.role, turn.worker, rest, wanted, turn)
 
     def _ingest(self, role: str, worker: str, records: Iterator[Any], sender: int,
                 turn: _Turn) -> tuple[int, dict[str, int], _NeedNames | None, Any]:

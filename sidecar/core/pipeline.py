@@ -3,9 +3,9 @@
 A frame, each hop a plain call whose input and output are ``sidecar.model`` values::
 
     bytes --decode--> BatchMessage | HelloMessage --resolve--> SenderState (or dropped, counted)
-          --aggregate--> Ingested (accepted, rejected by reason; or the rest of the batch and the
-                         names new to the sender's table --map--> their Mapped --aggregate-->
-                         the rest, mapped)
+          --aggregate--> Ingested (accepted, rejected by reason; and where the batch met names
+                         new to the sender's table, the PendingBatch: the rest and those names
+                         --map--> their Mapped --resume--> the rest, aggregated)
           --add_outcome--> the sender's and its labels' counts (the registry's own write)
 
 ``resolve`` is the registry's (entered once per frame, and once more to count the outcome);
@@ -48,7 +48,6 @@ from sidecar.aggregation.verdict import Hysteresis
 from sidecar.model.ends import ALERTING, MAX_GPU_INDEX, EndFacts, SenderEnd, how_ended
 from sidecar.model.handoff import Received
 from sidecar.model.insight import PipelineInsight
-from sidecar.model.mapped import SenderBatch
 from sidecar.model.messages import BatchMessage
 from sidecar.model.window import IngestHealth, IngestReport, SenderView
 from sidecar.processing.mapping import Mapper
@@ -79,17 +78,18 @@ WindowStage = Callable[[IngestReport], IngestReport]
 (``dataclasses.replace``: the ingest's report is never mutated)."""
 
 
-def aggregate(aggregator: Aggregator, mapper: Mapper, batch: SenderBatch) -> tuple[int, dict[str, int]]:
-    """aggregate -> map -> aggregate: ``batch`` through the aggregator, the names it hands back
-    mapped by ``mapper`` (the mapping stage) on the way, as often as it stops for names. Returns
-    the records accepted and the rejected ones by reason, the whole batch's."""
-    done = aggregator.ingest(batch)
-    accepted, rejected = done.accepted, done.rejected
-    while done.rest is not None:
-        names = mapper.map_names(done.unmapped, batch.role, batch.worker)
-        done = aggregator.ingest(done.rest.mapped(names))
-        accepted += done.accepted
-        for reason, count in done.rejected.items():
+def aggregate(aggregator: Aggregator, mapper: Mapper, sender: int, owner: Hashable, role: str, worker: str,
+              records: Sequence[object]) -> tuple[int, dict[str, int]]:
+    """aggregate -> map -> aggregate: a batch of ``sender``'s ``records`` (labelled (role, worker);
+    its new series count against ``owner``) through the aggregator, the names it hands back mapped
+    by ``mapper`` (the mapping stage) on the way, as often as it stops for names. Returns the
+    records accepted and the rejected ones by reason, the whole batch's."""
+    accepted, rejected, pending = aggregator.ingest(sender, owner, role, worker, records)
+    while pending is not None:
+        names = mapper.map_names(pending.unmapped, role, worker)
+        more, more_rejected, pending = aggregator.resume(pending, names)
+        accepted += more
+        for reason, count in more_rejected.items():
             rejected[reason] = rejected.get(reason, 0) + count
     return accepted, rejected
 
@@ -98,7 +98,7 @@ def ingest_records(aggregator: Aggregator, role: str, worker: str, records: list
                    sender: int = 0, owner: Hashable | None = None) -> tuple[int, dict[str, int]]:
     """``aggregate`` of ``records`` from one sender labelled (role, worker), ``owner`` by default
     the sender (tests, benchmarks: the pipeline's ``frame`` without the registry)."""
-    return aggregate(aggregator, mapper, SenderBatch(sender, sender if owner is None else owner, role, worker, records))
+    return aggregate(aggregator, mapper, sender, sender if owner is None else owner, role, worker, records)
 
 
 class Pipeline:
@@ -171,8 +171,8 @@ class Pipeline:
                 if state is None:
                     return
                 owner = state.peer_pid if state.peer_pid is not None else state.sender  # the kernel's pid (ipc)
-                batch = SenderBatch(state.sender, owner, state.role, state.worker, msg.records)
-                accepted, rejected = aggregate(self.aggregator, self.mapper, batch)
+                accepted, rejected = aggregate(self.aggregator, self.mapper, state.sender, owner, state.role,
+                                               state.worker, msg.records)
                 registry.add_outcome(state, accepted, rejected)
                 self._accepted_in_window += accepted
                 self.last_data_monotonic = now

@@ -58,39 +58,30 @@ NameKey = tuple[int, str]
 
 
 NO_NAMES: Mapping[NameKey, Mapped] = MappingProxyType({})
-"""A new batch's mapped names: none yet."""
+"""No mapped names (a batch before the mapping stage answered for any)."""
 
 
-class SenderBatch(NamedTuple):
-    """One sender's records on their way into the aggregator, with the mapping stage's answers
-    for the names the aggregator asked for (``Ingested.unmapped``). A tuple: one is made per
-    frame, so it must be cheap to make.
+class PendingBatch(NamedTuple):
+    """The rest of a sender's batch that the aggregator stopped in, at the first record whose name
+    its sender's series table does not know: the names it needs mapped (``unmapped``, in the order
+    the batch meets them), to be handed back with the mapping stage's answers
+    (``Aggregator.resume``). Made only where a batch meets new names, never per frame.
 
     ``sender`` (its id) keys the sender's series table; ``owner`` (the process behind its
     connection, else the sender) is whom the series it creates count against; ``role`` and
-    ``worker`` are the labels the batch came under. ``resume``: the aggregator's own bookmark in a
-    batch it handed back unfinished (``Ingested.rest``); None for a new batch."""
+    ``worker`` are the labels the batch came under; ``records`` the records left, from the one
+    that stopped it; ``resume``: the aggregator's own bookmark in the batch."""
 
     sender: int
     owner: Hashable
     role: str
     worker: str
-    records: Sequence[Any]
-    names: Mapping[NameKey, Mapped] = NO_NAMES
-    resume: object = None
-
-    def mapped(self, names: Mapping[NameKey, Mapped]) -> SenderBatch:
-        """This batch with ``names``, the mapping stage's answers for the names asked."""
-        return SenderBatch(self.sender, self.owner, self.role, self.worker, self.records, names, self.resume)
+    records: Sequence[object]
+    unmapped: tuple[NameKey, ...]
+    resume: object
 
 
-class Ingested(NamedTuple):
-    """What the aggregator made of (a part of) a batch: the records accepted and the rejected
-    ones by reason; where it met names its sender's series table does not know yet, the names it
-    needs mapped (``unmapped``, in the order the batch meets them) and the rest of the batch
-    (``rest``), to be handed back with their ``Mapped`` (``SenderBatch.mapped``)."""
-
-    accepted: int
-    rejected: dict[str, int]
-    unmapped: tuple[NameKey, ...] = ()
-    rest: SenderBatch | None = None
+Ingested = tuple[int, dict[str, int], "PendingBatch | None"]
+"""What the aggregator made of (a part of) a batch: (records accepted, records rejected by reason
+(a new dict), the rest of the batch waiting for names (None: the batch is done)). A plain tuple,
+made once per frame (bench/RESULTS_DAEMON.md, "The second step's path")."""

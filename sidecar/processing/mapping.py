@@ -96,7 +96,7 @@ class Mapper:
 
     def map_names(self, names: Iterable[NameKey], role: str, worker: str) -> dict[NameKey, Mapped]:
         """The mapping stage's step in a batch: each (kind, name) ``resolve``d for a sender labelled
-        (role, worker), in order (``model.mapped.Ingested.unmapped``: the names the aggregator
+        (role, worker), in order (``model.mapped.PendingBatch.unmapped``: the names the aggregator
         asked for)."""
         return {key: self.resolve(key[0], key[1], role, worker) for key in names}
 
