@@ -46,6 +46,12 @@ from sidecar.processing.reader import read_name, read_rate, stem
     ("time/get_next", "data_wait", 1.0),
     ("t_data", "data_wait", 1.0),                               # a script's timer variables
     ("t_fwd", "forward", 1.0),
+    ("timers/apply_grad_time_ms", "optimizer", 1e-3),           # gradients applied: the optimizer step
+    ("grads_apply_time", "optimizer", 1.0),
+    ("timers/compute_grads_time_ms", "forward_backward", 1e-3),  # gradients computed: the loss and its backward
+    ("calc_gradients_time", "forward_backward", 1.0),
+    ("dt_data", "data_wait", 1.0),                              # dt leading a phase word
+    ("data_time_diff", "data_wait", 1.0),                       # a timer's last interval is no statistic
 ])
 def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     r = read_name(name)
@@ -77,10 +83,30 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("timing/convert_to_training_input", "convert"),  # host-side preparation, not the loader's wait
     ("misc/gradient_update_elapse", "update"),    # a gradient's update: the learner's own, no backward
     ("batch_preprocessing_time", "preprocessing"),  # only processing right after a step word is the step
+    ("grad_diff", "diff"),                        # a difference of no duration word is a statistic
+    ("wall-time(ms)", "wall_time"),               # since the start in most loggers, whatever its unit
+    ("gpu_mem_time", "mem"),                      # a device's memory, no device's time
+    ("gpu_idle_time", "no phase"),                # a device word beside another word: no bare duration
+    ("compute_time", "no phase"),                 # compute sums many steps in one framework, times one in another
 ])
 def test_names_that_are_no_phase(name: str, why: str) -> None:
     r = read_name(name)
     assert r.meaning == "" and why in r.why, r
+
+
+@pytest.mark.parametrize(("name", "factor"), [
+    ("dt", 1.0),                  # a bare duration word
+    ("time_diff", 1.0),           # a timer's last interval (its toc minus its tic)
+    ("timer/time_delta_ms", 1e-3),
+    ("gpu_etime_ms", 1e-3),       # an elapsed time on the device that runs the step
+    ("gpu-time(ms)", 1e-3),       # the unit in brackets after a hyphenated word
+    ("dt_net", 1.0),              # the network's time: the step's compute
+    ("cuda_time_ms", 1e-3),
+])
+def test_bare_durations_are_the_step_uncertain(name: str, factor: float) -> None:
+    r = read_name(name)
+    assert (r.meaning, r.unit.base, r.certainty) == ("step", "seconds", 0.5) and "bare" in r.why, r
+    assert r.unit.factor == pytest.approx(factor) and r.ambiguous
 
 
 def test_lemmas_find_bases_never_phases() -> None:

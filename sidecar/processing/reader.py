@@ -22,7 +22,10 @@ mapping stage caches its answer; bench/RESULTS_NAMES.md has the cost):
 4. **Find the phase** from ``PHASE_WORDS`` (the documented vocabulary, docs/METRICS.md), in the
    name proper first, then in its namespace: collectives win over the phase they sit in
    (``backward_allreduce`` is communication), forward and backward together are
-   ``forward_backward``, an optimizer word makes ``step`` the optimizer step.
+   ``forward_backward``, an optimizer word makes ``step`` the optimizer step, gradients applied are
+   the optimizer step and gradients computed the forward and backward (``GRAD_VERBS``). A duration
+   of no phase word is the step, uncertain, when it is bare (``_bare_duration``: ``dt``,
+   ``time_diff``, ``gpu_etime_ms``).
 
 What the reader cannot decide from the name alone it says: ``Reading.ambiguous`` names the
 other meaning (``iter_time`` is the whole step in detectron2 and the data wait in ESPnet;
@@ -58,10 +61,12 @@ END_UNITS: dict[str, float] = {"min": 60.0, "h": 3600.0, "hr": 3600.0, "hrs": 36
 
 DURATION_WORDS = frozenset({"time", "times", "timing", "timings", "duration", "durations", "latency", "elapsed",
                             "took", "wait", "waiting", "waited", "dt", "delay", "stall", "stalled", "blocked", "timer",
-                            "timers", "starvation", "starved", "starving", "cost", "costs", "elapse", "spent"})
+                            "timers", "starvation", "starved", "starving", "cost", "costs", "elapse", "spent",
+                            "etime"})
 """Words that make the name proper a duration when no unit is written (then read in seconds:
 ``time.time()`` and ``perf_counter()`` differences, what Python code logs); so does a leading ``t``
-before another word (``t_data``, ``t_fwd``: a script's timer variables)."""
+before another word (``t_data``, ``t_fwd``: a script's timer variables). ``etime`` is an elapsed
+time (``gpu_etime_ms``); ``dt`` a time difference, alone or leading (``dt_data``, ``dt_net``)."""
 DURATION_NAMESPACES = frozenset({"time", "times", "timing", "timings", "timer", "timers", "durations",
                                  "latency", "latencies", "profile", "profiling", "perf_time", "timeperf", "timeit",
                                  "time_perf", "perf_timing"})
@@ -79,11 +84,24 @@ COMM_VERBS: dict[str, frozenset[str]] = {
 (``grad_sync``, ``sync_weights``, ``reduce_gradients``, ``param_prefetch``) names communication.
 ``update`` moves weights only (``update_weights``: new weights pushed to an inference engine); a
 model's or a gradient's update is the learner's own step."""
+GRAD_VERBS: dict[str, tuple[str, frozenset[str]]] = {
+    "apply": ("optimizer", GRADS), "compute": ("forward_backward", GRADS), "calc": ("forward_backward", GRADS),
+    "calculate": ("forward_backward", GRADS),
+}
+"""A verb of a gradient -> (the phase it names, the gradient's words), either order beside each other:
+gradients applied are the optimizer step (``apply_grad``, TensorFlow's and RLlib's
+``apply_gradients``), gradients computed are the forward and the backward that make them
+(``compute_grads``: the loss, then its backward); a gradient alone is the backward."""
 
 
 def _pairs(verbs: dict[str, frozenset[str]]) -> frozenset[str]:
     """``verb_object`` and ``object_verb`` for every verb and object of ``verbs``."""
     return frozenset(p for verb, objects in verbs.items() for o in objects for p in (f"{verb}_{o}", f"{o}_{verb}"))
+
+
+def _grad_pairs(phase: str) -> frozenset[str]:
+    """The ``GRAD_VERBS`` pairs that name ``phase`` (``apply_grads``, ``grads_compute``)."""
+    return _pairs({verb: objects for verb, (named, objects) in GRAD_VERBS.items() if named == phase})
 
 
 DATA_FIRST = frozenset({"wait_for_batch", "get_batch", "next_batch", "batch_gen", "batch_generator",
@@ -106,12 +124,14 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
                             "sampler", "sample_batch", "batch_sample", "dequeue", "rb_sample", "buffer_sample",
                             "replay_sample", "sample_buffer", "dl", "reader", "reading",
                             "wait_for_batch", "inter_step", "inter_batch", "between_steps", "get_next"}) | DATA_FIRST,
-    "forward_backward": frozenset({"forward_backward", "fwd_bwd", "fwdbwd", "fb", "fwd_bwd_step", "train_batch"}),
+    "forward_backward": frozenset({"forward_backward", "fwd_bwd", "fwdbwd", "fb", "fwd_bwd_step", "train_batch"})
+                        | _grad_pairs("forward_backward"),
     "forward": frozenset({"forward", "fwd", "fw", "fprop", "forward_pass", "logprobs", "logprob", "logp", "logits"}),
     "backward": frozenset({"backward", "bwd", "bw", "bprop", "backprop", "backward_pass", "grad", "grads",
                            "gradient", "gradients"}),
     "optimizer": frozenset({"optimizer", "optim", "opt", "optimizer_step", "opt_step", "optim_step", "gradstep",
-                            "grad_step", "apply_gradients", "adam", "adamw", "sgd", "zero_grad"}),
+                            "grad_step", "apply_gradients", "adam", "adamw", "sgd", "zero_grad"})
+                 | _grad_pairs("optimizer"),
     "step": frozenset({"step", "iter", "iteration", "it", "batch", "train_step", "step_time", "e2e",
                        "end_to_end", "cycle", "train_iter", "minibatch", "mini_batch", "loop", "interval"}),
 }
@@ -178,7 +198,11 @@ STATISTICS = frozenset({"total", "cumulative", "sum", "max", "min", "std", "var"
                         "p50", "p75", "p90", "p95", "p99", "median", "minimum", "maximum", "diff", "difference",
                         "delta", "first"})
 """Words that make a duration a statistic over many steps, not one step's phase
-(``data_time_max_ms``, ``total_step_time``): read as a duration of no phase."""
+(``data_time_max_ms``, ``total_step_time``): read as a duration of no phase. A difference right
+after a duration word (``INTERVAL``) is a timer's last interval, no statistic."""
+INTERVAL = frozenset({"diff", "difference", "delta"})
+"""After a duration word, a timer's last interval (pycls's ``time_diff``: its toc minus its tic),
+one step's duration like ``dt``; elsewhere a statistic (``STATISTICS``)."""
 
 HOST_PREP = frozenset({"preprocess", "preprocessing", "processing", "prep", "prepare", "preparation", "tokenize",
                        "tokenization", "collate", "h2d", "d2h", "to_device", "transfer", "copy", "memcpy", "convert",
@@ -207,7 +231,13 @@ AMBIGUOUS: dict[tuple[str, ...], tuple[str, str]] = {
 BARE_STEP = frozenset({"duration", "latency", "dt", "seconds", "secs", "sec"})
 """A name proper that is only one of these words: a duration that names no phase, most often the
 whole step's (levanter's ``throughput/duration``, tacotron2's ``duration``); read as the step at the
-ambiguous certainty."""
+ambiguous certainty. So is a timer's last interval (``time_diff``: ``INTERVAL``) and the time of
+the device or the network that runs the step (``DEVICE_WORDS``)."""
+DEVICE_WORDS = frozenset({"gpu", "cuda", "net", "network"})
+"""Words of what runs the step's work: with duration words and nothing else (``gpu_etime_ms``,
+``gpu-time(ms)``, SlowFast's ``dt_net``), the time of that work, the step (its compute, data
+excluded or not: uncertain). ``compute`` is no such word: ``Compute Time`` sums many steps in one
+framework and times one in another."""
 
 WAIT_WORDS = frozenset({"wait", "waiting", "waited", "blocked", "stall", "stalled", "starvation", "starved",
                         "starving"})
@@ -374,6 +404,8 @@ def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str]
     if unit is None and (vocab & NOT_A_DURATION or (proper[-1] in ("s", "sec") and "per" in proper)):
         return Reading("", Unit(name), f"a count, rate or statistic: {_first(vocab & NOT_A_DURATION)}")
     stats = vocab & STATISTICS
+    if stats & INTERVAL and _interval(proper):
+        stats = stats - INTERVAL  # time_diff, dt_delta: a timer's last interval, no statistic
     if "total" in stats and _whole_of_a_phase(proper):
         stats = stats - {"total"}  # step_total, total_step_time: the whole of the step, not a sum of many
     anywhere = lemmas(vocab | space)
@@ -407,11 +439,33 @@ def _no_phase_word(name: str, proper: list[str], vocab: set[str], unit: tuple[st
     if vocab & WAIT_WORDS:
         return Reading("data_wait", _unit(name, unit), "a wait for no named thing: the input, if nothing else",
                        AMBIGUOUS_CERTAINTY, "a trainer's bare wait is most often for its next batch")
-    if len(proper) == 1 and proper[0] in BARE_STEP:
-        return Reading("step", _unit(name, unit), f"a bare '{proper[0]}': the step, if nothing else",
+    bare = _bare_duration(proper)
+    if bare:
+        return Reading("step", _unit(name, unit), f"a bare {bare}: the step, if nothing else",
                        AMBIGUOUS_CERTAINTY, "a bare duration is the step in most loggers, but not in all")
     timed = unit is not None and bool(vocab & DURATION_WORDS)  # train/hr is a hit rate, not hours
     return Reading("", _unit(name, unit) if timed else Unit(name), "a duration of no phase word")
+
+
+def _interval(proper: list[str]) -> bool:
+    """Whether a word of ``INTERVAL`` follows a duration word (``time_diff``: a timer's last interval)."""
+    return any(b in INTERVAL and a in DURATION_WORDS for a, b in zip(proper, proper[1:], strict=False))
+
+
+def _bare_duration(proper: list[str]) -> str:
+    """What makes a name proper a bare duration, the step's if nothing else (``""``: it is not one):
+    one ``BARE_STEP`` word; a timer's last interval (``time_diff``); duration words beside a word of
+    what runs the step (``DEVICE_WORDS``: ``gpu_etime_ms``, ``dt_net``). Time units aside."""
+    if len(proper) == 1 and proper[0] in BARE_STEP:
+        return f"'{proper[0]}'"
+    core = [w for w in proper if w not in TIME_UNITS and w not in END_UNITS]
+    if len(core) == 2 and _interval(core):
+        return f"'{core[0]}_{core[1]}' (a timer's last interval)"
+    device = [w for w in core if w in DEVICE_WORDS]
+    timed = [w for w in core if w in DURATION_WORDS]
+    if len(device) == 1 and timed and len(device) + len(timed) == len(core):
+        return f"'{'_'.join(core)}' (the {device[0]}'s time)"
+    return ""
 
 
 def _parts(proper: list[str], vocab: set[str]) -> set[str]:
@@ -490,12 +544,16 @@ def doc_table() -> list[str]:
              ("no phase of the step, in the name proper", words_of(NAME_NOT_A_PHASE)),
              ("a component's part of a phase, not the phase", words_of(COMPONENTS)),
              ("a statistic of many steps (`total` next to a phase word excepted)", words_of(STATISTICS)),
+             ("right after a duration word: a timer's last interval, no statistic (alone with it: the step, uncertain)",
+              words_of(INTERVAL)),
              ("a count, a rate or a share, when no time unit is written", words_of(NOT_A_DURATION)),
              ("after `per`: a cost per item", words_of(PER_ITEM)),
              ("a part of the step of no phase (`update`: a learner's whole update)", words_of(OTHER_PARTS)),
              ("the next batch, even where another word would put the key outside the step", words_of(DATA_FIRST)),
              ("a wait for no named thing: `data_wait`, uncertain", words_of(WAIT_WORDS)),
              ("alone: the step, uncertain", words_of(BARE_STEP)),
+             ("with duration words only: the time of what runs the step, the step, uncertain",
+              words_of(DEVICE_WORDS)),
              ("a namespace that says the step axis counts items", words_of(AXIS_NAMESPACES))]
     rows += [(f"before `per`/`/` and a time unit: `{meaning}`", words_of(ws)) for meaning, ws in RATES.items()]
     return ["| the words | mean |", "| --- | --- |"] + [f"| {ws} | {what} |" for what, ws in rows]
