@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
