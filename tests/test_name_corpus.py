@@ -16,7 +16,7 @@ import pytest
 from tests.name_corpus import CORPUS, PHASE_LABELS, Got, Row, load, read, right
 
 FILES = ("names_design.toml", "names_holdout.toml", "names_holdout2.toml", "names_holdout3.toml",
-         "names_holdout4.toml", "names_holdout5.toml")
+         "names_holdout4.toml", "names_holdout5.toml", "names_holdout6.toml")
 
 KNOWN_MISSES: dict[tuple[str, str], str] = {
     # printed only, a bare word beside others in a log line: no tap sees it, the name alone says no duration
@@ -86,6 +86,42 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("facebookresearch/moco", "Data"): "printed AverageMeter; a bare 'Data' is no duration",
     ("jik876/hifi-gan", "s/b"): "printed; seconds per batch in a log line, no phase word",
     ("PixArt-alpha/PixArt-alpha", "time_all"): "printed; 'all' names no phase",
+    # the sixth held-out part (34 new repositories), scored once with the v6 reader before any of its
+    # misses were looked at (3/5 published phase timings, 1/101 non-phase read as a phase); left as it read
+    ("borisdayma/dalle-mini", "time/train_per_log"): "a sum of one log interval's steps: 'per log' names no "
+                                                     "phase the reader knows",
+    ("PaddlePaddle/PARL", "learn_time_s"): "the learner's update (fwd+bwd+optimizer): 'learn' is no phase word",
+    ("open-mmlab/OpenPCDet", "Forward time"): "printed; its timer runs to the optimizer step: the name says forward",
+    ("open-mmlab/OpenPCDet", "d_time"): "printed tqdm postfix; a one-letter 'd' abbreviation",
+    ("open-mmlab/OpenPCDet", "b_time"): "printed tqdm postfix; a one-letter 'b' abbreviation",
+    ("FoundationVision/VAR", "data"): "printed MetricLogger meter; a bare 'data' is no duration",
+    ("MCG-NJU/VideoMAE", "data"): "printed MetricLogger meter; a bare 'data' is no duration",
+    ("facebookresearch/simsiam", "Data"): "printed AverageMeter; a bare 'Data' is no duration",
+    ("Pointcept/Pointcept", "Data"): "printed timer; a bare 'Data' is no duration",
+    ("Pointcept/Pointcept", "Batch"): "printed timer; a bare 'Batch' is no duration",
+    ("ostris/ai-toolkit", "get_batch"): "printed by a timer's log line; no duration word",
+    ("ostris/ai-toolkit", "train_loop"): "printed by a timer's log line; no duration word",
+    ("ostris/ai-toolkit", "predict_unet"): "printed by a timer's log line; no duration word",
+    ("ostris/ai-toolkit", "calculate_loss"): "printed by a timer's log line; no duration word",
+    ("ostris/ai-toolkit", "backward"): "printed by a timer's log line; no duration word",
+    ("ostris/ai-toolkit", "optimizer_step"): "printed by a timer's log line; no duration word",
+    ("Tencent/PatrickStar", "FWD"): "printed by a profiler's table; no duration word",
+    ("Tencent/PatrickStar", "BWD"): "printed by a profiler's table; no duration word",
+    ("Tencent/PatrickStar", "ADAM"): "printed by a profiler's table; no duration word",
+    ("Tencent/PatrickStar", "HOOK_torch_allreduce"): "printed by a profiler's table; no duration word",
+    ("Tencent/PatrickStar", "CLIENT_fetch_remote_chunks"): "printed by a profiler's table; no duration word",
+    ("Tencent/PatrickStar", "elaspe"): "printed; a misspelt 'elapse'",
+    ("NVIDIA/BigVGAN", "s/b"): "printed; seconds per batch in a log line, no phase word",
+    ("hclhkbu/gtopkssgd", "iotime"): "printed; 'iotime' one word, not split",
+    ("hclhkbu/gtopkssgd", "Time per iteration including communication"): "printed; a sentence: 'including "
+                                                                         "communication' read as the phase",
+    ("NVlabs/imaginaire", "Generator LOS time"): "printed; 'LOS' (loss) abbreviated",
+    ("NVlabs/imaginaire", "Generator BCK time"): "printed; 'BCK' (backward) abbreviated",
+    ("NVlabs/imaginaire", "Generator STP time"): "printed; 'STP' (optimizer step) abbreviated",
+    ("NVlabs/imaginaire", "Discriminator BCK time"): "printed; 'BCK' (backward) abbreviated",
+    ("NVlabs/imaginaire", "Discriminator STP time"): "printed; 'STP' (optimizer step) abbreviated",
+    ("MishaLaskin/curl", "train/duration"): "an episode's duration (the non-phase read as a phase): a bare "
+                                            "duration is the step in most loggers, uncertain",
 }
 """(repo, key) -> why the daemon does not read it as its code computes it."""
 
