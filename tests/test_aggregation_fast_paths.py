@@ -59,6 +59,18 @@ def test_cardinality_refusals_are_not_cached() -> None:
     assert _ingest(agg, [[GAUGE, "b", 1.0]]) == (0, {"cardinality": 1})
 
 
+def test_a_batch_remembers_its_refusals_and_the_next_batch_starts_afresh() -> None:
+    # the sender's turn is reused batch after batch: what one batch refused over its owner's
+    # budget of new names is asked again by the next, once the window gave the budget back
+    agg = Aggregator()
+    agg.resolve_budget = 1
+    assert _ingest(agg, [[GAUGE, "a", 1.0], [GAUGE, "b", 1.0], [GAUGE, "b", 2.0]]) == (1, {"cardinality": 2})
+    assert _ingest(agg, [[GAUGE, "b", 3.0]]) == (0, {"cardinality": 1})  # the same window: still over
+    agg.roll(0.0, 0.0, 1.0)
+    assert _ingest(agg, [[GAUGE, "b", 4.0]]) == (1, {})
+    assert _window(agg, GAUGE, "b")["last"] == 4.0
+
+
 def test_exact_window_quantiles_equal_numpy_inverted_cdf() -> None:
     rng = np.random.default_rng(4)
     for n in [1, 2, 3, 4, 5, 19, 20, 21, 99, 100, 101, 1000, 4099]:
