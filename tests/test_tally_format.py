@@ -10,6 +10,7 @@ import msgspec
 
 from sidecar.aggregation.senders import SenderRegistry
 from sidecar.model.messages import BatchMessage
+from sidecar.sources.tallies import TallyDirectory
 from trainer_shim import wire
 from trainer_shim.tally import TallyWriter
 
@@ -29,7 +30,7 @@ def _read(path: Path) -> wire.Tally | None:
 
 def test_a_torn_slot_leaves_the_previous_write(tmp_path: Path) -> None:
     """A process killed in the middle of a write: the other slot's totals are read."""
-    directory = tmp_path / "s.sock.ledger"
+    directory = tmp_path / "s.sock.tallies"
     directory.mkdir()
     w = TallyWriter(f"ipc://{tmp_path}/s.sock", time.time(), 0.1)
     entry = wire.TallyChannel(7, "r", "w", 10, 0, 0, True, {})
@@ -54,6 +55,31 @@ def test_no_directory_no_tally(tmp_path: Path) -> None:
     assert not w.write([], wire.TallyEnd.RUNNING, 0.0)
     assert list(tmp_path.iterdir()) == []
     assert TallyWriter("tcp://127.0.0.1:5", time.time(), 0.1).directory is None
+
+
+def test_a_tally_in_the_deprecated_folder_is_still_read(tmp_path: Path) -> None:
+    """The tally folder was ``<socket>.ledger`` until the previous release (files ``*.ledger``):
+    for one release the daemon also makes that folder and reads the tallies its shims write there;
+    a shim of this release writes only ``<socket>.tallies/*.tally``."""
+    endpoint = f"ipc://{tmp_path}/s.sock"
+    tallies = TallyDirectory([endpoint])
+    tallies.prepare()
+    assert tallies.directories == [f"{tmp_path}/s.sock.tallies", f"{tmp_path}/s.sock.ledger"]
+    new = TallyWriter(endpoint, time.time(), 0.1)
+    assert new.write([wire.TallyChannel(7, "r", "w", 10, 0, 0, True, {})], wire.TallyEnd.CLOSED, 0.0)
+    assert new.path is not None and new.path.startswith(f"{tmp_path}/s.sock.tallies/")
+    assert new.path.endswith(".tally")
+    old_tally = wire.Tally(wire.TALLY_VERSION, os.getpid(), 1, time.time() - 100, int(wire.TallyEnd.CLOSED), 0.1,
+                           [wire.TallyChannel(8, "r", "old", 20, 0, 0, True, {})])
+    old = tmp_path / "s.sock.ledger" / f"{os.getpid()}-1-abc{wire.DEPRECATED_TALLY_SUFFIX}"
+    old.write_bytes(wire.encode_tally_slot(0, msgspec.msgpack.encode(old_tally)))
+    ready = {r.path: r.tally for r in tallies.scan(0.0, grace_s=0.0).ready}
+    assert ready[str(old)].channels[0].records_total == 20
+    assert ready[new.path].channels[0].records_total == 10
+    tallies.remove(str(old))
+    tallies.remove(new.path)
+    tallies.close()
+    assert list(tmp_path.iterdir()) == []  # both folders go when empty
 
 
 def _seen(reg: SenderRegistry, sender: int, records_total: int, uid: int) -> None:

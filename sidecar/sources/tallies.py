@@ -1,5 +1,7 @@
-"""The daemon's side of the senders' tallies: the directory beside each ipc socket, and the files
-in it of processes that are gone.
+"""The daemon's side of the senders' tallies: the directory beside each ipc socket
+(``<socket>.tallies``, and for one release the deprecated ``<socket>.ledger`` that shims of the
+previous release write into: ``trainer_shim.endpoint.tally_dirs``), and the files in it of
+processes that are gone.
 
 Each shim publisher rewrites a small file there after its flush cycles (``trainer_shim.tally``).
 This module creates the directory (the daemon's own: mode 3730, sticky and setgid, so members of
@@ -27,7 +29,7 @@ import msgspec
 from sidecar.model.liveness import GONE_AFTER_S
 from sidecar.sources.cgroup import Baseline, oom_baseline, oom_killed
 from trainer_shim import wire
-from trainer_shim.endpoint import tally_dir
+from trainer_shim.endpoint import tally_dirs
 
 log = logging.getLogger("sidecar")
 
@@ -97,7 +99,7 @@ class TallyDirectory:
     """The tally directories of a daemon's ipc endpoints."""
 
     def __init__(self, endpoints: list[str]) -> None:
-        self.directories = [d for d in (tally_dir(e) for e in endpoints) if d is not None]
+        self.directories = [d for e in endpoints for d in tally_dirs(e)]
         self._seen: dict[str, _Seen] = {}
         self._baselines: dict[int, Baseline] = {}
         self._next_scan = 0.0
