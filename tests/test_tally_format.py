@@ -118,7 +118,7 @@ def test_a_gone_senders_tally_waits_until_its_senders_are_silent() -> None:
 
 def test_another_users_tally_is_refused() -> None:
     """A tally file owned by another user than the sender's process, or naming another pid,
-    books nothing (``ledger_refused``)."""
+    books nothing (``tally_refused``)."""
     reg = SenderRegistry()
     _seen(reg, 7, 100, uid=1000)
     entry = wire.TallyChannel(7, "r", "w", 10**9, 0, 0, True, {})
@@ -126,7 +126,7 @@ def test_another_users_tally_is_refused() -> None:
     _seen(reg, 8, 100, uid=1000)
     other = wire.TallyChannel(8, "r", "w", 10**9, 0, 0, True, {})
     assert reg.book_exit(_tally(wire.TallyEnd.CLOSED, other, pid=99), 1000, True, 2.0, time.time()) == 0
-    assert reg.messages_dropped == {"ledger_refused": 2}
+    assert reg.messages_dropped == {"tally_refused": 2}
     assert "lost_at_exit" not in reg.totals["r", "w"].dropped
 
 
@@ -140,4 +140,4 @@ def test_unseen_sender_and_impossible_claims() -> None:
     assert reg.totals["r", "x"].dropped == {"before_join": 20, "ended_unclean": 33, "sender_no_receiver": 100}
     forged = wire.TallyChannel(10, "r", "y", 2**62, 0, 0, True, {})
     assert reg.book_exit(_tally(wire.TallyEnd.CLOSED, forged), 1000, True, 2.0, time.time()) == 0
-    assert reg.messages_dropped == {"ledger_refused": 1} and ("r", "y") not in reg.totals
+    assert reg.messages_dropped == {"tally_refused": 1} and ("r", "y") not in reg.totals

@@ -270,10 +270,9 @@ class SenderRegistry:
         tally holds the process's last totals (``lost_at_exit``), else those of its last flush
         (``ended_unclean``; what it made after that flush is unknown). Returns the channels booked;
         a channel that does not belong to the file's process, or claims what no process can, is
-        refused (``messages_dropped{reason="ledger_refused"}``: a public label value, it keeps the
-        older word). ``witnessed``: the tally was last written while this daemon ran; if not, the
-        process ended before it, and what it sent went to an earlier daemon (``before_join``): only
-        what it never sent is lost.
+        refused (``messages_dropped{reason="tally_refused"}``). ``witnessed``: the tally was last
+        written while this daemon ran; if not, the process ended before it, and what it sent went to
+        an earlier daemon (``before_join``): only what it never sent is lost.
         ``booked_into``: gets each channel booked (for telling the process's end)."""
         booked = 0
         for entry in tally.channels:
@@ -298,7 +297,7 @@ class SenderRegistry:
                 or (state is not None and not _owned_by(state, tally.pid, uid))
                 or (state is not None and state.seen_batch and entry.records_total < state.records_total)
                 or sum(counts) - entry.at_join > MAX_CALLS_PER_S * (_tally_age_s(tally, now_unix) + CLAIM_SLACK_S)):
-            self.drop_message("ledger_refused")
+            self.drop_message("tally_refused")
             return False
         seen = state is not None and state.seen_batch
         key = (state.role, state.worker) if seen and state is not None else (role, worker)

@@ -186,9 +186,9 @@ class Pipeline:
     # -- a sender's end ----------------------------------------------------------------------------
 
     def refuse_tallies(self, count: int) -> None:
-        """Count ``count`` tally files that are no tally (``messages_dropped{reason="ledger_refused"}``,
+        """Count ``count`` tally files that are no tally (``messages_dropped{reason="tally_refused"}``,
         as the registry counts a tally's channel it refuses)."""
-        self.registry.drop_message("ledger_refused", count)
+        self.registry.drop_message("tally_refused", count)
 
     def book_gone(self, ready: ReadyTally, now: float, grace_s: float, witnessed: bool) -> bool:
         """A gone process's tally (``sources.tallies``): its channels booked by the registry, once
