@@ -68,14 +68,14 @@ class Listener(Protocol):
 
     name: str
 
-    def consume(self, window: IngestReport) -> None: ...
+    def consume(self, report: IngestReport) -> None: ...
 
     def hello(self, sender: SenderView) -> None: ...
 
 
 WindowStage = Callable[[IngestReport], IngestReport]
-"""A stage between the window and the fan-out: a window in, the window with its part added out
-(``dataclasses.replace``: the ingest's report is never mutated)."""
+"""A stage between the window and the fan-out: a window's report in, the report with its part
+added out (``dataclasses.replace``: the ingest's report is never mutated)."""
 
 
 def aggregate(aggregator: Aggregator, mapper: Mapper, sender: int, owner: Hashable, role: str, worker: str,
@@ -214,16 +214,15 @@ class Pipeline:
         """window -> window stages -> fan-out: the stages' parts as one report, the window stages
         run and the result handed to every listener. ``now``: the window's end on the monotonic
         clock, ``end_unix_s`` the same moment on the unix clock; ``received``: the receiver's part
-        (``Receiver.received``). Returns the window as fanned out."""
+        (``Receiver.received``). Returns the window's report as fanned out."""
         report = self.window(now, end_unix_s, duration_s, received)
         try:
-            window = self.finish(report)
+            report = self.finish(report)
         except Exception:  # noqa: BLE001 - the stages guard themselves; a bug here must not stop ingest
             self.internal_errors += 1
             log.exception("sidecar: window stage failed (continuing)")
-            window = report
-        self.fan_out(window)
-        return window
+        self.fan_out(report)
+        return report
 
     def window(self, now: float, end_unix_s: float, duration_s: float, received: Received = Received()) -> IngestReport:
         """The window stage: the registry's, the aggregator's and the receiver's parts as one
@@ -247,11 +246,11 @@ class Pipeline:
             report = stage(report)
         return report
 
-    def fan_out(self, window: IngestReport) -> None:
-        """The same window to every listener, in order; one failing never stops the others."""
+    def fan_out(self, report: IngestReport) -> None:
+        """The same report to every listener, in order; one failing never stops the others."""
         for listener in self.listeners:
             try:
-                listener.consume(window)
+                listener.consume(report)
             except Exception:  # noqa: BLE001 - one listener must not stop the others
                 log.exception("sidecar: %s failed on a window", listener.name)
 
@@ -357,8 +356,8 @@ class TrainerAttribution:
     def __init__(self, attribute: Callable[..., None]) -> None:
         self._attribute = attribute
 
-    def consume(self, window: IngestReport) -> None:
-        self._attribute({s.pid: (s.role, s.worker) for s in window.senders if s.pid is not None}, complete=True)
+    def consume(self, report: IngestReport) -> None:
+        self._attribute({s.pid: (s.role, s.worker) for s in report.senders if s.pid is not None}, complete=True)
 
     def hello(self, sender: SenderView) -> None:
         if sender.pid is not None:
@@ -373,8 +372,8 @@ class OnWindow:
     def __init__(self, take: Callable[[IngestReport], object]) -> None:
         self._take = take
 
-    def consume(self, window: IngestReport) -> None:
-        self._take(window)
+    def consume(self, report: IngestReport) -> None:
+        self._take(report)
 
     def hello(self, sender: SenderView) -> None:
         """Hellos are not windows."""
