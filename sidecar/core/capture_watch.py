@@ -84,7 +84,7 @@ class CaptureWatch:
         if why is not None:
             self._take(why)
 
-    def hello(self, sender: SenderView) -> None:
+    def hello(self, view: SenderView) -> None:
         """Hellos change nothing here."""
 
     def reload(self, settings: CaptureSettings) -> None:

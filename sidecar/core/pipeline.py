@@ -24,8 +24,8 @@ A window (at each boundary)::
 
 each part a value its stage hands back (``sidecar.model.handoff``), copied at the window's end.
 A hello goes to every listener's ``hello`` as a ``SenderView``. A gone sender's tally
-(``book_gone``) is booked by the registry and its end, with the aggregator's latest step of it,
-told to the end book, which the next window carries. Everything here runs on the ingest thread
+(``reconcile_gone``) is reconciled by the registry and its end, with the aggregator's latest step of it,
+counted by the end book, which the next window carries. Everything here runs on the ingest thread
 (``sidecar.core.ingest.IngestLoop`` drives it).
 Nothing a client sends can raise out of ``frame``: bad frames and records are counted by reason.
 """
@@ -70,7 +70,7 @@ class Listener(Protocol):
 
     def consume(self, report: IngestReport) -> None: ...
 
-    def hello(self, sender: SenderView) -> None: ...
+    def hello(self, view: SenderView) -> None: ...
 
 
 WindowStage = Callable[[IngestReport], IngestReport]
@@ -95,10 +95,10 @@ def aggregate(aggregator: Aggregator, mapper: Mapper, sender: int, owner: Hashab
 
 
 def ingest_records(aggregator: Aggregator, role: str, worker: str, records: list[Any], mapper: Mapper,
-                   sender: int = 0, owner: Hashable | None = None) -> tuple[int, dict[str, int]]:
+                   sender_id: int = 0, owner: Hashable | None = None) -> tuple[int, dict[str, int]]:
     """``aggregate`` of ``records`` from one sender labelled (role, worker), ``owner`` by default
     the sender (tests, benchmarks: the pipeline's ``frame`` without the registry)."""
-    return aggregate(aggregator, mapper, sender, sender if owner is None else owner, role, worker, records)
+    return aggregate(aggregator, mapper, sender_id, sender_id if owner is None else owner, role, worker, records)
 
 
 class Pipeline:
@@ -190,20 +190,20 @@ class Pipeline:
         as the registry counts a tally's channel it refuses)."""
         self.registry.drop_message("tally_refused", count)
 
-    def book_gone(self, ready: ReadyTally, now: float, grace_s: float, witnessed: bool) -> bool:
-        """A gone process's tally (``sources.tallies``): its channels booked by the registry, once
+    def reconcile_gone(self, ready: ReadyTally, now: float, grace_s: float, witnessed: bool) -> bool:
+        """A gone process's tally (``sources.tallies``): its channels reconciled by the registry, once
         each of its senders has been silent for ``grace_s`` seconds (``now``: the monotonic clock;
         ``witnessed``: the tally was last written while this daemon ran), and how it ended told to
-        the end book, once per role among the channels booked now, with the latest step the
+        the end book, once per role among the channels reconciled now, with the latest step the
         aggregator has of them; one log line per end. False: one of its senders spoke lately (its
         last frames may still be on the way: ask again)."""
-        booked = self.registry.book_gone(ready.tally, ready.uid, ready.final, now, time.time(), grace_s,
+        reconciled = self.registry.reconcile_gone(ready.tally, ready.uid, ready.final, now, time.time(), grace_s,
                                          witnessed=witnessed)
-        if booked is None:
+        if reconciled is None:
             return False
-        steps = {c.sender: self.aggregator.latest_step(c.sender) for c in booked}
-        for end in sender_ends(ready, booked, steps):
-            self.ends.book(end)
+        steps = {c.sender: self.aggregator.latest_step(c.sender) for c in reconciled}
+        for end in sender_ends(ready, reconciled, steps):
+            self.ends.count(end)
             log.log(logging.WARNING if end.how in ALERTING else logging.INFO, "sidecar: sender ended: %s", end.text())
         return True
 
@@ -254,25 +254,25 @@ class Pipeline:
             except Exception:  # noqa: BLE001 - one listener must not stop the others
                 log.exception("sidecar: %s failed on a window", listener.name)
 
-    def fan_out_hello(self, sender: SenderView) -> None:
+    def fan_out_hello(self, view: SenderView) -> None:
         for listener in self.listeners:
             try:
-                listener.hello(sender)
+                listener.hello(view)
             except Exception:  # noqa: BLE001
                 log.exception("sidecar: %s failed on a hello", listener.name)
 
 
-def sender_ends(ready: ReadyTally, booked: Sequence[TallyChannel],
+def sender_ends(ready: ReadyTally, reconciled: Sequence[TallyChannel],
                 latest_steps: Mapping[int, int | None]) -> list[SenderEnd]:
     """How the process of ``ready`` ended, one ``SenderEnd`` per role among its channels
-    ``booked`` (booked now: not before, and not refused); ``latest_steps``: sender -> the step of
+    ``reconciled`` (reconciled now: not before, and not refused); ``latest_steps``: sender -> the step of
     its latest profile (the aggregator's ``latest_step``), None if it sent none."""
     tally = ready.tally
     told = how_ended(EndFacts(ready.final, tally.signal, ready.crash, ready.oom, ready.exit_status, tally.cause,
                               exit_causes.cut(tally.detail), tally.thread))
     gpu = tally.gpu if told.cause == "cuda_oom" and 0 <= tally.gpu < MAX_GPU_INDEX else -1
     roles: dict[str, list[TallyChannel]] = {}
-    for channel in booked:
+    for channel in reconciled:
         roles.setdefault(channel.role, []).append(channel)
     ends = []
     for role, channels in roles.items():
@@ -359,9 +359,9 @@ class TrainerAttribution:
     def consume(self, report: IngestReport) -> None:
         self._attribute({s.pid: (s.role, s.worker) for s in report.senders if s.pid is not None}, complete=True)
 
-    def hello(self, sender: SenderView) -> None:
-        if sender.pid is not None:
-            self._attribute({sender.pid: (sender.role, sender.worker)}, complete=False)
+    def hello(self, view: SenderView) -> None:
+        if view.pid is not None:
+            self._attribute({view.pid: (view.role, view.worker)}, complete=False)
 
 
 class OnWindow:
@@ -375,5 +375,5 @@ class OnWindow:
     def consume(self, report: IngestReport) -> None:
         self._take(report)
 
-    def hello(self, sender: SenderView) -> None:
+    def hello(self, view: SenderView) -> None:
         """Hellos are not windows."""

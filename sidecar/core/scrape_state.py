@@ -113,5 +113,5 @@ class ScrapeState:
     def consume(self, report: IngestReport) -> None:
         self._report = report
 
-    def hello(self, sender: SenderView) -> None:
+    def hello(self, view: SenderView) -> None:
         """Hellos change nothing here."""

@@ -2,7 +2,7 @@
 
 The pipeline's fan-out (``sidecar.core.pipeline``) calls ``consume(report)`` (a window's report,
 ``model.window.IngestReport``; ``report.window`` is the window) on every exporter from the ingest
-thread, and ``hello(sender)`` for each hello; that is the whole route after aggregation. What
+thread, and ``hello(view)`` (the sender's view) for each hello; that is the whole route after aggregation. What
 an exporter reads between windows comes from the one scrape state it is given (a ``ScrapeView``:
 the daemon's is ``sidecar.core.scrape_state.ScrapeState``). The daemon starts every exporter
 through ``start`` and stops it through ``shutdown``, in the reverse order.
@@ -95,8 +95,9 @@ class Exporter:
         """Take one window's report (``report.window`` is the window itself; immutable: the same
         object goes to every exporter)."""
 
-    def hello(self, sender: SenderView) -> None:
-        """A trainer said hello (``sender.hello``: its fields as sent, ``wandb_run_id``, ``pid``, ...)."""
+    def hello(self, view: SenderView) -> None:
+        """A trainer said hello (``view``: the sender's view; ``view.hello``: its fields as sent,
+        ``wandb_run_id``, ``pid``, ...)."""
 
     def reload(self, settings: Any) -> None:
         """New settings (a config reload; ``settings``: ``sidecar.core.config.Config``, which is every

@@ -251,9 +251,9 @@ class WandbExporter(Exporter):
         ended = bool(report.ends.new) and not report.live_senders
         self.submit(window_row(report, self._host), report.window.trainer_step, alerts, kept if ended else None)
 
-    def hello(self, sender: SenderView) -> None:
+    def hello(self, view: SenderView) -> None:
         """A shim hello: what it says about the trainer's W&B run (``on_trainer_hello``)."""
-        hello = sender.hello or {}
+        hello = view.hello or {}
         self.on_trainer_hello(hello.get("wandb_run_id"), hello.get("wandb_project"), hello.get("wandb_entity"),
                               hello.get("wandb_mode"), hello.get("wandb_primary"))
 
