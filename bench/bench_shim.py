@@ -209,7 +209,7 @@ def zmq_receiver(state: str, workdir: str) -> Iterator[tuple[str, ReceiverProces
     endpoint = f"ipc://{workdir}/{state}.sock"
     rx = None if state == "absent" else ReceiverProcess(endpoint, None, stalled=state == "stalled")
     if rx is not None:  # as a daemon does once bound: the shim then keeps its tally there
-        os.makedirs(f"{workdir}/{state}.sock.ledger", exist_ok=True)
+        os.makedirs(f"{workdir}/{state}.sock.tallies", exist_ok=True)
     try:
         yield endpoint, rx
     finally:

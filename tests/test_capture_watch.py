@@ -22,7 +22,7 @@ def insight(verdict: str, batches_per_s: float = 10.0) -> PipelineInsight:
 
 
 def watch(tmp_path: Path, **settings: object) -> CaptureWatch:
-    (tmp_path / "sock.ledger").mkdir(exist_ok=True)
+    (tmp_path / "sock.tallies").mkdir(exist_ok=True)
     return CaptureWatch(tmp_path / "state", (f"ipc://{tmp_path}/sock",), replace(CaptureSettings(), **settings), "h")
 
 

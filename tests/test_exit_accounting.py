@@ -1,8 +1,8 @@
 """Every loss counted where a trainer process really ends (issue 22: exits while the daemon is
 behind, SIGTERM as ``Pool.terminate()`` sends it, SIGKILL and ``os.abort()``, short-lived processes
 that never saw a subscription). Real daemon, real shim processes, real ZeroMQ; the daemon books
-what never arrived from the senders' tallies (in ``<socket>.ledger/``: the on-disk name keeps the
-older word). The cases live in ``tests/soak/exits.py`` (``bench/soak.py --exits`` runs them at full size).
+what never arrived from the senders' tallies (in ``<socket>.tallies/``). The cases live in
+``tests/soak/exits.py`` (``bench/soak.py --exits`` runs them at full size).
 
 Each compares the calls the trainer processes made with what the daemon exports for their role:
 ``records_accepted_total + Σ records_dropped_total{reason}``. One daemon serves all four (each
@@ -66,7 +66,7 @@ def test_short_lived_processes(daemon: DaemonProc) -> None:
     r = exits.churn(daemon, processes=40, records=100, parallel=4)
     assert r.counted == r.made, r
     assert r.dropped.get("sender_no_receiver", 0) > 0, r
-    assert not os.listdir(daemon.endpoint[len("ipc://"):] + ".ledger")
+    assert not os.listdir(daemon.endpoint[len("ipc://"):] + ".tallies")
 
 
 SIGTERM_CHILD = """
@@ -146,7 +146,7 @@ def test_a_sender_that_closed_just_before_the_daemon_stopped_is_booked_by_that_d
         assert _close_and_exit(first.endpoint) > 2000
     finally:
         first.stop()
-    tallies = tmp_path / "sidecar.sock.ledger"
+    tallies = tmp_path / "sidecar.sock.tallies"
     assert not tallies.exists(), "the stopped daemon left the closed sender's tally (the directory goes when empty)"
     second = DaemonProc(tmp_path)
     try:

@@ -143,7 +143,7 @@ def test_the_trainers_own_hooks_still_run_and_the_tally_tells_the_death(tmp_path
     """The trainer's ``sys.excepthook`` and ``threading.excepthook``, installed before the shim,
     run as before (the shim's chain to them); the final tally tells the main thread's exception
     (not the thread's, seen first) and the exit-status file the status 1."""
-    directory = tmp_path / "s.sock.ledger"
+    directory = tmp_path / "s.sock.tallies"
     directory.mkdir()  # as a daemon makes it: the shim never creates it
     out = subprocess.run([sys.executable, "-c", HOOKS_CHILD, f"ipc://{tmp_path}/s.sock"], capture_output=True,
                          text=True, timeout=60, env=env())

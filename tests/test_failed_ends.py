@@ -157,7 +157,7 @@ def test_each_death_is_told_for_what_it_is(daemon: DaemonProc) -> None:
     assert lint.returncode == 0 and not lint.stdout.strip(), (lint.stdout, lint.stderr)
     time.sleep(GONE_AFTER_S + 2.5)  # two tally scans more: nothing is booked twice
     assert ends.ends_of(daemon, "die-nan") == {"failed": 1}
-    left = list(Path(daemon.endpoint.removeprefix("ipc://") + ".ledger").iterdir())
+    left = list(Path(daemon.endpoint.removeprefix("ipc://") + ".tallies").iterdir())
     assert left == [], left  # every tally booked, its crash and exit-status files removed with it
 
 

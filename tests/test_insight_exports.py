@@ -122,13 +122,13 @@ def test_settings() -> None:
 
 
 class Recorder(Exporter):
-    """An exporter that keeps every window it is given."""
+    """An exporter that keeps every report it is given."""
 
     def __init__(self) -> None:
-        self.windows: list[IngestReport] = []
+        self.reports: list[IngestReport] = []
 
-    def consume(self, window: IngestReport) -> None:
-        self.windows.append(window)
+    def consume(self, report: IngestReport) -> None:
+        self.reports.append(report)
 
 
 def daemon_with_facts(facts) -> tuple[Daemon, Recorder]:
@@ -149,13 +149,13 @@ def test_daemon_computes_the_insight_once_per_window() -> None:
     daemon, recorder = daemon_with_facts(lambda *_: hot)
     rep = drafter_bound_report()
     on_window(daemon, rep)
-    [window] = recorder.windows
-    assert window.insight is not None and window.insight.verdict.name == "throttled"
-    assert rep.insight is None and window.window is rep.window  # the ingest's report is not mutated
-    assert daemon.prometheus.state.report is window  # every exporter gets the same window
+    [report] = recorder.reports
+    assert report.insight is not None and report.insight.verdict.name == "throttled"
+    assert rep.insight is None and report.window is rep.window  # the ingest's report is not mutated
+    assert daemon.prometheus.state.report is report  # every exporter gets the same window
     text = generate_latest(registry_for(daemon.prometheus.state)).decode()
     assert 'dflash_pipeline_bottleneck{host="box",verdict="throttled"} 1.0' in text
-    assert "verdict throttled" in ConsoleExporter().line(window)
+    assert "verdict throttled" in ConsoleExporter().line(report)
 
 
 def test_daemon_survives_a_failing_insight(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,12 +165,12 @@ def test_daemon_survives_a_failing_insight(monkeypatch: pytest.MonkeyPatch) -> N
     daemon, recorder = daemon_with_facts(broken)
     rep = drafter_bound_report()
     on_window(daemon, rep)  # the GPUs' reading fails: the window goes on, its insight without GPUs
-    assert recorder.windows[0].insight is not None and recorder.windows[0].gpu.facts is None  # type: ignore[union-attr]
+    assert recorder.reports[0].insight is not None and recorder.reports[0].gpu.facts is None  # type: ignore[union-attr]
     monkeypatch.setattr(pipeline_mod, "compute_insight", broken)
     on_window(daemon, rep)  # the insight fails: the raw exports go on
-    window = recorder.windows[1]
-    assert window.insight is None and window.window is rep.window and daemon.insight.failures == 1
-    assert daemon.prometheus.state.report is window
+    report = recorder.reports[1]
+    assert report.insight is None and report.window is rep.window and daemon.insight.failures == 1
+    assert daemon.prometheus.state.report is report
 
 
 def test_explain_names_the_gpu_input_the_latest_windows_insight_lacked() -> None:
@@ -224,7 +224,7 @@ def test_thresholds_come_from_flags_and_are_reloadable(tmp_path) -> None:
     daemon.pipeline.listeners.append(recorder)
     rep = pipeline({"forward": 80}, {"queue_wait": 15, "forward": 10, "backward": 20})  # ready deficit 1/3
     on_window(daemon, rep)
-    insight = recorder.windows[-1].insight
+    insight = recorder.reports[-1].insight
     assert insight is not None and insight.verdict.name == "target-bound"
     path.write_text("insight_starved_ratio = 0.5\n")
     daemon.reload()
@@ -232,5 +232,5 @@ def test_thresholds_come_from_flags_and_are_reloadable(tmp_path) -> None:
     for _ in range(2):  # hysteresis: a change of low confidence takes two windows
         rep = pipeline({"forward": 80}, {"queue_wait": 15, "forward": 10, "backward": 20})
         on_window(daemon, rep)
-    insight = recorder.windows[-1].insight
+    insight = recorder.reports[-1].insight
     assert insight is not None and insight.verdict.name == "balanced"

@@ -196,8 +196,8 @@ def test_hysteresis_holds_a_weak_change_for_one_window_and_takes_a_strong_one() 
 
 def test_a_relabelled_sender_maps_its_names_again() -> None:
     agg = Aggregator()
-    assert ingest_records(agg, "target", "0", [[TIMING, "forward_ms", 1.0]], Mapper(), sender=5) == (1, {})
-    assert ingest_records(agg, "drafter", "0", [[TIMING, "forward_ms", 2.0]], Mapper(), sender=5) == (1, {})
+    assert ingest_records(agg, "target", "0", [[TIMING, "forward_ms", 1.0]], Mapper(), sender_id=5) == (1, {})
+    assert ingest_records(agg, "drafter", "0", [[TIMING, "forward_ms", 2.0]], Mapper(), sender_id=5) == (1, {})
     views = {v.role: v.window["count"] for v in agg.roll(0.0, 0.0, 1.0, known_senders=[5]).series}
     assert views == {"target": 1.0, "drafter": 1.0}
     agg.roll(1.0, 1.0, 1.0, known_senders=[])  # a forgotten sender's name table goes with it

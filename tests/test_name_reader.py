@@ -167,7 +167,7 @@ def _window(profiles: list[tuple[int, dict[str, float]]], sender: int = 1):
     agg, mapper = Aggregator(), Mapper()
     for step, data in profiles:
         for key, value in data.items():  # DeepSpeed's monitor: one add_scalar (one publish) per key
-            ingest_records(agg, "trainer", "0", [[PROFILE, step, {key: value}]], mapper, sender=sender)
+            ingest_records(agg, "trainer", "0", [[PROFILE, step, {key: value}]], mapper, sender_id=sender)
     return agg.roll(0.0, 10.0, 10.0)
 
 
@@ -219,7 +219,7 @@ def _paced(strides: list[int], seconds_per_change: float, keys: dict[str, float]
     for stride in strides:
         step += stride
         now[0] += seconds_per_change
-        ingest_records(agg, "trainer", "0", [[PROFILE, step, keys]], mapper, sender=1)
+        ingest_records(agg, "trainer", "0", [[PROFILE, step, keys]], mapper, sender_id=1)
     return agg.roll(0.0, 10.0, 10.0)
 
 

@@ -83,7 +83,7 @@ def test_timeline_files_of_a_newer_version_or_corrupt_are_refused_and_moved_asid
     assert timeline_state.read(folder, "r1") == (None, "newer_version")
     assert timeline_state.load_view(tmp_path, "r1") == (None, "newer_version") and path.exists()  # a reader
     keeper = timeline_state.TimelineKeeper(folder, save)
-    assert keeper._book("r1").windows == 0 and not path.exists()  # the daemon starts anew, the file kept aside
+    assert keeper._book_of("r1").windows == 0 and not path.exists()  # the daemon starts anew, the file kept aside
     assert path.with_name(path.name + ".newer").exists() and keeper.errors == {"timeline_load_newer_version": 1}
     timeline_state.file_of(folder, "r2").write_text("{not json")
     assert timeline_state.read(folder, "r2") == (None, "corrupt")
@@ -95,7 +95,7 @@ def test_at_most_max_timeline_runs_files_are_kept(tmp_path: Path) -> None:
     keeper = timeline_state.TimelineKeeper(folder, save)
     for i in range(timeline_state.MAX_TIMELINE_RUNS + 3):
         run = f"run-{i}"
-        keeper._book(run).add({"t0": i, "t1": i + 1.0, "s": 1.0, "n": 1, "v": {}, "m": {}})
+        keeper._book_of(run).add({"t0": i, "t1": i + 1.0, "s": 1.0, "n": 1, "v": {}, "m": {}})
         save(timeline_state.file_of(folder, run), keeper.books[run].state())
         keeper._bound({run})
     kept = {json.loads(p.read_text())["run"] for p in folder.glob("*.json")}

@@ -255,11 +255,11 @@ def test_the_trainers_own_faulthandler_keeps_working(tmp_path: Path, trainer: st
     """A segfault: where the trainer enabled faulthandler (before the shim started or after), its
     report still goes to the trainer's stderr and the shim's crash file stays empty; where it did
     not, stderr gets nothing (as without the shim) and the crash file names SIGSEGV."""
-    (tmp_path / "s.sock.ledger").mkdir()  # as a daemon makes it: the shim never creates it
+    (tmp_path / "s.sock.tallies").mkdir()  # as a daemon makes it: the shim never creates it
     out = subprocess.run([sys.executable, "-c", FAULT_CHILD, f"ipc://{tmp_path}/s.sock", trainer], capture_output=True,
                          text=True, timeout=60, env=env())
     assert out.returncode == -signal.SIGSEGV, out.stderr
-    crash = [p.read_text() for p in (tmp_path / "s.sock.ledger").glob("*.crash")]
+    crash = [p.read_text() for p in (tmp_path / "s.sock.tallies").glob("*.crash")]
     in_stderr = "Fatal Python error: Segmentation fault" in out.stderr
     if trainer == "none":
         assert not in_stderr and len(crash) == 1 and crash[0].startswith("Fatal Python error: Segmentation fault")

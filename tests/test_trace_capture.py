@@ -185,7 +185,7 @@ def test_a_capture_already_running_and_steps_that_never_come(daemon: DaemonProc,
         first = subprocess.Popen([sys.executable, "-m", "sidecar", "trace", "--endpoint", daemon.endpoint,
                                   "--state-dir", str(tmp_path / "state"), "--wait", "8"], env=env(),
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        directory = Path(daemon.endpoint.removeprefix("ipc://") + ".ledger")
+        directory = Path(daemon.endpoint.removeprefix("ipc://") + ".tallies")
         wait_until(lambda: any(directory.glob("*.trace-request")), timeout_s=30)
         second = trace(daemon, tmp_path / "state")
         assert second.returncode == 1 and "a capture already running" in second.stderr, second.stderr

@@ -54,7 +54,7 @@ def run(form: str, phases: dict[str, float], step_ms: float, every_occurrence: b
             step = w * steps + i
             records = (_timings(form, phases, step_ms) + [[PROFILE, step, {}]] if every_occurrence
                        else [[PROFILE, step, _dict(form, phases, step_ms)]])
-            _, rejected = ingest_records(agg, "trainer", "0", records, mapper, sender=1)
+            _, rejected = ingest_records(agg, "trainer", "0", records, mapper, sender_id=1)
             assert not rejected, rejected
         end = T0 + (w + 1) * duration_s
         window = agg.roll(float(w + 1) * duration_s, end, duration_s)

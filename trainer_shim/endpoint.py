@@ -98,15 +98,27 @@ def shim_would_miss(bound: str, environ: Mapping[str, str] = os.environ, system_
     return None if expected == bound else expected
 
 
-TALLY_DIR_SUFFIX = ".ledger"
-"""The tally directory's suffix. The on-disk name keeps the older word ("ledger"), so a daemon and
-shims of different versions still share the directory."""
+TALLY_DIR_SUFFIX = ".tallies"
+"""The tally directory's suffix: ``<socket path>.tallies``."""
+DEPRECATED_TALLY_DIR_SUFFIX = ".ledger"
+"""The tally directory's name before this release (``<socket path>.ledger``). Deprecated: the daemon
+still creates and reads it, for shims of the previous release, and drops it in the next one."""
 
 
 def tally_dir(endpoint: str) -> str | None:
-    """Where the senders of ``endpoint`` keep their tallies: ``<socket path>.ledger`` beside an
+    """Where the senders of ``endpoint`` keep their tallies: ``<socket path>.tallies`` beside an
     ipc socket, created by the daemon that binds it (never by a shim). None for other transports
     (tcp has no runtime directory both sides are sure to share)."""
     if not endpoint.startswith("ipc://") or len(endpoint) <= len("ipc://"):
         return None
     return endpoint[len("ipc://"):] + TALLY_DIR_SUFFIX
+
+
+def tally_dirs(endpoint: str) -> tuple[str, ...]:
+    """The tally directories a daemon keeps beside ``endpoint``'s socket: ``tally_dir`` first, then
+    the deprecated ``<socket path>.ledger`` its shims of the previous release write into. Empty for
+    other transports."""
+    directory = tally_dir(endpoint)
+    if directory is None:
+        return ()
+    return directory, directory[: -len(TALLY_DIR_SUFFIX)] + DEPRECATED_TALLY_DIR_SUFFIX

@@ -4,7 +4,7 @@ Observations, none of which changes what the trainer does, and all made only as 
 a thread) dies, never on the hot path:
 
 - the terminating signal the shim's SIGTERM/SIGINT handling saw (``note_signal``), written into
-  the final tally so the daemon books the end as ``terminated``;
+  the final tally so the daemon tells the end as ``terminated``;
 - an uncaught exception: ``sys.excepthook`` and ``threading.excepthook``, each chained to the hook
   before it (the trainer's own runs, always, after the shim's note), and in a multiprocessing
   child the exception in flight when its exit path closes the publisher (``note_in_flight``: its

@@ -30,7 +30,7 @@ SIGTERM_WAIT_S = 0.5
 blocks: its sends are non-blocking)."""
 
 SIGTERM_ENV = "DFLASH_TELEMETRY_SIGTERM"
-"""Set to ``0`` to leave SIGTERM and SIGINT alone (then a SIGTERMed process is booked as
+"""Set to ``0`` to leave SIGTERM and SIGINT alone (then a SIGTERMed process is told as
 ``ended_unclean``, its end as ``unclean``)."""
 
 

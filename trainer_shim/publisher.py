@@ -7,7 +7,7 @@ bounded. What the process's life does to it (``trainer_shim.process_life``): a f
 clean publisher (new sender ids, no inherited records, a new socket); at interpreter exit the last
 batch goes out with a short linger, each channel's closing hello after it (the daemon counts the
 sender gone at once). After every flush cycle the publisher's totals go to its tally
-(``trainer_shim.tally``), and a SIGTERM handler writes the final one, so the daemon can book what
+(``trainer_shim.tally``), and a SIGTERM handler writes the final one, so the daemon can reconcile what
 never arrived once the process is gone.
 """
 
@@ -119,7 +119,7 @@ class Publisher:
         every channel (sent, or dropped and counted), and returns whether it did. "Sent" means
         handed to ZeroMQ, whose I/O thread writes it shortly after: True does not say the daemon
         read it (PUB/SUB has no acknowledgement; ``stats()`` has the drops). What never arrives
-        is booked by the daemon from the batches' counters, or from this process's tally once it
+        is counted by the daemon from the batches' counters, or from this process's tally once it
         is gone (docs/RELIABILITY.md). Before ``os._exit`` use ``close()``, which lingers until
         the data is written. Right after the socket is created a flush may wait up to
         ``CONNECT_GRACE_S`` for the daemon's subscription."""

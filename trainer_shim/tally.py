@@ -2,7 +2,7 @@
 
 The flusher rewrites it after every flush cycle that changed a total (never per record): per
 channel, records handed to the transport, records still queued, drops by reason. The daemon reads
-it once the process is gone (or closed its publisher) and books what never arrived, so the totals
+it once the process is gone (or closed its publisher) and reconciles it with what arrived, so the totals
 survive the process and the link: an exit while the daemon is behind, a SIGTERM, a SIGKILL. The
 format is ``trainer_shim.wire``'s (``Tally``); the directory is ``endpoint.tally_dir``, created
 by the daemon. Everything here is best effort and never raises: no directory (no daemon has bound
@@ -98,7 +98,7 @@ class TallyWriter:
             return True
         except Exception as exc:  # noqa: BLE001 - a full disk: try again at the next cycle
             log.debug("trainer_shim: tally write failed: %r", exc)
-            self._last = None  # the same file, never a second one (the daemon would book both)
+            self._last = None  # the same file, never a second one (the daemon would reconcile both)
             return False
 
     def _encode(self, channels: list[wire.TallyChannel], end: wire.TallyEnd) -> tuple[bytes, int]:

@@ -287,7 +287,7 @@ def encode_batch(
 
 
 # -- the sender's tally ----------------------------------------------------------------------------
-# Not a message: a small file per publisher in ``<socket path>.ledger/`` (``endpoint.tally_dir``),
+# Not a message: a small file per publisher in ``<socket path>.tallies/`` (``endpoint.tally_dir``),
 # rewritten by the shim's flusher after each flush cycle and read by the daemon once the process is
 # gone. It carries the same totals a batch does, so the daemon can reconcile what the sender made
 # with what arrived even when the last frames never left the process. See docs/PROTOCOL.md.
@@ -300,9 +300,11 @@ intact. The second starts at 1 MiB (the file is sparse); a slot holds at most
 ``TALLY_MAX_PAYLOAD`` bytes."""
 _TALLY_HEADER = struct.Struct("<4sIIQ")  # magic, payload length, crc32 of seq+payload, seq
 TALLY_MAX_PAYLOAD: Final = (1 << 20) - _TALLY_HEADER.size
-TALLY_SUFFIX: Final = ".ledger"
-"""A tally file's name ends so. The on-disk name keeps the older word ("ledger"): files a running
-shim of an earlier version writes are still found."""
+TALLY_SUFFIX: Final = ".tally"
+"""A tally file's name ends so."""
+DEPRECATED_TALLY_SUFFIX: Final = ".ledger"
+"""A tally file's name as shims of the previous release write it (deprecated: still read by the
+daemon for one release, ``parse_tally_file_name``)."""
 CRASH_SUFFIX: Final = ".crash"
 """Beside a tally, ``<pid>-<start ticks>-<token>.crash``: the file the shim points
 ``faulthandler`` at. Empty while the process lives; a fatal signal (SIGSEGV, SIGABRT, SIGBUS,
@@ -376,14 +378,17 @@ class Tally(msgspec.Struct, array_like=True):
 
 
 def tally_file_name(pid: int, start_ticks: int, token: str) -> str:
-    """``<pid>-<start ticks>-<token>.ledger``: the daemon checks whether the process is gone from
+    """``<pid>-<start ticks>-<token>.tally``: the daemon checks whether the process is gone from
     the name alone, without opening the file."""
     return f"{pid}-{start_ticks}-{token}{TALLY_SUFFIX}"
 
 
-def parse_tally_file_name(name: str, suffix: str = TALLY_SUFFIX) -> tuple[int, int] | None:
-    """``(pid, start_ticks)`` of a tally file name (or of a crash file's, ``suffix=CRASH_SUFFIX``),
-    or None if it is not one."""
+def parse_tally_file_name(name: str, suffix: str | None = None) -> tuple[int, int] | None:
+    """``(pid, start_ticks)`` of a tally file name (``TALLY_SUFFIX``, or the deprecated
+    ``DEPRECATED_TALLY_SUFFIX``), or of a crash file's with ``suffix=CRASH_SUFFIX``; None if it is
+    not one."""
+    if suffix is None:
+        suffix = DEPRECATED_TALLY_SUFFIX if name.endswith(DEPRECATED_TALLY_SUFFIX) else TALLY_SUFFIX
     if not name.endswith(suffix):
         return None
     parts = name[: -len(suffix)].split("-")

@@ -212,9 +212,9 @@ class Aggregator:
         self.generation += 1
         self._names.clear()
 
-    def names_of(self, sender: int) -> NameTable:
-        """``sender``'s name table (read-only use: tests and ``explain``); empty if it has none."""
-        turn = self._names.get(sender)
+    def names_of(self, sender_id: int) -> NameTable:
+        """``sender_id``'s name table (read-only use: tests and ``explain``); empty if it has none."""
+        turn = self._names.get(sender_id)
         return turn.table if turn is not None else {}
 
     # -- ingest ----------------------------------------------------------------------------------
@@ -559,9 +559,9 @@ class Aggregator:
 
     # -- windows ---------------------------------------------------------------------------------
 
-    def latest_step(self, sender: int) -> int | None:
-        """The step of ``sender``'s latest profile (``publish(step, ...)``), None if it sent none."""
-        entry = self._steps.get(sender)
+    def latest_step(self, sender_id: int) -> int | None:
+        """The step of ``sender_id``'s latest profile (``publish(step, ...)``), None if it sent none."""
+        entry = self._steps.get(sender_id)
         return None if entry is None else entry[2]
 
     def close(self, now_monotonic: float, end_unix_s: float, duration_s: float, live_senders: Collection[int],

@@ -1,4 +1,4 @@
-"""The book of senders' ends: how many per role and how, the last per role, the new ones of the
+"""The book of senders' ends (``EndBook.count``): how many per role and how, the last per role, the new ones of the
 current window. Ingest thread only; the window copies it (``view``)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class EndBook:
         self.last: dict[str, SenderEnd] = {}
         self._new: list[SenderEnd] = []
 
-    def book(self, end: SenderEnd) -> None:
+    def count(self, end: SenderEnd) -> None:
         """Count ``end`` and keep it as its role's last (a role beyond ``MAX_ROLES``, from tallies
         made up by hand, is neither)."""
         key = (end.role, end.how)

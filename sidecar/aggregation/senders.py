@@ -51,7 +51,7 @@ little."""
 NO_HELLO_SLACK_S = 1.0
 """Added to the age of a sender without a hello (no clock to disagree with)."""
 MAX_ENDED = 16384
-"""Sender ids whose exit was booked, remembered so that a frame of theirs arriving afterwards is
+"""Sender ids whose exit was reconciled, remembered so that a frame of theirs arriving afterwards is
 never counted a second time (``messages_dropped{reason="after_exit"}``)."""
 _MAX_COUNT = 2**63 - 1
 
@@ -122,7 +122,7 @@ class SenderRegistry:
         self.evicted: dict[str, int] = {}
         """Entries evicted from a full table for a new one, by table (``senders``, ``labels``)."""
         self.ended: OrderedDict[int, None] = OrderedDict()
-        """Senders whose exit was booked from their tally (oldest first, at most ``MAX_ENDED``)."""
+        """Senders whose exit was reconciled from their tally (oldest first, at most ``MAX_ENDED``)."""
 
     def __iter__(self) -> Iterator[SenderState]:
         return iter(self.senders.values())
@@ -194,7 +194,7 @@ class SenderRegistry:
         """Account a batch's header. Returns the state to aggregate into, or None if the batch
         must be dropped (counted here)."""
         if msg.sender in self.ended:
-            self.drop_message("after_exit")  # its tally was booked: these records are in it
+            self.drop_message("after_exit")  # its tally was reconciled: these records are in it
             return None
         state = self._state(msg.sender, msg.role, msg.worker, now, now_unix)
         if state is None:
@@ -250,45 +250,44 @@ class SenderRegistry:
         totals.last_seen = now
         return totals
 
-    def book_gone(self, tally: Tally, uid: int, final: bool, now: float, now_unix: float, grace_s: float,
+    def reconcile_gone(self, tally: Tally, uid: int, final: bool, now: float, now_unix: float, grace_s: float,
                   witnessed: bool = True) -> list[TallyChannel] | None:
-        """``book_exit`` for the tally of a process that is gone, once each of its senders has
-        been silent for ``grace_s`` seconds (``now``: the monotonic clock): the channels booked,
+        """``reconcile_tally`` for the tally of a process that is gone, once each of its senders has
+        been silent for ``grace_s`` seconds (``now``: the monotonic clock): the channels reconciled,
         or None if one of them spoke lately (its last frames may still be on the way: ask again)."""
         for channel in tally.channels:
             state = self.senders.get(channel.sender)
             if state is not None and now - state.last_seen < grace_s:
                 return None
-        booked: list[TallyChannel] = []
-        self.book_exit(tally, uid, final, now, now_unix, witnessed, booked_into=booked)
-        return booked
+        reconciled: list[TallyChannel] = []
+        self.reconcile_tally(tally, uid, final, now, now_unix, witnessed, reconciled_into=reconciled)
+        return reconciled
 
-    def book_exit(self, tally: Tally, uid: int, final: bool, now: float, now_unix: float,
-                  witnessed: bool = True, booked_into: list[TallyChannel] | None = None) -> int:
-        """Book the tally of a process that is gone (or closed its publisher): per channel, what
+    def reconcile_tally(self, tally: Tally, uid: int, final: bool, now: float, now_unix: float,
+                  witnessed: bool = True, reconciled_into: list[TallyChannel] | None = None) -> int:
+        """Reconcile the tally of a process that is gone (or closed its publisher): per channel, what
         it made and this daemon has not counted. ``uid``: the tally file's owner; ``final``: the
         tally holds the process's last totals (``lost_at_exit``), else those of its last flush
-        (``ended_unclean``; what it made after that flush is unknown). Returns the channels booked;
+        (``ended_unclean``; what it made after that flush is unknown). Returns how many channels were reconciled;
         a channel that does not belong to the file's process, or claims what no process can, is
-        refused (``messages_dropped{reason="ledger_refused"}``: a public label value, it keeps the
-        older word). ``witnessed``: the tally was last written while this daemon ran; if not, the
-        process ended before it, and what it sent went to an earlier daemon (``before_join``): only
-        what it never sent is lost.
-        ``booked_into``: gets each channel booked (for telling the process's end)."""
-        booked = 0
+        refused (``messages_dropped{reason="tally_refused"}``). ``witnessed``: the tally was last
+        written while this daemon ran; if not, the process ended before it, and what it sent went to
+        an earlier daemon (``before_join``): only what it never sent is lost.
+        ``reconciled_into``: gets each channel reconciled (for telling the process's end)."""
+        reconciled = 0
         for entry in tally.channels:
             if entry.sender in self.ended:
                 continue
-            if self._book_channel(entry, tally, uid, final, now, now_unix, witnessed):
-                booked += 1
-                if booked_into is not None:
-                    booked_into.append(entry)
+            if self._reconcile_channel(entry, tally, uid, final, now, now_unix, witnessed):
+                reconciled += 1
+                if reconciled_into is not None:
+                    reconciled_into.append(entry)
             self.ended[entry.sender] = None
             if len(self.ended) > MAX_ENDED:
                 self.ended.popitem(last=False)
-        return booked
+        return reconciled
 
-    def _book_channel(self, entry: TallyChannel, tally: Tally, uid: int, final: bool, now: float,
+    def _reconcile_channel(self, entry: TallyChannel, tally: Tally, uid: int, final: bool, now: float,
                       now_unix: float, witnessed: bool) -> bool:
         role, worker = label_value(entry.role), label_value(entry.worker)
         counts = [entry.records_total, entry.pending, entry.at_join, *entry.dropped.values()]
@@ -298,7 +297,7 @@ class SenderRegistry:
                 or (state is not None and not _owned_by(state, tally.pid, uid))
                 or (state is not None and state.seen_batch and entry.records_total < state.records_total)
                 or sum(counts) - entry.at_join > MAX_CALLS_PER_S * (_tally_age_s(tally, now_unix) + CLAIM_SLACK_S)):
-            self.drop_message("ledger_refused")
+            self.drop_message("tally_refused")
             return False
         seen = state is not None and state.seen_batch
         key = (state.role, state.worker) if seen and state is not None else (role, worker)

@@ -58,12 +58,12 @@ class StepAxes:
         self._named: set[int] = set()
         self._clock = clock
 
-    def see(self, sender: int, step: int) -> None:
-        """A profile of ``sender`` at ``step`` (once per ``publish``: one compare; on a new step a
+    def see(self, sender_id: int, step: int) -> None:
+        """A profile of ``sender_id`` at ``step`` (once per ``publish``: one compare; on a new step a
         subtraction, a compare and a clock read)."""
-        axis = self._axes.get(sender)
+        axis = self._axes.get(sender_id)
         if axis is None:
-            self._axes[sender] = _Axis(step, self._clock())
+            self._axes[sender_id] = _Axis(step, self._clock())
         elif step != axis.last:
             moved = step - axis.last
             axis.stride = moved if axis.stride in (0, moved) else -1
@@ -71,9 +71,9 @@ class StepAxes:
             axis.changes += 1
             axis.last_s = self._clock()
 
-    def name(self, sender: int) -> None:
-        """A key of ``sender`` says its axis counts items (``Mapped.axis``)."""
-        self._named.add(sender)
+    def name(self, sender_id: int) -> None:
+        """A key of ``sender_id`` says its axis counts items (``Mapped.axis``)."""
+        self._named.add(sender_id)
 
     def counted(self, step_ms: Mapping[int, float]) -> dict[int, int]:
         """Sender -> its steps so far, for the senders whose axis counts items (the rules above);

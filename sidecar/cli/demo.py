@@ -292,7 +292,7 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
              "--prometheus-addr %s; the run ledger: dflash-sidecar report --state-dir %s",
              f"for {ns.duration:g} s" if ns.duration else "until Ctrl-C", cfg.prometheus_addr, cfg.prometheus_addr,
              folder)
-    progress = Progress(daemon.scrape_state.window, lambda: pipeline.steps, cfg.interval, ns.duration)
+    progress = Progress(daemon.scrape_state.report, lambda: pipeline.steps, cfg.interval, ns.duration)
     progress.start()
 
     def stop_senders() -> None:  # while the daemon still receives: their last records and final tallies reach it
@@ -309,7 +309,7 @@ def run_demo(cfg: Config, ns: argparse.Namespace) -> int:
         progress.stop()
         daemon.shutdown()
     view = daemon.ledger.ledger.view()
-    print(summary(view, folder, cfg.prometheus_addr, began_unix_s, daemon.scrape_state.window(),
+    print(summary(view, folder, cfg.prometheus_addr, began_unix_s, daemon.scrape_state.report(),
                   _picture(view, folder, began_unix_s)), flush=True)
     return status
 

@@ -4,7 +4,7 @@ a summary (the verdict, the run ledger, the commands to try next).
 The progress line goes to stderr, rewritten in place on a terminal (every second; the daemon's log
 lines overwrite it, and it comes back below them) and one line
 every ``PIPED_EVERY_S`` otherwise (a log or a pipe keeps a readable history); it reads the daemon's
-latest window (``ScrapeState.window``) and the simulated trainer's step count, nothing else.
+latest window's report (``ScrapeState.report``) and the simulated trainer's step count, nothing else.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ PIPED_EVERY_S = 5.0
 class Progress:
     """A thread printing one progress line a second (``start``/``stop``; ``stop`` is idempotent)."""
 
-    def __init__(self, window: Callable[[], IngestReport | None], steps: Callable[[], int], interval_s: float,
+    def __init__(self, report: Callable[[], IngestReport | None], steps: Callable[[], int], interval_s: float,
                  duration_s: float | None, out: TextIO = sys.stderr) -> None:
-        """``window``: the daemon's latest window (None before the first); ``steps``: the simulated
+        """``report``: the daemon's latest window's report (None before the first); ``steps``: the simulated
         trainer's steps so far; ``interval_s``: the daemon's window (seconds, for "first verdict in")."""
-        self.window, self.steps, self.interval_s, self.duration_s, self.out = window, steps, interval_s, duration_s, out
+        self.report, self.steps, self.interval_s, self.duration_s, self.out = report, steps, interval_s, duration_s, out
         self.tty = out.isatty()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="demo-progress", daemon=True)
@@ -54,7 +54,7 @@ class Progress:
         """``demo 3 s (Ctrl-C to stop) · 41 steps · verdict: first at the window's end, in 7 s``."""
         elapsed = time.monotonic() - self._began
         until = f"of {self.duration_s:g} s" if self.duration_s else "(Ctrl-C to stop)"
-        report = self.window()
+        report = self.report()
         verdict = report.insight.verdict.name if report is not None and report.insight is not None else None
         told = (f"verdict {verdict}" if verdict else
                 f"verdict: first at the window's end, in {max(0.0, self.interval_s - elapsed):.0f} s")

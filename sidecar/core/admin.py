@@ -34,28 +34,28 @@ class Admin:
         self._gpu_metrics = gpu_metrics
         self._captures = LatestCapture(state_dir) if state_dir is not None else None
 
-    def explain(self, window: IngestReport | None) -> dict[str, Any]:
-        """What ``dflash-sidecar explain`` prints of ``window`` (the latest; None before the first:
+    def explain(self, report: IngestReport | None) -> dict[str, Any]:
+        """What ``dflash-sidecar explain`` prints of ``report`` (the latest window's; None before the first:
         ``processing.explain.explain_data``)."""
         mapper, roles = self._mapper()
-        return explain_data(window, mapper, roles, gpu_missing(window, self._gpu_metrics))
+        return explain_data(report, mapper, roles, gpu_missing(report, self._gpu_metrics))
 
     def last_capture(self) -> CaptureView | None:
         """The newest kept profiler capture (``sidecar.core.captures``), or None."""
         return self._captures.view() if self._captures is not None else None
 
 
-def gpu_missing(window: IngestReport | None, gpu_metrics: bool) -> str | None:
-    """Why the insight of ``window`` (the latest) had no GPU busy share or clock-event reasons,
+def gpu_missing(report: IngestReport | None, gpu_metrics: bool) -> str | None:
+    """Why the insight of ``report`` (the latest window's) had no GPU busy share or clock-event reasons,
     from the window's GPU part (its ``facts`` and the NVML status at its end); None: it had them."""
     if not gpu_metrics:
         status = NVML_DISABLED
-    elif window is None:
+    elif report is None:
         return "no window yet"
-    elif window.gpu is None:
+    elif report.gpu is None:
         return "no GPU reading in the latest window"
-    elif window.gpu.facts is not None and window.gpu.facts.busy:
+    elif report.gpu.facts is not None and report.gpu.facts.busy:
         return None
     else:
-        status = window.gpu.status
+        status = report.gpu.status
     return f"NVML {status.state.value}{': ' + status.reason if status.reason else ''}"

@@ -24,7 +24,7 @@ from sidecar.aggregation.trace_breakdown import breakdown, load_trace
 from sidecar.core import captures
 from trainer_shim import capture as shim_capture
 from trainer_shim import wire
-from trainer_shim.endpoint import tally_dir
+from trainer_shim.endpoint import tally_dir, tally_dirs
 from trainer_shim.tally import process_start_ticks
 
 POLL_S = 0.1
@@ -63,10 +63,7 @@ def live_trainers(endpoints: tuple[str, ...]) -> list[Trainer]:
     """The live processes with a tally in the endpoints' tally directories. Raises ``TraceError``
     when no directory can be listed (no daemon bound the endpoint, or this user may not list it)."""
     found, listed, refused = [], False, ""
-    for endpoint in endpoints:
-        directory = tally_dir(endpoint)
-        if directory is None:
-            continue
+    for directory in (d for e in endpoints for d in tally_dirs(e)):
         try:
             names = os.listdir(directory)
         except PermissionError:

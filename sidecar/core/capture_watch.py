@@ -78,27 +78,27 @@ class CaptureWatch:
         self.taken: list[str] = []
         """Why each automatic capture was taken (the reasons, oldest first; at most 100 kept)."""
 
-    def consume(self, window: IngestReport) -> None:
-        self._tell_wandb(window)
-        why = self._why(window.insight) if window.insight is not None else None
+    def consume(self, report: IngestReport) -> None:
+        self._tell_wandb(report)
+        why = self._why(report.insight) if report.insight is not None else None
         if why is not None:
             self._take(why)
 
-    def hello(self, sender: SenderView) -> None:
+    def hello(self, view: SenderView) -> None:
         """Hellos change nothing here."""
 
     def reload(self, settings: CaptureSettings) -> None:
         """A SIGHUP's settings (``Config`` is a ``CaptureSettings``): every one of them applies at once."""
         self.settings = settings
 
-    def _tell_wandb(self, window: IngestReport) -> None:
+    def _tell_wandb(self, report: IngestReport) -> None:
         view = self._latest.view()
         if view is None or view.ended_unix_s == self._told:
             return
         self._told = view.ended_unix_s
         if self._wandb is not None and view.ended_unix_s >= self._started_unix_s:  # not one from before the daemon
             row = {f"{self._host}/{key}": value for key, value in capture_row(view).items()}
-            self._wandb.submit(row, window.window.trainer_step)
+            self._wandb.submit(row, report.window.trainer_step)
 
     def _why(self, insight: PipelineInsight) -> str | None:
         """Why a capture is due now, or None (the references move on either way)."""

@@ -146,7 +146,7 @@ class Daemon:
         """Serve until SIGTERM/SIGINT (or ``stop``); returns the exit status. Signals that arrived
         since ``start`` are waiting in the queue. ``before_shutdown`` runs while the daemon still
         receives (the demo closes its in-process senders there, so their last records and final
-        tallies reach this daemon rather than being booked lost by the next one)."""
+        tallies reach this daemon rather than being reconciled as lost by the next one)."""
         systemd.notify("READY=1\nSTATUS=serving")
         while True:
             try:

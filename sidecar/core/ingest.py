@@ -34,7 +34,7 @@ DRAIN_QUIET_MS = 100
 """At shutdown, once the queue is first found empty, the drain waits this long (ms, once, within
 the drain's share) for one more frame: a sender that closed just before (the demo's, a job
 script's) may have its last frames in the kernel or in ZeroMQ's I/O thread, not yet readable;
-booked at once, they were lost at its exit."""
+reconciled at once, they were lost at its exit."""
 DRAIN_SHARE = 0.5
 """Of the shutdown budget, the share spent handling frames that already arrived; the rest is
 for the final window roll and closing the socket (a frame's work is bounded by its size)."""
@@ -46,7 +46,7 @@ class IngestLoop:
     def __init__(self, receiver: Receiver, interval_s: float, pipeline: Pipeline,
                  clock: Callable[[], float] = time.monotonic, gone_after_s: float = GONE_AFTER_S) -> None:
         """``gone_after_s``: how long a gone (or closed) sender's tally waits, its senders silent,
-        before it is booked and its end told (``model.liveness.GONE_AFTER_S``)."""
+        before it is reconciled and its end told (``model.liveness.GONE_AFTER_S``)."""
         self.receiver = receiver
         self.gone_after_s = gone_after_s
         self.interval_s = interval_s
@@ -99,7 +99,7 @@ class IngestLoop:
                     self._handle_charged(frame, peer)
                     self._roll_if_due()  # per frame: a backlog of big frames must not stretch a window
                 self._roll_if_due()
-                self._book_tallies_if_due()
+                self._reconcile_tallies_if_due()
                 if frames and not self.receiver.backlog:
                     self._stop.wait(min(COALESCE_S, max(0.0, self._window_start + self.interval_s - self.clock())))
             # What already arrived belongs to the last window, as far as the drain budget goes; what
@@ -116,10 +116,10 @@ class IngestLoop:
                 if not frames:
                     break
             if not self.receiver.backlog:
-                # Everything that arrived is counted: the senders that ended can be booked now, not
+                # Everything that arrived is counted: the senders that ended can be reconciled now, not
                 # after a grace that would outlast this daemon (their next daemon would read the
                 # records as sent to it and lost).
-                self._book_tallies(grace_s=0.0)
+                self._reconcile_tallies(grace_s=0.0)
             now = self.clock()
             self._roll(now, max(now - self._window_start, 1e-9))
             left = " (a backlog was left unread: its senders' next daemon counts it)" if self.receiver.backlog else ""
@@ -128,15 +128,15 @@ class IngestLoop:
             self.receiver.close()
             self.tallies.close()
 
-    def _book_tallies_if_due(self) -> None:
-        """Book the tallies of senders that are gone (``sources.tallies``), once the receiver is not
+    def _reconcile_tallies_if_due(self) -> None:
+        """Reconcile the tallies of senders that are gone (``sources.tallies``), once the receiver is not
         behind and each of their senders has been silent for ``gone_after_s``: its last frames,
         if any are still on the way, are counted as received first."""
         if self.receiver.backlog or not self.tallies.due(self.clock()):
             return
-        self._book_tallies(self.gone_after_s)
+        self._reconcile_tallies(self.gone_after_s)
 
-    def _book_tallies(self, grace_s: float) -> None:
+    def _reconcile_tallies(self, grace_s: float) -> None:
         now = self.clock()
         try:
             ready_tallies, malformed = self.tallies.scan(now, grace_s)
@@ -144,7 +144,7 @@ class IngestLoop:
                 self.pipeline.refuse_tallies(malformed)
             for ready in ready_tallies:
                 witnessed = ready.written_unix_s >= self.started_unix_s
-                if self.pipeline.book_gone(ready, now, grace_s, witnessed):
+                if self.pipeline.reconcile_gone(ready, now, grace_s, witnessed):
                     self.tallies.remove(ready.path)
                 # else one of its senders spoke lately: look again at the next scan
         except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on

@@ -140,12 +140,12 @@ class LedgerStage:
         view, timelines = self.view_after(report)
         return dataclasses.replace(report, run_ledger=view, timelines=timelines)
 
-    def view_after(self, window: IngestReport) -> tuple[RunLedgerView | None, Mapping[str, RunTimeline]]:
+    def view_after(self, report: IngestReport) -> tuple[RunLedgerView | None, Mapping[str, RunTimeline]]:
         """Fold the window into the ledger and the touched runs' timelines and save them; the
         ledger's view (None if the update failed) and the touched runs' timelines."""
         try:
             before = ledger_mark(self.ledger)
-            facts = window_facts(window)
+            facts = window_facts(report)
             self.ledger.add(facts)
         except Exception:  # noqa: BLE001
             self._error("update_failed", exc_info=True)
@@ -156,7 +156,7 @@ class LedgerStage:
             self._error("save_failed", detail=f"{self.path}: {exc}")
         timelines: Mapping[str, RunTimeline] = {}
         try:
-            timelines = self.timeline.fold(self.ledger, before, facts, window)
+            timelines = self.timeline.fold(self.ledger, before, facts, report)
         except OSError as exc:
             self._error("timeline_save_failed", detail=f"{self.timeline.folder}: {exc}")
         except Exception:  # noqa: BLE001  (the timeline never costs the ledger its window)

@@ -24,8 +24,8 @@ A window (at each boundary)::
 
 each part a value its stage hands back (``sidecar.model.handoff``), copied at the window's end.
 A hello goes to every listener's ``hello`` as a ``SenderView``. A gone sender's tally
-(``book_gone``) is booked by the registry and its end, with the aggregator's latest step of it,
-told to the end book, which the next window carries. Everything here runs on the ingest thread
+(``reconcile_gone``) is reconciled by the registry and its end, with the aggregator's latest step of it,
+counted by the end book, which the next window carries. Everything here runs on the ingest thread
 (``sidecar.core.ingest.IngestLoop`` drives it).
 Nothing a client sends can raise out of ``frame``: bad frames and records are counted by reason.
 """
@@ -68,14 +68,14 @@ class Listener(Protocol):
 
     name: str
 
-    def consume(self, window: IngestReport) -> None: ...
+    def consume(self, report: IngestReport) -> None: ...
 
-    def hello(self, sender: SenderView) -> None: ...
+    def hello(self, view: SenderView) -> None: ...
 
 
 WindowStage = Callable[[IngestReport], IngestReport]
-"""A stage between the window and the fan-out: a window in, the window with its part added out
-(``dataclasses.replace``: the ingest's report is never mutated)."""
+"""A stage between the window and the fan-out: a window's report in, the report with its part
+added out (``dataclasses.replace``: the ingest's report is never mutated)."""
 
 
 def aggregate(aggregator: Aggregator, mapper: Mapper, sender: int, owner: Hashable, role: str, worker: str,
@@ -95,10 +95,10 @@ def aggregate(aggregator: Aggregator, mapper: Mapper, sender: int, owner: Hashab
 
 
 def ingest_records(aggregator: Aggregator, role: str, worker: str, records: list[Any], mapper: Mapper,
-                   sender: int = 0, owner: Hashable | None = None) -> tuple[int, dict[str, int]]:
+                   sender_id: int = 0, owner: Hashable | None = None) -> tuple[int, dict[str, int]]:
     """``aggregate`` of ``records`` from one sender labelled (role, worker), ``owner`` by default
     the sender (tests, benchmarks: the pipeline's ``frame`` without the registry)."""
-    return aggregate(aggregator, mapper, sender, sender if owner is None else owner, role, worker, records)
+    return aggregate(aggregator, mapper, sender_id, sender_id if owner is None else owner, role, worker, records)
 
 
 class Pipeline:
@@ -186,24 +186,24 @@ class Pipeline:
     # -- a sender's end ----------------------------------------------------------------------------
 
     def refuse_tallies(self, count: int) -> None:
-        """Count ``count`` tally files that are no tally (``messages_dropped{reason="ledger_refused"}``,
+        """Count ``count`` tally files that are no tally (``messages_dropped{reason="tally_refused"}``,
         as the registry counts a tally's channel it refuses)."""
-        self.registry.drop_message("ledger_refused", count)
+        self.registry.drop_message("tally_refused", count)
 
-    def book_gone(self, ready: ReadyTally, now: float, grace_s: float, witnessed: bool) -> bool:
-        """A gone process's tally (``sources.tallies``): its channels booked by the registry, once
+    def reconcile_gone(self, ready: ReadyTally, now: float, grace_s: float, witnessed: bool) -> bool:
+        """A gone process's tally (``sources.tallies``): its channels reconciled by the registry, once
         each of its senders has been silent for ``grace_s`` seconds (``now``: the monotonic clock;
         ``witnessed``: the tally was last written while this daemon ran), and how it ended told to
-        the end book, once per role among the channels booked now, with the latest step the
+        the end book, once per role among the channels reconciled now, with the latest step the
         aggregator has of them; one log line per end. False: one of its senders spoke lately (its
         last frames may still be on the way: ask again)."""
-        booked = self.registry.book_gone(ready.tally, ready.uid, ready.final, now, time.time(), grace_s,
+        reconciled = self.registry.reconcile_gone(ready.tally, ready.uid, ready.final, now, time.time(), grace_s,
                                          witnessed=witnessed)
-        if booked is None:
+        if reconciled is None:
             return False
-        steps = {c.sender: self.aggregator.latest_step(c.sender) for c in booked}
-        for end in sender_ends(ready, booked, steps):
-            self.ends.book(end)
+        steps = {c.sender: self.aggregator.latest_step(c.sender) for c in reconciled}
+        for end in sender_ends(ready, reconciled, steps):
+            self.ends.count(end)
             log.log(logging.WARNING if end.how in ALERTING else logging.INFO, "sidecar: sender ended: %s", end.text())
         return True
 
@@ -214,16 +214,15 @@ class Pipeline:
         """window -> window stages -> fan-out: the stages' parts as one report, the window stages
         run and the result handed to every listener. ``now``: the window's end on the monotonic
         clock, ``end_unix_s`` the same moment on the unix clock; ``received``: the receiver's part
-        (``Receiver.received``). Returns the window as fanned out."""
+        (``Receiver.received``). Returns the window's report as fanned out."""
         report = self.window(now, end_unix_s, duration_s, received)
         try:
-            window = self.finish(report)
+            report = self.finish(report)
         except Exception:  # noqa: BLE001 - the stages guard themselves; a bug here must not stop ingest
             self.internal_errors += 1
             log.exception("sidecar: window stage failed (continuing)")
-            window = report
-        self.fan_out(window)
-        return window
+        self.fan_out(report)
+        return report
 
     def window(self, now: float, end_unix_s: float, duration_s: float, received: Received = Received()) -> IngestReport:
         """The window stage: the registry's, the aggregator's and the receiver's parts as one
@@ -247,33 +246,33 @@ class Pipeline:
             report = stage(report)
         return report
 
-    def fan_out(self, window: IngestReport) -> None:
-        """The same window to every listener, in order; one failing never stops the others."""
+    def fan_out(self, report: IngestReport) -> None:
+        """The same report to every listener, in order; one failing never stops the others."""
         for listener in self.listeners:
             try:
-                listener.consume(window)
+                listener.consume(report)
             except Exception:  # noqa: BLE001 - one listener must not stop the others
                 log.exception("sidecar: %s failed on a window", listener.name)
 
-    def fan_out_hello(self, sender: SenderView) -> None:
+    def fan_out_hello(self, view: SenderView) -> None:
         for listener in self.listeners:
             try:
-                listener.hello(sender)
+                listener.hello(view)
             except Exception:  # noqa: BLE001
                 log.exception("sidecar: %s failed on a hello", listener.name)
 
 
-def sender_ends(ready: ReadyTally, booked: Sequence[TallyChannel],
+def sender_ends(ready: ReadyTally, reconciled: Sequence[TallyChannel],
                 latest_steps: Mapping[int, int | None]) -> list[SenderEnd]:
     """How the process of ``ready`` ended, one ``SenderEnd`` per role among its channels
-    ``booked`` (booked now: not before, and not refused); ``latest_steps``: sender -> the step of
+    ``reconciled`` (reconciled now: not before, and not refused); ``latest_steps``: sender -> the step of
     its latest profile (the aggregator's ``latest_step``), None if it sent none."""
     tally = ready.tally
     told = how_ended(EndFacts(ready.final, tally.signal, ready.crash, ready.oom, ready.exit_status, tally.cause,
                               exit_causes.cut(tally.detail), tally.thread))
     gpu = tally.gpu if told.cause == "cuda_oom" and 0 <= tally.gpu < MAX_GPU_INDEX else -1
     roles: dict[str, list[TallyChannel]] = {}
-    for channel in booked:
+    for channel in reconciled:
         roles.setdefault(channel.role, []).append(channel)
     ends = []
     for role, channels in roles.items():
@@ -357,12 +356,12 @@ class TrainerAttribution:
     def __init__(self, attribute: Callable[..., None]) -> None:
         self._attribute = attribute
 
-    def consume(self, window: IngestReport) -> None:
-        self._attribute({s.pid: (s.role, s.worker) for s in window.senders if s.pid is not None}, complete=True)
+    def consume(self, report: IngestReport) -> None:
+        self._attribute({s.pid: (s.role, s.worker) for s in report.senders if s.pid is not None}, complete=True)
 
-    def hello(self, sender: SenderView) -> None:
-        if sender.pid is not None:
-            self._attribute({sender.pid: (sender.role, sender.worker)}, complete=False)
+    def hello(self, view: SenderView) -> None:
+        if view.pid is not None:
+            self._attribute({view.pid: (view.role, view.worker)}, complete=False)
 
 
 class OnWindow:
@@ -373,8 +372,8 @@ class OnWindow:
     def __init__(self, take: Callable[[IngestReport], object]) -> None:
         self._take = take
 
-    def consume(self, window: IngestReport) -> None:
-        self._take(window)
+    def consume(self, report: IngestReport) -> None:
+        self._take(report)
 
-    def hello(self, sender: SenderView) -> None:
+    def hello(self, view: SenderView) -> None:
         """Hellos are not windows."""

@@ -37,9 +37,9 @@ class _WandbSide(Protocol):
 
 
 class _AdminSide(Protocol):
-    """``sidecar.core.admin.Admin``: it reads nothing back from here (it is handed the window)."""
+    """``sidecar.core.admin.Admin``: it reads nothing back from here (it is handed the report)."""
 
-    def explain(self, window: IngestReport | None) -> Mapping[str, Any]: ...
+    def explain(self, report: IngestReport | None) -> Mapping[str, Any]: ...
 
     def last_capture(self) -> CaptureView | None: ...
 
@@ -56,7 +56,7 @@ class ScrapeState:
         self._ingest: _IngestSide | None = None
         self._wandb: _WandbSide | None = None
         self._admin: _AdminSide | None = None
-        self._window: IngestReport | None = None
+        self._report: IngestReport | None = None
 
     def attach(self, *, ingest: _IngestSide, wandb: _WandbSide | None, admin: _AdminSide | None) -> None:
         """Wire the providers made after this object, at once (the daemon, before it starts
@@ -76,9 +76,9 @@ class ScrapeState:
         """Whether the admin side (``explain``, ``telemetry``) is wired."""
         return self._admin is not None
 
-    def window(self) -> IngestReport | None:
-        """The latest window as fanned out (None before the first)."""
-        return self._window
+    def report(self) -> IngestReport | None:
+        """The latest window's report as fanned out (None before the first)."""
+        return self._report
 
     def gpu_view(self) -> GpuView | None:
         """The GPUs now (None without GPU metrics)."""
@@ -102,7 +102,7 @@ class ScrapeState:
 
     def explain(self) -> Mapping[str, Any] | None:
         """The mapping report ``/explain`` serves, of the latest window (None: the page is absent)."""
-        return self._admin.explain(self._window) if self._admin is not None else None
+        return self._admin.explain(self._report) if self._admin is not None else None
 
     def last_capture(self) -> CaptureView | None:
         """The newest profiler capture kept in the state folder (None: none, or no admin side)."""
@@ -110,8 +110,8 @@ class ScrapeState:
 
     # -- the fan-out's side (ingest thread) ----------------------------------------------------------
 
-    def consume(self, window: IngestReport) -> None:
-        self._window = window
+    def consume(self, report: IngestReport) -> None:
+        self._report = report
 
-    def hello(self, sender: SenderView) -> None:
+    def hello(self, view: SenderView) -> None:
         """Hellos change nothing here."""

@@ -103,7 +103,7 @@ class TimelineKeeper:
         Raises ``OSError`` when a file cannot be written (the others are written first)."""
         if self.session_begin is None:
             self.session_begin = facts.end_unix_s - facts.duration_s
-        changed = observe(ledger, before, facts, report, self._book)
+        changed = observe(ledger, before, facts, report, self._book_of)
         failed: OSError | None = None
         for run in sorted(changed):
             try:
@@ -115,7 +115,7 @@ class TimelineKeeper:
             raise failed
         return {run: self.books[run].view() for run in changed}
 
-    def _book(self, run: str) -> RunTimelineBook:
+    def _book_of(self, run: str) -> RunTimelineBook:
         book = self.books.pop(run, None)
         if book is None:
             state, problem = read(self.folder, run)

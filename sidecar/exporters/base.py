@@ -1,10 +1,11 @@
 """The one interface between the pipeline and its destinations.
 
-The pipeline's fan-out (``sidecar.core.pipeline``) calls ``consume(window)`` on every exporter from
-the ingest thread, and ``hello(sender)`` for each hello; that is the whole route after
-aggregation. What an exporter reads between windows comes from the one scrape state it is given
-(a ``ScrapeView``: the daemon's is ``sidecar.core.scrape_state.ScrapeState``). The daemon starts
-every exporter through ``start`` and stops it through ``shutdown``, in the reverse order.
+The pipeline's fan-out (``sidecar.core.pipeline``) calls ``consume(report)`` (a window's report,
+``model.window.IngestReport``; ``report.window`` is the window) on every exporter from the ingest
+thread, and ``hello(view)`` (the sender's view) for each hello; that is the whole route after aggregation. What
+an exporter reads between windows comes from the one scrape state it is given (a ``ScrapeView``:
+the daemon's is ``sidecar.core.scrape_state.ScrapeState``). The daemon starts every exporter
+through ``start`` and stops it through ``shutdown``, in the reverse order.
 Lifecycle: create -> ``start()`` -> ``consume()``... -> ``shutdown(timeout_s)``.
 """
 
@@ -42,7 +43,7 @@ class ScrapeView(Protocol):
     def has_gpus(self) -> bool: ...
     @property
     def has_admin(self) -> bool: ...
-    def window(self) -> IngestReport | None: ...
+    def report(self) -> IngestReport | None: ...
     def gpu_view(self) -> GpuView | None: ...
     def wandb_stats(self) -> WandbStatsLike | None: ...
     def telemetry(self) -> DaemonTelemetry | None: ...
@@ -56,7 +57,7 @@ class Unscraped:
     has_gpus = False
     has_admin = False
 
-    def window(self) -> IngestReport | None:
+    def report(self) -> IngestReport | None:
         return None
 
     def gpu_view(self) -> GpuView | None:
@@ -90,11 +91,13 @@ class Exporter:
         """Acquire resources (bind a port, start a thread). Raises with a message that says what
         to fix (``OSError`` for a port that cannot be bound)."""
 
-    def consume(self, window: IngestReport) -> None:
-        """Take one window (immutable; the same object goes to every exporter)."""
+    def consume(self, report: IngestReport) -> None:
+        """Take one window's report (``report.window`` is the window itself; immutable: the same
+        object goes to every exporter)."""
 
-    def hello(self, sender: SenderView) -> None:
-        """A trainer said hello (``sender.hello``: its fields as sent, ``wandb_run_id``, ``pid``, ...)."""
+    def hello(self, view: SenderView) -> None:
+        """A trainer said hello (``view``: the sender's view; ``view.hello``: its fields as sent,
+        ``wandb_run_id``, ``pid``, ...)."""
 
     def reload(self, settings: Any) -> None:
         """New settings (a config reload; ``settings``: ``sidecar.core.config.Config``, which is every

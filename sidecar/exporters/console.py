@@ -61,8 +61,8 @@ class ConsoleExporter(Exporter):
             parts.extend(format_ledger(report.run_ledger))
         return " | ".join(parts)
 
-    def consume(self, window: IngestReport) -> None:
-        self.log.info("%s", self.line(window))
+    def consume(self, report: IngestReport) -> None:
+        self.log.info("%s", self.line(report))
 
 
 def format_insight(insight: PipelineInsight, rates: bool = True) -> str:

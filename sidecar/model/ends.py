@@ -1,7 +1,7 @@
 """How a sender's process ended, as every exporter reads it (docs/RELIABILITY.md, "How a sender
 ended"; the families in docs/METRICS.md).
 
-The daemon tells an end once a sender's tally is booked (``sidecar.core.ingest``): from the tally
+The daemon tells an end once a sender's tally is reconciled (``sidecar.core.ingest``): from the tally
 (final or not, the signal and the exception the shim saw), the process's crash file, its
 exit-status file and its memory cgroup (``EndFacts``, ``how_ended``).
 """

@@ -13,9 +13,9 @@ SENDING_S = 3.0
 
 GONE_AFTER_S = 5.0
 """Seconds a gone process's tally waits (and each of its senders must have been silent) before it
-is booked, so that its last frames, still in the kernel's socket buffer or ZeroMQ's queue when it
+is reconciled, so that its last frames, still in the kernel's socket buffer or ZeroMQ's queue when it
 died, are counted as received first. With 1 s, a short-lived process's only batch arrived after
-its booking on a box at load 9-19 (2 cores), and was counted as ``lost_at_exit`` (and its frame as
+its reconciling on a box at load 9-19 (2 cores), and was counted as ``lost_at_exit`` (and its frame as
 ``after_exit``) instead of accepted."""
 
 LIVE_S = 10.0

@@ -154,9 +154,10 @@ class SenderView:
 
 @dataclass(frozen=True, slots=True)
 class IngestReport:
-    """One window: the aggregates plus the accounting, all immutable copies. The ingest thread
-    builds it without ``insight`` and ``gpu``; the daemon adds them (``dataclasses.replace``)
-    before any exporter sees the window. ``insight`` stays None if computing it failed;
+    """One window's report (a listener's ``report``): the window itself (``window``: the
+    aggregates) plus the accounting, all immutable copies. The ingest thread builds it without
+    ``insight`` and ``gpu``; the daemon adds them (``dataclasses.replace``) before any exporter
+    sees the report. ``insight`` stays None if computing it failed;
     ``gpu`` is None without GPU metrics."""
 
     window: WindowReport

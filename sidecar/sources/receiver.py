@@ -163,7 +163,7 @@ class FairQueue:
         return used * math.exp((at - now) / USAGE_TAU_S) / USAGE_TAU_S
 
     def charge(self, peer: Hashable, cpu_s: float, nbytes: int) -> None:
-        """Book a frame's measured cost: the difference from its expected cost moves the peer's
+        """Charge a frame's measured cost: the difference from its expected cost moves the peer's
         deficit, and its cost per byte is learnt (a moving average)."""
         per_byte = self._per_byte.get(peer, FIRST_COST_S_PER_BYTE)
         self._deficit[peer] = self._deficit.get(peer, 0.0) - (cpu_s - per_byte * nbytes)
@@ -314,7 +314,7 @@ class Receiver:
         return self.stats.part()
 
     def charge(self, peer: int | None, cpu_s: float, nbytes: int) -> None:
-        """Book a handled frame's measured cost (CPU seconds, its size) to its peer's share of the
+        """Charge a handled frame's measured cost (CPU seconds, its size) to its peer's share of the
         ingest thread (``FairQueue.charge``): what decides the peer's next rounds."""
         self._shares.charge(peer, cpu_s, nbytes)
 

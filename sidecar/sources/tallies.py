@@ -1,16 +1,18 @@
-"""The daemon's side of the senders' tallies: the directory beside each ipc socket, and the files
-in it of processes that are gone.
+"""The daemon's side of the senders' tallies: the directory beside each ipc socket
+(``<socket>.tallies``, and for one release the deprecated ``<socket>.ledger`` that shims of the
+previous release write into: ``trainer_shim.endpoint.tally_dirs``), and the files in it of
+processes that are gone.
 
 Each shim publisher rewrites a small file there after its flush cycles (``trainer_shim.tally``).
 This module creates the directory (the daemon's own: mode 3730, sticky and setgid, so members of
 the socket's group can create files but not list, replace or remove each other's), and once per
-``SCAN_S`` lists it and reports the tallies that are ready to be booked: the process named by the
+``SCAN_S`` lists it and reports the tallies that are ready to be reconciled: the process named by the
 file is gone (its pid no longer exists, or exists with another start time), or its publisher
-closed, for at least ``model.liveness.GONE_AFTER_S``. What the tally says beyond what arrived is booked by
-``SenderRegistry.book_exit``; the file is then removed. Beside a tally, the process's crash file
+closed, for at least ``model.liveness.GONE_AFTER_S``. What the tally says beyond what arrived is reconciled by
+``SenderRegistry.reconcile_tally``; the file is then removed. Beside a tally, the process's crash file
 (the fatal signal faulthandler wrote down) and exit-status file (the status the C library wrote
 at ``exit(3)``, ``trainer_shim.exit_status``) are read with it and removed once its tallies are
-all booked. Nothing here raises: an unreadable file is skipped, a malformed one counted and removed.
+all reconciled. Nothing here raises: an unreadable file is skipped, a malformed one counted and removed.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import msgspec
 from sidecar.model.liveness import GONE_AFTER_S
 from sidecar.sources.cgroup import Baseline, oom_baseline, oom_killed
 from trainer_shim import wire
-from trainer_shim.endpoint import tally_dir
+from trainer_shim.endpoint import tally_dirs
 
 log = logging.getLogger("sidecar")
 
@@ -55,7 +57,7 @@ _decoder = msgspec.msgpack.Decoder(wire.Tally)
 
 @dataclass(slots=True)
 class ReadyTally:
-    """A tally to book. ``uid``: the file's owner; ``final``: written by ``close()`` or the SIGTERM
+    """A tally to reconcile. ``uid``: the file's owner; ``final``: written by ``close()`` or the SIGTERM
     handler (the totals are exact), else the last flush of a process that died without either;
     ``written_unix_s``: the file's last write (its mtime, Unix seconds)."""
 
@@ -88,7 +90,7 @@ class TallyScan(NamedTuple):
     """What one ``TallyDirectory.scan`` found."""
 
     ready: list[ReadyTally]
-    """The tallies ready to be booked."""
+    """The tallies ready to be reconciled."""
     malformed: int
     """Files of gone processes that held no intact tally (removed)."""
 
@@ -97,7 +99,7 @@ class TallyDirectory:
     """The tally directories of a daemon's ipc endpoints."""
 
     def __init__(self, endpoints: list[str]) -> None:
-        self.directories = [d for d in (tally_dir(e) for e in endpoints) if d is not None]
+        self.directories = [d for e in endpoints for d in tally_dirs(e)]
         self._seen: dict[str, _Seen] = {}
         self._baselines: dict[int, Baseline] = {}
         self._next_scan = 0.0
@@ -144,7 +146,7 @@ class TallyDirectory:
         return bool(self.directories) and now >= self._next_scan
 
     def scan(self, now: float, grace_s: float = GONE_AFTER_S) -> TallyScan:
-        """The tallies ready to be booked now (gone or closed for ``grace_s``; 0 at the daemon's
+        """The tallies ready to be reconciled now (gone or closed for ``grace_s``; 0 at the daemon's
         shutdown, once what arrived is drained), and how many files of gone processes held no
         intact tally (removed: the caller counts them)."""
         self._next_scan = now + SCAN_S
@@ -176,7 +178,7 @@ class TallyDirectory:
     def _tell_sides(self, ready: list[ReadyTally], sides: Sides) -> None:
         """Read the crash file and the exit-status file of each ready tally's process (those its
         owner made: another member of the socket's group cannot speak for it); remove the files
-        of gone processes whose tallies are all booked (none left in the directory)."""
+        of gone processes whose tallies are all reconciled (none left in the directory)."""
         for r in ready:
             ident = (r.tally.pid, r.tally.start_ticks)
             path, uid = sides[wire.CRASH_SUFFIX].get(ident, ("", -1))
@@ -257,8 +259,8 @@ class TallyDirectory:
 
     def close(self) -> None:
         """At daemon exit: remove each directory if it is empty (tallies of running senders, or of
-        gone ones not booked yet, keep it for the next daemon); the crash files whose tallies were
-        all booked go first. Idempotent."""
+        gone ones not reconciled yet, keep it for the next daemon); the crash files whose tallies were
+        all reconciled go first. Idempotent."""
         for directory in self.directories:
             try:
                 names = os.listdir(directory)[:MAX_FILES_PER_SCAN]
@@ -275,7 +277,7 @@ class TallyDirectory:
                 pass
 
     def remove(self, path: str) -> None:
-        """Remove a booked (or unusable) tally file."""
+        """Remove a reconciled (or unusable) tally file."""
         self._seen.pop(path, None)
         ident = wire.parse_tally_file_name(os.path.basename(path))
         if ident is not None:

@@ -99,7 +99,7 @@ class RunLedger:
                 if (run, role) not in groups and r.pending_startup > 0 and facts.end_unix_s - heard > LIVE_S:
                     _unplaced(r)
         for end in facts.ends:
-            _book_end(self.runs, *end[:4])
+            _count_end(self.runs, *end[:4])
         self._verdicts(groups, facts.verdict, begin, facts.end_unix_s)
         self._no_trainer(facts, begin, sum(joules.values()))
         self.record.now_unix_s = facts.end_unix_s
@@ -285,7 +285,7 @@ def _view(rec: LedgerRecord, flops_per_token: float | None, state_errors: Mappin
                          run_verdicts.views(rec.verdicts))
 
 
-def _book_end(runs: Mapping[str, dict[str, RoleRecord]], role: str, how: str, cause: str = "",
+def _count_end(runs: Mapping[str, dict[str, RoleRecord]], role: str, how: str, cause: str = "",
               detail: str = "") -> None:
     """Count a sender end of ``role`` (``model.ends``) in the most recent run that has the role,
     keep it as the role's last (how, cause and detail: ``report`` shows what ended it), and give

@@ -49,8 +49,8 @@ class PrometheusExporter(Exporter):
         """``dcgm_compat`` from the next scrape on (a config reload)."""
         self.state.dcgm_compat = settings.dcgm_compat
 
-    def consume(self, window: IngestReport) -> None:
-        self.state.report = window
+    def consume(self, report: IngestReport) -> None:
+        self.state.report = report
 
     def shutdown(self, timeout_s: float = 1.0) -> None:
         """Stop serving (in-flight scrapes finish on their own threads). Idempotent."""

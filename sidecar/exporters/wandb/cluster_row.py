@@ -74,8 +74,8 @@ class ClusterRow(Exporter):
             self._thread = threading.Thread(target=self._loop, name="sidecar-wandb-cluster", daemon=True)
             self._thread.start()
 
-    def consume(self, window: IngestReport) -> None:
-        node = window.insight.node if window.insight is not None else None
+    def consume(self, report: IngestReport) -> None:
+        node = report.insight.node if report.insight is not None else None
         if node is not None:
             self._run = node.run  # one reference swap: the thread reads it
 

@@ -242,18 +242,18 @@ class WandbExporter(Exporter):
             return self._drop("queue_full")
         return True
 
-    def consume(self, window: IngestReport) -> None:
+    def consume(self, report: IngestReport) -> None:
         """Queue the window's row (``rows.window_row``) against the trainer's step, with an alert
         for each end that loses records (``ends_row.AlertLimiter``), and the run's picture when
         its last senders ended in it (none live after an end)."""
-        alerts = tuple(self._alerts.alerts(window.ends, self._host, time.monotonic())) if window.ends.new else ()
-        kept = self._picture.keep(window)
-        ended = bool(window.ends.new) and not window.live_senders
-        self.submit(window_row(window, self._host), window.window.trainer_step, alerts, kept if ended else None)
+        alerts = tuple(self._alerts.alerts(report.ends, self._host, time.monotonic())) if report.ends.new else ()
+        kept = self._picture.keep(report)
+        ended = bool(report.ends.new) and not report.live_senders
+        self.submit(window_row(report, self._host), report.window.trainer_step, alerts, kept if ended else None)
 
-    def hello(self, sender: SenderView) -> None:
+    def hello(self, view: SenderView) -> None:
         """A shim hello: what it says about the trainer's W&B run (``on_trainer_hello``)."""
-        hello = sender.hello or {}
+        hello = view.hello or {}
         self.on_trainer_hello(hello.get("wandb_run_id"), hello.get("wandb_project"), hello.get("wandb_entity"),
                               hello.get("wandb_mode"), hello.get("wandb_primary"))
 

@@ -43,18 +43,18 @@ class RunPicture:
         self._drawn = -1
         """``Snapshot.touched`` of the last page made."""
 
-    def keep(self, window: IngestReport) -> Snapshot:
+    def keep(self, report: IngestReport) -> Snapshot:
         """Remember the window's ledger view and the timelines of the runs it touched; returns
         the snapshot after it (to draw the page as of this window later)."""
         with self._lock:
             now = self._now
             timelines = dict(now.timelines)
-            for run, timeline in window.timelines.items():
+            for run, timeline in report.timelines.items():
                 timelines.pop(run, None)
                 timelines[run] = timeline
             while len(timelines) > MAX_TIMELINES:
                 del timelines[next(iter(timelines))]
-            self._now = Snapshot(window.run_ledger or now.ledger, timelines, now.touched + bool(window.timelines))
+            self._now = Snapshot(report.run_ledger or now.ledger, timelines, now.touched + bool(report.timelines))
             return self._now
 
     def page(self, run: str | None, at: Snapshot | None = None, only_new: bool = False) -> str | None:
