@@ -52,7 +52,7 @@ def test_pool_terminate(daemon: DaemonProc) -> None:
 
 def test_sigkill_is_bounded_by_one_flush(daemon: DaemonProc) -> None:
     """SIGKILL and ``os.abort()`` with frames stuck behind a stopped daemon: what the last tally
-    holds is booked as ``ended_unclean``; only what was made after the last flush is unknown, and
+    holds is counted as ``ended_unclean``; only what was made after the last flush is unknown, and
     here that is exactly the tail each published without flushing (not in ``made``)."""
     r = exits.unclean(daemon, flushes=200, per_flush=500, tail=250)
     assert r.counted == r.made, r

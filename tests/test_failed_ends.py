@@ -131,7 +131,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
 
 
 def test_each_death_is_told_for_what_it_is(daemon: DaemonProc) -> None:
-    """All cases at once, each its own role: each is booked once with its how, cause and GPU on
+    """All cases at once, each its own role: each end is counted once with its how, cause and GPU on
     the page, its detail in the log line, and the loss accounting exact."""
     procs = {mode: ends.start(daemon, mode, f"die-{mode}", DEATHS) for mode, *_ in CASES}
     done = {mode: ends.finish(p, f"die-{mode}") for mode, p in procs.items()}
@@ -155,7 +155,7 @@ def test_each_death_is_told_for_what_it_is(daemon: DaemonProc) -> None:
     lint = subprocess.run([require_tool("promtool"), "check", "metrics"], input=daemon.text(), capture_output=True,
                           text=True, timeout=60)
     assert lint.returncode == 0 and not lint.stdout.strip(), (lint.stdout, lint.stderr)
-    time.sleep(GONE_AFTER_S + 2.5)  # two tally scans more: nothing is booked twice
+    time.sleep(GONE_AFTER_S + 2.5)  # two tally scans more: nothing is counted twice
     assert ends.ends_of(daemon, "die-nan") == {"failed": 1}
     left = list(Path(daemon.endpoint.removeprefix("ipc://") + ".tallies").iterdir())
     assert left == [], left  # every tally booked, its crash and exit-status files removed with it

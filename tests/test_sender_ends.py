@@ -1,5 +1,5 @@
 """Every sender's end is told (issue 33): real shim processes that end in each way the issue
-lists, one real daemon (``--sender-gone-after 2``, so a case is booked about 3 s after its end), and
+lists, one real daemon (``--sender-gone-after 2``, so a case is counted about 3 s after its end), and
 what the daemon exports for each case's role: one end, with the right ``how`` and signal, and the
 loss accounting unchanged (made == accepted + dropped). The cases live in ``tests/soak/ends.py``.
 """
@@ -52,7 +52,7 @@ def _told(d: DaemonProc, role: str) -> dict[str, int]:
 
 
 def test_each_end_is_told_once_with_its_how(daemon: DaemonProc) -> None:
-    """All eight cases at once (each its own role): each is booked once, with its how, signal,
+    """All eight cases at once (each its own role): each end is counted once, with its how, signal,
     pid and step, and the loss accounting is exact (every case flushed before it ended)."""
     procs = {mode: ends.start(daemon, mode, f"end-{mode}") for mode, _, _ in CASES}
     done = {mode: ends.finish(p, f"end-{mode}", ends.SIGNALS.get(mode)) for mode, p in procs.items()}
@@ -65,7 +65,7 @@ def test_each_end_is_told_once_with_its_how(daemon: DaemonProc) -> None:
         assert last["pid"] == str(procs[mode].pid) and last["step"] == "7", (mode, last)
         total, dropped = ends.losses(daemon, role)
         assert total == done[mode].made, (mode, total, done[mode].made, dropped)
-    time.sleep(GONE_AFTER_S + 2.5)  # two tally scans more: nothing is booked twice
+    time.sleep(GONE_AFTER_S + 2.5)  # two tally scans more: nothing is counted twice
     for mode, how, _ in CASES:
         assert ends.ends_of(daemon, f"end-{mode}") == {how: 1}, mode
     assert "sender ended: end-sigkill/0 pid" in daemon.log()

@@ -63,7 +63,7 @@ class ReceiverSettings:
 
     sender_gone_after: float = setting(
         GONE_AFTER_S, check=float, bounds=(1.0, 600.0), unit="seconds", metavar="S",
-        help="A sender's process gone (or its publisher closed) is booked, and how it ended told, once its "
+        help="A sender's process gone (or its publisher closed) has its tally reconciled, and how it ended told, once its "
              "senders have been silent this long (seconds): its last frames still on the way are counted as "
              "received first.")
 

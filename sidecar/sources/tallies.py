@@ -117,7 +117,7 @@ class TallyDirectory:
             except FileExistsError:
                 pass
             except OSError as exc:
-                log.warning("sidecar: cannot create %s (%s): losses at exit will not be booked", directory,
+                log.warning("sidecar: cannot create %s (%s): losses at exit will not be counted", directory,
                             exc.strerror)
                 continue
             try:
@@ -126,7 +126,7 @@ class TallyDirectory:
                     raise PermissionError("not a directory of this user")
                 os.chmod(directory, DIR_MODE)
             except OSError as exc:
-                log.warning("sidecar: ignoring %s (%s): losses at exit will not be booked", directory, exc)
+                log.warning("sidecar: ignoring %s (%s): losses at exit will not be counted", directory, exc)
                 continue
             usable.append(directory)
         self.directories = usable
