@@ -8,7 +8,7 @@ last word may mean one phase in one framework and another elsewhere: ``step`` is
 in most loops, but DeepSpeed's ``elapsed_time_ms_step`` is the optimizer step, next to
 ``elapsed_time_ms_forward`` and ``elapsed_time_ms_backward``.
 
-``settle`` decides both once per window from the names of each (role, worker), before any
+``settle`` decides these once per window from the names of each (role, worker), before any
 stage reads the window:
 
 1. A name read as ``step`` whose reading says it means another phase beside its siblings
@@ -69,13 +69,15 @@ def settle(series: Sequence[SeriesView]) -> tuple[SeriesView, ...]:
 
 def _episodes(out: list[SeriesView]) -> None:
     """Rule 4: an uncertain step read beside an episode's record of the same namespace is the episode's time."""
+    uncertain = [i for i, v in enumerate(out) if v.kind == TIMING and v.meaning == "step" and v.certainty < 1.0]
+    if not uncertain:
+        return  # most windows: no series' names are split
     names: dict[tuple[str, str], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for v in out:
         namespace, last = _namespace(v.raw or v.name)
         names[v.role, v.worker][namespace].append(last)
-    for i, v in enumerate(out):
-        if v.kind != TIMING or v.meaning != "step" or v.certainty >= 1.0:
-            continue
+    for i in uncertain:
+        v = out[i]
         namespace, last = _namespace(v.raw or v.name)
         episode = next((w for w in names[v.role, v.worker][namespace] if w != last and EPISODE in w.lower()), "")
         if episode:

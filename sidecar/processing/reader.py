@@ -141,7 +141,6 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
 name holds words of several (``backward_allreduce``: communication, the part of the backward
 that waits; ``data`` beside ``step``: the data wait of a step; a queue's get or put: the DFlash
 hidden-state queue's meanings). docs/METRICS.md prints it."""
-_ONE_WORD_PHASES = frozenset(w for ws in PHASE_WORDS.values() for w in ws if "_" not in w)
 
 EVAL_WORDS = frozenset({"eval", "evaluate", "val", "valid", "validate", "test", "inference", "predict"})
 """Words of a model's evaluation: outside the training step even where a trainer waits for a batch."""
@@ -260,6 +259,7 @@ before the first of them; a key outside the step is refused by all its words."""
 GLUED = "time"
 """A duration word a phase word may be glued to (``iotime``, ``datatime``, ``itertime``): split
 where the glued head is one word of ``PHASE_WORDS`` (``runtime``, ``uptime``, ``walltime`` are not)."""
+_GLUED_WORDS = frozenset(w + GLUED for ws in PHASE_WORDS.values() for w in ws if "_" not in w and len(w) >= 2)
 
 
 
@@ -302,10 +302,10 @@ def words(text: str) -> list[str]:
     before ``probs``, ``prob`` or ``p`` is one word (``log_probs`` is a forward pass, not logging);
     a phase word glued to ``time`` is two (``iotime`` -> ``['io', 'time']``: ``GLUED``)."""
     out = [w.lower() for w in _WORDS.findall(text)]
-    for i in range(len(out) - 1, -1, -1):
-        head = out[i][:-len(GLUED)]
-        if out[i].endswith(GLUED) and len(head) >= 2 and head in _ONE_WORD_PHASES:
-            out[i:i + 1] = [head, GLUED]  # iotime, datatime: a phase word glued to its duration word
+    if not _GLUED_WORDS.isdisjoint(out):
+        for i in range(len(out) - 1, -1, -1):
+            if out[i] in _GLUED_WORDS:
+                out[i:i + 1] = [out[i][:-len(GLUED)], GLUED]  # iotime: a phase word glued to its duration word
     for i in range(len(out) - 1, 0, -1):
         if out[i - 1] == "log" and out[i] in ("probs", "prob", "p"):
             out[i - 1:i + 1] = ["log" + out[i]]
