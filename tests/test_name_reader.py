@@ -52,6 +52,10 @@ from sidecar.processing.reader import read_name, read_rate, stem
     ("calc_gradients_time", "forward_backward", 1.0),
     ("dt_data", "data_wait", 1.0),                              # dt leading a phase word
     ("data_time_diff", "data_wait", 1.0),                       # a timer's last interval is no statistic
+    ("iotime", "data_wait", 1.0),                               # a phase word glued to its duration word
+    ("steptime_ms", "step", 1e-3),
+    ("Time per iteration including communication", "step", 1.0),  # what a duration spans is no phase
+    ("step_time_excl_data_ms", "step", 1e-3),
 ])
 def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     r = read_name(name)
@@ -88,6 +92,9 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("gpu_mem_time", "mem"),                      # a device's memory, no device's time
     ("gpu_idle_time", "no phase"),                # a device word beside another word: no bare duration
     ("compute_time", "no phase"),                 # compute sums many steps in one framework, times one in another
+    ("runtime", "runtime"),                       # a glued head that is no phase word stays one word
+    ("walltime", "walltime"),
+    ("eval_time_including_data", "eval"),         # a key outside the step is refused by all its words
 ])
 def test_names_that_are_no_phase(name: str, why: str) -> None:
     r = read_name(name)
@@ -124,6 +131,7 @@ def test_ambiguous_names_are_read_with_less_certainty_and_say_why() -> None:
     m = Mapper().resolve(PROFILE, "time", "t", "0")  # a preset's bare time: which framework?
     assert (m.meaning, m.certainty) == ("step", 0.5) and "ambiguous" in m.rule
     assert read_name("throughput/duration").certainty == 0.5
+    assert read_name("itertime").certainty == 0.5  # glued, still ESPnet's or detectron2's
 
 
 def test_rates_are_throughputs() -> None:
@@ -272,6 +280,25 @@ def test_any_name_is_read_without_raising() -> None:
 def test_parts_and_siblings_keep_what_the_names_do_not_contain(profile: dict[str, float],
                                                                 expected: dict[str, str]) -> None:
     assert {v.raw: v.meaning for v in _window([(1, profile)]).series} == expected
+
+
+@pytest.mark.parametrize(("profile", "expected"), [
+    # the SAC loggers (pytorch_sac, CURL): an episode's wall time beside its number, when it ends
+    ({"train/duration": 12.0, "train/episode": 3.0, "train/episode_reward": 1.5},
+     {"train/duration": "", "train/episode": "", "train/episode_reward": ""}),
+    ({"train/duration": 12.0, "train/EpisodeReturn": 1.5}, {"train/duration": "", "train/EpisodeReturn": ""}),
+    # an episode in another namespace says nothing of this one's duration: the step, uncertain
+    ({"train/duration": 0.2, "eval/episode_reward": 1.5}, {"train/duration": "step", "eval/episode_reward": ""}),
+    # a read the name decided stays, beside episodes or not
+    ({"train/step_time": 0.2, "train/episode": 3.0}, {"train/step_time": "step", "train/episode": ""}),
+])
+def test_an_uncertain_step_beside_an_episode_is_the_episodes_time(profile: dict[str, float],
+                                                                  expected: dict[str, str]) -> None:
+    series = _window([(1, profile)]).series
+    assert {v.raw: v.meaning for v in series} == expected
+    for v in series:
+        if v.raw.endswith("duration") and not v.meaning:
+            assert v.outside and "an episode's time beside train/" in v.rule, v
 
 
 def test_two_names_of_one_phase_read_one_preset_first() -> None:

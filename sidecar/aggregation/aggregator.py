@@ -624,11 +624,12 @@ class Aggregator:
         for sender, (role, worker, step) in self._steps.items():
             if (live is None or sender in live) and step > steps.get((role, worker), -1):
                 steps[role, worker] = step
-        return WindowReport(end_unix_s, duration_s, settle(views), steps, dict(self._allocator),
+        settled = settle(views)  # the step axes' pace by the settled step (an episode's time is none)
+        return WindowReport(end_unix_s, duration_s, settled, steps, dict(self._allocator),
                             {sender: step for sender, (_, _, step) in self._steps.items()}, dict(self._first_steps),
-                            self._axes.counted(self._step_ms(views)))
+                            self._axes.counted(self._step_ms(settled)))
 
-    def _step_ms(self, views: list[SeriesView]) -> dict[int, float]:
+    def _step_ms(self, views: Sequence[SeriesView]) -> dict[int, float]:
         """Sender -> its ``step`` timing's mean this window (milliseconds), for the step axes."""
         by_place = {(v.role, v.worker): v.window["mean"] for v in views
                     if v.kind == TIMING and v.meaning == "step" and v.window is not None}

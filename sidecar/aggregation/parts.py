@@ -8,7 +8,7 @@ last word may mean one phase in one framework and another elsewhere: ``step`` is
 in most loops, but DeepSpeed's ``elapsed_time_ms_step`` is the optimizer step, next to
 ``elapsed_time_ms_forward`` and ``elapsed_time_ms_backward``.
 
-``settle`` decides both once per window from the names of each (role, worker), before any
+``settle`` decides these once per window from the names of each (role, worker), before any
 stage reads the window:
 
 1. A name read as ``step`` whose reading says it means another phase beside its siblings
@@ -22,12 +22,19 @@ stage reads the window:
    of other phases alone stay beside it.
 3. ``forward_backward`` beside a ``forward`` and a ``backward`` of one prefix (``fwd_bwd`` beside
    ``fwd`` and ``bwd``) is their sum, likewise.
+4. A timing read as the step only because nothing else was named (certainty below 1: a bare
+   ``duration``, ``dt``, ``time``) whose namespace also records an episode (another series of the
+   same label and namespace whose last segment holds ``EPISODE``: ``train/episode``,
+   ``train/episode_reward``) is that episode's time, no phase of the step: RL loggers write an
+   episode's wall time beside its number and its return when it ends (the SAC loggers that
+   pytorch_sac and CURL share).
 
 Each change is said in the series' ``rule`` (``explain`` shows it).
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
@@ -37,6 +44,11 @@ from sidecar.model.window import TIMING, SeriesView
 
 PARTS = tuple(p for p in PHASES if p != "forward_backward")
 """Phases that can be a part of another (``forward_backward`` contains, it is no part)."""
+EPISODE = "episode"
+"""In the last segment of a name of the same namespace, what makes an uncertain step read an
+episode's time (rule 4): ``episode``, ``episode_reward``, ``EpisodeReturn``, ``num_episodes``."""
+_LAST_SEGMENT = re.compile(r"[/.:|@,;=]+")
+"""The separators of a name's segments (as the name reader splits them)."""
 
 
 def settle(series: Sequence[SeriesView]) -> tuple[SeriesView, ...]:
@@ -51,7 +63,32 @@ def settle(series: Sequence[SeriesView]) -> tuple[SeriesView, ...]:
             continue
         _siblings(out, members)
         _containers(out, members)
+    _episodes(out)
     return tuple(out)
+
+
+def _episodes(out: list[SeriesView]) -> None:
+    """Rule 4: an uncertain step read beside an episode's record of the same namespace is the episode's time."""
+    uncertain = [i for i, v in enumerate(out) if v.kind == TIMING and v.meaning == "step" and v.certainty < 1.0]
+    if not uncertain:
+        return  # most windows: no series' names are split
+    names: dict[tuple[str, str], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for v in out:
+        namespace, last = _namespace(v.raw or v.name)
+        names[v.role, v.worker][namespace].append(last)
+    for i in uncertain:
+        v = out[i]
+        namespace, last = _namespace(v.raw or v.name)
+        episode = next((w for w in names[v.role, v.worker][namespace] if w != last and EPISODE in w.lower()), "")
+        if episode:
+            out[i] = replace(v, meaning="", outside=True,
+                             rule=f"{v.rule}; an episode's time beside {namespace}{episode}: no phase of the step")
+
+
+def _namespace(name: str) -> tuple[str, str]:
+    """(the namespace with its last separator, the last segment) of a series' name."""
+    found = list(_LAST_SEGMENT.finditer(name))
+    return (name[:found[-1].end()], name[found[-1].end():]) if found else ("", name)
 
 
 def _siblings(out: list[SeriesView], members: list[int]) -> None:

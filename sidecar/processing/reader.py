@@ -7,7 +7,8 @@ training step it times. ``read_name`` does the same in four moves, once per new 
 mapping stage caches its answer; bench/RESULTS_NAMES.md has the cost):
 
 1. **Split** the name into segments (``/``, ``.``, ``:``, ``|``) and each segment into words
-   (``_``, ``-``, spaces, brackets, camelCase, letters/digits; ``h2d`` and ``p50`` stay one word):
+   (``_``, ``-``, spaces, brackets, camelCase, letters/digits; ``h2d`` and ``p50`` stay one word,
+   a phase word glued to ``time`` is two: ``iotime``):
    ``Train/Samples/elapsed_time_ms_forward`` -> ``[train] [samples] [elapsed time ms forward]``.
    The last segment is the name proper; the others are its namespace (``train/``, ``timing/``).
 2. **Refuse what is no phase of the step** (``NOT_A_PHASE``): words anywhere that put the key
@@ -25,7 +26,8 @@ mapping stage caches its answer; bench/RESULTS_NAMES.md has the cost):
    ``forward_backward``, an optimizer word makes ``step`` the optimizer step, gradients applied are
    the optimizer step and gradients computed the forward and backward (``GRAD_VERBS``). A duration
    of no phase word is the step, uncertain, when it is bare (``_bare_duration``: ``dt``,
-   ``time_diff``, ``gpu_etime_ms``).
+   ``time_diff``, ``gpu_etime_ms``). Words after ``including``/``excluding`` (``SPAN_WORDS``) say
+   what the duration spans, not what it times: the phase is read before them.
 
 What the reader cannot decide from the name alone it says: ``Reading.ambiguous`` names the
 other meaning (``iter_time`` is the whole step in detectron2 and the data wait in ESPnet;
@@ -250,6 +252,15 @@ SIBLING_WORDS: dict[str, str] = {"step": "optimizer"}
 """The last word of a name that means a phase beside its siblings: ``X_step`` next to ``X_forward``
 and ``X_backward`` (the same prefix) is the optimizer step (DeepSpeed's timers), alone the step."""
 
+SPAN_WORDS = frozenset({"including", "incl", "excluding", "excl"})
+"""Words after which a name says what its duration spans or leaves out, not what it times (``Time
+per iteration including communication`` is the iteration's time): the phase is read from the words
+before the first of them; a key outside the step is refused by all its words."""
+GLUED = "time"
+"""A duration word a phase word may be glued to (``iotime``, ``datatime``, ``itertime``): split
+where the glued head is one word of ``PHASE_WORDS`` (``runtime``, ``uptime``, ``walltime`` are not)."""
+_GLUED_WORDS = frozenset(w + GLUED for ws in PHASE_WORDS.values() for w in ws if "_" not in w and len(w) >= 2)
+
 
 
 
@@ -288,8 +299,13 @@ class Reading:
 
 def words(text: str) -> list[str]:
     """The lower-case words of one segment: ``dataTime_ms`` -> ``['data', 'time', 'ms']``; ``log``
-    before ``probs``, ``prob`` or ``p`` is one word (``log_probs`` is a forward pass, not logging)."""
+    before ``probs``, ``prob`` or ``p`` is one word (``log_probs`` is a forward pass, not logging);
+    a phase word glued to ``time`` is two (``iotime`` -> ``['io', 'time']``: ``GLUED``)."""
     out = [w.lower() for w in _WORDS.findall(text)]
+    if not _GLUED_WORDS.isdisjoint(out):
+        for i in range(len(out) - 1, -1, -1):
+            if out[i] in _GLUED_WORDS:
+                out[i:i + 1] = [out[i][:-len(GLUED)], GLUED]  # iotime: a phase word glued to its duration word
     for i in range(len(out) - 1, 0, -1):
         if out[i - 1] == "log" and out[i] in ("probs", "prob", "p"):
             out[i - 1:i + 1] = ["log" + out[i]]
@@ -383,6 +399,10 @@ def read_name(name: str) -> Reading:
     refused = _refused(name, proper, namespace, vocab, space, unit)
     if refused is not None:
         return refused
+    cut = next((i for i, w in enumerate(proper) if w in SPAN_WORDS), len(proper))
+    if 0 < cut < len(proper):
+        proper = proper[:cut]  # time per iteration including communication: what it spans is no phase
+        vocab = _vocab(proper)
     meaning, hit = _phase(vocab)
     if not meaning:
         meaning, hit = _phase(space - DURATION_NAMESPACES)
@@ -551,6 +571,9 @@ def doc_table() -> list[str]:
              ("a part of the step of no phase (`update`: a learner's whole update)", words_of(OTHER_PARTS)),
              ("the next batch, even where another word would put the key outside the step", words_of(DATA_FIRST)),
              ("a wait for no named thing: `data_wait`, uncertain", words_of(WAIT_WORDS)),
+             ("what the duration spans or leaves out follows: the phase is read before the first of them",
+              words_of(SPAN_WORDS)),
+             ("a phase word glued before it is two words (`iotime`)", f"`{GLUED}`"),
              ("alone: the step, uncertain", words_of(BARE_STEP)),
              ("with duration words only: the time of what runs the step, the step, uncertain",
               words_of(DEVICE_WORDS)),
