@@ -34,12 +34,12 @@ Each change is said in the series' ``rule`` (``explain`` shows it).
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 
 from sidecar.model.meanings import PHASES
+from sidecar.model.names import SEGMENTS
 from sidecar.model.window import TIMING, SeriesView
 
 PARTS = tuple(p for p in PHASES if p != "forward_backward")
@@ -47,8 +47,6 @@ PARTS = tuple(p for p in PHASES if p != "forward_backward")
 EPISODE = "episode"
 """In the last segment of a name of the same namespace, what makes an uncertain step read an
 episode's time (rule 4): ``episode``, ``episode_reward``, ``EpisodeReturn``, ``num_episodes``."""
-_LAST_SEGMENT = re.compile(r"[/.:|@,;=]+")
-"""The separators of a name's segments (as the name reader splits them)."""
 
 
 def settle(series: Sequence[SeriesView]) -> tuple[SeriesView, ...]:
@@ -87,7 +85,7 @@ def _episodes(out: list[SeriesView]) -> None:
 
 def _namespace(name: str) -> tuple[str, str]:
     """(the namespace with its last separator, the last segment) of a series' name."""
-    found = list(_LAST_SEGMENT.finditer(name))
+    found = list(SEGMENTS.finditer(name))
     return (name[:found[-1].end()], name[found[-1].end():]) if found else ("", name)
 
 

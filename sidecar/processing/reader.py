@@ -41,9 +41,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sidecar.model.names import SEGMENTS
 from sidecar.processing.units import SECONDS, Unit
 
-_SEGMENTS = re.compile(r"[/.:|@,;=]+")
 _WORDS = re.compile(r"[A-Z]{2,}s(?![a-z])|[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+|µs")
 
 _PER_TIME = re.compile(r"(?i)([a-z]+)(?:[\s_]*(?:per|/)[\s_]*)(?:per[\s_]*)?"
@@ -319,7 +319,7 @@ def words(text: str) -> list[str]:
 
 def segments(name: str) -> list[list[str]]:
     """The name's segments, each as its words (empty segments dropped)."""
-    return [ws for seg in _SEGMENTS.split(name) if (ws := words(seg))]
+    return [ws for seg in SEGMENTS.split(name) if (ws := words(seg))]
 
 
 def stem(name: str) -> str:
@@ -542,7 +542,7 @@ def read_rate(name: str) -> str:
     """The throughput meaning (``RATES``) a rate's name says, ``""`` if none: what the last segment
     counts per second (``perf/tokens_per_sec`` -> ``tokens_per_s``); a namespace of counts is read
     too (``samples/s``). Environment frames and steps of RL (``fps``, ``SPS``) are no training rate."""
-    segs = _SEGMENTS.split(name)
+    segs = SEGMENTS.split(name)
     for text in dict.fromkeys((segs[-1], "/".join(segs[-2:]), "/".join(segs[-3:]))):  # tokens/sec/gpu
         m = _PER_TIME.search(text)
         if m is not None:

@@ -63,9 +63,9 @@ class ReceiverSettings:
 
     sender_gone_after: float = setting(
         GONE_AFTER_S, check=float, bounds=(1.0, 600.0), unit="seconds", metavar="S",
-        help="A sender's process gone (or its publisher closed) has its tally reconciled, and how it ended told, once its "
-             "senders have been silent this long (seconds): its last frames still on the way are counted as "
-             "received first.")
+        help="A sender's process gone (or its publisher closed) has its tally reconciled, and how it ended "
+             "told, once its senders have been silent this long (seconds): its last frames still on the way are "
+             "counted as received first.")
 
     def check_settings(self) -> Mapping[str, Any]:
         """No endpoint given: the default one. Raises ``ValueError`` for a tcp endpoint beyond
