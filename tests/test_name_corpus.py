@@ -16,7 +16,7 @@ import pytest
 from tests.name_corpus import CORPUS, PHASE_LABELS, Got, Row, load, read, right
 
 FILES = ("names_design.toml", "names_holdout.toml", "names_holdout2.toml", "names_holdout3.toml",
-         "names_holdout4.toml", "names_holdout5.toml", "names_holdout6.toml")
+         "names_holdout4.toml", "names_holdout5.toml", "names_holdout6.toml", "names_holdout7.toml")
 
 KNOWN_MISSES: dict[tuple[str, str], str] = {
     # printed only, a bare word beside others in a log line: no tap sees it, the name alone says no duration
@@ -123,6 +123,27 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("NVlabs/imaginaire", "Generator STP time"): "printed; 'STP' (here the optimizer step) abbreviated",
     ("NVlabs/imaginaire", "Discriminator BCK time"): "printed; 'BCK' (backward) abbreviated",
     ("NVlabs/imaginaire", "Discriminator STP time"): "printed; 'STP' (here the optimizer step) abbreviated",
+    # the seventh held-out part (25 new repositories, mostly published timings), scored once with the v7
+    # reader before any of its misses were looked at (25/33 published phase timings, 1/154 non-phase read
+    # as a phase); left as it read
+    ("KaiyangZhou/deep-person-reid", "Train/data"): "a meter's bare 'data' under Train/: no duration word",
+    ("modelscope/FunASR", "stats_rank0_data_load/train"): "'data_load' with no duration word; the unit is "
+                                                           "only in the code",
+    ("ARISE-Initiative/robomimic", "Timing_Stats/Train_Process_Batch"): "a batch's preparation (summed over "
+                                                                        "the epoch) read as the step from "
+                                                                        "'batch': the non-phase read as a phase",
+    ("ARISE-Initiative/robomimic", "Timing_Stats/Train_Train_Batch"): "'train batch' is the whole update here "
+                                                                      "(with its optimizer step), read as "
+                                                                      "forward_backward",
+    ("rail-berkeley/serl", "timer/sample_replay_buffer"): "a duration of no phase word: 'sample "
+                                                          "replay buffer' in this order is no replay-sample word",
+    ("jasonppy/VoiceCraft", "train/train_time"): "a duration of no phase word: 'train time' "
+                                                 "is since the start in other trainers",
+    ("alibaba/ChatLearn", "engine/timer_summary/episode"): "an RL episode (generation, training, sync) is "
+                                                           "this trainer's step; 'episode' is outside it elsewhere",
+    ("saforem2/ezpz", "train/dtf"): "'dtf': a letter glued to 'dt' (forward) is no word",
+    ("saforem2/ezpz", "dtf"): "'dtf': a letter glued to 'dt' (forward) is no word",
+    ("facebookresearch/SLIP", "Data"): "printed AverageMeter; a bare 'Data' is no duration",
 }
 """(repo, key) -> why the daemon does not read it as its code computes it."""
 
