@@ -26,7 +26,8 @@ from sidecar.processing.units import Unit
 from tests.name_corpus import CORPUS, Row, load, read, score
 
 PARTS = ("names_design.toml", "names_holdout.toml", "names_holdout2.toml", "names_holdout3.toml",
-         "names_holdout4.toml", "names_holdout5.toml", "names_holdout6.toml", "names_holdout7.toml")
+         "names_holdout4.toml", "names_holdout5.toml", "names_holdout6.toml", "names_holdout7.toml",
+         "names_holdout8.toml")
 
 
 @contextmanager

@@ -16,7 +16,8 @@ import pytest
 from tests.name_corpus import CORPUS, PHASE_LABELS, Got, Row, load, read, right
 
 FILES = ("names_design.toml", "names_holdout.toml", "names_holdout2.toml", "names_holdout3.toml",
-         "names_holdout4.toml", "names_holdout5.toml", "names_holdout6.toml", "names_holdout7.toml")
+         "names_holdout4.toml", "names_holdout5.toml", "names_holdout6.toml", "names_holdout7.toml",
+         "names_holdout8.toml")
 
 KNOWN_MISSES: dict[tuple[str, str], str] = {
     # printed only, a bare word beside others in a log line: no tap sees it, the name alone says no duration
@@ -144,6 +145,26 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("saforem2/ezpz", "train/dtf"): "'dtf': a letter glued to 'dt' (forward) is no word",
     ("saforem2/ezpz", "dtf"): "'dtf': a letter glued to 'dt' (forward) is no word",
     ("facebookresearch/SLIP", "Data"): "printed AverageMeter; a bare 'Data' is no duration",
+    # the eighth held-out part (22 new repositories), scored once with the v7 reader before any of its
+    # misses were looked at (4/9 published phase timings, 1/86 non-phase read as a phase); left as it read
+    ("Deci-AI/super-gradients", "timer/train_batch_forward_with_loss_ms"): "'train_batch' (a phrase that names "
+                                                                           "forward and backward) wins over "
+                                                                           "'forward'",
+    ("Deci-AI/super-gradients", "timer/train_batch_gradient_time"): "the optimizer's gradient step read as "
+                                                                    "'train_batch': forward and backward",
+    ("Deci-AI/super-gradients", "timer/train_batch_total_time_ms"): "'total time' is a statistic of many steps "
+                                                                    "in other trainers: a batch's total here",
+    ("ContinualAI/avalanche", "Time_MB/train_phase/train_stream/Task000"): "'MB' (minibatch) abbreviated in "
+                                                                           "the namespace: no phase word",
+    ("ContinualAI/avalanche", "RunningTime_Epoch/train_phase/train_stream/Task000"): "a running mean of the "
+                                                                                     "iterations named by its "
+                                                                                     "epoch: no phase word",
+    ("haosulab/ManiSkill", "time/step"): "an env step count under time/ read as the step's duration (the "
+                                         "non-phase read as a phase)",
+    ("salesforce/warp-drive", "Mean training time per iter (ms)"): "printed; the learner's update per "
+                                                                   "iteration read as the iteration",
+    ("salesforce/warp-drive", "Mean total time per iter (ms)"): "printed; 'total' read as a statistic",
+    ("facebookresearch/vjepa2", "dataload-time(ms)"): "printed CSV column; 'dataload' one word, not split",
 }
 """(repo, key) -> why the daemon does not read it as its code computes it."""
 
