@@ -243,33 +243,28 @@ class Aggregator:
         it asked for are mapped (``names``: the mapping stage's answers)."""
         return self._pass(pending.sender, pending.resume, iter(pending.records), names)  # type: ignore[arg-type]
 
-    def _pass(self, sender: int, turn: _Turn, remaining: Iterator[object], names: Mapping[NameKey, Mapped]) -> Ingested:
-        owner = turn.owner
+    def _pass(self, sender: int, turn: _Turn, records: Iterator[Any], names: Mapping[NameKey, Mapped]) -> Ingested:
+        """A batch's records through its sender's series table, from where ``turn`` stands
+        (``ingest``, ``resume``), up to the first record whose name needs mapping (its
+        ``PendingBatch``). One function, not a loop and a wrapper: a call per batch is measured
+        (bench/RESULTS_DAEMON.md, "The second step's path")."""
+        owner, role, worker = turn.owner, turn.role, turn.worker
         turn.left = self.resolve_budget - self._resolved.get(owner, 0)
         turn.names = names
-        try:
-            accepted, rejected, need, met = self._ingest(turn.role, turn.worker, remaining, sender, turn)
-        finally:
-            self._resolved[owner] = self.resolve_budget - turn.left
-        if need is None:
-            return accepted, rejected, None
-        rest = [met, *remaining]
-        turn.entries_from = need.entry
-        wanted = self._wanted(rest, need.entry, turn)
-        return accepted, rejected, PendingBatch(sender, owner, turn.role, turn.worker, rest, wanted, turn)
-
-    def _ingest(self, role: str, worker: str, records: Iterator[Any], sender: int,
-                turn: _Turn) -> tuple[int, dict[str, int], _NeedNames | None, Any]:
         accepted = 0
         rejected: dict[str, int] = {}
         cache, memo = turn.table, turn.memo
         rec: Any = None
         try:
             for rec in records:
-                if rec.__class__ is not list or len(rec) != 3:
+                if rec.__class__ is not list:
                     rejected["malformed_record"] = rejected.get("malformed_record", 0) + 1
                     continue
-                kind, name, value = rec
+                try:
+                    kind, name, value = rec  # cheaper than asking len() first, for every record
+                except ValueError:
+                    rejected["malformed_record"] = rejected.get("malformed_record", 0) + 1
+                    continue
                 if kind == PROFILE or kind == ALLOCATOR:
                     reason = self._special(kind, name, value, role, worker, sender, turn)
                 else:
@@ -296,8 +291,13 @@ class Aggregator:
                 else:
                     rejected[reason] = rejected.get(reason, 0) + 1
         except _NeedNames as need:  # ``rec`` waits for its name: the rest of the batch is handed back
-            return accepted, rejected, need, rec
-        return accepted, rejected, None, None
+            rest = [rec, *records]
+            turn.entries_from = need.entry
+            return accepted, rejected, PendingBatch(sender, owner, role, worker, rest,
+                                                    self._wanted(rest, need.entry, turn), turn)
+        finally:
+            self._resolved[owner] = self.resolve_budget - turn.left
+        return accepted, rejected, None
 
     def _wanted(self, rest: list[Any], entry: int | None, turn: _Turn) -> tuple[NameKey, ...]:
         """The names to map for the rest of a batch to go on, in the order it meets them: from the
