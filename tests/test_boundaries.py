@@ -352,7 +352,7 @@ def test_no_function_over_60_lines() -> None:
     assert set(long_functions(*PRODUCT)) == LONG_FUNCTIONS_TO_SPLIT
 
 
-ANY_CEILING = 452
+ANY_CEILING = 451
 """``Any`` in the product code (each use of the name, imports aside): 542 before the ledger's fold
 was typed and the publisher split, 453 after. Lower it as code is typed; never raise it."""
 
