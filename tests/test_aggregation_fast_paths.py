@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.sketch import QUANTILES, QuantileBuffer, inverted_cdf_rank
@@ -69,6 +70,21 @@ def test_a_batch_remembers_its_refusals_and_the_next_batch_starts_afresh() -> No
     agg.roll(0.0, 0.0, 1.0)
     assert _ingest(agg, [[GAUGE, "b", 4.0]]) == (1, {})
     assert _window(agg, GAUGE, "b")["last"] == 4.0
+
+
+def test_a_pending_batch_is_resumed_before_its_senders_next_batch_or_refused() -> None:
+    # a profile stopped at its second key for mapping: resumed after the sender's next batch began,
+    # it would replay the profile from its first key (counted twice); the aggregator says so instead
+    agg, mapper = Aggregator(), Mapper()
+    pending = agg.ingest(0, 0, "r", "w", [[PROFILE, 1, {"a_ms": 1.0}]])[2]  # stops: a_ms needs mapping
+    assert pending is not None
+    done = agg.resume(pending, mapper.map_names(pending.unmapped, "r", "w"))
+    assert done[:2] == (1, {}) and done[2] is None
+    first = agg.ingest(0, 0, "r", "w", [[PROFILE, 3, {"a_ms": 1.0, "b_ms": 2.0}]])[2]
+    assert first is not None and first.unmapped == ((PROFILE, "b_ms"),)
+    agg.ingest(0, 0, "r", "w", [[GAUGE, "loss", 1.0]])  # the sender's next batch begins
+    with pytest.raises(ValueError, match="resumed after"):
+        agg.resume(first, mapper.map_names(first.unmapped, "r", "w"))
 
 
 def test_exact_window_quantiles_equal_numpy_inverted_cdf() -> None:

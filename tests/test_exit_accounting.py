@@ -137,7 +137,7 @@ def _close_and_exit(endpoint: str) -> int:
 
 def test_a_sender_that_closed_just_before_the_daemon_stopped_is_booked_by_that_daemon(tmp_path: Path) -> None:
     """The demo's end, and a daemon stopped right after its trainers: a publisher closes, and the
-    daemon is stopped within the tallies' exit grace. The daemon books the closed sender's tally
+    daemon is stopped within the tallies' exit grace. The daemon reconciles the closed sender's tally
     at its shutdown (everything that arrived is drained by then). It used to leave the file to the
     next daemon, which had seen none of the sender's batches and booked all it made as
     ``lost_at_exit`` (2,000+ records the first daemon had counted)."""
@@ -150,7 +150,7 @@ def test_a_sender_that_closed_just_before_the_daemon_stopped_is_booked_by_that_d
     assert not tallies.exists(), "the stopped daemon left the closed sender's tally (the directory goes when empty)"
     second = DaemonProc(tmp_path)
     try:
-        time.sleep(GONE_AFTER_S + SCAN_S + 2.5)  # a tally left behind would be booked by now
+        time.sleep(GONE_AFTER_S + SCAN_S + 2.5)  # a tally left behind would be reconciled by now
         assert second.value("dflash_sidecar_records_dropped_total", role="ended") is None
     finally:
         second.stop()

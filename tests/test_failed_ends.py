@@ -158,7 +158,7 @@ def test_each_death_is_told_for_what_it_is(daemon: DaemonProc) -> None:
     time.sleep(GONE_AFTER_S + 2.5)  # two tally scans more: nothing is counted twice
     assert ends.ends_of(daemon, "die-nan") == {"failed": 1}
     left = list(Path(daemon.endpoint.removeprefix("ipc://") + ".tallies").iterdir())
-    assert left == [], left  # every tally booked, its crash and exit-status files removed with it
+    assert left == [], left  # every tally reconciled, its crash and exit-status files removed with it
 
 
 def test_wandb_report_and_top_tell_what_ended_it(tmp_path: Path) -> None:

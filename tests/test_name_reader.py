@@ -95,6 +95,10 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("runtime", "runtime"),                       # a glued head that is no phase word stays one word
     ("walltime", "walltime"),
     ("eval_time_including_data", "eval"),         # a key outside the step is refused by all its words
+    ("network_latency", "no phase"),              # a network's latency is a round trip, no step
+    ("net_latency_ms", "no phase"),
+    ("gpu_latency", "no phase"),                  # a device's latency or delay is no step's time
+    ("net_delay", "no phase"),
 ])
 def test_names_that_are_no_phase(name: str, why: str) -> None:
     r = read_name(name)

@@ -83,7 +83,7 @@ def test_a_predecessor_still_listed_beside_its_successor_does_not_hide_the_gap()
     led = RunLedger()
     for end in range(101, 104):
         led.add(window(end, (sender("1@100", 100, end, end),)))
-    gone = SenderFact("1@100", "run-1", "trainer", 100, 103, 103, 3, alive=False)  # silent, not yet forgotten
+    gone = SenderFact("1@100", "run-1", "trainer", 100, 103, 103, 3, sending=False)  # silent, not yet forgotten
     led.add(window(104, (gone,)))
     led.add(window(106, (gone, sender("2@105", 105, 106, 1)), duration=2.0))
     r = role(led)
@@ -97,7 +97,7 @@ def killed_then_successor(told_in: int) -> RunLedger:
     led = RunLedger()
     for end in range(101, 104):
         led.add(window(end, (sender("1@100", 100, end, end),)))
-    gone = SenderFact("1@100", "run-1", "trainer", 100, 103, 103, 3, alive=False)
+    gone = SenderFact("1@100", "run-1", "trainer", 100, 103, 103, 3, sending=False)
     for end in range(104, 109):
         listed = (gone,) + ((sender("2@105.4", 105.4, end, end - 105),) if end >= 106 else ())
         told = (("trainer", "unclean"),) if end == told_in else ()
@@ -274,7 +274,7 @@ def test_the_time_after_the_last_step_to_a_clean_exit_is_shutdown() -> None:
         led = RunLedger()
         for end, step in ((101, 1), (102, 11), (103, 21), (104, 21), (105, 31), (106, 41), (107, 41)):
             led.add(window(end, (sender("1@100", 100, end, step),)))  # no progress in 104: a pause, not the end
-        last = SenderFact("1@100", "run-1", "trainer", 100, 107, 107.5, 41, alive=False, closed=closed)
+        last = SenderFact("1@100", "run-1", "trainer", 100, 107, 107.5, 41, sending=False, closed=closed)
         led.add(window(108, (last,)))
         return dict(role(led).seconds)
 
@@ -286,7 +286,7 @@ def test_the_time_after_the_last_step_to_a_clean_exit_is_shutdown() -> None:
     assert unclean["shutdown"] == 0.0 and sum(unclean.values()) == pytest.approx(7.5)
     led = RunLedger()  # steps only in the first window with steps (their number untold): still steps
     led.add(window(101, (sender("1@100", 100, 101, 3),)))
-    led.add(window(102, (SenderFact("1@100", "run-1", "trainer", 100, 101, 101.5, 3, alive=False, closed=True),)))
+    led.add(window(102, (SenderFact("1@100", "run-1", "trainer", 100, 101, 101.5, 3, sending=False, closed=True),)))
     assert role(led).seconds["shutdown"] == pytest.approx(0.5) and role(led).wall_s == pytest.approx(1.5)
 
 
@@ -306,7 +306,7 @@ def test_runs_without_a_wandb_run_or_label_are_cut_at_gaps_longer_than_run_gap_s
     for end in range(110, 119):
         led.add(window(end, ()))
     # 9.5 s after the last message: a new run, named by its start
-    gone = SenderFact("2@106", "host:box", "trainer", 106, 109, 109, 9, alive=False)  # still listed: not moved
+    gone = SenderFact("2@106", "host:box", "trainer", 106, 109, 109, 9, sending=False)  # still listed: not moved
     for end in range(119, 122):
         led.add(window(end, (gone, host_sender("3@118.5", 118.5, end, end)) if end == 119 else
                        (host_sender("3@118.5", 118.5, end, end),)))

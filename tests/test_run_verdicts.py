@@ -25,8 +25,8 @@ from tests.daemon_harness import DaemonProc, env, wait_for
 SHARES = dict.fromkeys(CAUSES, 0.0) | {"productive": 0.4, "data": 0.6}
 
 
-def window(end: float, verdict: Verdict | None, alive: bool = True, run: str = "run-1") -> WindowFacts:
-    s = SenderFact("1@100", run, "trainer", 100.0, max(100.0, end - 1.0), end, int(end), alive)
+def window(end: float, verdict: Verdict | None, sending: bool = True, run: str = "run-1") -> WindowFacts:
+    s = SenderFact("1@100", run, "trainer", 100.0, max(100.0, end - 1.0), end, int(end), sending)
     return WindowFacts(end, 1.0, (s,), {"trainer": RoleFact(SHARES)}, verdict=verdict)
 
 
@@ -53,7 +53,7 @@ def test_each_verdict_keeps_its_share_of_the_runs_time_and_windows_and_the_domin
 
 
 def test_a_window_without_a_live_sender_or_an_insight_gives_the_run_no_verdict() -> None:
-    led = fed(window(101, INPUT[0]), window(102, INPUT[1], alive=False), window(103, None))
+    led = fed(window(101, INPUT[0]), window(102, INPUT[1], sending=False), window(103, None))
     [kept] = led.view().verdicts
     assert [(v.name, v.windows) for v in kept.verdicts] == [("input-bound", 1)]
 

@@ -162,7 +162,7 @@ def test_spawn_pool_terminate_after_completed_work(workdir: Path, ep: str,
                                                    receivers: Callable[..., Any]) -> None:
     """``Pool.terminate()`` of spawned counting workers (endpoint from ``configure()`` only)
     neither raises nor hangs, and the records of the work they completed and flushed arrive.
-    (What a worker killed by the signal had not flushed yet is the sender tally's to book.)"""
+    (What a worker killed by the signal had not flushed yet is the sender tally's to count.)"""
     rx = receivers(ep)
     run_script(workdir, f"""
         import multiprocessing as mp

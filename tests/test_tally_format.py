@@ -1,4 +1,4 @@
-"""The sender's tally in process: torn writes, ownership, bounded claims, booking arithmetic."""
+"""The sender's tally in process: torn writes, ownership, bounded claims, reconciling arithmetic."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_reconciling_a_seen_sender() -> None:
 
 def test_a_gone_senders_tally_waits_until_its_senders_are_silent() -> None:
     """``reconcile_gone``: not while one of its senders spoke within the grace (its last frames may
-    still be on the way), then booked once, the channels booked returned."""
+    still be on the way), then reconciled once, the channels reconciled returned."""
     reg = SenderRegistry()
     _seen(reg, 7, 100, uid=os.getuid())  # last heard at 1.0
     entry = wire.TallyChannel(7, "r", "w", 130, 5, 0, True, {})
@@ -113,12 +113,12 @@ def test_a_gone_senders_tally_waits_until_its_senders_are_silent() -> None:
     assert reg.totals["r", "w"].dropped == {"before_join": 100} and not reg.ended
     assert reg.reconcile_gone(tally, os.getuid(), True, 6.5, time.time(), grace_s=5.0) == [entry]
     assert reg.totals["r", "w"].dropped == {"before_join": 100, "lost_at_exit": 35}
-    assert reg.reconcile_gone(tally, os.getuid(), True, 7.0, time.time(), grace_s=5.0) == []  # booked once
+    assert reg.reconcile_gone(tally, os.getuid(), True, 7.0, time.time(), grace_s=5.0) == []  # reconciled once
 
 
 def test_another_users_tally_is_refused() -> None:
     """A tally file owned by another user than the sender's process, or naming another pid,
-    books nothing (``tally_refused``)."""
+    reconciles nothing (``tally_refused``)."""
     reg = SenderRegistry()
     _seen(reg, 7, 100, uid=1000)
     entry = wire.TallyChannel(7, "r", "w", 10**9, 0, 0, True, {})

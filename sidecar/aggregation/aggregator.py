@@ -116,7 +116,7 @@ class _Turn:
     sender's batches go through one at a time): a batch allocates nothing of its own here
     (bench/RESULTS_DAEMON.md, "The second step's path")."""
 
-    __slots__ = ("role", "worker", "table", "owner", "left", "memo", "names", "entries_from")
+    __slots__ = ("role", "worker", "table", "owner", "left", "memo", "names", "entries_from", "batch")
 
     def __init__(self, role: str, worker: str) -> None:
         self.role = role
@@ -132,6 +132,8 @@ class _Turn:
         self.names: Mapping[NameKey, Mapped] = NO_NAMES
         self.entries_from: int | None = None
         """The batch stopped in its first record's profile: its keys from this one on are left."""
+        self.batch = 0
+        """Which of the sender's batches is in progress (a ``PendingBatch`` names it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +154,7 @@ class Aggregator:
     def __init__(self, max_series: int = WindowSettings.max_series, series_ttl_s: float = 3600.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """``clock``: monotonic seconds, read when a sender's step moves (its step axis's pace)."""
-        self._names: dict[int, _Turn] = {}
+        self._turns: dict[int, _Turn] = {}
         """Sender -> its turn: the role and worker it was labelled, its name table ((kind, name) ->
         the series' bound ``add`` or the reason such records are refused; profile entries under
         (PROFILE, key)) and its batch in progress."""
@@ -210,38 +212,44 @@ class Aggregator:
 
     def _new_generation(self) -> None:
         self.generation += 1
-        self._names.clear()
+        self._turns.clear()
 
     def names_of(self, sender_id: int) -> NameTable:
         """``sender_id``'s name table (read-only use: tests and ``explain``); empty if it has none."""
-        turn = self._names.get(sender_id)
+        turn = self._turns.get(sender_id)
         return turn.table if turn is not None else {}
 
     # -- ingest ----------------------------------------------------------------------------------
 
-    def ingest(self, sender: int, owner: Hashable, role: str, worker: str, records: Sequence[object]) -> Ingested:
-        """Aggregate a batch of ``records`` of ``sender`` (its id), labelled (role, worker), in
+    def ingest(self, sender_id: int, owner: Hashable, role: str, worker: str, records: Sequence[object]) -> Ingested:
+        """Aggregate a batch of ``records`` of the sender ``sender_id``, labelled (role, worker), in
         order, each record into its series as the sender's series table finds it. ``owner`` is whom
         the series it creates count against (the table is shared fairly between owners,
         ``_admit``), each with its own ``resolve_budget`` of new names per window. At the first
         record whose name the table does not know, it stops and hands the rest back as a
         ``PendingBatch`` with the names to map (that name, and the further new names before the
         next profile, or a profile's new keys, as far as the budget goes): ``resume`` goes on once
-        they are mapped. Returns (accepted, rejected by reason, the pending rest or None) for the
-        part of the batch done."""
-        turn = self._names.get(sender)
+        they are mapped, before the sender's next batch. Returns (accepted, rejected by reason, the
+        pending rest or None) for the part of the batch done."""
+        turn = self._turns.get(sender_id)
         if turn is None or turn.role != role or turn.worker != worker:  # a relabelled sender maps its names anew
-            turn = self._names[sender] = _Turn(role, worker)
+            turn = self._turns[sender_id] = _Turn(role, worker)
         turn.owner = owner
         turn.entries_from = None
+        turn.batch += 1
         if turn.memo:
             turn.memo.clear()
-        return self._pass(sender, turn, iter(records), NO_NAMES)
+        return self._pass(sender_id, turn, iter(records), NO_NAMES)
 
     def resume(self, pending: PendingBatch, names: Mapping[NameKey, Mapped]) -> Ingested:
         """``ingest`` going on with ``pending``, the rest of a batch it stopped in, once the names
-        it asked for are mapped (``names``: the mapping stage's answers)."""
-        return self._pass(pending.sender, pending.resume, iter(pending.records), names)  # type: ignore[arg-type]
+        it asked for are mapped (``names``: the mapping stage's answers). Raises ``ValueError`` if
+        the sender's next batch began meanwhile (the batch's place in its profile would be lost)."""
+        turn: _Turn = pending.resume  # type: ignore[assignment]
+        if turn.batch != pending.batch:
+            raise ValueError(f"sender {pending.sender_id}'s batch {pending.batch} resumed after its batch "
+                             f"{turn.batch} began")
+        return self._pass(pending.sender_id, turn, iter(pending.records), names)
 
     def _pass(self, sender: int, turn: _Turn, records: Iterator[Any], names: Mapping[NameKey, Mapped]) -> Ingested:
         """A batch's records through its sender's series table, from where ``turn`` stands
@@ -293,8 +301,8 @@ class Aggregator:
         except _NeedNames as need:  # ``rec`` waits for its name: the rest of the batch is handed back
             rest = [rec, *records]
             turn.entries_from = need.entry
-            return accepted, rejected, PendingBatch(sender, owner, role, worker, rest,
-                                                    self._wanted(rest, need.entry, turn), turn)
+            return accepted, rejected, PendingBatch(sender, rest, self._wanted(rest, need.entry, turn), turn,
+                                                    turn.batch)
         finally:
             self._resolved[owner] = self.resolve_budget - turn.left
         return accepted, rejected, None
@@ -644,8 +652,8 @@ class Aggregator:
             del self._steps[sender]
             self._first_steps.pop(sender, None)
         self._axes.forget(gone)
-        for sender in self._names.keys() - known:
-            del self._names[sender]
+        for sender in self._turns.keys() - known:
+            del self._turns[sender]
 
 
 def _cached_rejection(cache: NameTable, kind: int, name: Any, reason: str) -> str:

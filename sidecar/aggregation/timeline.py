@@ -293,7 +293,7 @@ def observe(ledger: RunLedger, before: LedgerMark, facts: WindowFacts, report: I
     for run, senders in runs_of_senders(ledger.runs, facts.senders).items():
         members = ledger.runs[run]
         until = max(r.until for r in members.values())
-        if until <= until_before.get(run, -1.0) and not any(r.live for r in members.values()):
+        if until <= until_before.get(run, -1.0) and not any(r.sending for r in members.values()):
             continue
         was = verdicts_before.get(run, {})
         delta = {name: e.seconds - was.get(name, 0.0) for name, e in ledger.verdicts.get(run, {}).items()}

@@ -83,7 +83,9 @@ def _listable(endpoints: tuple[str, ...]) -> list[Trainer]:
 
 
 def _by_pid(endpoints: tuple[str, ...], pid: int) -> Trainer:
-    """A trainer named by pid where its directory cannot be listed (a member of the socket's group)."""
+    """A trainer named by pid where its directory cannot be listed (a member of the socket's group).
+    Asked in ``tally_dir`` alone: a shim of the previous release, which polls the deprecated
+    directory, is reached only when listed (docs/PROTOCOL.md)."""
     ticks = process_start_ticks(pid)
     directory = next((d for e in endpoints if (d := tally_dir(e)) is not None and os.path.isdir(d)), None)
     if ticks is None or directory is None:

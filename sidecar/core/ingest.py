@@ -148,7 +148,7 @@ class IngestLoop:
                     self.tallies.remove(ready.path)
                 # else one of its senders spoke lately: look again at the next scan
         except Exception as exc:  # noqa: BLE001 - a bug must not stop ingest; count and go on
-            self.pipeline.internal_error("booking tallies", exc)
+            self.pipeline.internal_error("reconciling tallies", exc)
 
     def _roll_if_due(self) -> None:
         now = self.clock()

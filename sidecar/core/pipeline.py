@@ -78,13 +78,13 @@ WindowStage = Callable[[IngestReport], IngestReport]
 added out (``dataclasses.replace``: the ingest's report is never mutated)."""
 
 
-def aggregate(aggregator: Aggregator, mapper: Mapper, sender: int, owner: Hashable, role: str, worker: str,
+def aggregate(aggregator: Aggregator, mapper: Mapper, sender_id: int, owner: Hashable, role: str, worker: str,
               records: Sequence[object]) -> tuple[int, dict[str, int]]:
-    """aggregate -> map -> aggregate: a batch of ``sender``'s ``records`` (labelled (role, worker);
-    its new series count against ``owner``) through the aggregator, the names it hands back mapped
-    by ``mapper`` (the mapping stage) on the way, as often as it stops for names. Returns the
-    records accepted and the rejected ones by reason, the whole batch's."""
-    accepted, rejected, pending = aggregator.ingest(sender, owner, role, worker, records)
+    """aggregate -> map -> aggregate: a batch of the sender ``sender_id``'s ``records`` (labelled
+    (role, worker); its new series count against ``owner``) through the aggregator, the names it
+    hands back mapped by ``mapper`` (the mapping stage) on the way, as often as it stops for names.
+    Returns the records accepted and the rejected ones by reason, the whole batch's."""
+    accepted, rejected, pending = aggregator.ingest(sender_id, owner, role, worker, records)
     while pending is not None:
         names = mapper.map_names(pending.unmapped, role, worker)
         more, more_rejected, pending = aggregator.resume(pending, names)

@@ -3,7 +3,7 @@ batches that carry the mapped names into the aggregator."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple
@@ -67,18 +67,16 @@ class PendingBatch(NamedTuple):
     the batch meets them), to be handed back with the mapping stage's answers
     (``Aggregator.resume``). Made only where a batch meets new names, never per frame.
 
-    ``sender`` (its id) keys the sender's series table; ``owner`` (the process behind its
-    connection, else the sender) is whom the series it creates count against; ``role`` and
-    ``worker`` are the labels the batch came under; ``records`` the records left, from the one
-    that stopped it; ``resume``: the aggregator's own bookmark in the batch."""
+    ``sender_id`` keys the sender's series table; ``records`` are the records left, from the one
+    that stopped it; ``resume`` and ``batch`` are the aggregator's own bookmark in the batch (its
+    sender's turn, and which of the sender's batches this is: a batch is resumed before the
+    sender's next one begins)."""
 
-    sender: int
-    owner: Hashable
-    role: str
-    worker: str
+    sender_id: int
     records: Sequence[object]
     unmapped: tuple[NameKey, ...]
     resume: object
+    batch: int
 
 
 Ingested = tuple[int, dict[str, int], "PendingBatch | None"]

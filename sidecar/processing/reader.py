@@ -6,9 +6,9 @@ or ``batch_time`` knows at once that each is a duration, in which unit, and whic
 training step it times. ``read_name`` does the same in four moves, once per new series (the
 mapping stage caches its answer; bench/RESULTS_NAMES.md has the cost):
 
-1. **Split** the name into segments (``/``, ``.``, ``:``, ``|``) and each segment into words
-   (``_``, ``-``, spaces, brackets, camelCase, letters/digits; ``h2d`` and ``p50`` stay one word,
-   a phase word glued to ``time`` is two: ``iotime``):
+1. **Split** the name into segments (``model.names.SEGMENTS``: ``/``, ``.``, ``:``, ``|``...) and
+   each segment into words (``_``, ``-``, spaces, brackets, camelCase, letters/digits; ``h2d`` and
+   ``p50`` stay one word, a phase word glued to ``time`` is two: ``iotime``):
    ``Train/Samples/elapsed_time_ms_forward`` -> ``[train] [samples] [elapsed time ms forward]``.
    The last segment is the name proper; the others are its namespace (``train/``, ``timing/``).
 2. **Refuse what is no phase of the step** (``NOT_A_PHASE``): words anywhere that put the key
@@ -132,7 +132,7 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
     "backward": frozenset({"backward", "bwd", "bw", "bprop", "backprop", "backward_pass", "grad", "grads",
                            "gradient", "gradients"}),
     "optimizer": frozenset({"optimizer", "optim", "opt", "optimizer_step", "opt_step", "optim_step", "gradstep",
-                            "grad_step", "apply_gradients", "adam", "adamw", "sgd", "zero_grad"})
+                            "grad_step", "adam", "adamw", "sgd", "zero_grad"})
                  | _grad_pairs("optimizer"),
     "step": frozenset({"step", "iter", "iteration", "it", "batch", "train_step", "step_time", "e2e",
                        "end_to_end", "cycle", "train_iter", "minibatch", "mini_batch", "loop", "interval"}),
@@ -235,11 +235,15 @@ BARE_STEP = frozenset({"duration", "latency", "dt", "seconds", "secs", "sec"})
 whole step's (levanter's ``throughput/duration``, tacotron2's ``duration``); read as the step at the
 ambiguous certainty. So is a timer's last interval (``time_diff``: ``INTERVAL``) and the time of
 the device or the network that runs the step (``DEVICE_WORDS``)."""
-DEVICE_WORDS = frozenset({"gpu", "cuda", "net", "network"})
-"""Words of what runs the step's work: with duration words and nothing else (``gpu_etime_ms``,
-``gpu-time(ms)``, SlowFast's ``dt_net``), the time of that work, the step (its compute, data
-excluded or not: uncertain). ``compute`` is no such word: ``Compute Time`` sums many steps in one
-framework and times one in another."""
+DEVICE_WORDS = frozenset({"gpu", "cuda", "net"})
+"""Words of what runs the step's work: with words of elapsed time and nothing else (``DEVICE_TIMES``:
+``gpu_etime_ms``, ``gpu-time(ms)``, SlowFast's ``dt_net``), the time of that work, the step (its
+compute, data excluded or not: uncertain). ``compute`` is no such word: ``Compute Time`` sums many
+steps in one framework and times one in another; nor is ``network``: a network's latency is a
+round trip (an actor's call to its learner, an RPC), no step."""
+DEVICE_TIMES = frozenset({"time", "times", "etime", "dt", "elapsed"})
+"""The duration words that read a device's time (``DEVICE_WORDS``): a latency, a delay or a wait of
+a device or the network (``gpu_latency``, ``net_delay``) is no step."""
 
 WAIT_WORDS = frozenset({"wait", "waiting", "waited", "blocked", "stall", "stalled", "starvation", "starved",
                         "starving"})
@@ -482,7 +486,7 @@ def _bare_duration(proper: list[str]) -> str:
     if len(core) == 2 and _interval(core):
         return f"'{core[0]}_{core[1]}' (a timer's last interval)"
     device = [w for w in core if w in DEVICE_WORDS]
-    timed = [w for w in core if w in DURATION_WORDS]
+    timed = [w for w in core if w in DEVICE_TIMES]
     if len(device) == 1 and timed and len(device) + len(timed) == len(core):
         return f"'{'_'.join(core)}' (the {device[0]}'s time)"
     return ""
@@ -575,8 +579,9 @@ def doc_table() -> list[str]:
               words_of(SPAN_WORDS)),
              ("a phase word glued before it is two words (`iotime`)", f"`{GLUED}`"),
              ("alone: the step, uncertain", words_of(BARE_STEP)),
-             ("with duration words only: the time of what runs the step, the step, uncertain",
+             ("with words of elapsed time only: the time of what runs the step, the step, uncertain",
               words_of(DEVICE_WORDS)),
+             ("the words of elapsed time that read a device's time", words_of(DEVICE_TIMES)),
              ("a namespace that says the step axis counts items", words_of(AXIS_NAMESPACES))]
     rows += [(f"before `per`/`/` and a time unit: `{meaning}`", words_of(ws)) for meaning, ws in RATES.items()]
     return ["| the words | mean |", "| --- | --- |"] + [f"| {ws} | {what} |" for what, ws in rows]

@@ -39,7 +39,7 @@ class SenderFact:
     """One sender in one window: ``key`` names its process (pid and start); ``begin`` the later of
     its start and the window's begin, ``end`` its last message (unix seconds, read once at its
     receipt: the same float in every window, so only a message sent since places it later);
-    ``alive`` whether it is still sending at the window's end (``model.liveness.SENDING_S``; not once it
+    ``sending`` whether it is still sending at the window's end (``model.liveness.SENDING_S``; not once it
     closed); ``step`` its latest step (None before one)."""
 
     key: str
@@ -49,7 +49,7 @@ class SenderFact:
     begin: float
     end: float
     step: int | None
-    alive: bool = True
+    sending: bool = True
     flops_per_token: float | None = None
     """The model FLOPs per token its hello states (None: not stated)."""
     closed: bool = False

@@ -94,7 +94,7 @@ class RunLedger:
             self._add_role(run, role, senders, fact, joules.get(role), begin)
         for run, members in self.runs.items():
             for role, r in members.items():
-                r.live = any(s.alive for s in groups.get((run, role), ()))
+                r.sending = any(s.sending for s in groups.get((run, role), ()))
                 heard = max(r.until, self.session_begin or 0.0)
                 if (run, role) not in groups and r.pending_startup > 0 and facts.end_unix_s - heard > LIVE_S:
                     _unplaced(r)
@@ -116,7 +116,7 @@ class RunLedger:
         for (run, _), senders in groups.items():
             by_run.setdefault(run, []).extend(senders)
         for run, senders in by_run.items():
-            if any(s.alive for s in senders):
+            if any(s.sending for s in senders):
                 run_verdicts.fold(self.verdicts, run, verdict, end - max(begin, min(s.begin for s in senders)))
 
     def _hold_gap_energy(self, joules: Mapping[str, float], present: set[str]) -> None:
@@ -172,7 +172,7 @@ class RunLedger:
         sender that came after it)."""
         rec = self.record
         floor = max(rec.idle_until, rec.trainer_until, self.session_begin or begin)
-        alive = [s for s in facts.senders if s.alive]
+        alive = [s for s in facts.senders if s.sending]
         if facts.senders:
             rec.trainer_until = max(rec.trainer_until, max(s.end for s in facts.senders))
         if alive:
@@ -277,7 +277,7 @@ def _view(rec: LedgerRecord, flops_per_token: float | None, state_errors: Mappin
             last = r.until
             roles.append(RoleLedger(run, role, {c: r.seconds.get(c, 0.0) for c in CAUSES},
                                     {c: r.joules.get(c, 0.0) for c in CAUSES}, r.tokens, r.steps, r.gpus, r.gpu_name,
-                                    r.first_unix_s, last, max(0.0, rec.now_unix_s - last) if not r.live else 0.0,
+                                    r.first_unix_s, last, max(0.0, rec.now_unix_s - last) if not r.sending else 0.0,
                                     r.flops_per_token or flops_per_token, r.pending_startup, r.reported_mfu_s,
                                     r.reported_flop, dict(r.ends), dict(r.gap_after),
                                     r.last_end.told() if r.last_end is not None else {}))

@@ -117,8 +117,9 @@ class RoleRecord:
     observed_until: float | None = None
     stepped: bool = False
     pending_startup: float = 0.0
-    live: bool = False
-    """A sender of it was alive at the last window's end."""
+    sending: bool = False
+    """A sender of it was sending at the last window's end (``model.liveness.SENDING_S``; the state
+    file's key ``live``, as earlier daemons wrote it)."""
     flops_per_token: float | None = None
     reported_mfu_s: float = 0.0
     reported_flop: float = 0.0
@@ -149,7 +150,7 @@ class RoleRecord:
             "gpus": self.gpus, "gpu_name": self.gpu_name,
             "senders": {k: m.to_json() for k, m in self.senders.items()}, "first_unix_s": self.first_unix_s,
             "observed_until": self.observed_until, "stepped": self.stepped, "pending_startup": self.pending_startup,
-            "live": self.live, "reported_mfu_s": self.reported_mfu_s, "reported_flop": self.reported_flop,
+            "live": self.sending, "reported_mfu_s": self.reported_mfu_s, "reported_flop": self.reported_flop,
             "ends": dict(self.ends), "gap_after": dict(self.gap_after), "carry_j": self.carry_j,
             "pending_j": self.pending_j, "lone_step_s": self.lone_step_s, "tail": dict(self.tail)}
         optional = {"flops_per_token": self.flops_per_token, "end_waiting": self.end_waiting,

@@ -113,7 +113,7 @@ def shutdown(r: RoleRecord, seconds: Mapping[str, float], progressed: bool, send
         for cause in SHUTDOWN_FROM:
             if seconds.get(cause, 0.0) > 0:
                 tail[cause] = tail.get(cause, 0.0) + seconds[cause]
-    if tail and any(s.closed for s in senders) and not any(s.alive for s in senders):
+    if tail and any(s.closed for s in senders) and not any(s.sending for s in senders):
         for cause, amount in tail.items():
             retell(r, "shutdown", amount, (cause,))
         tail.clear()
