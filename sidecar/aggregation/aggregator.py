@@ -265,14 +265,12 @@ class Aggregator:
         rec: Any = None
         try:
             for rec in records:
-                if rec.__class__ is not list:
-                    rejected["malformed_record"] = rejected.get("malformed_record", 0) + 1
-                    continue
-                try:
-                    kind, name, value = rec  # cheaper than asking len() first, for every record
-                except ValueError:
-                    rejected["malformed_record"] = rejected.get("malformed_record", 0) + 1
-                    continue
+                match rec:  # a sequence pattern: cheaper than len() for a record, and raises nothing for a bad one
+                    case [kind, name, value] if rec.__class__ is list:
+                        pass
+                    case _:
+                        rejected["malformed_record"] = rejected.get("malformed_record", 0) + 1
+                        continue
                 if kind == PROFILE or kind == ALLOCATOR:
                     reason = self._special(kind, name, value, role, worker, sender, turn)
                 else:
