@@ -94,12 +94,12 @@ def test_reconciling_a_seen_sender() -> None:
     reg = SenderRegistry()
     _seen(reg, 7, 100, uid=os.getuid())
     entry = wire.TallyChannel(7, "r", "w", 130, 5, 0, True, {"transport_error": 9})
-    assert reg.reconcile_tally(_tally(wire.TallyEnd.CLOSED, entry), os.getuid(), True, 2.0, time.time()) == 1
+    assert len(reg.reconcile_tally(_tally(wire.TallyEnd.CLOSED, entry), os.getuid(), True, 2.0, time.time())) == 1
     totals = reg.totals["r", "w"]
     assert totals.dropped == {"before_join": 100, "lost_at_exit": 35, "sender_transport_error": 9}
     assert reg.on_batch(BatchMessage(7, 1, "r", "w", None, 130, {}, []), 3.0, time.time(), 4242) is None
     assert reg.messages_dropped == {"after_exit": 1}
-    assert reg.reconcile_tally(_tally(wire.TallyEnd.CLOSED, entry), os.getuid(), True, 2.0, time.time()) == 0
+    assert len(reg.reconcile_tally(_tally(wire.TallyEnd.CLOSED, entry), os.getuid(), True, 2.0, time.time())) == 0
 
 
 def test_a_gone_senders_tally_waits_until_its_senders_are_silent() -> None:
@@ -122,10 +122,10 @@ def test_another_users_tally_is_refused() -> None:
     reg = SenderRegistry()
     _seen(reg, 7, 100, uid=1000)
     entry = wire.TallyChannel(7, "r", "w", 10**9, 0, 0, True, {})
-    assert reg.reconcile_tally(_tally(wire.TallyEnd.CLOSED, entry), 1001, True, 2.0, time.time()) == 0
+    assert len(reg.reconcile_tally(_tally(wire.TallyEnd.CLOSED, entry), 1001, True, 2.0, time.time())) == 0
     _seen(reg, 8, 100, uid=1000)
     other = wire.TallyChannel(8, "r", "w", 10**9, 0, 0, True, {})
-    assert reg.reconcile_tally(_tally(wire.TallyEnd.CLOSED, other, pid=99), 1000, True, 2.0, time.time()) == 0
+    assert len(reg.reconcile_tally(_tally(wire.TallyEnd.CLOSED, other, pid=99), 1000, True, 2.0, time.time())) == 0
     assert reg.messages_dropped == {"tally_refused": 2}
     assert "lost_at_exit" not in reg.totals["r", "w"].dropped
 
@@ -136,8 +136,8 @@ def test_unseen_sender_and_impossible_claims() -> None:
     10 M calls/s over the process's age is refused."""
     reg = SenderRegistry()
     entry = wire.TallyChannel(9, "r", "x", 50, 3, 20, True, {"no_receiver": 100})
-    assert reg.reconcile_tally(_tally(wire.TallyEnd.RUNNING, entry), 1000, False, 2.0, time.time()) == 1
+    assert len(reg.reconcile_tally(_tally(wire.TallyEnd.RUNNING, entry), 1000, False, 2.0, time.time())) == 1
     assert reg.totals["r", "x"].dropped == {"before_join": 20, "ended_unclean": 33, "sender_no_receiver": 100}
     forged = wire.TallyChannel(10, "r", "y", 2**62, 0, 0, True, {})
-    assert reg.reconcile_tally(_tally(wire.TallyEnd.CLOSED, forged), 1000, True, 2.0, time.time()) == 0
+    assert len(reg.reconcile_tally(_tally(wire.TallyEnd.CLOSED, forged), 1000, True, 2.0, time.time())) == 0
     assert reg.messages_dropped == {"tally_refused": 1} and ("r", "y") not in reg.totals

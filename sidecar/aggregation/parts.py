@@ -70,14 +70,14 @@ def _episodes(out: list[SeriesView]) -> None:
     uncertain = [i for i, v in enumerate(out) if v.kind == TIMING and v.meaning == "step" and v.certainty < 1.0]
     if not uncertain:
         return  # most windows: no series' names are split
-    names: dict[tuple[str, str], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    for v in out:
-        namespace, last = _namespace(v.raw or v.name)
-        names[v.role, v.worker][namespace].append(last)
+    split = [_namespace(v.raw or v.name) for v in out]
+    episodes: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    for v, (namespace, last) in zip(out, split, strict=True):
+        if EPISODE in last.lower():
+            episodes[v.role, v.worker, namespace].append(last)
     for i in uncertain:
-        v = out[i]
-        namespace, last = _namespace(v.raw or v.name)
-        episode = next((w for w in names[v.role, v.worker][namespace] if w != last and EPISODE in w.lower()), "")
+        v, (namespace, last) = out[i], split[i]
+        episode = next((w for w in episodes.get((v.role, v.worker, namespace), ()) if w != last), "")
         if episode:
             out[i] = replace(v, meaning="", outside=True,
                              rule=f"{v.rule}; an episode's time beside {namespace}{episode}: no phase of the step")

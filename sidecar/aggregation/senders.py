@@ -251,7 +251,7 @@ class SenderRegistry:
         return totals
 
     def reconcile_gone(self, tally: Tally, uid: int, final: bool, now: float, now_unix: float, grace_s: float,
-                  witnessed: bool = True) -> list[TallyChannel] | None:
+                       witnessed: bool = True) -> list[TallyChannel] | None:
         """``reconcile_tally`` for the tally of a process that is gone, once each of its senders has
         been silent for ``grace_s`` seconds (``now``: the monotonic clock): the channels reconciled,
         or None if one of them spoke lately (its last frames may still be on the way: ask again)."""
@@ -259,36 +259,32 @@ class SenderRegistry:
             state = self.senders.get(channel.sender)
             if state is not None and now - state.last_seen < grace_s:
                 return None
-        reconciled: list[TallyChannel] = []
-        self.reconcile_tally(tally, uid, final, now, now_unix, witnessed, reconciled_into=reconciled)
-        return reconciled
+        return self.reconcile_tally(tally, uid, final, now, now_unix, witnessed)
 
     def reconcile_tally(self, tally: Tally, uid: int, final: bool, now: float, now_unix: float,
-                  witnessed: bool = True, reconciled_into: list[TallyChannel] | None = None) -> int:
+                        witnessed: bool = True) -> list[TallyChannel]:
         """Reconcile the tally of a process that is gone (or closed its publisher): per channel, what
         it made and this daemon has not counted. ``uid``: the tally file's owner; ``final``: the
         tally holds the process's last totals (``lost_at_exit``), else those of its last flush
-        (``ended_unclean``; what it made after that flush is unknown). Returns how many channels were reconciled;
-        a channel that does not belong to the file's process, or claims what no process can, is
-        refused (``messages_dropped{reason="tally_refused"}``). ``witnessed``: the tally was last
-        written while this daemon ran; if not, the process ended before it, and what it sent went to
-        an earlier daemon (``before_join``): only what it never sent is lost.
-        ``reconciled_into``: gets each channel reconciled (for telling the process's end)."""
-        reconciled = 0
+        (``ended_unclean``; what it made after that flush is unknown). Returns the channels
+        reconciled (for telling the process's end); a channel that does not belong to the file's
+        process, or claims what no process can, is refused (``messages_dropped{reason="tally_refused"}``).
+        ``witnessed``: the tally was last written while this daemon ran; if not, the process ended
+        before it, and what it sent went to an earlier daemon (``before_join``): only what it never
+        sent is lost."""
+        reconciled: list[TallyChannel] = []
         for entry in tally.channels:
             if entry.sender in self.ended:
                 continue
             if self._reconcile_channel(entry, tally, uid, final, now, now_unix, witnessed):
-                reconciled += 1
-                if reconciled_into is not None:
-                    reconciled_into.append(entry)
+                reconciled.append(entry)
             self.ended[entry.sender] = None
             if len(self.ended) > MAX_ENDED:
                 self.ended.popitem(last=False)
         return reconciled
 
     def _reconcile_channel(self, entry: TallyChannel, tally: Tally, uid: int, final: bool, now: float,
-                      now_unix: float, witnessed: bool) -> bool:
+                           now_unix: float, witnessed: bool) -> bool:
         role, worker = label_value(entry.role), label_value(entry.worker)
         counts = [entry.records_total, entry.pending, entry.at_join, *entry.dropped.values()]
         reasons = [label_value(r) for r in entry.dropped]

@@ -198,7 +198,7 @@ class Pipeline:
         aggregator has of them; one log line per end. False: one of its senders spoke lately (its
         last frames may still be on the way: ask again)."""
         reconciled = self.registry.reconcile_gone(ready.tally, ready.uid, ready.final, now, time.time(), grace_s,
-                                         witnessed=witnessed)
+                                                  witnessed=witnessed)
         if reconciled is None:
             return False
         steps = {c.sender: self.aggregator.latest_step(c.sender) for c in reconciled}
