@@ -56,6 +56,16 @@ from sidecar.processing.reader import read_name, read_rate, stem
     ("steptime_ms", "step", 1e-3),
     ("Time per iteration including communication", "step", 1.0),  # what a duration spans is no phase
     ("step_time_excl_data_ms", "step", 1e-3),
+    ("dataload-time(ms)", "data_wait", 1e-3),                   # phase words glued together are split
+    ("fwdbwdtime", "forward_backward", 1.0),
+    ("gradsync_ms", "comm_wait", 1e-3),
+    ("sendrecv_time", "comm_wait", 1.0),
+    ("timer/sample_replay_buffer", "data_wait", 1.0),           # drawing a batch from a replay buffer, any order
+    ("time/replay_buffer_sample", "data_wait", 1.0),
+    ("timer/train_batch_total_time_ms", "step", 1e-3),          # a batch's total is the whole step
+    ("timer/train_batch_forward_ms", "forward", 1e-3),          # a phase beside the batch it is part of
+    ("Timing_Stats/Train_Train_Batch", "step", 1.0),            # training one batch is the step
+    ("batch_process_time", "step", 1.0),                        # a batch's processing is the step
 ])
 def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     r = read_name(name)
@@ -99,6 +109,11 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("net_latency_ms", "no phase"),
     ("gpu_latency", "no phase"),                  # a device's latency or delay is no step's time
     ("net_delay", "no phase"),
+    ("timer/train_loader_total_time_ms", "total"),  # a part's total sums it over many steps, unlike the step's
+    ("Timing_Stats/Train_Process_Batch", "process"),  # processing a batch: its preparation on the host
+    ("cpu/iowait", "iowait"),                     # the CPU's wait for I/O is a system figure, no data wait
+    ("timestep_time", "no phase"),                # a word the reader knows is never split (no "time step")
+    ("synctime", "no phase"),                     # glued words, read as written: a sync of nothing named
 ])
 def test_names_that_are_no_phase(name: str, why: str) -> None:
     r = read_name(name)

@@ -8,7 +8,7 @@ mapping stage caches its answer; bench/RESULTS_NAMES.md has the cost):
 
 1. **Split** the name into segments (``model.names.SEGMENTS``: ``/``, ``.``, ``:``, ``|``...) and
    each segment into words (``_``, ``-``, spaces, brackets, camelCase, letters/digits; ``h2d`` and
-   ``p50`` stay one word, a phase word glued to ``time`` is two: ``iotime``):
+   ``p50`` stay one word; phase and duration words glued together are split: ``iotime``, ``dataload``):
    ``Train/Samples/elapsed_time_ms_forward`` -> ``[train] [samples] [elapsed time ms forward]``.
    The last segment is the name proper; the others are its namespace (``train/``, ``timing/``).
 2. **Refuse what is no phase of the step** (``NOT_A_PHASE``): words anywhere that put the key
@@ -106,6 +106,11 @@ def _grad_pairs(phase: str) -> frozenset[str]:
     return _pairs({verb: objects for verb, (named, objects) in GRAD_VERBS.items() if named == phase})
 
 
+DATA_VERBS: dict[str, frozenset[str]] = {"sample": frozenset({"batch", "buffer", "replay", "rb"})}
+"""A verb of drawing the next batch -> where it draws from, either order beside each other
+(``sample_batch``, ``rb_sample``, ``sample_replay_buffer``): the data wait of off-policy RL and of
+samplers. ``sample`` alone is no phase (a policy's action, a generated text)."""
+
 DATA_FIRST = frozenset({"wait_for_batch", "get_batch", "next_batch", "batch_gen", "batch_generator",
                         "batch_generation"})
 """Words that say the trainer waits for its next batch even where another word would put the key
@@ -123,10 +128,10 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
     "data_wait": frozenset({"data", "dataloader", "dataloading", "data_loader", "data_loading", "loader", "loading",
                             "load", "fetch", "fetching", "input", "inputs", "io", "next_batch", "get_batch",
                             "batch_load", "batch_loading", "batch_wait", "batch_generator", "dataset", "prefetch",
-                            "sampler", "sample_batch", "batch_sample", "dequeue", "rb_sample", "buffer_sample",
-                            "replay_sample", "sample_buffer", "dl", "reader", "reading",
-                            "wait_for_batch", "inter_step", "inter_batch", "between_steps", "get_next"}) | DATA_FIRST,
-    "forward_backward": frozenset({"forward_backward", "fwd_bwd", "fwdbwd", "fb", "fwd_bwd_step", "train_batch"})
+                            "sampler", "dequeue", "dl", "reader", "reading",
+                            "wait_for_batch", "inter_step", "inter_batch", "between_steps", "get_next"})
+                 | DATA_FIRST | _pairs(DATA_VERBS),
+    "forward_backward": frozenset({"forward_backward", "fwd_bwd", "fwdbwd", "fb", "fwd_bwd_step"})
                         | _grad_pairs("forward_backward"),
     "forward": frozenset({"forward", "fwd", "fw", "fprop", "forward_pass", "logprobs", "logprob", "logp", "logits"}),
     "backward": frozenset({"backward", "bwd", "bw", "bprop", "backprop", "backward_pass", "grad", "grads",
@@ -148,7 +153,7 @@ NOT_A_PHASE = EVAL_WORDS | frozenset({
     "eta", "remaining", "left", "since", "uptime", "wallclock", "timestamp", "date", "clock", "start", "begin",
     "stop", "stopped", "checkpoint", "ckpt", "save", "export", "warmup", "setup", "init", "initialize",
     "model_load", "load_model", "loading_model", "weights_load", "load_weights", "load_checkpoint", "startup",
-    "compile", "compilation", "log", "logging", "print", "store", "memory", "mem", "gpu_mem", "allocated",
+    "compile", "compilation", "iowait", "log", "logging", "print", "store", "memory", "mem", "gpu_mem", "allocated",
     "reserved", "flops", "tflops", "mfu", "lr", "acc", "accuracy", "norm", "reward", "rollout", "generate", "gen",
     "collect", "sampling", "env", "environment", "episode", "total_time", "time_total", "time_elapsed",
     "total_elapsed", "wall_time", "walltime", "elapsed_total", "train_runtime",
@@ -206,9 +211,10 @@ INTERVAL = frozenset({"diff", "difference", "delta"})
 """After a duration word, a timer's last interval (pycls's ``time_diff``: its toc minus its tic),
 one step's duration like ``dt``; elsewhere a statistic (``STATISTICS``)."""
 
-HOST_PREP = frozenset({"preprocess", "preprocessing", "processing", "prep", "prepare", "preparation", "tokenize",
-                       "tokenization", "collate", "h2d", "d2h", "to_device", "transfer", "copy", "memcpy", "convert",
-                       "conversion", "converting", "cast", "augment", "augmentation", "transform", "transforms"})
+HOST_PREP = frozenset({"preprocess", "preprocessing", "process", "processing", "prep", "prepare", "preparation",
+                       "tokenize", "tokenization", "collate", "h2d", "d2h", "to_device", "transfer", "copy", "memcpy",
+                       "convert", "conversion", "converting", "cast", "augment", "augmentation", "transform",
+                       "transforms"})
 """Host-side batch preparation and copies: a part of the step, never the data loader's wait."""
 OTHER_PARTS = frozenset({"update", "updates", "priority", "priorities", "ema", "scheduler", "sched",
                          "lr_scheduler", "scaler", "swa", "server", "servers", "shutdown", "launch", "restart",
@@ -219,8 +225,9 @@ forward, backward and optimizer steps over mini-batches: ``timing_s/update_actor
 is the push of new weights to an inference engine: communication), host-side batch preparation
 (``data_preprocess_time``, ``input_prep_time``), an EMA or replay-priority update, an inference
 server's life (``step_stop_server``, ``offload``). A name with one of these and no stronger phase
-word reads as no phase (its time unattributed, never a wait); ``processing`` right after a step word
-is the step itself (``Batch_processing_time_ms``)."""
+word reads as no phase (its time unattributed, never a wait); ``process``/``processing`` right after
+a step word is the step itself (``Batch_processing_time_ms``), before it the batch's preparation
+(``Train_Process_Batch``)."""
 
 AMBIGUOUS: dict[tuple[str, ...], tuple[str, str]] = {
     ("iter", "time"): ("data_wait", "ESPnet's iter_time is the wait for the next batch; elsewhere the whole step"),
@@ -260,10 +267,22 @@ SPAN_WORDS = frozenset({"including", "incl", "excluding", "excl"})
 """Words after which a name says what its duration spans or leaves out, not what it times (``Time
 per iteration including communication`` is the iteration's time): the phase is read from the words
 before the first of them; a key outside the step is refused by all its words."""
-GLUED = "time"
-"""A duration word a phase word may be glued to (``iotime``, ``datatime``, ``itertime``): split
-where the glued head is one word of ``PHASE_WORDS`` (``runtime``, ``uptime``, ``walltime`` are not)."""
-_GLUED_WORDS = frozenset(w + GLUED for ws in PHASE_WORDS.values() for w in ws if "_" not in w and len(w) >= 2)
+GLUABLE = (frozenset(w for ws in PHASE_WORDS.values() for w in ws if "_" not in w and len(w) >= 2)
+           | DURATION_WORDS | COMM_VERBS.keys() | GRAD_VERBS.keys() | DATA_VERBS.keys() | WEIGHTS | GRADS)
+"""Words that may stand glued to each other in one word, read as the words they are (``iotime``,
+``dataload``, ``gradsync``, ``fwdbwdtime``): a word the reader does not know (``_KNOWN``) that is
+wholly two or more of these is split into them; ``runtime``, ``uptime``, ``walltime`` and
+``timestep`` are not (``run``, ``up``, ``wall`` are no such words; ``timestep`` is known)."""
+_KNOWN = frozenset().union(
+    *(w for ws in PHASE_WORDS.values() for w in ws), DURATION_WORDS, DURATION_NAMESPACES, NOT_A_PHASE,
+    NAME_NOT_A_PHASE, SOFT_NOT_A_PHASE, COMPONENTS, *ITEMS.values(), NOT_A_DURATION, STATISTICS, OTHER_PARTS,
+    TIME_UNITS, END_UNITS, BARE_STEP, DEVICE_WORDS, WAIT_WORDS, SPAN_WORDS)
+"""Every word of the reader's lists: a word it knows is never split (``timestep``, ``dataset``)."""
+_GLUE_ENDS = (frozenset(w[:2] for w in GLUABLE), frozenset(w[-2:] for w in GLUABLE))
+"""The first and the last two letters of the ``GLUABLE`` words: most words begin or end otherwise and
+are never walked (two set lookups each)."""
+_MAX_GLUED = 32
+"""Letters of the longest word the reader tries to split (a bound on its work for any name)."""
 
 
 
@@ -304,12 +323,13 @@ class Reading:
 def words(text: str) -> list[str]:
     """The lower-case words of one segment: ``dataTime_ms`` -> ``['data', 'time', 'ms']``; ``log``
     before ``probs``, ``prob`` or ``p`` is one word (``log_probs`` is a forward pass, not logging);
-    a phase word glued to ``time`` is two (``iotime`` -> ``['io', 'time']``: ``GLUED``)."""
+    words glued together are split (``iotime`` -> ``['io', 'time']``: ``GLUABLE``)."""
     out = [w.lower() for w in _WORDS.findall(text)]
-    if not _GLUED_WORDS.isdisjoint(out):
-        for i in range(len(out) - 1, -1, -1):
-            if out[i] in _GLUED_WORDS:
-                out[i:i + 1] = [out[i][:-len(GLUED)], GLUED]  # iotime: a phase word glued to its duration word
+    heads, tails = _GLUE_ENDS
+    glued = {w: parts for w in set(out).difference(_KNOWN)
+             if w[:2] in heads and w[-2:] in tails and (parts := _unglue(w))}
+    if glued:
+        out = [p for w in out for p in glued.get(w, (w,))]  # dataload, iotime: words glued together (GLUABLE)
     for i in range(len(out) - 1, 0, -1):
         if out[i - 1] == "log" and out[i] in ("probs", "prob", "p"):
             out[i - 1:i + 1] = ["log" + out[i]]
@@ -319,6 +339,20 @@ def words(text: str) -> list[str]:
         elif out[i].isdigit() and out[i - 1] == "p":
             out[i - 1:i + 1] = ["p" + out[i]]  # p50, p99: a percentile
     return out
+
+
+def _unglue(word: str) -> list[str]:
+    """``word`` as the ``GLUABLE`` words it is glued from (``dataload`` -> ``['data', 'load']``),
+    ``[]`` where it is not wholly made of two or more of them. The first (shortest) head wins."""
+    if not 4 <= len(word) <= _MAX_GLUED:
+        return []
+    for cut in range(2, len(word) - 1):
+        head, tail = word[:cut], word[cut:]
+        if head in GLUABLE:
+            rest = [tail] if tail in GLUABLE else _unglue(tail)
+            if rest:
+                return [head, *rest]
+    return []
 
 
 def segments(name: str) -> list[list[str]]:
@@ -376,10 +410,12 @@ def _time_unit(name: str, proper: list[str]) -> tuple[str, float] | None:
     return None
 
 
-def _whole_of_a_phase(proper: list[str]) -> bool:
-    """Whether ``total`` stands next to a phase word (``step_total``, ``total_step_time``)."""
+def _whole_step(proper: list[str]) -> bool:
+    """Whether ``total`` stands next to a word of the step (``step_total``, ``total_step_time``,
+    ``batch_total_time``): the whole of one step, all its parts. Beside a part of the step
+    (``loader_total_time``) it is that part summed over many steps."""
     i = proper.index("total")
-    return any(_phase({w})[0] for w in proper[max(0, i - 1):i + 2] if w != "total")
+    return any(w in PHASE_WORDS["step"] for w in proper[max(0, i - 1):i + 2])
 
 
 def _per_step(before: list[str]) -> tuple[str, float] | None:
@@ -430,9 +466,10 @@ def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str]
     stats = vocab & STATISTICS
     if stats & INTERVAL and _interval(proper):
         stats = stats - INTERVAL  # time_diff, dt_delta: a timer's last interval, no statistic
-    if "total" in stats and _whole_of_a_phase(proper):
-        stats = stats - {"total"}  # step_total, total_step_time: the whole of the step, not a sum of many
     anywhere = lemmas(vocab | space)
+    if "total" in stats and _whole_step(proper):
+        stats = stats - {"total"}  # step_total, total_step_time: the whole of the step, not a sum of many
+        anywhere -= {"total_time", "time_total"}
     veto = anywhere & NOT_A_PHASE | (vocab | space) & COMPONENTS | stats | vocab & NAME_NOT_A_PHASE
     if vocab & SOFT_NOT_A_PHASE and not _phase(vocab)[0]:
         veto |= vocab & SOFT_NOT_A_PHASE
@@ -493,11 +530,12 @@ def _bare_duration(proper: list[str]) -> str:
 
 
 def _parts(proper: list[str], vocab: set[str]) -> set[str]:
-    """The words of ``OTHER_PARTS`` in the name, less a ``processing`` that follows a step word: a
-    batch's processing is the step (``Batch_processing_time_ms``), a batch's preprocessing is not."""
+    """The words of ``OTHER_PARTS`` in the name, less a ``process``/``processing`` that follows a step
+    word: a batch's processing is the step (``Batch_processing_time_ms``); a batch's preprocessing, or
+    processing a batch (``process_batch``: its preparation), is not."""
     parts = vocab & OTHER_PARTS
     for before, word in zip(proper, proper[1:], strict=False):
-        if word == "processing" and before in PHASE_WORDS["step"]:
+        if word in ("process", "processing") and before in PHASE_WORDS["step"]:
             parts.discard(word)
     return parts
 
@@ -577,7 +615,8 @@ def doc_table() -> list[str]:
              ("a wait for no named thing: `data_wait`, uncertain", words_of(WAIT_WORDS)),
              ("what the duration spans or leaves out follows: the phase is read before the first of them",
               words_of(SPAN_WORDS)),
-             ("a phase word glued before it is two words (`iotime`)", f"`{GLUED}`"),
+             ("glued to each other in one word the reader does not know, split (`iotime`, `dataload`, `gradsync`)",
+              words_of(GLUABLE)),
              ("alone: the step, uncertain", words_of(BARE_STEP)),
              ("with words of elapsed time only: the time of what runs the step, the step, uncertain",
               words_of(DEVICE_WORDS)),
