@@ -28,6 +28,19 @@ from tests.waiting import wait_until
 __all__ = ["ROOT", "DaemonProc", "Samples", "env", "free_port", "spawn_sidecar"]  # the launcher's, re-exported
 
 
+def verdict(d: DaemonProc) -> str | None:
+    """The verdict ``d``'s ``/metrics`` shows (its ``dflash_pipeline_bottleneck`` at 1), None if none."""
+    on = [lab["verdict"] for lab, v in d.samples().get("dflash_pipeline_bottleneck", []) if v == 1.0]
+    return on[0] if on else None
+
+
+def explain(d: DaemonProc, *extra: str) -> str:
+    """``dflash-sidecar explain`` against ``d``'s ``/metrics``: its output (``extra``: more options)."""
+    out = subprocess.run([sys.executable, "-m", "sidecar", "explain", "--prometheus-addr", f"127.0.0.1:{d.port}",
+                          *extra], env=env(), capture_output=True, text=True, timeout=30, check=True, cwd=ROOT)
+    return out.stdout
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"
 

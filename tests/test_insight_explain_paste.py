@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import ROOT, DaemonProc, env, wait_for
+from tests.daemon_harness import DaemonProc, env, explain, wait_for
 
 LOOP = textwrap.dedent("""
     import sys, time
@@ -40,15 +40,8 @@ LOOP = textwrap.dedent("""
 """)
 
 
-def explain(d: DaemonProc) -> dict[str, object]:
-    out = subprocess.run([sys.executable, "-m", "sidecar", "explain", "--prometheus-addr", f"127.0.0.1:{d.port}",
-                          "--json"], env=env(), capture_output=True, text=True, timeout=30, check=True, cwd=ROOT)
-    return json.loads(out.stdout)
-
-
-def verdict(d: DaemonProc) -> str | None:
-    on = [lab["verdict"] for lab, v in d.samples().get("dflash_pipeline_bottleneck", []) if v == 1.0]
-    return on[0] if on else None
+def explain_json(d: DaemonProc) -> dict[str, object]:
+    return json.loads(explain(d, "--json"))
 
 
 @pytest.mark.timeout(90)
@@ -60,7 +53,7 @@ def test_pasting_explains_config_pins_or_overrules_the_reads(tmp_path: Path) -> 
     second = None
     try:
         def ready() -> dict[str, object] | None:
-            d = explain(first)
+            d = explain_json(first)
             return d if "fetch_ms" in str(d.get("config")) and str(d.get("verdict")).startswith("input-bound") else None
 
         data = wait_for(ready, timeout_s=30, what="explain's config and an input-bound verdict")
@@ -78,7 +71,7 @@ def test_pasting_explains_config_pins_or_overrules_the_reads(tmp_path: Path) -> 
         second = DaemonProc(tmp_path, "--config", str(path), endpoint=first.endpoint)
 
         def overruled() -> str | None:
-            text = str(explain(second).get("verdict"))
+            text = str(explain_json(second).get("verdict"))
             return text if "unattributed" in text else None
 
         text = wait_for(overruled, timeout_s=30, what="fetch_ms named unattributed after the overrule")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import ROOT, DaemonProc, env, wait_for
+from tests.daemon_harness import DaemonProc, env, explain, verdict, wait_for
 from tests.fake_nvml.control import FakeNvml
 from tests.fake_nvml.helpers import library_or_skip
 
@@ -75,17 +75,6 @@ class Monitor:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-
-
-def verdict(d: DaemonProc) -> str | None:
-    on = [lab["verdict"] for lab, v in d.samples().get("dflash_pipeline_bottleneck", []) if v == 1.0]
-    return on[0] if on else None
-
-
-def explain(d: DaemonProc, *extra: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "sidecar", "explain", "--prometheus-addr", f"127.0.0.1:{d.port}",
-                          *extra], env=env(), capture_output=True, text=True, timeout=30, check=True, cwd=ROOT)
-    return out.stdout
 
 
 def test_seed_profile_dict_from_one_monitor_thread_gets_real_verdicts(tmp_path: Path) -> None:

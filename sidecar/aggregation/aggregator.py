@@ -25,6 +25,7 @@ from itertools import islice
 from operator import length_hint
 from typing import Any
 
+from sidecar.aggregation.clocks import Clocks
 from sidecar.aggregation.parts import settle
 from sidecar.aggregation.series import (
     WINDOW_KEYS_BUDGET,
@@ -177,6 +178,8 @@ class Aggregator:
         """sender id -> (role, worker, latest step) of its last profile."""
         self._axes = StepAxes(clock)
         """Whose step counts samples or tokens (``step_axis``)."""
+        self._clocks = Clocks()
+        """Which bare times read as the step are seconds since the start (``clocks``)."""
         self._first_steps: dict[int, int] = {}
         """sender id -> the step of its first profile the daemon had (the ledger counts from it)."""
         self._allocator: dict[tuple[str, str, int], tuple[int, int, int]] = {}
@@ -630,7 +633,7 @@ class Aggregator:
         for sender, (role, worker, step) in self._steps.items():
             if (live is None or sender in live) and step > steps.get((role, worker), -1):
                 steps[role, worker] = step
-        settled = settle(views)  # the step axes' pace by the settled step (an episode's time is none)
+        settled = self._clocks.settle(settle(views), now_monotonic)  # the step axes' pace by the settled step
         return WindowReport(end_unix_s, duration_s, settled, steps, dict(self._allocator),
                             {sender: step for sender, (_, _, step) in self._steps.items()}, dict(self._first_steps),
                             self._axes.counted(self._step_ms(settled)))

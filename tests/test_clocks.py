@@ -1,0 +1,150 @@
+"""A bare time read as the step, decided by its numbers (``sidecar/aggregation/clocks.py``): seconds
+since the start climb with the wall clock and read as no phase; a step's duration, steady,
+slowing, longer than a window or logged rarely, stays the step. Through the real mapping stage
+and aggregator, windows rolled on a clock the test moves, and through a real daemon with a real
+trainer process and the fake NVML driver."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sidecar.aggregation.aggregator import Aggregator
+from sidecar.aggregation.clocks import CLIMBS, _Watch
+from sidecar.aggregation.insight import compute_insight
+from sidecar.core.pipeline import ingest_records
+from sidecar.model.insight import GpuFacts
+from sidecar.model.window import PROFILE, TIMING, SeriesView
+from sidecar.processing.mapping import Mapper
+from tests.daemon_harness import DaemonProc, env, explain, verdict, wait_for
+from tests.fake_nvml.control import FakeNvml
+from tests.fake_nvml.helpers import library_or_skip
+
+WINDOW_S = 10.0
+
+
+def _run(name: str, value_at: Callable[[int], float | None], windows: int,
+         others: dict[str, float] | None = None) -> list[SeriesView]:
+    """The view of ``name`` at the end of each window; ``value_at(k)`` is what the trainer logged
+    in window k (None: nothing), ``others`` what it logged beside it every window."""
+    agg, mapper = Aggregator(), Mapper()
+    seen = []
+    for k in range(windows):
+        value = value_at(k)
+        profile = dict(others or {})
+        if value is not None:
+            profile[name] = value
+        if profile:
+            ingest_records(agg, "trainer", "0", [[PROFILE, k, profile]], mapper)
+        now = 1000.0 + WINDOW_S * (k + 1)
+        report = agg.roll(now, now, WINDOW_S)
+        seen += [v for v in report.series if v.kind == TIMING and (v.raw or v.name) == name]
+    return seen
+
+
+@pytest.mark.parametrize("name", ["train/time", "Time", "time"])
+def test_seconds_since_the_start_read_as_the_step_become_a_clock(name: str) -> None:
+    views = _run(name, lambda k: 3600.0 + WINDOW_S * k, CLIMBS + 3)
+    assert views[0].meaning == "step" and views[0].certainty < 1.0   # the name alone: the step, uncertain
+    assert all(v.meaning == "step" for v in views[:CLIMBS])          # CLIMBS climbs need CLIMBS + 1 windows
+    assert all(v.meaning == "" and v.outside for v in views[CLIMBS:]), [v.meaning for v in views]
+    assert "wall clock" in views[-1].rule
+
+
+def test_a_clock_logged_once_a_minute_is_a_clock() -> None:
+    views = _run("train/time", lambda k: 120.0 + WINDOW_S * k if k % 6 == 0 else None, 6 * (CLIMBS + 1) + 1)
+    assert views[-1].meaning == "" and views[-1].outside and "wall clock" in views[-1].rule
+
+
+def test_a_clock_from_its_first_second_is_a_clock() -> None:
+    views = _run("train/time", lambda k: WINDOW_S * k + 1.0, CLIMBS + 2)
+    assert views[-1].meaning == "" and views[-1].outside
+
+
+@pytest.mark.parametrize(("case", "value_at"), [
+    ("steady", lambda k: 0.25 + 0.01 * (k % 3)),
+    ("slowing", lambda k: 0.25 * 1.05 ** k),                  # a leak: each step 5 % slower a window
+    ("longer than a window", lambda k: 25.0 if k % 3 == 0 else None),
+    ("long and jittery", lambda k: 5.0 + 25.0 * random.Random(k).random()),  # 5-30 s steps, 10 s windows
+    ("reset", lambda k: WINDOW_S * (k % CLIMBS)),             # climbs, then falls back, again and again
+])
+def test_a_steps_duration_stays_the_step(case: str, value_at: Callable[[int], float | None]) -> None:
+    views = _run("train/time", value_at, 120)
+    assert all(v.meaning == "step" for v in views), (case, [(v.meaning, v.window) for v in views])
+
+
+def test_only_an_uncertain_read_is_questioned() -> None:
+    """A name that says the step (``step_time``) keeps its meaning whatever its numbers do."""
+    views = _run("step_time", lambda k: 3600.0 + WINDOW_S * k, CLIMBS + 3)
+    assert views[-1].meaning == "step" and views[-1].certainty == 1.0
+
+
+def test_a_clock_beside_real_phases_leaves_them_alone() -> None:
+    views = _run("train/time", lambda k: 60.0 + WINDOW_S * k, CLIMBS + 2, {"train/data_time": 0.05})
+    assert views[-1].meaning == ""
+    agg, mapper = Aggregator(), Mapper()
+    ingest_records(agg, "trainer", "0", [[PROFILE, 1, {"train/data_time": 0.05}]], mapper)
+    data = [v for v in agg.roll(1.0, 1.0, 1.0).series if (v.raw or v.name) == "train/data_time"]
+    assert data[0].meaning == "data_wait"
+
+
+def test_random_long_steps_are_never_a_clock() -> None:
+    """Steps of 5-30 s in random order over 10 s windows climb now and then, never ``CLIMBS`` times
+    in a row while standing at half the time watched (the rule's own numbers, 300 runs)."""
+    for seed in range(300):
+        r = random.Random(seed)
+        watch = _Watch(WINDOW_S, WINDOW_S, 5.0 + 25.0 * r.random())
+        assert not any(watch.climbed(5.0 + 25.0 * r.random(), WINDOW_S * (k + 2)) for k in range(60)), seed
+
+
+def test_the_verdict_once_a_bare_time_is_known_for_a_clock() -> None:
+    """A trainer logs its seconds since the start as ``train/time`` beside its data wait, 0.4 of
+    each 1 s step, its GPU 45 % busy: read as the step, the clock drowns the data wait (unexplained
+    idle); known for a clock, the data wait is what it is (input-bound)."""
+    agg, mapper = Aggregator(), Mapper()
+    verdicts = []
+    for k in range(CLIMBS + 4):
+        for j in range(10):
+            ingest_records(agg, "trainer", "0", [[PROFILE, 10 * k + j, {
+                "train/time": 600.0 + 10 * k + j, "train/data_time": 0.4, "train/loss": 1.0}]], mapper)
+        now = 1000.0 + WINDOW_S * (k + 1)
+        verdicts.append(compute_insight(agg.roll(now, now, WINDOW_S), gpus=GpuFacts(busy={"0": 0.45})).verdict.name)
+    assert verdicts[0] == "unexplained-idle" and verdicts[-3:] == ["input-bound"] * 3, verdicts
+
+
+CLOCK_TRAINER = textwrap.dedent("""
+    import sys, time
+    from trainer_shim import telemetry
+    telemetry.configure(endpoint=sys.argv[1], role="trainer", worker="0", flush_interval_s=0.05)
+    start, step = time.time() - 3600.0, 0
+    while time.time() - start < 3600.0 + 90.0:
+        step += 1
+        telemetry.publish(step, {"train/time": time.time() - start, "train/data_time": 0.12, "train/loss": 1.0})
+        time.sleep(0.2)
+""")
+
+
+def test_a_clock_through_the_real_daemon(tmp_path: Path) -> None:
+    """The same through a real daemon, a real shim in a trainer process and the fake NVML driver."""
+    library = library_or_skip("full")
+    fake = FakeNvml(tmp_path / "nvml-control.txt", library, {"devices": 1})
+    fake.gpu(0, clock_reasons=0, utilization_gpu=40, gpm_supported=0)
+    d = DaemonProc(tmp_path, "--nvml-interval", "0.2", gpu=True,
+                   extra_env={"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(fake.path)})
+    trainer = subprocess.Popen([sys.executable, "-c", CLOCK_TRAINER, d.endpoint], env=env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: verdict(d) == "input-bound", timeout_s=45, what="input-bound once train/time is a clock")
+        text = explain(d)
+        line = next(line for line in text.splitlines() if "'train/time'" in line)
+        assert "wall clock" in text and "step" not in line.split("->")[1].split("[")[0], line
+    finally:
+        trainer.kill()
+        trainer.wait()
+        d.stop()
