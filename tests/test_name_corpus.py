@@ -17,7 +17,7 @@ from tests.name_corpus import CORPUS, PHASE_LABELS, Got, Row, load, read, right
 
 FILES = ("names_design.toml", "names_holdout.toml", "names_holdout2.toml", "names_holdout3.toml",
          "names_holdout4.toml", "names_holdout5.toml", "names_holdout6.toml", "names_holdout7.toml",
-         "names_holdout8.toml")
+         "names_holdout8.toml", "names_holdout9.toml")
 
 KNOWN_MISSES: dict[tuple[str, str], str] = {
     # printed only, a bare word beside others in a log line: no tap sees it, the name alone says no duration
@@ -151,6 +151,44 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("salesforce/warp-drive", "Mean training time per iter (ms)"): "printed; the learner's update per "
                                                                    "iteration read as the iteration",
     ("salesforce/warp-drive", "Mean total time per iter (ms)"): "printed; 'total' read as a statistic",
+    # the ninth held-out part (32 new repositories), scored once with the v8 reader before any of its misses
+    # were looked at (28/42 published phase timings, 5/137 non-phase read as a phase); left after v9 took its
+    # general lessons (a / inside brackets, a time per step written as a ratio, the time between steps)
+    ("PKU-Alignment/omnisafe", "Time/Epoch"): "an RL epoch is this trainer's iteration; an epoch is outside "
+                                              "the step everywhere else",
+    ("tianweiy/CenterPoint", "forward_time/train"): "ambiguous: a running offset from the last iteration's "
+                                                    "end, no forward's own time",
+    ("DeepVAC/deepvac", "TRAIN/AverageBatchTrainTime(secs/epoch)"): "a batch's mean over the epoch, read as a "
+                                                                    "time per epoch",
+    ("DeepVAC/deepvac", "TRAIN/AverageBatchLoadDataTime(secs/epoch)"): "a batch's mean over the epoch, read as "
+                                                                       "a time per epoch",
+    ("LBANN/lbann", "model0/layer1/fp_time"): "one layer's forward: a component's part is no phase of the "
+                                              "step (and 'fp' no trainers' word)",
+    ("LBANN/lbann", "model0/layer1/bp_time"): "one layer's backward: a component's part",
+    ("LBANN/lbann", "model0/layer1/opt_time"): "one layer's optimizer step: a component's part",
+    ("LBANN/lbann", "model0/objective_evaluation_time"): "the loss's forward named 'evaluation': read as an "
+                                                         "evaluation, outside the step",
+    ("LBANN/lbann", "model0/objective_differentiation_time"): "'differentiation' (the backward) is no "
+                                                              "trainers' word",
+    ("microsoft/msrflute", "communicationCostsMean"): "a federated client's round trip, read as the step's "
+                                                      "communication: the non-phase read as a phase",
+    ("apple/pfl-research", "duration of iteration (s)"): "a federated round of many clients' training named "
+                                                         "an iteration: the non-phase read as a phase",
+    ("apple/pfl-research", "overall average duration of iteration (s)"): "a federated round's mean since the "
+                                                                         "start, read as the step",
+    ("NVIDIA/bionemo-framework", "timing_train/seconds_from_batch_start_to_before_optimizer_step_step"):
+        "an interval from one point to another ('from batch start to before optimizer step'): no phase word",
+    ("NVIDIA/bionemo-framework", "timing_train/seconds_from_batch_start_to_before_optimizer_step_epoch"):
+        "the same interval's epoch mean",
+    ("m2lines/Samudra", "train/batch/data_load_time"): "an asynchronous loader's own time, no wait of the loop: "
+                                                       "the non-phase read as a phase",
+    ("erfanzar/EasyDeL", "train/execution_time"): "'execution' names no phase",
+    ("erfanzar/EasyDeL", "train-mlperf/execution_time"): "'execution' names no phase",
+    ("aidecentralized/sonar", "train_time"): "a round's local training of many batches, read as the step "
+                                             "(uncertain): the non-phase read as a phase",
+    ("NVlabs/neuralangelo", "Model BCK time"): "printed; 'BCK' (backward) abbreviated",
+    ("NVlabs/neuralangelo", "Model STP time"): "printed; 'STP' (the optimizer step) abbreviated",
+    ("OpenBMB/CPM-Bee", "avg_time"): "printed; 'avg' alone names no phase",
 }
 """(repo, key) -> why the daemon does not read it as its code computes it."""
 

@@ -66,6 +66,11 @@ from sidecar.processing.reader import read_name, read_rate, stem
     ("timer/train_batch_forward_ms", "forward", 1e-3),          # a phase beside the batch it is part of
     ("Timing_Stats/Train_Train_Batch", "step", 1.0),            # training one batch is the step
     ("batch_process_time", "step", 1.0),                        # a batch's processing is the step
+    ("TRAIN/LoadDataTime(secs/batch)", "data_wait", 1.0),       # a / inside brackets is a ratio of units
+    ("train_speed(s/it)", "step", 1.0),                         # a speed in seconds per step is a step time
+    ("perf/throughput(ms/step)", "step", 1e-3),
+    ("train_info/time_between_train_steps", "data_wait", 1.0),  # the gap between steps: the next batch's wait
+    ("time_between_iterations_ms", "data_wait", 1e-3),
 ])
 def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     r = read_name(name)
@@ -114,6 +119,8 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("cpu/iowait", "iowait"),                     # the CPU's wait for I/O is a system figure, no data wait
     ("timestep_time", "no phase"),                # a word the reader knows is never split (no "time step")
     ("synctime", "no phase"),                     # glued words, read as written: a sync of nothing named
+    ("TRAIN/TrainTime(hours/epoch)", "epoch"),    # a time per epoch is no step's
+    ("steps_between_evals", "steps"),             # a count of steps, no time between them
 ])
 def test_names_that_are_no_phase(name: str, why: str) -> None:
     r = read_name(name)

@@ -9,10 +9,11 @@ from sidecar.model.window import ALLOCATOR, CATEGORY, COUNT, GAUGE, PROFILE, SCA
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_]+")
 MAX_LABEL_CHARS = 64
-SEGMENTS = re.compile(r"[/.:|@,;=]+")
+SEGMENTS = re.compile(r"[/.:|@,;=]+(?![^()\[\]]*[)\]])")
 """What separates a trainer's name into segments (``train/perf.data_ms``: ``train``, ``perf``,
 ``data_ms``): the last is the name proper, the others its namespace (the name reader's first move,
-and the window's rules that compare names of one namespace)."""
+and the window's rules that compare names of one namespace). Inside brackets a ``/`` is a ratio of
+units, no separator (``LoadDataTime(secs/batch)``, ``Speed (samples/sec)``)."""
 
 
 def metric_token(name: str) -> str:

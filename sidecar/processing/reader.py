@@ -128,8 +128,9 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
     "data_wait": frozenset({"data", "dataloader", "dataloading", "data_loader", "data_loading", "loader", "loading",
                             "load", "fetch", "fetching", "input", "inputs", "io", "next_batch", "get_batch",
                             "batch_load", "batch_loading", "batch_wait", "batch_generator", "dataset", "prefetch",
-                            "sampler", "dequeue", "dl", "reader", "reading",
-                            "wait_for_batch", "inter_step", "inter_batch", "between_steps", "get_next"})
+                            "sampler", "dequeue", "dl", "reader", "reading", "wait_for_batch", "inter_step",
+                            "inter_batch", "between_steps", "between_iterations", "between_iters", "between_batches",
+                            "get_next"})
                  | DATA_FIRST | _pairs(DATA_VERBS),
     "forward_backward": frozenset({"forward_backward", "fwd_bwd", "fwdbwd", "fb", "fwd_bwd_step"})
                         | _grad_pairs("forward_backward"),
@@ -383,10 +384,12 @@ def lemmas(ws: set[str]) -> set[str]:
 
 
 def _vocab(ws: list[str]) -> set[str]:
-    """The words and the joined neighbour pairs and triples of ``ws`` (``all_reduce``, ``fwd_bwd_step``)."""
+    """The words and the joined neighbour pairs and triples of ``ws`` (``all_reduce``, ``fwd_bwd_step``),
+    and ``between`` joined to the word after next (``time_between_train_steps``: ``between_steps``)."""
     out = set(ws)
     out.update(f"{a}_{b}" for a, b in zip(ws, ws[1:], strict=False))
     out.update(f"{a}_{b}_{c}" for a, b, c in zip(ws, ws[1:], ws[2:], strict=False))
+    out.update(f"between_{c}" for a, c in zip(ws, ws[2:], strict=False) if a == "between")  # between train steps
     return out
 
 
@@ -418,10 +421,20 @@ def _whole_step(proper: list[str]) -> bool:
     return any(w in PHASE_WORDS["step"] for w in proper[max(0, i - 1):i + 2])
 
 
-def _per_step(before: list[str]) -> tuple[str, float] | None:
-    """The unit of ``ms/it``: the segment before a lone step word, when it ends in a time unit."""
-    factor = TIME_UNITS.get(before[-1]) or END_UNITS.get(before[-1])
-    return (before[-1], factor) if factor is not None else None
+_STEP_NOUNS = sorted({w for w in PHASE_WORDS["step"] | ITEMS["steps"] if "_" not in w}, key=len, reverse=True)
+_UNIT_WORDS = sorted(TIME_UNITS.keys() | END_UNITS.keys(), key=len, reverse=True)
+_PER_STEP = re.compile(r"(?i)(?<![a-z])(" + "|".join(_UNIT_WORDS) + r")\s*/\s*(" + "|".join(_STEP_NOUNS)
+                       + r")(?![a-z])")
+"""A time unit per step, written as a ratio (``ms/it``, ``train_speed(s/it)``, ``Time(secs/batch)``)."""
+
+
+def _per_step(name: str) -> tuple[str, float] | None:
+    """The unit of a time per step written as a ratio (``_PER_STEP``): (as written, seconds per unit)."""
+    m = _PER_STEP.search(name)
+    if m is None:
+        return None
+    unit = m.group(1).lower()
+    return unit, TIME_UNITS.get(unit) or END_UNITS[unit]
 
 
 def read_name(name: str) -> Reading:
@@ -434,9 +447,8 @@ def read_name(name: str) -> Reading:
         proper, namespace = segs[-2] + proper, [w for seg in segs[:-2] for w in seg]  # optimizer.step: one phrase
     vocab, space = _vocab(proper), _vocab(namespace)
     unit = _time_unit(name, proper)
-    if unit is None and len(segs) > 1 and len(proper) == 1 and proper[0] in PHASE_WORDS["step"]:
-        unit = _per_step(segs[-2])  # ms/it, s/batch: a time unit per step
-    refused = _refused(name, proper, namespace, vocab, space, unit)
+    per_step = unit is None and (unit := _per_step(name)) is not None  # ms/it, (secs/batch): a time per step
+    refused = _refused(name, proper, namespace, vocab, space, unit, per_step)
     if refused is not None:
         return refused
     cut = next((i for i, w in enumerate(proper) if w in SPAN_WORDS), len(proper))
@@ -458,11 +470,14 @@ def read_name(name: str) -> Reading:
 
 
 def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str], space: set[str],
-             unit: tuple[str, float] | None) -> Reading | None:
+             unit: tuple[str, float] | None, per_step: bool = False) -> Reading | None:
     """The reading of a name that is no timing of a phase (a count, a rate, a statistic, a key
-    outside the step, no duration at all), None where a phase may be read."""
-    if unit is None and (vocab & NOT_A_DURATION or (proper[-1] in ("s", "sec") and "per" in proper)):
-        return Reading("", Unit(name), f"a count, rate or statistic: {_first(vocab & NOT_A_DURATION)}")
+    outside the step, no duration at all), None where a phase may be read. A unit written per step
+    (``per_step``: ``train_speed(s/it)``) makes a speed a time per step, no throughput."""
+    # what a time lies between is no count (time_between_steps)
+    counted = vocab & NOT_A_DURATION - {w[len("between_"):] for w in vocab if w.startswith("between_")}
+    if unit is None and (counted or (proper[-1] in ("s", "sec") and "per" in proper)):
+        return Reading("", Unit(name), f"a count, rate or statistic: {_first(counted)}")
     stats = vocab & STATISTICS
     if stats & INTERVAL and _interval(proper):
         stats = stats - INTERVAL  # time_diff, dt_delta: a timer's last interval, no statistic
@@ -470,7 +485,9 @@ def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str]
     if "total" in stats and _whole_step(proper):
         stats = stats - {"total"}  # step_total, total_step_time: the whole of the step, not a sum of many
         anywhere -= {"total_time", "time_total"}
-    veto = anywhere & NOT_A_PHASE | (vocab | space) & COMPONENTS | stats | vocab & NAME_NOT_A_PHASE
+    veto = anywhere & NOT_A_PHASE | (vocab | space) & COMPONENTS | stats
+    if not per_step:
+        veto |= vocab & NAME_NOT_A_PHASE
     if vocab & SOFT_NOT_A_PHASE and not _phase(vocab)[0]:
         veto |= vocab & SOFT_NOT_A_PHASE
     if vocab & DATA_FIRST:
