@@ -17,7 +17,7 @@ from tests.name_corpus import CORPUS, PHASE_LABELS, Got, Row, load, read, right
 
 FILES = ("names_design.toml", "names_holdout.toml", "names_holdout2.toml", "names_holdout3.toml",
          "names_holdout4.toml", "names_holdout5.toml", "names_holdout6.toml", "names_holdout7.toml",
-         "names_holdout8.toml", "names_holdout9.toml")
+         "names_holdout8.toml", "names_holdout9.toml", "names_holdout10.toml")
 
 KNOWN_MISSES: dict[tuple[str, str], str] = {
     # printed only, a bare word beside others in a log line: no tap sees it, the name alone says no duration
@@ -65,7 +65,6 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     # gradients applied and computed)
     ("facebookresearch/jepa", "wall-time(ms)"): "a CSV column; 'wall time' is seconds since the start in "
                                                 "fairseq and fairseq2: the name alone cannot say per step",
-    ("facebookresearch/pycls", "time_avg"): "a timer's running mean: 'avg' (a mean of many steps) names no phase",
     ("THUDM/GLM", "Train/elapsed_time"): "a bare elapsed_time is seconds since the start in three other "
                                          "corpus trainers; the interval's here",
     ("dmlc/dgl", "sample+data_copy"): "printed; no duration word",
@@ -188,7 +187,38 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
                                              "(uncertain): the non-phase read as a phase",
     ("NVlabs/neuralangelo", "Model BCK time"): "printed; 'BCK' (backward) abbreviated",
     ("NVlabs/neuralangelo", "Model STP time"): "printed; 'STP' (the optimizer step) abbreviated",
-    ("OpenBMB/CPM-Bee", "avg_time"): "printed; 'avg' alone names no phase",
+    # the tenth held-out part (28 new repositories, chosen for distributed-training timings), scored once with
+    # the v9 reader before any of its misses were looked at (54/68 published phase timings, 1/78 non-phase read
+    # as a phase); left after v10 took its general lesson (a mean of a bare time)
+    ("a-r-r-o-w/finetrainers", "timing/batch_preparation"): "a batch's host-side preparation, labelled the data "
+                                                             "wait here: the reader keeps host preparation apart",
+    ("dptech-corp/Uni-Core", "train_inner_train_wall"): "fairseq's wall-clock words: 'wall' is since the start "
+                                                        "elsewhere",
+    ("alibaba-damo-academy/FunCodec", "metrics/iter_time"): "ESPnet's iter_time, the data wait: read as the "
+                                                            "step with its certainty lowered (ambiguous)",
+    ("alibaba-damo-academy/FunCodec", "train/train_time"): "a duration of no phase word: 'train time' is since "
+                                                           "the start in other trainers",
+    ("google-research/vmoe", "train/step_seconds_per_device"): "ambiguous: a compiler's cost estimate, no measured "
+                                                               "time: the non-phase read as a phase",
+    ("microsoft/Megatron-DeepSpeed", "optimizer-clip-main-grad-time"): "clipping inside the optimizer step, "
+                                                                       "read (like Megatron-LM's) as a part "
+                                                                       "of no phase",
+    ("exalsius/diloco-training", "timing/forward_pass_total"): "a running total keeps the forward's label here; "
+                                                               "a part's total is a statistic to the reader",
+    ("exalsius/diloco-training", "timing/batch_preparation_avg"): "a host-to-device copy labelled the data wait",
+    ("exalsius/diloco-training", "timing/outer_sync_avg"): "a bare 'sync' (an outer optimizer's all-reduce "
+                                                           "here, a device synchronize elsewhere) names no phase",
+    ("exalsius/diloco-training", "training/sync_time"): "a bare 'sync' names no phase",
+    ("exalsius/diloco-training", "performance/time_per_sample"): "a forward's time per sample: a cost per item",
+    ("mbanani/lgssl", "time/data_transfer"): "a host-to-device copy labelled the data wait",
+    ("mbanani/lgssl", "time/total"): "a bare total under time/ reads as a statistic",
+    ("yyyang404/DCTransformer-JPEG-Artifact-Removal", "perf/transfer_time"): "a host-to-device copy labelled the "
+                                                                             "data wait",
+    ("yyyang404/DCTransformer-JPEG-Artifact-Removal", "perf/step_time"): "ambiguous: clipping and optimizer.step() "
+                                                                         "named step_time, read as the step",
+    ("openai/phasic-policy-gradient", "del_time"): "printed; 'del' (a time difference) abbreviated",
+    ("instadeepai/jumanji", "train//time"): "a bare time under train/ read as the step (uncertain; its numbers, "
+                                            "since the start, settle it in a running daemon)",
 }
 """(repo, key) -> why the daemon does not read it as its code computes it."""
 

@@ -135,6 +135,9 @@ def test_names_that_are_no_phase(name: str, why: str) -> None:
     ("gpu-time(ms)", 1e-3),       # the unit in brackets after a hyphenated word
     ("dt_net", 1.0),              # the network's time: the step's compute
     ("cuda_time_ms", 1e-3),
+    ("perf_stats/train/avg_time_sec", 1.0),  # a mean of a bare time (a clock is never averaged)
+    ("time_avg", 1.0),
+    ("mean_duration_ms", 1e-3),
 ])
 def test_bare_durations_are_the_step_uncertain(name: str, factor: float) -> None:
     r = read_name(name)

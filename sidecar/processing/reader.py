@@ -253,6 +253,12 @@ DEVICE_TIMES = frozenset({"time", "times", "etime", "dt", "elapsed"})
 """The duration words that read a device's time (``DEVICE_WORDS``): a latency, a delay or a wait of
 a device or the network (``gpu_latency``, ``net_delay``) is no step."""
 
+MEANS = frozenset({"avg", "average", "mean", "averaged"})
+"""With one of ``MEAN_OF`` and nothing else (``avg_time``, ``time_avg``, ``mean_duration``): the mean
+of a time over many events, the step's if nothing else (uncertain). A bare ``time`` may be the
+seconds since the start; a mean of it never is."""
+MEAN_OF = frozenset({"time", "duration", "dt"})
+
 WAIT_WORDS = frozenset({"wait", "waiting", "waited", "blocked", "stall", "stalled", "starvation", "starved",
                         "starving"})
 """A duration word that says the trainer waited; with no phase word, for its input (uncertain)."""
@@ -532,13 +538,16 @@ def _interval(proper: list[str]) -> bool:
 
 def _bare_duration(proper: list[str]) -> str:
     """What makes a name proper a bare duration, the step's if nothing else (``""``: it is not one):
-    one ``BARE_STEP`` word; a timer's last interval (``time_diff``); duration words beside a word of
-    what runs the step (``DEVICE_WORDS``: ``gpu_etime_ms``, ``dt_net``). Time units aside."""
+    one ``BARE_STEP`` word; a timer's last interval (``time_diff``); a mean of a bare time
+    (``avg_time``: ``MEANS``); duration words beside a word of what runs the step (``DEVICE_WORDS``:
+    ``gpu_etime_ms``, ``dt_net``). Time units aside."""
     if len(proper) == 1 and proper[0] in BARE_STEP:
         return f"'{proper[0]}'"
     core = [w for w in proper if w not in TIME_UNITS and w not in END_UNITS]
     if len(core) == 2 and _interval(core):
         return f"'{core[0]}_{core[1]}' (a timer's last interval)"
+    if len(core) == 2 and core[0] != core[1] and {core[0], core[1]} <= MEANS | MEAN_OF:
+        return f"'{'_'.join(core)}' (a mean of a bare time)"
     device = [w for w in core if w in DEVICE_WORDS]
     timed = [w for w in core if w in DEVICE_TIMES]
     if len(device) == 1 and timed and len(device) + len(timed) == len(core):
@@ -635,6 +644,7 @@ def doc_table() -> list[str]:
              ("glued to each other in one word the reader does not know, split (`iotime`, `dataload`, `gradsync`)",
               words_of(GLUABLE)),
              ("alone: the step, uncertain", words_of(BARE_STEP)),
+             ("with one of " + words_of(MEAN_OF) + " and nothing else: the step, uncertain", words_of(MEANS)),
              ("with words of elapsed time only: the time of what runs the step, the step, uncertain",
               words_of(DEVICE_WORDS)),
              ("the words of elapsed time that read a device's time", words_of(DEVICE_TIMES)),
