@@ -374,6 +374,7 @@ def stem(name: str) -> str:
 
 
 _SUFFIXES = ("ations", "ation", "ions", "ion", "ings", "ing", "es", "s", "ed")
+_SUFFIX_ENDS = frozenset(suffix[-1] for suffix in _SUFFIXES)
 
 
 def lemmas(ws: set[str]) -> set[str]:
@@ -382,9 +383,10 @@ def lemmas(ws: set[str]) -> set[str]:
     list of base words, never to read a phase (``steps`` counts, ``step`` is a phase)."""
     out = set(ws)
     for w in ws:
+        if len(w) < 4 or w[-1] not in _SUFFIX_ENDS:
+            continue  # most words: no ending to take off (one compare, not nine)
         for suffix in _SUFFIXES:
-            base = w[:-len(suffix)]
-            if w.endswith(suffix) and len(base) >= 3:
+            if w.endswith(suffix) and len(base := w[:-len(suffix)]) >= 3:
                 out.update((base, base + "e") + ((base + "ate",) if suffix.startswith("ation") else ()))
     return out
 
@@ -467,7 +469,7 @@ def read_name(name: str) -> Reading:
     if not meaning or ((meaning in ("optimizer", "step", "data_wait") or hit in GRADS) and _parts(proper, vocab)):
         return _no_phase_word(name, proper, vocab, unit, meaning)
     why = f"'{hit}' -> {meaning}" + (f", unit {unit[0]}" if unit else ", unit not written: seconds")
-    other = ambiguity(name)
+    other = _ambiguity(segs)
     step_of_timer = len(proper) > 1 and proper[-2] in TIME_UNITS.keys() | DURATION_WORDS
     sibling = SIBLING_WORDS.get(proper[-1], "") if meaning == "step" and step_of_timer else ""
     if other is not None:
@@ -569,7 +571,11 @@ def _parts(proper: list[str], vocab: set[str]) -> set[str]:
 def ambiguity(name: str) -> tuple[str, str] | None:
     """(the other meaning, why) where ``name``'s words mean different things in different codebases
     (``AMBIGUOUS``), whoever reads it (the reader, or a framework's preset for a bare ``time``)."""
-    segs = segments(name)
+    return _ambiguity(segments(name))
+
+
+def _ambiguity(segs: list[list[str]]) -> tuple[str, str] | None:
+    """``ambiguity`` of a name split into ``segs`` (``segments``)."""
     if not segs:
         return None
     proper = tuple(w for w in segs[-1] if w not in TIME_UNITS)
