@@ -148,3 +148,31 @@ def test_a_clock_through_the_real_daemon(tmp_path: Path) -> None:
         trainer.kill()
         trainer.wait()
         d.stop()
+
+
+def test_a_clock_that_restarts_is_watched_afresh() -> None:
+    """A run resumed after downtime: its clock falls back to a few seconds and climbs again; it is
+    known within ``CLIMBS`` + 1 windows of the restart, not after the downtime is made up."""
+    def value_at(k: int) -> float | None:
+        if k < 3:
+            return 3600.0 + WINDOW_S * k
+        if k < 33:
+            return None  # five minutes down
+        return 5.0 + WINDOW_S * (k - 33)
+
+    views = _run("train/time", value_at, 33 + CLIMBS + 2)
+    assert views[-1].meaning == "" and views[-1].outside, [v.meaning for v in views]
+
+
+def test_a_series_gone_leaves_no_watch() -> None:
+    """The clocks' state follows the series the window keeps, by name, not by their number."""
+    from sidecar.aggregation.clocks import Clocks
+
+    def view(name: str, mean_ms: float | None) -> SeriesView:
+        return SeriesView(TIMING, name, "trainer", "0", None if mean_ms is None else {"mean": mean_ms}, {},
+                          meaning="step", certainty=0.5)
+
+    clocks = Clocks()
+    clocks.settle((view("a", 1000.0),), 10.0)
+    clocks.settle((view("b", None), view("c", None)), 20.0)  # a gone, b and c kept without data
+    assert clocks._watched == {}  # noqa: SLF001 - the state under test

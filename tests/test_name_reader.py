@@ -12,9 +12,10 @@ from sidecar.aggregation.ledger.facts import window_facts
 from sidecar.core.pipeline import ingest_records
 from sidecar.model.insight import GpuFacts
 from sidecar.model.meanings import PHASES
+from sidecar.model.names import split_segments
 from sidecar.model.window import GAUGE, PROFILE, TIMING
 from sidecar.processing.mapping import Mapper, parse_rules
-from sidecar.processing.reader import read_name, read_rate, stem
+from sidecar.processing.reader import read_name, read_rate, stem, words
 
 
 @pytest.mark.parametrize(("name", "meaning", "factor"), [
@@ -30,7 +31,7 @@ from sidecar.processing.reader import read_name, read_rate, stem
     ("optimizer_step_time", "optimizer", 1.0),                  # an optimizer word makes the step the optimizer's
     ("backward_allreduce_ms", "comm_wait", 1e-3),               # collectives win over the phase they sit in
     ("speed/data_load_time", "data_wait", 1.0),                 # speed as a namespace holds durations
-    ("train/timing/step_total", "step", 1.0),                   # total next to a phase word: the whole step
+    ("train/timing/step_total", "step", 1.0),                   # total next to a word of one step: the whole step
     ("timers/forward", "forward", 1.0),
     ("reader_cost", "data_wait", 1.0),                          # PaddlePaddle's costs are durations
     ("batch_cost", "step", 1.0),
@@ -71,6 +72,8 @@ from sidecar.processing.reader import read_name, read_rate, stem
     ("perf/throughput(ms/step)", "step", 1e-3),
     ("train_info/time_between_train_steps", "data_wait", 1.0),  # the gap between steps: the next batch's wait
     ("time_between_iterations_ms", "data_wait", 1e-3),
+    ("step_time/process_0", "step", 1.0),                       # an OS process is no host preparation
+    ("iter_time_process_rank", "step", 1.0),
 ])
 def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     r = read_name(name)
@@ -121,6 +124,15 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("synctime", "no phase"),                     # glued words, read as written: a sync of nothing named
     ("TRAIN/TrainTime(hours/epoch)", "epoch"),    # a time per epoch is no step's
     ("steps_between_evals", "steps"),             # a count of steps, no time between them
+    ("commit_time", "no phase"),                  # no 'comm it': a two-letter piece only before a duration word
+    ("async_commit_latency", "no phase"),
+    ("gradio_latency_ms", "no phase"),            # no 'grad io'
+    ("time_ms/batch_size", "size"),               # a size: the step noun of a unit per step ends its word
+    ("timing_s/iter_num", "num"),
+    ("train/loop_total_time", "total"),           # a loop's total is the run's; only one step's total is whole
+    ("cycle_total_time", "total"),
+    ("time_between_optimizer_steps", "steps"),    # no gap between steps: a phase word between
+    ("avg_mean_ms", "no phase"),                  # two mean words are no mean of a time
 ])
 def test_names_that_are_no_phase(name: str, why: str) -> None:
     r = read_name(name)
@@ -369,3 +381,25 @@ def test_the_dflash_queue_rules_say_what_was_read() -> None:
     drafter = RoleFacts("drafter", {"queue_wait": 0.5, "forward": 0.4}, ())
     v = decide({"target": target, "drafter": drafter}, 10.0, 0.5, 0.1, {}, {}, s)
     assert v.name == "input-bound" and "data_wait read from the name: time/fetch" in v.detail, v
+
+
+@pytest.mark.parametrize("name", ["dataloader", "dataloading", "fwdbwd", "gradstep", "reducescatter", "timestep"])
+def test_a_word_the_reader_knows_is_never_split(name: str) -> None:
+    assert words(name) == [name]
+
+
+def test_loss_min_per_step_is_no_duration() -> None:
+    """``min`` is a minimum as often as minutes: no time unit per step in ``loss/min/step``."""
+    r = read_name("loss/min/step")
+    assert r.meaning == "" and not r.duration, r
+
+
+@pytest.mark.timeout(30)
+def test_segments_are_found_in_one_scan_of_any_name() -> None:
+    """A long run of separators before a closing bracket: a bracket lookahead after each run
+    rescanned the rest of the name from every position of the run (cubic: 4,000 separators took
+    35 s); one scan takes microseconds."""
+    assert split_segments("/" * 20_000 + ")") == ["", ")"]
+    assert split_segments("TRAIN/LoadDataTime(secs/batch)") == ["TRAIN", "LoadDataTime(secs/batch)"]
+    assert split_segments("a(b/c") == ["a(b", "c"]  # an unclosed bracket is no bracket
+    assert read_name("." * 20_000 + "]").meaning == ""

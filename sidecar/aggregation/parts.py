@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from sidecar.model.meanings import PHASES
-from sidecar.model.names import SEGMENTS
+from sidecar.model.names import split_segments
 from sidecar.model.window import TIMING, SeriesView
 
 PARTS = tuple(p for p in PHASES if p != "forward_backward")
@@ -85,8 +85,8 @@ def _episodes(out: list[SeriesView]) -> None:
 
 def _namespace(name: str) -> tuple[str, str]:
     """(the namespace with its last separator, the last segment) of a series' name."""
-    found = list(SEGMENTS.finditer(name))
-    return (name[:found[-1].end()], name[found[-1].end():]) if found else ("", name)
+    last = split_segments(name)[-1]
+    return name[:len(name) - len(last)], last
 
 
 def _siblings(out: list[SeriesView], members: list[int]) -> None:

@@ -9,11 +9,23 @@ from sidecar.model.window import ALLOCATOR, CATEGORY, COUNT, GAUGE, PROFILE, SCA
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_]+")
 MAX_LABEL_CHARS = 64
-SEGMENTS = re.compile(r"[/.:|@,;=]+(?![^()\[\]]*[)\]])")
-"""What separates a trainer's name into segments (``train/perf.data_ms``: ``train``, ``perf``,
-``data_ms``): the last is the name proper, the others its namespace (the name reader's first move,
-and the window's rules that compare names of one namespace). Inside brackets a ``/`` is a ratio of
-units, no separator (``LoadDataTime(secs/batch)``, ``Speed (samples/sec)``)."""
+_SEGMENT_GRAMMAR = re.compile(r"\([^()]*\)|\[[^\[\]]*\]|([/.:|@,;=]+)")
+"""A bracketed group, or a run of separators (group 1): one scan, linear in the name's length."""
+
+
+def split_segments(name: str) -> list[str]:
+    """``name`` cut at its separators (``/ . : | @ , ; =``) into segments (``train/perf.data_ms``:
+    ``train``, ``perf``, ``data_ms``): the last is the name proper, the others its namespace (the name
+    reader's first move, and the window's rules that compare names of one namespace). Inside
+    brackets a ``/`` is a ratio of units, no separator (``LoadDataTime(secs/batch)``, ``Speed
+    (samples/sec)``); an unclosed bracket is no bracket. Empty segments are kept."""
+    out, start = [], 0
+    for m in _SEGMENT_GRAMMAR.finditer(name):
+        if m.group(1) is not None:
+            out.append(name[start:m.start()])
+            start = m.end()
+    out.append(name[start:])
+    return out
 
 
 def metric_token(name: str) -> str:

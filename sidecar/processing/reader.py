@@ -6,7 +6,7 @@ or ``batch_time`` knows at once that each is a duration, in which unit, and whic
 training step it times. ``read_name`` does the same in four moves, once per new series (the
 mapping stage caches its answer; bench/RESULTS_NAMES.md has the cost):
 
-1. **Split** the name into segments (``model.names.SEGMENTS``: ``/``, ``.``, ``:``, ``|``...) and
+1. **Split** the name into segments (``model.names.split_segments``: ``/``, ``.``, ``:``, ``|``...) and
    each segment into words (``_``, ``-``, spaces, brackets, camelCase, letters/digits; ``h2d`` and
    ``p50`` stay one word; phase and duration words glued together are split: ``iotime``, ``dataload``):
    ``Train/Samples/elapsed_time_ms_forward`` -> ``[train] [samples] [elapsed time ms forward]``.
@@ -41,7 +41,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sidecar.model.names import SEGMENTS
+from sidecar.model.names import split_segments
 from sidecar.processing.units import SECONDS, Unit
 
 _WORDS = re.compile(r"[A-Z]{2,}s(?![a-z])|[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+|µs")
@@ -206,13 +206,15 @@ STATISTICS = frozenset({"total", "cumulative", "sum", "max", "min", "std", "var"
                         "p50", "p75", "p90", "p95", "p99", "median", "minimum", "maximum", "diff", "difference",
                         "delta", "first"})
 """Words that make a duration a statistic over many steps, not one step's phase
-(``data_time_max_ms``, ``total_step_time``): read as a duration of no phase. A difference right
+(``data_time_max_ms``, ``total_data_time``): read as a duration of no phase; ``total`` beside a
+word of one step is that step's whole (``total_step_time``: ``ONE_STEP``). A difference right
 after a duration word (``INTERVAL``) is a timer's last interval, no statistic."""
 INTERVAL = frozenset({"diff", "difference", "delta"})
 """After a duration word, a timer's last interval (pycls's ``time_diff``: its toc minus its tic),
 one step's duration like ``dt``; elsewhere a statistic (``STATISTICS``)."""
 
-HOST_PREP = frozenset({"preprocess", "preprocessing", "process", "processing", "prep", "prepare", "preparation",
+HOST_PREP = frozenset({"preprocess", "preprocessing", "processing", "process_batch", "process_data",
+                       "process_input", "process_inputs", "prep", "prepare", "preparation",
                        "tokenize", "tokenization", "collate", "h2d", "d2h", "to_device", "transfer", "copy", "memcpy",
                        "convert", "conversion", "converting", "cast", "augment", "augmentation", "transform",
                        "transforms"})
@@ -226,9 +228,9 @@ forward, backward and optimizer steps over mini-batches: ``timing_s/update_actor
 is the push of new weights to an inference engine: communication), host-side batch preparation
 (``data_preprocess_time``, ``input_prep_time``), an EMA or replay-priority update, an inference
 server's life (``step_stop_server``, ``offload``). A name with one of these and no stronger phase
-word reads as no phase (its time unattributed, never a wait); ``process``/``processing`` right after
-a step word is the step itself (``Batch_processing_time_ms``), before it the batch's preparation
-(``Train_Process_Batch``)."""
+word reads as no phase (its time unattributed, never a wait); ``processing`` right after a step
+word is the step itself (``Batch_processing_time_ms``), processing a batch or data before it their
+preparation (``Train_Process_Batch``); a process alone is an OS process (``step_time/process_0``)."""
 
 AMBIGUOUS: dict[tuple[str, ...], tuple[str, str]] = {
     ("iter", "time"): ("data_wait", "ESPnet's iter_time is the wait for the next batch; elsewhere the whole step"),
@@ -274,14 +276,14 @@ SPAN_WORDS = frozenset({"including", "incl", "excluding", "excl"})
 """Words after which a name says what its duration spans or leaves out, not what it times (``Time
 per iteration including communication`` is the iteration's time): the phase is read from the words
 before the first of them; a key outside the step is refused by all its words."""
-GLUABLE = (frozenset(w for ws in PHASE_WORDS.values() for w in ws if "_" not in w and len(w) >= 2)
+GLUABLE = (frozenset(w for ws in PHASE_WORDS.values() for w in ws if w.isalpha() and len(w) >= 2)
            | DURATION_WORDS | COMM_VERBS.keys() | GRAD_VERBS.keys() | DATA_VERBS.keys() | WEIGHTS | GRADS)
 """Words that may stand glued to each other in one word, read as the words they are (``iotime``,
 ``dataload``, ``gradsync``, ``fwdbwdtime``): a word the reader does not know (``_KNOWN``) that is
 wholly two or more of these is split into them; ``runtime``, ``uptime``, ``walltime`` and
 ``timestep`` are not (``run``, ``up``, ``wall`` are no such words; ``timestep`` is known)."""
 _KNOWN = frozenset().union(
-    *(w for ws in PHASE_WORDS.values() for w in ws), DURATION_WORDS, DURATION_NAMESPACES, NOT_A_PHASE,
+    *PHASE_WORDS.values(), DURATION_WORDS, DURATION_NAMESPACES, NOT_A_PHASE,
     NAME_NOT_A_PHASE, SOFT_NOT_A_PHASE, COMPONENTS, *ITEMS.values(), NOT_A_DURATION, STATISTICS, OTHER_PARTS,
     TIME_UNITS, END_UNITS, BARE_STEP, DEVICE_WORDS, WAIT_WORDS, SPAN_WORDS)
 """Every word of the reader's lists: a word it knows is never split (``timestep``, ``dataset``)."""
@@ -350,21 +352,25 @@ def words(text: str) -> list[str]:
 
 def _unglue(word: str) -> list[str]:
     """``word`` as the ``GLUABLE`` words it is glued from (``dataload`` -> ``['data', 'load']``),
-    ``[]`` where it is not wholly made of two or more of them. The first (shortest) head wins."""
+    ``[]`` where it is not wholly made of two or more of them. The first (shortest) head wins. A
+    piece of two letters stands only before a duration word (``iotime``, ``dttime``): ``commit`` is
+    no ``comm it``, ``gradio`` no ``grad io``."""
     if not 4 <= len(word) <= _MAX_GLUED:
         return []
     for cut in range(2, len(word) - 1):
         head, tail = word[:cut], word[cut:]
         if head in GLUABLE:
             rest = [tail] if tail in GLUABLE else _unglue(tail)
-            if rest:
-                return [head, *rest]
+            pieces = [head, *rest]
+            if rest and all(len(p) > 2 or (i + 1 < len(pieces) and pieces[i + 1] in DURATION_WORDS)
+                            for i, p in enumerate(pieces)):
+                return pieces
     return []
 
 
 def segments(name: str) -> list[list[str]]:
     """The name's segments, each as its words (empty segments dropped)."""
-    return [ws for seg in SEGMENTS.split(name) if (ws := words(seg))]
+    return [ws for seg in split_segments(name) if (ws := words(seg))]
 
 
 def stem(name: str) -> str:
@@ -397,7 +403,8 @@ def _vocab(ws: list[str]) -> set[str]:
     out = set(ws)
     out.update(f"{a}_{b}" for a, b in zip(ws, ws[1:], strict=False))
     out.update(f"{a}_{b}_{c}" for a, b, c in zip(ws, ws[1:], ws[2:], strict=False))
-    out.update(f"between_{c}" for a, c in zip(ws, ws[2:], strict=False) if a == "between")  # between train steps
+    out.update(f"between_{c}" for a, b, c in zip(ws, ws[1:], ws[2:], strict=False)
+               if a == "between" and not _phase({b})[0])  # between train steps; between optimizer steps: no gap
     return out
 
 
@@ -421,28 +428,32 @@ def _time_unit(name: str, proper: list[str]) -> tuple[str, float] | None:
     return None
 
 
+ONE_STEP = frozenset({"step", "iter", "iteration", "batch", "minibatch"})
+"""Words of one step, whose ``total`` is the step's whole (``step_total``); a loop's, a cycle's or an
+interval's total is the run's or many steps' (``loop_total_time``)."""
+
+
 def _whole_step(proper: list[str]) -> bool:
     """Whether ``total`` stands next to a word of the step (``step_total``, ``total_step_time``,
     ``batch_total_time``): the whole of one step, all its parts. Beside a part of the step
     (``loader_total_time``) it is that part summed over many steps."""
     i = proper.index("total")
-    return any(w in PHASE_WORDS["step"] for w in proper[max(0, i - 1):i + 2])
+    return any(w in ONE_STEP for w in proper[max(0, i - 1):i + 2])
 
 
 _STEP_NOUNS = sorted({w for w in PHASE_WORDS["step"] | ITEMS["steps"] if "_" not in w}, key=len, reverse=True)
-_UNIT_WORDS = sorted(TIME_UNITS.keys() | END_UNITS.keys(), key=len, reverse=True)
+_UNIT_WORDS = sorted(TIME_UNITS, key=len, reverse=True)
 _PER_STEP = re.compile(r"(?i)(?<![a-z])(" + "|".join(_UNIT_WORDS) + r")\s*/\s*(" + "|".join(_STEP_NOUNS)
-                       + r")(?![a-z])")
-"""A time unit per step, written as a ratio (``ms/it``, ``train_speed(s/it)``, ``Time(secs/batch)``)."""
+                       + r")(?![a-z0-9_])")
+"""A time unit per step, written as a ratio (``ms/it``, ``train_speed(s/it)``, ``Time(secs/batch)``):
+the step noun ends its word (``time_ms/batch_size`` is a size); ``min`` and ``h`` are left out
+(``loss/min/step`` is a minimum)."""
 
 
 def _per_step(name: str) -> tuple[str, float] | None:
     """The unit of a time per step written as a ratio (``_PER_STEP``): (as written, seconds per unit)."""
     m = _PER_STEP.search(name)
-    if m is None:
-        return None
-    unit = m.group(1).lower()
-    return unit, TIME_UNITS.get(unit) or END_UNITS[unit]
+    return None if m is None else (m.group(1), TIME_UNITS[m.group(1).lower()])
 
 
 def read_name(name: str) -> Reading:
@@ -548,7 +559,7 @@ def _bare_duration(proper: list[str]) -> str:
     core = [w for w in proper if w not in TIME_UNITS and w not in END_UNITS]
     if len(core) == 2 and _interval(core):
         return f"'{core[0]}_{core[1]}' (a timer's last interval)"
-    if len(core) == 2 and core[0] != core[1] and {core[0], core[1]} <= MEANS | MEAN_OF:
+    if len(core) == 2 and set(core) & MEANS and set(core) & MEAN_OF:
         return f"'{'_'.join(core)}' (a mean of a bare time)"
     device = [w for w in core if w in DEVICE_WORDS]
     timed = [w for w in core if w in DEVICE_TIMES]
@@ -558,12 +569,12 @@ def _bare_duration(proper: list[str]) -> str:
 
 
 def _parts(proper: list[str], vocab: set[str]) -> set[str]:
-    """The words of ``OTHER_PARTS`` in the name, less a ``process``/``processing`` that follows a step
-    word: a batch's processing is the step (``Batch_processing_time_ms``); a batch's preprocessing, or
+    """The words of ``OTHER_PARTS`` in the name, less a ``processing`` that follows a step word: a
+    batch's processing is the step (``Batch_processing_time_ms``); a batch's preprocessing, or
     processing a batch (``process_batch``: its preparation), is not."""
     parts = vocab & OTHER_PARTS
     for before, word in zip(proper, proper[1:], strict=False):
-        if word in ("process", "processing") and before in PHASE_WORDS["step"]:
+        if word == "processing" and before in PHASE_WORDS["step"]:
             parts.discard(word)
     return parts
 
@@ -616,7 +627,7 @@ def read_rate(name: str) -> str:
     """The throughput meaning (``RATES``) a rate's name says, ``""`` if none: what the last segment
     counts per second (``perf/tokens_per_sec`` -> ``tokens_per_s``); a namespace of counts is read
     too (``samples/s``). Environment frames and steps of RL (``fps``, ``SPS``) are no training rate."""
-    segs = SEGMENTS.split(name)
+    segs = split_segments(name)
     for text in dict.fromkeys((segs[-1], "/".join(segs[-2:]), "/".join(segs[-3:]))):  # tokens/sec/gpu
         m = _PER_TIME.search(text)
         if m is not None:
@@ -637,7 +648,7 @@ def doc_table() -> list[str]:
     rows += [("no phase of the step, anywhere in the name, in any of their forms", words_of(NOT_A_PHASE)),
              ("no phase of the step, in the name proper", words_of(NAME_NOT_A_PHASE)),
              ("a component's part of a phase, not the phase", words_of(COMPONENTS)),
-             ("a statistic of many steps (`total` next to a phase word excepted)", words_of(STATISTICS)),
+             ("a statistic of many steps (`total` next to a word of one step excepted)", words_of(STATISTICS)),
              ("right after a duration word: a timer's last interval, no statistic (alone with it: the step, uncertain)",
               words_of(INTERVAL)),
              ("a count, a rate or a share, when no time unit is written", words_of(NOT_A_DURATION)),
