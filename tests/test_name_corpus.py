@@ -17,7 +17,8 @@ from tests.name_corpus import CORPUS, PHASE_LABELS, Got, Row, load, read, right
 
 FILES = ("names_design.toml", "names_holdout.toml", "names_holdout2.toml", "names_holdout3.toml",
          "names_holdout4.toml", "names_holdout5.toml", "names_holdout6.toml", "names_holdout7.toml",
-         "names_holdout8.toml", "names_holdout9.toml", "names_holdout10.toml")
+         "names_holdout8.toml", "names_holdout9.toml", "names_holdout10.toml",
+         "names_holdout11.toml")
 
 KNOWN_MISSES: dict[tuple[str, str], str] = {
     # printed only, a bare word beside others in a log line: no tap sees it, the name alone says no duration
@@ -219,6 +220,21 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("openai/phasic-policy-gradient", "del_time"): "printed; 'del' (a time difference) abbreviated",
     ("instadeepai/jumanji", "train//time"): "a bare time under train/ read as the step (uncertain; its numbers, "
                                             "since the start, settle it in a running daemon)",
+    # the eleventh held-out part (34 new repositories, many of them forks of known trainers), scored once with
+    # the final reader (v10 and the review's fixes) before any of its misses were looked at (49/52 published
+    # phase timings, 1/179 non-phase read as a phase); left after v11 (a loss scaler's unscale is no phase)
+    ("poodarchu/Det3D", "forward_time/train"): "ambiguous: a running offset from the last iteration's end, no "
+                                               "forward's own time",
+    ("microsoft/GLIP", "data"): "printed MetricLogger meter; a bare 'data' is no duration",
+    ("GATECH-EIC/BNS-GCN", "Reduce(s)"): "printed; a bare 'reduce' (of what?) names no collective",
+    ("thuml/iTransformer", "speed"): "printed; seconds per iteration named 'speed'",
+    ("PixArt-alpha/PixArt-sigma", "time_all"): "printed; 'all' names no phase",
+    ("flashlight/flashlight", "bch(ms)"): "printed; 'bch' (batch) abbreviated",
+    ("flashlight/flashlight", "smp(ms)"): "printed; 'smp' (sample) abbreviated",
+    ("flashlight/flashlight", "crit-fwd(ms)"): "printed; the criterion's forward, read as the forward",
+    ("starVLA/starVLA", "timing/model"): "'model' names no phase (the step's compute here)",
+    ("thinking-machines-lab/tinker-cookbook", "time_total"): "a bare total reads as a statistic of many steps",
+    ("thinking-machines-lab/tinker-cookbook", "time/total"): "a bare total under time/ reads as a statistic",
 }
 """(repo, key) -> why the daemon does not read it as its code computes it."""
 

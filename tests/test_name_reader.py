@@ -133,6 +133,7 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("cycle_total_time", "total"),
     ("time_between_optimizer_steps", "steps"),    # no gap between steps: a phase word between
     ("avg_mean_ms", "no phase"),                  # two mean words are no mean of a time
+    ("optimizer-unscale-and-check-inf-time", "unscale"),  # a loss scaler's part of the optimizer step
 ])
 def test_names_that_are_no_phase(name: str, why: str) -> None:
     r = read_name(name)

@@ -219,14 +219,15 @@ HOST_PREP = frozenset({"preprocess", "preprocessing", "processing", "process_bat
                        "convert", "conversion", "converting", "cast", "augment", "augmentation", "transform",
                        "transforms"})
 """Host-side batch preparation and copies: a part of the step, never the data loader's wait."""
-OTHER_PARTS = frozenset({"update", "updates", "priority", "priorities", "ema", "scheduler", "sched",
+OTHER_PARTS = frozenset({"update", "updates", "priority", "priorities", "ema", "scheduler", "sched", "unscale",
                          "lr_scheduler", "scaler", "swa", "server", "servers", "shutdown", "launch", "restart",
                          "offload", "onload", "wake", "wakeup", "sleep", "resume"}) | HOST_PREP
 """Words of a part of the step the insight has no phase for: a learner's whole ``update`` (its
 forward, backward and optimizer steps over mini-batches: ``timing_s/update_actor``,
 ``time/update``; in no corpus key is ``update`` the optimizer step alone, and beside ``weights`` it
 is the push of new weights to an inference engine: communication), host-side batch preparation
-(``data_preprocess_time``, ``input_prep_time``), an EMA or replay-priority update, an inference
+(``data_preprocess_time``, ``input_prep_time``), an EMA or replay-priority update, a loss scaler's
+unscale inside the optimizer step (``optimizer-unscale-and-check-inf-time``), an inference
 server's life (``step_stop_server``, ``offload``). A name with one of these and no stronger phase
 word reads as no phase (its time unattributed, never a wait); ``processing`` right after a step
 word is the step itself (``Batch_processing_time_ms``), processing a batch or data before it their
