@@ -18,7 +18,7 @@ from tests.name_corpus import CORPUS, PHASE_LABELS, Got, Row, load, read, right
 FILES = ("names_design.toml", "names_holdout.toml", "names_holdout2.toml", "names_holdout3.toml",
          "names_holdout4.toml", "names_holdout5.toml", "names_holdout6.toml", "names_holdout7.toml",
          "names_holdout8.toml", "names_holdout9.toml", "names_holdout10.toml",
-         "names_holdout11.toml")
+         "names_holdout11.toml", "names_holdout12.toml")
 
 KNOWN_MISSES: dict[tuple[str, str], str] = {
     # printed only, a bare word beside others in a log line: no tap sees it, the name alone says no duration
@@ -235,6 +235,40 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("starVLA/starVLA", "timing/model"): "'model' names no phase (the step's compute here)",
     ("thinking-machines-lab/tinker-cookbook", "time_total"): "a bare total reads as a statistic of many steps",
     ("thinking-machines-lab/tinker-cookbook", "time/total"): "a bare total under time/ reads as a statistic",
+    # the twelfth held-out part (31 new repositories, timers the trainers named themselves, no framework's
+    # names), scored once with v11 before any of its misses were looked at (13/29 published phase timings,
+    # 5/91 non-phase read as a phase); left after v12 (runtime/ holds durations, seconds per step under a
+    # throughput namespace, what runs after a step, a rate in square brackets)
+    ("microsoft/Semi-supervised-learning", "train/prefecth_time"): "a misspelt 'prefetch'",
+    ("microsoft/Semi-supervised-learning", "train/run_time"): "'run time' is a run's whole time elsewhere "
+                                                              "(train_runtime)",
+    ("daveredrum/ScanRefer", "mean_fetch_time"): "printed; a fetch that includes a host-side copy, read as the "
+                                                 "data wait",
+    ("young-geng/CQL", "train_time"): "an epoch of many gradient steps and an evaluation, read as the step "
+                                      "(uncertain): the non-phase read as a phase",
+    ("PrimeIntellect-ai/OpenDiloco", "time_taken"): "'taken' names no phase",
+    ("facebookresearch/atlas", "runtime/model_update"): "a model's update is the learner's whole update to the "
+                                                        "reader; the optimizer step here",
+    ("ServiceNow/PipelineRL", "throughput/sec_per_pass"): "'pass' alone names no phase",
+    ("ServiceNow/PipelineRL", "stats/time_waiting_for_data"): "a trainer's wait for generated rollouts, read as "
+                                                              "the data wait: the non-phase read as a phase",
+    ("google/nerfies", "time/total"): "a bare total under time/ reads as a statistic (the step's whole here, "
+                                      "the run's in other trainers)",
+    ("zju3dv/EasyVolcap", "TRAIN/batch"): "a bare 'batch' with no duration word",
+    ("hysts/pytorch_image_classification", "Train/Time"): "an epoch's time, read as the step (uncertain): the "
+                                                          "non-phase read as a phase",
+    ("davidcpage/cifar10-fast", "train time"): "printed; an epoch's time, read as the step (uncertain)",
+    ("NVIDIA/retinanet-examples", "fw"): "printed; a bare 'fw' with no duration word",
+    ("xingyizhou/CenterNet", "train_time"): "an epoch's time, read as the step (uncertain): the non-phase read "
+                                            "as a phase",
+    ("xingyizhou/CenterNet", "Data"): "printed; a bare 'Data' is no duration",
+    ("xingyizhou/CenterNet", "Net"): "printed; a bare 'Net' is no duration",
+    ("IntelLabs/distiller", "Performance/Training/Time"): "'training time' is since the start in other trainers",
+    ("SurrealAI/surreal", ".core/learn_time_s"): "'learn' names no phase (see PARL's learn_time_s)",
+    ("SurrealAI/surreal", ".core/publish_time_s"): "'publish' (of weights to a parameter server) names no "
+                                                   "collective",
+    ("SurrealAI/surreal", "performance/total_learn_time"): "a total of 'learn' reads as a statistic",
+    ("HorizonRobotics/alf", "time/replay"): "a bare 'replay' (a replay buffer's sample) names no phase",
 }
 """(repo, key) -> why the daemon does not read it as its code computes it."""
 

@@ -74,6 +74,8 @@ from sidecar.processing.reader import read_name, read_rate, stem, words
     ("time_between_iterations_ms", "data_wait", 1e-3),
     ("step_time/process_0", "step", 1.0),                       # an OS process is no host preparation
     ("iter_time_process_rank", "step", 1.0),
+    ("runtime/forward", "forward", 1.0),                        # runtime/ as a namespace holds durations
+    ("throughput/sec_per_step", "step", 1.0),                   # seconds per step under throughput/: no rate
 ])
 def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     r = read_name(name)
@@ -134,6 +136,8 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("time_between_optimizer_steps", "steps"),    # no gap between steps: a phase word between
     ("avg_mean_ms", "no phase"),                  # two mean words are no mean of a time
     ("optimizer-unscale-and-check-inf-time", "unscale"),  # a loss scaler's part of the optimizer step
+    ("time/after_train_iter", "after"),           # what runs after a step (a hook) is no part of it
+    ("minimal IO rate [GB/s]", "rate"),           # a rate in square brackets
 ])
 def test_names_that_are_no_phase(name: str, why: str) -> None:
     r = read_name(name)

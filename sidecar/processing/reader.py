@@ -47,9 +47,12 @@ from sidecar.processing.units import SECONDS, Unit
 _WORDS = re.compile(r"[A-Z]{2,}s(?![a-z])|[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+|µs")
 
 _PER_TIME = re.compile(r"(?i)([a-z]+)(?:[\s_]*(?:per|/)[\s_]*)(?:per[\s_]*)?"
-                       r"(?:s|sec|secs|second|seconds)(?:$|[_\s/()]|per)")
+                       r"(?:s|sec|secs|second|seconds)(?:$|[_\s/()\[\]]|per)"
+                       r"(?![\s_]*per[\s_]*(?:step|steps|it|iter|iters|iteration|iterations|batch|batches)(?![a-z]))")
 """A rate: what is counted, then ``per`` or ``/`` and seconds (``tokens_per_sec``, ``samples/s``,
-``it/s``): the one grammar of a rate, for ``read_rate`` and for telling a rate from a duration."""
+``it/s``): the one grammar of a rate, for ``read_rate`` and for telling a rate from a duration.
+Seconds followed by ``per`` and a step are a time per step, no rate (``throughput/sec_per_step``;
+``samples_per_sec_per_gpu`` is a rate)."""
 
 TIME_UNITS: dict[str, float] = {
     "ns": 1e-9, "nanoseconds": 1e-9, "us": 1e-6, "µs": 1e-6, "usec": 1e-6, "microseconds": 1e-6,
@@ -69,7 +72,7 @@ DURATION_WORDS = frozenset({"time", "times", "timing", "timings", "duration", "d
 ``time.time()`` and ``perf_counter()`` differences, what Python code logs); so does a leading ``t``
 before another word (``t_data``, ``t_fwd``: a script's timer variables). ``etime`` is an elapsed
 time (``gpu_etime_ms``); ``dt`` a time difference, alone or leading (``dt_data``, ``dt_net``)."""
-DURATION_NAMESPACES = frozenset({"time", "times", "timing", "timings", "timer", "timers", "durations",
+DURATION_NAMESPACES = frozenset({"time", "times", "timing", "timings", "timer", "timers", "durations", "runtime",
                                  "latency", "latencies", "profile", "profiling", "perf_time", "timeperf", "timeit",
                                  "time_perf", "perf_timing"})
 """Namespace segments whose keys are durations (``timing/data_s``, ``time/data``)."""
@@ -151,17 +154,18 @@ hidden-state queue's meanings). docs/METRICS.md prints it."""
 EVAL_WORDS = frozenset({"eval", "evaluate", "val", "valid", "validate", "test", "inference", "predict"})
 """Words of a model's evaluation: outside the training step even where a trainer waits for a batch."""
 NOT_A_PHASE = EVAL_WORDS | frozenset({
-    "eta", "remaining", "left", "since", "uptime", "wallclock", "timestamp", "date", "clock", "start", "begin",
-    "stop", "stopped", "checkpoint", "ckpt", "save", "export", "warmup", "setup", "init", "initialize",
-    "model_load", "load_model", "loading_model", "weights_load", "load_weights", "load_checkpoint", "startup",
-    "compile", "compilation", "iowait", "log", "logging", "print", "store", "memory", "mem", "gpu_mem", "allocated",
-    "reserved", "flops", "tflops", "mfu", "lr", "acc", "accuracy", "norm", "reward", "rollout", "generate", "gen",
-    "collect", "sampling", "env", "environment", "episode", "total_time", "time_total", "time_elapsed",
+    "eta", "remaining", "left", "since", "after", "before", "uptime", "wallclock", "timestamp", "date", "clock",
+    "start", "begin", "stop", "stopped", "checkpoint", "ckpt", "save", "export", "warmup", "setup", "init",
+    "initialize", "model_load", "load_model", "loading_model", "weights_load", "load_weights", "load_checkpoint",
+    "startup", "compile", "compilation", "iowait", "log", "logging", "print", "store", "memory", "mem", "gpu_mem",
+    "allocated", "reserved", "flops", "tflops", "mfu", "lr", "acc", "accuracy", "norm", "reward", "rollout", "generate",
+    "gen", "collect", "sampling", "env", "environment", "episode", "total_time", "time_total", "time_elapsed",
     "total_elapsed", "wall_time", "walltime", "elapsed_total", "train_runtime",
 })
 """Words, anywhere in the name and in any of their forms (``lemmas``: ``prediction``, ``checkpoints``,
 ``evaluating``), that put a key outside one training step: evaluation, checkpoints, time since the
-start or to the end, a moment (``step_start_time``) rather than a duration, memory, throughput, RL
+start or to the end, a moment (``step_start_time``) rather than a duration, what runs before or after a
+step (``time/after_train_iter``: a hook), memory, throughput, RL
 rollouts, their collection and generation, model quality. docs/METRICS.md prints it."""
 NAME_NOT_A_PHASE = frozenset({"throughput", "speed", "runtime", "perf", "performance", "epoch", "epochs"})
 """Words that put a key outside the step in the name proper only: as a namespace they hold durations
