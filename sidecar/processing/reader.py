@@ -365,11 +365,9 @@ def _unglue(word: str) -> list[str]:
     for cut in range(2, len(word) - 1):
         head, tail = word[:cut], word[cut:]
         if head in GLUABLE:
-            rest = [tail] if tail in GLUABLE else _unglue(tail)
-            pieces = [head, *rest]
-            if rest and all(len(p) > 2 or (i + 1 < len(pieces) and pieces[i + 1] in DURATION_WORDS)
-                            for i, p in enumerate(pieces)):
-                return pieces
+            rest = [tail] if tail in GLUABLE and len(tail) > 2 else _unglue(tail)  # a split tail checked its own
+            if rest and (len(head) > 2 or rest[0] in DURATION_WORDS):
+                return [head, *rest]
     return []
 
 

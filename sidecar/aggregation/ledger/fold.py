@@ -172,11 +172,11 @@ class RunLedger:
         sender that came after it)."""
         rec = self.record
         floor = max(rec.idle_until, rec.trainer_until, self.session_begin or begin)
-        alive = [s for s in facts.senders if s.sending]
+        sending = [s for s in facts.senders if s.sending]
         if facts.senders:
             rec.trainer_until = max(rec.trainer_until, max(s.end for s in facts.senders))
-        if alive:
-            first = min(s.begin for s in alive)  # a gone one still listed began long before
+        if sending:
+            first = min(s.begin for s in sending)  # a gone one still listed began long before
             if rec.idle_until > 0 and first > floor:
                 rec.no_trainer_s += first - floor
             rec.idle_until = 0.0
