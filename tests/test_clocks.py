@@ -176,3 +176,62 @@ def test_a_series_gone_leaves_no_watch() -> None:
     clocks.settle((view("a", 1000.0),), 10.0)
     clocks.settle((view("b", None), view("c", None)), 20.0)  # a gone, b and c kept without data
     assert clocks._watched == {}  # noqa: SLF001 - the state under test
+
+
+def _paced(name: str, value_at: Callable[[int, int], float | None], windows: int, steps_per_window: int = 10,
+           stride: int = 1, gpu_busy: float = 0.45) -> tuple[list[SeriesView], list[str]]:
+    """A trainer logging ``steps_per_window`` steps evenly through each 10 s window (its step moving
+    by ``stride``), each with its data wait (0.4 of a second-long step) and loss, and ``name`` where
+    ``value_at(window, step in window)`` says so: ``name``'s view at the end of each window and the
+    verdicts, on an aggregator whose clock the test moves with the trainer's."""
+    now = [1000.0]
+    agg, mapper = Aggregator(clock=lambda: now[0]), Mapper()
+    seen, verdicts = [], []
+    for k in range(windows):
+        for j in range(steps_per_window):
+            profile = {"train/data_time": 0.4, "train/loss": 1.0}
+            value = value_at(k, j)
+            if value is not None:
+                profile[name] = value
+            now[0] = 1000.0 + WINDOW_S * (k + j / steps_per_window)
+            ingest_records(agg, "trainer", "0", [[PROFILE, stride * (steps_per_window * k + j), profile]], mapper)
+        now[0] = 1000.0 + WINDOW_S * (k + 1)
+        report = agg.roll(now[0], now[0], WINDOW_S)
+        seen += [v for v in report.series if v.kind == TIMING and (v.raw or v.name) == name]
+        verdicts.append(compute_insight(report, gpus=GpuFacts(busy={"0": gpu_busy})).verdict.name)
+    return seen, verdicts
+
+
+@pytest.mark.parametrize("name", ["train_time", "Train/Time", "train/time", "time"])
+def test_an_epochs_time_read_as_the_step_spans_many_steps(name: str) -> None:
+    """An epoch's time (60 s, logged at each epoch's last step, six windows an epoch) read as the
+    step: at the first epoch's end the trainer's pace is not yet known (``PACE_AFTER_S``) and the
+    window reads unexplained idle; from the second on it is a time of many steps and every window
+    reads what the data wait says."""
+    views, verdicts = _paced(name, lambda k, j: 60.0 if k % 6 == 5 and j == 9 else None, 30)
+    logged = [v for v in views if v.window is not None]
+    assert len(logged) == 5 and logged[0].meaning == "step" and logged[0].certainty < 1.0
+    assert all(v.meaning == "" and v.outside and "many steps" in v.rule for v in logged[1:]), [v.rule for v in logged]
+    assert all(v.meaning == "" for v in views[views.index(logged[1]):])  # and between its records
+    assert verdicts[5] == "unexplained-idle" and set(verdicts[6:]) == {"input-bound"}, verdicts
+
+
+def test_without_the_rule_every_epoch_end_reads_unexplained_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the rule mends: with it switched off, each window an epoch ends in misreads."""
+    monkeypatch.setattr("sidecar.aggregation.clocks.SPANS", float("inf"))
+    _, verdicts = _paced("train_time", lambda k, j: 60.0 if k % 6 == 5 and j == 9 else None, 30)
+    assert [i for i, v in enumerate(verdicts) if v != "input-bound"] == [5, 11, 17, 23, 29]
+
+
+@pytest.mark.parametrize(("case", "value_at", "steps", "stride"), [
+    ("every step", lambda k, j: 0.95 + 0.1 * (j % 2), 10, 1),
+    ("every tenth step", lambda k, j: 1.0 if j == 0 else None, 10, 1),
+    ("a checkpoint's step among them", lambda k, j: 60.0 if (k, j) == (8, 3) else 1.0, 10, 1),
+    ("on a samples axis", lambda k, j: 1.0, 10, 32),
+    ("a step longer than a window", lambda k, j: 25.0 if j == 0 and k % 3 == 0 else None, 1, 1),
+    ("gradient accumulation: eight micro-batches logged, each with the optimizer step's time", lambda k, j: 1.0, 80, 1),
+])
+def test_a_steps_time_beside_its_pace_stays_the_step(case: str, value_at: Callable[[int, int], float | None],
+                                                     steps: int, stride: int) -> None:
+    views, _ = _paced("train/time", value_at, 20, steps, stride)
+    assert views and all(v.meaning == "step" for v in views), (case, [v.rule for v in views])

@@ -633,7 +633,11 @@ class Aggregator:
         for sender, (role, worker, step) in self._steps.items():
             if (live is None or sender in live) and step > steps.get((role, worker), -1):
                 steps[role, worker] = step
-        settled = self._clocks.settle(settle(views), now_monotonic)  # the step axes' pace by the settled step
+        paces: dict[tuple[str, str], float] = {}
+        for sender, between in self._axes.between_s().items():
+            role, worker, _ = self._steps.get(sender, ("", "", 0))
+            paces[role, worker] = min(between, paces.get((role, worker), between))
+        settled = self._clocks.settle(settle(views), now_monotonic, paces)  # the step axes' pace by the settled step
         return WindowReport(end_unix_s, duration_s, settled, steps, dict(self._allocator),
                             {sender: step for sender, (_, _, step) in self._steps.items()}, dict(self._first_steps),
                             self._axes.counted(self._step_ms(settled)))
