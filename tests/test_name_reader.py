@@ -123,7 +123,6 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("Timing_Stats/Train_Process_Batch", "process"),  # processing a batch: its preparation on the host
     ("cpu/iowait", "iowait"),                     # the CPU's wait for I/O is a system figure, no data wait
     ("timestep_time", "no phase"),                # a word the reader knows is never split (no "time step")
-    ("synctime", "no phase"),                     # glued words, read as written: a sync of nothing named
     ("TRAIN/TrainTime(hours/epoch)", "epoch"),    # a time per epoch is no step's
     ("steps_between_evals", "steps"),             # a count of steps, no time between them
     ("commit_time", "no phase"),                  # no 'comm it': a two-letter piece only before a duration word
@@ -160,6 +159,17 @@ def test_bare_durations_are_the_step_uncertain(name: str, factor: float) -> None
     r = read_name(name)
     assert (r.meaning, r.unit.base, r.certainty) == ("step", "seconds", 0.5) and "bare" in r.why, r
     assert r.unit.factor == pytest.approx(factor) and r.ambiguous
+
+
+@pytest.mark.parametrize("name", ["sync_time", "training/sync_time", "timing/outer_sync_avg", "time/synchronize_ms",
+                                  "synctime"])
+def test_a_bare_sync_is_communication_uncertain(name: str) -> None:
+    """A sync of nothing named: gradients or weights in most trainers (DiLoCo's outer sync), a wait
+    on the GPU in some (``torch.cuda.synchronize``): communication, and the read says it may not be."""
+    r = read_name(name)
+    assert (r.meaning, r.certainty) == ("comm_wait", 0.5) and "synchronize" in r.ambiguous, r
+    assert read_name("Data Time Synced").meaning == "data_wait"   # a phase named beside it wins
+    assert read_name("total_params_sync").meaning == ""            # a count of syncs is no duration
 
 
 def test_lemmas_find_bases_never_phases() -> None:

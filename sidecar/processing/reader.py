@@ -89,6 +89,10 @@ COMM_VERBS: dict[str, frozenset[str]] = {
 (``grad_sync``, ``sync_weights``, ``reduce_gradients``, ``param_prefetch``) names communication.
 ``update`` moves weights only (``update_weights``: new weights pushed to an inference engine); a
 model's or a gradient's update is the learner's own step."""
+BARE_SYNC = frozenset(verb for verb in COMM_VERBS if verb.startswith("sync"))
+"""A sync with nothing named beside it (``sync_time``, ``timing/outer_sync``): the gradients' or the
+weights' in most trainers (DiLoCo's outer sync, an RL learner's weight sync), a wait for the GPU
+(``torch.cuda.synchronize``) in some; communication, uncertain."""
 GRAD_VERBS: dict[str, tuple[str, frozenset[str]]] = {
     "apply": ("optimizer", GRADS), "compute": ("forward_backward", GRADS), "calc": ("forward_backward", GRADS),
     "calculate": ("forward_backward", GRADS),
@@ -539,6 +543,9 @@ def _no_phase_word(name: str, proper: list[str], vocab: set[str], unit: tuple[st
     if vocab & WAIT_WORDS:
         return Reading("data_wait", _unit(name, unit), "a wait for no named thing: the input, if nothing else",
                        AMBIGUOUS_CERTAINTY, "a trainer's bare wait is most often for its next batch")
+    if vocab & BARE_SYNC:
+        return Reading("comm_wait", _unit(name, unit), "a sync of no named thing: gradients or weights",
+                       AMBIGUOUS_CERTAINTY, "a bare sync waits on the GPU (torch.cuda.synchronize) in some trainers")
     bare = _bare_duration(proper)
     if bare:
         return Reading("step", _unit(name, unit), f"a bare {bare}: the step, if nothing else",
@@ -659,6 +666,7 @@ def doc_table() -> list[str]:
              ("a part of the step of no phase (`update`: a learner's whole update)", words_of(OTHER_PARTS)),
              ("the next batch, even where another word would put the key outside the step", words_of(DATA_FIRST)),
              ("a wait for no named thing: `data_wait`, uncertain", words_of(WAIT_WORDS)),
+             ("a sync of no named thing: `comm_wait`, uncertain", words_of(BARE_SYNC)),
              ("what the duration spans or leaves out follows: the phase is read before the first of them",
               words_of(SPAN_WORDS)),
              ("glued to each other in one word the reader does not know, split (`iotime`, `dataload`, `gradsync`)",
