@@ -21,13 +21,16 @@ at its end) does not climb window by window: it stands far above the trainer's o
 logged step moves the trainer's step axis; a step's duration, logged every step or every tenth,
 is at most about the wall time between those moves. A window whose median stands ``SPANS`` times
 or more above the mean time between the moves of its worker's step axis (``StepAxes.between_s``,
-once the axis has moved ``STRIDE_CHANGES`` times) spans many steps: no phase of the step from then
-on, its ``rule`` says so.
+once the axis has moved ``STRIDE_CHANGES`` times over ``PACE_AFTER_S``) spans many steps: no phase
+of the step from then on, its ``rule`` says so.
 
 What it cannot see: a clock the reader took in another unit than its own (seconds sent as a
 ``timing()`` record, which the protocol reads in milliseconds; minutes read as seconds) climbs at
 another pace than the wall clock's and stays the step; a clock logged once every few minutes
-needs ``CLIMBS`` of its records, so as many intervals, to be known.
+needs ``CLIMBS`` of its records, so as many intervals, to be known. A time of many steps logged
+before the trainer's pace is known (its first minute) is read as the step in that window; one
+whose trainer logs nothing more often than it (an epoch's time beside per-epoch metrics only) is
+at the trainer's pace, and stays the step: then the trainer's steps are its epochs.
 """
 
 from __future__ import annotations
