@@ -18,7 +18,7 @@ from tests.name_corpus import CORPUS, PHASE_LABELS, Got, Row, load, read, right
 FILES = ("names_design.toml", "names_holdout.toml", "names_holdout2.toml", "names_holdout3.toml",
          "names_holdout4.toml", "names_holdout5.toml", "names_holdout6.toml", "names_holdout7.toml",
          "names_holdout8.toml", "names_holdout9.toml", "names_holdout10.toml",
-         "names_holdout11.toml", "names_holdout12.toml")
+         "names_holdout11.toml", "names_holdout12.toml", "names_holdout13.toml", "names_holdout14.toml")
 
 KNOWN_MISSES: dict[tuple[str, str], str] = {
     # printed only, a bare word beside others in a log line: no tap sees it, the name alone says no duration
@@ -238,7 +238,6 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     # names), scored once with v11 before any of its misses were looked at (13/29 published phase timings,
     # 5/91 non-phase read as a phase); left after v12 (runtime/ holds durations, seconds per step under a
     # throughput namespace, what runs after a step, a rate in square brackets)
-    ("microsoft/Semi-supervised-learning", "train/prefecth_time"): "a misspelt 'prefetch'",
     ("microsoft/Semi-supervised-learning", "train/run_time"): "'run time' is a run's whole time elsewhere "
                                                               "(train_runtime)",
     ("daveredrum/ScanRefer", "mean_fetch_time"): "printed; a fetch that includes a host-side copy, read as the "
@@ -267,7 +266,58 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("SurrealAI/surreal", ".core/publish_time_s"): "'publish' (of weights to a parameter server) names no "
                                                    "collective",
     ("SurrealAI/surreal", "performance/total_learn_time"): "a total of 'learn' reads as a statistic",
+    ("microsoft/Semi-supervised-learning", "train/prefecth_time"): "a misspelt 'prefetch'",
     ("HorizonRobotics/alf", "time/replay"): "a bare 'replay' (a replay buffer's sample) names no phase",
+    # the thirteenth and fourteenth held-out parts (41 and 27 new repositories, timers the trainers named
+    # themselves: vision/NLP/diffusion/3D, and RL/speech/graph/science), scored once with v12 before any of
+    # their misses were looked at (published: 1/3 and 4/8 phase timings, 0/66 and 1/68 non-phase read as a
+    # phase)
+    ("LeeDoYup/FixMatch-pytorch", "train/prefecth_time"): "a misspelt 'prefetch' (as in Semi-supervised-learning)",
+    ("microsoft/VQ-Diffusion", "fbward_time"): "printed; 'fbward' (forward and backward) abbreviated",
+    ("shunsukesaito/PIFu", "dataT"): "printed; 'T' for time abbreviated",
+    ("shunsukesaito/PIFu", "netT"): "printed; 'T' for time abbreviated",
+    ("junyanz/pytorch-CycleGAN-and-pix2pix", "data"): "printed; a bare 'data' is no duration",
+    ("mkocabas/VIBE", "data"): "printed; a bare 'data' is no duration",
+    ("mkocabas/VIBE", "forward"): "printed in a timing line; no duration word",
+    ("mkocabas/VIBE", "backward"): "printed in a timing line; no duration word",
+    ("mkocabas/VIBE", "batch"): "printed in a timing line; no duration word",
+    ("HobbitLong/SupContrast", "BT"): "printed; 'BT' (batch time) abbreviated",
+    ("HobbitLong/SupContrast", "DT"): "printed; 'DT' (data time) read as a bare dt, the step (uncertain)",
+    ("LeeDoYup/FixMatch-pytorch", "train/run_time"): "a run's time: no phase word (see Semi-supervised-learning)",
+    ("ruotianluo/self-critical.pytorch", "Read data"): "printed; no duration word",
+    ("amdegroot/ssd.pytorch", "timer"): "printed; a bare 'timer' names no phase",
+    ("hszhao/semseg", "Data"): "printed AverageMeter; a bare 'Data' is no duration",
+    ("hszhao/semseg", "Batch"): "printed AverageMeter; a bare 'Batch' is no duration",
+    ("CSAILVision/semantic-segmentation-pytorch", "Data"): "printed; a bare 'Data' is no duration",
+    ("yassouali/pytorch-segmentation", "B"): "printed; 'B' (batch time) abbreviated",
+    ("yassouali/pytorch-segmentation", "D"): "printed; 'D' (data time) abbreviated",
+    ("bearpaw/pytorch-classification", "Data"): "printed; a bare 'Data' is no duration",
+    ("bearpaw/pytorch-classification", "Batch"): "printed; a bare 'Batch' is no duration",
+    ("NVlabs/MUNIT", "Elapsed time in update"): "printed; a GAN's update reads as a learner's update, no phase",
+    ("KellerJordan/cifar10-airbench", "time_seconds"): "printed; a running sum over the run read as a bare "
+                                                       "duration, the step (uncertain)",
+    ("HRNet/deep-high-resolution-net.pytorch", "Data"): "printed AverageMeter; a bare 'Data' is no duration",
+    ("hengyuan-hu/bottom-up-attention-vqa", "time"): "printed; an epoch's time read as a bare time (uncertain)",
+    ("facebookresearch/VideoPose3D", "time"): "printed; an epoch's time read as a bare time (uncertain)",
+    ("txie-93/cgcnn", "Data"): "printed AverageMeter; a bare 'Data' is no duration",
+    ("YuanGongND/ast", "Per Sample Total Time"): "printed; a time per sample is a cost per item",
+    ("YuanGongND/ast", "Per Sample Data Time"): "printed; a time per sample is a cost per item",
+    ("YuanGongND/ast", "Per Sample DNN Time"): "printed; a time per sample is a cost per item",
+    ("automl/PFNs", "time"): "printed; an epoch's time read as a bare time (uncertain)",
+    ("rail-berkeley/bridge_data_v2", "timer/total"): "a bare total under timer/ reads as a statistic (octo's "
+                                                     "timer, as there)",
+    ("rail-berkeley/bridge_data_v2", "timer/train"): "a bare 'train' under timer/ names no phase (octo's timer; "
+                                                     "the learner's update in serl's)",
+    ("seohongpark/ogbench", "time/epoch_time"): "a step's mean over the log interval named 'epoch_time'",
+    ("SeanNaren/deepspeech.pytorch", "Data"): "printed AverageMeter; a bare 'Data' is no duration",
+    ("eloialonso/iris", "duration"): "an epoch's time (in hours) read as a bare duration, the step "
+                                     "(uncertain; its numbers, many steps' time, settle it in a daemon)",
+    ("atomicarchitects/equiformer", "Time"): "printed; an epoch's time read as a bare time (uncertain)",
+    ("maziarraissi/PINNs", "Time"): "printed; ten steps' sum read as a bare time (uncertain)",
+    ("PredictiveIntelligenceLab/jaxpi", "Time"): "printed; a log interval's sum read as a bare time (uncertain)",
+    ("clvrai/spirl", "compute"): "printed; no duration word",
+    ("clvrai/spirl", "total"): "printed; no duration word",
+    ("haosulab/ManiSkill2-Learn", "train/episode_time"): "an RL iteration named an episode: outside the step",
 }
 """(repo, key) -> why the daemon does not read it as its code computes it."""
 
