@@ -172,6 +172,28 @@ def test_a_bare_sync_is_communication_uncertain(name: str) -> None:
     assert read_name("total_params_sync").meaning == ""            # a count of syncs is no duration
 
 
+@pytest.mark.parametrize(("name", "meaning"), [
+    ("train/prefecth_time", "data_wait"),     # FixMatch's, two letters swapped
+    ("foward_time_ms", "forward"),            # a letter left out
+    ("bakward_time", "backward"),
+    ("optimzer_step_ms", "optimizer"),
+    ("allreudce_ms", "comm_wait"),
+    ("iteraton_time", "step"),
+    ("simple_time", ""),                      # a word of its own, no slip from "sample": short words are not guessed
+    ("stared_time", ""),                      # nor the forms in -ed and -ing ("starved")
+    ("forwar_time", ""),                      # a word cut short is an abbreviation, no slip
+])
+def test_a_misspelt_word_is_read_as_meant(name: str, meaning: str) -> None:
+    assert read_name(name).meaning == meaning, read_name(name)
+
+
+def test_no_misspelling_is_a_word_the_reader_knows() -> None:
+    from sidecar.processing.reader import _KNOWN, MISSPELT
+
+    assert MISSPELT and not MISSPELT.keys() & _KNOWN
+    assert all(len(slip) >= 6 for slip in MISSPELT)
+
+
 def test_lemmas_find_bases_never_phases() -> None:
     from sidecar.processing.reader import lemmas
 

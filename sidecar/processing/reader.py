@@ -303,6 +303,24 @@ _MAX_GLUED = 32
 """Letters of the longest word the reader tries to split (a bound on its work for any name)."""
 
 
+def _slips(word: str) -> set[str]:
+    """``word`` with one slip of the fingers: two neighbouring letters swapped, or one letter inside
+    it left out (not its first or last: a word cut short is an abbreviation, no slip)."""
+    swapped = {word[:i] + word[i + 1] + word[i] + word[i + 2:] for i in range(len(word) - 1)}
+    return (swapped | {word[:i] + word[i + 1:] for i in range(1, len(word) - 1)}) - {word}
+
+
+_SLIPPED = [(slip, w) for w in sorted(frozenset().union(*PHASE_WORDS.values(), DURATION_WORDS))
+            if w.isalpha() and len(w) >= 7 and not w.endswith(("ed", "ing")) for slip in _slips(w)]
+MISSPELT: dict[str, str] = {slip: w for slip, w in _SLIPPED
+                            if slip not in _KNOWN and sum(s == slip for s, _ in _SLIPPED) == 1}
+"""A phase or duration word of seven letters or more misspelt by one slip (two neighbouring letters
+swapped, one left out: FixMatch's ``prefecth_time``, ``foward``, ``optimzer``) -> the word, read as
+it. Shorter words are not guessed at (``sample`` is a slip from ``simple``), nor the forms ending in
+``ed`` or ``ing`` (``stared`` is a slip from ``starved``, ``lading`` from ``loading``); a slip that is
+a word the reader knows, or a slip from two words, is no misspelling."""
+
+
 
 
 def counts_items(name: str) -> bool:
@@ -341,11 +359,14 @@ class Reading:
 def words(text: str) -> list[str]:
     """The lower-case words of one segment: ``dataTime_ms`` -> ``['data', 'time', 'ms']``; ``log``
     before ``probs``, ``prob`` or ``p`` is one word (``log_probs`` is a forward pass, not logging);
-    words glued together are split (``iotime`` -> ``['io', 'time']``: ``GLUABLE``)."""
+    words glued together are split (``iotime`` -> ``['io', 'time']``: ``GLUABLE``), a misspelt
+    word is read as meant (``prefecth`` -> ``['prefetch']``: ``MISSPELT``)."""
     out = [w.lower() for w in _WORDS.findall(text)]
     heads, tails = _GLUE_ENDS
-    glued = {w: parts for w in set(out).difference(_KNOWN)
-             if w[:2] in heads and w[-2:] in tails and (parts := _unglue(w))}
+    unknown = set(out).difference(_KNOWN)
+    glued = {w: [MISSPELT[w]] for w in unknown if w in MISSPELT}
+    glued.update((w, parts) for w in unknown.difference(glued)
+                 if w[:2] in heads and w[-2:] in tails and (parts := _unglue(w)))
     if glued:
         out = [p for w in out for p in glued.get(w, (w,))]  # dataload, iotime: words glued together (GLUABLE)
     for i in range(len(out) - 1, 0, -1):
@@ -671,6 +692,8 @@ def doc_table() -> list[str]:
               words_of(SPAN_WORDS)),
              ("glued to each other in one word the reader does not know, split (`iotime`, `dataload`, `gradsync`)",
               words_of(GLUABLE)),
+             ("misspelt by one slip (two neighbouring letters swapped, one inside left out): read as the word",
+              words_of(frozenset(MISSPELT.values()))),
              ("alone: the step, uncertain", words_of(BARE_STEP)),
              ("with one of " + words_of(MEAN_OF) + " and nothing else: the step, uncertain", words_of(MEANS)),
              ("with words of elapsed time only: the time of what runs the step, the step, uncertain",
