@@ -633,19 +633,19 @@ class Aggregator:
         for sender, (role, worker, step) in self._steps.items():
             if (live is None or sender in live) and step > steps.get((role, worker), -1):
                 steps[role, worker] = step
-        settled = self._clocks.settle(settle(views), now_monotonic, self._paces())  # the step axes' by the settled step
+        settled = self._clocks.settle(settle(views), now_monotonic, self._moves())
         return WindowReport(end_unix_s, duration_s, settled, steps, dict(self._allocator),
                             {sender: step for sender, (_, _, step) in self._steps.items()}, dict(self._first_steps),
-                            self._axes.counted(self._step_ms(settled)))
+                            self._axes.counted(self._step_ms(settled)))  # the step axes' pace by the settled step
 
-    def _paces(self) -> dict[tuple[str, str], float]:
-        """(role, worker) -> the wall time between its logged steps (seconds; its quickest sender's),
-        where known (``StepAxes.between_s``)."""
-        paces: dict[tuple[str, str], float] = {}
-        for sender, between in self._axes.between_s().items():
-            role, worker, _ = self._steps.get(sender, ("", "", 0))
-            paces[role, worker] = min(between, paces.get((role, worker), between))
-        return paces
+    def _moves(self) -> dict[tuple[str, str], dict[int, int]]:
+        """(role, worker) -> each of its senders' step moves so far (``StepAxes.moves``)."""
+        moves: dict[tuple[str, str], dict[int, int]] = {}
+        for sender, changes in self._axes.moves().items():
+            if sender in self._steps:
+                role, worker, _ = self._steps[sender]
+                moves.setdefault((role, worker), {})[sender] = changes
+        return moves
 
     def _step_ms(self, views: Sequence[SeriesView]) -> dict[int, float]:
         """Sender -> its ``step`` timing's mean this window (milliseconds), for the step axes."""

@@ -17,25 +17,27 @@ step's duration does not keep pace with the time it has been watched. A clock th
 resumed run's clock restarting) is watched afresh from the fall.
 
 A time of many steps read as the step (an epoch's ``train_time``, a run's ``Train/Time`` logged
-at its end) does not climb window by window: it stands far above the trainer's own pace. Every
-logged step moves the trainer's step axis; a step's duration, logged every step or every tenth,
-is at most about the wall time between those moves. A window whose median stands ``SPANS`` times
-or more above the mean time between the moves of its worker's step axis (``StepAxes.between_s``,
-once the axis has moved ``STRIDE_CHANGES`` times over ``PACE_AFTER_S``) spans many steps: no phase
-of the step from then on, its ``rule`` says so.
+at its end) does not climb window by window: it is logged once in many steps and stands at about
+the wall time since its last record. Every logged step moves the trainer's step axis
+(``StepAxes.moves``). A window holding one record of the series, at least ``SPAN_MOVES`` moves of
+every sender of its worker after its last record (or after the worker was first seen), that stands
+at no less than ``1 / SLACK`` of the wall time since then, spans those steps; ``SPANS_IN_A_ROW`` such
+records in a row and the series is no phase of the step from then on, its ``rule`` says so. A
+step's time logged every step or every tenth is logged with a few moves between its records; one
+logged every hundredth step stands at a hundredth of the time between its records, but once (a
+step that held a checkpoint or an evaluation), never twice in a row.
 
 What it cannot see: a clock the reader took in another unit than its own (seconds sent as a
 ``timing()`` record, which the protocol reads in milliseconds; minutes read as seconds) climbs at
 another pace than the wall clock's and stays the step; a clock logged once every few minutes
-needs ``CLIMBS`` of its records, so as many intervals, to be known. A time of many steps logged
-before the trainer's pace is known (its first minute) is read as the step in that window; one
-whose trainer logs nothing more often than it (an epoch's time beside per-epoch metrics only) is
-at the trainer's pace, and stays the step: then the trainer's steps are its epochs.
+needs ``CLIMBS`` of its records, so as many intervals, to be known. A time of many steps needs two
+of its records (two epochs); one of fewer than ``SPAN_MOVES`` logged steps (a small epoch), or whose
+worker has a sender that logs no more often than it (per-epoch metrics sent apart), stays the step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from sidecar.model.window import TIMING, SeriesView
@@ -47,12 +49,39 @@ windows each: 5 to 30 s steps made no false clock (with three climbs, 105; four,
 steps one, 1 to 100 s steps three (``tests/test_clocks.py`` keeps a sample of the first)."""
 SLACK = 2.0
 """How far a climb may stray from the wall time between its windows (a factor either way)."""
-SPANS = 10.0
-"""How many times the wall time between the trainer's logged steps a window's median must stand
-before a step timing spans many steps. A step's timer stands at most about once that time (twice or
-three times where several loggers move one axis with their own step values); an epoch spans
-hundreds of steps. Gradient accumulation logged per micro-batch with the optimizer step's time
-stands at the accumulation factor: below ten, it stays the step."""
+SPAN_MOVES = 50
+"""Moves of the step axis, by every sender of the worker, between two records of a series that
+spans them: an epoch is hundreds of steps. A step's time is logged with one move between its
+records, or a few (wandb.log called a few times a step moves the axis each time; every tenth step;
+gradient accumulation logged per micro-batch), and with a step's time, not the time since its last
+record; a sender that publishes its own steps beside it (an actor's episodes under the learner's
+labels) counts only where it is the slowest."""
+SPANS_IN_A_ROW = 2
+"""Records in a row that span ``SPAN_MOVES`` steps before a series is a time of many steps: a
+step's time logged rarely that once held a checkpoint's minutes is no epoch."""
+
+
+@dataclass(slots=True)
+class _Since:
+    """Where an uncertain step timing's last record left its worker's step axes."""
+
+    at_s: float
+    """Monotonic seconds of the window its last record was in (or the worker was first seen in)."""
+    moves: dict[int, int]
+    """Sender -> its step axis's moves so far, then."""
+    spans: int = 0
+    """Its records in a row so far that spanned ``SPAN_MOVES`` steps."""
+
+    def spanned(self, count: float, median_s: float, now_s: float, moves: dict[int, int]) -> bool:
+        """Take a window ending at ``now_s`` with ``count`` records of the series (median
+        ``median_s``) and its worker's ``moves``; whether the series now reads as a time of many
+        steps (the module's rule)."""
+        common = moves.keys() & self.moves.keys()
+        moved = min((moves[s] - self.moves[s] for s in common), default=0)
+        one = count == 1 and moved >= SPAN_MOVES and median_s >= (now_s - self.at_s) / SLACK
+        self.spans = self.spans + 1 if one else 0
+        self.at_s, self.moves = now_s, moves
+        return self.spans >= SPANS_IN_A_ROW
 
 
 @dataclass(slots=True)
@@ -75,57 +104,76 @@ class _Watch:
         return self.climbs >= CLIMBS and mean_s >= (now_s - self.first_s) / SLACK
 
 
+Key = tuple[str, str, str]
+"""A series' (role, worker, name)."""
+Place = tuple[str, str]
+"""A worker's (role, worker)."""
+
+
 class Clocks:
     """The uncertain step timings watched, and those found to be no step. Not thread-safe: the
     aggregator's owner calls it once per window. It holds an entry per uncertain step series the
-    window still keeps (bounded by the aggregator's series budget)."""
+    window still keeps (bounded by the aggregator's series budget) and per worker with a step."""
 
     def __init__(self) -> None:
-        self._watched: dict[tuple[str, str, str], _Watch] = {}
-        self._known: dict[tuple[str, str, str], str] = {}
+        self._watched: dict[Key, _Watch] = {}
+        self._since: dict[Key, _Since] = {}
+        self._first: dict[Place, tuple[float, dict[int, int]]] = {}
+        """Each worker's step axes when first seen: where a series' first record is measured from."""
+        self._known: dict[Key, str] = {}
         """The series found to be no step, with why."""
 
     def settle(self, series: tuple[SeriesView, ...], now_s: float,
-               between_s: Mapping[tuple[str, str], float] | None = None) -> tuple[SeriesView, ...]:
+               moves: Mapping[Place, dict[int, int]] | None = None) -> tuple[SeriesView, ...]:
         """``series`` with the clocks and the times of many steps among its uncertain steps read as
-        no phase; ``now_s``: the window's end (monotonic seconds); ``between_s``: (role, worker) ->
-        the mean wall time between its step axis's moves (seconds), where known. The same
-        sequence where nothing is uncertain."""
+        no phase; ``now_s``: the window's end (monotonic seconds); ``moves``: (role, worker) -> its
+        senders' step axes' moves so far (``StepAxes.moves``). The same sequence where nothing is
+        uncertain."""
+        moves = moves or {}
+        for place, at in moves.items():
+            self._first.setdefault(place, (now_s, at))
         out: list[SeriesView] | None = None
-        kept: set[tuple[str, str, str]] = set()
+        kept: set[Key] = set()
         for i, v in enumerate(series):
             if v.kind != TIMING or v.meaning != "step" or v.certainty >= 1.0:
                 continue
             key = (v.role, v.worker, v.name)
             kept.add(key)
-            why = self._known.get(key) or self._spans(key, v, (between_s or {}).get((v.role, v.worker)))
-            if not why and self._see(key, v, now_s):
-                why = self._known[key] = "its numbers climb with the wall clock: seconds since the start"
+            why = self._known.get(key) or self._why(key, v, now_s, moves.get((v.role, v.worker)))
             if why:
+                self._known[key] = why
                 out = list(series) if out is None else out
                 out[i] = replace(v, meaning="", outside=True, rule=f"{v.rule}; {why}, no phase of the step")
-        if self._watched.keys() - kept or self._known.keys() - kept:
-            self._watched = {k: w for k, w in self._watched.items() if k in kept}
-            self._known = {k: why for k, why in self._known.items() if k in kept}
+        self._prune(kept, moves.keys())
         return series if out is None else tuple(out)
 
-    def _spans(self, key: tuple[str, str, str], v: SeriesView, between_s: float | None) -> str:
-        """Why ``v``'s window spans many steps (remembered from then on), or ""."""
-        if v.window is None or not between_s or between_s <= 0:
-            return ""
-        median_s = v.window.get("p50", v.window["mean"]) / 1000.0
-        if median_s < SPANS * between_s:
-            return ""
-        self._watched.pop(key, None)
-        why = self._known[key] = (f"it stands at {median_s:.3g} s, {median_s / between_s:.0f} times the "
-                                  f"{between_s:.3g} s between the trainer's logged steps: a time of many steps")
-        return why
-
-    def _see(self, key: tuple[str, str, str], v: SeriesView, now_s: float) -> bool:
-        """Whether ``v``'s window makes it a clock (the caller remembers it)."""
+    def _why(self, key: Key, v: SeriesView, now_s: float, moves: dict[int, int] | None) -> str:
+        """Why ``v``'s window makes it no step (the module's rules), or ""."""
         if v.window is None:
-            return False
-        mean_s = v.window["mean"] / 1000.0
+            return ""
+        if moves is not None:
+            since = self._since.get(key)
+            if since is None:
+                at_s, first = self._first.get((v.role, v.worker), (now_s, moves))
+                since = self._since[key] = _Since(at_s, first)
+            median_s = v.window.get("p50", v.window["mean"]) / 1000.0
+            if since.spanned(v.window["count"], median_s, now_s, moves):
+                return (f"logged once in {SPAN_MOVES} or more of its worker's steps at the time since its record "
+                        "before, twice in a row: a time of many steps")
+        return "its numbers climb with the wall clock: seconds since the start" if self._see(key, v, now_s) else ""
+
+    def _prune(self, kept: set[Key], places: Iterable[Place]) -> None:
+        """Forget the series the window no longer keeps and the workers with no step left."""
+        if self._watched.keys() - kept or self._since.keys() - kept or self._known.keys() - kept:
+            self._watched = {k: w for k, w in self._watched.items() if k in kept}
+            self._since = {k: w for k, w in self._since.items() if k in kept}
+            self._known = {k: why for k, why in self._known.items() if k in kept}
+        if self._first.keys() - set(places):
+            self._first = {p: f for p, f in self._first.items() if p in set(places)}
+
+    def _see(self, key: Key, v: SeriesView, now_s: float) -> bool:
+        """Whether ``v``'s window (with data) makes it a clock."""
+        mean_s = v.window["mean"] / 1000.0 if v.window is not None else 0.0
         watch = self._watched.get(key)
         if watch is None:
             self._watched[key] = _Watch(now_s, now_s, mean_s)

@@ -25,10 +25,6 @@ from dataclasses import dataclass
 
 STRIDE_CHANGES = 8
 """Step changes in a row, each by the same stride, before a stride says anything."""
-PACE_AFTER_S = 60.0
-"""Seconds a sender's step must have been watched before its pace (``between_s``) is told: steps
-arrive in the batches a sender flushes, many at one instant, and a pace read over a few batches
-would be that instant's."""
 
 
 @dataclass(slots=True)
@@ -85,12 +81,9 @@ class StepAxes:
         return {s: a.changes for s, a in self._axes.items()
                 if s in self._named or a.items_per_change(step_ms.get(s))}
 
-    def between_s(self) -> dict[int, float]:
-        """Sender -> the mean wall time between its step's moves (seconds), once it moved
-        ``STRIDE_CHANGES`` times over at least ``PACE_AFTER_S``: the pace of its logged steps,
-        whatever the stride."""
-        return {s: (a.last_s - a.first_s) / (a.changes - 1) for s, a in self._axes.items()
-                if a.changes - 1 >= STRIDE_CHANGES and a.last_s - a.first_s >= PACE_AFTER_S}
+    def moves(self) -> dict[int, int]:
+        """Sender -> how many times its step value changed so far (one per logged step)."""
+        return {sender: axis.changes for sender, axis in self._axes.items()}
 
     def forget(self, gone: Collection[int]) -> None:
         for sender in gone:
