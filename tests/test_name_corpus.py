@@ -208,8 +208,9 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
                                                                "a part's total is a statistic to the reader",
     ("exalsius/diloco-training", "timing/batch_preparation_avg"): "a host-to-device copy labelled the data wait",
     ("exalsius/diloco-training", "performance/time_per_sample"): "a forward's time per sample: a cost per item",
-    ("AI-ModCon/PRISM", "perf/sync_time_ms"): "a device synchronize (the GPU's work outstanding) read as a bare "
-                                              "sync: communication, uncertain",
+    ("exalsius/diloco-training", "timing/outer_sync_avg"): "a bare 'sync' (an outer optimizer's all-reduce "
+                                                           "here, a device synchronize elsewhere) names no phase",
+    ("exalsius/diloco-training", "training/sync_time"): "a bare 'sync' names no phase",
     ("mbanani/lgssl", "time/data_transfer"): "a host-to-device copy labelled the data wait",
     ("mbanani/lgssl", "time/total"): "a bare total under time/ reads as a statistic",
     ("yyyang404/DCTransformer-JPEG-Artifact-Removal", "perf/transfer_time"): "a host-to-device copy labelled the "

@@ -39,6 +39,7 @@ the optimizer step in that context (DeepSpeed's ``elapsed_time_ms_step``): ``Rea
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from sidecar.model.names import split_segments
@@ -89,10 +90,6 @@ COMM_VERBS: dict[str, frozenset[str]] = {
 (``grad_sync``, ``sync_weights``, ``reduce_gradients``, ``param_prefetch``) names communication.
 ``update`` moves weights only (``update_weights``: new weights pushed to an inference engine); a
 model's or a gradient's update is the learner's own step."""
-BARE_SYNC = frozenset(verb for verb in COMM_VERBS if verb.startswith("sync"))
-"""A sync with nothing named beside it (``sync_time``, ``timing/outer_sync``): the gradients' or the
-weights' in most trainers (DiLoCo's outer sync, an RL learner's weight sync), a wait for the GPU
-(``torch.cuda.synchronize``) in some; communication, uncertain."""
 GRAD_VERBS: dict[str, tuple[str, frozenset[str]]] = {
     "apply": ("optimizer", GRADS), "compute": ("forward_backward", GRADS), "calc": ("forward_backward", GRADS),
     "calculate": ("forward_backward", GRADS),
@@ -312,15 +309,16 @@ def _slips(word: str) -> set[str]:
 
 _SLIPPED = [(slip, w) for w in sorted(frozenset().union(*PHASE_WORDS.values(), DURATION_WORDS))
             if w.isalpha() and len(w) >= 7 and not w.endswith(("ed", "ing")) for slip in _slips(w)]
-MISSPELT: dict[str, str] = {slip: w for slip, w in _SLIPPED
-                            if slip not in _KNOWN and sum(s == slip for s, _ in _SLIPPED) == 1}
+_SLIP_FROM = Counter(slip for slip, _ in _SLIPPED)
+MISSPELT: dict[str, str] = {slip: w for slip, w in _SLIPPED if slip not in _KNOWN and _SLIP_FROM[slip] == 1}
 """A phase or duration word of seven letters or more misspelt by one slip (two neighbouring letters
 swapped, one left out: FixMatch's ``prefecth_time``, ``foward``, ``optimzer``) -> the word, read as
 it. Shorter words are not guessed at (``sample`` is a slip from ``simple``), nor the forms ending in
 ``ed`` or ``ing`` (``stared`` is a slip from ``starved``, ``lading`` from ``loading``); a slip that is
-a word the reader knows, or a slip from two words, is no misspelling."""
-
-
+a word the reader knows, or a slip from two words, is no misspelling. A phase read from a slip is
+read with the certainty lowered, and says so (``'prefecth' read as 'prefetch'``): ``interal`` is a
+slip from ``interval`` and from ``internal``, which the reader does not know."""
+MISSPELT_WORDS = frozenset(MISSPELT.values())
 
 
 def counts_items(name: str) -> bool:
@@ -509,11 +507,22 @@ def read_name(name: str) -> Reading:
         return _no_phase_word(name, proper, vocab, unit, meaning)
     why = f"'{hit}' -> {meaning}" + (f", unit {unit[0]}" if unit else ", unit not written: seconds")
     other = _ambiguity(segs)
+    slip = _slip(name, hit)
+    if slip:
+        why, other = f"'{slip}' read as '{MISSPELT[slip]}', {why}", ("", "a misspelling, guessed")
     step_of_timer = len(proper) > 1 and proper[-2] in TIME_UNITS.keys() | DURATION_WORDS
     sibling = SIBLING_WORDS.get(proper[-1], "") if meaning == "step" and step_of_timer else ""
     if other is not None:
         return Reading(meaning, _unit(name, unit), why, AMBIGUOUS_CERTAINTY, other[1], sibling)
     return Reading(meaning, _unit(name, unit), why, 1.0, "", sibling)
+
+
+def _slip(name: str, hit: str) -> str:
+    """The misspelt word of ``name`` that ``hit`` (the phase words read) was read from, or ""."""
+    parts = hit.split("_")
+    if not MISSPELT_WORDS.intersection(parts):
+        return ""  # most names: no word of the hit is one the reader guesses from a slip
+    return next((w for w in map(str.lower, _WORDS.findall(name)) if w in MISSPELT and MISSPELT[w] in parts), "")
 
 
 def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str], space: set[str],
@@ -564,9 +573,6 @@ def _no_phase_word(name: str, proper: list[str], vocab: set[str], unit: tuple[st
     if vocab & WAIT_WORDS:
         return Reading("data_wait", _unit(name, unit), "a wait for no named thing: the input, if nothing else",
                        AMBIGUOUS_CERTAINTY, "a trainer's bare wait is most often for its next batch")
-    if vocab & BARE_SYNC:
-        return Reading("comm_wait", _unit(name, unit), "a sync of no named thing: gradients or weights",
-                       AMBIGUOUS_CERTAINTY, "a bare sync waits on the GPU (torch.cuda.synchronize) in some trainers")
     bare = _bare_duration(proper)
     if bare:
         return Reading("step", _unit(name, unit), f"a bare {bare}: the step, if nothing else",
@@ -687,7 +693,6 @@ def doc_table() -> list[str]:
              ("a part of the step of no phase (`update`: a learner's whole update)", words_of(OTHER_PARTS)),
              ("the next batch, even where another word would put the key outside the step", words_of(DATA_FIRST)),
              ("a wait for no named thing: `data_wait`, uncertain", words_of(WAIT_WORDS)),
-             ("a sync of no named thing: `comm_wait`, uncertain", words_of(BARE_SYNC)),
              ("what the duration spans or leaves out follows: the phase is read before the first of them",
               words_of(SPAN_WORDS)),
              ("glued to each other in one word the reader does not know, split (`iotime`, `dataload`, `gradsync`)",
