@@ -1,9 +1,9 @@
 """A bare time read as the step, decided by its numbers (``sidecar/aggregation/clocks.py``): seconds
 since the start climb with the wall clock, a time of many steps (an epoch's) is logged once in many
 steps at the time since its record before, and both read as no phase; a step's duration, steady,
-slowing, longer than a window, logged rarely or at any pace of the step axis, stays the step. Through the real mapping stage
-and aggregator, windows rolled on a clock the test moves, and through a real daemon with a real
-trainer process and the fake NVML driver."""
+slowing, longer than a window, logged rarely or at any pace of the step axis, stays the step.
+Through the real mapping stage and aggregator, windows rolled on a clock the test moves, and
+through a real daemon with a real trainer process and the fake NVML driver."""
 
 from __future__ import annotations
 
