@@ -1,7 +1,7 @@
 """The served page: the same text as ``SidecarCollector`` gives, faster.
 
 The report's part, which holds every trainer series, is rendered by
-``exposition.render_trainer_bytes`` once per window and kept as the bytes served (while
+``exposition.render_trainer_blocks`` once per window and kept as the bytes served (while
 something scrapes, the server thread renders it ahead, between requests); only the small
 families that change between windows (self-telemetry, GPUs, W&B) are rendered per scrape. It is
 always the text format 0.0.4 (Prometheus accepts it whatever it asks for first; OpenMetrics would
@@ -27,8 +27,8 @@ class MetricsPage:
         self.collector = collector
         self.clock = clock
         self._cached: tuple[IngestReport | None, tuple[bytes, ...]] = (None, ())
-        """The report last rendered, and its text as the UTF-8 pieces served (one per source,
-        never joined into one more copy: ``render_parts``)."""
+        """The report last rendered, and its text as the UTF-8 pieces served (the trainer part's
+        blocks, then one per source; never joined into one more copy: ``render_parts``)."""
         self._last_scrape: float | None = None
 
     def render(self) -> bytes:
@@ -64,6 +64,10 @@ class MetricsPage:
     def _text_of(self, report: IngestReport) -> tuple[bytes, ...]:
         cached_report, text = self._cached
         if cached_report is not report:
+            # The previous window's text goes first (a scrape that took it keeps its own
+            # reference): it and the new one are never both held here, one page less at the peak.
+            self._cached = (None, ())
+            del text
             text = self._report_text(report, self.collector.state.host)
             self._cached = (report, text)
         return text
@@ -72,10 +76,10 @@ class MetricsPage:
         """The text of ``report_sources``, one UTF-8 piece per source: trainer series by the fast
         renderer, the rest by prometheus_client."""
         guarded = self.collector.guarded
-        parts = []
+        parts: list[bytes] = []
         for name, source in report_sources(report, host):
             if name == "trainer":
-                parts.append(guarded(name, lambda: ex.render_trainer_bytes(report, host), b""))
+                parts += guarded(name, lambda: ex.render_trainer_blocks(report, host), [])
             else:
                 parts.append(ex.render_metrics_bytes(guarded(name, source)))
         return tuple(parts)
