@@ -10,6 +10,7 @@ add nothing here and costs half as much again to render), gzipped at level 1 whe
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -30,6 +31,10 @@ class MetricsPage:
         """The report last rendered, and its text as the UTF-8 pieces served (the trainer part's
         blocks, then one per source; never joined into one more copy: ``render_parts``)."""
         self._last_scrape: float | None = None
+        self._rendering = threading.Lock()
+        """Held while a window's text is made: two render threads (a scrape and ``prepare``, or
+        two scrapes) that find the same new window make it once, not twice at once (each is
+        several MB with 10,000 series: the RSS peak of tests/test_abuse_memory.py)."""
 
     def render(self) -> bytes:
         """The whole page (a scrape)."""
@@ -63,14 +68,19 @@ class MetricsPage:
 
     def _text_of(self, report: IngestReport) -> tuple[bytes, ...]:
         cached_report, text = self._cached
-        if cached_report is not report:
-            # The previous window's text goes first (a scrape that took it keeps its own
-            # reference): it and the new one are never both held here, one page less at the peak.
-            self._cached = (None, ())
-            del text
-            text = self._report_text(report, self.collector.state.host)
-            self._cached = (report, text)
-        return text
+        if cached_report is report:
+            return text
+        del text
+        with self._rendering:  # a scrape that comes while the window is rendered waits for it
+            cached_report, text = self._cached
+            if cached_report is not report:
+                # The previous window's text goes first (a scrape that took it keeps its own
+                # reference): it and the new one are never both held here, one page less.
+                self._cached = (None, ())
+                del text
+                text = self._report_text(report, self.collector.state.host)
+                self._cached = (report, text)
+            return text
 
     def _report_text(self, report: IngestReport, host: str) -> tuple[bytes, ...]:
         """The text of ``report_sources``, one UTF-8 piece per source: trainer series by the fast
