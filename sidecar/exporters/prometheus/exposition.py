@@ -234,11 +234,8 @@ class _Run(list[object]):
     """A run of samples of one family that one emitter writes: ``[item, labels, item, labels,
     ...]`` (a series' view and its ``_Labels``; a value and its label string)."""
 
-    __slots__ = ("emit",)
-
-    def __init__(self, emit: Emitter, items: Iterable[object]) -> None:
-        super().__init__(items)
-        self.emit = emit
+    __slots__ = ("emit",)  # set by ``_note``: an __init__ of its own costs a Python call a run
+    emit: Emitter
 
 
 Emitter = Callable[[list[str], str, _Run], None]
@@ -250,7 +247,9 @@ def _note(runs: list[_Run], emit: Emitter, item: object, labels: object) -> None
     if runs and runs[-1].emit is emit:
         runs[-1] += (item, labels)
     else:
-        runs.append(_Run(emit, (item, labels)))
+        run = _Run((item, labels))
+        run.emit = emit
+        runs.append(run)
 
 
 def _series(run: _Run) -> Iterator[tuple[SeriesView, _Labels]]:
