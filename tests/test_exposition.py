@@ -157,3 +157,30 @@ def test_a_new_window_is_prepared_only_while_something_scrapes() -> None:
     now[0] += 3600.0  # nobody scraped for an hour
     page.prepare()
     assert page._cached[0] is second
+
+
+def test_page_in_many_blocks_equals_generate_latest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer part is kept and served in blocks (``exposition.BLOCK_PIECES``): cut small,
+    the page is still byte for byte the reference, and the server sends the same bytes."""
+    monkeypatch.setattr(exposition, "BLOCK_PIECES", 2)
+    rng = random.Random(7)
+    batches = [(("target", "drafter")[w % 2], f"w{w}", _every_kind(rng)) for w in range(6)]
+    report = _report([batches])
+    page, reference = _page_and_reference(report)
+    assert page == reference
+    assert len(exposition.render_trainer_blocks(report, "h")) > 10
+    assert b"".join(exposition.render_trainer_blocks(report, "h")) == exposition.render_trainer(report, "h").encode()
+    state = ExportState(host="h", started_unix_s=0.0, report=report)
+    port = free_port()
+    server, _ = serve(state, f"127.0.0.1:{port}")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            served = resp.read()
+            assert int(resp.headers["Content-Length"]) == len(served)
+    finally:
+        server.shutdown()
+        server.server_close()
+    def trainer(text: bytes) -> list[bytes]:
+        return [line for line in text.splitlines() if line.startswith((b"dflash_trainer_", b"dflash_cuda_"))]
+
+    assert trainer(served) and trainer(served) == trainer(MetricsPage(SidecarCollector(state)).render())

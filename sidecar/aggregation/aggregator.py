@@ -423,8 +423,9 @@ class Aggregator:
         self._owned.setdefault(owner, {})[key] = None
         self._raw_names[key] = local
         self._meta[key] = (mapped, snapshot)
+        claim = _Owner(kind, token, local, role, worker)  # one for all its names (immutable)
         for f in families:
-            self._family_owner.setdefault(f, _Owner(kind, token, local, role, worker))
+            self._family_owner.setdefault(f, claim)
         return series
 
     def _admit(self, owner: Hashable) -> bool:
@@ -467,8 +468,9 @@ class Aggregator:
         with every name ever seen, and a freed name could never be reused)."""
         self._reset_owners()
         for (kind, token, role, worker), raw in self._raw_names.items():
+            claim = _Owner(kind, token, raw, role, worker)
             for family in claimed_names(kind, token):
-                self._family_owner.setdefault(family, _Owner(kind, token, raw, role, worker))
+                self._family_owner.setdefault(family, claim)
 
     def _special(self, kind: int, name: Any, value: Any, role: str, worker: str, sender: int,
                  turn: _Turn) -> str | None:

@@ -109,10 +109,11 @@ class SidecarCollector(Collector):
         return sources
 
     def guarded(self, name: str, source: Callable[[], Any], empty: Any = ()) -> Any:
-        """``source()`` materialized (a list of families, or text), or ``empty`` if it failed."""
+        """``source()`` materialized (a list of families, or text: ``str`` or ``bytes``), or
+        ``empty`` if it failed."""
         try:
             result = source()
-            return result if isinstance(result, str) else _finite_only(list(result))
+            return result if isinstance(result, (str, bytes)) else _finite_only(list(result))
         except Exception:  # noqa: BLE001 - degrade the scrape, never fail it
             if name not in self._failed:
                 self._failed.add(name)
