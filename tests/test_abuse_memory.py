@@ -22,8 +22,8 @@ TABLE_FLOOD_PEAK = 64 * MiB
 """Most a flood of small frames (names, labels, devices, senders) may add at its peak."""
 TABLE_FLOOD_RETAINED = 64 * MiB
 """Most a flood of small frames may leave behind: 10,000 timing series from the timing-name flood
-(their sketches, the window report over them and the rendered page; measured 54 MiB, 32 MiB for
-10,000 gauges)."""
+(their sketches, the window report over them and the rendered page; measured 54 MiB before the
+page was served in pieces, about 36 MiB since: bench/RESULTS_SOAK.md; 32 MiB for 10,000 gauges)."""
 DECODE_SLACK = 64 * MiB
 """Beyond the bytes a flood of 4 MiB frames put in the daemon's queue: decoding one frame's worth."""
 RATCHET_SLACK = 64 * MiB
@@ -35,12 +35,17 @@ def counted(d: DaemonProc, timeout_s: float = 60.0) -> Samples:
     """The daemon's samples once the whole messages the floods sent are all counted dropped (or
     after ``timeout_s``, for the assertions to say what was missing). A flood is taken in when
     its frames were received; they are decoded, and counted, behind that: on a loaded box the
-    last 4 MiB frames can still be waiting to be decoded when the flood ends."""
+    last 4 MiB frames can still be waiting to be decoded when the flood ends. The records dropped
+    are counted in the window report, so they show on the page a window after the messages."""
     deadline = time.monotonic() + timeout_s
     while True:
         samples = d.samples()
         dropped = {lab["reason"]: v for lab, v in samples.get("dflash_sidecar_messages_dropped_total", [])}
-        if dropped.get("oversized", 0) >= 200 and dropped.get("malformed", 0) >= 400:
+        records: dict[str, float] = {}
+        for lab, v in samples.get("dflash_sidecar_records_dropped_total", []):
+            records[lab["reason"]] = records.get(lab["reason"], 0) + v
+        if (dropped.get("oversized", 0) >= 200 and dropped.get("malformed", 0) >= 400
+                and records.get("malformed_record", 0) >= 100 * 4096 and records.get("cardinality", 0) > 0):
             return samples
         if time.monotonic() > deadline:
             return samples
