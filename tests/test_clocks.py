@@ -11,7 +11,8 @@ import random
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -131,24 +132,32 @@ CLOCK_TRAINER = textwrap.dedent("""
 """)
 
 
-def test_a_clock_through_the_real_daemon(tmp_path: Path) -> None:
-    """The same through a real daemon, a real shim in a trainer process and the fake NVML driver."""
+@contextmanager
+def _beside_a_daemon(tmp_path: Path, script: str) -> Iterator[DaemonProc]:
+    """A real daemon on the fake NVML driver (one GPU, 40 % busy) and a real trainer process running
+    ``script`` against it; both stopped on the way out."""
     library = library_or_skip("full")
     fake = FakeNvml(tmp_path / "nvml-control.txt", library, {"devices": 1})
     fake.gpu(0, clock_reasons=0, utilization_gpu=40, gpm_supported=0)
     d = DaemonProc(tmp_path, "--nvml-interval", "0.2", gpu=True,
                    extra_env={"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(fake.path)})
-    trainer = subprocess.Popen([sys.executable, "-c", CLOCK_TRAINER, d.endpoint], env=env(),
+    trainer = subprocess.Popen([sys.executable, "-c", script, d.endpoint], env=env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_for(lambda: verdict(d) == "input-bound", timeout_s=45, what="input-bound once train/time is a clock")
-        text = explain(d)
-        line = next(line for line in text.splitlines() if "'train/time'" in line)
-        assert "wall clock" in text and "step" not in line.split("->")[1].split("[")[0], line
+        yield d
     finally:
         trainer.kill()
         trainer.wait()
         d.stop()
+
+
+def test_a_clock_through_the_real_daemon(tmp_path: Path) -> None:
+    """The same through a real daemon, a real shim in a trainer process and the fake NVML driver."""
+    with _beside_a_daemon(tmp_path, CLOCK_TRAINER) as d:
+        wait_for(lambda: verdict(d) == "input-bound", timeout_s=45, what="input-bound once train/time is a clock")
+        text = explain(d)
+        line = next(line for line in text.splitlines() if "'train/time'" in line)
+        assert "wall clock" in text and "step" not in line.split("->")[1].split("[")[0], line
 
 
 def test_a_clock_that_restarts_is_watched_afresh() -> None:
@@ -334,20 +343,9 @@ def test_a_time_of_many_steps_through_the_real_daemon(tmp_path: Path) -> None:
     """An epoch's ``train_time`` (12 s, every 60 steps of 0.2 s) beside the data wait, through a real
     daemon, a real shim in a trainer process and the fake NVML driver: from its second record the
     epoch's time is no phase, and ``explain`` says why."""
-    library = library_or_skip("full")
-    fake = FakeNvml(tmp_path / "nvml-control.txt", library, {"devices": 1})
-    fake.gpu(0, clock_reasons=0, utilization_gpu=40, gpm_supported=0)
-    d = DaemonProc(tmp_path, "--nvml-interval", "0.2", gpu=True,
-                   extra_env={"LD_LIBRARY_PATH": str(library.parent), "FAKE_NVML_CONTROL": str(fake.path)})
-    trainer = subprocess.Popen([sys.executable, "-c", EPOCH_TRAINER, d.endpoint], env=env(),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
+    with _beside_a_daemon(tmp_path, EPOCH_TRAINER) as d:
         wait_for(lambda: "many steps" in explain(d), timeout_s=60, interval_s=2.0,
                  what="train_time known for a time of many steps")
         line = next(line for line in explain(d).splitlines() if "'train_time'" in line)
         assert "step" not in line.split("->")[1].split("[")[0], line
         wait_for(lambda: verdict(d) == "input-bound", timeout_s=30, what="input-bound beside the epoch's time")
-    finally:
-        trainer.kill()
-        trainer.wait()
-        d.stop()
