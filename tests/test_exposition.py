@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import math
 import random
+import threading
 import urllib.request
 from types import SimpleNamespace
 
@@ -184,3 +185,44 @@ def test_page_in_many_blocks_equals_generate_latest(monkeypatch: pytest.MonkeyPa
         return [line for line in text.splitlines() if line.startswith((b"dflash_trainer_", b"dflash_cuda_"))]
 
     assert trainer(served) and trainer(served) == trainer(MetricsPage(SidecarCollector(state)).render())
+
+
+def test_a_scrape_of_the_window_just_replaced_gets_the_new_one_rendered_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scrape that read the report just before the next window was published asks for its text
+    (``_text_of``, as ``render_parts`` does) while ``prepare`` renders the new window: it waits for
+    that render (the old window's text is dropped first: two pages are never held at once) and is
+    served the new window's text; each window is rendered once. A review found the first form of
+    the render lock rendering the old window again, dropping the new one's text, and the next
+    scrape rendering the new window a second time."""
+    first = _report([[("target", "0", [[2, "tokens", 1]])]])
+    second = _report([[("target", "0", [[2, "tokens", 2]])]])
+    state = ExportState(host="h", started_unix_s=0.0, report=first)
+    page = MetricsPage(SidecarCollector(state), clock=lambda: 0.0)
+    page.render()
+    cached_first = page._cached[1]
+    rendered: list[IngestReport] = []
+    started, go = threading.Event(), threading.Event()
+    real = page._report_text
+
+    def report_text(report: IngestReport, host: str) -> object:
+        rendered.append(report)
+        if report is second:
+            started.set()
+            go.wait(10.0)
+        return real(report, host)
+
+    monkeypatch.setattr(page, "_report_text", report_text)
+    state.report = second
+    preparing = threading.Thread(target=page.prepare)
+    preparing.start()
+    assert started.wait(10.0)
+    got: list[object] = []
+    straggler = threading.Thread(target=lambda: got.append(page._text_of(first)))
+    straggler.start()
+    straggler.join(2.0)
+    go.set()
+    preparing.join(10.0)
+    straggler.join(10.0)
+    page.render()  # the next scrape, of the new window
+    assert got == [page._cached[1]] and page._cached[0] is second and got != [cached_first]
+    assert rendered == [second]

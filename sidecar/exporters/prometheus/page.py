@@ -73,6 +73,8 @@ class MetricsPage:
         del text
         with self._rendering:  # a scrape that comes while the window is rendered waits for it
             cached_report, text = self._cached
+            if cached_report is not None and cached_report is self.collector.state.report:
+                return text  # made while this waited: the window after the one asked for, served instead
             if cached_report is not report:
                 # The previous window's text goes first (a scrape that took it keeps its own
                 # reference): it and the new one are never both held here, one page less.

@@ -244,6 +244,7 @@ class MetricsServer:
                 await writer.drain()
                 writer.close()
                 await writer.wait_closed()
+                transport = None  # closed gracefully: aborting it now raises inside asyncio (3.11)
         except TimeoutError:
             self.stats.count("timeout")
         except asyncio.CancelledError:
