@@ -97,6 +97,24 @@ UNTIMED = LOOP_HEAD + """
     run.finish()
 """
 
+FIXMATCH = LOOP_HEAD + """
+    from torch.utils.tensorboard import SummaryWriter
+    w = SummaryWriter(sys.argv[2])              # FixMatch-pytorch's TBLog: its tags, as it spells them
+    step = 0
+    while not control.exists():
+        t0 = time.perf_counter()
+        time.sleep(0.048)                       # zip() of the labelled and unlabelled loaders
+        prefecth = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        time.sleep(0.032)                       # copies, forward, losses, backward, optimizer, EMA
+        tb = {"train/sup_loss": 1.0, "train/unsup_loss": 0.5, "train/total_loss": 1.5, "train/mask_ratio": 0.9,
+              "lr": 0.03, "train/prefecth_time": prefecth, "train/run_time": time.perf_counter() - t1}
+        for key, value in tb.items():
+            w.add_scalar(key, value, step)
+        step += 1
+    w.close()
+"""
+
 TRAINERS = {
     "tensorboard": (TENSORBOARD, "tensorboard", 35, "input-bound", "timing/data_s"),
     "wandb": (WANDB, "wandb", 35, "input-bound", "perf/data_time_ms"),
@@ -104,6 +122,8 @@ TRAINERS = {
     "untimed": (UNTIMED, "wandb", 45, "unexplained-idle", ""),
 }
 """Trainer -> (its loop, the tap, the fake GPU's busy percent, the verdict, the name it is read from)."""
+ALONE = {"fixmatch": (FIXMATCH, "tensorboard", 40, "input-bound", "train/prefecth_time")}
+"""Trainers run one at a time (the same fields): FixMatch-pytorch's own tags, its data wait misspelt."""
 
 
 def run_trainer(name: str, workdir: Path, windows: int = 10, interval_s: float = 0.5) -> dict[str, object]:
@@ -112,7 +132,7 @@ def run_trainer(name: str, workdir: Path, windows: int = 10, interval_s: float =
     from tests.fake_nvml.build import build_fake_nvml
     from tests.fake_nvml.control import FakeNvml
 
-    code, tap, busy, _, _ = TRAINERS[name]
+    code, tap, busy, _, _ = (TRAINERS | ALONE)[name]
     row = workdir / name
     row.mkdir(parents=True)
     library = build_fake_nvml("full")
@@ -184,3 +204,24 @@ def test_three_trainers_with_names_of_their_own_get_the_right_verdict(tmp_path: 
     sent, steps = ds["sent"], ds["steps"]
     assert isinstance(sent, float) and isinstance(steps, float) and sent % 32 == 0, ds
     assert steps > 0 and abs(steps - sent / 32) <= 1, ds
+
+
+@pytest.mark.timeout(120)
+def test_a_misspelt_data_wait_of_a_trainers_own_reads_input_bound(tmp_path: Path) -> None:
+    """FixMatch-pytorch's TensorBoard tags as it writes them (``train/prefecth_time``: the loaders'
+    wait, 60 % of each step; ``train/run_time``: the rest, a name of no phase), seconds, no config,
+    the GPU 40 % busy: input-bound, read from the misspelt name (uncertain, and said so); after the
+    run, each role's causes sum to its wall time. Read as written, the wait names nothing and the
+    idle is unexplained."""
+    library_or_skip("full")
+    lines = run_trainer("fixmatch", tmp_path)["lines"]
+    assert isinstance(lines, list) and len(lines) >= 5, lines
+    verdicts = [v for v, _ in lines]
+    assert verdicts.count("input-bound") / len(verdicts) >= 0.8 and "balanced" not in verdicts, lines
+    said = [e for v, e in lines if v == "input-bound"]
+    assert all("read from the name" in e and "prefecth" in e for e in said), lines
+    runs = ledger_after(tmp_path / "fixmatch")
+    assert runs, lines
+    for r in runs:
+        seconds = r["seconds"]
+        assert isinstance(seconds, dict) and r["wall_s"] == pytest.approx(sum(seconds.values())), r
