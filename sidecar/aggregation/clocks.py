@@ -37,7 +37,8 @@ worker has a sender that logs no more often than it (per-epoch metrics sent apar
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 from sidecar.model.window import TIMING, SeriesView
@@ -159,21 +160,22 @@ class Clocks:
             median_s = v.window.get("p50", v.window["mean"]) / 1000.0
             if since.spanned(v.window["count"], median_s, now_s, moves):
                 return (f"logged once in {SPAN_MOVES} or more of its worker's steps at the time since its record "
-                        "before, twice in a row: a time of many steps")
-        return "its numbers climb with the wall clock: seconds since the start" if self._see(key, v, now_s) else ""
+                        f"before, {SPANS_IN_A_ROW} records in a row: a time of many steps")
+        if self._see(key, v.window["mean"] / 1000.0, now_s):
+            return "its numbers climb with the wall clock: seconds since the start"
+        return ""
 
-    def _prune(self, kept: set[Key], places: Iterable[Place]) -> None:
+    def _prune(self, kept: set[Key], places: AbstractSet[Place]) -> None:
         """Forget the series the window no longer keeps and the workers with no step left."""
         if self._watched.keys() - kept or self._since.keys() - kept or self._known.keys() - kept:
             self._watched = {k: w for k, w in self._watched.items() if k in kept}
             self._since = {k: w for k, w in self._since.items() if k in kept}
             self._known = {k: why for k, why in self._known.items() if k in kept}
-        if self._first.keys() - set(places):
-            self._first = {p: f for p, f in self._first.items() if p in set(places)}
+        if self._first.keys() - places:
+            self._first = {p: f for p, f in self._first.items() if p in places}
 
-    def _see(self, key: Key, v: SeriesView, now_s: float) -> bool:
-        """Whether ``v``'s window (with data) makes it a clock."""
-        mean_s = v.window["mean"] / 1000.0 if v.window is not None else 0.0
+    def _see(self, key: Key, mean_s: float, now_s: float) -> bool:
+        """Whether a window of the series ``key`` with data, mean ``mean_s`` (seconds), makes it a clock."""
         watch = self._watched.get(key)
         if watch is None:
             self._watched[key] = _Watch(now_s, now_s, mean_s)

@@ -366,7 +366,7 @@ def words(text: str) -> list[str]:
     glued.update((w, parts) for w in unknown.difference(glued)
                  if w[:2] in heads and w[-2:] in tails and (parts := _unglue(w)))
     if glued:
-        out = [p for w in out for p in glued.get(w, (w,))]  # dataload, iotime: words glued together (GLUABLE)
+        out = [p for w in out for p in glued.get(w, (w,))]  # dataload, iotime, prefecth: split or mended
     for i in range(len(out) - 1, 0, -1):
         if out[i - 1] == "log" and out[i] in ("probs", "prob", "p"):
             out[i - 1:i + 1] = ["log" + out[i]]
@@ -698,7 +698,7 @@ def doc_table() -> list[str]:
              ("glued to each other in one word the reader does not know, split (`iotime`, `dataload`, `gradsync`)",
               words_of(GLUABLE)),
              ("misspelt by one slip (two neighbouring letters swapped, one inside left out): read as the word",
-              words_of(frozenset(MISSPELT.values()))),
+              words_of(MISSPELT_WORDS)),
              ("alone: the step, uncertain", words_of(BARE_STEP)),
              ("with one of " + words_of(MEAN_OF) + " and nothing else: the step, uncertain", words_of(MEANS)),
              ("with words of elapsed time only: the time of what runs the step, the step, uncertain",
