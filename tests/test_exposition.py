@@ -226,3 +226,20 @@ def test_a_scrape_of_the_window_just_replaced_gets_the_new_one_rendered_once(mon
     page.render()  # the next scrape, of the new window
     assert got == [page._cached[1]] and page._cached[0] is second and got != [cached_first]
     assert rendered == [second]
+
+
+def test_a_non_float_number_in_a_window_renders_as_the_reference() -> None:
+    """The renderer's fast path prints a plain float as its ``repr``; a number of another class (a
+    numpy scalar: none reaches a window today, every value goes through ``float()`` in the sketch)
+    goes through ``go_float``, as the reference prints it, in every field, the quantiles included."""
+    import dataclasses
+
+    import numpy as np
+
+    report = _report([[("target", "0", [[1, "forward_ms", 12.5]])]])
+    views = tuple(dataclasses.replace(v, window={k: np.float64(x) for k, x in v.window.items()},
+                                      cumulative={k: np.float64(x) for k, x in v.cumulative.items()})
+                  if v.window is not None and "p50" in v.window else v for v in report.window.series)
+    report = dataclasses.replace(report, window=dataclasses.replace(report.window, series=views))
+    page, reference = _page_and_reference(report)
+    assert b"np.float64" not in page and page == reference

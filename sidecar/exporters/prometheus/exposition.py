@@ -270,9 +270,9 @@ def _timing_lines(out: list[str], name: str, run: _Run) -> None:
             f"{repr(total) if total.__class__ is float and -_INF < total < 1e6 else num(total)}\n")
         if window:
             p50, p95, high = window["p50"] / 1000.0, window["p95"] / 1000.0, window["max"] / 1000.0
-            put(f"{name}{lab.q50} {repr(p50) if -_INF < p50 < 1e6 else num(p50)}\n"
-                f"{name}{lab.q95} {repr(p95) if -_INF < p95 < 1e6 else num(p95)}\n"
-                f"{name}{lab.q1} {repr(high) if -_INF < high < 1e6 else num(high)}\n")
+            put(f"{name}{lab.q50} {repr(p50) if p50.__class__ is float and -_INF < p50 < 1e6 else num(p50)}\n"
+                f"{name}{lab.q95} {repr(p95) if p95.__class__ is float and -_INF < p95 < 1e6 else num(p95)}\n"
+                f"{name}{lab.q1} {repr(high) if high.__class__ is float and -_INF < high < 1e6 else num(high)}\n")
 
 
 def _count_lines(out: list[str], name: str, run: _Run) -> None:
