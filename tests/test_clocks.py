@@ -188,28 +188,46 @@ def test_a_series_gone_leaves_no_watch() -> None:
     assert clocks._watched == {}  # noqa: SLF001 - the state under test
 
 
+Event = tuple[float, int, int, dict[str, float]]
+"""(monotonic seconds it arrives, sender id, step, profile)."""
+
+
+def _drive(events: list[Event], name: str) -> tuple[list[SeriesView], list[str]]:
+    """``name``'s view at the end of each 10 s window from the first event's (with data or not) and
+    each window's verdict (the GPU 45 % busy), on an aggregator whose clock moves to each event as
+    it arrives (one ``publish`` each, every sender under one role and worker)."""
+    events = sorted(events, key=lambda e: e[0])
+    now = [events[0][0]]
+    agg, mapper = Aggregator(clock=lambda: now[0]), Mapper()
+    seen: list[SeriesView] = []
+    verdicts: list[str] = []
+    i, end = 0, events[0][0] + WINDOW_S
+    while end <= events[-1][0] + WINDOW_S:
+        while i < len(events) and events[i][0] < end:
+            now[0], sender, step, profile = events[i]
+            ingest_records(agg, "trainer", "0", [[PROFILE, step, profile]], mapper, sender_id=sender)
+            i += 1
+        now[0] = end
+        report = agg.roll(end, end, WINDOW_S)
+        seen += [v for v in report.series if v.kind == TIMING and (v.raw or v.name) == name]
+        verdicts.append(compute_insight(report, gpus=GpuFacts(busy={"0": 0.45})).verdict.name)
+        end += WINDOW_S
+    return seen, verdicts
+
+
 def _paced(name: str, value_at: Callable[[int, int], float | None], windows: int, steps_per_window: int = 10,
-           stride: int = 1, gpu_busy: float = 0.45) -> tuple[list[SeriesView], list[str]]:
+           stride: int = 1) -> tuple[list[SeriesView], list[str]]:
     """A trainer logging ``steps_per_window`` steps evenly through each 10 s window (its step moving
     by ``stride``), each with its data wait (0.4 of a second-long step) and loss, and ``name`` where
-    ``value_at(window, step in window)`` says so: ``name``'s view at the end of each window and the
-    verdicts, on an aggregator whose clock the test moves with the trainer's."""
-    now = [1000.0]
-    agg, mapper = Aggregator(clock=lambda: now[0]), Mapper()
-    seen, verdicts = [], []
+    ``value_at(window, step in window)`` says so (``_drive``)."""
+    events: list[Event] = []
     for k in range(windows):
         for j in range(steps_per_window):
-            profile = {"train/data_time": 0.4, "train/loss": 1.0}
             value = value_at(k, j)
-            if value is not None:
-                profile[name] = value
-            now[0] = 1000.0 + WINDOW_S * (k + j / steps_per_window)
-            ingest_records(agg, "trainer", "0", [[PROFILE, stride * (steps_per_window * k + j), profile]], mapper)
-        now[0] = 1000.0 + WINDOW_S * (k + 1)
-        report = agg.roll(now[0], now[0], WINDOW_S)
-        seen += [v for v in report.series if v.kind == TIMING and (v.raw or v.name) == name]
-        verdicts.append(compute_insight(report, gpus=GpuFacts(busy={"0": gpu_busy})).verdict.name)
-    return seen, verdicts
+            profile = {"train/data_time": 0.4, "train/loss": 1.0} | ({name: value} if value is not None else {})
+            events.append((1000.0 + WINDOW_S * (k + j / steps_per_window), 1, stride * (steps_per_window * k + j),
+                           profile))
+    return _drive(events, name)
 
 
 @pytest.mark.parametrize("name", ["train_time", "Train/Time", "train/time", "time"])
@@ -245,30 +263,6 @@ def test_a_steps_time_beside_its_pace_stays_the_step(case: str, value_at: Callab
                                                      steps: int, stride: int) -> None:
     views, _ = _paced("train/time", value_at, 20, steps, stride)
     assert views and all(v.meaning == "step" for v in views), (case, [v.rule for v in views])
-
-
-Event = tuple[float, int, int, dict[str, float]]
-"""(monotonic seconds it arrives, sender id, step, profile)."""
-
-
-def _meanings(events: list[Event], name: str = "train/time") -> list[str]:
-    """``name``'s meaning at the end of each 10 s window, on an aggregator whose clock moves to each
-    event as it arrives (one ``publish`` each, every sender under one role and worker)."""
-    events = sorted(events, key=lambda e: e[0])
-    now = [events[0][0]]
-    agg, mapper = Aggregator(clock=lambda: now[0]), Mapper()
-    meanings: list[str] = []
-    i, end = 0, events[0][0] + WINDOW_S
-    while end <= events[-1][0] + WINDOW_S:
-        while i < len(events) and events[i][0] < end:
-            now[0], sender, step, profile = events[i]
-            ingest_records(agg, "trainer", "0", [[PROFILE, step, profile]], mapper, sender_id=sender)
-            i += 1
-        now[0] = end
-        meanings += [v.meaning for v in agg.roll(end, end, WINDOW_S).series
-                     if v.kind == TIMING and (v.raw or v.name) == name and v.window is not None]
-        end += WINDOW_S
-    return meanings
 
 
 def _every_step(durations: list[float], every: int = 1) -> list[Event]:
@@ -317,7 +311,8 @@ def _micro_batches(accumulated: int) -> list[Event]:
 def test_a_steps_time_logged_at_any_pace_stays_the_step(case: str, events: list[Event]) -> None:
     """The rule's false alarms a review found in its first form (one window's median against the
     run's mean pace), and more: none drops a step's time."""
-    meanings = _meanings(events)
+    views, _ = _drive(events, "train/time")
+    meanings = [v.meaning for v in views if v.window is not None]
     assert meanings and set(meanings) == {"step"}, (case, meanings.count(""), len(meanings))
 
 
