@@ -14,7 +14,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 import zmq
@@ -130,16 +130,22 @@ class Flood:
     frames: Callable[[int], Iterator[bytes]]
     n: int
     closes_connection: bool = False
+    refused: tuple[str, str, str, int] | None = None
+    """(role, worker, reason, records per frame sent at least): the records the daemon refuses of
+    this flood, counted under its labels. ``run_flood`` reads them once they are all counted: a
+    later flood of label values may evict the label pair (silent for ``EVICT_IDLE_S``) with its
+    counts, so the end of ``run_all`` cannot."""
 
 
 FLOODS = (
     Flood(f"frames over {LIMIT}", _oversized, 10, closes_connection=True),
     Flood(f"{LIMIT} batches of empty arrays", _empty_arrays, 100),
-    Flood(f"{LIMIT} batches of 4096 bloated records", _bloated_records, 100),
+    Flood(f"{LIMIT} batches of 4096 bloated records", _bloated_records, 100,
+          refused=("flood", "3", "malformed_record", 4096)),
     Flood(f"{LIMIT} of nesting (deep)", _deep, 100),
     Flood(f"{LIMIT} single maps (huge)", _huge_map, 100),
     Flood(f"{LIMIT} hellos, distinct senders", _hellos, 100),
-    Flood("distinct timing names", _timing_names, 100_000),
+    Flood("distinct timing names", _timing_names, 100_000, refused=("flood", "t", "cardinality", 0)),
     Flood("distinct metric names", _names, 100_000),
     Flood("distinct (role, worker) values", _labels, 20_000),
     Flood("distinct allocator devices", _devices, 20_000),
@@ -151,9 +157,17 @@ def _counter(d: DaemonProc, name: str) -> float:
     return d.value(name) or 0.0
 
 
+def _refused(d: DaemonProc, role: str, worker: str, reason: str) -> float:
+    """Records of (role, worker) the daemon counted dropped for ``reason`` (0 where it has none)."""
+    return sum(v for lab, v in d.samples().get("dflash_sidecar_records_dropped_total", [])
+               if (lab.get("role"), lab.get("worker"), lab.get("reason")) == (role, worker, reason))
+
+
 def run_flood(d: DaemonProc, flood: Flood, timeout_s: float = 120.0) -> dict[str, object]:
-    """Send ``flood`` to ``d``; returns RSS before/peak/after (bytes), seconds, frames sent."""
+    """Send ``flood`` to ``d``; returns RSS before/peak/after (bytes), seconds, frames sent, and the
+    records of it the daemon counted refused (``Flood.refused``; None where it declares none)."""
     pid = d.proc.pid
+    refused_before = _refused(d, *flood.refused[:3]) if flood.refused else 0.0
     frames_before = _counter(d, "dflash_sidecar_frames_received_total")
     disconnects_before = _counter(d, "dflash_sidecar_disconnects_total")
     before = rss_bytes(pid)
@@ -188,9 +202,15 @@ def run_flood(d: DaemonProc, flood: Flood, timeout_s: float = 120.0) -> dict[str
     finally:
         pub.close(0)
         ctx.term()
+    refused = None
+    if flood.refused:  # decoded, and counted, behind receiving: wait for all of them (or the timeout)
+        role, worker, reason, per_frame = flood.refused
+        least = refused_before + max(1, per_frame * sent)
+        _wait(lambda: _refused(d, role, worker, reason) >= least, timeout_s)
+        refused = _refused(d, role, worker, reason) - refused_before
     time.sleep(0.5)
     samples = [rss for _, rss, _ in sampler.stop()]
-    return {"flood": flood.name, "frames": sent, "taken_in": done, "seconds": round(took, 2),
+    return {"flood": flood.name, "frames": sent, "taken_in": done, "seconds": round(took, 2), "refused": refused,
             "rss_before": before, "rss_peak": max(samples + [before]), "rss_after": rss_bytes(pid),
             "alive": d.proc.poll() is None}
 
@@ -214,7 +234,9 @@ def run_all(d: DaemonProc) -> list[dict[str, object]]:
     too-fast client made the daemon queue may stay in the allocator's heap, but must be reused,
     not added to, when the same abuse comes again."""
     first = [{**run_flood(d, flood), "round": 1} for flood in FLOODS]
-    again = [flood for flood in FLOODS if is_big(flood) and not flood.closes_connection]
+    # sent again by the same sender ids from sequence 0, a flood's frames are no new records to
+    # count (unless the sender was evicted meanwhile): its refusals are read in the first round only
+    again = [replace(flood, refused=None) for flood in FLOODS if is_big(flood) and not flood.closes_connection]
     return first + [{**run_flood(d, flood), "round": 2} for flood in again]
 
 
