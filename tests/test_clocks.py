@@ -33,21 +33,16 @@ WINDOW_S = 10.0
 
 def _run(name: str, value_at: Callable[[int], float | None], windows: int,
          others: dict[str, float] | None = None) -> list[SeriesView]:
-    """The view of ``name`` at the end of each window; ``value_at(k)`` is what the trainer logged
-    in window k (None: nothing), ``others`` what it logged beside it every window."""
-    agg, mapper = Aggregator(), Mapper()
-    seen = []
+    """The view of ``name`` at the end of each window with a record; ``value_at(k)`` is what the
+    trainer logged in window k (None: nothing), ``others`` what it logged beside it every window,
+    one ``publish`` at the window's start, its step k (``_drive``)."""
+    events: list[Event] = []
     for k in range(windows):
         value = value_at(k)
-        profile = dict(others or {})
-        if value is not None:
-            profile[name] = value
+        profile = dict(others or {}) | ({name: value} if value is not None else {})
         if profile:
-            ingest_records(agg, "trainer", "0", [[PROFILE, k, profile]], mapper)
-        now = 1000.0 + WINDOW_S * (k + 1)
-        report = agg.roll(now, now, WINDOW_S)
-        seen += [v for v in report.series if v.kind == TIMING and (v.raw or v.name) == name]
-    return seen
+            events.append((1000.0 + WINDOW_S * k, 1, k, profile))
+    return _drive(events, name)[0]
 
 
 @pytest.mark.parametrize("name", ["train/time", "Time", "time"])
@@ -109,14 +104,7 @@ def test_the_verdict_once_a_bare_time_is_known_for_a_clock() -> None:
     """A trainer logs its seconds since the start as ``train/time`` beside its data wait, 0.4 of
     each 1 s step, its GPU 45 % busy: read as the step, the clock drowns the data wait (unexplained
     idle); known for a clock, the data wait is what it is (input-bound)."""
-    agg, mapper = Aggregator(), Mapper()
-    verdicts = []
-    for k in range(CLIMBS + 4):
-        for j in range(10):
-            ingest_records(agg, "trainer", "0", [[PROFILE, 10 * k + j, {
-                "train/time": 600.0 + 10 * k + j, "train/data_time": 0.4, "train/loss": 1.0}]], mapper)
-        now = 1000.0 + WINDOW_S * (k + 1)
-        verdicts.append(compute_insight(agg.roll(now, now, WINDOW_S), gpus=GpuFacts(busy={"0": 0.45})).verdict.name)
+    _, verdicts = _paced("train/time", lambda k, j: 600.0 + 10 * k + j, CLIMBS + 4)
     assert verdicts[0] == "unexplained-idle" and verdicts[-3:] == ["input-bound"] * 3, verdicts
 
 
