@@ -1,7 +1,7 @@
 """How well the daemon reads real metric names (issue 43), side by side with what it did before
 the name reader (the presets alone), and what a read costs per new series.
 
-    PYTHONPATH=. python bench/bench_names.py [--rounds 5]
+    PYTHONPATH=. python bench/bench_names.py [--rounds 5] [FILE.toml ...]
 
 The corpus is ``tests/data/names/`` (real keys from the code of public training repositories,
 each labelled with what its code computes; ``tests/name_corpus.py`` publishes and scores it).
@@ -9,7 +9,11 @@ For each part: the share of the phase timings (not marked ambiguous) read as the
 share of the keys that are no phase read as one (the costly error), the ambiguous keys apart; the
 published keys (what a tap or ``publish()`` carries) and the printed-only ones apart. The cost is
 the mapping stage's resolution of every key of a part with a fresh mapper (no cache), median of
-``--rounds`` alternating rounds, µs per key."""
+``--rounds`` alternating rounds, µs per key.
+
+Files named on the command line are scored instead of the corpus: a corpus of names the project
+does not hold (yours, or a held-out part before it is committed), in the corpus's format
+(``tests/data/names/names_holdout8.toml``'s header says what each field means)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import sidecar.processing.mapping as mapping
 from sidecar.model.window import PROFILE
@@ -77,17 +82,17 @@ def per_key_us(rows: list[Row], rounds: int) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("files", nargs="*", type=Path, help="corpus files to score instead of tests/data/names/")
     args = parser.parse_args(argv)
+    paths = args.files or [CORPUS / name for name in PARTS if (CORPUS / name).exists()]
     print("| part | keys (repos) | mapping | published: phase timings right | non-phase keys read as a phase "
           "| ambiguous right | printed only: phase timings right | non-phase read as a phase | ambiguous right |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     every: list[Row] = []
-    for name in PARTS:
-        if not (CORPUS / name).exists():
-            continue
-        rows = load(CORPUS / name)
+    for path in paths:
+        rows = load(path)
         every += rows
-        head = f"| {name} | {len(rows)} ({len({r.repo for r in rows})})"
+        head = f"| {path.name} | {len(rows)} ({len({r.repo for r in rows})})"
         for label, scope in (("reader", _same), ("presets only", presets_only)):
             with scope():
                 cells = shares(rows)
@@ -101,7 +106,6 @@ def main(argv: list[str] | None = None) -> int:
 @contextmanager
 def _same() -> Iterator[None]:
     yield
-
 
 
 if __name__ == "__main__":
