@@ -25,14 +25,19 @@ at no less than ``1 / SLACK`` of the wall time since then, spans those steps; ``
 records in a row and the series is no phase of the step from then on, its ``rule`` says so. A
 step's time logged every step or every tenth is logged with a few moves between its records; one
 logged every hundredth step stands at a hundredth of the time between its records, but once (a
-step that held a checkpoint or an evaluation), never twice in a row.
+step that held a checkpoint or an evaluation), never twice in a row. A series whose every record
+so far spanned (its first among them: an epoch's first end) is no phase in the windows of those
+records already; a step's time logged rarely has a record that spanned nothing before its long
+one, and keeps it.
 
 What it cannot see: a clock the reader took in another unit than its own (seconds sent as a
 ``timing()`` record, which the protocol reads in milliseconds; minutes read as seconds) climbs at
-another pace than the wall clock's and stays the step; a clock logged once every few minutes
-needs ``CLIMBS`` of its records, so as many intervals, to be known. A time of many steps needs two
-of its records (two epochs); one of fewer than ``SPAN_MOVES`` logged steps (a small epoch), or whose
-worker has a sender that logs no more often than it (per-epoch metrics sent apart), stays the step.
+another pace than the wall clock's and stays the step; a clock logged once every few minutes needs
+``CLIMBS`` of its records, so as many intervals, to be known. A time of many steps is known for good
+at its second record (two epochs); a step's time logged rarely whose first logged step held a long
+stall (a checkpoint) is left out of that one window; a time of fewer than ``SPAN_MOVES`` logged
+steps (a small epoch), or whose worker has a sender that logs no more often than it (per-epoch
+metrics sent apart), stays the step.
 """
 
 from __future__ import annotations
@@ -72,17 +77,20 @@ class _Since:
     """Sender -> its step axis's moves so far, then."""
     spans: int = 0
     """Its records in a row so far that spanned ``SPAN_MOVES`` steps."""
+    always: bool = True
+    """Whether every record of it so far spanned ``SPAN_MOVES`` steps."""
 
-    def spanned(self, count: float, median_s: float, now_s: float, moves: dict[int, int]) -> bool:
+    def spanned(self, count: float, median_s: float, now_s: float, moves: dict[int, int]) -> tuple[bool, bool]:
         """Take a window ending at ``now_s`` with ``count`` records of the series (median
-        ``median_s``) and its worker's ``moves``; whether the series now reads as a time of many
-        steps (the module's rule)."""
+        ``median_s``) and its worker's ``moves``; (whether the series now reads as a time of many
+        steps for good, whether this window's record does: the module's rule)."""
         common = moves.keys() & self.moves.keys()
         moved = min((moves[s] - self.moves[s] for s in common), default=0)
         one = count == 1 and moved >= SPAN_MOVES and median_s >= (now_s - self.at_s) / SLACK
         self.spans = self.spans + 1 if one else 0
+        self.always = self.always and one
         self.at_s, self.moves = now_s, moves
-        return self.spans >= SPANS_IN_A_ROW
+        return self.spans >= SPANS_IN_A_ROW, self.always
 
 
 @dataclass(slots=True)
@@ -140,30 +148,34 @@ class Clocks:
                 continue
             key = (v.role, v.worker, v.name)
             kept.add(key)
-            why = self._known.get(key) or self._why(key, v, now_s, moves.get((v.role, v.worker)))
+            why, lasting = (self._known[key], True) if key in self._known else \
+                self._why(key, v, now_s, moves.get((v.role, v.worker)))
             if why:
-                self._known[key] = why
+                if lasting:
+                    self._known[key] = why
                 out = list(series) if out is None else out
                 out[i] = replace(v, meaning="", outside=True, rule=f"{v.rule}; {why}, no phase of the step")
         self._prune(kept, moves.keys())
         return series if out is None else tuple(out)
 
-    def _why(self, key: Key, v: SeriesView, now_s: float, moves: dict[int, int] | None) -> str:
-        """Why ``v``'s window makes it no step (the module's rules), or ""."""
+    def _why(self, key: Key, v: SeriesView, now_s: float, moves: dict[int, int] | None) -> tuple[str, bool]:
+        """Why ``v``'s window makes it no step (the module's rules), or "", and whether for good."""
         if v.window is None:
-            return ""
+            return "", False
         if moves is not None:
             since = self._since.get(key)
             if since is None:
                 at_s, first = self._first.get((v.role, v.worker), (now_s, moves))
                 since = self._since[key] = _Since(at_s, first)
             median_s = v.window.get("p50", v.window["mean"]) / 1000.0
-            if since.spanned(v.window["count"], median_s, now_s, moves):
-                return (f"logged once in {SPAN_MOVES} or more of its worker's steps at the time since its record "
-                        f"before, {SPANS_IN_A_ROW} records in a row: a time of many steps")
+            lasting, always = since.spanned(v.window["count"], median_s, now_s, moves)
+            if lasting or always:
+                span = f"logged once in {SPAN_MOVES} or more of its worker's steps at the time since its record before"
+                return ((f"{span}, {SPANS_IN_A_ROW} records in a row: a time of many steps", True) if lasting else
+                        (f"{span}, as every record of it so far: a time of many steps in this window", False))
         if self._see(key, v.window["mean"] / 1000.0, now_s):
-            return "its numbers climb with the wall clock: seconds since the start"
-        return ""
+            return "its numbers climb with the wall clock: seconds since the start", True
+        return "", False
 
     def _prune(self, kept: set[Key], places: AbstractSet[Place]) -> None:
         """Forget the series the window no longer keeps and the workers with no step left."""
