@@ -76,6 +76,7 @@ from sidecar.processing.reader import read_name, read_rate, stem, words
     ("iter_time_process_rank", "step", 1.0),
     ("runtime/forward", "forward", 1.0),                        # runtime/ as a namespace holds durations
     ("throughput/sec_per_step", "step", 1.0),                   # seconds per step under throughput/: no rate
+    ("Generator/backward_time", "backward", 1.0),               # a GAN's generator is trained: no collector
 ])
 def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     r = read_name(name)
@@ -137,6 +138,10 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("optimizer-unscale-and-check-inf-time", "unscale"),  # a loss scaler's part of the optimizer step
     ("time/after_train_iter", "after"),           # what runs after a step (a hook) is no part of it
     ("minimal IO rate [GB/s]", "rate"),           # a rate in square brackets
+    ("timing/collector_weight_sync_ms", "collector"),  # an RL collector's own time, not the learner's step
+    ("evaluator/step_time", "evaluator"),         # what evaluates: its step is the evaluation's
+    ("validators/forward_ms", "validator"),
+    ("checkpointer_step_time", "checkpointer"),
 ])
 def test_names_that_are_no_phase(name: str, why: str) -> None:
     r = read_name(name)

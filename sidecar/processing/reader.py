@@ -152,22 +152,25 @@ name holds words of several (``backward_allreduce``: communication, the part of 
 that waits; ``data`` beside ``step``: the data wait of a step; a queue's get or put: the DFlash
 hidden-state queue's meanings). docs/METRICS.md prints it."""
 
-EVAL_WORDS = frozenset({"eval", "evaluate", "val", "valid", "validate", "test", "inference", "predict"})
+EVAL_WORDS = frozenset({"eval", "evaluate", "val", "valid", "validate", "test", "inference", "predict", "evaluator",
+                        "validator"})
 """Words of a model's evaluation: outside the training step even where a trainer waits for a batch."""
 NOT_A_PHASE = EVAL_WORDS | frozenset({
     "eta", "remaining", "left", "since", "after", "before", "uptime", "wallclock", "timestamp", "date", "clock",
-    "start", "begin", "stop", "stopped", "checkpoint", "ckpt", "save", "export", "warmup", "setup", "init",
-    "initialize", "model_load", "load_model", "loading_model", "weights_load", "load_weights", "load_checkpoint",
-    "startup", "compile", "compilation", "iowait", "log", "logging", "print", "store", "memory", "mem", "gpu_mem",
-    "allocated", "reserved", "flops", "tflops", "mfu", "lr", "acc", "accuracy", "norm", "reward", "rollout", "generate",
-    "gen", "collect", "sampling", "env", "environment", "episode", "total_time", "time_total", "time_elapsed",
-    "total_elapsed", "wall_time", "walltime", "elapsed_total", "train_runtime",
+    "start", "begin", "stop", "stopped", "checkpoint", "checkpointer", "ckpt", "save", "saver", "export", "warmup",
+    "setup", "init", "initialize", "model_load", "load_model", "loading_model", "weights_load", "load_weights",
+    "load_checkpoint", "startup", "compile", "compilation", "iowait", "log", "logging", "print", "store", "memory",
+    "mem", "gpu_mem", "allocated", "reserved", "flops", "tflops", "mfu", "lr", "acc", "accuracy", "norm", "reward",
+    "rollout", "generate", "gen", "collect", "collector", "sampling", "env", "environment", "episode", "total_time",
+    "time_total", "time_elapsed", "total_elapsed", "wall_time", "walltime", "elapsed_total", "train_runtime",
 })
 """Words, anywhere in the name and in any of their forms (``lemmas``: ``prediction``, ``checkpoints``,
 ``evaluating``), that put a key outside one training step: evaluation, checkpoints, time since the
 start or to the end, a moment (``step_start_time``) rather than a duration, what runs before or after a
 step (``time/after_train_iter``: a hook), memory, throughput, RL
-rollouts, their collection and generation, model quality. docs/METRICS.md prints it."""
+rollouts, their collection and generation, model quality; and what does those (an ``evaluator``'s or an
+RL ``collector``'s own step; not ``generator``, a GAN's trained model, nor ``loader`` or ``sampler``).
+docs/METRICS.md prints it."""
 NAME_NOT_A_PHASE = frozenset({"throughput", "speed", "runtime", "perf", "performance", "epoch", "epochs"})
 """Words that put a key outside the step in the name proper only: as a namespace they hold durations
 too (``speed/data_load_time``, ``runtime/iteration_time``, ``TrainEpochStats/avg_loader_time``)."""
