@@ -33,7 +33,8 @@ from tests.name_corpus import CORPUS, Row, load, read, score
 PARTS = ("names_design.toml", "names_holdout.toml", "names_holdout2.toml", "names_holdout3.toml",
          "names_holdout4.toml", "names_holdout5.toml", "names_holdout6.toml", "names_holdout7.toml",
          "names_holdout8.toml", "names_holdout9.toml", "names_holdout10.toml",
-         "names_holdout11.toml", "names_holdout12.toml", "names_holdout13.toml", "names_holdout14.toml")
+         "names_holdout11.toml", "names_holdout12.toml", "names_holdout13.toml", "names_holdout14.toml",
+         "names_holdout15.toml", "names_holdout16.toml")
 
 
 @contextmanager
