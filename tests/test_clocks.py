@@ -1,7 +1,9 @@
 """A bare time read as the step, decided by its numbers (``sidecar/aggregation/clocks.py``): seconds
 since the start climb with the wall clock, a time of many steps (an epoch's) is logged once in many
 steps at the time since its record before, and both read as no phase; a step's duration, steady,
-slowing, longer than a window, logged rarely or at any pace of the step axis, stays the step.
+slowing, longer than a window, logged rarely or at any pace of the step axis, stays the step. A
+phase read from its name that is a running total (or a count) climbs above the wall time between
+its windows and reads as no phase; parallel threads' records, a slowing phase, a user's rule stay.
 Through the real mapping stage and aggregator, windows rolled on a clock the test moves, and
 through a real daemon with a real trainer process and the fake NVML driver."""
 
@@ -24,6 +26,7 @@ from sidecar.core.pipeline import ingest_records
 from sidecar.model.insight import GpuFacts
 from sidecar.model.window import PROFILE, TIMING, SeriesView
 from sidecar.processing.mapping import Mapper
+from sidecar.processing.rules import parse_rules
 from tests.daemon_harness import DaemonProc, env, explain, verdict, wait_for
 from tests.fake_nvml.control import FakeNvml
 from tests.fake_nvml.helpers import library_or_skip
@@ -66,7 +69,7 @@ def test_a_clock_from_its_first_second_is_a_clock() -> None:
 
 @pytest.mark.parametrize(("case", "value_at"), [
     ("steady", lambda k: 0.25 + 0.01 * (k % 3)),
-    ("slowing", lambda k: 0.25 * 1.05 ** k),                  # a leak: each step 5 % slower a window
+    ("slowing", lambda k: 0.25 * 1.03 ** k),                  # a leak: 3 % slower a window, to 8.7 s
     ("longer than a window", lambda k: 25.0 if k % 3 == 0 else None),
     ("long and jittery", lambda k: 5.0 + 25.0 * random.Random(k).random()),  # 5-30 s steps, 10 s windows
     ("reset", lambda k: WINDOW_S * (k % CLIMBS)),             # climbs, then falls back, again and again
@@ -76,10 +79,13 @@ def test_a_steps_duration_stays_the_step(case: str, value_at: Callable[[int], fl
     assert all(v.meaning == "step" for v in views), (case, [(v.meaning, v.window) for v in views])
 
 
-def test_only_an_uncertain_read_is_questioned() -> None:
-    """A name that says the step (``step_time``) keeps its meaning whatever its numbers do."""
+def test_a_name_that_says_the_step_is_no_clock_but_can_be_a_running_total() -> None:
+    """A name that says the step (``step_time``) is never taken for seconds since the start: only an
+    uncertain read is. Numbers no step can have (3,600 s and climbing, logged every 10 s) make it a
+    running total all the same."""
     views = _run("step_time", lambda k: 3600.0 + WINDOW_S * k, CLIMBS + 3)
-    assert views[-1].meaning == "step" and views[-1].certainty == 1.0
+    assert views[0].meaning == "step" and views[0].certainty == 1.0
+    assert views[-1].meaning == "" and "running total" in views[-1].rule and "wall clock" not in views[-1].rule
 
 
 def test_a_clock_beside_real_phases_leaves_them_alone() -> None:
@@ -180,13 +186,15 @@ Event = tuple[float, int, int, dict[str, float]]
 """(monotonic seconds it arrives, sender id, step, profile)."""
 
 
-def _drive(events: list[Event], name: str) -> tuple[list[SeriesView], list[str]]:
+def _drive(events: list[Event], name: str, busy: float = 0.45,
+           mapper: Mapper | None = None) -> tuple[list[SeriesView], list[str]]:
     """``name``'s view at the end of each 10 s window from the first event's (with data or not) and
-    each window's verdict (the GPU 45 % busy), on an aggregator whose clock moves to each event as
-    it arrives (one ``publish`` each, every sender under one role and worker)."""
+    each window's verdict (the GPU ``busy``), on an aggregator whose clock moves to each event as
+    it arrives (one ``publish`` each, every sender under one role and worker), names mapped by
+    ``mapper`` (no rules by default)."""
     events = sorted(events, key=lambda e: e[0])
     now = [events[0][0]]
-    agg, mapper = Aggregator(clock=lambda: now[0]), Mapper()
+    agg, mapper = Aggregator(clock=lambda: now[0]), mapper or Mapper()
     seen: list[SeriesView] = []
     verdicts: list[str] = []
     i, end = 0, events[0][0] + WINDOW_S
@@ -198,7 +206,7 @@ def _drive(events: list[Event], name: str) -> tuple[list[SeriesView], list[str]]
         now[0] = end
         report = agg.roll(end, end, WINDOW_S)
         seen += [v for v in report.series if v.kind == TIMING and (v.raw or v.name) == name]
-        verdicts.append(compute_insight(report, gpus=GpuFacts(busy={"0": 0.45})).verdict.name)
+        verdicts.append(compute_insight(report, gpus=GpuFacts(busy={"0": busy})).verdict.name)
         end += WINDOW_S
     return seen, verdicts
 
@@ -313,6 +321,66 @@ def test_a_steps_time_logged_at_any_pace_stays_the_step(case: str, events: list[
     assert meanings and set(meanings) == {"step"}, (case, meanings.count(""), len(meanings))
 
 
+def _beside_a_total(name: str, total: Callable[[int], float], steps: int = 600) -> list[Event]:
+    """A trainer's 1 s steps, each published at its end with its forward and backward (0.2 s each),
+    its all-reduce (0.55 s) and ``name`` at ``total(step)``."""
+    return [(1001.0 + step, 1, step, {"time/forward": 0.2, "time/backward": 0.2, "time/allreduce": 0.55,
+                                      name: total(step)}) for step in range(steps)]
+
+
+@pytest.mark.parametrize(("name", "phase", "total"), [
+    ("time/dataloader", "data_wait", lambda step: 0.1 * (step + 1)),  # every batch's load summed since the start
+    ("timing/fetch_ms", "data_wait", lambda step: 100.0 * (step + 1)),
+    ("time/step", "step", lambda step: float(step)),                   # a count of steps under time/
+    ("time/optimizer_step", "optimizer", lambda step: float(step // 4)),  # of optimizer steps, 4 batches each
+])
+def test_a_running_total_read_as_a_phase_is_no_phase(name: str, phase: str, total: Callable[[int], float]) -> None:
+    """Read from its name, a running total is a phase until its numbers show that no step's phase can
+    be that long: climbing, above twice the wall time between its windows, ``CLIMBS`` windows in a
+    row. Before, a total of a 0.1 s load read as the data wait ate every verdict: a step waiting 55 %
+    on its all-reduce, the GPUs 45 % busy, read input-bound (the data wait at 100 % of the step)."""
+    views, verdicts = _drive(_beside_a_total(name, total), name)
+    assert views[0].meaning == phase
+    gone = next(i for i, v in enumerate(views) if v.meaning == "")
+    assert "running total" in views[gone].rule and all(v.meaning == "" for v in views[gone:]), [v.rule for v in views]
+    assert verdicts[-10:] == ["communication-bound"] * 10, verdicts
+
+
+def test_without_the_total_rule_a_running_total_reads_input_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the rule mends: switched off, the total of a 0.1 s load reads input-bound to the end."""
+    monkeypatch.setattr("sidecar.aggregation.clocks._Total.summed", lambda self, mean_s, now_s: False)
+    _, verdicts = _drive(_beside_a_total("time/dataloader", lambda step: 0.1 * (step + 1)), "time/dataloader")
+    assert verdicts[-10:] == ["input-bound"] * 10, verdicts
+
+
+def _loader_threads(threads: int = 8) -> list[Event]:
+    """``threads`` loader threads of one process, each publishing every batch's load (2-8 s at
+    random, getting slower) as it ends: they add up to eight times the wall time, each record does not."""
+    r = random.Random(7)
+    events = []
+    for t in range(threads):
+        at = 1000.0
+        for i in range(60):
+            load = min(9.0, 2.0 + 6.0 * r.random() + 0.02 * i)
+            at += load
+            events.append((at, 1, t * 1000 + i, {"time/dataloader": load, "time/forward": 0.5}))
+    return events
+
+
+@pytest.mark.parametrize(("case", "events", "rules"), [
+    ("eight loader threads of one process", _loader_threads(), []),
+    ("a data wait slowing 3 % a window",
+     [(1001.0 + s, 1, s, {"time/dataloader": 0.05 * 1.003 ** s}) for s in range(600)], []),
+    ("a running total a user's rule maps (its values in ms, no unit written)",
+     _beside_a_total("time/dataloader", lambda step: 100.0 * (step + 1)),
+     [{"match": "time/dataloader", "phase": "data_wait"}]),
+])
+def test_a_phases_time_stays_its_phase(case: str, events: list[Event], rules: list[dict[str, str]]) -> None:
+    views, _ = _drive(events, "time/dataloader", mapper=Mapper(parse_rules(rules)))
+    meanings = [v.meaning for v in views if v.window is not None]
+    assert meanings and set(meanings) == {"data_wait"}, (case, [v.rule for v in views if not v.meaning])
+
+
 EPOCH_TRAINER = textwrap.dedent("""
     import sys, time
     from trainer_shim import telemetry
@@ -341,3 +409,32 @@ def test_a_time_of_many_steps_through_the_real_daemon(tmp_path: Path) -> None:
         line = next(line for line in explain(d).splitlines() if "'train_time'" in line)
         assert "step" not in line.split("->")[1].split("[")[0], line
         wait_for(lambda: verdict(d) == "input-bound", timeout_s=30, what="input-bound beside the epoch's time")
+
+
+TOTAL_TRAINER = textwrap.dedent("""
+    import sys, time
+    from trainer_shim import telemetry
+    telemetry.configure(endpoint=sys.argv[1], role="trainer", worker="0", flush_interval_s=0.05)
+    start, step, loaded = time.time(), 0, 0.0
+    while time.time() - start < 90.0:
+        step += 1
+        loaded += 0.01  # every batch's load summed since the start, as KDataLoader.total_load_time
+        telemetry.publish(step, {"time/dataloader": loaded, "time/forward": 0.04, "time/backward": 0.04,
+                                 "time/allreduce": 0.11})
+        time.sleep(0.2)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_running_total_through_the_real_daemon(tmp_path: Path) -> None:
+    """A loader's running total (``time/dataloader``) beside a step waiting 55 % on its all-reduce,
+    through a real daemon, a real shim in a trainer process and the fake NVML driver (40 % busy):
+    read from its name it is the data wait and the verdict input-bound; once its numbers show a
+    running total, communication-bound, and ``explain`` says why."""
+    with _beside_a_daemon(tmp_path, TOTAL_TRAINER) as d:
+        wait_for(lambda: "running total" in explain(d), timeout_s=60, interval_s=2.0,
+                 what="time/dataloader known for a running total")
+        line = next(line for line in explain(d).splitlines() if "'time/dataloader'" in line)
+        assert "data_wait" not in line.split("->")[1].split("[")[0], line
+        wait_for(lambda: verdict(d) == "communication-bound", timeout_s=30, what="communication-bound")
+

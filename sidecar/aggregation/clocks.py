@@ -1,4 +1,5 @@
-"""What a name could not decide, decided by its numbers: a clock or a time of many steps read as the step.
+"""What a name could not decide, decided by its numbers: a clock, a time of many steps or a running total
+read as a phase.
 
 A bare ``time`` (``train/time``, ``Time``, ``time/time``) is the step's duration in some loggers
 (mmengine, detectron2) and the seconds since the start in others (Lightning's, k-diffusion's,
@@ -30,6 +31,15 @@ so far spanned (its first among them: an epoch's first end) is no phase in the w
 records already; a step's time logged rarely has a record that spanned nothing before its long
 one, and keeps it.
 
+A running total read as a phase (``time/dataloader`` summing every batch's load since the start; a
+count of steps under ``time/``) is no duration of one step either, whatever its name says: a
+step's phase cannot take longer than the wall time between the windows its records come in. Every
+timing whose phase was read from its name (or is uncertain) is watched: once its window mean has
+risen, ``CLIMBS`` windows with data in a row, each time standing above ``SLACK`` times the wall
+time since the window before, it is no phase of the step from then on (its ``rule`` says so). A
+phase timed by parallel threads of one process adds up beyond the wall time, but each record does
+not; a step longer than a window stands at about the time between its records, once.
+
 What it cannot see: a clock the reader took in another unit than its own (seconds sent as a
 ``timing()`` record, which the protocol reads in milliseconds; minutes read as seconds) climbs at
 another pace than the wall clock's and stays the step; a clock logged once every few minutes needs
@@ -46,6 +56,8 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
+from sidecar.model.mapped import READ
+from sidecar.model.meanings import PHASES
 from sidecar.model.window import TIMING, SeriesView
 
 CLIMBS = 5
@@ -113,6 +125,26 @@ class _Watch:
         return self.climbs >= CLIMBS and mean_s >= (now_s - self.first_s) / SLACK
 
 
+@dataclass(slots=True)
+class _Total:
+    """One phase timing read from its name: its last window with data (monotonic seconds, mean in
+    seconds) and its windows in a row so far that climbed like a running total."""
+
+    at_s: float
+    mean_s: float
+    climbs: int = 0
+
+    def summed(self, mean_s: float, now_s: float) -> bool:
+        """Take the window ending at ``now_s`` whose mean is ``mean_s``; whether the series now
+        reads as a running total (the module's rule)."""
+        running = mean_s > self.mean_s and mean_s > SLACK * (now_s - self.at_s)
+        self.climbs = self.climbs + 1 if running else 0
+        self.at_s, self.mean_s = now_s, mean_s
+        return self.climbs >= CLIMBS
+
+
+WATCHED = (*PHASES, "step")
+"""The meanings whose timings, read from their names, are watched for running totals."""
 Key = tuple[str, str, str]
 """A series' (role, worker, name)."""
 Place = tuple[str, str]
@@ -120,31 +152,33 @@ Place = tuple[str, str]
 
 
 class Clocks:
-    """The uncertain step timings watched, and those found to be no step. Not thread-safe: the
-    aggregator's owner calls it once per window. It holds an entry per uncertain step series the
-    window still keeps (bounded by the aggregator's series budget) and per worker with a step."""
+    """The timings watched (phases read from their names, uncertain steps), and those found to be
+    no phase. Not thread-safe: the aggregator's owner calls it once per window. It holds an entry
+    per such series the window still keeps (bounded by the aggregator's series budget) and per
+    worker with a step."""
 
     def __init__(self) -> None:
         self._watched: dict[Key, _Watch] = {}
         self._since: dict[Key, _Since] = {}
         self._first: dict[Place, tuple[float, dict[int, int]]] = {}
         """Each worker's step axes when first seen: where a series' first record is measured from."""
+        self._totals: dict[Key, _Total] = {}
         self._known: dict[Key, str] = {}
-        """The series found to be no step, with why."""
+        """The series found to be no phase, with why."""
 
     def settle(self, series: tuple[SeriesView, ...], now_s: float,
                moves: Mapping[Place, dict[int, int]] | None = None) -> tuple[SeriesView, ...]:
-        """``series`` with the clocks and the times of many steps among its uncertain steps read as
-        no phase; ``now_s``: the window's end (monotonic seconds); ``moves``: (role, worker) -> its
-        senders' step axes' moves so far (``StepAxes.moves``). The same sequence where nothing is
-        uncertain."""
+        """``series`` with the running totals among its phases read from names, and the clocks
+        and the times of many steps among its uncertain steps, read as no phase; ``now_s``: the
+        window's end (monotonic seconds); ``moves``: (role, worker) -> its senders' step axes'
+        moves so far (``StepAxes.moves``). The same sequence where nothing is questioned."""
         moves = moves or {}
         for place, at in moves.items():
             self._first.setdefault(place, (now_s, at))
         out: list[SeriesView] | None = None
         kept: set[Key] = set()
         for i, v in enumerate(series):
-            if v.kind != TIMING or v.meaning != "step" or v.certainty >= 1.0:
+            if v.kind != TIMING or v.meaning not in WATCHED or (v.certainty >= 1.0 and READ not in v.rule):
                 continue
             key = (v.role, v.worker, v.name)
             kept.add(key)
@@ -162,7 +196,8 @@ class Clocks:
         """Why ``v``'s window makes it no step (the module's rules), or "", and whether for good."""
         if v.window is None:
             return "", False
-        if moves is not None:
+        uncertain_step = v.meaning == "step" and v.certainty < 1.0
+        if uncertain_step and moves is not None:
             since = self._since.get(key)
             if since is None:
                 at_s, first = self._first.get((v.role, v.worker), (now_s, moves))
@@ -173,14 +208,30 @@ class Clocks:
                 span = f"logged once in {SPAN_MOVES} or more of its worker's steps at the time since its record before"
                 return ((f"{span}, {SPANS_IN_A_ROW} records in a row: a time of many steps", True) if lasting else
                         (f"{span}, as every record of it so far: a time of many steps in this window", False))
-        if self._see(key, v.window["mean"] / 1000.0, now_s):
+        mean_s = v.window["mean"] / 1000.0
+        clock = uncertain_step and self._see(key, mean_s, now_s)
+        total = self._summed(key, mean_s, now_s)
+        if clock:
             return "its numbers climb with the wall clock: seconds since the start", True
+        if total:
+            return (f"it climbs, above {SLACK:g} times the wall time between its windows, {CLIMBS} windows in a row: "
+                    "a running total", True)
         return "", False
+
+    def _summed(self, key: Key, mean_s: float, now_s: float) -> bool:
+        """Whether a window of the series ``key`` with data, mean ``mean_s`` (seconds), makes it a running total."""
+        total = self._totals.get(key)
+        if total is None:
+            self._totals[key] = _Total(now_s, mean_s)
+            return False
+        return total.summed(mean_s, now_s)
 
     def _prune(self, kept: set[Key], places: AbstractSet[Place]) -> None:
         """Forget the series the window no longer keeps and the workers with no step left."""
-        if self._watched.keys() - kept or self._since.keys() - kept or self._known.keys() - kept:
+        if (self._watched.keys() - kept or self._since.keys() - kept or self._known.keys() - kept
+                or self._totals.keys() - kept):
             self._watched = {k: w for k, w in self._watched.items() if k in kept}
+            self._totals = {k: t for k, t in self._totals.items() if k in kept}
             self._since = {k: w for k, w in self._since.items() if k in kept}
             self._known = {k: why for k, why in self._known.items() if k in kept}
         if self._first.keys() - places:
