@@ -112,7 +112,6 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("wall-time(ms)", "wall_time"),               # since the start in most loggers, whatever its unit
     ("gpu_mem_time", "mem"),                      # a device's memory, no device's time
     ("gpu_idle_time", "no phase"),                # a device word beside another word: no bare duration
-    ("compute_time", "no phase"),                 # compute sums many steps in one framework, times one in another
     ("runtime", "runtime"),                       # a glued head that is no phase word stays one word
     ("walltime", "walltime"),
     ("eval_time_including_data", "eval"),         # a key outside the step is refused by all its words
@@ -138,6 +137,8 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("optimizer-unscale-and-check-inf-time", "unscale"),  # a loss scaler's part of the optimizer step
     ("time/after_train_iter", "after"),           # what runs after a step (a hook) is no part of it
     ("minimal IO rate [GB/s]", "rate"),           # a rate in square brackets
+    ("perf/cleanup_minibatch_seconds", "cleanup"),  # housekeeping after a minibatch, no step
+    ("perf/gc_time_ms", "gc"),
     ("timing/collector_weight_sync_ms", "collector"),  # an RL collector's own time, not the learner's step
     ("evaluator/step_time", "evaluator"),         # what evaluates: its step is the evaluation's
     ("validators/forward_ms", "validator"),
@@ -156,6 +157,7 @@ def test_names_that_are_no_phase(name: str, why: str) -> None:
     ("gpu-time(ms)", 1e-3),       # the unit in brackets after a hyphenated word
     ("dt_net", 1.0),              # the network's time: the step's compute
     ("cuda_time_ms", 1e-3),
+    ("perf/compute_time", 1.0),   # a step's compute in most trainers, a log interval's sum in fairseq2
     ("perf_stats/train/avg_time_sec", 1.0),  # a mean of a bare time (a clock is never averaged)
     ("time_avg", 1.0),
     ("mean_duration_ms", 1e-3),

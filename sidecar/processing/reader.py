@@ -229,14 +229,16 @@ HOST_PREP = frozenset({"preprocess", "preprocessing", "processing", "process_bat
 """Host-side batch preparation and copies: a part of the step, never the data loader's wait."""
 OTHER_PARTS = frozenset({"update", "updates", "priority", "priorities", "ema", "scheduler", "sched", "unscale",
                          "lr_scheduler", "scaler", "swa", "server", "servers", "shutdown", "launch", "restart",
-                         "offload", "onload", "wake", "wakeup", "sleep", "resume"}) | HOST_PREP
+                         "offload", "onload", "wake", "wakeup", "sleep", "resume", "cleanup", "teardown", "gc",
+                         "empty_cache"}) | HOST_PREP
 """Words of a part of the step the insight has no phase for: a learner's whole ``update`` (its
 forward, backward and optimizer steps over mini-batches: ``timing_s/update_actor``,
 ``time/update``; in no corpus key is ``update`` the optimizer step alone, and beside ``weights`` it
 is the push of new weights to an inference engine: communication), host-side batch preparation
 (``data_preprocess_time``, ``input_prep_time``), an EMA or replay-priority update, a loss scaler's
 unscale inside the optimizer step (``optimizer-unscale-and-check-inf-time``), an inference
-server's life (``step_stop_server``, ``offload``). A name with one of these and no stronger phase
+server's life (``step_stop_server``, ``offload``), housekeeping (``cleanup_minibatch``, ``gc``,
+``empty_cache``). A name with one of these and no stronger phase
 word reads as no phase (its time unattributed, never a wait); ``processing`` right after a step
 word is the step itself (``Batch_processing_time_ms``), processing a batch or data before it their
 preparation (``Train_Process_Batch``); a process alone is an OS process (``step_time/process_0``)."""
@@ -254,12 +256,14 @@ BARE_STEP = frozenset({"duration", "latency", "dt", "seconds", "secs", "sec"})
 whole step's (levanter's ``throughput/duration``, tacotron2's ``duration``); read as the step at the
 ambiguous certainty. So is a timer's last interval (``time_diff``: ``INTERVAL``) and the time of
 the device or the network that runs the step (``DEVICE_WORDS``)."""
-DEVICE_WORDS = frozenset({"gpu", "cuda", "net"})
+DEVICE_WORDS = frozenset({"gpu", "cuda", "net", "compute"})
 """Words of what runs the step's work: with words of elapsed time and nothing else (``DEVICE_TIMES``:
-``gpu_etime_ms``, ``gpu-time(ms)``, SlowFast's ``dt_net``), the time of that work, the step (its
-compute, data excluded or not: uncertain). ``compute`` is no such word: ``Compute Time`` sums many
-steps in one framework and times one in another; nor is ``network``: a network's latency is a
-round trip (an actor's call to its learner, an RPC), no step."""
+``gpu_etime_ms``, ``gpu-time(ms)``, SlowFast's ``dt_net``, ``compute_time``), the time of that work,
+the step (its compute, data excluded or not: uncertain). A compute time is one step's forward,
+backward and optimizer in three trainers of the corpus (DeepLearningExamples, a JAX loop, an
+Accelerate loop) and their sum over a log interval in one (fairseq2's ``Compute Time``): the
+daemon's numbers settle a sum logged rarely (``sidecar.aggregation.clocks``). ``network`` is no
+such word: a network's latency is a round trip (an actor's call to its learner, an RPC), no step."""
 DEVICE_TIMES = frozenset({"time", "times", "etime", "dt", "elapsed"})
 """The duration words that read a device's time (``DEVICE_WORDS``): a latency, a delay or a wait of
 a device or the network (``gpu_latency``, ``net_delay``) is no step."""
