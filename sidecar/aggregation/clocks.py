@@ -36,9 +36,12 @@ count of steps under ``time/``) is no duration of one step either, whatever its 
 step's phase cannot take longer than the wall time between the windows its records come in. Every
 timing whose phase was read from its name (or is uncertain) is watched: once its window mean has
 risen, ``CLIMBS`` windows with data in a row, each time standing above ``SLACK`` times the wall
-time since the window before, it is no phase of the step from then on (its ``rule`` says so). A
-phase timed by parallel threads of one process adds up beyond the wall time, but each record does
-not; a step longer than a window stands at about the time between its records, once.
+time since the window before (times the senders of its worker), its median above the last window's
+largest record, its rise per second within ``SLACK`` of the last window's, it is no phase of the
+step from then on (its ``rule`` says so). A total climbs at its phase's share of the wall time, and
+every record of it stands above the ones before. A phase timed by parallel threads of one process,
+or by processes under one label, can stand above the wall time, but climbs by chance, unevenly,
+its records mixed; a step longer than a window stands at about the time between its records.
 
 What it cannot see: a clock the reader took in another unit than its own (seconds sent as a
 ``timing()`` record, which the protocol reads in milliseconds; minutes read as seconds) climbs at
@@ -127,19 +130,29 @@ class _Watch:
 
 @dataclass(slots=True)
 class _Total:
-    """One phase timing read from its name: its last window with data (monotonic seconds, mean in
-    seconds) and its windows in a row so far that climbed like a running total."""
+    """One phase timing read from its name: its last window with data (monotonic seconds; its mean
+    and its largest record, seconds; its rise per wall second) and its windows in a row so far that
+    climbed like a running total."""
 
     at_s: float
     mean_s: float
+    max_s: float
+    rate: float = 0.0
     climbs: int = 0
 
-    def summed(self, mean_s: float, now_s: float) -> bool:
-        """Take the window ending at ``now_s`` whose mean is ``mean_s``; whether the series now
-        reads as a running total (the module's rule)."""
-        running = mean_s > self.mean_s and mean_s > SLACK * (now_s - self.at_s)
+    def summed(self, window: Mapping[str, float], now_s: float, senders: int) -> bool:
+        """Take the window ending at ``now_s`` (its ``mean``, ``p50`` and ``max``, milliseconds) of
+        a worker with ``senders`` senders; whether the series now reads as a running total (the
+        module's rule)."""
+        mean_s = window["mean"] / 1000.0
+        between = now_s - self.at_s
+        rate = (mean_s - self.mean_s) / between if between > 0 else 0.0
+        steady = self.rate <= 0.0 or self.rate / SLACK <= rate <= self.rate * SLACK
+        above = window.get("p50", window["mean"]) / 1000.0 > self.max_s
+        running = rate > 0.0 and steady and above and mean_s > SLACK * between * max(1, senders)
         self.climbs = self.climbs + 1 if running else 0
-        self.at_s, self.mean_s = now_s, mean_s
+        self.at_s, self.mean_s, self.rate = now_s, mean_s, rate
+        self.max_s = window.get("max", window["mean"]) / 1000.0
         return self.climbs >= CLIMBS
 
 
@@ -208,9 +221,8 @@ class Clocks:
                 span = f"logged once in {SPAN_MOVES} or more of its worker's steps at the time since its record before"
                 return ((f"{span}, {SPANS_IN_A_ROW} records in a row: a time of many steps", True) if lasting else
                         (f"{span}, as every record of it so far: a time of many steps in this window", False))
-        mean_s = v.window["mean"] / 1000.0
-        clock = uncertain_step and self._see(key, mean_s, now_s)
-        total = self._summed(key, mean_s, now_s)
+        clock = uncertain_step and self._see(key, v.window["mean"] / 1000.0, now_s)
+        total = self._summed(key, v.window, now_s, len(moves or ()))
         if clock:
             return "its numbers climb with the wall clock: seconds since the start", True
         if total:
@@ -218,13 +230,15 @@ class Clocks:
                     "a running total", True)
         return "", False
 
-    def _summed(self, key: Key, mean_s: float, now_s: float) -> bool:
-        """Whether a window of the series ``key`` with data, mean ``mean_s`` (seconds), makes it a running total."""
+    def _summed(self, key: Key, window: Mapping[str, float], now_s: float, senders: int) -> bool:
+        """Whether a ``window`` of the series ``key`` with data, its worker's ``senders`` senders,
+        makes it a running total."""
         total = self._totals.get(key)
         if total is None:
-            self._totals[key] = _Total(now_s, mean_s)
+            mean_s = window["mean"] / 1000.0
+            self._totals[key] = _Total(now_s, mean_s, window.get("max", window["mean"]) / 1000.0)
             return False
-        return total.summed(mean_s, now_s)
+        return total.summed(window, now_s, senders)
 
     def _prune(self, kept: set[Key], places: AbstractSet[Place]) -> None:
         """Forget the series the window no longer keeps and the workers with no step left."""
