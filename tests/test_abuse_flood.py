@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sidecar.aggregation.aggregator import PROFILE, Aggregator
+from sidecar.aggregation.parts import settle
 from sidecar.core.pipeline import ingest_records
-from sidecar.model.mapped import Mapped
+from sidecar.model.mapped import READ, Mapped
+from sidecar.model.window import TIMING, SeriesView
 from sidecar.processing.mapping import Mapper
 from sidecar.sources.receiver import QUEUE_CEILING_BYTES
 from tests.daemon_harness import DaemonProc, publish, wait_for
@@ -97,6 +100,29 @@ def test_profile_keys_beyond_the_budget_are_resolved_once_per_batch() -> None:
     assert agg.profile_entries_rejected["r", "0", "cardinality"] == 100 * 490
     assert len(mapped) == 500, f"{len(mapped)} mappings for 500 distinct keys"
     assert len(calls) == 500, f"{len(calls)} resolutions for 500 distinct keys"
+
+
+def test_a_flood_of_names_of_one_phase_under_one_label_costs_each_window_n_log_n() -> None:
+    """A client publishing many distinct names read as one phase under one label (within the series
+    budget): the window's rule for a phase timed with its parts (``parts.settle``) compared each name
+    with every other, n² stem comparisons a window. 10,000 of them took a roll 15.5 s (the ingest
+    thread stalled for it every window), against 0.11-0.13 s now that a stem's parts are found by
+    bisection (bench/RESULTS_SOAK.md). Counted, not timed: comparisons of
+    stems for 2,000 names."""
+    calls = [0]
+
+    class Stem(str):
+        __slots__ = ()
+
+        def startswith(self, *args: Any) -> bool:
+            calls[0] += 1
+            return str.startswith(self, *args)
+
+    views = tuple(SeriesView(TIMING, f"m/part{i}/forward_ms", "trainer", "0", {"mean": 1.0}, {}, meaning="forward",
+                             stem=Stem(f"m_part{i}_forward"), rule=READ, raw=f"m/part{i}/forward_ms")
+                  for i in range(2000))
+    assert settle(views) == views  # no name is a part of another: nothing changes
+    assert calls[0] < 10 * len(views), f"{calls[0]} stem comparisons for {len(views)} names"
 
 
 CPU_FLOODERS = 4

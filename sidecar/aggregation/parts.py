@@ -34,6 +34,7 @@ Each change is said in the series' ``rule`` (``explain`` shows it).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
@@ -59,10 +60,32 @@ def settle(series: Sequence[SeriesView]) -> tuple[SeriesView, ...]:
     for members in labels.values():
         if len(members) < 2:
             continue
-        _siblings(out, members)
-        _containers(out, members)
+        stems = _Stems(out, members)
+        _siblings(out, members, stems)
+        _containers(out, members, stems)
     _episodes(out)
     return tuple(out)
+
+
+class _Stems:
+    """One label's phase timings ordered by stem, to find those whose stem starts with a prefix in
+    O(log n + matches): a name compared with every other was O(n²) a window, about 0.6 s a roll
+    with 2,000 phase timings under one label (``bench/bench_roll.py --read``)."""
+
+    __slots__ = ("_ordered", "_stems")
+
+    def __init__(self, out: list[SeriesView], members: list[int]) -> None:
+        self._ordered = sorted(members, key=lambda j: out[j].stem)
+        self._stems = [out[j].stem for j in self._ordered]  # a stem never changes within settle
+
+    def starting(self, prefix: str) -> list[int]:
+        """The members whose stem starts with ``prefix``, in the order of ``members``."""
+        k = bisect_left(self._stems, prefix)
+        found = []
+        while k < len(self._stems) and self._stems[k].startswith(prefix):
+            found.append(self._ordered[k])
+            k += 1
+        return sorted(found)
 
 
 def _episodes(out: list[SeriesView]) -> None:
@@ -89,28 +112,33 @@ def _namespace(name: str) -> tuple[str, str]:
     return name[:len(name) - len(last)], last
 
 
-def _siblings(out: list[SeriesView], members: list[int]) -> None:
+def _siblings(out: list[SeriesView], members: list[int], stems: _Stems) -> None:
     for i in members:
         v = out[i]
         if not v.sibling or v.meaning == v.sibling or "_" not in v.stem:
             continue
         prefix = v.stem.rsplit("_", 1)[0] + "_"
-        beside = {out[j].meaning: out[j].raw or out[j].name for j in members
-                  if j != i and out[j].meaning in PHASES and out[j].stem.startswith(prefix)}
+        beside = {out[j].meaning: out[j].raw or out[j].name for j in stems.starting(prefix)
+                  if j != i and out[j].meaning in PHASES}
         if {"forward", "backward"} <= beside.keys() or "forward_backward" in beside:
             out[i] = replace(v, meaning=v.sibling,
                              rule=f"{v.rule}; {v.sibling} beside {', '.join(sorted(beside.values())[:2])}")
 
 
-def _containers(out: list[SeriesView], members: list[int]) -> None:
+def _containers(out: list[SeriesView], members: list[int], stems: _Stems) -> None:
+    halves: frozenset[str] | None = None  # made when first needed, again after a split changed meanings
     for i in members:
         v = out[i]
         if v.meaning not in PHASES:
             continue
-        parts = [j for j in members if j != i and out[j].meaning in PARTS and out[j].stem.startswith(v.stem + "_")]
+        parts = [j for j in stems.starting(v.stem + "_") if j != i and out[j].meaning in PARTS]
         if parts:
             _split(out, i, parts)
-        elif v.meaning == "forward_backward" and _beside_its_halves(out, members, v):
+            halves = None
+        elif v.meaning == "forward_backward":
+            halves = _halves(out, members) if halves is None else halves
+            if not _beside_its_halves(v, halves):
+                continue
             out[i] = replace(v, meaning="", counted_in="forward, backward",
                              rule=f"{v.rule}; the sum of its forward and backward: not counted again")
 
@@ -133,13 +161,22 @@ def _split(out: list[SeriesView], i: int, parts: list[int]) -> None:
                              rule=f"{out[j].rule}; a part of {v.raw or v.name}: counted there")
 
 
-def _beside_its_halves(out: list[SeriesView], members: list[int], fb: SeriesView) -> bool:
-    """Whether a ``forward`` and a ``backward`` timing of the same prefix as each other stand beside
-    ``fb`` (a ``forward_backward`` whose stem starts with that prefix): ``fwd_bwd`` beside ``fwd``
-    and ``bwd``, not Megatron's ``forward-backward`` beside ``forward-compute`` and ``backward-compute``."""
+def _halves(out: list[SeriesView], members: list[int]) -> frozenset[str]:
+    """The prefixes (a stem less its last word, with its ``_``; ``""`` for a stem of one word) that
+    both a ``forward`` and a ``backward`` timing of ``members`` have."""
     def prefix(stem: str) -> str:
         return stem.rsplit("_", 1)[0] + "_" if "_" in stem else ""
 
     forward = {prefix(out[j].stem) for j in members if out[j].meaning == "forward"}
     backward = {prefix(out[j].stem) for j in members if out[j].meaning == "backward"}
-    return any(fb.stem.startswith(p) for p in forward & backward)
+    return frozenset(forward & backward)
+
+
+def _beside_its_halves(fb: SeriesView, halves: frozenset[str]) -> bool:
+    """Whether a ``forward`` and a ``backward`` timing of the same prefix as each other (``halves``)
+    stand beside ``fb`` (a ``forward_backward`` whose stem starts with that prefix): ``fwd_bwd``
+    beside ``fwd`` and ``bwd``, not Megatron's ``forward-backward`` beside ``forward-compute`` and
+    ``backward-compute``. Each of its stem's prefixes is looked up, not each of ``halves``."""
+    if "" in halves:
+        return True
+    return any(fb.stem[:k + 1] in halves for k, c in enumerate(fb.stem) if c == "_")
