@@ -274,7 +274,8 @@ def test_a_steps_time_beside_its_pace_stays_the_step(case: str, value_at: Callab
 def _every_step(durations: list[float], every: int = 1, first: int = 0) -> list[Event]:
     """A trainer publishing each step at its end (its loss and data wait), and its ``train/time``
     every ``every`` steps from step ``first``."""
-    events, t = [], 1000.0
+    events: list[Event] = []
+    t = 1000.0
     for step, d in enumerate(durations):
         t += d
         timed = step >= first and step % every == 0
@@ -293,7 +294,7 @@ def _wandb_rows(calls: int) -> list[Event]:
 def _beside_an_actor() -> list[Event]:
     """A learner (5 s updates) and an actor process under the same labels (no ``RANK``), the actor
     publishing each episode's return at its env step every 0.3 s."""
-    learner = [(1000.0 + 5.0 * (i + 1), 1, i, {"train/time": 5.0, "train/loss": 1.0}) for i in range(100)]
+    learner: list[Event] = [(1000.0 + 5.0 * (i + 1), 1, i, {"train/time": 5.0, "train/loss": 1.0}) for i in range(100)]
     actor = [(1000.0 + 0.3 * (i + 1), 2, 64 * i, {"charts/episodic_return": 1.0}) for i in range(1600)]
     return learner + actor
 
@@ -358,7 +359,7 @@ def _loader_threads(threads: int = 8) -> list[Event]:
     """``threads`` loader threads of one process, each publishing every batch's load (2-8 s at
     random, getting slower) as it ends: they add up to eight times the wall time, each record does not."""
     r = random.Random(7)
-    events = []
+    events: list[Event] = []
     for t in range(threads):
         at = 1000.0
         for i in range(60):
@@ -371,7 +372,7 @@ def _loader_threads(threads: int = 8) -> list[Event]:
 def _processes_under_one_label(procs: int = 8, seed: int = 2, hours: float = 4.0) -> list[Event]:
     """``procs`` processes under one worker label (no ``RANK``: concurrent trials on one node), each
     logging its iteration's time (60-120 s at random) with its data wait and forward."""
-    r, events = random.Random(seed), []
+    r, events = random.Random(seed), list[Event]()
     for p in range(procs):
         at, i = 1000.0 + r.uniform(0.0, 120.0), 0
         while at < 1000.0 + hours * 3600.0:
@@ -386,7 +387,7 @@ def _processes_under_one_label(procs: int = 8, seed: int = 2, hours: float = 4.0
 def _stale_step_per_micro_batch(seed: int = 0, hours: float = 2.0) -> list[Event]:
     """Gradient accumulation over eight 3 s micro-batches, each published with the last optimizer
     step's ``time/step`` (about 24 s) and its own data wait."""
-    r, events, at, i, last = random.Random(seed), [], 1000.0, 0, None
+    r, events, at, i, last = random.Random(seed), list[Event](), 1000.0, 0, None
     while at < 1000.0 + hours * 3600.0:
         step_s = 0.0
         for _ in range(8):
@@ -402,7 +403,7 @@ def _stale_step_per_micro_batch(seed: int = 0, hours: float = 2.0) -> list[Event
 def _thread_loads(threads: int = 8, seed: int = 1, hours: float = 4.0) -> list[Event]:
     """One process, ``threads`` threads each timing its loads (15-45 s: video decode, a shard's
     fetch) with ``timing()``, beside the main loop's 1 s step published every 5 s."""
-    r, events = random.Random(seed), []
+    r, events = random.Random(seed), list[Event]()
     for _ in range(threads):
         at = 1000.0
         while at < 1000.0 + hours * 3600.0:
@@ -416,7 +417,7 @@ def _thread_loads(threads: int = 8, seed: int = 1, hours: float = 4.0) -> list[E
 def _ms_read_as_seconds(seed: int = 0, hours: float = 2.0) -> list[Event]:
     """A 0.47 s step's phases published every tenth step in milliseconds with no unit written
     (``time/forward`` = 150), read as seconds."""
-    r, events, at = random.Random(seed), [], 1000.0
+    r, events, at = random.Random(seed), list[Event](), 1000.0
     for s in range(int(hours * 3600 / 0.47)):
         d, f, b = 5 * r.uniform(0.8, 1.2), 150 * r.uniform(0.95, 1.05), 300 * r.uniform(0.95, 1.05)
         at += (d + f + b + 15) / 1000
@@ -474,11 +475,16 @@ def test_a_time_of_many_steps_through_the_real_daemon(tmp_path: Path) -> None:
     daemon, a real shim in a trainer process and the fake NVML driver: from its second record the
     epoch's time is no phase, and ``explain`` says why."""
     with _beside_a_daemon(tmp_path, EPOCH_TRAINER) as d:
-        wait_for(lambda: "many steps" in explain(d), timeout_s=60, interval_s=2.0,
-                 what="train_time known for a time of many steps")
-        line = next(line for line in explain(d).splitlines() if "'train_time'" in line)
-        assert "step" not in line.split("->")[1].split("[")[0], line
-        wait_for(lambda: verdict(d) == "input-bound", timeout_s=30, what="input-bound beside the epoch's time")
+        _known_by_its_numbers(d, "train_time", "many steps", "step", "input-bound")
+
+
+def _known_by_its_numbers(d: DaemonProc, name: str, why: str, meaning: str, then: str) -> None:
+    """Wait until the real daemon's ``explain`` says ``why`` of ``name``, check it no longer reads as
+    ``meaning``, then wait for the verdict ``then``."""
+    wait_for(lambda: why in explain(d), timeout_s=60, interval_s=2.0, what=f"{name}: {why}")
+    line = next(line for line in explain(d).splitlines() if f"'{name}'" in line)
+    assert meaning not in line.split("->")[1].split("[")[0], line
+    wait_for(lambda: verdict(d) == then, timeout_s=30, what=f"{then} once {name} is known")
 
 
 TOTAL_TRAINER = textwrap.dedent("""
@@ -499,12 +505,8 @@ TOTAL_TRAINER = textwrap.dedent("""
 def test_a_running_total_through_the_real_daemon(tmp_path: Path) -> None:
     """A loader's running total (``time/dataloader``) beside a step waiting 55 % on its all-reduce,
     through a real daemon, a real shim in a trainer process and the fake NVML driver (40 % busy):
-    read from its name it is the data wait and the verdict input-bound; once its numbers show a
-    running total, communication-bound, and ``explain`` says why."""
+    once its numbers show a running total it is no data wait, the verdict communication-bound, and
+    ``explain`` says why."""
     with _beside_a_daemon(tmp_path, TOTAL_TRAINER) as d:
-        wait_for(lambda: "running total" in explain(d), timeout_s=60, interval_s=2.0,
-                 what="time/dataloader known for a running total")
-        line = next(line for line in explain(d).splitlines() if "'time/dataloader'" in line)
-        assert "data_wait" not in line.split("->")[1].split("[")[0], line
-        wait_for(lambda: verdict(d) == "communication-bound", timeout_s=30, what="communication-bound")
+        _known_by_its_numbers(d, "time/dataloader", "running total", "data_wait", "communication-bound")
 
