@@ -11,7 +11,10 @@ the ingest thread's CPU, and frames beyond it are dropped unread and counted (``
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -102,27 +105,79 @@ def test_profile_keys_beyond_the_budget_are_resolved_once_per_batch() -> None:
     assert len(calls) == 500, f"{len(calls)} resolutions for 500 distinct keys"
 
 
-def test_a_flood_of_names_of_one_phase_under_one_label_costs_each_window_n_log_n() -> None:
-    """A client publishing many distinct names read as one phase under one label (within the series
-    budget): the window's rule for a phase timed with its parts (``parts.settle``) compared each name
-    with every other, n² stem comparisons a window. 10,000 of them took a roll 15.5 s (the ingest
-    thread stalled for it every window), against 0.11-0.13 s now that a stem's parts are found by
-    bisection (bench/RESULTS_SOAK.md). Counted, not timed: comparisons of
-    stems for 2,000 names."""
-    calls = [0]
+class _OverBudget(Exception):
+    pass
 
-    class Stem(str):
-        __slots__ = ()
 
-        def startswith(self, *args: Any) -> bool:
-            calls[0] += 1
-            return str.startswith(self, *args)
+def _lines_run(fn: Callable[[], object], path: str, budget: int) -> int:
+    """Lines of the module at ``path`` that calling ``fn`` runs (``sys.settrace``), stopping with
+    ``_OverBudget`` past ``budget``: a count of the work done, not a time."""
+    ran = [0]
 
-    views = tuple(SeriesView(TIMING, f"m/part{i}/forward_ms", "trainer", "0", {"mean": 1.0}, {}, meaning="forward",
-                             stem=Stem(f"m_part{i}_forward"), rule=READ, raw=f"m/part{i}/forward_ms")
-                  for i in range(2000))
-    assert settle(views) == views  # no name is a part of another: nothing changes
-    assert calls[0] < 10 * len(views), f"{calls[0]} stem comparisons for {len(views)} names"
+    def local(frame: FrameType, event: str, arg: object) -> Any:
+        if event == "line":
+            ran[0] += 1
+            if ran[0] > budget:
+                raise _OverBudget(f"more than {budget} lines run")
+        return local
+
+    def call(frame: FrameType, event: str, arg: object) -> Any:
+        return local if frame.f_code.co_filename == path else None
+
+    sys.settrace(call)
+    try:
+        fn()
+    finally:
+        sys.settrace(None)
+    return ran[0]
+
+
+def _phase_names(n: int) -> tuple[SeriesView, ...]:
+    """``n`` distinct names read as one phase under one label (``m/part17/forward_ms``)."""
+    return tuple(_view(f"m_part{i}_forward", "forward") for i in range(n))
+
+
+def _spellings_of_one_sibling(n: int) -> tuple[SeriesView, ...]:
+    """``n`` spellings of a DeepSpeed-style ``x_elapsed_time_ms_step`` (one stem, the optimizer as its
+    sibling) beside a forward and a backward of its prefix."""
+    return (_view("x_forward", "forward"), _view("x_backward", "backward"),
+            *(_view("x_step", "step", sibling="optimizer") for _ in range(n - 2)))
+
+
+def _spellings_of_one_container(n: int) -> tuple[SeriesView, ...]:
+    """``n`` / 2 spellings of ``x_backward`` beside as many of ``x_backward_inner`` and an all-reduce."""
+    return (*(_view("x_backward", "backward") for _ in range(n // 2)),
+            *(_view("x_backward_inner", "backward") for _ in range(n // 2 - 1)),
+            _view("x_backward_allreduce", "comm_wait"))
+
+
+def _interleaved_halves(n: int) -> tuple[SeriesView, ...]:
+    """Distinct names, a backward split by its part, then a ``forward_backward``, over and over."""
+    return tuple(v for w in range(n // 3) for v in (_view(f"c{w}_backward", "backward"),
+                                                     _view(f"c{w}_backward_inner", "backward"),
+                                                     _view(f"f{w}_fwd_bwd", "forward_backward")))
+
+
+def _view(stem: str, meaning: str, sibling: str = "") -> SeriesView:
+    name = f"{stem}_{len(stem)}_{id(object())}"
+    return SeriesView(TIMING, name, "trainer", "0", {"mean": 1.0}, {}, meaning=meaning, stem=stem, rule=READ,
+                      raw=name, sibling=sibling)
+
+
+@pytest.mark.parametrize("flood", [_phase_names, _spellings_of_one_sibling, _spellings_of_one_container,
+                                   _interleaved_halves])
+def test_a_flood_of_phase_names_under_one_label_costs_each_window_about_n(
+        flood: Callable[[int], tuple[SeriesView, ...]]) -> None:
+    """A client publishing thousands of names read as phases under one label (within the series
+    budget): the window's rules for a phase timed with its parts and a name read from its siblings
+    (``parts.settle``) compared each name with every other, n² a window. 10,000 distinct phase names
+    took a roll 15.5 s of every 10 s window; 10,000 spellings of one sibling name 23 s; interleaved
+    backwards, their parts and ``forward_backward`` names 5 s (bench/RESULTS_SOAK.md §11). Counted,
+    not timed: the lines of parts.py run for 2,000 names, at most 100 a name."""
+    import sidecar.aggregation.parts as parts
+
+    views = flood(2000)
+    assert _lines_run(lambda: settle(views), parts.__file__, 100 * len(views)) > 0
 
 
 CPU_FLOODERS = 4

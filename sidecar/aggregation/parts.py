@@ -29,13 +29,14 @@ stage reads the window:
    episode's wall time beside its number and its return when it ends (the SAC loggers that
    pytorch_sac and CURL share).
 
-Each change is said in the series' ``rule`` (``explain`` shows it).
+Each change is said in the series' ``rule`` (``explain`` shows it). A label's rules cost it about
+n log n a window, whatever names a client sends (``_Stems``, ``SPELLINGS``, ``_Halves``).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -45,6 +46,11 @@ from sidecar.model.window import TIMING, SeriesView
 
 PARTS = tuple(p for p in PHASES if p != "forward_backward")
 """Phases that can be a part of another (``forward_backward`` contains, it is no part)."""
+SPELLINGS = 4
+"""Names of one stem (``train/fwd_ms`` and ``train/fwd_s``; a flood's ``X__ELAPSED_Time_ms_step``)
+a label's rules read, the first in the window's order: no trainer writes one name more ways, and
+thousands of one stem made the rules quadratic (each compared with all the others); the rest are
+left as read."""
 EPISODE = "episode"
 """In the last segment of a name of the same namespace, what makes an uncertain step read an
 episode's time (rule 4): ``episode``, ``episode_reward``, ``EpisodeReturn``, ``num_episodes``."""
@@ -54,9 +60,12 @@ def settle(series: Sequence[SeriesView]) -> tuple[SeriesView, ...]:
     """``series`` with the phases of each (role, worker) settled (the rules above)."""
     out = list(series)
     labels: dict[tuple[str, str], list[int]] = defaultdict(list)
+    spellings: Counter[tuple[str, str, str]] = Counter()
     for i, v in enumerate(out):
         if v.kind == TIMING and (v.meaning in PHASES or v.sibling) and v.stem:
-            labels[v.role, v.worker].append(i)
+            spellings[v.role, v.worker, v.stem] += 1
+            if spellings[v.role, v.worker, v.stem] <= SPELLINGS:
+                labels[v.role, v.worker].append(i)
     for members in labels.values():
         if len(members) < 2:
             continue
@@ -126,57 +135,73 @@ def _siblings(out: list[SeriesView], members: list[int], stems: _Stems) -> None:
 
 
 def _containers(out: list[SeriesView], members: list[int], stems: _Stems) -> None:
-    halves: frozenset[str] | None = None  # made when first needed, again after a split changed meanings
+    halves: _Halves | None = None  # made when first needed, kept up to date as splits change meanings
     for i in members:
         v = out[i]
         if v.meaning not in PHASES:
             continue
         parts = [j for j in stems.starting(v.stem + "_") if j != i and out[j].meaning in PARTS]
         if parts:
-            _split(out, i, parts)
-            halves = None
+            for j, was in _split(out, i, parts):
+                if halves is not None:
+                    halves.gone(was, out[j].stem)
         elif v.meaning == "forward_backward":
-            halves = _halves(out, members) if halves is None else halves
-            if not _beside_its_halves(v, halves):
+            halves = _Halves(out, members) if halves is None else halves
+            if not halves.beside(v.stem):
                 continue
             out[i] = replace(v, meaning="", counted_in="forward, backward",
                              rule=f"{v.rule}; the sum of its forward and backward: not counted again")
 
 
-def _split(out: list[SeriesView], i: int, parts: list[int]) -> None:
+def _split(out: list[SeriesView], i: int, parts: list[int]) -> list[tuple[int, str]]:
     """A phase timed with parts: the parts replace it where they are its own phase and another
     (DeepSpeed's backward = backward_inner + backward_allreduce) and no rule named it; parts of its
     own phase alone are inside it (``forward`` beside ``forward_attn``: the attention is not
-    counted again); parts of other phases alone stay beside it."""
+    counted again); parts of other phases alone stay beside it. Returns the series whose meaning it
+    took, each with the meaning it had."""
     v = out[i]
     meanings = {out[j].meaning for j in parts}
     names = ", ".join(sorted(out[j].raw or out[j].name for j in parts)[:3])
     if v.meaning in meanings and len(meanings) > 1 and not v.rule.startswith("mapping["):
         out[i] = replace(v, meaning="", counted_in=names,
                          rule=f"{v.rule}; the sum of its parts ({names}): not counted again")
-        return
-    for j in parts:
-        if out[j].meaning == v.meaning:
-            out[j] = replace(out[j], meaning="", counted_in=v.raw or v.name,
-                             rule=f"{out[j].rule}; a part of {v.raw or v.name}: counted there")
+        return [(i, v.meaning)]
+    inside = [j for j in parts if out[j].meaning == v.meaning]
+    for j in inside:
+        out[j] = replace(out[j], meaning="", counted_in=v.raw or v.name,
+                         rule=f"{out[j].rule}; a part of {v.raw or v.name}: counted there")
+    return [(j, v.meaning) for j in inside]
 
 
-def _halves(out: list[SeriesView], members: list[int]) -> frozenset[str]:
-    """The prefixes (a stem less its last word, with its ``_``; ``""`` for a stem of one word) that
-    both a ``forward`` and a ``backward`` timing of ``members`` have."""
-    def prefix(stem: str) -> str:
-        return stem.rsplit("_", 1)[0] + "_" if "_" in stem else ""
-
-    forward = {prefix(out[j].stem) for j in members if out[j].meaning == "forward"}
-    backward = {prefix(out[j].stem) for j in members if out[j].meaning == "backward"}
-    return frozenset(forward & backward)
+def _prefix(stem: str) -> str:
+    """A stem less its last word, with its ``_`` (``""`` for a stem of one word)."""
+    return stem.rsplit("_", 1)[0] + "_" if "_" in stem else ""
 
 
-def _beside_its_halves(fb: SeriesView, halves: frozenset[str]) -> bool:
-    """Whether a ``forward`` and a ``backward`` timing of the same prefix as each other (``halves``)
-    stand beside ``fb`` (a ``forward_backward`` whose stem starts with that prefix): ``fwd_bwd``
-    beside ``fwd`` and ``bwd``, not Megatron's ``forward-backward`` beside ``forward-compute`` and
-    ``backward-compute``. Each of its stem's prefixes is looked up, not each of ``halves``."""
-    if "" in halves:
-        return True
-    return any(fb.stem[:k + 1] in halves for k, c in enumerate(fb.stem) if c == "_")
+class _Halves:
+    """How many ``forward`` and ``backward`` timings of a label each prefix (``_prefix``) has, kept
+    as splits take meanings: whether a ``forward_backward`` stands beside a forward and a backward
+    of one prefix is then a lookup of its stem's prefixes, not a pass over the label (that pass,
+    made again after each split, was quadratic in a flood of interleaved names)."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self, out: list[SeriesView], members: list[int]) -> None:
+        self._counts: dict[str, Counter[str]] = {"forward": Counter(), "backward": Counter()}
+        for j in members:
+            if out[j].meaning in self._counts:
+                self._counts[out[j].meaning][_prefix(out[j].stem)] += 1
+
+    def gone(self, meaning: str, stem: str) -> None:
+        """A series of ``stem`` no longer has ``meaning``."""
+        if meaning in self._counts:
+            self._counts[meaning][_prefix(stem)] -= 1
+
+    def beside(self, stem: str) -> bool:
+        """Whether a ``forward`` and a ``backward`` timing of the same prefix as each other stand
+        beside a ``forward_backward`` of ``stem`` whose stem starts with that prefix: ``fwd_bwd``
+        beside ``fwd`` and ``bwd``, not Megatron's ``forward-backward`` beside ``forward-compute``
+        and ``backward-compute``."""
+        forward, backward = self._counts["forward"], self._counts["backward"]
+        prefixes = [""] + [stem[:k + 1] for k, c in enumerate(stem) if c == "_"]
+        return any(forward[p] > 0 and backward[p] > 0 for p in prefixes)
