@@ -50,7 +50,9 @@ another pace than the wall clock's and stays the step; a clock logged once every
 at its second record (two epochs); a step's time logged rarely whose first logged step held a long
 stall (a checkpoint) is left out of that one window; a time of fewer than ``SPAN_MOVES`` logged
 steps (a small epoch), or whose worker has a sender that logs no more often than it (per-epoch
-metrics sent apart), stays the step.
+metrics sent apart), stays the step. A step a window long or more, logged with 50 or more moves of
+its step axis each (``wandb.log`` without ``step=`` for every micro-batch or every metric), reads as
+a time of many steps: the numbers of the two are the same.
 """
 
 from __future__ import annotations
