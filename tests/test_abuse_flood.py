@@ -10,6 +10,7 @@ the ingest thread's CPU, and frames beyond it are dropped unread and counted (``
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from collections.abc import Callable
@@ -158,8 +159,12 @@ def _interleaved_halves(n: int) -> tuple[SeriesView, ...]:
                                                      _view(f"f{w}_fwd_bwd", "forward_backward")))
 
 
+_SERIAL = itertools.count()
+
+
 def _view(stem: str, meaning: str, sibling: str = "") -> SeriesView:
-    name = f"{stem}_{len(stem)}_{id(object())}"
+    """A timing of ``stem`` read as ``meaning`` under one label, its name its own (a spelling)."""
+    name = f"{stem}#{next(_SERIAL)}"
     return SeriesView(TIMING, name, "trainer", "0", {"mean": 1.0}, {}, meaning=meaning, stem=stem, rule=READ,
                       raw=name, sibling=sibling)
 
