@@ -421,6 +421,48 @@ def test_a_name_overruled_as_none_is_not_unattributed() -> None:
     assert (m.kind, m.meaning, m.outside) == (TIMING, "", True)
 
 
+def _verdict_of(profile: dict[str, float], busy: float = 0.4) -> tuple[str, str]:
+    """The verdict (name, detail) of a trainer publishing ``profile`` every step, ten steps a 10 s
+    window, after three windows, its GPU ``busy``."""
+    agg, mapper = Aggregator(), Mapper()
+    for k in range(3):
+        ingest_records(agg, "trainer", "0", [[PROFILE, 10 * k + j, profile] for j in range(10)], mapper)
+        report = agg.roll(10.0 * (k + 1), 10.0 * (k + 1), 10.0)
+    v = compute_insight(report, gpus=GpuFacts(busy={"0": busy})).verdict
+    return v.name, v.detail
+
+
+def test_a_duration_of_no_phase_is_a_timing_whose_time_is_unattributed() -> None:
+    """Kinds follow meaning: a key that says a duration and no phase is a timing of no phase (in
+    seconds where no unit is written), not a gauge; outside the step it stays a gauge."""
+    mapper = Mapper()
+    for name in ("timing/sync_time", "put_duration", "training_time"):
+        m = mapper.resolve(PROFILE, name, "t", "0")
+        assert (m.kind, m.meaning, m.scale, m.outside) == (TIMING, "", 1000.0, False), (name, m)
+    for name in ("eval_time", "time_elapsed", "train/hr"):
+        assert mapper.resolve(PROFILE, name, "t", "0").kind == GAUGE, name
+
+
+@pytest.mark.parametrize(("profile", "named"), [
+    # a step and the trainer's own timers, none of whose names says a phase (a DDP weight push);
+    # before: unexplained-idle saying "no phase timings", nothing named
+    ({"timing/step_time": 1.0, "timing/train_time": 0.4, "timing/sync_time": 0.55, "loss": 1.0},
+     "55% of the step in timing/sync_time and 1 more"),
+    # a step, its data wait and forward, and an unread sync; before: host-bound (the gap taken for host time)
+    ({"step_time": 1.0, "data_time": 0.1, "fwd_time": 0.2, "timing/sync_time": 0.6},
+     "60% of the step in timing/sync_time"),
+    # no step; four timed parts, two of them read; before: input-bound (the two were the whole)
+    ({"timing/data_loading_duration": 0.08, "timing/training_duration": 0.3, "timing/put_duration": 0.55,
+      "timing/gather_duration": 0.05}, "timing/put_duration"),
+])
+def test_time_in_a_duration_of_no_phase_is_named_never_host_or_input(profile: dict[str, float], named: str) -> None:
+    """SPEC: time in timings that map to nothing is unattributed, lowers the confidence, is named,
+    and never makes host-bound. Before, such keys stayed gauges: the second read host-bound, the
+    third input-bound (the data wait 62 % of a cycle of the two parts read; it is 8 %)."""
+    name, detail = _verdict_of(profile)
+    assert name == "unexplained-idle" and named in detail and "unmapped: add a rule" in detail, (name, detail)
+
+
 def test_the_dflash_queue_rules_say_what_was_read() -> None:
     from sidecar.aggregation.settings import InsightSettings
     from sidecar.aggregation.verdict import RoleFacts, decide

@@ -393,9 +393,17 @@ class _Reading:
     """Whether the worker times its own compute (``COMPUTE_PHASES``)."""
 
 
+def _step_beside_unmapped(w: _Worker) -> bool:
+    """Whether the worker sends a step snapshot and unmapped timings beside it and no phase at all
+    (a trainer whose own timers name nothing the reader knows): their share of its step is read."""
+    return (bool(w.unmapped) and w.snapshot("step")
+            and not any((TIMING, p) in w.views or (TIMING, p) in w.stale for p in PHASES))
+
+
 def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
-    """A worker read from its snapshots (weight 1): each phase's per-batch mean over the cycle;
-    ``other`` only with a ``step`` mean. None: nothing to read."""
+    """A worker read from its snapshots (weight 1): each phase's and each unmapped timing's
+    per-batch mean over the cycle (the ``step`` mean, unmapped timings fitting in what the phases
+    leave of it; else the sum of them all); ``other`` only with a ``step`` mean. None: nothing to read."""
     # A worker with a fresh snapshot this window is read from it alone (a phase missing
     # from it is not carried over); without one, its last snapshot stands while recent.
     fresh = any(w.window(TIMING, p) or w.window(GAUGE, p) for p in PHASES)
@@ -403,17 +411,19 @@ def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
     means = {p: m for p in PHASES if (m := w.snapshot_mean(p, age)) is not None}
     step = w.snapshot_mean("step", age) if w.snapshot("step") else None
     means, step = _with_shares(w, means, step, fresh)
-    if not means:
-        return None
     # an unmapped timing sent every occurrence beside the snapshots (a user's own timer
     # in a framework callback's step) counts its mean once per cycle
     extra = {n: float(v.window["mean"]) for n, v in w.unmapped.items() if v.window}
+    if not means and not (step and extra):
+        return None  # nothing to read (a step with unmapped timings beside it: their share of it)
     covered = sum(means.values())
-    cycle = max(step or 0.0, covered)
+    spare = sum(extra.values())
+    # without a step, the cycle is all the worker times: its unmapped timings too (read without
+    # them, two phases of a five-part step were the whole of it, and one of them a bottleneck)
+    cycle = max(step, covered) if step else covered + spare
     if cycle <= 0:
         return None
     room = max(0.0, cycle - covered)
-    spare = sum(extra.values())
     fit = min(1.0, room / spare) if spare > 0 else 1.0
     return _Reading(1.0, {phase: m / cycle for phase, m in means.items()},
                     {n: m * fit / cycle for n, m in extra.items()},
@@ -453,7 +463,7 @@ def _time_share(members: dict[str, _Worker], duration: float,
     shares are scaled down when their sum exceeds 1 (a step that began in the previous window,
     or unmapped timings nested in mapped ones); a phase published before but not in this window
     counts 0. Snapshots: each timing's per-batch mean over the cycle (the ``step`` mean, else the
-    sum of the means); ``other`` is the part of ``step`` no timing covers (absent without
+    sum of the means, unmapped timings' included); ``other`` is the part of ``step`` no timing covers (absent without
     ``step``: it cannot be told). ``other`` is host time only where every worker read times its
     compute (``COMPUTE_PHASES``), else the gap may be the model's own untimed work; and, every
     occurrence, not in the window its sender started in (what it sent before the daemon's
@@ -467,7 +477,7 @@ def _time_share(members: dict[str, _Worker], duration: float,
     max_age = SNAPSHOT_MAX_AGE_WINDOWS * duration
     for name, w in members.items():
         alive_s, started = alive.get(name, (duration, False))
-        if any(w.snapshot(p) or w.share(p, True) is not None for p in PHASES):
+        if any(w.snapshot(p) or w.share(p, True) is not None for p in PHASES) or _step_beside_unmapped(w):
             reading = _snapshot_reading(w, max_age)
         else:
             reading = _occurrence_reading(w, min(duration, alive_s), started, duration)

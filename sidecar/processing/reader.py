@@ -346,7 +346,8 @@ class Reading:
     ``sibling``: the meaning the name takes beside phases of the same prefix (``SIBLING_WORDS``);
     ``outside``: the name says the key is no part of a training step (eval, checkpoint, since the
     start, a statistic of many steps). ``unit`` is a time unit only where one is written or a
-    phase is read (a duration word alone, ``time_elapsed``, leaves a dict key a gauge)."""
+    phase is read, or a duration word names no phase (seconds where no unit is written: a timing
+    of no phase, its time unattributed); a key outside the step (``time_elapsed``) stays a gauge."""
 
     meaning: str
     unit: Unit
@@ -584,7 +585,7 @@ def _no_phase_word(name: str, proper: list[str], vocab: set[str], unit: tuple[st
     if bare:
         return Reading("step", _unit(name, unit), f"a bare {bare}: the step, if nothing else",
                        AMBIGUOUS_CERTAINTY, "a bare duration is the step in most loggers, but not in all")
-    timed = unit is not None and bool(vocab & DURATION_WORDS)  # train/hr is a hit rate, not hours
+    timed = bool(vocab & DURATION_WORDS)  # train/hr is a hit rate, not hours
     return Reading("", _unit(name, unit) if timed else Unit(name), "a duration of no phase word")
 
 
