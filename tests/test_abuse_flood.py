@@ -145,6 +145,15 @@ def _spellings_of_one_sibling(n: int) -> tuple[SeriesView, ...]:
             *(_view("x_step", "step", sibling="optimizer") for _ in range(n - 2)))
 
 
+def _renders_of_one_word(n: int) -> tuple[SeriesView, ...]:
+    """``n`` spellings of a render of one word (``timing/render``: its prefix is every name of the
+    label) and of distinct ``r17_render`` names, beside as many backwards: each render looks at the
+    names of its prefix."""
+    return (*(_view("render", "", sibling="forward") for _ in range(n // 4)),
+            *(_view(f"r{i}_render", "", sibling="forward") for i in range(n // 4)),
+            *(_view(f"r{i}_backward", "backward") for i in range(n // 2)))
+
+
 def _spellings_of_one_container(n: int) -> tuple[SeriesView, ...]:
     """``n`` / 2 spellings of ``x_backward`` beside as many of ``x_backward_inner`` and an all-reduce."""
     return (*(_view("x_backward", "backward") for _ in range(n // 2)),
@@ -169,8 +178,8 @@ def _view(stem: str, meaning: str, sibling: str = "") -> SeriesView:
                       raw=name, sibling=sibling)
 
 
-@pytest.mark.parametrize("flood", [_phase_names, _spellings_of_one_sibling, _spellings_of_one_container,
-                                   _interleaved_halves])
+@pytest.mark.parametrize("flood", [_phase_names, _spellings_of_one_sibling, _renders_of_one_word,
+                                   _spellings_of_one_container, _interleaved_halves])
 def test_a_flood_of_phase_names_under_one_label_costs_each_window_about_n(
         flood: Callable[[int], tuple[SeriesView, ...]]) -> None:
     """A client publishing thousands of names read as phases under one label (within the series

@@ -335,7 +335,6 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("stepjam/YARR", "monitoring/train_time_per_item"): "a step's time per item is a cost per item",
     # the seventeenth and eighteenth parts, scored once with v14; what is left after v15 (a compute time,
     # housekeeping)
-    ("yshibata8513/gsplat", "timing/render"): "a Gaussian splatting render, its forward: no phase word",
     ("yshibata8513/gsplat", "timing/total"): "a bare total reads as a statistic of many steps",
     ("mkrum/stonefish", "timing/total_ms"): "a bare total reads as a statistic of many steps",
     ("Arora-group-codebase/klib", "time/dataloader"): "a loader's running total (KDataLoader.total_load_time) "
@@ -366,16 +365,12 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
                                                    "ImageNet example and the AverageMeter trainers",
     ("dilawarm/assignment1-basics", "min_step_time"): "the least of the last 100 steps: a statistic of many steps",
     ("dilawarm/assignment1-basics", "max_step_time"): "the most of the last 100 steps: a statistic of many steps",
-    ("Vijay-Kiran-R/Small_Language_Model", "perf/data_stall_flag"): "a flag (1 when the data wait is over half the "
-                                                                    "step) read as the data wait",
     ("Nishant-aiml/IVERI-HYBRID-SLM-MODEL", "timing/dataloader_seconds"): "the batch's unpacking and copy named the "
                                                                           "loader (its timer starts after the loader)",
     ("smanolloff/vcmi-gym", "timer_abs/all"): "a bare 'all' under a timer names no phase",
-    ("jiayiliu12/speedy-splat_forked", "time/render [ms]"): "a Gaussian splatting render, its forward: no phase word",
     ("jiayiliu12/speedy-splat_forked", "time/total_iteration [ms]"): "render, loss and backward named the iteration",
     ("jiayiliu12/speedy-splat_forked", "benchmark/iter_mean_ms"): "a mean of render, loss and backward named the "
                                                                   "iteration",
-    ("jiayiliu12/LiteGS_forked", "time/render [ms]"): "a Gaussian splatting render, its forward: no phase word",
     ("jiayiliu12/LiteGS_forked", "time/render/Binning [ms]"): "a part of the render, its forward: no phase word",
     ("jiayiliu12/LiteGS_forked", "time/render/CreateCov2dDirectly [ms]"): "a part of the render, its forward: no "
                                                                           "phase word",

@@ -143,6 +143,9 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("evaluator/step_time", "evaluator"),         # what evaluates: its step is the evaluation's
     ("validators/forward_ms", "validator"),
     ("checkpointer_step_time", "checkpointer"),
+    ("perf/data_stall_flag", "flag"),             # a flag (1 when the data wait is over half the step), no wait
+    ("timing/render", "no phase"),                # a render alone: an environment's, a picture's (beside a
+    ("render_ms", "no phase"),                    # backward, the window reads it the forward)
 ])
 def test_names_that_are_no_phase(name: str, why: str) -> None:
     r = read_name(name)
@@ -280,6 +283,16 @@ def test_a_phase_told_with_its_parts_counts_once_and_its_all_reduce_is_communica
     assert shares == pytest.approx({"forward": 10 / 60, "backward": 12 / 60, "comm_wait": 33 / 60, "optimizer": 5 / 60})
 
 
+def test_a_render_beside_its_backward_is_the_forward_in_the_time_shares() -> None:
+    """A Gaussian splatting loop's own timers (gsplat, speedy-splat, LiteGS: ``timing/render`` beside
+    ``timing/backward``): the render's time is the forward's, not unread; said in its rule."""
+    w = _window([(i, {"timing/data": 0.01, "timing/render": 0.04, "timing/backward": 0.05}) for i in range(1, 6)])
+    render = next(v for v in w.series if v.raw == "timing/render")
+    assert render.kind == TIMING and render.meaning == "forward" and "forward beside timing/backward" in render.rule
+    shares = compute_insight(w, gpus=GpuFacts(busy={"0": 0.9})).roles["trainer"].time_share
+    assert shares == pytest.approx({"data_wait": 0.1, "forward": 0.4, "backward": 0.5})
+
+
 def test_a_step_alone_is_the_step_and_a_forward_backward_beside_its_parts_is_not_counted() -> None:
     alone = _window([(1, {"Train/Samples/elapsed_time_ms_step": 50.0, "Train/Samples/elapsed_time_ms_data": 5.0})])
     assert {v.raw: v.meaning for v in alone.series}["Train/Samples/elapsed_time_ms_step"] == "step"
@@ -366,6 +379,21 @@ def test_any_name_is_read_without_raising() -> None:
     # a loop's train_step beside its train_forward and train_backward is the whole step, not the optimizer
     ({"timing/train_step": 0.5, "timing/train_forward": 0.1, "timing/train_backward": 0.2},
      {"timing/train_step": "step", "timing/train_forward": "forward", "timing/train_backward": "backward"}),
+    # a step of one word beside a forward and a backward is the step too (time/step, not DeepSpeed's)
+    ({"time/step": 0.5, "time/forward": 0.1, "time/backward": 0.2},
+     {"time/step": "step", "time/forward": "forward", "time/backward": "backward"}),
+    # Gaussian splatting: a render beside its backward is the renderer's forward (a unit written or not)
+    ({"timing/data": 0.01, "timing/render": 0.1, "timing/backward": 0.2},
+     {"timing/data": "data_wait", "timing/render": "forward", "timing/backward": "backward"}),
+    ({"time/render [ms]": 100.0, "time/backward [ms]": 200.0},
+     {"time/render [ms]": "forward", "time/backward [ms]": "backward"}),
+    # ... and its rasterizer's forward, a part of it, is not counted again
+    ({"time/render [ms]": 100.0, "time/render/rasterize_forward [ms]": 60.0, "time/backward [ms]": 200.0},
+     {"time/render [ms]": "forward", "time/render/rasterize_forward [ms]": "", "time/backward [ms]": "backward"}),
+    # a render with no backward beside it (an RL environment's) is no phase: a timing of no phase
+    ({"timing/render": 0.02, "timing/env_step": 0.1}, {"timing/render": "", "timing/env_step": ""}),
+    # a render beside another prefix's backward is none of its siblings'
+    ({"env/render_ms": 20.0, "learner/backward_ms": 200.0}, {"env/render_ms": "", "learner/backward_ms": "backward"}),
 ])
 def test_parts_and_siblings_keep_what_the_names_do_not_contain(profile: dict[str, float],
                                                                 expected: dict[str, str]) -> None:

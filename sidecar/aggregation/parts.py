@@ -11,9 +11,11 @@ in most loops, but DeepSpeed's ``elapsed_time_ms_step`` is the optimizer step, n
 ``settle`` decides these once per window from the names of each (role, worker), before any
 stage reads the window:
 
-1. A name read as ``step`` whose reading says it means another phase beside its siblings
-   (``SeriesView.sibling``) takes that meaning when timings of the same label that share its
-   prefix (its stem less the last word) time the forward and the backward (or both as one).
+1. A name whose reading says it means a phase beside its siblings (``SeriesView.sibling``) takes
+   that meaning when timings of the same label that share its prefix (its stem less the last
+   word) time the phases around it (``SIBLING_NEEDS``): a ``step`` the optimizer beside the
+   forward and the backward (or both as one), a ``render`` (no phase alone) the forward beside a
+   backward. A name of one word read as a phase (``time/step``) keeps it.
 2. A phase timing whose stem is the start of other phase timings' stems is timed with its parts
    (``x_backward`` beside ``x_backward_inner`` and ``x_backward_allreduce``). Where the parts are
    its own phase and another, and no user rule named it, it is their sum: it keeps no meaning
@@ -51,6 +53,13 @@ SPELLINGS = 4
 a label's rules read, the first in the window's order: no trainer writes one name more ways, and
 thousands of one stem made the rules quadratic (each compared with all the others); the rest are
 left as read."""
+SIBLING_NEEDS: dict[str, tuple[frozenset[str], ...]] = {
+    "optimizer": (frozenset({"forward", "backward"}), frozenset({"forward_backward"})),
+    "forward": (frozenset({"backward"}),),
+}
+"""The meaning a sibling word may take (``sidecar.processing.reader.SIBLING_WORDS``) -> the phases,
+any one set of them, that must stand beside it for it to take it: the phase they leave out (the
+optimizer beside a forward and a backward; the forward beside a backward)."""
 EPISODE = "episode"
 """In the last segment of a name of the same namespace, what makes an uncertain step read an
 episode's time (rule 4): ``episode``, ``episode_reward``, ``EpisodeReturn``, ``num_episodes``."""
@@ -124,12 +133,12 @@ def _namespace(name: str) -> tuple[str, str]:
 def _siblings(out: list[SeriesView], members: list[int], stems: _Stems) -> None:
     for i in members:
         v = out[i]
-        if not v.sibling or v.meaning == v.sibling or "_" not in v.stem:
-            continue
-        prefix = v.stem.rsplit("_", 1)[0] + "_"
+        if not v.sibling or v.meaning == v.sibling or (v.meaning and "_" not in v.stem):
+            continue  # a phase of one word (time/step) is that phase beside any others
+        prefix = _prefix(v.stem)
         beside = {out[j].meaning: out[j].raw or out[j].name for j in stems.starting(prefix)
                   if j != i and out[j].meaning in PHASES}
-        if {"forward", "backward"} <= beside.keys() or "forward_backward" in beside:
+        if any(need <= beside.keys() for need in SIBLING_NEEDS[v.sibling]):
             out[i] = replace(v, meaning=v.sibling,
                              rule=f"{v.rule}; {v.sibling} beside {', '.join(sorted(beside.values())[:2])}")
 

@@ -181,7 +181,7 @@ class Mapper:
             mapped = replace(mapped, stem=stem(name))
         if by_rule is not None and self.rules[by_rule - 1].unread:
             mapped = replace(mapped, outside=True)  # the user says it is no phase: not unattributed either
-        if reading is not None and (reading.meaning or reading.outside):
+        if reading is not None and (reading.meaning or reading.outside or reading.sibling):
             mapped = replace(mapped, certainty=reading.certainty, sibling=reading.sibling, outside=reading.outside)
         return mapped, by_rule
 

@@ -200,10 +200,10 @@ _DATA_ITEMS = ITEMS["tokens"] | ITEMS["samples"] | ITEMS["frames"]
 NOT_A_DURATION = _PLURALS | frozenset({
     "num", "count", "counts", "n", "size", "len", "length", "number", "idx", "index", "id", "fps", "sps", "tps",
     "ips", "qps", "rate", "per_sec", "per_second", "per_s", "ratio", "pct", "percent", "frac", "fraction",
-    "share", "util", "utilization",
+    "share", "util", "utilization", "flag", "flags", "indicator",
 })
 """Words that, in a name proper with no time unit written, make it a count, a rate or a share
-(``time/iterations``, ``samples_per_sec``, ``data_ratio``): the plural of anything counted
+(``time/iterations``, ``samples_per_sec``, ``data_ratio``, ``data_stall_flag``): the plural of anything counted
 (``ITEMS``) and these."""
 PER_ITEM = _DATA_ITEMS
 """After ``per``, words that make a duration a cost per item (``timing_per_token_ms``), not a
@@ -281,9 +281,13 @@ WAIT_WORDS = frozenset({"wait", "waiting", "waited", "blocked", "stall", "stalle
 AMBIGUOUS_CERTAINTY = 0.5
 """A read's certainty (0-1) where the name alone cannot decide (``AMBIGUOUS``); 1 otherwise."""
 
-SIBLING_WORDS: dict[str, str] = {"step": "optimizer"}
-"""The last word of a name that means a phase beside its siblings: ``X_step`` next to ``X_forward``
-and ``X_backward`` (the same prefix) is the optimizer step (DeepSpeed's timers), alone the step."""
+SIBLING_WORDS: dict[str, str] = {"step": "optimizer", "render": "forward", "rendering": "forward",
+                                 "rasterize": "forward", "rasterization": "forward"}
+"""The last word of a name that means a phase beside its siblings (``sidecar.aggregation.parts``):
+``X_step`` next to ``X_forward`` and ``X_backward`` (the same prefix) is the optimizer step
+(DeepSpeed's timers), alone the step; a render next to a backward is a differentiable renderer's
+forward (Gaussian splatting, NeRF: ``time/render [ms]`` beside ``time/backward [ms]``, in three
+trainers of the corpus), alone no phase (an environment's render, a picture drawn for the log)."""
 
 SPAN_WORDS = frozenset({"including", "incl", "excluding", "excl"})
 """Words after which a name says what its duration spans or leaves out, not what it times (``Time
@@ -512,7 +516,7 @@ def read_name(name: str) -> Reading:
     if not meaning:
         meaning, hit = _phase(space - DURATION_NAMESPACES)
     if not meaning or ((meaning in ("optimizer", "step", "data_wait") or hit in GRADS) and _parts(proper, vocab)):
-        return _no_phase_word(name, proper, vocab, unit, meaning)
+        return _no_phase_word(name, proper, vocab, unit, meaning, bool(set(namespace) & DURATION_NAMESPACES))
     why = f"'{hit}' -> {meaning}" + (f", unit {unit[0]}" if unit else ", unit not written: seconds")
     other = _ambiguity(segs)
     slip = _slip(name, hit)
@@ -569,9 +573,12 @@ def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str]
 
 
 def _no_phase_word(name: str, proper: list[str], vocab: set[str], unit: tuple[str, float] | None,
-                   meaning: str) -> Reading:
+                   meaning: str, in_durations: bool = False) -> Reading:
     """A duration whose words name no phase, or name one beside a part of the step of no phase
-    (``OTHER_PARTS``: a learner's update, a scheduler's step, a host-side copy)."""
+    (``OTHER_PARTS``: a learner's update, a scheduler's step, a host-side copy). ``in_durations``:
+    the namespace is one of durations (``timing/``), which makes a sibling word a duration (a unit
+    written makes it one too: ``render_ms``; other words with a unit and no duration word stay what
+    they were, ``core_hours`` and ``num_seconds`` being totals and counts)."""
     parts = _parts(proper, vocab)
     if parts and (meaning != "data_wait" or parts & HOST_PREP):
         part = _first(parts)
@@ -585,8 +592,11 @@ def _no_phase_word(name: str, proper: list[str], vocab: set[str], unit: tuple[st
     if bare:
         return Reading("step", _unit(name, unit), f"a bare {bare}: the step, if nothing else",
                        AMBIGUOUS_CERTAINTY, "a bare duration is the step in most loggers, but not in all")
-    timed = bool(vocab & DURATION_WORDS)  # train/hr is a hit rate, not hours
-    return Reading("", _unit(name, unit) if timed else Unit(name), "a duration of no phase word")
+    core = [w for w in proper if w not in TIME_UNITS and w not in END_UNITS]
+    sibling = SIBLING_WORDS.get(core[-1], "") if core and core[-1] != "step" else ""
+    # train/hr is a hit rate, not hours; a sibling word's unit or namespace says its duration (render_ms)
+    timed = bool(vocab & DURATION_WORDS) or bool(sibling and (in_durations or unit is not None))
+    return Reading("", _unit(name, unit) if timed else Unit(name), "a duration of no phase word", sibling=sibling)
 
 
 def _interval(proper: list[str]) -> bool:
@@ -707,6 +717,9 @@ def doc_table() -> list[str]:
               words_of(GLUABLE)),
              ("misspelt by one slip (two neighbouring letters swapped, one inside left out): read as the word",
               words_of(MISSPELT_WORDS)),
+             ("the last word, beside phases of the same prefix: the phase they leave out (`step` the optimizer "
+              "beside a forward and a backward, a render the forward beside a backward)",
+              words_of(frozenset(SIBLING_WORDS))),
              ("alone: the step, uncertain", words_of(BARE_STEP)),
              ("with one of " + words_of(MEAN_OF) + " and nothing else: the step, uncertain", words_of(MEANS)),
              ("with words of elapsed time only: the time of what runs the step, the step, uncertain",
