@@ -359,8 +359,6 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("dzorlu/distributed-training", "sec_per_step"): "a forward and backward named the step (its optimizer "
                                                      "outside)",
     # the nineteenth and twentieth parts, scored once with v15
-    ("jbmopper/CS336-assignment1-basics", "Time/Batch getting"): "a batch drawn (get_batch), the words in another "
-                                                                  "order: read as the step for its 'batch'",
     ("dilawarm/assignment1-basics", "batch_time"): "get_batch's time named batch_time, the whole step in PyTorch's "
                                                    "ImageNet example and the AverageMeter trainers",
     ("dilawarm/assignment1-basics", "min_step_time"): "the least of the last 100 steps: a statistic of many steps",

@@ -62,6 +62,8 @@ from sidecar.processing.reader import read_name, read_rate, stem, words
     ("gradsync_ms", "comm_wait", 1e-3),
     ("sendrecv_time", "comm_wait", 1.0),
     ("timer/sample_replay_buffer", "data_wait", 1.0),           # drawing a batch from a replay buffer, any order
+    ("Time/Batch getting", "data_wait", 1.0),                   # getting a batch, in either order
+    ("batch_get_ms", "data_wait", 1e-3),
     ("time/replay_buffer_sample", "data_wait", 1.0),
     ("timer/train_batch_total_time_ms", "step", 1e-3),          # a batch's total is the whole step
     ("timer/train_batch_forward_ms", "forward", 1e-3),          # a phase beside the batch it is part of

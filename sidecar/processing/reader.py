@@ -110,10 +110,13 @@ def _grad_pairs(phase: str) -> frozenset[str]:
     return _pairs({verb: objects for verb, (named, objects) in GRAD_VERBS.items() if named == phase})
 
 
-DATA_VERBS: dict[str, frozenset[str]] = {"sample": frozenset({"batch", "buffer", "replay", "rb"})}
+DATA_VERBS: dict[str, frozenset[str]] = {"sample": frozenset({"batch", "buffer", "replay", "rb"}),
+                                         "get": frozenset({"batch", "batches"}),
+                                         "getting": frozenset({"batch", "batches"})}
 """A verb of drawing the next batch -> where it draws from, either order beside each other
-(``sample_batch``, ``rb_sample``, ``sample_replay_buffer``): the data wait of off-policy RL and of
-samplers. ``sample`` alone is no phase (a policy's action, a generated text)."""
+(``sample_batch``, ``rb_sample``, ``sample_replay_buffer``, ``Time/Batch getting``): the data wait
+of off-policy RL and of samplers. ``sample`` alone is no phase (a policy's action, a generated
+text), nor is ``get``."""
 
 DATA_FIRST = frozenset({"wait_for_batch", "get_batch", "next_batch", "batch_gen", "batch_generator",
                         "batch_generation"})
