@@ -35,7 +35,8 @@ PARTS = ("names_design.toml", "names_holdout.toml", "names_holdout2.toml", "name
          "names_holdout8.toml", "names_holdout9.toml", "names_holdout10.toml",
          "names_holdout11.toml", "names_holdout12.toml", "names_holdout13.toml", "names_holdout14.toml",
          "names_holdout15.toml", "names_holdout16.toml",
-         "names_holdout17.toml", "names_holdout18.toml", "names_holdout19.toml", "names_holdout20.toml")
+         "names_holdout17.toml", "names_holdout18.toml", "names_holdout19.toml", "names_holdout20.toml",
+         "names_holdout21.toml")
 
 
 @contextmanager
