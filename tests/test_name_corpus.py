@@ -383,10 +383,7 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
                                                    "elsewhere",
     ("HansPolo113/FAIL", "time/total"): "a bare total reads as a statistic of many steps",
     ("peanutChowder/project-ochre", "timing/idm_ms"): "an inverse-dynamics head's forward named by its acronym",
-    ("king159/svd-mv", "time/unet_time"): "the UNet's forward named by the network: no phase word",
     # the twenty-second part, scored once with v16
-    ("beau-lilly/diloco-vs-ddp-failures", "final/sync_wait_other_seconds"): "a run's final remainder (waits, eval, "
-                                                                            "checkpoints) read as a wait for input",
     **{("mikasenghaas/diloco-swarm", key): "a timer's current value under a bare time: no phase word"
        for key in ("train/local/time/current", "train/local/micro_time/current", "train/global/time/current",
                    "train/global/micro_time/current")},

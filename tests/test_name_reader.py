@@ -62,6 +62,7 @@ from sidecar.processing.reader import read_name, read_rate, stem, words
     ("gradsync_ms", "comm_wait", 1e-3),
     ("sendrecv_time", "comm_wait", 1.0),
     ("timer/sample_replay_buffer", "data_wait", 1.0),           # drawing a batch from a replay buffer, any order
+    ("final_fwd_ms", "forward", 1e-3),                          # 'final' in the name proper: no run's end
     ("Time/Batch getting", "data_wait", 1.0),                   # getting a batch, in either order
     ("batch_get_ms", "data_wait", 1e-3),
     ("time/replay_buffer_sample", "data_wait", 1.0),
@@ -145,6 +146,7 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("evaluator/step_time", "evaluator"),         # what evaluates: its step is the evaluation's
     ("validators/forward_ms", "validator"),
     ("checkpointer_step_time", "checkpointer"),
+    ("final/sync_wait_other_seconds", "final"),   # a run's final figure, written once when it ends
     ("perf/data_stall_flag", "flag"),             # a flag (1 when the data wait is over half the step), no wait
     ("timing/render", "no phase"),                # a render alone: an environment's, a picture's (beside a
     ("render_ms", "no phase"),                    # backward, the window reads it the forward)
@@ -392,6 +394,10 @@ def test_any_name_is_read_without_raising() -> None:
     # ... and its rasterizer's forward, a part of it, is not counted again
     ({"time/render [ms]": 100.0, "time/render/rasterize_forward [ms]": 60.0, "time/backward [ms]": 200.0},
      {"time/render [ms]": "forward", "time/render/rasterize_forward [ms]": "", "time/backward [ms]": "backward"}),
+    # a diffusion trainer's UNet beside its backward is its forward; alone (a frozen one's) no phase
+    ({"time/unet_time": 0.3, "time/backward_time": 0.5},
+     {"time/unet_time": "forward", "time/backward_time": "backward"}),
+    ({"time/unet_time": 0.3, "time/vae_time": 0.1}, {"time/unet_time": "", "time/vae_time": ""}),
     # a render with no backward beside it (an RL environment's) is no phase: a timing of no phase
     ({"timing/render": 0.02, "timing/env_step": 0.1}, {"timing/render": "", "timing/env_step": ""}),
     # a render beside another prefix's backward is none of its siblings'

@@ -177,6 +177,10 @@ docs/METRICS.md prints it."""
 NAME_NOT_A_PHASE = frozenset({"throughput", "speed", "runtime", "perf", "performance", "epoch", "epochs"})
 """Words that put a key outside the step in the name proper only: as a namespace they hold durations
 too (``speed/data_load_time``, ``runtime/iteration_time``, ``TrainEpochStats/avg_loader_time``)."""
+SPACE_NOT_A_PHASE = frozenset({"final"})
+"""Words that put a key outside the step in the namespace only: a run's final figures, written once
+when it ends (``final/sync_wait_other_seconds``); in the name proper ``final`` is as often a model's
+last layer (``final_layer_time``)."""
 SOFT_NOT_A_PHASE = frozenset({"loss"})
 """Words that put a key outside the step only where no phase word stands beside them: ``loss`` is
 the model's quality, ``loss_backward_time`` the backward."""
@@ -285,12 +289,14 @@ AMBIGUOUS_CERTAINTY = 0.5
 """A read's certainty (0-1) where the name alone cannot decide (``AMBIGUOUS``); 1 otherwise."""
 
 SIBLING_WORDS: dict[str, str] = {"step": "optimizer", "render": "forward", "rendering": "forward",
-                                 "rasterize": "forward", "rasterization": "forward"}
+                                 "rasterize": "forward", "rasterization": "forward", "unet": "forward"}
 """The last word of a name that means a phase beside its siblings (``sidecar.aggregation.parts``):
 ``X_step`` next to ``X_forward`` and ``X_backward`` (the same prefix) is the optimizer step
 (DeepSpeed's timers), alone the step; a render next to a backward is a differentiable renderer's
 forward (Gaussian splatting, NeRF: ``time/render [ms]`` beside ``time/backward [ms]``, in three
-trainers of the corpus), alone no phase (an environment's render, a picture drawn for the log)."""
+trainers of the corpus), alone no phase (an environment's render, a picture drawn for the log); so
+is a diffusion trainer's UNet beside a backward (``time/unet_time`` beside ``time/backward_time``),
+alone no phase (a frozen UNet's, a sampler's)."""
 
 SPAN_WORDS = frozenset({"including", "incl", "excluding", "excl"})
 """Words after which a name says what its duration spans or leaves out, not what it times (``Time
@@ -303,8 +309,8 @@ GLUABLE = (frozenset(w for ws in PHASE_WORDS.values() for w in ws if w.isalpha()
 wholly two or more of these is split into them; ``runtime``, ``uptime``, ``walltime`` and
 ``timestep`` are not (``run``, ``up``, ``wall`` are no such words; ``timestep`` is known)."""
 _KNOWN = frozenset().union(
-    *PHASE_WORDS.values(), DURATION_WORDS, DURATION_NAMESPACES, NOT_A_PHASE,
-    NAME_NOT_A_PHASE, SOFT_NOT_A_PHASE, COMPONENTS, *ITEMS.values(), NOT_A_DURATION, STATISTICS, OTHER_PARTS,
+    *PHASE_WORDS.values(), DURATION_WORDS, DURATION_NAMESPACES, NOT_A_PHASE, NAME_NOT_A_PHASE,
+    SPACE_NOT_A_PHASE, SOFT_NOT_A_PHASE, COMPONENTS, *ITEMS.values(), NOT_A_DURATION, STATISTICS, OTHER_PARTS,
     TIME_UNITS, END_UNITS, BARE_STEP, DEVICE_WORDS, WAIT_WORDS, SPAN_WORDS)
 """Every word of the reader's lists: a word it knows is never split (``timestep``, ``dataset``)."""
 _GLUE_ENDS = (frozenset(w[:2] for w in GLUABLE), frozenset(w[-2:] for w in GLUABLE))
@@ -556,7 +562,7 @@ def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str]
     if "total" in stats and _whole_step(proper):
         stats = stats - {"total"}  # step_total, total_step_time: the whole of the step, not a sum of many
         anywhere -= {"total_time", "time_total"}
-    veto = anywhere & NOT_A_PHASE | (vocab | space) & COMPONENTS | stats
+    veto = anywhere & NOT_A_PHASE | (vocab | space) & COMPONENTS | stats | set(namespace) & SPACE_NOT_A_PHASE
     if not per_step:
         veto |= vocab & NAME_NOT_A_PHASE
     if vocab & SOFT_NOT_A_PHASE and not _phase(vocab)[0]:
@@ -595,8 +601,8 @@ def _no_phase_word(name: str, proper: list[str], vocab: set[str], unit: tuple[st
     if bare:
         return Reading("step", _unit(name, unit), f"a bare {bare}: the step, if nothing else",
                        AMBIGUOUS_CERTAINTY, "a bare duration is the step in most loggers, but not in all")
-    core = [w for w in proper if w not in TIME_UNITS and w not in END_UNITS]
-    sibling = SIBLING_WORDS.get(core[-1], "") if core and core[-1] != "step" else ""
+    core = [w for w in proper if w not in TIME_UNITS and w not in END_UNITS and w not in DURATION_WORDS]
+    sibling = SIBLING_WORDS.get(core[-1], "") if core and core[-1] != "step" else ""  # unet_time: the unet
     # train/hr is a hit rate, not hours; a sibling word's unit or namespace says its duration (render_ms)
     timed = bool(vocab & DURATION_WORDS) or bool(sibling and (in_durations or unit is not None))
     return Reading("", _unit(name, unit) if timed else Unit(name), "a duration of no phase word", sibling=sibling)
@@ -705,6 +711,7 @@ def doc_table() -> list[str]:
     rows += [(f"phase `{phase}`", words_of(ws)) for phase, ws in PHASE_WORDS.items()]
     rows += [("no phase of the step, anywhere in the name, in any of their forms", words_of(NOT_A_PHASE)),
              ("no phase of the step, in the name proper", words_of(NAME_NOT_A_PHASE)),
+             ("no phase of the step, in the namespace (a run's final figures)", words_of(SPACE_NOT_A_PHASE)),
              ("a component's part of a phase, not the phase", words_of(COMPONENTS)),
              ("a statistic of many steps (`total` next to a word of one step excepted)", words_of(STATISTICS)),
              ("right after a duration word: a timer's last interval, no statistic (alone with it: the step, uncertain)",
