@@ -146,12 +146,19 @@ def _spellings_of_one_sibling(n: int) -> tuple[SeriesView, ...]:
 
 
 def _renders_of_one_word(n: int) -> tuple[SeriesView, ...]:
-    """``n`` spellings of a render of one word (``timing/render``: its prefix is every name of the
-    label) and of distinct ``r17_render`` names, beside as many backwards: each render looks at the
-    names of its prefix."""
+    """Renders of one word (``timing/render``; four of its spellings are read) and distinct
+    ``r17_render`` names, beside as many backwards: each render looks at the names of its prefix."""
     return (*(_view("render", "", sibling="forward") for _ in range(n // 4)),
             *(_view(f"r{i}_render", "", sibling="forward") for i in range(n // 4)),
             *(_view(f"r{i}_backward", "backward") for i in range(n // 2)))
+
+
+def _nested_siblings(n: int) -> tuple[SeriesView, ...]:
+    """A review's attack: renders at 55 nested prefixes (``x_render``, ``x_x_render``, ..., a name's
+    128 bytes allow that many), four spellings each, beside backwards under the deepest prefix:
+    each render's prefix holds nearly every name, so a pass over its prefix was about 1,100 n."""
+    renders = [_view("x_" * k + "render", "", sibling="forward") for k in range(1, 56) for _ in range(4)]
+    return (*renders, *(_view("x_" * 55 + f"b{i}_backward", "backward") for i in range(n - len(renders))))
 
 
 def _spellings_of_one_container(n: int) -> tuple[SeriesView, ...]:
@@ -178,7 +185,7 @@ def _view(stem: str, meaning: str, sibling: str = "") -> SeriesView:
                       raw=name, sibling=sibling)
 
 
-@pytest.mark.parametrize("flood", [_phase_names, _spellings_of_one_sibling, _renders_of_one_word,
+@pytest.mark.parametrize("flood", [_phase_names, _spellings_of_one_sibling, _renders_of_one_word, _nested_siblings,
                                    _spellings_of_one_container, _interleaved_halves])
 def test_a_flood_of_phase_names_under_one_label_costs_each_window_about_n(
         flood: Callable[[int], tuple[SeriesView, ...]]) -> None:

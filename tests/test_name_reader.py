@@ -63,6 +63,13 @@ from sidecar.processing.reader import read_name, read_rate, stem, words
     ("sendrecv_time", "comm_wait", 1.0),
     ("timer/sample_replay_buffer", "data_wait", 1.0),           # drawing a batch from a replay buffer, any order
     ("final_fwd_ms", "forward", 1e-3),                          # 'final' in the name proper: no run's end
+    ("final_stage/forward_ms", "forward", 1e-3),                # nor in a segment of more words
+    ("model.final.forward_time", "forward", 1.0),               # nor in a module's path
+    ("comm/flag_broadcast_time", "comm_wait", 1.0),             # a flag before a duration word is what is timed
+    ("train/batch_fetch_seconds_step", "data_wait", 1.0),       # Lightning's on_step suffix after the unit
+    ("learner/wait_rollouts_time", "data_wait", 1.0),           # a learner's wait for its rollouts: its input
+    ("rollout_wait_s", "data_wait", 1.0),
+    ("time/waiting_for_rollouts", "data_wait", 1.0),
     ("Time/Batch getting", "data_wait", 1.0),                   # getting a batch, in either order
     ("batch_get_ms", "data_wait", 1e-3),
     ("time/replay_buffer_sample", "data_wait", 1.0),
@@ -147,6 +154,11 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("validators/forward_ms", "validator"),
     ("checkpointer_step_time", "checkpointer"),
     ("final/sync_wait_other_seconds", "final"),   # a run's final figure, written once when it ends
+    ("run/final/fwd_ms", "final"),
+    ("epoch/wall_seconds", "epoch"),              # a duration of no phase word under an epoch's namespace
+    ("epoch/duration", "epoch"),
+    ("train/batch_fetch_seconds_epoch", "epoch"),  # Lightning's on_epoch mean: the epoch's, outside the step
+    ("rollout_time", "rollout"),                  # the rollout itself stays outside
     ("perf/data_stall_flag", "flag"),             # a flag (1 when the data wait is over half the step), no wait
     ("timing/render", "no phase"),                # a render alone: an environment's, a picture's (beside a
     ("render_ms", "no phase"),                    # backward, the window reads it the forward)
@@ -287,6 +299,26 @@ def test_a_phase_told_with_its_parts_counts_once_and_its_all_reduce_is_communica
     assert shares == pytest.approx({"forward": 10 / 60, "backward": 12 / 60, "comm_wait": 33 / 60, "optimizer": 5 / 60})
 
 
+def test_sibling_words_read_the_same_in_any_order() -> None:
+    """A review found the step's sibling decided after a render had become the forward in the same
+    pass: one order of the names read the optimizer, another the step. Now every sibling is decided
+    on the meanings as read."""
+    import itertools
+
+    keys = {"train/render_time": 0.1, "train/backward_time": 0.2, "train/time_step": 0.4}
+    seen = {tuple(sorted((v.raw, v.meaning) for v in _window([(1, dict(order))]).series))
+            for order in itertools.permutations(keys.items())}
+    assert seen == {(("train/backward_time", "backward"), ("train/render_time", "forward"),
+                     ("train/time_step", "step"))}
+
+
+def test_every_sibling_word_has_its_needs() -> None:
+    from sidecar.aggregation.parts import SIBLING_NEEDS
+    from sidecar.processing.reader import SIBLING_WORDS
+
+    assert set(SIBLING_WORDS.values()) <= SIBLING_NEEDS.keys()
+
+
 def test_a_render_beside_its_backward_is_the_forward_in_the_time_shares() -> None:
     """A Gaussian splatting loop's own timers (gsplat, speedy-splat, LiteGS: ``timing/render`` beside
     ``timing/backward``): the render's time is the forward's, not unread; said in its rule."""
@@ -398,6 +430,16 @@ def test_any_name_is_read_without_raising() -> None:
     ({"time/unet_time": 0.3, "time/backward_time": 0.5},
      {"time/unet_time": "forward", "time/backward_time": "backward"}),
     ({"time/unet_time": 0.3, "time/vae_time": 0.1}, {"time/unet_time": "", "time/vae_time": ""}),
+    # a sibling word takes only the phase its siblings leave out: beside the trainer's own forward, no phase
+    ({"time/forward": 0.1, "time/unet": 0.08, "time/backward": 0.2},
+     {"time/forward": "forward", "time/unet": "", "time/backward": "backward"}),
+    # a name of one word has the one-word names as siblings: an RL render, a learner's backward elsewhere
+    ({"timing/env_step": 0.3, "timing/render": 0.2, "timing/policy_backward": 0.1},
+     {"timing/env_step": "", "timing/render": "", "timing/policy_backward": "backward"}),
+    ({"render_time": 0.2, "train/backward_time": 0.1}, {"render_time": "", "train/backward_time": "backward"}),
+    # Lightning's _step suffix is no DeepSpeed timer's step: the batch's time stays the step
+    ({"train/fwd_seconds_step": 0.1, "train/bwd_seconds_step": 0.2, "train/batch_seconds_step": 0.4},
+     {"train/fwd_seconds_step": "forward", "train/bwd_seconds_step": "backward", "train/batch_seconds_step": "step"}),
     # a render with no backward beside it (an RL environment's) is no phase: a timing of no phase
     ({"timing/render": 0.02, "timing/env_step": 0.1}, {"timing/render": "", "timing/env_step": ""}),
     # a render beside another prefix's backward is none of its siblings'
@@ -472,7 +514,7 @@ def test_a_duration_of_no_phase_is_a_timing_whose_time_is_unattributed() -> None
     """Kinds follow meaning: a key that says a duration and no phase is a timing of no phase (in
     seconds where no unit is written), not a gauge; outside the step it stays a gauge."""
     mapper = Mapper()
-    for name in ("timing/sync_time", "put_duration", "training_time"):
+    for name in ("timing/sync_time", "put_duration", "training_time", "learner/sgd_update_time", "update_time"):
         m = mapper.resolve(PROFILE, name, "t", "0")
         assert (m.kind, m.meaning, m.scale, m.outside) == (TIMING, "", 1000.0, False), (name, m)
     for name in ("eval_time", "time_elapsed", "train/hr"):
@@ -530,3 +572,24 @@ def test_segments_are_found_in_one_scan_of_any_name() -> None:
     assert split_segments("TRAIN/LoadDataTime(secs/batch)") == ["TRAIN", "LoadDataTime(secs/batch)"]
     assert split_segments("a(b/c") == ["a(b", "c"]  # an unclosed bracket is no bracket
     assert read_name("." * 20_000 + "]").meaning == ""
+
+
+def test_the_no_false_health_advice_asks_only_for_what_is_not_timed() -> None:
+    """A probe's trainer timing its data wait and its iteration was told to "time the data wait,
+    collectives and forward/backward"; it is asked for what it does not send."""
+    name, detail = _verdict_of({"timers/data": 0.01, "timers/iter": 0.1})
+    assert name == "unexplained-idle" and "time the collectives and forward/backward" in detail, detail
+    assert "time the data wait" not in detail, detail
+    name, detail = _verdict_of({"loss": 1.0, "lr": 0.1})
+    assert "time the data wait, the collectives and forward/backward" in detail, detail
+
+
+def test_a_learner_waiting_on_its_rollouts_is_input_bound() -> None:
+    """A probe's RL learner (``learner/wait_rollouts_time`` 63 % of its iteration, an SGD update it
+    times as ``learner/sgd_update_time``), GPU 40 % busy: input-bound, the update named as
+    unattributed. Before, the wait was refused for its ``rollouts`` and the update stayed a gauge:
+    unexplained-idle saying "no phase timings"."""
+    name, detail = _verdict_of({"learner/wait_rollouts_time": 0.063, "learner/sgd_update_time": 0.03,
+                                "learner/iteration_time": 0.1})
+    assert name == "input-bound" and "learner/wait_rollouts_time" in detail, detail
+    assert "learner/sgd_update_time" in detail, detail

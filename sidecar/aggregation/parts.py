@@ -13,9 +13,11 @@ stage reads the window:
 
 1. A name whose reading says it means a phase beside its siblings (``SeriesView.sibling``) takes
    that meaning when timings of the same label that share its prefix (its stem less the last
-   word) time the phases around it (``SIBLING_NEEDS``): a ``step`` the optimizer beside the
-   forward and the backward (or both as one), a ``render`` (no phase alone) the forward beside a
-   backward. A name of one word read as a phase (``time/step``) keeps it.
+   word; for a stem of one word, the other stems of one word), less its own parts, time the
+   phases around it (``SIBLING_NEEDS``) and not that phase already: a ``step`` the optimizer
+   beside the forward and the backward (or both as one), a ``render`` or a ``unet`` (no phase
+   alone) the forward beside a backward. Decided on the meanings as read, so the order of the
+   names changes nothing. A name of one word read as a phase (``time/step``) keeps it.
 2. A phase timing whose stem is the start of other phase timings' stems is timed with its parts
    (``x_backward`` beside ``x_backward_inner`` and ``x_backward_allreduce``). Where the parts are
    its own phase and another, and no user rule named it, it is their sum: it keeps no meaning
@@ -41,6 +43,7 @@ from bisect import bisect_left
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
+from itertools import accumulate
 
 from sidecar.model.meanings import PHASES
 from sidecar.model.names import split_segments
@@ -57,9 +60,10 @@ SIBLING_NEEDS: dict[str, tuple[frozenset[str], ...]] = {
     "optimizer": (frozenset({"forward", "backward"}), frozenset({"forward_backward"})),
     "forward": (frozenset({"backward"}),),
 }
-"""The meaning a sibling word may take (``sidecar.processing.reader.SIBLING_WORDS``) -> the phases,
-any one set of them, that must stand beside it for it to take it: the phase they leave out (the
-optimizer beside a forward and a backward; the forward beside a backward)."""
+"""The meaning a sibling word may take (``sidecar.processing.reader.SIBLING_WORDS``; a test keeps
+every one here) -> the phases, any one set of them, that must stand beside it for it to take it:
+the phase they leave out (the optimizer beside a forward and a backward; the forward beside a
+backward), never one timed beside it already."""
 EPISODE = "episode"
 """In the last segment of a name of the same namespace, what makes an uncertain step read an
 episode's time (rule 4): ``episode``, ``episode_reward``, ``EpisodeReturn``, ``num_episodes``."""
@@ -79,7 +83,7 @@ def settle(series: Sequence[SeriesView]) -> tuple[SeriesView, ...]:
         if len(members) < 2:
             continue
         stems = _Stems(out, members)
-        _siblings(out, members, stems)
+        _siblings(out, members)
         _containers(out, members, stems)
     _episodes(out)
     return tuple(out)
@@ -130,17 +134,77 @@ def _namespace(name: str) -> tuple[str, str]:
     return name[:len(name) - len(last)], last
 
 
-def _siblings(out: list[SeriesView], members: list[int], stems: _Stems) -> None:
-    for i in members:
+def _siblings(out: list[SeriesView], members: list[int]) -> None:
+    """Rule 1, decided on the meanings as read (the order of the names changes nothing): a sibling
+    word takes its meaning where the phases of its prefix (less its own parts, ``x_render_binning``
+    beside ``x_render``) meet one of its needs and do not hold that meaning already."""
+    pending = [i for i in members if out[i].sibling and out[i].meaning != out[i].sibling
+               and not (out[i].meaning and "_" not in out[i].stem)]  # a phase of one word (time/step) keeps it
+    if not pending:
+        return  # most windows: no sibling word
+    levels = _Levels(out, members)
+    for i in pending:
         v = out[i]
-        if not v.sibling or v.meaning == v.sibling or (v.meaning and "_" not in v.stem):
-            continue  # a phase of one word (time/step) is that phase beside any others
-        prefix = _prefix(v.stem)
-        beside = {out[j].meaning: out[j].raw or out[j].name for j in stems.starting(prefix)
-                  if j != i and out[j].meaning in PHASES}
-        if any(need <= beside.keys() for need in SIBLING_NEEDS[v.sibling]):
+        beside = levels.beside(v)
+        if v.sibling not in beside and any(need <= beside.keys() for need in SIBLING_NEEDS.get(v.sibling, ())):
             out[i] = replace(v, meaning=v.sibling,
                              rule=f"{v.rule}; {v.sibling} beside {', '.join(sorted(beside.values())[:2])}")
+
+
+class _Levels:
+    """A label's phase timings ordered by stem, with running counts of each phase, so that what
+    stands beside a sibling word (the phases whose stems start with its prefix, less its own parts)
+    is a few bisections, not a pass over the label: a chain of nested prefixes (``x_render``,
+    ``x_x_render``, ...) beside thousands of names made that pass about 1,100 n a window. Names of
+    one word (``timing/render``, ``time/backward``: the namespace's durations) have the one-word
+    names as siblings, not every name of the label."""
+
+    __slots__ = ("_cum", "_one", "_pos", "_stems", "_names")
+
+    def __init__(self, out: list[SeriesView], members: list[int]) -> None:
+        ordered = sorted((j for j in members if out[j].meaning in PHASES), key=lambda j: out[j].stem)
+        self._stems = [out[j].stem for j in ordered]
+        self._names = [out[j].raw or out[j].name for j in ordered]
+        meanings = [out[j].meaning for j in ordered]
+        self._pos: dict[str, list[int]] = defaultdict(list)
+        for k, m in enumerate(meanings):
+            self._pos[m].append(k)
+        self._cum = {m: list(accumulate((x == m for x in meanings), initial=0)) for m in self._pos}
+        self._one: dict[str, str] = {}
+        for k, stem in enumerate(self._stems):
+            if "_" not in stem:
+                self._one.setdefault(meanings[k], self._names[k])
+
+    def _range(self, prefix: str) -> tuple[int, int]:
+        """The positions of the stems that start with ``prefix`` (which ends with ``_``)."""
+        return bisect_left(self._stems, prefix), bisect_left(self._stems, prefix[:-1] + chr(ord("_") + 1))
+
+    def beside(self, v: SeriesView) -> dict[str, str]:
+        """Meaning -> a name, of the phase timings that share ``v``'s prefix, less ``v`` and its parts."""
+        prefix = _prefix(v.stem)
+        if not prefix:
+            return {m: name for m, name in self._one.items() if m != v.meaning}
+        lo, hi = self._range(prefix)
+        own_lo, own_hi = self._range(v.stem + "_")  # its own parts are inside it
+        me = v.raw or v.name
+        found = {}
+        for m, cum in self._cum.items():
+            if cum[hi] - cum[lo] - (cum[own_hi] - cum[own_lo]) - (m == v.meaning) > 0:
+                found[m] = self._first(m, (lo, hi), (own_lo, own_hi), me)
+        return found
+
+    def _first(self, m: str, span: tuple[int, int], own: tuple[int, int], me: str) -> str:
+        """The first name of phase ``m`` in ``span`` outside ``own`` that is not ``me`` (one exists)."""
+        pos = self._pos[m]
+        k = bisect_left(pos, span[0])
+        while k < len(pos) and pos[k] < span[1]:
+            if own[0] <= pos[k] < own[1]:
+                k = bisect_left(pos, own[1])
+            elif self._names[pos[k]] == me:
+                k += 1
+            else:
+                return self._names[pos[k]]
+        return ""
 
 
 def _containers(out: list[SeriesView], members: list[int], stems: _Stems) -> None:

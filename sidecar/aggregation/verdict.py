@@ -180,11 +180,29 @@ def _no_false_health(v: Verdict, roles: Mapping[str, RoleFacts], gpu_idle: Mappi
         detail += ("the idle is inside the timed compute phases, kernel gaps, launch overhead or small kernels, "
                    "which a profiler trace tells apart")
     else:  # no parentheses: the console line's evidence ends at the first ")"
-        detail += "time the data wait, collectives and forward/backward; dflash-sidecar explain says what is missing"
+        detail += _advice(f.time_share if f is not None else {})
     if v.detail:
         detail += f"; {v.detail}"  # what the balanced reading said (an unmapped timing, a read)
     return Verdict("unexplained-idle", ((f"{role}.gpu_idle", idle["idle"]), (f"{role}.unexplained", gap)) + v.evidence,
                    detail, confidence(gap, s.unexplained_idle_ratio))
+
+
+UNTIMED_ADVICE = (("the data wait", ("data_wait", "queue_wait")), ("the collectives", ("comm_wait",)),
+                  ("forward/backward", ("forward", "backward", "forward_backward")))
+"""What the no-false-health detail asks a trainer to time, each with the phases that time it."""
+
+
+def _advice(shares: Mapping[str, float]) -> str:
+    """The no-false-health advice: time what is not timed yet (a trainer timing its data wait and
+    its forward/backward is asked for its collectives, not for what it sends already)."""
+    missing = [what for what, phases in UNTIMED_ADVICE if not any(shares.get(p) for p in phases)]
+    if not missing:
+        return "every phase is timed: the idle is between them; dflash-sidecar explain says what is unread"
+    return f"time {_and(missing)}; dflash-sidecar explain says what is missing"
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def _decide(roles: Mapping[str, RoleFacts], duration_s: float, ready_deficit: float | None,

@@ -118,11 +118,15 @@ DATA_VERBS: dict[str, frozenset[str]] = {"sample": frozenset({"batch", "buffer",
 of off-policy RL and of samplers. ``sample`` alone is no phase (a policy's action, a generated
 text), nor is ``get``."""
 
+ROLLOUTS = frozenset({"rollout", "rollouts"})
 DATA_FIRST = frozenset({"wait_for_batch", "get_batch", "next_batch", "batch_gen", "batch_generator",
-                        "batch_generation"})
+                        "batch_generation"}) | frozenset(
+    p for w in ("wait", "waiting", "waited", "blocked") for r in ROLLOUTS
+    for p in (f"{w}_{r}", f"{r}_{w}", f"{w}_for_{r}", f"{w}_on_{r}"))
 """Words that say the trainer waits for its next batch even where another word would put the key
 outside the step (``stats/rollout_queue_get_time``: a learner blocked on its rollouts' queue;
-``time/batch_gen``: Megatron's batch generator, no text generation)."""
+``learner/wait_rollouts_time``, ``rollout_wait_s``: the same wait; ``time/batch_gen``: Megatron's
+batch generator, no text generation)."""
 
 PHASE_WORDS: dict[str, frozenset[str]] = {
     "comm_wait": frozenset({"allreduce", "all_reduce", "reduce_scatter", "reducescatter", "allgather", "all_gather",
@@ -174,13 +178,16 @@ step (``time/after_train_iter``: a hook), memory, throughput, RL
 rollouts, their collection and generation, model quality; and what does those (an ``evaluator``'s or an
 RL ``collector``'s own step; not ``generator``, a GAN's trained model, nor ``loader`` or ``sampler``).
 docs/METRICS.md prints it."""
-NAME_NOT_A_PHASE = frozenset({"throughput", "speed", "runtime", "perf", "performance", "epoch", "epochs"})
+EPOCHS = frozenset({"epoch", "epochs"})
+NAME_NOT_A_PHASE = frozenset({"throughput", "speed", "runtime", "perf", "performance"}) | EPOCHS
 """Words that put a key outside the step in the name proper only: as a namespace they hold durations
-too (``speed/data_load_time``, ``runtime/iteration_time``, ``TrainEpochStats/avg_loader_time``)."""
+too (``speed/data_load_time``, ``runtime/iteration_time``, ``TrainEpochStats/avg_loader_time``); a
+duration of no phase word under an epoch's namespace is the epoch's (``epoch/wall_seconds``)."""
 SPACE_NOT_A_PHASE = frozenset({"final"})
-"""Words that put a key outside the step in the namespace only: a run's final figures, written once
-when it ends (``final/sync_wait_other_seconds``); in the name proper ``final`` is as often a model's
-last layer (``final_layer_time``)."""
+"""Words that put a key outside the step as a namespace segment of their own: a run's final figures,
+written once when it ends (``final/sync_wait_other_seconds``); in the name proper or a segment of
+more words ``final`` is as often a model's last layer or stage (``final_layer_time``,
+``final_stage/forward_ms``)."""
 SOFT_NOT_A_PHASE = frozenset({"loss"})
 """Words that put a key outside the step only where no phase word stands beside them: ``loss`` is
 the model's quality, ``loss_backward_time`` the backward."""
@@ -207,11 +214,14 @@ _DATA_ITEMS = ITEMS["tokens"] | ITEMS["samples"] | ITEMS["frames"]
 NOT_A_DURATION = _PLURALS | frozenset({
     "num", "count", "counts", "n", "size", "len", "length", "number", "idx", "index", "id", "fps", "sps", "tps",
     "ips", "qps", "rate", "per_sec", "per_second", "per_s", "ratio", "pct", "percent", "frac", "fraction",
-    "share", "util", "utilization", "flag", "flags", "indicator",
+    "share", "util", "utilization",
 })
 """Words that, in a name proper with no time unit written, make it a count, a rate or a share
-(``time/iterations``, ``samples_per_sec``, ``data_ratio``, ``data_stall_flag``): the plural of anything counted
+(``time/iterations``, ``samples_per_sec``, ``data_ratio``): the plural of anything counted
 (``ITEMS``) and these."""
+FLAGS = frozenset({"flag", "flags", "indicator"})
+"""The last word of a name that makes it a flag, no duration (``perf/data_stall_flag``: 1 when the
+data wait is over half the step); before a duration word it is what is timed (``flag_broadcast_time``)."""
 PER_ITEM = _DATA_ITEMS
 """After ``per``, words that make a duration a cost per item (``timing_per_token_ms``), not a
 phase of the step."""
@@ -469,12 +479,17 @@ def _time_unit(name: str, proper: list[str]) -> tuple[str, float] | None:
         if i > 0 and proper[i - 1] == "per":
             return None  # samples_per_s, tokens_per_second_per_gpu: a rate
         beside = set(proper[max(0, i - 1):i + 2]) - {w}
-        if i < last and not beside & (DURATION_WORDS | {"per"}):
+        lightning = (i == last - 1 and proper[last] in LIGHTNING_SUFFIXES
+                     and name.lower().endswith(f"{w}_{proper[last]}"))  # not a ratio: throughput(ms/step)
+        if i < last and not beside & (DURATION_WORDS | {"per"}) and not lightning:
             continue  # inside a name a unit stands by a duration word (time_ms_forward, sec_per_iter): ms_ssim
         return w, factor
     return None
 
 
+LIGHTNING_SUFFIXES = frozenset({"step", "epoch"})
+"""What Lightning's ``self.log(..., on_step=True, on_epoch=True)`` appends to a key
+(``train/batch_fetch_seconds_step``): after a unit that ends the name otherwise, the unit stands."""
 ONE_STEP = frozenset({"step", "iter", "iteration", "batch", "minibatch"})
 """Words of one step, whose ``total`` is the step's whole (``step_total``); a loop's, a cycle's or an
 interval's total is the run's or many steps' (``loop_total_time``)."""
@@ -514,7 +529,8 @@ def read_name(name: str) -> Reading:
     vocab, space = _vocab(proper), _vocab(namespace)
     unit = _time_unit(name, proper)
     per_step = unit is None and (unit := _per_step(name)) is not None  # ms/it, (secs/batch): a time per step
-    refused = _refused(name, proper, namespace, vocab, space, unit, per_step)
+    alone = {seg.strip().lower() for seg in name.split("/")[:-1]}  # final/...: not model.final.forward
+    refused = _refused(name, proper, namespace, vocab, space, unit, per_step, alone)
     if refused is not None:
         return refused
     cut = next((i for i, w in enumerate(proper) if w in SPAN_WORDS), len(proper))
@@ -525,13 +541,15 @@ def read_name(name: str) -> Reading:
     if not meaning:
         meaning, hit = _phase(space - DURATION_NAMESPACES)
     if not meaning or ((meaning in ("optimizer", "step", "data_wait") or hit in GRADS) and _parts(proper, vocab)):
-        return _no_phase_word(name, proper, vocab, unit, meaning, bool(set(namespace) & DURATION_NAMESPACES))
+        return _no_phase_word(name, proper, vocab, unit, meaning, set(namespace))
     why = f"'{hit}' -> {meaning}" + (f", unit {unit[0]}" if unit else ", unit not written: seconds")
     other = _ambiguity(segs)
     slip = _slip(name, hit)
     if slip:
         why, other = f"'{slip}' read as '{MISSPELT[slip]}', {why}", ("", "a misspelling, guessed")
-    step_of_timer = len(proper) > 1 and proper[-2] in TIME_UNITS.keys() | DURATION_WORDS
+    # DeepSpeed's elapsed_time_ms_step: a timer's step, no phase before it (not Lightning's batch_seconds_step)
+    step_of_timer = (len(proper) > 1 and proper[-2] in TIME_UNITS.keys() | DURATION_WORDS
+                     and not _phase(_vocab(proper[:-1]))[0])
     sibling = SIBLING_WORDS.get(proper[-1], "") if meaning == "step" and step_of_timer else ""
     if other is not None:
         return Reading(meaning, _unit(name, unit), why, AMBIGUOUS_CERTAINTY, other[1], sibling)
@@ -547,12 +565,14 @@ def _slip(name: str, hit: str) -> str:
 
 
 def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str], space: set[str],
-             unit: tuple[str, float] | None, per_step: bool = False) -> Reading | None:
+             unit: tuple[str, float] | None, per_step: bool = False, alone: set[str] | None = None) -> Reading | None:
     """The reading of a name that is no timing of a phase (a count, a rate, a statistic, a key
     outside the step, no duration at all), None where a phase may be read. A unit written per step
     (``per_step``: ``train_speed(s/it)``) makes a speed a time per step, no throughput."""
     # what a time lies between is no count (time_between_steps)
     counted = vocab & NOT_A_DURATION - {w[len("between_"):] for w in vocab if w.startswith("between_")}
+    if proper[-1] in FLAGS:
+        return Reading("", Unit(name), f"a flag: {proper[-1]}")
     if unit is None and (counted or (proper[-1] in ("s", "sec") and "per" in proper)):
         return Reading("", Unit(name), f"a count, rate or statistic: {_first(counted)}")
     stats = vocab & STATISTICS
@@ -562,7 +582,7 @@ def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str]
     if "total" in stats and _whole_step(proper):
         stats = stats - {"total"}  # step_total, total_step_time: the whole of the step, not a sum of many
         anywhere -= {"total_time", "time_total"}
-    veto = anywhere & NOT_A_PHASE | (vocab | space) & COMPONENTS | stats | set(namespace) & SPACE_NOT_A_PHASE
+    veto = anywhere & NOT_A_PHASE | (vocab | space) & COMPONENTS | stats | (alone or set()) & SPACE_NOT_A_PHASE
     if not per_step:
         veto |= vocab & NAME_NOT_A_PHASE
     if vocab & SOFT_NOT_A_PHASE and not _phase(vocab)[0]:
@@ -582,21 +602,27 @@ def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str]
 
 
 def _no_phase_word(name: str, proper: list[str], vocab: set[str], unit: tuple[str, float] | None,
-                   meaning: str, in_durations: bool = False) -> Reading:
+                   meaning: str, space: set[str] | None = None) -> Reading:
     """A duration whose words name no phase, or name one beside a part of the step of no phase
-    (``OTHER_PARTS``: a learner's update, a scheduler's step, a host-side copy). ``in_durations``:
-    the namespace is one of durations (``timing/``), which makes a sibling word a duration (a unit
-    written makes it one too: ``render_ms``; other words with a unit and no duration word stay what
-    they were, ``core_hours`` and ``num_seconds`` being totals and counts)."""
+    (``OTHER_PARTS``: a learner's update, a scheduler's step, a host-side copy). ``space``: the
+    namespace's words. A namespace of durations (``timing/``) makes a sibling word a duration (a
+    unit written makes it one too: ``render_ms``; other words with a unit and no duration word stay
+    what they were, ``core_hours`` and ``num_seconds`` being totals and counts); under an epoch's
+    namespace a duration that names nothing is the epoch's (``epoch/wall_seconds``)."""
+    space = space or set()
     parts = _parts(proper, vocab)
+    timed = unit is not None or bool(vocab & DURATION_WORDS)  # update_time: a timing of no phase, like sync_time
     if parts and (meaning != "data_wait" or parts & HOST_PREP):
         part = _first(parts)
-        return Reading("", _unit(name, unit) if unit else Unit(name), f"a part of the step of no phase: {part}")
+        return Reading("", _unit(name, unit) if timed else Unit(name), f"a part of the step of no phase: {part}")
     if meaning:  # a data word beside another part (a buffer's priority update): the data wait still
         return Reading(meaning, _unit(name, unit), f"'{meaning}' beside {_first(parts)}", 1.0)
     if vocab & WAIT_WORDS:
         return Reading("data_wait", _unit(name, unit), "a wait for no named thing: the input, if nothing else",
                        AMBIGUOUS_CERTAINTY, "a trainer's bare wait is most often for its next batch")
+    if space & EPOCHS:
+        return Reading("", _unit(name, unit) if unit else Unit(name), "an epoch's duration: no phase of the step",
+                       outside=True)
     bare = _bare_duration(proper)
     if bare:
         return Reading("step", _unit(name, unit), f"a bare {bare}: the step, if nothing else",
@@ -604,7 +630,7 @@ def _no_phase_word(name: str, proper: list[str], vocab: set[str], unit: tuple[st
     core = [w for w in proper if w not in TIME_UNITS and w not in END_UNITS and w not in DURATION_WORDS]
     sibling = SIBLING_WORDS.get(core[-1], "") if core and core[-1] != "step" else ""  # unet_time: the unet
     # train/hr is a hit rate, not hours; a sibling word's unit or namespace says its duration (render_ms)
-    timed = bool(vocab & DURATION_WORDS) or bool(sibling and (in_durations or unit is not None))
+    timed = bool(vocab & DURATION_WORDS) or bool(sibling and (space & DURATION_NAMESPACES or unit is not None))
     return Reading("", _unit(name, unit) if timed else Unit(name), "a duration of no phase word", sibling=sibling)
 
 
@@ -711,7 +737,9 @@ def doc_table() -> list[str]:
     rows += [(f"phase `{phase}`", words_of(ws)) for phase, ws in PHASE_WORDS.items()]
     rows += [("no phase of the step, anywhere in the name, in any of their forms", words_of(NOT_A_PHASE)),
              ("no phase of the step, in the name proper", words_of(NAME_NOT_A_PHASE)),
-             ("no phase of the step, in the namespace (a run's final figures)", words_of(SPACE_NOT_A_PHASE)),
+             ("no phase of the step, as a namespace segment of its own (a run's final figures)",
+              words_of(SPACE_NOT_A_PHASE)),
+             ("the last word: a flag, no duration", words_of(FLAGS)),
              ("a component's part of a phase, not the phase", words_of(COMPONENTS)),
              ("a statistic of many steps (`total` next to a word of one step excepted)", words_of(STATISTICS)),
              ("right after a duration word: a timer's last interval, no statistic (alone with it: the step, uncertain)",
