@@ -6,7 +6,11 @@ certainty lowered, a data time), every series refilled each window, as the windo
     PYTHONPATH=. python bench/bench_roll.py [--windows 40] [--read]
 
 With ``--read`` the 2,000 timings are named as phases the reader reads (``m3/part17/forward_ms``),
-so that every one is watched by the window's rules for names read (a running total). Prints the
+so that every one is watched by the window's rules for names read (a running total). With
+``--siblings`` they are a review's attack on the rule for names read from their siblings: words
+that take a phase beside others (``render``, ``unet``, a timer's ``step``) at 55 nested prefixes
+(``x_render_ms``, ``x_x_render_ms``, ...: a name's 128 bytes allow that many), beside backwards
+under the deepest prefix. Prints the
 median milliseconds per roll over the windows after the first ten. To compare two trees, run it
 in each, alternating processes (the machine's noise is larger than the change)."""
 
@@ -24,12 +28,24 @@ from sidecar.processing.mapping import Mapper
 SERIES = 2002
 
 
-def roll_ms(windows: int, read: bool = False) -> float:
+def sibling_chain(n: int, depth: int = 55) -> list[str]:
+    """``n`` names: sibling words at ``depth`` nested prefixes, then backwards under the deepest."""
+    words = ("render_ms", "rendering_ms", "rasterize_ms", "rasterization_ms", "unet_ms", "time_ms_step")
+    keys = [f"{'x_' * d}{w}" for d in range(1, depth + 1) for w in words]
+    keys = [k for k in keys if len(k) <= 128][:n]
+    return keys + [f"{'x_' * depth}b{i}_backward_ms" for i in range(n - len(keys))]
+
+
+def roll_ms(windows: int, read: bool = False, siblings: bool = False) -> float:
     """Median ms of ``Aggregator.roll`` over ``windows`` 10-second windows (the first ten left out);
-    ``read``: the per-layer timings named as phases read from their names."""
+    ``read``: the per-layer timings named as phases read from their names; ``siblings``: named as
+    the sibling chain (``sibling_chain``)."""
     agg, mapper = Aggregator(), Mapper()
     name = "m{j}/part{i}/forward_ms" if read else "l{j}_layer{i}_fwd_ms"
     profiles = [{name.format(j=j, i=i): 1.0 + i % 7 for i in range(200)} for j in range(10)]
+    if siblings:
+        chain = sibling_chain(2000)
+        profiles = [dict.fromkeys(chain[j * 200:(j + 1) * 200], 1.0) for j in range(10)]
     out = []
     for k in range(windows):
         clock = {"train/time": 3600.0 + 10.0 * k, "train/data_time": 0.1}
@@ -46,9 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--windows", type=int, default=40)
     ap.add_argument("--read", action="store_true", help="the 2,000 timings named as phases the reader reads")
+    ap.add_argument("--siblings", action="store_true", help="the 2,000 timings named as nested sibling words")
     args = ap.parse_args(argv)
-    print(f"Aggregator.roll, {SERIES} timing series{' read as phases' if args.read else ''}: "
-          f"{roll_ms(args.windows, args.read):.3f} ms (median)")
+    what = " read as phases" if args.read else " named as nested siblings" if args.siblings else ""
+    print(f"Aggregator.roll, {SERIES} timing series{what}: "
+          f"{roll_ms(args.windows, args.read, args.siblings):.3f} ms (median)")
     return 0
 
 
