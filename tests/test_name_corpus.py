@@ -51,7 +51,6 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("inclusionAI/AReaL", "timeperf/critic_train_step"): "a critic's whole update named train_step",
     ("inclusionAI/AReaL", "timeperf/critic_values"): "a critic's forward: 'values' names no phase",
     ("inclusionAI/AReaL", "timeperf/load_bcast"): "ambiguous: a load and a broadcast in one timer",
-    ("jurgisp/pydreamer", "train/timer_total"): "a bare 'total' beside 'timer' reads as a statistic",
     ("NVIDIA-NeMo/RL", "timing/train/prepare_for_generation/transfer_and_update_weights"):
         "'generation' in the namespace puts it outside the step",
     ("NVIDIA/NeMo-Aligner", "timers/init_logprobs"): "'init' reads as start-up",
@@ -215,7 +214,6 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
                                                            "here, a device synchronize elsewhere) names no phase",
     ("exalsius/diloco-training", "training/sync_time"): "a bare 'sync' names no phase",
     ("mbanani/lgssl", "time/data_transfer"): "a host-to-device copy labelled the data wait",
-    ("mbanani/lgssl", "time/total"): "a bare total under time/ reads as a statistic",
     ("yyyang404/DCTransformer-JPEG-Artifact-Removal", "perf/transfer_time"): "a host-to-device copy labelled the "
                                                                              "data wait",
     ("yyyang404/DCTransformer-JPEG-Artifact-Removal", "perf/step_time"): "ambiguous: clipping and optimizer.step() "
@@ -336,7 +334,6 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("stepjam/YARR", "monitoring/train_time_per_item"): "a step's time per item is a cost per item",
     # the seventeenth and eighteenth parts, scored once with v14; what is left after v15 (a compute time,
     # housekeeping)
-    ("yshibata8513/gsplat", "timing/total"): "a bare total reads as a statistic of many steps",
     ("mkrum/stonefish", "timing/total_ms"): "a bare total reads as a statistic of many steps",
     ("Arora-group-codebase/klib", "time/dataloader"): "a loader's running total (KDataLoader.total_load_time) "
                                                       "under a phase's name (in a daemon its numbers settle it)",
@@ -366,7 +363,6 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("dilawarm/assignment1-basics", "max_step_time"): "the most of the last 100 steps: a statistic of many steps",
     ("Nishant-aiml/IVERI-HYBRID-SLM-MODEL", "timing/dataloader_seconds"): "the batch's unpacking and copy named the "
                                                                           "loader (its timer starts after the loader)",
-    ("smanolloff/vcmi-gym", "timer_abs/all"): "a bare 'all' under a timer names no phase",
     ("jiayiliu12/speedy-splat_forked", "time/total_iteration [ms]"): "render, loss and backward named the iteration",
     ("jiayiliu12/speedy-splat_forked", "benchmark/iter_mean_ms"): "a mean of render, loss and backward named the "
                                                                   "iteration",

@@ -312,6 +312,23 @@ def test_sibling_words_read_the_same_in_any_order() -> None:
                      ("train/time_step", "step"))}
 
 
+def test_a_bare_total_since_the_start_beside_phases_is_known_by_its_numbers() -> None:
+    """A bare ``time/total`` beside three phases of its prefix reads as their whole, the step
+    (uncertain); a trainer's seconds since the start under that name climb with the wall clock, and
+    the clock rule reads it as no phase after five windows (sidecar.aggregation.clocks). A bare
+    ``total_time`` with no timer's namespace stays a gauge, as before."""
+    agg, mapper = Aggregator(), Mapper()
+    meanings = []
+    for k in range(8):
+        records = [[PROFILE, 10 * k + j, {"time/total": 3600 + 10.0 * k + j, "time/data": 0.1, "time/forward": 0.2,
+                                          "time/backward": 0.6}] for j in range(10)]
+        ingest_records(agg, "trainer", "0", records, mapper)
+        total = next(v for v in agg.roll(10.0 * (k + 1), 10.0 * (k + 1), 10.0).series if v.raw == "time/total")
+        meanings.append(total.meaning)
+    assert meanings[0] == "step" and meanings[-1] == "" and "climb with the wall clock" in total.rule, meanings
+    assert Mapper().resolve(PROFILE, "total_time", "t", "0").kind == GAUGE
+
+
 def test_every_sibling_word_has_its_needs() -> None:
     from sidecar.aggregation.parts import SIBLING_NEEDS
     from sidecar.processing.reader import SIBLING_WORDS
@@ -440,6 +457,17 @@ def test_any_name_is_read_without_raising() -> None:
     # Lightning's _step suffix is no DeepSpeed timer's step: the batch's time stays the step
     ({"train/fwd_seconds_step": 0.1, "train/bwd_seconds_step": 0.2, "train/batch_seconds_step": 0.4},
      {"train/fwd_seconds_step": "forward", "train/bwd_seconds_step": "backward", "train/batch_seconds_step": "step"}),
+    # a bare total beside two phases of its prefix is their whole, the step (lgssl, gsplat, pydreamer)
+    ({"time/data_loading": 0.05, "time/forward": 0.1, "time/backward": 0.2, "time/total": 0.4},
+     {"time/data_loading": "data_wait", "time/forward": "forward", "time/backward": "backward", "time/total": "step"}),
+    ({"train/timer_data": 0.05, "train/timer_forward": 0.1, "train/timer_total": 0.2},
+     {"train/timer_data": "data_wait", "train/timer_forward": "forward", "train/timer_total": "step"}),
+    ({"tick/input_ms": 55.0, "tick/fwdbwd_ms": 45.0, "tick/whole_ms": 100.0},
+     {"tick/input_ms": "data_wait", "tick/fwdbwd_ms": "forward_backward", "tick/whole_ms": "step"}),
+    # ... beside one phase, or beside a step timed already, it is no phase (a run's total, a statistic)
+    ({"time/total": 3600.0, "time/dataloader": 0.1}, {"time/total": "", "time/dataloader": "data_wait"}),
+    ({"time/total": 0.4, "time/data": 0.05, "time/forward": 0.1, "time/step": 0.3},
+     {"time/total": "", "time/data": "data_wait", "time/forward": "forward", "time/step": "step"}),
     # a render with no backward beside it (an RL environment's) is no phase: a timing of no phase
     ({"timing/render": 0.02, "timing/env_step": 0.1}, {"timing/render": "", "timing/env_step": ""}),
     # a render beside another prefix's backward is none of its siblings'

@@ -43,13 +43,16 @@ from bisect import bisect_left
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
-from itertools import accumulate
+from itertools import accumulate, combinations
 
 from sidecar.model.meanings import PHASES
 from sidecar.model.names import split_segments
 from sidecar.model.window import TIMING, SeriesView
 
 PARTS = tuple(p for p in PHASES if p != "forward_backward")
+BESIDE = frozenset(PHASES) | {"step"}
+"""The meanings a label's rules read beside each other: the phases and the whole step (a sibling
+never takes a meaning that stands beside it already)."""
 """Phases that can be a part of another (``forward_backward`` contains, it is no part)."""
 SPELLINGS = 4
 """Names of one stem (``train/fwd_ms`` and ``train/fwd_s``; a flood's ``X__ELAPSED_Time_ms_step``)
@@ -59,11 +62,12 @@ left as read."""
 SIBLING_NEEDS: dict[str, tuple[frozenset[str], ...]] = {
     "optimizer": (frozenset({"forward", "backward"}), frozenset({"forward_backward"})),
     "forward": (frozenset({"backward"}),),
+    "step": tuple(frozenset(pair) for pair in combinations(PARTS + ("forward_backward",), 2)),
 }
 """The meaning a sibling word may take (``sidecar.processing.reader.SIBLING_WORDS``; a test keeps
 every one here) -> the phases, any one set of them, that must stand beside it for it to take it:
 the phase they leave out (the optimizer beside a forward and a backward; the forward beside a
-backward), never one timed beside it already."""
+backward; a bare total the step beside any two phases), never one timed beside it already."""
 EPISODE = "episode"
 """In the last segment of a name of the same namespace, what makes an uncertain step read an
 episode's time (rule 4): ``episode``, ``episode_reward``, ``EpisodeReturn``, ``num_episodes``."""
@@ -75,7 +79,7 @@ def settle(series: Sequence[SeriesView]) -> tuple[SeriesView, ...]:
     labels: dict[tuple[str, str], list[int]] = defaultdict(list)
     spellings: Counter[tuple[str, str, str]] = Counter()
     for i, v in enumerate(out):
-        if v.kind == TIMING and (v.meaning in PHASES or v.sibling) and v.stem:
+        if v.kind == TIMING and (v.meaning in BESIDE or v.sibling) and v.stem:
             spellings[v.role, v.worker, v.stem] += 1
             if spellings[v.role, v.worker, v.stem] <= SPELLINGS:
                 labels[v.role, v.worker].append(i)
@@ -147,7 +151,7 @@ def _siblings(out: list[SeriesView], members: list[int]) -> None:
         v = out[i]
         beside = levels.beside(v)
         if v.sibling not in beside and any(need <= beside.keys() for need in SIBLING_NEEDS.get(v.sibling, ())):
-            out[i] = replace(v, meaning=v.sibling,
+            out[i] = replace(v, meaning=v.sibling, outside=False,
                              rule=f"{v.rule}; {v.sibling} beside {', '.join(sorted(beside.values())[:2])}")
 
 
@@ -162,7 +166,7 @@ class _Levels:
     __slots__ = ("_cum", "_one", "_pos", "_stems", "_names")
 
     def __init__(self, out: list[SeriesView], members: list[int]) -> None:
-        ordered = sorted((j for j in members if out[j].meaning in PHASES), key=lambda j: out[j].stem)
+        ordered = sorted((j for j in members if out[j].meaning in BESIDE), key=lambda j: out[j].stem)
         self._stems = [out[j].stem for j in ordered]
         self._names = [out[j].raw or out[j].name for j in ordered]
         meanings = [out[j].meaning for j in ordered]

@@ -490,6 +490,14 @@ def _time_unit(name: str, proper: list[str]) -> tuple[str, float] | None:
 LIGHTNING_SUFFIXES = frozenset({"step", "epoch"})
 """What Lightning's ``self.log(..., on_step=True, on_epoch=True)`` appends to a key
 (``train/batch_fetch_seconds_step``): after a unit that ends the name otherwise, the unit stands."""
+TOTALS = frozenset({"total", "whole", "all", "overall"})
+"""A name proper that is only one of these (with duration words and units): a bare total, the
+step's whole beside phases of its prefix (``time/total`` beside ``time/data`` and
+``time/forward``: lgssl, gsplat, pydreamer), the run's since the start elsewhere (composer's,
+klib's ``time/total``): read with the sibling rules, uncertain."""
+BARE_TOTAL_VETO = frozenset({"total", "total_time", "time_total"})
+TIMER_WORDS = frozenset({"timer", "timers", "timing", "timings"})
+"""What refuses a bare total as a statistic or a time since the start, and no more."""
 ONE_STEP = frozenset({"step", "iter", "iteration", "batch", "minibatch"})
 """Words of one step, whose ``total`` is the step's whole (``step_total``); a loop's, a cycle's or an
 interval's total is the run's or many steps' (``loop_total_time``)."""
@@ -589,6 +597,8 @@ def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str]
         veto |= vocab & SOFT_NOT_A_PHASE
     if vocab & DATA_FIRST:
         veto = stats | anywhere & EVAL_WORDS  # a wait for an eval batch is the evaluation's
+    if veto <= BARE_TOTAL_VETO and (total := _bare_total(name, proper, vocab, space, unit)) is not None:
+        return total  # time/total: the step beside its parts, the run's total elsewhere
     if veto:
         return Reading("", _unit(name, unit) if unit else Unit(name), f"not a phase of the step: {_first(veto)}",
                        outside=True)
@@ -627,11 +637,31 @@ def _no_phase_word(name: str, proper: list[str], vocab: set[str], unit: tuple[st
     if bare:
         return Reading("step", _unit(name, unit), f"a bare {bare}: the step, if nothing else",
                        AMBIGUOUS_CERTAINTY, "a bare duration is the step in most loggers, but not in all")
+    if (total := _bare_total(name, proper, vocab, space, unit)) is not None:
+        return total  # tick/whole_ms
     core = [w for w in proper if w not in TIME_UNITS and w not in END_UNITS and w not in DURATION_WORDS]
     sibling = SIBLING_WORDS.get(core[-1], "") if core and core[-1] != "step" else ""  # unet_time: the unet
     # train/hr is a hit rate, not hours; a sibling word's unit or namespace says its duration (render_ms)
     timed = bool(vocab & DURATION_WORDS) or bool(sibling and (space & DURATION_NAMESPACES or unit is not None))
     return Reading("", _unit(name, unit) if timed else Unit(name), "a duration of no phase word", sibling=sibling)
+
+
+def _bare_total(name: str, proper: list[str], vocab: set[str], space: set[str],
+                unit: tuple[str, float] | None) -> Reading | None:
+    """A bare total (``TOTALS``, alone with duration words and units: ``time/total``,
+    ``train/timer_total``, ``tick/whole_ms``) of a timer (a unit written, a namespace of durations,
+    a timer's word), outside an epoch's namespace: the step beside two phases of its prefix (their
+    whole: ``sidecar.aggregation.parts``), uncertain; alone no phase (the run's total, since the
+    start, in other trainers: a key outside the step). A bare ``total_time`` with none of these
+    stays what it was, a gauge outside the step."""
+    core = [w for w in proper if w not in TIME_UNITS and w not in END_UNITS and w not in DURATION_WORDS]
+    if len(core) != 1 or core[0] not in TOTALS or space & EPOCHS:
+        return None
+    if unit is None and not space & DURATION_NAMESPACES and not vocab & TIMER_WORDS:
+        return None  # a bare total_time stays a gauge (the run's, since the start, in most trainers)
+    return Reading("", _unit(name, unit), f"a bare '{core[0]}': the step beside phases of its prefix",
+                   AMBIGUOUS_CERTAINTY, "a bare total is one step's whole beside its parts, the run's elsewhere",
+                   sibling="step", outside=True)
 
 
 def _interval(proper: list[str]) -> bool:
@@ -758,6 +788,8 @@ def doc_table() -> list[str]:
              ("the last word, beside phases of the same prefix: the phase they leave out (`step` the optimizer "
               "beside a forward and a backward, a render the forward beside a backward)",
               words_of(frozenset(SIBLING_WORDS))),
+             ("alone, of a timer (a unit, a namespace of durations, `timer`): the step beside two phases of its "
+              "prefix, uncertain, else no phase", words_of(TOTALS)),
              ("alone: the step, uncertain", words_of(BARE_STEP)),
              ("with one of " + words_of(MEAN_OF) + " and nothing else: the step, uncertain", words_of(MEANS)),
              ("with words of elapsed time only: the time of what runs the step, the step, uncertain",
