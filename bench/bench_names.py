@@ -36,7 +36,7 @@ PARTS = ("names_design.toml", "names_holdout.toml", "names_holdout2.toml", "name
          "names_holdout11.toml", "names_holdout12.toml", "names_holdout13.toml", "names_holdout14.toml",
          "names_holdout15.toml", "names_holdout16.toml",
          "names_holdout17.toml", "names_holdout18.toml", "names_holdout19.toml", "names_holdout20.toml",
-         "names_holdout21.toml", "names_holdout22.toml")
+         "names_holdout21.toml", "names_holdout22.toml", "names_holdout23.toml", "names_holdout24.toml")
 
 
 @contextmanager
