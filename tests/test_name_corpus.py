@@ -413,10 +413,8 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("shougangu/balance-budget", "timing/rollout_logps_seconds"): "the rollouts' log-probs, a forward, refused for "
                                                                  "its 'rollout'",
     ("antoinenguyen27/RETRO-GRPO", "time/optimizer_step_s"): "the whole step named the optimizer step",
-    ("antoinenguyen27/RETRO-GRPO", "time/unaccounted_step_s"): "what the phases leave of the step read as the step",
     ("siyanabandrova-dotcom/ES", "time/update"): "an evolution strategy's update of the weights named an update",
     ("proesn/Self-Distillation", "time/loss"): "two forwards and the loss named the loss",
-    ("Randolphzz/jasa", "Time/compute"): "a bare 'compute' under Time/ names no duration of its own",
     ("gmlwns2000/ocr", "time/cycle"): "a GAN's update loop named a cycle, read as the step",
     ("gmlwns2000/ocr", "time/all"): "the previous iteration's whole beside a step read already (time/cycle)",
 }

@@ -159,6 +159,9 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("epoch/duration", "epoch"),
     ("train/batch_fetch_seconds_epoch", "epoch"),  # Lightning's on_epoch mean: the epoch's, outside the step
     ("rollout_time", "rollout"),                  # the rollout itself stays outside
+    ("time/unaccounted_step_s", "unaccounted"),   # what the timed phases leave of the step: a part of no phase
+    ("train/timer_other", "other"),
+    ("performance/train_misc_time", "misc"),
     ("perf/data_stall_flag", "flag"),             # a flag (1 when the data wait is over half the step), no wait
     ("timing/render", "no phase"),                # a render alone: an environment's, a picture's (beside a
     ("render_ms", "no phase"),                    # backward, the window reads it the forward)
@@ -177,6 +180,8 @@ def test_names_that_are_no_phase(name: str, why: str) -> None:
     ("dt_net", 1.0),              # the network's time: the step's compute
     ("cuda_time_ms", 1e-3),
     ("perf/compute_time", 1.0),   # a step's compute in most trainers, a log interval's sum in fairseq2
+    ("Time/compute", 1.0),        # the same under a namespace of durations
+    ("timing/gpu_ms", 1e-3),
     ("perf_stats/train/avg_time_sec", 1.0),  # a mean of a bare time (a clock is never averaged)
     ("time_avg", 1.0),
     ("mean_duration_ms", 1e-3),

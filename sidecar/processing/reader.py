@@ -247,7 +247,8 @@ HOST_PREP = frozenset({"preprocess", "preprocessing", "processing", "process_bat
 OTHER_PARTS = frozenset({"update", "updates", "priority", "priorities", "ema", "scheduler", "sched", "unscale",
                          "lr_scheduler", "scaler", "swa", "server", "servers", "shutdown", "launch", "restart",
                          "offload", "onload", "wake", "wakeup", "sleep", "resume", "cleanup", "teardown", "gc",
-                         "empty_cache"}) | HOST_PREP
+                         "empty_cache", "other", "others", "misc", "unaccounted", "unattributed", "remainder",
+                         "residual", "untracked"}) | HOST_PREP
 """Words of a part of the step the insight has no phase for: a learner's whole ``update`` (its
 forward, backward and optimizer steps over mini-batches: ``timing_s/update_actor``,
 ``time/update``; in no corpus key is ``update`` the optimizer step alone, and beside ``weights`` it
@@ -255,7 +256,8 @@ is the push of new weights to an inference engine: communication), host-side bat
 (``data_preprocess_time``, ``input_prep_time``), an EMA or replay-priority update, a loss scaler's
 unscale inside the optimizer step (``optimizer-unscale-and-check-inf-time``), an inference
 server's life (``step_stop_server``, ``offload``), housekeeping (``cleanup_minibatch``, ``gc``,
-``empty_cache``). A name with one of these and no stronger phase
+``empty_cache``), what is left when the timed phases are taken out (``time/unaccounted_step_s``,
+``timer_other``, ``train_misc_time``). A name with one of these and no stronger phase
 word reads as no phase (its time unattributed, never a wait); ``processing`` right after a step
 word is the step itself (``Batch_processing_time_ms``), processing a batch or data before it their
 preparation (``Train_Process_Batch``); a process alone is an OS process (``step_time/process_0``)."""
@@ -633,7 +635,7 @@ def _no_phase_word(name: str, proper: list[str], vocab: set[str], unit: tuple[st
     if space & EPOCHS:
         return Reading("", _unit(name, unit) if unit else Unit(name), "an epoch's duration: no phase of the step",
                        outside=True)
-    bare = _bare_duration(proper)
+    bare = _bare_duration(proper, bool(space & DURATION_NAMESPACES))
     if bare:
         return Reading("step", _unit(name, unit), f"a bare {bare}: the step, if nothing else",
                        AMBIGUOUS_CERTAINTY, "a bare duration is the step in most loggers, but not in all")
@@ -669,7 +671,7 @@ def _interval(proper: list[str]) -> bool:
     return any(b in INTERVAL and a in DURATION_WORDS for a, b in zip(proper, proper[1:], strict=False))
 
 
-def _bare_duration(proper: list[str]) -> str:
+def _bare_duration(proper: list[str], in_durations: bool = False) -> str:
     """What makes a name proper a bare duration, the step's if nothing else (``""``: it is not one):
     one ``BARE_STEP`` word; a timer's last interval (``time_diff``); a mean of a bare time
     (``avg_time``: ``MEANS``); duration words beside a word of what runs the step (``DEVICE_WORDS``:
@@ -683,8 +685,8 @@ def _bare_duration(proper: list[str]) -> str:
         return f"'{'_'.join(core)}' (a mean of a bare time)"
     device = [w for w in core if w in DEVICE_WORDS]
     timed = [w for w in core if w in DEVICE_TIMES]
-    if len(device) == 1 and timed and len(device) + len(timed) == len(core):
-        return f"'{'_'.join(core)}' (the {device[0]}'s time)"
+    if len(device) == 1 and (timed or in_durations) and len(device) + len(timed) == len(core):
+        return f"'{'_'.join(core)}' (the {device[0]}'s time)"  # compute_time; Time/compute
     return ""
 
 
