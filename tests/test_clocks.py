@@ -452,6 +452,67 @@ def test_a_phases_time_stays_its_phase(case: str, events: list[Event], name: str
     assert meanings and set(meanings) == {meaning}, (case, [v.rule for v in views if not v.meaning][:1])
 
 
+def _epoch_sums(name: str, value: Callable[[int], float | None], steps: int = 600, calls: int = 1,
+                step_s: float = 1.0, data_s: float = 0.1) -> list[Event]:
+    """A trainer's steps (``step_s``, the data wait ``data_s`` inside), each published at its end with
+    its step, forward and backward times, ``wandb.log`` called ``calls`` times a step (the axis moving
+    each time), and ``name`` at ``value(step)`` where it is not None."""
+    compute = (step_s - data_s) / 2
+    events: list[Event] = []
+    for step in range(steps):
+        at = 1000.0 + step_s * (step + 1)
+        extra = value(step)
+        events.append((at, 1, calls * step, {"time/step": step_s, "time/forward": compute, "time/backward": compute}
+                       | ({name: extra} if extra is not None else {})))
+        events += [(at + 0.01 * c, 1, calls * step + c, {f"train/metric{c}": 1.0}) for c in range(1, calls)]
+    return events
+
+
+@pytest.mark.parametrize("name", ["time/data", "timing/dataloader_s", "perf/fetch_time"])
+def test_a_phase_summed_over_an_epoch_is_no_phase(name: str) -> None:
+    """A data wait of 0.1 s a 1 s step logged only as its sum at each epoch's end (6 s every 60
+    steps): read from its name it is the data wait, but a phase of one step cannot stand at six
+    steps; once in 50 steps or more, above twice the step, twice in a row, it is a time of many
+    steps (its first record already, as every record of it so far), and no window reads input-bound
+    (the GPUs 40 % busy, the idle unexplained)."""
+    views, verdicts = _drive(_epoch_sums(name, lambda s: 6.0 if s % 60 == 59 else None), name, busy=0.4)
+    logged = [v for v in views if v.window is not None]
+    assert len(logged) == 10 and all(v.meaning == "" and "many steps" in v.rule for v in logged), \
+        [v.rule for v in logged]
+    assert set(verdicts) == {"unexplained-idle"}, verdicts
+
+
+def test_without_the_phase_span_rule_each_epoch_end_reads_input_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the rule mends: without a step to measure against, each window an epoch's sum lands in
+    reads input-bound."""
+    monkeypatch.setattr("sidecar.aggregation.clocks._steps", lambda series: {})
+    _, verdicts = _drive(_epoch_sums("time/data", lambda s: 6.0 if s % 60 == 59 else None), "time/data", busy=0.4)
+    assert [i for i, v in enumerate(verdicts) if v == "input-bound"] == [5, 11, 17, 23, 29, 35, 41, 47, 53, 59]
+
+
+@pytest.mark.parametrize(("case", "events"), [
+    ("a step's data wait logged every hundredth step",
+     _epoch_sums("time/data", lambda s: 0.1 if s % 100 == 99 else None)),
+    ("the step and its data wait both logged every hundredth step",
+     [e for e in _epoch_sums("time/data", lambda s: 0.1) if e[2] % 100 == 99]),
+    ("every step, a hundred wandb.log calls a step", _epoch_sums("time/data", lambda s: 0.1, 200, calls=100)),
+    ("every tenth step, a hundred wandb.log calls a step",
+     _epoch_sums("time/data", lambda s: 0.1 if s % 10 == 0 else None, 300, calls=100)),
+    ("a step timed without its 3 s data wait, the wait logged every hundredth step",
+     [(at, sender, step, profile | {"time/step": 1.0, "time/forward": 0.5, "time/backward": 0.5})
+      for at, sender, step, profile in _epoch_sums("time/data", lambda s: 3.0 if s % 100 == 99 else None,
+                                                    step_s=4.0, data_s=3.0)]),
+    ("a slow loader's first batch (20 s), then every hundredth step's",
+     _epoch_sums("time/data", lambda s: 20.0 if s == 99 else 0.1 if s % 100 == 99 else None)),
+])
+def test_a_phase_logged_rarely_stays_its_phase(case: str, events: list[Event]) -> None:
+    """A phase of one step logged rarely, or among many ``wandb.log`` calls a step, stands within its
+    step: it stays its phase (a first record that stood at many steps is held out of its window only)."""
+    views, _ = _drive(events, "time/data")
+    meanings = [v.meaning for v in views if v.window is not None]
+    assert meanings and set(meanings[1:]) == {"data_wait"}, (case, [v.rule for v in views if not v.meaning][:1])
+
+
 EPOCH_TRAINER = textwrap.dedent("""
     import sys, time
     from trainer_shim import telemetry
