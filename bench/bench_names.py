@@ -28,15 +28,7 @@ import sidecar.processing.mapping as mapping
 from sidecar.model.window import PROFILE
 from sidecar.processing.reader import Reading
 from sidecar.processing.units import Unit
-from tests.name_corpus import CORPUS, Row, load, read, score
-
-PARTS = ("names_design.toml", "names_holdout.toml", "names_holdout2.toml", "names_holdout3.toml",
-         "names_holdout4.toml", "names_holdout5.toml", "names_holdout6.toml", "names_holdout7.toml",
-         "names_holdout8.toml", "names_holdout9.toml", "names_holdout10.toml",
-         "names_holdout11.toml", "names_holdout12.toml", "names_holdout13.toml", "names_holdout14.toml",
-         "names_holdout15.toml", "names_holdout16.toml",
-         "names_holdout17.toml", "names_holdout18.toml", "names_holdout19.toml", "names_holdout20.toml",
-         "names_holdout21.toml", "names_holdout22.toml", "names_holdout23.toml", "names_holdout24.toml")
+from tests.name_corpus import CORPUS, PARTS, Row, load, read, score
 
 
 @contextmanager

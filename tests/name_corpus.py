@@ -24,6 +24,17 @@ from sidecar.model.window import PROFILE
 from sidecar.processing.mapping import Mapper
 
 CORPUS = Path(__file__).parent / "data" / "names"
+
+
+def _order(path: Path) -> int:
+    """The design part first, then the held-out parts in the order they were built."""
+    n = path.stem.removeprefix("names_holdout")
+    return -1 if path.stem == "names_design" else int(n or 1)
+
+
+PARTS = tuple(p.name for p in sorted(CORPUS.glob("names_*.toml"), key=_order))
+"""Every part of the corpus, in the order it was built (``names_design.toml``, ``names_holdout.toml``,
+``names_holdout2.toml``, ...): what the test and the benchmark score."""
 DESIGN, HOLDOUT = CORPUS / "names_design.toml", CORPUS / "names_holdout.toml"
 PHASE_LABELS = frozenset(PHASES) | {"step"}
 """Labels of a timing that is a phase of the step (or the whole step); ``other_phase`` (a timed part
