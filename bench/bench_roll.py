@@ -3,12 +3,10 @@ sender (ten profile dicts of 200 per-layer timings, a bare ``train/time`` read a
 certainty lowered, a data time), every series refilled each window, as the window's own rules
 (a phase's parts, an episode's time, a clock read as the step) see them.
 
-    PYTHONPATH=. python bench/bench_roll.py [--windows 40] [--read [--step]]
+    PYTHONPATH=. python bench/bench_roll.py [--windows 40] [--read]
 
 With ``--read`` the 2,000 timings are named as phases the reader reads (``m3/part17/forward_ms``),
-so that every one is watched by the window's rules for names read (a running total); with ``--step``
-beside a step time (``train/step_time`` for the data time), so that each is also weighed against the
-step (a phase summed over many steps). With
+so that every one is watched by the window's rules for names read (a running total). With
 ``--siblings`` they are a review's attack on the rule for names read from their siblings: words
 that take a phase beside others (``render``, ``unet``, a timer's ``step``) at 55 nested prefixes
 (``x_render_ms``, ``x_x_render_ms``, ...: a name's 128 bytes allow that many), beside backwards
@@ -38,10 +36,10 @@ def sibling_chain(n: int, depth: int = 55) -> list[str]:
     return keys + [f"{'x_' * depth}b{i}_backward_ms" for i in range(n - len(keys))]
 
 
-def roll_ms(windows: int, read: bool = False, siblings: bool = False, step: bool = False) -> float:
+def roll_ms(windows: int, read: bool = False, siblings: bool = False) -> float:
     """Median ms of ``Aggregator.roll`` over ``windows`` 10-second windows (the first ten left out);
     ``read``: the per-layer timings named as phases read from their names; ``siblings``: named as
-    the sibling chain (``sibling_chain``); ``step``: a step time for the data time."""
+    the sibling chain (``sibling_chain``)."""
     agg, mapper = Aggregator(), Mapper()
     name = "m{j}/part{i}/forward_ms" if read else "l{j}_layer{i}_fwd_ms"
     profiles = [{name.format(j=j, i=i): 1.0 + i % 7 for i in range(200)} for j in range(10)]
@@ -50,7 +48,7 @@ def roll_ms(windows: int, read: bool = False, siblings: bool = False, step: bool
         profiles = [dict.fromkeys(chain[j * 200:(j + 1) * 200], 1.0) for j in range(10)]
     out = []
     for k in range(windows):
-        clock = {"train/time": 3600.0 + 10.0 * k, "train/step_time" if step else "train/data_time": 0.1}
+        clock = {"train/time": 3600.0 + 10.0 * k, "train/data_time": 0.1}
         ingest_records(agg, "trainer", "0", [[PROFILE, k, p] for p in (*profiles, clock)], mapper)
         start = time.perf_counter()
         report = agg.roll(10.0 * k, 10.0 * k, 10.0)
@@ -65,12 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--windows", type=int, default=40)
     ap.add_argument("--read", action="store_true", help="the 2,000 timings named as phases the reader reads")
     ap.add_argument("--siblings", action="store_true", help="the 2,000 timings named as nested sibling words")
-    ap.add_argument("--step", action="store_true", help="a step time beside them, for the data time")
     args = ap.parse_args(argv)
-    what = (" read as phases" if args.read else " named as nested siblings" if args.siblings else "") + \
-        (" beside a step" if args.step else "")
+    what = " read as phases" if args.read else " named as nested siblings" if args.siblings else ""
     print(f"Aggregator.roll, {SERIES} timing series{what}: "
-          f"{roll_ms(args.windows, args.read, args.siblings, args.step):.3f} ms (median)")
+          f"{roll_ms(args.windows, args.read, args.siblings):.3f} ms (median)")
     return 0
 
 

@@ -413,7 +413,13 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("gmlwns2000/ocr", "time/cycle"): "a GAN's update loop named a cycle, read as the step",
     ("gmlwns2000/ocr", "time/all"): "the previous iteration's whole beside a step read already (time/cycle)",
     # the twenty-fifth and twenty-sixth parts, scored once with v20
-    ("bjing2016/alphaflow", "train_dur"): "the step's duration under train_: read as a duration of no phase",
+    ("bjing2016/alphaflow", "iter_dur"): "dur is no duration word: in speech code an utterance's length or a "
+                                         "duration predictor's loss (tr/dur)",
+    ("Nuclear-Physics-with-Machine-Learning/JAX_QMC_Public", "time/jacobian"): "a Jacobian of the parameters; "
+                                                                              "elsewhere a solver's (no backward)",
+    ("acadev/DiffuseBioMol", "timing/load_prepare_s"): "a load and a preparation in one timer: a part of no phase "
+                                                       "(a start-up's load_and_tokenize as often)",
+    ("bjing2016/alphaflow", "train_dur"): "the step's duration under train_: dur is no duration word",
     ("bjing2016/alphaflow", "iter_time"): "a flow-matching noise level t, no duration (uncertain step)",
     ("Nuclear-Physics-with-Machine-Learning/JAX_QMC_Public", "time/observables"): "a wavefunction's forward named "
                                                                                  "its observables",

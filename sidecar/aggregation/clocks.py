@@ -31,14 +31,6 @@ so far spanned (its first among them: an epoch's first end) is no phase in the w
 records already; a step's time logged rarely has a record that spanned nothing before its long
 one, and keeps it.
 
-A phase summed over many steps under its own name (an epoch's data wait at its end) is no phase
-either, and is told the same way beside a step its worker times for sure: a phase of one step stands
-within its step. A phase read from its name spans its steps where its window holds one record,
-``SPAN_MOVES`` moves after its last, standing above ``SLACK`` times the step's median and ``SLACK``
-times the wall time per move since then (a phase outside a step timer, a data wait longer than the
-compute, stands within the wall time per move; among many ``wandb.log`` calls a step, within its
-step); ``SPANS_IN_A_ROW`` in a row, or every record so far, as for the step.
-
 A running total read as a phase (``time/dataloader`` summing every batch's load since the start; a
 count of steps under ``time/``) is no duration of one step either, whatever its name says: a
 step's phase cannot take longer than the wall time between the windows its records come in. Every
@@ -105,18 +97,13 @@ class _Since:
     always: bool = True
     """Whether every record of it so far spanned ``SPAN_MOVES`` steps."""
 
-    def spanned(self, count: float, median_s: float, now_s: float, moves: dict[int, int],
-                step_s: float | None = None) -> tuple[bool, bool]:
+    def spanned(self, count: float, median_s: float, now_s: float, moves: dict[int, int]) -> tuple[bool, bool]:
         """Take a window ending at ``now_s`` with ``count`` records of the series (median
         ``median_s``) and its worker's ``moves``; (whether the series now reads as a time of many
-        steps for good, whether this window's record does: the module's rule). ``step_s``: for a
-        phase, its worker's step (median seconds), which the record must stand ``SLACK`` times above
-        (and above ``SLACK`` times the wall time a move); None for an uncertain step."""
+        steps for good, whether this window's record does: the module's rule)."""
         common = moves.keys() & self.moves.keys()
         moved = min((moves[s] - self.moves[s] for s in common), default=0)
-        between = now_s - self.at_s
-        bound = between / SLACK if step_s is None else SLACK * max(step_s, between / max(moved, 1))
-        one = count == 1 and moved >= SPAN_MOVES and median_s >= bound
+        one = count == 1 and moved >= SPAN_MOVES and median_s >= (now_s - self.at_s) / SLACK
         self.spans = self.spans + 1 if one else 0
         self.always = self.always and one
         self.at_s, self.moves = now_s, moves
@@ -171,13 +158,6 @@ class _Total:
         return self.climbs >= CLIMBS
 
 
-def _steps(series: tuple[SeriesView, ...]) -> dict[Place, float]:
-    """Each worker's step this window, certain (a preset's, a rule's, a sure read), median seconds:
-    what a phase of one step cannot stand far above."""
-    return {(v.role, v.worker): v.window.get("p50", v.window["mean"]) / 1000.0 for v in series
-            if v.kind == TIMING and v.meaning == "step" and v.certainty >= 1.0 and v.window is not None}
-
-
 WATCHED = (*PHASES, "step")
 """The meanings whose timings, read from their names, are watched for running totals."""
 Key = tuple[str, str, str]
@@ -210,7 +190,6 @@ class Clocks:
         moves = moves or {}
         for place, at in moves.items():
             self._first.setdefault(place, (now_s, at))
-        steps = _steps(series)
         out: list[SeriesView] | None = None
         kept: set[Key] = set()
         for i, v in enumerate(series):
@@ -219,7 +198,7 @@ class Clocks:
             key = (v.role, v.worker, v.name)
             kept.add(key)
             why, lasting = (self._known[key], True) if key in self._known else \
-                self._why(key, v, now_s, moves.get((v.role, v.worker)), steps.get((v.role, v.worker)))
+                self._why(key, v, now_s, moves.get((v.role, v.worker)))
             if why:
                 if lasting:
                     self._known[key] = why
@@ -228,24 +207,20 @@ class Clocks:
         self._prune(kept, moves.keys())
         return series if out is None else tuple(out)
 
-    def _why(self, key: Key, v: SeriesView, now_s: float, moves: dict[int, int] | None,
-             step_s: float | None) -> tuple[str, bool]:
-        """Why ``v``'s window makes it no step (the module's rules), or "", and whether for good;
-        ``step_s``: its worker's step this window (median seconds), if it times one."""
+    def _why(self, key: Key, v: SeriesView, now_s: float, moves: dict[int, int] | None) -> tuple[str, bool]:
+        """Why ``v``'s window makes it no step (the module's rules), or "", and whether for good."""
         if v.window is None:
             return "", False
         uncertain_step = v.meaning == "step" and v.certainty < 1.0
-        phase = v.meaning in PHASES and step_s is not None
-        if (uncertain_step or phase) and moves is not None:
+        if uncertain_step and moves is not None:
             since = self._since.get(key)
             if since is None:
                 at_s, first = self._first.get((v.role, v.worker), (now_s, moves))
                 since = self._since[key] = _Since(at_s, first)
             median_s = v.window.get("p50", v.window["mean"]) / 1000.0
-            lasting, always = since.spanned(v.window["count"], median_s, now_s, moves, step_s if phase else None)
+            lasting, always = since.spanned(v.window["count"], median_s, now_s, moves)
             if lasting or always:
-                span = f"logged once in {SPAN_MOVES} or more of its worker's steps " + (
-                    f"at over {SLACK:g} times its step" if phase else "at the time since its record before")
+                span = f"logged once in {SPAN_MOVES} or more of its worker's steps at the time since its record before"
                 return ((f"{span}, {SPANS_IN_A_ROW} records in a row: a time of many steps", True) if lasting else
                         (f"{span}, as every record of it so far: a time of many steps in this window", False))
         clock = uncertain_step and self._see(key, v.window["mean"] / 1000.0, now_s)

@@ -68,13 +68,13 @@ END_UNITS: dict[str, float] = {"min": 60.0, "h": 3600.0, "hr": 3600.0, "hrs": 36
 DURATION_WORDS = frozenset({"time", "times", "timing", "timings", "duration", "durations", "latency", "elapsed",
                             "took", "wait", "waiting", "waited", "dt", "delay", "stall", "stalled", "blocked", "timer",
                             "timers", "starvation", "starved", "starving", "cost", "costs", "elapse", "spent",
-                            "etime", "dur"})
+                            "etime"})
 """Words that make the name proper a duration when no unit is written (then read in seconds:
 ``time.time()`` and ``perf_counter()`` differences, what Python code logs); so does a leading ``t``
 before another word (``t_data``, ``t_fwd``: a script's timer variables). ``etime`` is an elapsed
-time (``gpu_etime_ms``); ``dt`` a time difference, alone or leading (``dt_data``, ``dt_net``);
-``dur`` a duration (``iter_dur``), except beside a loss (a speech model's duration predictor's,
-``loss/g/dur``: ``SOFT_NOT_A_PHASE``)."""
+time (``gpu_etime_ms``); ``dt`` a time difference, alone or leading (``dt_data``, ``dt_net``).
+``dur`` is none: in speech code it is an utterance's length or a duration predictor's loss
+(``tr/dur``, ``data_dur``, ``batch_dur``), not a timer's."""
 DURATION_NAMESPACES = frozenset({"time", "times", "timing", "timings", "timer", "timers", "durations", "runtime",
                                  "latency", "latencies", "profile", "profiling", "perf_time", "timeperf", "timeit",
                                  "time_perf", "perf_timing"})
@@ -149,7 +149,7 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
                         | _grad_pairs("forward_backward"),
     "forward": frozenset({"forward", "fwd", "fw", "fprop", "forward_pass", "logprobs", "logprob", "logp", "logits"}),
     "backward": frozenset({"backward", "bwd", "bw", "bprop", "backprop", "backward_pass", "grad", "grads",
-                           "gradient", "gradients", "jacobian", "jacobians", "vjp"}),
+                           "gradient", "gradients"}),
     "optimizer": frozenset({"optimizer", "optim", "opt", "optimizer_step", "opt_step", "optim_step", "gradstep",
                             "grad_step", "adam", "adamw", "sgd", "zero_grad"})
                  | _grad_pairs("optimizer"),
@@ -191,9 +191,8 @@ written once when it ends (``final/sync_wait_other_seconds``); in the name prope
 more words ``final`` is as often a model's last layer or stage (``final_layer_time``,
 ``final_stage/forward_ms``)."""
 SOFT_NOT_A_PHASE = frozenset({"loss"})
-"""Words that put a key outside the step only where no phase word stands beside them, in the name or,
-where the name is a duration, its namespace: ``loss`` is the model's quality (``loss/g/dur``: a
-duration predictor's), ``loss_backward_time`` the backward."""
+"""Words that put a key outside the step only where no phase word stands beside them: ``loss`` is
+the model's quality, ``loss_backward_time`` the backward."""
 COMPONENTS = frozenset({"layer", "layers", "block", "blocks", "module", "modules", "expert", "experts", "head",
                         "heads", "op", "ops", "kernel", "kernels", "clip", "clipping", "layernorm", "embeds",
                         "embedding", "embeddings", "attn", "attention", "mlp", "router", "load_balance",
@@ -509,9 +508,9 @@ interval's total is the run's or many steps' (``loop_total_time``)."""
 
 
 WALL = frozenset({"wall", "walltime", "wallclock"})
-"""Words of the wall clock: after a word of one step (``ONE_STEP``: ``perf/iter_wall_time``,
-``step_wallclock_s``) the step's duration by the wall clock; elsewhere (``wall_time``,
-``train/walltime``) the time since the start (``NOT_A_PHASE``)."""
+"""Words of the wall clock: after a word of one step (``ONE_STEP``), with a unit or a duration word
+(``perf/iter_wall_time``, ``step_wallclock_s``), the step's duration by the wall clock; elsewhere
+(``wall_time``, ``train/walltime``, ``step_wallclock``) the time since the start (``NOT_A_PHASE``)."""
 
 
 def _whole_step(proper: list[str]) -> bool:
@@ -601,14 +600,14 @@ def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str]
     if "total" in stats and _whole_step(proper):
         stats = stats - {"total"}  # step_total, total_step_time: the whole of the step, not a sum of many
         anywhere -= {"total_time", "time_total"}
-    if any(a in ONE_STEP and b in WALL for a, b in zip(proper, proper[1:], strict=False)):
+    if (unit or vocab & DURATION_WORDS) and any(a in ONE_STEP and b in WALL for a, b in zip(proper, proper[1:],
+                                                                                           strict=False)):
         anywhere -= WALL | {"wall_time"}  # iter_wall_time: one iteration's wall time, not the run's
     veto = anywhere & NOT_A_PHASE | (vocab | space) & COMPONENTS | stats | (alone or set()) & SPACE_NOT_A_PHASE
     if not per_step:
         veto |= vocab & NAME_NOT_A_PHASE
-    soft = (vocab | space if unit or vocab & DURATION_WORDS else vocab) & SOFT_NOT_A_PHASE
-    if soft and not _phase(vocab)[0]:
-        veto |= soft
+    if vocab & SOFT_NOT_A_PHASE and not _phase(vocab)[0]:
+        veto |= vocab & SOFT_NOT_A_PHASE
     if vocab & DATA_FIRST:
         veto = stats | anywhere & EVAL_WORDS  # a wait for an eval batch is the evaluation's
     if veto <= BARE_TOTAL_VETO and (total := _bare_total(name, proper, vocab, space, unit)) is not None:
@@ -702,24 +701,14 @@ def _bare_duration(proper: list[str], in_durations: bool = False) -> str:
     return ""
 
 
-LOADS = frozenset({"load", "loading", "fetch", "fetching"})
-"""Words of the loader's fetch: a preparation right after one (``timing/load_prepare_s``,
-``fetch_and_preprocess_time``) is folded into the data wait, as a copy folded into the loader's
-timer is; a preparation alone, or of the data (``data_preprocess_time``), is a part of no phase."""
-
-
 def _parts(proper: list[str], vocab: set[str]) -> set[str]:
-    """The words of ``OTHER_PARTS`` in the name, less a ``processing`` that follows a step word (a
-    batch's processing is the step, ``Batch_processing_time_ms``; a batch's preprocessing, or
-    processing a batch, ``process_batch``, its preparation, is not) and a preparation right after a
-    loader's fetch (``LOADS``), "and" between them or not."""
+    """The words of ``OTHER_PARTS`` in the name, less a ``processing`` that follows a step word: a
+    batch's processing is the step (``Batch_processing_time_ms``); a batch's preprocessing, or
+    processing a batch (``process_batch``: its preparation), is not."""
     parts = vocab & OTHER_PARTS
-    words = [w for w in proper if w != "and"]
-    for before, word in zip(words, words[1:], strict=False):
+    for before, word in zip(proper, proper[1:], strict=False):
         if word == "processing" and before in PHASE_WORDS["step"]:
             parts.discard(word)
-        if word in HOST_PREP and before in LOADS:
-            parts.discard(word)  # load_prepare: the loader's wait, its preparation folded in
     return parts
 
 
