@@ -47,10 +47,25 @@ def loop(phases: dict[str, float], ranks: int = 2, slow: dict[str, float] | None
     (LOOP, "balanced", "trainer.data_wait"),
     (LOOP | {"data_wait": 30}, "input-bound", "trainer.data_wait"),
     (LOOP | {"comm_wait": 28}, "communication-bound", "trainer.comm_wait"),
+    (LOOP | {"data_wait": 0, "queue_wait": 30}, "input-bound", "trainer.queue_wait"),  # a learner on its actors
+    (LOOP | {"data_wait": 10, "queue_wait": 10}, "input-bound", "trainer.data_wait"),
 ])
 def test_single_role_verdicts(phases: dict[str, float], expected: str, evidence: str) -> None:
     v = compute_insight(loop(phases, cycle_ms=sum(phases.values()))).verdict
     assert v.name == expected and evidence in dict(v.evidence) and 0.5 <= v.confidence <= 1.0
+
+
+def test_a_learner_blocked_on_its_actors_queue_is_input_bound_not_balanced() -> None:
+    """A new user's RL learner (TensorBoard names of its own: ``Perf/actor_queue_wait_sec`` 62 % of
+    its loop, ``Perf/learn_sec``, ``Perf/loop_sec``), GPUs 30 % busy: its idle is explained by the
+    queue, and was called ``balanced`` (no single-role rule read a queue wait); an empty queue is
+    the learner's input."""
+    from tests.test_clocks import _drive
+
+    events = [(1000.0 + s, 1, s, {"Perf/actor_queue_wait_sec": 0.62, "Perf/learn_sec": 0.37, "Perf/loop_sec": 1.0})
+              for s in range(60)]
+    _, verdicts = _drive(events, "Perf/loop_sec", busy=0.3)
+    assert set(verdicts[1:]) == {"input-bound"}, verdicts
 
 
 def test_host_bound_compute_bound_throttled_and_straggler_for_a_loop() -> None:

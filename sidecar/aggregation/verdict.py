@@ -44,7 +44,8 @@ that is ``communication-bound``, its detail saying the trainer's timing decided
 (``_busy_but_waiting``); with GPM the evidence names NVML utilization beside SM activity
 (``gpu_utilization``). Otherwise (GPUs
 idle, or no GPU reading) the largest wait over its threshold decides: ``input-bound``
-(``data_wait`` share >= ``host_wait_ratio``), ``communication-bound`` (``comm_wait`` share >=
+(``data_wait`` share, with an empty queue's ``queue_wait``: a learner blocked on its actors, >=
+``host_wait_ratio``), ``communication-bound`` (``comm_wait`` share >=
 ``comm_wait_ratio``), ``host-bound`` (``other`` >= ``host_overhead_ratio``, and only where
 ``other`` is measured host time: the gap inside the worker's step, or its alive time, that no
 timing covers, from workers that time their own forward/backward); else ``balanced``. Time in
@@ -322,7 +323,7 @@ def _single_role(f: RoleFacts, busy: float | None, s: InsightSettings,
     r = f.role
     gpu = _pairs(("gpu_busy", busy))
     gap = share.get(OTHER_SHARE) if f.host_measured else None
-    signals = [("input-bound", f"{r}.data_wait", share.get("data_wait"), s.host_wait_ratio),
+    signals = [("input-bound", *_input_wait(f), s.host_wait_ratio),
                ("communication-bound", f"{r}.comm_wait", share.get("comm_wait"), s.comm_wait_ratio),
                ("host-bound", f"{r}.other", gap, s.host_overhead_ratio)]
     known = [(n, k, v, t) for n, k, v, t in signals if v is not None]
@@ -350,6 +351,18 @@ def _single_role(f: RoleFacts, busy: float | None, s: InsightSettings,
         detail += "; the gap between timings is not host time: no forward/backward timing"
     v = Verdict("balanced", evidence + gpu, detail, confidence=confidence(min(closest, 1.0), 1.0))
     return _unattributed(v, f), r
+
+
+def _input_wait(f: RoleFacts) -> tuple[str, float | None]:
+    """(evidence key, share) of a single role's wait for its input: the data loader's, and an empty
+    queue's (``queue_wait``: a learner blocked on its actors' rollouts, a consumer on its producer;
+    in a DFlash pipeline the drafters' ready deficit, which the queue rules read instead). The key
+    names the larger; None where the role times neither."""
+    data, queue = f.time_share.get("data_wait"), f.time_share.get("queue_wait")
+    if queue is None:
+        return f"{f.role}.data_wait", data
+    key = "data_wait" if (data or 0.0) >= queue else "queue_wait"
+    return f"{f.role}.{key}", (data or 0.0) + queue
 
 
 EVIDENCE_OF: dict[str, tuple[str, ...]] = {
