@@ -176,3 +176,45 @@ def test_explain_reads_the_dflash_inputs_under_the_configured_role_names() -> No
                            mapper, roles)["missing"]["target-bound / queue-starved / input-bound (DFlash)"]
     assert [m["input"] for m in lacking] == ["student queue_wait", "teacher pack", "teacher data_wait"]
     assert lacking[0]["supply"].startswith('timing("student.queue_wait_ms", ...)')
+
+
+def _accumulating(host_s: float, step_every: int = 1) -> list[tuple[float, int, int | None, dict[str, float]]]:
+    """A new user's gradient accumulation (MLflow): each of four micro-batches' load (1.5 ms) and
+    forward-backward (20 ms) logged at its micro-step, the optimizer's 6 ms and the whole step's
+    time at each optimizer step (every ``step_every``-th), ``host_s`` of untimed host work a step."""
+    events, at, micro = [], 1000.0, 0
+    for i in range(1200):
+        start = at
+        for _ in range(4):
+            at += 0.0215
+            events.append((at, 1, micro, {"time/load_ms": 1.5, "time/micro_fwdbwd_ms": 20.0}))
+            micro += 1
+        at += 0.006 + host_s
+        if i % step_every == 0:
+            events.append((at, 1, micro, {"time/opt_step_ms": 6.0, "time/full_step_ms": (at - start) * 1e3}))
+    return events
+
+
+@pytest.mark.parametrize(("case", "host_s", "expected"), [
+    ("every phase timed", 0.0, "unexplained-idle"),
+    ("0.15 s of untimed host work a step", 0.15, "host-bound"),
+])
+def test_phases_logged_per_micro_batch_count_as_often_as_they_run(case: str, host_s: float, expected: str) -> None:
+    """A phase logged four times for each record of the step (per micro-batch, the step per optimizer
+    step) counts four times in it: every phase timed, GPUs 40 % busy, was host-bound (a micro-batch's
+    forward-backward weighed against a step of four), a new user's probe found."""
+    from tests.test_clocks import _drive
+
+    _, verdicts = _drive(_accumulating(host_s), "time/full_step_ms", busy=0.4, window_s=2.0)
+    assert set(verdicts[1:]) == {expected}, (case, verdicts)
+
+
+def test_a_step_logged_less_often_than_its_phases_holds_them_once() -> None:
+    """The step's time logged every other optimizer step, its phases every time: counted twice they
+    would not fit in it, so each counts once (a sampled step, no accumulation): every phase timed."""
+    from tests.test_clocks import _drive
+
+    events = [(1000.0 + 0.092 * i, 1, i, {"time/load_ms": 6.0, "time/fwdbwd_ms": 80.0, "time/opt_step_ms": 6.0}
+               | ({"time/full_step_ms": 92.0} if i % 2 == 0 else {})) for i in range(1200)]
+    _, verdicts = _drive(events, "time/full_step_ms", busy=0.4, window_s=2.0)
+    assert set(verdicts[1:]) == {"unexplained-idle"}, verdicts

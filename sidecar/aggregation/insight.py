@@ -411,6 +411,7 @@ def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
     means = {p: m for p in PHASES if (m := w.snapshot_mean(p, age)) is not None}
     step = w.snapshot_mean("step", age) if w.snapshot("step") else None
     means, step = _with_shares(w, means, step, fresh)
+    means = _per_step(w, means, step)
     # an unmapped timing sent every occurrence beside the snapshots (a user's own timer
     # in a framework callback's step) counts its mean once per cycle
     extra = {n: float(v.window["mean"]) for n, v in w.unmapped.items() if v.window}
@@ -429,6 +430,28 @@ def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
                     {n: m * fit / cycle for n, m in extra.items()},
                     max(0.0, 1.0 - (covered + spare * fit) / cycle) if step else None,
                     any(p in means for p in COMPUTE_PHASES))
+
+
+def _per_step(w: _Worker, means: dict[str, float], step: float | None) -> dict[str, float]:
+    """``means`` with each phase logged ``k`` >= 2 times as often as the step this window (gradient
+    accumulation: a micro-batch's load and forward-backward logged per micro-batch, the optimizer
+    and the whole step per optimizer step) counted ``k`` times, where the step holds them all
+    (their sum within ``PER_STEP_SLACK`` of it); else as they are (a step logged less often than
+    its phases holds them once: its phases' means already fill it)."""
+    step_window = w.window(TIMING, "step")
+    if not step or not step_window or not step_window.get("count"):
+        return means
+    steps = float(step_window["count"])
+    times = {p: k for p in means if (pw := w.window(TIMING, p)) and (k := float(pw.get("count", 0)) / steps) >= 2}
+    if not times:
+        return means
+    scaled = {p: m * times.get(p, 1.0) for p, m in means.items()}
+    return scaled if sum(scaled.values()) <= PER_STEP_SLACK * step else means
+
+
+PER_STEP_SLACK = 1.1
+"""How far above the step its phases, counted as often as they are logged in it, may stand (a
+timer's own overhead, jitter between the records) and still be read so (``_per_step``)."""
 
 
 def _occurrence_reading(w: _Worker, alive_s: float, started: bool, duration: float) -> _Reading | None:
