@@ -19,6 +19,9 @@ WEIGHT_PUSH = "a weight push to the rollout engine, read as communication as the
 ENCODER = ("a frozen encoder's forward, unread: an encode is host preparation in four other parts "
            "(encode_text, vae_encode)")
 SUB_UPDATE = "one network's update of a two-network step named its step, read as the step"
+MAE_CT = "a rank and a logging interval after the name (data_time/0/epoch): read as an epoch's"
+METER_VAL = ("an AverageMeter's current value (_val), read as validation; the same code's "
+             "diagnostics/train_time_val is an epoch's")
 KNOWN_MISSES: dict[tuple[str, str], str] = {
     # printed only, a bare word beside others in a log line: no tap sees it, the name alone says no duration
     ("alex-petrenko/sample-factory", "calculate_losses"): "printed; no duration word",
@@ -445,6 +448,19 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("rcloyd/torchft", "timing/step_ms"): "the inner optimizer step named the step",
     ("rcloyd/torchft", "timing/boundary_step_ms"): "a DiLoCo outer sync named a boundary step",
     ("rcloyd/torchft", "timing/outer_step_ms"): "a DiLoCo outer step of many inner steps, read as the step",
+    # the twenty-seventh and twenty-eighth parts, scored once with v21
+    ("duoan/TinySigLIP", "train/step_time_ms"): "the backward and the optimizer named the step",
+    ("ml-jku/MAE-CT", "profiling/trainer/data_time/0/epoch"): MAE_CT,
+    ("ml-jku/MAE-CT", "profiling/trainer/update_time/0/epoch"): MAE_CT,
+    ("ml-jku/MAE-CT", "profiling/trainer/iter_time/0"): "the loader's start, once, named iter_time",
+    ("allenai/hidden-networks", "train/Time_val"): METER_VAL,
+    ("allenai/hidden-networks", "train/Data_val"): METER_VAL,
+    ("allenai/hidden-networks", "train/Data_avg"): "a meter's mean of the loader's wait: a bare 'Data' is no duration",
+    ("Ledzy/BAdam", "train/step_time"): "the optimizer step alone named the step",
+    ("ZO-Bench/ZO-LLM", "step_consumption"): "the step's time named its consumption (memory's as often)",
+    ("Cherry-love-math/FedDHP", "time/train_wall_excl_eval_sec"): "a federated round named a train wall time",
+    ("timinar/iceaggr", "timing/data_load_sec"): "a host-to-device copy named the data load",
+    ("megvii-research/mdistiller", "Time(data)"): "printed; a tuple unpack named the data time",
 }
 """(repo, key) -> why the daemon does not read it as its code computes it."""
 
