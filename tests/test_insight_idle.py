@@ -218,3 +218,41 @@ def test_a_step_logged_less_often_than_its_phases_holds_them_once() -> None:
                | ({"time/full_step_ms": 92.0} if i % 2 == 0 else {})) for i in range(1200)]
     _, verdicts = _drive(events, "time/full_step_ms", busy=0.4, window_s=2.0)
     assert set(verdicts[1:]) == {"unexplained-idle"}, verdicts
+
+
+def _gan(host_s: float) -> list[tuple[float, int, int | None, dict[str, float]]]:
+    """A new user's GAN loop (TensorBoard, seconds, names of its own): the loader's 6 ms, the
+    discriminator's and the generator's updates (14 and 16 ms, each a forward, a backward and an
+    optimizer step) and the whole iteration, with ``host_s`` of untimed host work (an EMA copy, a
+    grid of samples)."""
+    step = 0.036 + host_s
+    return [(1000.0 + step * (i + 1), 1, i, {"Time/data": 0.006, "Time/D_step": 0.014, "Time/G_step": 0.016,
+                                             "Time/iter": step, "Loss/D": 0.7}) for i in range(600)]
+
+
+@pytest.mark.parametrize(("case", "host_s", "expected"), [
+    ("58 % untimed host work", 0.05, "host-bound"),
+    ("every part timed", 0.0, "unexplained-idle"),
+])
+def test_two_networks_updates_named_steps_are_parts_of_the_iteration(case: str, host_s: float,
+                                                                    expected: str) -> None:
+    """Three names read as the step (``Time/D_step``, ``Time/G_step``, ``Time/iter``): the longest is
+    the step and the shorter ones its parts (each network's update, its compute), GPUs 35 % busy.
+    Before, the first name was the step (the discriminator's 14 ms): input-bound in every window,
+    the loader's 6 ms at 43 % of it, a new user's probe found."""
+    from tests.test_clocks import _drive
+
+    _, verdicts = _drive(_gan(host_s), "Time/iter", busy=0.35, window_s=2.0)
+    assert set(verdicts[1:]) == {expected}, (case, verdicts)
+
+
+def test_a_step_beside_its_timed_compute_reads_the_step_once() -> None:
+    """Where the worker times its forward and backward, a second name read as the step (a step timer
+    leaving the data out, beside the iteration's) is no part of it: the insight reads one, and the
+    untimed host work is still host-bound."""
+    from tests.test_clocks import _drive
+
+    events = [(1000.0 + 0.086 * (i + 1), 1, i, {"Time/data": 0.006, "Time/forward": 0.014, "Time/backward": 0.016,
+                                                "Time/step_time": 0.030, "Time/iter": 0.086}) for i in range(600)]
+    _, verdicts = _drive(events, "Time/iter", busy=0.35, window_s=2.0)
+    assert set(verdicts[1:]) == {"host-bound"}, verdicts

@@ -65,7 +65,7 @@ IDLE_REASONS = {"data": ("data_wait",), "queue": ("queue_wait", "queue_put_wait"
 class _Worker:
     """The series of one (role, worker) in a window, by (kind, name)."""
 
-    __slots__ = ("views", "stale", "unmapped")
+    __slots__ = ("views", "stale", "unmapped", "substeps")
 
     def __init__(self) -> None:
         self.views: dict[tuple[int, str], SeriesView] = {}
@@ -73,6 +73,8 @@ class _Worker:
         """Timings that map to no meaning, by the name they are kept under (with data this window)."""
         self.stale: dict[tuple[int, str], SeriesView] = {}
         """Series without data this window (for values published once, e.g. a capacity)."""
+        self.substeps: list[SeriesView] = []
+        """Timings read as the step beside a longer one (``_substeps``)."""
 
     def snapshot(self, name: str) -> bool:
         view = self.views.get((TIMING, name)) or self.stale.get((TIMING, name))
@@ -140,6 +142,8 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
         known = w.views.get((view.kind, view.meaning))
         if known is None or _preferred(view, known):
             w.views[view.kind, view.meaning] = view
+        if view.kind == TIMING and view.meaning == "step":
+            w.substeps.append(view)
     for view in stale:
         w = roles.get(view.role, {}).get(view.worker)
         if w is None and view.snapshot and view.cumulative.get("last_mean") is not None:
@@ -150,7 +154,39 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
         w = roles.get(view.role, {}).get(view.worker)
         if w is not None:
             w.unmapped[view.raw or view.name] = view
+    for workers in roles.values():
+        for w in workers.values():
+            _substeps(w)
     return dict(roles)
+
+
+SUBSTEP_RATIO = 0.9
+"""Below this share of the step's mean, a shorter timing read as the step is a part of it, not the
+step logged twice (``_substeps``)."""
+
+
+def _mean(v: SeriesView) -> float:
+    """A series' window mean (ms), 0 without data."""
+    return float(v.window["mean"]) if v.window else 0.0
+
+
+def _substeps(w: _Worker) -> None:
+    """Where a worker times no forward or backward and sends several timings read as the step for
+    sure (a GAN's ``Time/D_step`` and ``Time/G_step`` beside ``Time/iter``, an actor's and a
+    critic's updates beside the loop's), the longest is the step and each one under
+    ``SUBSTEP_RATIO`` of it is a part of it (its compute, of no phase: named, as an unmapped timing
+    is); else the insight reads one of them (``_preferred``)."""
+    steps = [v for v in w.substeps if v.certainty >= 1.0 and v.window and READ in v.rule]
+    w.substeps = []
+    if len(steps) < 2 or any((TIMING, p) in w.views for p in COMPUTE_PHASES):
+        return
+    longest = max(steps, key=lambda v: (_mean(v), v.raw or v.name))
+    if w.views.get((TIMING, "step")) not in steps:
+        return  # a user's rule or a preset names the step: it stays
+    w.views[TIMING, "step"] = longest
+    w.substeps = [v for v in steps if _mean(v) < SUBSTEP_RATIO * _mean(longest)]
+    for v in w.substeps:
+        w.unmapped[v.raw or v.name] = v
 
 
 def _preferred(view: SeriesView, known: SeriesView) -> bool:
@@ -390,7 +426,7 @@ class _Reading:
     other: float | None
     """Weighted share no timing covers; None where it cannot be told (snapshots without ``step``)."""
     measured: bool
-    """Whether the worker times its own compute (``COMPUTE_PHASES``)."""
+    """Whether the worker times its own compute (``COMPUTE_PHASES``, or parts of its step: ``_substeps``)."""
 
 
 def _step_beside_unmapped(w: _Worker) -> bool:
@@ -429,7 +465,7 @@ def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
     return _Reading(1.0, {phase: m / cycle for phase, m in means.items()},
                     {n: m * fit / cycle for n, m in extra.items()},
                     max(0.0, 1.0 - (covered + spare * fit) / cycle) if step else None,
-                    any(p in means for p in COMPUTE_PHASES))
+                    any(p in means for p in COMPUTE_PHASES) or bool(w.substeps))
 
 
 def _per_step(w: _Worker, means: dict[str, float], step: float | None) -> dict[str, float]:
@@ -473,7 +509,7 @@ def _occurrence_reading(w: _Worker, alive_s: float, started: bool, duration: flo
     fit = min(1.0, room / spare) if spare > 0 else 1.0
     return _Reading(weight, {phase: weight * sm / wall_ms * scale for phase, sm in sums.items()},
                     {n: weight * share * fit for n, share in extra.items()}, weight * max(0.0, room - spare * fit),
-                    not started and any(sums.get(p) for p in COMPUTE_PHASES))
+                    not started and (any(sums.get(p) for p in COMPUTE_PHASES) or bool(w.substeps)))
 
 
 def _time_share(members: dict[str, _Worker], duration: float,
