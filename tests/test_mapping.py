@@ -219,3 +219,12 @@ def test_the_mapper_keeps_what_it_mapped_when_the_aggregator_drops_its_tables() 
     assert mapped == ["fetch_ms"]
     assert mapper.resolve(TIMING, "fetch_ms", "t", "1").worker == "1"  # another sender's labels: mapped anew
     assert mapped == ["fetch_ms", "fetch_ms"]
+
+
+@pytest.mark.parametrize(("name", "why"), [("perf/epoch_data_wait_s", "epoch"), ("eval_time_s", "eval"),
+                                          ("timing/checkpoint_ms", "checkpoint")])
+def test_a_duration_outside_the_step_says_why(name: str, why: str) -> None:
+    """A duration its name puts outside the step is no phase, and ``explain`` (the series' rule) says
+    why: a new user's epoch sum of the data wait showed as unmapped with no reason."""
+    m = Mapper().resolve(TIMING, name, "trainer", "0")
+    assert m.meaning == "" and m.outside and "outside the step by its name" in m.rule and why in m.rule, m

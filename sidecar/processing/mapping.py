@@ -209,9 +209,12 @@ class Mapper:
 def _use_reading(reading: Reading, unit: Unit, how: str) -> tuple[str, Unit, str]:
     """(meaning, unit, how) of a timing no rule or preset knows, from what its name reads as: the
     phase read, in the unit written anywhere in the name (``elapsed_time_ms_forward``), or in
-    seconds where none is written and a phase is read (``batch_time``)."""
+    seconds where none is written and a phase is read (``batch_time``). A duration the name puts
+    outside the step (an epoch's, an evaluation's) says why (``explain`` shows it)."""
     if not reading.meaning:
-        return "", reading.unit if not unit.known and reading.duration else unit, how
+        why = f"outside the step by its name ({reading.why})" if reading.outside else ""
+        return "", reading.unit if not unit.known and reading.duration else unit, \
+            f"{how} + {why}" if how and why else how or why
     read = f"{READ} ({reading.why}" + (f"; {reading.ambiguous}" if reading.ambiguous else "") + ")"
     return reading.meaning, unit if unit.known else reading.unit, f"{how} + {read}" if how else read
 
