@@ -256,3 +256,46 @@ def test_a_step_beside_its_timed_compute_reads_the_step_once() -> None:
                                                 "Time/step_time": 0.030, "Time/iter": 0.086}) for i in range(600)]
     _, verdicts = _drive(events, "Time/iter", busy=0.35, window_s=2.0)
     assert set(verdicts[1:]) == {"host-bound"}, verdicts
+
+
+def _steps_of(parts: dict[str, float], step_key: str, n: int = 600) -> list[tuple[float, int, int | None,
+                                                                                 dict[str, float]]]:
+    """A loop publishing ``parts`` (seconds) at each step's end, its step ``step_key`` their sum."""
+    step = sum(parts.values())
+    return [(1000.0 + step * (i + 1), 1, i, parts | {step_key: step}) for i in range(n)]
+
+
+FSDP = {"FSDP/DataLoad_s": 0.004, "FSDP/Fwd_s": 0.020, "FSDP/Bwd_s": 0.024, "FSDP/OptStep_s": 0.004}
+
+
+@pytest.mark.parametrize(("case", "parts", "expected"), [
+    ("an FSDP loop's all-gather and reduce-scatter, 35 % together",
+     FSDP | {"FSDP/AllGather_s": 0.012, "FSDP/ReduceScatter_s": 0.016}, "communication-bound"),
+    ("a DPO trainer's policy and reference forwards (35 % of the step), every part timed",
+     {"dpo/time_data": 0.010, "dpo/time_policy_fwd": 0.020, "dpo/time_ref_fwd": 0.035, "dpo/time_policy_bwd": 0.030,
+      "dpo/time_optim": 0.005}, "unexplained-idle"),
+    ("a pipeline's bubble and its point-to-point wait, 40 % together",
+     {"pp/fwd_compute_s": 0.020, "pp/bwd_compute_s": 0.028, "pp/bubble_s": 0.020, "pp/p2p_wait_s": 0.020,
+      "pp/opt_s": 0.012},
+     "communication-bound"),
+])
+def test_a_phase_timed_under_names_of_different_things_counts_them_all(case: str, parts: dict[str, float],
+                                                                     expected: str) -> None:
+    """A phase timed in parts under names of different things sums them: before, the first name was
+    read and the rest was host time (an FSDP loop 35 % in its collectives, GPUs 45 % busy, read
+    balanced), a new user's probe found."""
+    from tests.test_clocks import _drive
+
+    _, verdicts = _drive(_steps_of(parts, "time/step"), "time/step", busy=0.45, window_s=2.0)
+    assert set(verdicts[1:]) == {expected}, (case, verdicts)
+
+
+def test_a_phase_logged_twice_under_two_names_counts_once() -> None:
+    """The same wait logged under two names (``time/data`` and ``train/data_time``: the words of one
+    hold the other's) counts once: 20 % of the step, no input-bound (summed, 40 % would be)."""
+    from tests.test_clocks import _drive
+
+    parts = {"time/data": 0.02, "train/data_time": 0.02, "time/forward": 0.03, "time/backward": 0.05}
+    events = [(1000.0 + 0.1 * (i + 1), 1, i, parts | {"time/step": 0.1}) for i in range(600)]
+    _, verdicts = _drive(events, "time/step", busy=0.45, window_s=2.0)
+    assert "input-bound" not in verdicts, verdicts

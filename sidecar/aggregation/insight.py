@@ -65,7 +65,7 @@ IDLE_REASONS = {"data": ("data_wait",), "queue": ("queue_wait", "queue_put_wait"
 class _Worker:
     """The series of one (role, worker) in a window, by (kind, name)."""
 
-    __slots__ = ("views", "stale", "unmapped", "substeps")
+    __slots__ = ("views", "stale", "unmapped", "substeps", "more")
 
     def __init__(self) -> None:
         self.views: dict[tuple[int, str], SeriesView] = {}
@@ -75,16 +75,19 @@ class _Worker:
         """Series without data this window (for values published once, e.g. a capacity)."""
         self.substeps: list[SeriesView] = []
         """Timings read as the step beside a longer one (``_substeps``)."""
+        self.more: dict[str, list[SeriesView]] = {}
+        """Phase -> its other parts beside the series read for it (``_more_parts``)."""
 
     def snapshot(self, name: str) -> bool:
         view = self.views.get((TIMING, name)) or self.stale.get((TIMING, name))
         return view is not None and view.snapshot
 
-    def snapshot_mean(self, name: str, max_age_s: float) -> float | None:
-        """A snapshot timing's per-batch mean (ms): this window's, else the last if recent."""
+    def snapshot_mean(self, name: str, max_age_s: float, parts: bool = True) -> float | None:
+        """A snapshot timing's per-batch mean (ms): this window's (with its other parts' means,
+        ``parts``), else the last if recent."""
         w = self.window(TIMING, name)
         if w:
-            return float(w["mean"])
+            return float(w["mean"]) + (sum(_mean(v) for v in self.more.get(name, ())) if parts else 0.0)
         view = self.stale.get((TIMING, name))
         if (view is not None and view.snapshot and 0 < max_age_s
                 and view.cumulative.get("last_age_s", math.inf) <= max_age_s):
@@ -111,8 +114,9 @@ class _Worker:
         return float(w[key]) if w else 0.0
 
     def timing_sum_ms(self, name: str) -> float | None:
+        """A timing's window sum (ms), its other parts' (``more``) with it."""
         w = self.window(TIMING, name)
-        return float(w["sum"]) if w else None
+        return float(w["sum"]) + sum(float(v.window["sum"]) for v in self.more.get(name, ()) if v.window) if w else None
 
     def gauge_last(self, name: str) -> float | None:
         view = self.views.get((GAUGE, name)) or self.stale.get((GAUGE, name))
@@ -142,8 +146,8 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
         known = w.views.get((view.kind, view.meaning))
         if known is None or _preferred(view, known):
             w.views[view.kind, view.meaning] = view
-        if view.kind == TIMING and view.meaning == "step":
-            w.substeps.append(view)
+        if view.kind == TIMING and view.meaning in PHASES_AND_STEP:
+            w.more.setdefault(view.meaning, []).append(view)
     for view in stale:
         w = roles.get(view.role, {}).get(view.worker)
         if w is None and view.snapshot and view.cumulative.get("last_mean") is not None:
@@ -156,8 +160,41 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
             w.unmapped[view.raw or view.name] = view
     for workers in roles.values():
         for w in workers.values():
+            w.substeps = w.more.pop("step", [])
             _substeps(w)
+            _more_parts(w)
     return dict(roles)
+
+
+PHASES_AND_STEP = (*PHASES, "step")
+
+
+def _more_parts(w: _Worker) -> None:
+    """A phase timed under several names of different things (an FSDP loop's all-gather and
+    reduce-scatter, a DPO trainer's policy and reference forwards, two encoders): the series read
+    for it (``_preferred``) and each other one whose stem's words neither hold nor are held by one
+    taken already (``time/data`` beside ``train/data_time`` is the same wait logged twice; ``time/
+    forward`` beside ``time/forward_loss`` a part inside it) are all its parts, summed; readings fall
+    back to the one where the sum does not fit in the step (``_snapshot_reading``)."""
+    alike = w.more
+    w.more = {}
+    for phase, views in alike.items():
+        chosen = w.views.get((TIMING, phase))
+        if chosen is None or len(views) < 2:
+            continue
+        taken, more = [_words(chosen)], []
+        for v in sorted(views, key=lambda v: v.raw or v.name):
+            words = _words(v)
+            if v is not chosen and v.window and all(not (words <= t or t <= words) for t in taken):
+                taken.append(words)
+                more.append(v)
+        if more:
+            w.more[phase] = more
+
+
+def _words(v: SeriesView) -> frozenset[str]:
+    """The words of a timing's stem (its name less units and duration words)."""
+    return frozenset((v.stem or v.raw or v.name).lower().split("_"))
 
 
 SUBSTEP_RATIO = 0.9
@@ -445,7 +482,9 @@ def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
     fresh = any(w.window(TIMING, p) or w.window(GAUGE, p) for p in PHASES)
     age = 0.0 if fresh else max_age
     means = {p: m for p in PHASES if (m := w.snapshot_mean(p, age)) is not None}
-    step = w.snapshot_mean("step", age) if w.snapshot("step") else None
+    step = w.snapshot_mean("step", age, parts=False) if w.snapshot("step") else None
+    if step and w.more and sum(means.values()) > PER_STEP_SLACK * step:
+        means = {p: m for p in PHASES if (m := w.snapshot_mean(p, age, parts=False)) is not None}
     means, step = _with_shares(w, means, step, fresh)
     means = _per_step(w, means, step)
     # an unmapped timing sent every occurrence beside the snapshots (a user's own timer
