@@ -228,3 +228,26 @@ def test_a_duration_outside_the_step_says_why(name: str, why: str) -> None:
     why: a new user's epoch sum of the data wait showed as unmapped with no reason."""
     m = Mapper().resolve(TIMING, name, "trainer", "0")
     assert m.meaning == "" and m.outside and "outside the step by its name" in m.rule and why in m.rule, m
+
+
+@pytest.mark.parametrize(("name", "meaning", "scale"), [
+    ("loader", "data_wait", 1.0),      # a timing() record is a duration by its kind, whatever its words
+    ("time/data", "data_wait", 1.0),   # and in the protocol's milliseconds where its name writes no unit
+    ("fetch_s", "data_wait", 1000.0),  # a unit written stands
+])
+def test_a_timing_records_name_is_a_duration_in_milliseconds(name: str, meaning: str, scale: float) -> None:
+    """``timing("loader", ms)``: a new user's loader timed with the shim's own call was unmapped (no
+    unit nor duration word in its name), and ``timing("time/data", ms)`` was read in seconds."""
+    m = Mapper().resolve(TIMING, name, "trainer", "0")
+    assert (m.meaning, m.scale) == (meaning, scale), m
+
+
+def test_a_loader_timed_by_the_shims_call_alone_reads_input_bound() -> None:
+    """The probe's loop: its loader timed with ``timing("loader", ms)`` (60 % of the step), its step and
+    compute with ``timing()`` too, GPUs 30 % busy."""
+    from tests.test_clocks import _drive
+
+    events = [(1000.0 + 0.1 * (i + 1), 1, None, {"loader": 60.0, "fwd_bwd_ms": 35.0, "step_ms": 100.0})
+              for i in range(300)]
+    _, verdicts = _drive(events, "loader", busy=0.3)
+    assert set(verdicts[1:]) == {"input-bound"}, verdicts

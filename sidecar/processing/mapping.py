@@ -166,7 +166,7 @@ class Mapper:
                     reading = Reading(meaning, unit, how, AMBIGUOUS_CERTAINTY, other[1])
                     how = f"{how} (ambiguous: {other[1]})"
             elif kind == TIMING and unit.base in ("", SECONDS):
-                reading = read_name(name)
+                reading = read_name(name, record=not entry)
                 meaning, unit, how = _use_reading(reading, unit, how)
             elif kind in (GAUGE, SCALAR) and unit.base in ("", PER_SECOND) and (rate := read_rate(name)):
                 meaning, how = rate, f"{how} + {READ} (a rate)" if how else f"{READ} (a rate)"

@@ -536,8 +536,14 @@ def _per_step(name: str) -> tuple[str, float] | None:
     return None if m is None else (m.group(1), TIME_UNITS[m.group(1).lower()])
 
 
-def read_name(name: str) -> Reading:
-    """Read ``name`` (as sent, role and worker taken off). Pure and total: never raises."""
+RECORD_UNIT = ("ms (a timing record's)", 1e-3)
+"""The unit of a ``timing()`` record whose name writes none: the protocol's milliseconds."""
+
+
+def read_name(name: str, record: bool = False) -> Reading:
+    """Read ``name`` (as sent, role and worker taken off). ``record``: the name of a ``timing()``
+    record, a duration in milliseconds by its kind whatever its words (``timing("loader", ms)``).
+    Pure and total: never raises."""
     segs = segments(name)
     if not segs:
         return Reading("", Unit(name), "no words")
@@ -547,6 +553,8 @@ def read_name(name: str) -> Reading:
     vocab, space = _vocab(proper), _vocab(namespace)
     unit = _time_unit(name, proper)
     per_step = unit is None and (unit := _per_step(name)) is not None  # ms/it, (secs/batch): a time per step
+    if unit is None and record:
+        unit = RECORD_UNIT
     alone = {seg.strip().lower() for seg in name.split("/")[:-1]}  # final/...: not model.final.forward
     refused = _refused(name, proper, namespace, vocab, space, unit, per_step, alone)
     if refused is not None:
