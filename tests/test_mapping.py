@@ -251,3 +251,27 @@ def test_a_loader_timed_by_the_shims_call_alone_reads_input_bound() -> None:
               for i in range(300)]
     _, verdicts = _drive(events, "loader", busy=0.3)
     assert set(verdicts[1:]) == {"input-bound"}, verdicts
+
+
+@pytest.mark.parametrize(("name", "meaning"), [
+    ("time/data_pct", "data_wait"), ("timing/forward_pct", "forward"), ("comm_time_percent", "comm_wait"),
+    ("time/data(%)", "data_wait"),
+    ("perf/comm_percent", ""),   # no word of a duration: a share of what is not said
+    ("gpu/mem_pct", ""), ("eval_time_pct", ""), ("train/data_ratio", ""),  # a ratio: a mix as often as a share
+])
+def test_a_percent_whose_words_read_a_phase_is_its_share(name: str, meaning: str) -> None:
+    """A percent gauge whose name, less its unit, reads a phase for sure is that phase's share of the
+    step, as a preset's ``data_loading(%)`` is: a new user's ``time/data_pct`` was unmapped."""
+    m = Mapper().resolve(PROFILE, name, "trainer", "0")
+    assert m.meaning == meaning and m.kind == GAUGE, m
+
+
+def test_a_loop_that_logs_its_phases_as_percents_reads_input_bound() -> None:
+    """The probe's loop: its phases as percents of the step (``time/data_pct`` 60), the step in ms,
+    GPUs 30 % busy."""
+    from tests.test_clocks import _drive
+
+    shares = {"time/data_pct": 60.0, "time/forward_pct": 15.0, "time/backward_pct": 20.0, "time/optimizer_pct": 5.0}
+    events = [(1000.0 + 0.1 * (i + 1), 1, i, shares | {"time/step_ms": 100.0}) for i in range(300)]
+    _, verdicts = _drive(events, "time/step_ms", busy=0.3)
+    assert set(verdicts[1:]) == {"input-bound"}, verdicts

@@ -44,6 +44,7 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
                                                    "training step almost everywhere else",
     ("google-research/big_vision", "z/secs/update0"): "the first step only; 'update0' reads as no phase",
     ("pytorch/torchtitan", "time_metrics/data_loading(%)"): "a share of the step, read (rightly) as data_wait's share",
+    ("VLR-CVC/vlm-training", "perf/data_time_pct"): "a share of the wall time, read (rightly) as data_wait's share",
     ("volcengine/verl", "timing_s/old_log_prob"): "labelled another part here; the same words are a forward elsewhere",
     ("facebookresearch/habitat-lab", "perf/ppo.eval_actions"): "a forward inside the update named 'eval'",
     ("inclusionAI/AReaL", "timeperf/train_step"): "a PPO update (fwd+bwd+opt over minibatches) named train_step",

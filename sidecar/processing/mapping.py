@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from sidecar.model.mapped import READ, Mapped, NameKey
-from sidecar.model.meanings import MEANINGS
+from sidecar.model.meanings import MEANINGS, PHASES
 from sidecar.model.names import counter_token, metric_token
 from sidecar.model.settings import RoleSettings
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING
@@ -43,7 +43,7 @@ from sidecar.processing.reader import (
 )
 from sidecar.processing.rules import MappingError, Rule, parse_rules
 from sidecar.processing.settings import MappingSettings
-from sidecar.processing.units import PER_SECOND, SECONDS, Unit, read_unit
+from sidecar.processing.units import PER_SECOND, RATIO, SECONDS, Unit, read_unit
 
 __all__ = ["PRESETS", "Mapper", "MappingError", "Rule", "parse_rules", "preset_table"]
 _SEP = re.compile(r"[./]")
@@ -170,6 +170,9 @@ class Mapper:
                 meaning, unit, how = _use_reading(reading, unit, how)
             elif kind in (GAUGE, SCALAR) and unit.base in ("", PER_SECOND) and (rate := read_rate(name)):
                 meaning, how = rate, f"{how} + {READ} (a rate)" if how else f"{READ} (a rate)"
+            elif kind in (GAUGE, SCALAR) and unit.base == RATIO and unit.factor < 1.0 and (share := _share(unit)):
+                said = f"{READ} (a share of the step)"
+                meaning, how = share, f"{how} + {said}" if how else said
         elif kind == TIMING and unit.base != SECONDS:
             if entry and unit.known:
                 return None  # a dict key in another unit (a percent: a share) is no timing
@@ -204,6 +207,14 @@ class Mapper:
 
     def unused_rules(self) -> list[Rule]:
         return [r for r in self.rules if not self.hits.get(r.index)]
+
+
+def _share(unit: Unit) -> str:
+    """The phase a percent gauge is the share of, read from its name less the unit
+    (``time/data_pct``, ``comm_time_percent``): a phase read for sure from words that say a
+    duration (a duration word, a namespace of durations), else ""."""
+    reading = read_name(unit.stem)
+    return reading.meaning if reading.meaning in PHASES and reading.certainty >= 1.0 else ""
 
 
 def _use_reading(reading: Reading, unit: Unit, how: str) -> tuple[str, Unit, str]:
