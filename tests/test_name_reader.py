@@ -87,6 +87,8 @@ from sidecar.processing.reader import read_name, read_rate, stem, words
     ("runtime/forward", "forward", 1.0),                        # runtime/ as a namespace holds durations
     ("throughput/sec_per_step", "step", 1.0),                   # seconds per step under throughput/: no rate
     ("Generator/backward_time", "backward", 1.0),               # a GAN's generator is trained: no collector
+    ("clip.img_encoder_fwd_s", "forward", 1.0),                 # a CLIP model's namespace, no gradient clipping
+    ("io/read_ms", "data_wait", 1e-3),                          # reading the input
     ("perf/iter_wall_time", "step", 1.0),                       # one iteration's wall time, not the run's
     ("step_wallclock_s", "step", 1.0),
 ])
@@ -172,6 +174,7 @@ def test_phases_read_from_names(name: str, meaning: str, factor: float) -> None:
     ("train/walltime", "walltime"),               # the wall clock since the start, beside no word of one step
     ("perf/wall_time_s", "wall_time"),
     ("step_wallclock", "wallclock"),              # after a step word, but no unit nor duration word
+    ("clip_grad_time", "clip"),                   # a gradient's clipping: one part of the optimizer step
     ("load_and_tokenize_time", "part of the step of no phase"),  # a preparation beside a load: often a
     ("time/jacobian", "no phase word"),           # one-off start-up's; a Jacobian is a solver's as often
 ])

@@ -139,7 +139,7 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
     "queue_put_wait": frozenset({"put_wait", "queue_put", "put_blocked", "enqueue_wait"}),
     "queue_wait": frozenset({"queue_get", "queue_wait", "get_wait", "queue_empty", "dequeue_wait"}),
     "data_wait": frozenset({"data", "dataloader", "dataloading", "data_loader", "data_loading", "loader", "loading",
-                            "load", "fetch", "fetching", "input", "inputs", "io", "next_batch", "get_batch",
+                            "load", "fetch", "fetching", "input", "inputs", "io", "next_batch", "get_batch", "read",
                             "batch_load", "batch_loading", "batch_wait", "batch_generator", "dataset", "prefetch",
                             "sampler", "dequeue", "dl", "reader", "reading", "wait_for_batch", "inter_step",
                             "inter_batch", "between_steps", "between_iterations", "between_iters", "between_batches",
@@ -199,6 +199,9 @@ COMPONENTS = frozenset({"layer", "layers", "block", "blocks", "module", "modules
                         "load_balancing"})
 """Words that make a duration one component's part of a phase (``layer.3.forward_ms``), not the
 phase: the step's forward is not layer 3's."""
+SPACE_MODELS = frozenset({"clip"})
+"""``COMPONENTS`` that, as a namespace, name the model trained (``clip.img_encoder_fwd_s``: a CLIP
+model's), not a part of its step; in the name proper a gradient's clipping (``clip_grad_time``)."""
 ITEMS: dict[str, frozenset[str]] = {
     "tokens": frozenset({"token", "tokens", "tok", "toks", "tks"}),
     "samples": frozenset({"sample", "samples", "example", "examples", "image", "images", "img", "imgs", "sequence",
@@ -611,7 +614,8 @@ def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str]
     if (unit or vocab & DURATION_WORDS) and any(a in ONE_STEP and b in WALL for a, b in zip(proper, proper[1:],
                                                                                            strict=False)):
         anywhere -= WALL | {"wall_time"}  # iter_wall_time: one iteration's wall time, not the run's
-    veto = anywhere & NOT_A_PHASE | (vocab | space) & COMPONENTS | stats | (alone or set()) & SPACE_NOT_A_PHASE
+    veto = (anywhere & NOT_A_PHASE | (vocab | space) & COMPONENTS - SPACE_MODELS | vocab & COMPONENTS | stats
+            | (alone or set()) & SPACE_NOT_A_PHASE)
     if not per_step:
         veto |= vocab & NAME_NOT_A_PHASE
     if vocab & SOFT_NOT_A_PHASE and not _phase(vocab)[0]:
