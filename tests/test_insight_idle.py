@@ -299,3 +299,20 @@ def test_a_phase_logged_twice_under_two_names_counts_once() -> None:
     events = [(1000.0 + 0.1 * (i + 1), 1, i, parts | {"time/step": 0.1}) for i in range(600)]
     _, verdicts = _drive(events, "time/step", busy=0.45, window_s=2.0)
     assert "input-bound" not in verdicts, verdicts
+
+
+def test_the_detail_names_the_step_the_insight_reads() -> None:
+    """A JAX loop's ``jax/jit_step_ms`` (the compiled step: its compute) beside ``jax/loop_ms``: the
+    loop is the step and the jitted step its part; the detail said "step read from the name:
+    jax/jit_step_ms" beside "89 % of the step in jax/jit_step_ms, unmapped", a new user's probe
+    found. It names the step read, ``jax/loop_ms``."""
+    from sidecar.aggregation.aggregator import Aggregator
+    from sidecar.core.pipeline import ingest_records
+    from sidecar.model.window import PROFILE
+
+    agg, mapper = Aggregator(clock=lambda: 1010.0), Mapper()
+    record = {"jax/next_batch_ms": 4.0, "jax/host_to_device_ms": 2.0, "jax/jit_step_ms": 40.0, "jax/loop_ms": 50.0}
+    ingest_records(agg, "trainer", "0", [[PROFILE, i, record] for i in range(100)], mapper)
+    v = compute_window(agg.roll(1010.0, 1010.0, 10.0), gpus=GpuFacts(busy={"0": 0.4})).verdict
+    assert "step read from the name: jax/loop_ms" in v.detail, v
+    assert "read from the name: jax/jit_step_ms" not in v.detail, v

@@ -236,11 +236,13 @@ def _preferred(view: SeriesView, known: SeriesView) -> bool:
     return rank(view) < rank(known)
 
 
-def _reads(series: Iterable[SeriesView]) -> dict[str, dict[str, tuple[str, float]]]:
-    """Role -> phase -> (name, certainty) of the timings whose phase was read from the name
-    (``READ``) or is uncertain (a preset's bare ``time``), the least certain per phase."""
+def _reads(roles: Mapping[str, Mapping[str, _Worker]]) -> dict[str, dict[str, tuple[str, float]]]:
+    """Role -> phase -> (name, certainty) of the timings the insight reads whose phase was read from
+    the name (``READ``) or is uncertain (a preset's bare ``time``), the least certain per phase."""
     out: dict[str, dict[str, tuple[str, float]]] = defaultdict(dict)
-    for v in series:
+    used = (v for workers in roles.values() for w in workers.values()
+            for v in (*w.views.values(), *(m for more in w.more.values() for m in more)))
+    for v in used:
         if v.kind == TIMING and v.meaning in PHASES + ("step",) and (READ in v.rule or v.certainty < 1.0):
             known = out[v.role].get(v.meaning)
             if known is None or v.certainty < known[1]:
@@ -292,7 +294,7 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
     ready_deficit = drafter_role.time_share.get("queue_wait") if drafter_role else None
     composition = drafter or target
     throttled = throttled_gpus(gpus, settings.throttle_reasons)
-    read = _reads(window.series)
+    read = _reads(roles_data)
     facts = {r: RoleFacts(r, ri.time_share, tuple(w for w in workers if w.role == r), ri.unmapped,
                           ri.host_measured, read.get(r, {})) for r, ri in roles.items()}
     queue_fill = _fill(list(target.values()) + list(drafter.values()), "queue_depth", "queue_capacity")
