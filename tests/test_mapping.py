@@ -258,6 +258,7 @@ def test_a_loader_timed_by_the_shims_call_alone_reads_input_bound() -> None:
     ("time/data(%)", "data_wait"),
     ("perf/comm_percent", ""),   # no word of a duration: a share of what is not said
     ("gpu/mem_pct", ""), ("eval_time_pct", ""), ("train/data_ratio", ""),  # a ratio: a mix as often as a share
+    ("sys/io_wait_pct", ""),   # the CPU's iowait (psutil): no share of the step
 ])
 def test_a_percent_whose_words_read_a_phase_is_its_share(name: str, meaning: str) -> None:
     """A percent gauge whose name, less its unit, reads a phase for sure is that phase's share of the

@@ -88,7 +88,6 @@ from sidecar.processing.reader import read_name, read_rate, stem, words
     ("throughput/sec_per_step", "step", 1.0),                   # seconds per step under throughput/: no rate
     ("Generator/backward_time", "backward", 1.0),               # a GAN's generator is trained: no collector
     ("clip.img_encoder_fwd_s", "forward", 1.0),                 # a CLIP model's namespace, no gradient clipping
-    ("io/read_ms", "data_wait", 1e-3),                          # reading the input
     ("perf/iter_wall_time", "step", 1.0),                       # one iteration's wall time, not the run's
     ("step_wallclock_s", "step", 1.0),
 ])

@@ -169,34 +169,44 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
 PHASES_AND_STEP = (*PHASES, "step")
 
 
+COLLECTIVES = ("allgather", "reducescatter", "alltoall", "broadcast", "send", "recv")
+"""Collectives that run one after another, never one inside the other: a communication wait timed
+under two of them (ZeRO-3's and FSDP's all-gather and reduce-scatter) is their sum (``_more_parts``)."""
+
+
 def _more_parts(w: _Worker) -> None:
-    """A phase timed under several names of different things (an FSDP loop's all-gather and
-    reduce-scatter, a DPO trainer's policy and reference forwards, two encoders): the series read
-    for it (``_preferred``) and each other one whose stem's words neither hold nor are held by one
-    taken already (``time/data`` beside ``train/data_time`` is the same wait logged twice; ``time/
-    forward`` beside ``time/forward_loss`` a part inside it) are all its parts, summed; readings fall
-    back to the one where the sum does not fit in the step (``_snapshot_reading``)."""
+    """A communication wait timed under names of different collectives (``COLLECTIVES``: an FSDP
+    loop's ``AllGather`` and ``ReduceScatter``): the series read for it (``_preferred``) and each
+    other one of a collective none taken already names, summed; readings fall back to the one where
+    the sum does not fit in the step (``_snapshot_reading``). Any other phase under two names is
+    read under one: the same wait logged twice under other words (``train/data_time`` and
+    ``perf/data_time``, ``fwd`` and ``forward``) and a timer nested in another (``time/allreduce``
+    inside ``time/grad_sync``) are as common as two parts, and the names cannot tell them apart."""
     alike = w.more
     w.more = {}
-    for phase, views in alike.items():
-        chosen = w.views.get((TIMING, phase))
-        if chosen is None or len(views) < 2:
-            continue
-        taken, more = [_words(chosen)], []
-        for v in sorted(views, key=lambda v: v.raw or v.name):
-            words = _words(v)
-            if v is not chosen and v.window and all(not (words <= t or t <= words) for t in taken):
-                taken.append(words)
-                more.append(v)
-        if more:
-            w.more[phase] = more
+    views = alike.get("comm_wait", [])
+    chosen = w.views.get((TIMING, "comm_wait"))
+    if chosen is None or len(views) < 2 or not (taken := _collectives(chosen)):
+        return
+    more = []
+    for v in sorted(views, key=lambda v: v.raw or v.name):
+        ops = _collectives(v)
+        if v is not chosen and v.window and ops and not ops & taken:
+            taken |= ops
+            more.append(v)
+    if more:
+        w.more["comm_wait"] = more
 
 
-def _words(v: SeriesView) -> frozenset[str]:
-    """The words of a timing's stem (its name less units and duration words)."""
-    return frozenset((v.stem or v.raw or v.name).lower().split("_"))
+def _collectives(v: SeriesView) -> set[str]:
+    """The ``COLLECTIVES`` a timing's name names (its words joined, separators and case aside)."""
+    joined = (v.raw or v.name).lower().replace("_", "").replace("-", "")
+    return {c for c in COLLECTIVES if c in joined}
 
 
+NOT_A_PART = frozenset({"avg", "average", "mean", "ema", "smoothed", "running", "micro", "microstep"})
+"""Words of a name read as the step that make it no part of the step beside a longer one: a mean of
+the step lags it (``time/step_avg``), a micro-batch is one of several (``time/micro_step``)."""
 SUBSTEP_RATIO = 0.9
 """Below this share of the step's mean, a shorter timing read as the step is a part of it, not the
 step logged twice (``_substeps``)."""
@@ -213,7 +223,8 @@ def _substeps(w: _Worker) -> None:
     critic's updates beside the loop's), the longest is the step and each one under
     ``SUBSTEP_RATIO`` of it is a part of it (its compute, of no phase: named, as an unmapped timing
     is); else the insight reads one of them (``_preferred``)."""
-    steps = [v for v in w.substeps if v.certainty >= 1.0 and v.window and READ in v.rule]
+    steps = [v for v in w.substeps if v.certainty >= 1.0 and v.window and READ in v.rule
+             and not set((v.stem or v.name).lower().split("_")) & NOT_A_PART]
     w.substeps = []
     if len(steps) < 2 or any((TIMING, p) in w.views for p in COMPUTE_PHASES):
         return

@@ -34,11 +34,15 @@ from sidecar.processing import presets
 from sidecar.processing.presets import PRESETS
 from sidecar.processing.reader import (
     AMBIGUOUS_CERTAINTY,
+    DURATION_NAMESPACES,
+    DURATION_WORDS,
+    WAIT_WORDS,
     Reading,
     ambiguity,
     counts_items,
     read_name,
     read_rate,
+    segments,
     stem,
 )
 from sidecar.processing.rules import MappingError, Rule, parse_rules
@@ -211,8 +215,12 @@ class Mapper:
 
 def _share(unit: Unit) -> str:
     """The phase a percent gauge is the share of, read from its name less the unit
-    (``time/data_pct``, ``comm_time_percent``): a phase read for sure from words that say a
-    duration (a duration word, a namespace of durations), else ""."""
+    (``time/data_pct``, ``comm_time_percent``): a phase read for sure from words that say a time
+    (a namespace of durations, a duration word other than a wait: ``sys/io_wait_pct`` is the CPU's
+    iowait), else ""."""
+    words = {w for seg in segments(unit.stem) for w in seg}
+    if not words & (DURATION_NAMESPACES | DURATION_WORDS) - WAIT_WORDS:
+        return ""
     reading = read_name(unit.stem)
     return reading.meaning if reading.meaning in PHASES and reading.certainty >= 1.0 else ""
 

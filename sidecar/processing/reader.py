@@ -139,7 +139,7 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
     "queue_put_wait": frozenset({"put_wait", "queue_put", "put_blocked", "enqueue_wait"}),
     "queue_wait": frozenset({"queue_get", "queue_wait", "get_wait", "queue_empty", "dequeue_wait"}),
     "data_wait": frozenset({"data", "dataloader", "dataloading", "data_loader", "data_loading", "loader", "loading",
-                            "load", "fetch", "fetching", "input", "inputs", "io", "next_batch", "get_batch", "read",
+                            "load", "fetch", "fetching", "input", "inputs", "io", "next_batch", "get_batch",
                             "batch_load", "batch_loading", "batch_wait", "batch_generator", "dataset", "prefetch",
                             "sampler", "dequeue", "dl", "reader", "reading", "wait_for_batch", "inter_step",
                             "inter_batch", "between_steps", "between_iterations", "between_iters", "between_batches",
