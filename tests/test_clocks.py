@@ -21,31 +21,28 @@ import pytest
 
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.aggregation.clocks import CLIMBS, _Watch
-from sidecar.aggregation.insight import compute_insight
 from sidecar.core.pipeline import ingest_records
-from sidecar.model.insight import GpuFacts
 from sidecar.model.window import PROFILE, TIMING, SeriesView
 from sidecar.processing.mapping import Mapper
 from sidecar.processing.rules import parse_rules
 from tests.daemon_harness import DaemonProc, env, explain, verdict, wait_for
 from tests.fake_nvml.control import FakeNvml
 from tests.fake_nvml.helpers import library_or_skip
-
-WINDOW_S = 10.0
+from tests.window_drive import WINDOW_S, Event, drive
 
 
 def _run(name: str, value_at: Callable[[int], float | None], windows: int,
          others: dict[str, float] | None = None) -> list[SeriesView]:
     """The view of ``name`` at the end of each window with a record; ``value_at(k)`` is what the
     trainer logged in window k (None: nothing), ``others`` what it logged beside it every window,
-    one ``publish`` at the window's start, its step k (``_drive``)."""
+    one ``publish`` at the window's start, its step k (``drive``)."""
     events: list[Event] = []
     for k in range(windows):
         value = value_at(k)
         profile = dict(others or {}) | ({name: value} if value is not None else {})
         if profile:
             events.append((1000.0 + WINDOW_S * k, 1, k, profile))
-    return _drive(events, name)[0]
+    return drive(events, name)[0]
 
 
 @pytest.mark.parametrize("name", ["train/time", "Time", "time"])
@@ -182,41 +179,11 @@ def test_a_series_gone_leaves_no_watch() -> None:
     assert clocks._watched == {}  # noqa: SLF001 - the state under test
 
 
-Event = tuple[float, int, int | None, dict[str, float]]
-"""(monotonic seconds it arrives, sender id, step, profile; no step: each entry a ``timing()`` record, in ms)."""
-
-
-def _drive(events: list[Event], name: str, busy: float = 0.45, mapper: Mapper | None = None,
-           window_s: float = WINDOW_S) -> tuple[list[SeriesView], list[str]]:
-    """``name``'s view at the end of each window (``window_s``) from the first event's (with data
-    or not) and each window's verdict (the GPU ``busy``), on an aggregator whose clock moves to each
-    event as it arrives (one ``publish`` each, or a ``timing()`` record per entry where its step is
-    None; every sender under one role and worker), names mapped by ``mapper`` (no rules by default)."""
-    events = sorted(events, key=lambda e: e[0])
-    now = [events[0][0]]
-    agg, mapper = Aggregator(clock=lambda: now[0]), mapper or Mapper()
-    seen: list[SeriesView] = []
-    verdicts: list[str] = []
-    i, end = 0, events[0][0] + window_s
-    while end <= events[-1][0] + window_s:
-        while i < len(events) and events[i][0] < end:
-            now[0], sender, step, profile = events[i]
-            records = [[PROFILE, step, profile]] if step is not None else [[TIMING, k, v] for k, v in profile.items()]
-            ingest_records(agg, "trainer", "0", records, mapper, sender_id=sender)
-            i += 1
-        now[0] = end
-        report = agg.roll(end, end, window_s)
-        seen += [v for v in report.series if v.kind == TIMING and (v.raw or v.name) == name]
-        verdicts.append(compute_insight(report, gpus=GpuFacts(busy={"0": busy})).verdict.name)
-        end += window_s
-    return seen, verdicts
-
-
 def _paced(name: str, value_at: Callable[[int, int], float | None], windows: int, steps_per_window: int = 10,
            stride: int = 1) -> tuple[list[SeriesView], list[str]]:
     """A trainer logging ``steps_per_window`` steps evenly through each 10 s window (its step moving
     by ``stride``), each with its data wait (0.4 of a second-long step) and loss, and ``name`` where
-    ``value_at(window, step in window)`` says so (``_drive``)."""
+    ``value_at(window, step in window)`` says so (``drive``)."""
     events: list[Event] = []
     for k in range(windows):
         for j in range(steps_per_window):
@@ -224,7 +191,7 @@ def _paced(name: str, value_at: Callable[[int, int], float | None], windows: int
             profile = {"train/data_time": 0.4, "train/loss": 1.0} | ({name: value} if value is not None else {})
             events.append((1000.0 + WINDOW_S * (k + j / steps_per_window), 1, stride * (steps_per_window * k + j),
                            profile))
-    return _drive(events, name)
+    return drive(events, name)
 
 
 @pytest.mark.parametrize("name", ["train_time", "Train/Time", "train/time", "time"])
@@ -245,7 +212,7 @@ def test_a_rare_steps_first_record_that_spans_is_held_out_of_its_window_only() -
     """What the first record's hold costs: a step's time logged every hundredth 1 s step from the
     hundredth on, its first logged step holding a 101 s checkpoint, looks like an epoch's end in
     that window; its next record spans nothing and it is the step from then on."""
-    views, _ = _drive(_every_step([1.0] * 100 + [101.0] + [1.0] * 599, 100, first=100), "train/time")
+    views, _ = drive(_every_step([1.0] * 100 + [101.0] + [1.0] * 599, 100, first=100), "train/time")
     meanings = [v.meaning for v in views if v.window is not None]
     assert meanings[0] == "" and set(meanings[1:]) == {"step"}, meanings
 
@@ -318,7 +285,7 @@ def _micro_batches(accumulated: int) -> list[Event]:
 def test_a_steps_time_logged_at_any_pace_stays_the_step(case: str, events: list[Event]) -> None:
     """The rule's false alarms a review found in its first form (one window's median against the
     run's mean pace), and more: none drops a step's time."""
-    views, _ = _drive(events, "train/time")
+    views, _ = drive(events, "train/time")
     meanings = [v.meaning for v in views if v.window is not None]
     assert meanings and set(meanings) == {"step"}, (case, meanings.count(""), len(meanings))
 
@@ -341,7 +308,7 @@ def test_a_running_total_read_as_a_phase_is_no_phase(name: str, phase: str, tota
     be that long: climbing, above twice the wall time between its windows, ``CLIMBS`` windows in a
     row. Before, a total of a 0.1 s load read as the data wait ate every verdict: a step waiting 55 %
     on its all-reduce, the GPUs 45 % busy, read input-bound (the data wait at 100 % of the step)."""
-    views, verdicts = _drive(_beside_a_total(name, total), name)
+    views, verdicts = drive(_beside_a_total(name, total), name)
     assert views[0].meaning == phase
     gone = next(i for i, v in enumerate(views) if v.meaning == "")
     assert "running total" in views[gone].rule and all(v.meaning == "" for v in views[gone:]), [v.rule for v in views]
@@ -351,7 +318,7 @@ def test_a_running_total_read_as_a_phase_is_no_phase(name: str, phase: str, tota
 def test_without_the_total_rule_a_running_total_reads_input_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the rule mends: switched off, the total of a 0.1 s load reads input-bound to the end."""
     monkeypatch.setattr("sidecar.aggregation.clocks._Total.summed", lambda self, window, now_s, senders: False)
-    _, verdicts = _drive(_beside_a_total("time/dataloader", lambda step: 0.1 * (step + 1)), "time/dataloader")
+    _, verdicts = drive(_beside_a_total("time/dataloader", lambda step: 0.1 * (step + 1)), "time/dataloader")
     assert verdicts[-10:] == ["input-bound"] * 10, verdicts
 
 
@@ -502,7 +469,7 @@ def test_a_phases_time_stays_its_phase(case: str, events: list[Event], name: str
     above its step timer; a rule that read such a phase as a sum over many steps (the axis's moves
     since its last record, above twice the step) was withdrawn when a review found it dropped each
     of them for good."""
-    views, _ = _drive(events, name, mapper=Mapper(parse_rules(rules)), window_s=window_s)
+    views, _ = drive(events, name, mapper=Mapper(parse_rules(rules)), window_s=window_s)
     meanings = [v.meaning for v in views if v.window is not None]
     assert meanings and set(meanings) == {meaning}, (case, [v.rule for v in views if not v.meaning][:1])
 

@@ -21,6 +21,7 @@ from sidecar.processing.explain import explain_data
 from sidecar.processing.mapping import Mapper
 from sidecar.processing.settings import MappingSettings
 from tests.insight_synth import pipeline, report, worker
+from tests.window_drive import drive
 
 
 def compute_insight(rep: IngestReport, settings: InsightSettings | None = None,
@@ -60,11 +61,9 @@ def test_a_learner_blocked_on_its_actors_queue_is_input_bound_not_balanced() -> 
     its loop, ``Perf/learn_sec``, ``Perf/loop_sec``), GPUs 30 % busy: its idle is explained by the
     queue, and was called ``balanced`` (no single-role rule read a queue wait); an empty queue is
     the learner's input."""
-    from tests.test_clocks import _drive
-
     events = [(1000.0 + s, 1, s, {"Perf/actor_queue_wait_sec": 0.62, "Perf/learn_sec": 0.37, "Perf/loop_sec": 1.0})
               for s in range(60)]
-    _, verdicts = _drive(events, "Perf/loop_sec", busy=0.3)
+    _, verdicts = drive(events, "Perf/loop_sec", busy=0.3)
     assert set(verdicts[1:]) == {"input-bound"}, verdicts
 
 
@@ -203,20 +202,16 @@ def test_phases_logged_per_micro_batch_count_as_often_as_they_run(case: str, hos
     """A phase logged four times for each record of the step (per micro-batch, the step per optimizer
     step) counts four times in it: every phase timed, GPUs 40 % busy, was host-bound (a micro-batch's
     forward-backward weighed against a step of four), a new user's probe found."""
-    from tests.test_clocks import _drive
-
-    _, verdicts = _drive(_accumulating(host_s), "time/full_step_ms", busy=0.4, window_s=2.0)
+    _, verdicts = drive(_accumulating(host_s), "time/full_step_ms", busy=0.4, window_s=2.0)
     assert set(verdicts[1:]) == {expected}, (case, verdicts)
 
 
 def test_a_step_logged_less_often_than_its_phases_holds_them_once() -> None:
     """The step's time logged every other optimizer step, its phases every time: counted twice they
     would not fit in it, so each counts once (a sampled step, no accumulation): every phase timed."""
-    from tests.test_clocks import _drive
-
     events = [(1000.0 + 0.092 * i, 1, i, {"time/load_ms": 6.0, "time/fwdbwd_ms": 80.0, "time/opt_step_ms": 6.0}
                | ({"time/full_step_ms": 92.0} if i % 2 == 0 else {})) for i in range(1200)]
-    _, verdicts = _drive(events, "time/full_step_ms", busy=0.4, window_s=2.0)
+    _, verdicts = drive(events, "time/full_step_ms", busy=0.4, window_s=2.0)
     assert set(verdicts[1:]) == {"unexplained-idle"}, verdicts
 
 
@@ -240,9 +235,7 @@ def test_two_networks_updates_named_steps_are_parts_of_the_iteration(case: str, 
     the step and the shorter ones its parts (each network's update, its compute), GPUs 35 % busy.
     Before, the first name was the step (the discriminator's 14 ms): input-bound in every window,
     the loader's 6 ms at 43 % of it, a new user's probe found."""
-    from tests.test_clocks import _drive
-
-    _, verdicts = _drive(_gan(host_s), "Time/iter", busy=0.35, window_s=2.0)
+    _, verdicts = drive(_gan(host_s), "Time/iter", busy=0.35, window_s=2.0)
     assert set(verdicts[1:]) == {expected}, (case, verdicts)
 
 
@@ -251,10 +244,8 @@ def test_a_mean_or_a_micro_batch_of_the_step_is_no_part_of_it(part: str) -> None
     """A running mean of the step (lagging it) or one micro-batch's step beside the step is no part
     of it: the insight does not claim the rest as measured host time (a review found both read
     host-bound with every part of the loop timed but its compute)."""
-    from tests.test_clocks import _drive
-
     events = [(1000.0 + 0.1 * (i + 1), 1, i, {"Time/data": 0.01, part: 0.05, "Time/iter": 0.1}) for i in range(600)]
-    _, verdicts = _drive(events, "Time/iter", busy=0.45, window_s=2.0)
+    _, verdicts = drive(events, "Time/iter", busy=0.45, window_s=2.0)
     assert "host-bound" not in verdicts, verdicts
 
 
@@ -262,11 +253,9 @@ def test_a_step_beside_its_timed_compute_reads_the_step_once() -> None:
     """Where the worker times its forward and backward, a second name read as the step (a step timer
     leaving the data out, beside the iteration's) is no part of it: the insight reads one, and the
     untimed host work is still host-bound."""
-    from tests.test_clocks import _drive
-
     events = [(1000.0 + 0.086 * (i + 1), 1, i, {"Time/data": 0.006, "Time/forward": 0.014, "Time/backward": 0.016,
                                                 "Time/step_time": 0.030, "Time/iter": 0.086}) for i in range(600)]
-    _, verdicts = _drive(events, "Time/iter", busy=0.35, window_s=2.0)
+    _, verdicts = drive(events, "Time/iter", busy=0.35, window_s=2.0)
     assert set(verdicts[1:]) == {"host-bound"}, verdicts
 
 
@@ -292,9 +281,7 @@ def test_a_wait_timed_under_different_collectives_counts_them_all(case: str, par
     """A communication wait timed under names of different collectives sums them: before, the first
     name was read and the rest was host time (an FSDP loop 35 % in its collectives, GPUs 45 % busy,
     read balanced), a new user's probe found."""
-    from tests.test_clocks import _drive
-
-    _, verdicts = _drive(_steps_of(parts, "time/step"), "time/step", busy=0.45, window_s=2.0)
+    _, verdicts = drive(_steps_of(parts, "time/step"), "time/step", busy=0.45, window_s=2.0)
     assert set(verdicts[1:]) == {expected}, (case, verdicts)
 
 
@@ -308,11 +295,9 @@ def test_a_phase_under_two_names_of_one_thing_counts_once(case: str, twice: dict
     """One wait logged under two names, or a timer nested in another, counts once: 20 % of the
     step, under every threshold (summed, 40 % would read input- or communication-bound). A review
     of a first rule that summed any two names of a phase whose words differ found each of these."""
-    from tests.test_clocks import _drive
-
     parts = twice | {"time/forward": 0.03, "time/backward": 0.05}
     events = [(1000.0 + 0.1 * (i + 1), 1, i, parts | {"time/step": 0.1}) for i in range(600)]
-    _, verdicts = _drive(events, "time/step", busy=0.45, window_s=2.0)
+    _, verdicts = drive(events, "time/step", busy=0.45, window_s=2.0)
     assert not {"input-bound", "communication-bound"} & set(verdicts), (case, verdicts)
 
 

@@ -13,6 +13,7 @@ from sidecar.core.pipeline import ingest_records
 from sidecar.model.mapped import Mapped
 from sidecar.model.meanings import COUNT, GAUGE, MEANINGS, TIMING
 from sidecar.processing.mapping import PRESETS, Mapper, MappingError, parse_rules
+from tests.window_drive import drive
 from trainer_shim.wire import MAX_NAME_BYTES
 
 
@@ -245,11 +246,9 @@ def test_a_timing_records_name_is_a_duration_in_milliseconds(name: str, meaning:
 def test_a_loader_timed_by_the_shims_call_alone_reads_input_bound() -> None:
     """The probe's loop: its loader timed with ``timing("loader", ms)`` (60 % of the step), its step and
     compute with ``timing()`` too, GPUs 30 % busy."""
-    from tests.test_clocks import _drive
-
     events = [(1000.0 + 0.1 * (i + 1), 1, None, {"loader": 60.0, "fwd_bwd_ms": 35.0, "step_ms": 100.0})
               for i in range(300)]
-    _, verdicts = _drive(events, "loader", busy=0.3)
+    _, verdicts = drive(events, "loader", busy=0.3)
     assert set(verdicts[1:]) == {"input-bound"}, verdicts
 
 
@@ -270,9 +269,7 @@ def test_a_percent_whose_words_read_a_phase_is_its_share(name: str, meaning: str
 def test_a_loop_that_logs_its_phases_as_percents_reads_input_bound() -> None:
     """The probe's loop: its phases as percents of the step (``time/data_pct`` 60), the step in ms,
     GPUs 30 % busy."""
-    from tests.test_clocks import _drive
-
     shares = {"time/data_pct": 60.0, "time/forward_pct": 15.0, "time/backward_pct": 20.0, "time/optimizer_pct": 5.0}
     events = [(1000.0 + 0.1 * (i + 1), 1, i, shares | {"time/step_ms": 100.0}) for i in range(300)]
-    _, verdicts = _drive(events, "time/step_ms", busy=0.3)
+    _, verdicts = drive(events, "time/step_ms", busy=0.3)
     assert set(verdicts[1:]) == {"input-bound"}, verdicts
