@@ -74,7 +74,7 @@ class _Worker:
         self.stale: dict[tuple[int, str], SeriesView] = {}
         """Series without data this window (for values published once, e.g. a capacity)."""
         self.substeps: list[SeriesView] = []
-        """Timings read as the step beside a longer one (``_substeps``)."""
+        """Timings read as the step beside a longer one: parts of it (``_substeps``)."""
         self.more: dict[str, list[SeriesView]] = {}
         """Phase -> its other parts beside the series read for it (``_more_parts``)."""
 
@@ -127,6 +127,7 @@ class _Worker:
 def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
     roles: dict[str, dict[str, _Worker]] = defaultdict(dict)
     stale: list[SeriesView] = []
+    alike: dict[int, dict[str, list[SeriesView]]] = {}  # worker (by identity) -> its comm_wait and step series
     unmapped: list[SeriesView] = []
     for view in series:
         if not view.meaning:
@@ -146,8 +147,8 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
         known = w.views.get((view.kind, view.meaning))
         if known is None or _preferred(view, known):
             w.views[view.kind, view.meaning] = view
-        if view.kind == TIMING and view.meaning in PHASES_AND_STEP:
-            w.more.setdefault(view.meaning, []).append(view)
+        if view.kind == TIMING and view.meaning in ("comm_wait", "step"):
+            alike.setdefault(id(w), {}).setdefault(view.meaning, []).append(view)
     for view in stale:
         w = roles.get(view.role, {}).get(view.worker)
         if w is None and view.snapshot and view.cumulative.get("last_mean") is not None:
@@ -160,13 +161,10 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
             w.unmapped[view.raw or view.name] = view
     for workers in roles.values():
         for w in workers.values():
-            w.substeps = w.more.pop("step", [])
-            _substeps(w)
-            _more_parts(w)
+            named = alike.get(id(w), {})
+            _substeps(w, named.get("step", []))
+            _more_parts(w, named.get("comm_wait", []))
     return dict(roles)
-
-
-PHASES_AND_STEP = (*PHASES, "step")
 
 
 COLLECTIVES = ("allgather", "reducescatter", "alltoall", "broadcast", "send", "recv")
@@ -174,7 +172,7 @@ COLLECTIVES = ("allgather", "reducescatter", "alltoall", "broadcast", "send", "r
 under two of them (ZeRO-3's and FSDP's all-gather and reduce-scatter) is their sum (``_more_parts``)."""
 
 
-def _more_parts(w: _Worker) -> None:
+def _more_parts(w: _Worker, views: list[SeriesView]) -> None:
     """A communication wait timed under names of different collectives (``COLLECTIVES``: an FSDP
     loop's ``AllGather`` and ``ReduceScatter``): the series read for it (``_preferred``) and each
     other one of a collective none taken already names, summed; readings fall back to the one where
@@ -182,9 +180,6 @@ def _more_parts(w: _Worker) -> None:
     read under one: the same wait logged twice under other words (``train/data_time`` and
     ``perf/data_time``, ``fwd`` and ``forward``) and a timer nested in another (``time/allreduce``
     inside ``time/grad_sync``) are as common as two parts, and the names cannot tell them apart."""
-    alike = w.more
-    w.more = {}
-    views = alike.get("comm_wait", [])
     chosen = w.views.get((TIMING, "comm_wait"))
     if chosen is None or len(views) < 2 or not (taken := _collectives(chosen)):
         return
@@ -217,15 +212,14 @@ def _mean(v: SeriesView) -> float:
     return float(v.window["mean"]) if v.window else 0.0
 
 
-def _substeps(w: _Worker) -> None:
+def _substeps(w: _Worker, candidates: list[SeriesView]) -> None:
     """Where a worker times no forward or backward and sends several timings read as the step for
     sure (a GAN's ``Time/D_step`` and ``Time/G_step`` beside ``Time/iter``, an actor's and a
     critic's updates beside the loop's), the longest is the step and each one under
     ``SUBSTEP_RATIO`` of it is a part of it (its compute, of no phase: named, as an unmapped timing
     is); else the insight reads one of them (``_preferred``)."""
-    steps = [v for v in w.substeps if v.certainty >= 1.0 and v.window and READ in v.rule
+    steps = [v for v in candidates if v.certainty >= 1.0 and v.window and READ in v.rule
              and not set((v.stem or v.name).lower().split("_")) & NOT_A_PART]
-    w.substeps = []
     if len(steps) < 2 or any((TIMING, p) in w.views for p in COMPUTE_PHASES):
         return
     longest = max(steps, key=lambda v: (_mean(v), v.raw or v.name))
