@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from sidecar.model.mapped import READ, Mapped, NameKey
-from sidecar.model.meanings import MEANINGS, PHASES
+from sidecar.model.meanings import MEANINGS
 from sidecar.model.names import counter_token, metric_token
 from sidecar.model.settings import RoleSettings
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING
@@ -34,15 +34,12 @@ from sidecar.processing import presets
 from sidecar.processing.presets import PRESETS
 from sidecar.processing.reader import (
     AMBIGUOUS_CERTAINTY,
-    DURATION_NAMESPACES,
-    DURATION_WORDS,
-    WAIT_WORDS,
     Reading,
     ambiguity,
     counts_items,
     read_name,
     read_rate,
-    segments,
+    read_share,
     stem,
 )
 from sidecar.processing.rules import MappingError, Rule, parse_rules
@@ -174,7 +171,8 @@ class Mapper:
                 meaning, unit, how = _use_reading(reading, unit, how)
             elif kind in (GAUGE, SCALAR) and unit.base in ("", PER_SECOND) and (rate := read_rate(name)):
                 meaning, how = rate, f"{how} + {READ} (a rate)" if how else f"{READ} (a rate)"
-            elif kind in (GAUGE, SCALAR) and unit.base == RATIO and unit.factor < 1.0 and (share := _share(unit)):
+            elif (kind in (GAUGE, SCALAR) and unit.base == RATIO and unit.factor < 1.0
+                  and (share := read_share(unit.stem))):
                 said = f"{READ} (a share of the step)"
                 meaning, how = share, f"{how} + {said}" if how else said
         elif kind == TIMING and unit.base != SECONDS:
@@ -211,18 +209,6 @@ class Mapper:
 
     def unused_rules(self) -> list[Rule]:
         return [r for r in self.rules if not self.hits.get(r.index)]
-
-
-def _share(unit: Unit) -> str:
-    """The phase a percent gauge is the share of, read from its name less the unit
-    (``time/data_pct``, ``comm_time_percent``): a phase read for sure from words that say a time
-    (a namespace of durations, a duration word other than a wait: ``sys/io_wait_pct`` is the CPU's
-    iowait), else ""."""
-    words = {w for seg in segments(unit.stem) for w in seg}
-    if not words & (DURATION_NAMESPACES | DURATION_WORDS) - WAIT_WORDS:
-        return ""
-    reading = read_name(unit.stem)
-    return reading.meaning if reading.meaning in PHASES and reading.certainty >= 1.0 else ""
 
 
 def _use_reading(reading: Reading, unit: Unit, how: str) -> tuple[str, Unit, str]:

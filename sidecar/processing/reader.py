@@ -42,6 +42,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from sidecar.model.meanings import PHASES
 from sidecar.model.names import split_segments
 from sidecar.processing.units import SECONDS, Unit
 
@@ -779,6 +780,18 @@ def read_rate(name: str) -> str:
             counted = m.group(1).lower()
             return next((meaning for meaning, ws in RATES.items() if counted in ws), "")
     return ""
+
+
+def read_share(stem_: str) -> str:
+    """The phase a percent gauge is the share of, read from its name less the unit (``time/data``
+    of ``time/data_pct``, ``comm_time`` of ``comm_time_percent``): a phase read for sure from words
+    that say a time (a namespace of durations, a duration word other than a wait: ``sys/io_wait`` is
+    the CPU's iowait), else ``""``."""
+    said = {w for seg in segments(stem_) for w in seg}
+    if not said & (DURATION_NAMESPACES | DURATION_WORDS) - WAIT_WORDS:
+        return ""
+    reading = read_name(stem_)
+    return reading.meaning if reading.meaning in PHASES and reading.certainty >= 1.0 else ""
 
 
 def doc_table() -> list[str]:
