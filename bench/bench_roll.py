@@ -10,7 +10,10 @@ so that every one is watched by the window's rules for names read (a running tot
 ``--siblings`` they are a review's attack on the rule for names read from their siblings: words
 that take a phase beside others (``render``, ``unet``, a timer's ``step``) at 55 nested prefixes
 (``x_render_ms``, ``x_x_render_ms``, ...: a name's 128 bytes allow that many), beside backwards
-under the deepest prefix. Prints the
+under the deepest prefix. With ``--steps`` they are 1,000 read as the step and 1,000 as
+communication under four collectives (``m3/part17/iter_ms``, ``m3/part17/allgather_ms``), the
+worst case for the rules that take a worker's shorter step timings as its step's parts and sum its
+waits under different collectives. Prints the
 median milliseconds per roll over the windows after the first ten. To compare two trees, run it
 in each, alternating processes (the machine's noise is larger than the change)."""
 
@@ -36,7 +39,16 @@ def sibling_chain(n: int, depth: int = 55) -> list[str]:
     return keys + [f"{'x_' * depth}b{i}_backward_ms" for i in range(n - len(keys))]
 
 
-def roll_ms(windows: int, read: bool = False, siblings: bool = False) -> float:
+COLLECTIVES = ("allgather", "reduce_scatter", "all_to_all", "broadcast")
+
+
+def steps_and_collectives(j: int) -> dict[str, float]:
+    """Profile ``j`` of ``--steps``: 100 step timings of different lengths, 100 collectives' waits."""
+    steps = {f"m{j}/part{i}/iter_ms": 5.0 + i for i in range(100)}
+    return steps | {f"m{j}/part{i}/{COLLECTIVES[i % 4]}_ms": 1.0 + i % 7 for i in range(100)}
+
+
+def roll_ms(windows: int, read: bool = False, siblings: bool = False, steps: bool = False) -> float:
     """Median ms of ``Aggregator.roll`` over ``windows`` 10-second windows (the first ten left out);
     ``read``: the per-layer timings named as phases read from their names; ``siblings``: named as
     the sibling chain (``sibling_chain``)."""
@@ -46,6 +58,8 @@ def roll_ms(windows: int, read: bool = False, siblings: bool = False) -> float:
     if siblings:
         chain = sibling_chain(2000)
         profiles = [dict.fromkeys(chain[j * 200:(j + 1) * 200], 1.0) for j in range(10)]
+    if steps:
+        profiles = [steps_and_collectives(j) for j in range(10)]
     out = []
     for k in range(windows):
         clock = {"train/time": 3600.0 + 10.0 * k, "train/data_time": 0.1}
@@ -63,10 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--windows", type=int, default=40)
     ap.add_argument("--read", action="store_true", help="the 2,000 timings named as phases the reader reads")
     ap.add_argument("--siblings", action="store_true", help="the 2,000 timings named as nested sibling words")
+    ap.add_argument("--steps", action="store_true", help="1,000 timings read as the step, 1,000 as collectives")
     args = ap.parse_args(argv)
-    what = " read as phases" if args.read else " named as nested siblings" if args.siblings else ""
+    what = (" read as phases" if args.read else " named as nested siblings" if args.siblings
+            else " read as steps and collectives" if args.steps else "")
     print(f"Aggregator.roll, {SERIES} timing series{what}: "
-          f"{roll_ms(args.windows, args.read, args.siblings):.3f} ms (median)")
+          f"{roll_ms(args.windows, args.read, args.siblings, args.steps):.3f} ms (median)")
     return 0
 
 
