@@ -13,9 +13,9 @@ that take a phase beside others (``render``, ``unet``, a timer's ``step``) at 55
 under the deepest prefix. With ``--steps`` they are 1,000 read as the step and 1,000 as
 communication under four collectives (``m3/part17/iter_ms``, ``m3/part17/allgather_ms``), the
 worst case for the rules that take a worker's shorter step timings as its step's parts and sum its
-waits under different collectives. Prints the
-median milliseconds per roll over the windows after the first ten. To compare two trees, run it
-in each, alternating processes (the machine's noise is larger than the change)."""
+waits under different collectives. Prints the median milliseconds per roll, and per window's
+insight, over the windows after the first ten. To compare two trees, run it in each, alternating
+processes (the machine's noise is larger than the change)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import statistics
 import time
 
 from sidecar.aggregation.aggregator import Aggregator
+from sidecar.aggregation.insight import compute_insight
 from sidecar.core.pipeline import ingest_records
 from sidecar.model.window import PROFILE
 from sidecar.processing.mapping import Mapper
@@ -48,8 +49,10 @@ def steps_and_collectives(j: int) -> dict[str, float]:
     return steps | {f"m{j}/part{i}/{COLLECTIVES[i % 4]}_ms": 1.0 + i % 7 for i in range(100)}
 
 
-def roll_ms(windows: int, read: bool = False, siblings: bool = False, steps: bool = False) -> float:
-    """Median ms of ``Aggregator.roll`` over ``windows`` 10-second windows (the first ten left out);
+def roll_ms(windows: int, read: bool = False, siblings: bool = False, steps: bool = False) -> tuple[float, float]:
+    """Median ms of ``Aggregator.roll`` and of the window's insight (``compute_insight``: where a
+    worker's series are grouped into its step's phases) over ``windows`` 10-second windows (the first
+    ten left out);
     ``read``: the per-layer timings named as phases read from their names; ``siblings``: named as
     the sibling chain (``sibling_chain``)."""
     agg, mapper = Aggregator(), Mapper()
@@ -60,16 +63,19 @@ def roll_ms(windows: int, read: bool = False, siblings: bool = False, steps: boo
         profiles = [dict.fromkeys(chain[j * 200:(j + 1) * 200], 1.0) for j in range(10)]
     if steps:
         profiles = [steps_and_collectives(j) for j in range(10)]
-    out = []
+    out, insight = [], []
     for k in range(windows):
         clock = {"train/time": 3600.0 + 10.0 * k, "train/data_time": 0.1}
         ingest_records(agg, "trainer", "0", [[PROFILE, k, p] for p in (*profiles, clock)], mapper)
         start = time.perf_counter()
         report = agg.roll(10.0 * k, 10.0 * k, 10.0)
         out.append((time.perf_counter() - start) * 1e3)
+        start = time.perf_counter()
+        compute_insight(report)
+        insight.append((time.perf_counter() - start) * 1e3)
     if len(report.series) != SERIES:
         raise SystemExit(f"expected {SERIES} series, got {len(report.series)}")
-    return statistics.median(out[10:])
+    return statistics.median(out[10:]), statistics.median(insight[10:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     what = (" read as phases" if args.read else " named as nested siblings" if args.siblings
             else " read as steps and collectives" if args.steps else "")
-    print(f"Aggregator.roll, {SERIES} timing series{what}: "
-          f"{roll_ms(args.windows, args.read, args.siblings, args.steps):.3f} ms (median)")
+    roll, insight = roll_ms(args.windows, args.read, args.siblings, args.steps)
+    print(f"Aggregator.roll, {SERIES} timing series{what}: {roll:.3f} ms (median); its insight {insight:.3f} ms")
     return 0
 
 
