@@ -106,6 +106,37 @@ def test_ranks_that_wait_alike_in_collectives_hold_no_straggler() -> None:
     assert not any(w.straggler for w in workers) and min(w.score or 1 for w in workers) < 0.7
 
 
+def ranks_timing_their_step(*ranks: dict[str, float]) -> IngestReport:
+    """Ranks of one role, each running its ``phases`` (ms a step) back to back for 1 s and timing
+    its step (their sum)."""
+    series = []
+    for r, phases in enumerate(ranks):
+        step = sum(phases.values())
+        series += worker("trainer", str(r), phases | {"step": step}, round(1000 / step))
+    return report(series)
+
+
+def test_the_rank_the_others_wait_for_is_the_straggler_whatever_it_is_slow_at() -> None:
+    """A new user's two ranks in step: rank 1 stalls 44 ms a step reading its shard, rank 0 waits
+    those 44 ms in the all-reduce; both time their step. Their busy phases are alike, so busy time
+    named no one and the verdict was communication-bound (the data and the collectives each half of
+    one rank's stall); the rank the others wait for is the one slow at something of its own."""
+    fast = {"data_wait": 2, "forward": 14, "backward": 20, "comm_wait": 46, "optimizer": 4}
+    slow = fast | {"data_wait": 46, "comm_wait": 2}
+    insight = compute_insight(ranks_timing_their_step(fast, slow))
+    assert insight.verdict.name == "straggler" and "trainer/1" in insight.verdict.detail, insight.verdict
+    # 86 - 46 against 86 - 2 ms a step outside the collective
+    assert [w.score for w in insight.workers] == [1.0, pytest.approx(40 / 84)]
+    # ranks each at its own pace (one rank's backward holding a wait of its own, 30 ms), both
+    # waiting alike in the collective: nobody waits on anybody, no straggler
+    alike = LOOP | {"comm_wait": 60}
+    v = compute_insight(ranks_timing_their_step(alike, alike | {"backward": LOOP["backward"] + 30})).verdict
+    assert v.name == "communication-bound", v
+    # a lag under a tenth of the step is noise, not a straggler
+    near = fast | {"data_wait": 8, "comm_wait": 40}
+    assert compute_insight(ranks_timing_their_step(fast, near)).verdict.name != "straggler"
+
+
 def test_idle_parts_sum_to_the_idle_share_and_scale_down_when_waits_exceed_it() -> None:
     rep = pipeline({"data_wait": 60, "forward": 30, "pack": 3}, {"queue_wait": 30, "forward": 8, "backward": 14})
     gpus = GpuFacts(roles={"0": "target", "1": "drafter"}, busy={"0": 0.2, "1": 0.8})

@@ -391,30 +391,11 @@ def _gauge_mean(members: list[_Worker], name: str) -> float | None:
 
 def _worker_insights(role: str, members: dict[str, _Worker], duration: float,
                      straggler_score: float) -> list[WorkerInsight]:
-    """Per-worker rates and relative scores. The score compares median busy time per batch
-    (best / own) when every worker of the role reports work phases, else batch rates
-    (own / best): a worker that is slow at its own work, not one that waits for input. A worker
-    whose extra busy time is under ``STRAGGLER_MIN_STEP_SHARE`` of its step is not flagged: a
-    few milliseconds of noise on a step of a few milliseconds of work limit nothing; nor one
-    whose fastest peer does not wait for it in collectives (``STRAGGLER_PEER_WAIT_SHARE``)."""
+    """Per-worker rates and relative scores (``_scores``); a worker scoring under
+    ``straggler_score`` is flagged unless what it is slower at is negligible."""
     rates = {name: w.counter("batches", "rate") for name, w in members.items()}
     busy = {name: _busy_ms(w) for name, w in members.items()}
-    comm = {name: float(win["p50"]) for name, w in members.items() if (win := w.window(TIMING, "comm_wait"))}
-    scores: dict[str, float | None] = dict.fromkeys(members)
-    negligible: set[str] = set()
-    if len(members) >= 2:
-        if all(b is not None and b > 0 for b in busy.values()):
-            best = min(b for b in busy.values() if b is not None)
-            scores = {n: best / b for n, b in busy.items() if b is not None}
-            negligible = {n for n, b in busy.items() if b is not None and rates[n] > 0
-                          and (b - best) * rates[n] / 1000.0 < STRAGGLER_MIN_STEP_SHARE}
-            if len(comm) == len(members):
-                fastest = min(busy, key=lambda n: busy[n] or 0.0)
-                negligible |= {n for n, b in busy.items() if b is not None and comm[fastest] - comm[n]
-                               < STRAGGLER_PEER_WAIT_SHARE * (b - best)}
-        elif max(rates.values()) > 0:
-            best_rate = max(rates.values())
-            scores = {n: r / best_rate for n, r in rates.items()}
+    scores, negligible = _scores(members, rates, busy)
     out = []
     for name in sorted(members, key=_worker_key):
         score = scores.get(name)
@@ -422,6 +403,60 @@ def _worker_insights(role: str, members: dict[str, _Worker], duration: float,
         out.append(WorkerInsight(role, name, rates[name], members[name].counter("tokens", "rate"),
                                  busy[name], score, flagged))
     return out
+
+
+def _scores(members: dict[str, _Worker], rates: dict[str, float],
+            busy: dict[str, float | None]) -> tuple[dict[str, float | None], set[str]]:
+    """Each worker's score (0-1, the role's best / its own) and those whose lag is negligible.
+
+    Where every worker times its step and its collectives, the score compares the time each spends
+    outside its collectives (``_arrivals``): ranks in step wait in a collective for the last one to
+    arrive, so the rank the others wait for is the one slow at anything of its own (its compute, a
+    read of its shard, its host work). Else it compares median busy time per batch, else batch
+    rates (own / best): a worker that is slow at its own work, not one that waits for input. A
+    worker whose extra busy time is under ``STRAGGLER_MIN_STEP_SHARE`` of its step is not flagged:
+    a few milliseconds of noise on a step of a few milliseconds of work limit nothing; nor one whose
+    fastest peer does not wait for it in collectives (``STRAGGLER_PEER_WAIT_SHARE``)."""
+    scores: dict[str, float | None] = dict.fromkeys(members)
+    if len(members) < 2:
+        return scores, set()
+    if (arrivals := _arrivals(members)) is not None:
+        return arrivals
+    comm = {name: float(win["p50"]) for name, w in members.items() if (win := w.window(TIMING, "comm_wait"))}
+    negligible: set[str] = set()
+    if all(b is not None and b > 0 for b in busy.values()):
+        best = min(b for b in busy.values() if b is not None)
+        scores = {n: best / b for n, b in busy.items() if b is not None}
+        negligible = {n for n, b in busy.items() if b is not None and rates[n] > 0
+                      and (b - best) * rates[n] / 1000.0 < STRAGGLER_MIN_STEP_SHARE}
+        if len(comm) == len(members):
+            fastest = min(busy, key=lambda n: busy[n] or 0.0)
+            negligible |= {n for n, b in busy.items() if b is not None and comm[fastest] - comm[n]
+                           < STRAGGLER_PEER_WAIT_SHARE * (b - best)}
+    elif max(rates.values()) > 0:
+        best_rate = max(rates.values())
+        scores = {n: r / best_rate for n, r in rates.items()}
+    return scores, negligible
+
+
+def _arrivals(members: dict[str, _Worker]) -> tuple[dict[str, float | None], set[str]] | None:
+    """Scores from the time each worker spends outside its collectives a step (step less its
+    communication wait, per-batch means, the wait's other collectives with it): None unless every
+    worker times both. A worker is negligible where its extra time over the quickest is under
+    ``STRAGGLER_MIN_STEP_SHARE`` of its step, or where the quickest does not wait for it in the
+    collectives (``STRAGGLER_PEER_WAIT_SHARE``: ranks out of step, each at its own pace)."""
+    own: dict[str, float] = {}
+    steps: dict[str, float] = {}
+    comms: dict[str, float] = {}
+    for name, w in members.items():
+        step, comm = w.window(TIMING, "step"), w.snapshot_mean("comm_wait", 0.0)
+        if not step or comm is None or (own_ms := float(step["mean"]) - comm) <= 0:
+            return None
+        own[name], steps[name], comms[name] = own_ms, float(step["mean"]), comm
+    quickest = min(own, key=lambda n: own[n])
+    return ({n: own[quickest] / t for n, t in own.items()},
+            {n for n, t in own.items() if t - own[quickest] < STRAGGLER_MIN_STEP_SHARE * steps[n]
+             or comms[quickest] - comms[n] < STRAGGLER_PEER_WAIT_SHARE * (t - own[quickest])})
 
 
 def _worker_key(name: str) -> tuple[int, int | str]:

@@ -127,8 +127,9 @@ class InsightSettings(RoleSettings):
         f"{_RULE}: queue-starved when drafters starve and targets spend at least this share of wall time packing "
         "hidden states (pack).")
     straggler_score: float = threshold(0.7,
-        f"{_RULE}: a worker whose score (best median busy time per batch of its role / its own) is below this is "
-        "a straggler.")
+        f"{_RULE}: a worker whose score is below this is a straggler. The score: where every worker of the role times "
+        "its step and its collectives, the role's least time a step outside the collectives / its own (the rank "
+        "the others wait for); else best median busy time per batch of its role / its own.")
     comm_wait_ratio: float = threshold(0.25,
         f"{_SINGLE}: communication-bound when the role spends at least this share of wall time in collective "
         "waits (comm_wait).")
