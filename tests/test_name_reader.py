@@ -607,6 +607,18 @@ def test_loss_min_per_step_is_no_duration() -> None:
     assert r.meaning == "" and not r.duration, r
 
 
+@pytest.mark.parametrize(("name", "meaning"), [
+    ("perf/ms_per_batch_forced_align", ""),  # the thirtieth part: a forced alignment, per batch
+    ("perf/ms_per_batch_data", "data_wait"), ("perf/ms_per_batch_forward", "forward"),
+    ("perf/ms_per_batch", "step"), ("timing_train/seconds_per_batch_step", "step"), ("time_per_iteration_ms", "step"),
+])
+def test_a_time_per_step_of_a_named_thing_is_that_thing(name: str, meaning: str) -> None:
+    """A step word after ``per`` is what a time is divided by; words after it name what is timed
+    (it was read as the step whatever they said); a time per step is a duration either way."""
+    reading = read_name(name)
+    assert reading.meaning == meaning and reading.duration, reading
+
+
 @pytest.mark.timeout(30)
 def test_segments_are_found_in_one_scan_of_any_name() -> None:
     """A long run of separators before a closing bracket: a bracket lookahead after each run
