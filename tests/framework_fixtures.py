@@ -78,8 +78,22 @@ def accelerate(step_s: float, data: float, step: int) -> dict[str, float]:
     return {"train_loss": 0.7, "epoch": float(step // 50), "accuracy": 0.8, "f1": 0.79}
 
 
+def rllib(step_s: float, data: float, step: int) -> dict[str, float]:
+    """RLlib's old-API-stack result as Ray Tune flattens it for its loggers: the timers' means in
+    ms (a synchronous PPO iteration: sample, learn, synch the weights), Tune's own iteration time
+    and total, the episodes' and the learner's figures."""
+    ms = step_s * 1000.0
+    return {"timers/training_iteration_time_ms": ms, "timers/sample_time_ms": ms * data,
+            "timers/learn_time_ms": ms * (1.0 - data) * 0.9, "timers/synch_weights_time_ms": ms * (1.0 - data) * 0.05,
+            "timers/learn_throughput": 4000 / step_s, "time_this_iter_s": step_s, "time_total_s": step_s * step,
+            "training_iteration": float(step), "timesteps_total": 4000.0 * step, "episode_reward_mean": 120.0,
+            "episode_len_mean": 200.0, "info/learner/default_policy/learner_stats/total_loss": 0.4,
+            "info/learner/default_policy/learner_stats/cur_lr": 5e-5}
+
+
 FIXTURES: dict[str, Fixture] = {"torchtitan": torchtitan, "megatron": megatron, "hf": hf, "nanogpt": nanogpt,
-                                "mmengine": mmengine, "detectron2": detectron2, "accelerate": accelerate}
-DATA_TIMED = ("torchtitan", "megatron", "mmengine", "detectron2")
+                                "mmengine": mmengine, "detectron2": detectron2, "accelerate": accelerate,
+                                "rllib": rllib}
+DATA_TIMED = ("torchtitan", "megatron", "mmengine", "detectron2", "rllib")
 """Frameworks whose own dict reports data loading against the step; the others' (HF, nanoGPT,
 Accelerate) carry no data time, so their names alone cannot tell an input-bound run."""

@@ -137,6 +137,19 @@ def test_the_rank_the_others_wait_for_is_the_straggler_whatever_it_is_slow_at() 
     assert compute_insight(ranks_timing_their_step(fast, near)).verdict.name != "straggler"
 
 
+def test_a_backward_timed_alone_leaves_the_forward_in_the_gap_not_host_time() -> None:
+    """A new user's NeMo-style loop times only its step and its backward (``train_step_timing``,
+    ``train_backward_timing``), GPUs 72 % busy: its forward, optimizer and loader are untimed work
+    in the gap, which was read as host time (host-bound at full confidence). Timing the forward
+    still makes the gap host time."""
+    backward_only = worker("trainer", "0", {"backward": 20.0, "step": 80.0}, 12)
+    v = compute_insight(report(backward_only), gpus=GpuFacts(busy={"0": 0.72})).verdict
+    assert v.name == "balanced" and "not host time" in v.detail, v
+    with_forward = worker("trainer", "0", {"forward": 10.0, "backward": 20.0, "step": 80.0}, 12)
+    v = compute_insight(report(with_forward), gpus=GpuFacts(busy={"0": 0.4})).verdict
+    assert v.name == "host-bound", v
+
+
 def test_idle_parts_sum_to_the_idle_share_and_scale_down_when_waits_exceed_it() -> None:
     rep = pipeline({"data_wait": 60, "forward": 30, "pack": 3}, {"queue_wait": 30, "forward": 8, "backward": 14})
     gpus = GpuFacts(roles={"0": "target", "1": "drafter"}, busy={"0": 0.2, "1": 0.8})

@@ -42,7 +42,12 @@ UNATTRIBUTED = UNATTRIBUTED_SHARE
 """Time in timings that map to no meaning (a phase under a name no preset or rule knows)."""
 
 COMPUTE_PHASES = ("forward", "backward", "forward_backward")
-"""A worker that times none of these leaves its model's own work untimed: its gap is not host time."""
+"""The phases of a model's own work: a worker that times none leaves it untimed."""
+
+FORWARD_PHASES = ("forward", "forward_backward")
+"""A worker's gap between timings is host time only where it times its forward (alone or with the
+backward): one that times only its backward (NeMo's ``train_backward_timing``) leaves its forward
+in the gap, with the optimizer and whatever else it does not time."""
 
 STRAGGLER_MIN_STEP_SHARE = 0.1
 """A straggler's extra busy time per batch must be at least this share of its step (0-1)."""
@@ -546,7 +551,7 @@ def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
     return _Reading(1.0, {phase: m / cycle for phase, m in means.items()},
                     {n: m * fit / cycle for n, m in extra.items()},
                     max(0.0, 1.0 - (covered + spare * fit) / cycle) if step else None,
-                    any(p in means for p in COMPUTE_PHASES) or bool(w.substeps))
+                    any(p in means for p in FORWARD_PHASES) or bool(w.substeps))
 
 
 def _per_step(w: _Worker, means: dict[str, float], step: float | None) -> dict[str, float]:
@@ -590,7 +595,7 @@ def _occurrence_reading(w: _Worker, alive_s: float, started: bool, duration: flo
     fit = min(1.0, room / spare) if spare > 0 else 1.0
     return _Reading(weight, {phase: weight * sm / wall_ms * scale for phase, sm in sums.items()},
                     {n: weight * share * fit for n, share in extra.items()}, weight * max(0.0, room - spare * fit),
-                    not started and (any(sums.get(p) for p in COMPUTE_PHASES) or bool(w.substeps)))
+                    not started and (any(sums.get(p) for p in FORWARD_PHASES) or bool(w.substeps)))
 
 
 def _time_share(members: dict[str, _Worker], duration: float,

@@ -348,7 +348,7 @@ def _single_role(f: RoleFacts, busy: float | None, s: InsightSettings,
     else:
         detail = f"GPUs {busy:.0%} busy, no wait over its threshold"
     if OTHER_SHARE in share and not f.host_measured:
-        detail += "; the gap between timings is not host time: no forward/backward timing"
+        detail += "; the gap between timings is not host time: no forward timing"
     v = Verdict("balanced", evidence + gpu, detail, confidence=confidence(min(closest, 1.0), 1.0))
     return _unattributed(v, f), r
 
