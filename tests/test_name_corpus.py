@@ -466,6 +466,10 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("Cherry-love-math/FedDHP", "time/train_wall_excl_eval_sec"): "a federated round named a train wall time",
     ("timinar/iceaggr", "timing/data_load_sec"): "a host-to-device copy named the data load",
     ("megvii-research/mdistiller", "Time(data)"): "printed; a tuple unpack named the data time",
+    # a deliberate disagreement: RLlib's preset reads a synchronous sampler as the learner's input
+    ("ray-project/ray", "timers/sample_time_ms"): "the preset reads the learner's wait for its synchronous "
+                                                  "rollouts as its data wait (as wait_rollouts_time is read); "
+                                                  "this part labels rollout collection outside the step",
     # the twenty-ninth and thirtieth parts, scored once with v21
     ("MinghanWu039/graph-tokenization-benchmark", "val/time_iter"): "the training step's time logged again under "
                                                                      "val/, read as a validation's",

@@ -619,6 +619,16 @@ def test_a_time_per_step_of_a_named_thing_is_that_thing(name: str, meaning: str)
     assert reading.meaning == meaning and reading.duration, reading
 
 
+@pytest.mark.parametrize(("name", "meaning"), [
+    ("profile/a2a", "comm_wait"), ("moe/a2a_ms", "comm_wait"), ("time/a2a_dispatch", "comm_wait"),
+    ("a2a_loss", ""), ("train/a2a_acc", ""),
+])
+def test_a2a_is_the_all_to_all_of_a_mixture_of_experts(name: str, meaning: str) -> None:
+    """A new user's MoE loop timed ``profile/a2a`` (46 % of its step, unread: unexplained-idle)."""
+    reading = read_name(name)
+    assert reading.meaning == meaning and reading.duration == bool(meaning), reading
+
+
 @pytest.mark.timeout(30)
 def test_segments_are_found_in_one_scan_of_any_name() -> None:
     """A long run of separators before a closing bracket: a bracket lookahead after each run

@@ -133,7 +133,7 @@ batch generator, no text generation)."""
 
 PHASE_WORDS: dict[str, frozenset[str]] = {
     "comm_wait": frozenset({"allreduce", "all_reduce", "reduce_scatter", "reducescatter", "allgather", "all_gather",
-                            "alltoall", "all_to_all", "all2all", "comm", "comms", "communication", "nccl",
+                            "alltoall", "all_to_all", "all2all", "a2a", "comm", "comms", "communication", "nccl",
                             "collective", "collectives", "barrier", "broadcast", "allreduce_wait", "p2p", "send",
                             "recv", "gather", "scatter", "bcast", "data_parallel_sync", "bubble"})
                            | _pairs(COMM_VERBS),
@@ -504,8 +504,9 @@ step's whole beside phases of its prefix (``time/total`` beside ``time/data`` an
 ``time/forward``: lgssl, gsplat, pydreamer), the run's since the start elsewhere (composer's,
 klib's ``time/total``): read with the sibling rules, uncertain."""
 BARE_TOTAL_VETO = frozenset({"total", "total_time", "time_total"})
-TIMER_WORDS = frozenset({"timer", "timers", "timing", "timings"})
 """What refuses a bare total as a statistic or a time since the start, and no more."""
+TIMER_WORDS = frozenset({"timer", "timers", "timing", "timings"})
+"""Words of a timer, beside which a bare total without a unit is still a timer's (``train/timer_total``)."""
 ONE_STEP = frozenset({"step", "iter", "iteration", "batch", "minibatch"})
 """Words of one step, whose ``total`` is the step's whole (``step_total``); a loop's, a cycle's or an
 interval's total is the run's or many steps' (``loop_total_time``)."""
