@@ -150,6 +150,19 @@ def test_a_backward_timed_alone_leaves_the_forward_in_the_gap_not_host_time() ->
     assert v.name == "host-bound", v
 
 
+@pytest.mark.parametrize(("data_ms", "busy", "expected"), [(48.0, 0.3, "input-bound"), (12.0, 0.4, "unexplained-idle")])
+def test_a_loop_timing_only_its_data_wait_is_paced_by_its_own_steps_per_second(
+        data_ms: float, busy: float, expected: str) -> None:
+    """A new user's loop logs its data wait and its own throughput, no step timing (MLflow's
+    ``dataloader_latency_ms``, ``throughput/batches_per_sec``): the wait was the whole of the
+    cycle, a data share of 1.00 whatever its part of the 80 ms step (input-bound at 15 %)."""
+    events = [(1000.0 + 0.08 * (i + 1), 1, i, {"dataloader_latency_ms": data_ms, "throughput/batches_per_sec": 12.5,
+                                               "throughput/samples_per_sec": 1600.0, "loss": 0.9})
+              for i in range(600)]
+    _, verdicts = drive(events, "dataloader_latency_ms", busy=busy)
+    assert set(verdicts[1:-1]) == {expected}, verdicts
+
+
 def test_idle_parts_sum_to_the_idle_share_and_scale_down_when_waits_exceed_it() -> None:
     rep = pipeline({"data_wait": 60, "forward": 30, "pack": 3}, {"queue_wait": 30, "forward": 8, "backward": 14})
     gpus = GpuFacts(roles={"0": "target", "1": "drafter"}, busy={"0": 0.2, "1": 0.8})

@@ -542,8 +542,10 @@ def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
     covered = sum(means.values())
     spare = sum(extra.values())
     # without a step, the cycle is all the worker times: its unmapped timings too (read without
-    # them, two phases of a five-part step were the whole of it, and one of them a bottleneck)
-    cycle = max(step, covered) if step else covered + spare
+    # them, two phases of a five-part step were the whole of it, and one of them a bottleneck),
+    # or the time a step its own steps per second say where that is longer (a loop timing only
+    # its data wait read it as the whole of its step: input-bound at 15 % of it)
+    cycle = max(step, covered) if step else max(covered + spare, _pace_ms(w))
     if cycle <= 0:
         return None
     room = max(0.0, cycle - covered)
@@ -552,6 +554,13 @@ def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
                     {n: m * fit / cycle for n, m in extra.items()},
                     max(0.0, 1.0 - (covered + spare * fit) / cycle) if step else None,
                     any(p in means for p in FORWARD_PHASES) or bool(w.substeps))
+
+
+def _pace_ms(w: _Worker) -> float:
+    """Milliseconds a step from the steps per second the worker reports itself this window
+    (``steps_per_s``: ``throughput/batches_per_sec``, HF's ``train_steps_per_second``), 0 if none."""
+    rate = w.window(GAUGE, "steps_per_s")
+    return 1000.0 / float(rate["mean"]) if rate and float(rate["mean"]) > 0 else 0.0
 
 
 def _per_step(w: _Worker, means: dict[str, float], step: float | None) -> dict[str, float]:
