@@ -137,6 +137,20 @@ def test_the_rank_the_others_wait_for_is_the_straggler_whatever_it_is_slow_at() 
     assert compute_insight(ranks_timing_their_step(fast, near)).verdict.name != "straggler"
 
 
+def test_a_lag_no_timing_holds_names_no_straggler() -> None:
+    """A review's case: ranks time their phases without a sync and end their collective's timer
+    with one, so its wait holds each rank's wait for its own GPU too; rank 0 logs 20 ms a step,
+    untimed, while its GPU computes. Its wait is 20 ms shorter but nobody waits for it: the lag is
+    in no timing, and the rank was flagged a straggler."""
+    rank1 = {"data_wait": 2.0, "forward": 3.0, "backward": 5.0, "comm_wait": 78.0, "optimizer": 2.0}
+    rank0 = rank1 | {"comm_wait": 58.0}
+    series = []
+    for r, phases in (("0", rank0), ("1", rank1)):
+        series += worker("trainer", r, phases | {"step": 90.0}, 11)
+    insight = compute_insight(report(series), gpus=GpuFacts(busy={"0": 0.7, "1": 0.7}))
+    assert insight.verdict.name != "straggler" and not any(w.straggler for w in insight.workers), insight.verdict
+
+
 def test_a_backward_timed_alone_leaves_the_forward_in_the_gap_not_host_time() -> None:
     """A new user's NeMo-style loop times only its step and its backward (``train_step_timing``,
     ``train_backward_timing``), GPUs 72 % busy: its forward, optimizer and loader are untimed work
@@ -148,6 +162,12 @@ def test_a_backward_timed_alone_leaves_the_forward_in_the_gap_not_host_time() ->
     with_forward = worker("trainer", "0", {"forward": 10.0, "backward": 20.0, "step": 80.0}, 12)
     v = compute_insight(report(with_forward), gpus=GpuFacts(busy={"0": 0.4})).verdict
     assert v.name == "host-bound", v
+    # a review's case: the forward timed under a name not read (time/model_ms) beside the backward
+    events = [(1000.0 + 0.084 * (i + 1), 1, i, {"time/model_ms": 12.0, "time/backward_ms": 20.0,
+                                                "time/optimizer_ms": 6.0, "time/data_ms": 8.0, "time/step_ms": 84.0})
+              for i in range(600)]
+    _, verdicts = drive(events, "time/step_ms", busy=0.45)
+    assert set(verdicts[1:-1]) == {"host-bound"}, verdicts
 
 
 @pytest.mark.parametrize(("data_ms", "busy", "expected"), [(48.0, 0.3, "input-bound"), (12.0, 0.4, "unexplained-idle")])
@@ -157,10 +177,21 @@ def test_a_loop_timing_only_its_data_wait_is_paced_by_its_own_steps_per_second(
     ``dataloader_latency_ms``, ``throughput/batches_per_sec``): the wait was the whole of the
     cycle, a data share of 1.00 whatever its part of the 80 ms step (input-bound at 15 %)."""
     events = [(1000.0 + 0.08 * (i + 1), 1, i, {"dataloader_latency_ms": data_ms, "throughput/batches_per_sec": 12.5,
-                                               "throughput/samples_per_sec": 1600.0, "loss": 0.9})
-              for i in range(600)]
+                                               "throughput/samples_per_sec": 1600.0, "loss": 0.9}
+               | ({"eval/steps_per_second": 0.4} if i % 250 == 249 else {}))  # HF's, at each evaluation
+              for i in range(1000)]
     _, verdicts = drive(events, "dataloader_latency_ms", busy=busy)
     assert set(verdicts[1:-1]) == {expected}, verdicts
+
+
+def test_a_loop_timing_its_micro_batches_compute_is_not_paced_by_its_optimizer_steps() -> None:
+    """A review's case: no step timer, each micro-batch's data wait (40 %), forward and backward
+    timed, four micro-batches an optimizer step, its optimizer steps per second logged: paced by
+    those, every share was a quarter of its own (input-bound read unexplained-idle)."""
+    micro = {"time/data_ms": 20.0, "time/forward_ms": 10.0, "time/backward_ms": 18.0, "perf/steps_per_sec": 5.0}
+    events = [(1000.0 + 0.2 * (i + 1), 1, i, micro) for i in range(300)]
+    _, verdicts = drive(events, "time/data_ms", busy=0.5)
+    assert set(verdicts[1:-1]) == {"input-bound"}, verdicts
 
 
 def test_idle_parts_sum_to_the_idle_share_and_scale_down_when_waits_exceed_it() -> None:

@@ -491,6 +491,8 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("URRealHero/3DGenMemorization", "train/cond_time"): ENCODER,
     ("URRealHero/3DGenMemorization", "train/encode_time"): ENCODER,
     ("URRealHero/3DGenMemorization", "train/opt_time"): "the whole step inside Lightning's optimizer_step, named opt",
+    ("anchpop/lexide", "perf/ms_per_batch_forced_align"): "a forced alignment's time a batch, read as the "
+                                                          "step (a rule for the words after per was withdrawn)",
     ("hmchuong/MaGGIe", "train/batch_time"): "an AverageMeter from the loader to the forward named batch_time (the "
                                              "step's in most parts)",
 }

@@ -607,16 +607,22 @@ def test_loss_min_per_step_is_no_duration() -> None:
     assert r.meaning == "" and not r.duration, r
 
 
-@pytest.mark.parametrize(("name", "meaning"), [
-    ("perf/ms_per_batch_forced_align", ""),  # the thirtieth part: a forced alignment, per batch
-    ("perf/ms_per_batch_data", "data_wait"), ("perf/ms_per_batch_forward", "forward"),
-    ("perf/ms_per_batch", "step"), ("timing_train/seconds_per_batch_step", "step"), ("time_per_iteration_ms", "step"),
-])
-def test_a_time_per_step_of_a_named_thing_is_that_thing(name: str, meaning: str) -> None:
-    """A step word after ``per`` is what a time is divided by; words after it name what is timed
-    (it was read as the step whatever they said); a time per step is a duration either way."""
+@pytest.mark.parametrize("name", ["time_per_iter_train_ms", "time_per_batch_training", "time_per_step_bf16",
+                                  "time_per_iter_rank0_ms", "perf/ms_per_batch"])
+def test_a_time_per_step_with_words_after_it_stays_the_step(name: str) -> None:
+    """A rule that read the words after ``per <step>`` as what is timed (``ms_per_batch_forced_align``,
+    a forced alignment a batch) was withdrawn: a review found the step's own qualifiers after it
+    (its split, precision, rank) read as no phase."""
     reading = read_name(name)
-    assert reading.meaning == meaning and reading.duration, reading
+    assert reading.meaning == "step" and reading.duration, reading
+
+
+@pytest.mark.parametrize("name", ["eval/steps_per_second", "eval_samples_per_second", "val/it_per_sec",
+                                  "test/tokens_per_sec"])
+def test_an_evaluations_rate_is_no_training_rate(name: str) -> None:
+    """HF logs ``eval/steps_per_second`` at each evaluation: it was read as the trainer's steps per
+    second (the pace of its step where no step is timed: a review's case)."""
+    assert read_rate(name) == ""
 
 
 @pytest.mark.parametrize(("name", "meaning"), [

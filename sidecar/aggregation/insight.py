@@ -46,7 +46,8 @@ COMPUTE_PHASES = ("forward", "backward", "forward_backward")
 
 FORWARD_PHASES = ("forward", "forward_backward")
 """A worker's gap between timings is host time only where it times its forward (alone or with the
-backward): one that times only its backward (NeMo's ``train_backward_timing``) leaves its forward
+backward), or its backward beside a timing of no phase (``time/model_ms``: a forward under a name
+not read): one that times only its backward (NeMo's ``train_backward_timing``) leaves its forward
 in the gap, with the optimizer and whatever else it does not time."""
 
 STRAGGLER_MIN_STEP_SHARE = 0.1
@@ -448,20 +449,28 @@ def _arrivals(members: dict[str, _Worker]) -> tuple[dict[str, float | None], set
     """Scores from the time each worker spends outside its collectives a step (step less its
     communication wait, per-batch means, the wait's other collectives with it): None unless every
     worker times both. A worker is negligible where its extra time over the quickest is under
-    ``STRAGGLER_MIN_STEP_SHARE`` of its step, or where the quickest does not wait for it in the
-    collectives (``STRAGGLER_PEER_WAIT_SHARE``: ranks out of step, each at its own pace)."""
+    ``STRAGGLER_MIN_STEP_SHARE`` of its step, where the quickest does not wait for it in the
+    collectives (``STRAGGLER_PEER_WAIT_SHARE``: ranks out of step, each at its own pace), or where
+    its timings (its phases and those of no phase) hold less than that share of its extra time: a
+    lag in what no timing covers may be the rank's own GPU work the collective's timer waited for
+    too (a synchronize ending it), while its host ran ahead (rank 0 logging as its GPU computes)."""
     own: dict[str, float] = {}
     steps: dict[str, float] = {}
     comms: dict[str, float] = {}
+    timed: dict[str, float] = {}
     for name, w in members.items():
         step, comm = w.window(TIMING, "step"), w.snapshot_mean("comm_wait", 0.0)
         if not step or comm is None or (own_ms := float(step["mean"]) - comm) <= 0:
             return None
         own[name], steps[name], comms[name] = own_ms, float(step["mean"]), comm
-    quickest = min(own, key=lambda n: own[n])
-    return ({n: own[quickest] / t for n, t in own.items()},
-            {n for n, t in own.items() if t - own[quickest] < STRAGGLER_MIN_STEP_SHARE * steps[n]
-             or comms[quickest] - comms[n] < STRAGGLER_PEER_WAIT_SHARE * (t - own[quickest])})
+        timed[name] = sum(float(v.window["mean"]) for (kind, meaning), v in w.views.items()
+                          if kind == TIMING and meaning not in ("step", "comm_wait") and v.window) \
+            + sum(float(v.window["mean"]) for v in w.unmapped.values() if v.window)
+    q = min(own, key=lambda n: own[n])
+    return ({n: own[q] / t for n, t in own.items()},
+            {n for n, t in own.items() if t - own[q] < STRAGGLER_MIN_STEP_SHARE * steps[n]
+             or comms[q] - comms[n] < STRAGGLER_PEER_WAIT_SHARE * (t - own[q])
+             or timed[n] - timed[q] < STRAGGLER_PEER_WAIT_SHARE * (t - own[q])})
 
 
 def _worker_key(name: str) -> tuple[int, int | str]:
@@ -543,9 +552,11 @@ def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
     spare = sum(extra.values())
     # without a step, the cycle is all the worker times: its unmapped timings too (read without
     # them, two phases of a five-part step were the whole of it, and one of them a bottleneck),
-    # or the time a step its own steps per second say where that is longer (a loop timing only
-    # its data wait read it as the whole of its step: input-bound at 15 % of it)
-    cycle = max(step, covered) if step else max(covered + spare, _pace_ms(w))
+    # or, where it times no compute, the time a step its own steps per second say where that is
+    # longer (a loop timing only its data wait read it as the whole of its step: input-bound at 15 %
+    # of it; one that times its micro-batches' compute under accumulation is paced by those)
+    cycle = max(step, covered) if step else covered + spare if set(means) & set(COMPUTE_PHASES) \
+        else max(covered + spare, _pace_ms(w))
     if cycle <= 0:
         return None
     room = max(0.0, cycle - covered)
@@ -553,7 +564,7 @@ def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
     return _Reading(1.0, {phase: m / cycle for phase, m in means.items()},
                     {n: m * fit / cycle for n, m in extra.items()},
                     max(0.0, 1.0 - (covered + spare * fit) / cycle) if step else None,
-                    any(p in means for p in FORWARD_PHASES) or bool(w.substeps))
+                    _times_forward(w, {p for p, m in means.items() if m}, bool(extra)))
 
 
 def _pace_ms(w: _Worker) -> float:
@@ -604,7 +615,13 @@ def _occurrence_reading(w: _Worker, alive_s: float, started: bool, duration: flo
     fit = min(1.0, room / spare) if spare > 0 else 1.0
     return _Reading(weight, {phase: weight * sm / wall_ms * scale for phase, sm in sums.items()},
                     {n: weight * share * fit for n, share in extra.items()}, weight * max(0.0, room - spare * fit),
-                    not started and (any(sums.get(p) for p in FORWARD_PHASES) or bool(w.substeps)))
+                    not started and _times_forward(w, {p for p, sm in sums.items() if sm}, bool(extra)))
+
+
+def _times_forward(w: _Worker, timed: set[str], unmapped: bool) -> bool:
+    """Whether the worker times its forward (``FORWARD_PHASES``): by name, as parts of its step
+    (``_substeps``), or as a timing of no phase beside its backward."""
+    return bool(timed & set(FORWARD_PHASES) or w.substeps or ("backward" in timed and unmapped))
 
 
 def _time_share(members: dict[str, _Worker], duration: float,

@@ -568,9 +568,6 @@ def read_name(name: str, record: bool = False) -> Reading:
     if 0 < cut < len(proper):
         proper = proper[:cut]  # time per iteration including communication: what it spans is no phase
         vocab = _vocab(proper)
-    if (divided := _divisor_before_words(proper)) is not None:
-        proper = divided  # ms_per_batch_forced_align: the forced alignment, per batch
-        vocab = _vocab(proper)
     meaning, hit = _phase(vocab)
     if not meaning:
         meaning, hit = _phase(space - DURATION_NAMESPACES)
@@ -588,18 +585,6 @@ def read_name(name: str, record: bool = False) -> Reading:
     if other is not None:
         return Reading(meaning, _unit(name, unit), why, AMBIGUOUS_CERTAINTY, other[1], sibling)
     return Reading(meaning, _unit(name, unit), why, 1.0, "", sibling)
-
-
-def _divisor_before_words(proper: list[str]) -> list[str] | None:
-    """``proper`` with a ``per`` and the word of one step after it (``ONE_STEP``) read as ``time``
-    where other words follow them (``ms_per_batch_forced_align``, ``ms_per_batch_data``): the step
-    is only what the time is divided by, the words after it name what is timed, and a time per
-    step is a duration. None where nothing but units, duration words or words of the step follow
-    (``time_per_batch``, ``seconds_per_batch_step``)."""
-    i = next((i for i, w in enumerate(proper[:-2]) if w == "per" and proper[i + 1] in ONE_STEP), None)
-    if i is None or all(w in TIME_UNITS or w in DURATION_WORDS or w in PHASE_WORDS["step"] for w in proper[i + 2:]):
-        return None
-    return [*proper[:i], "time", *proper[i + 2:]]
 
 
 def _slip(name: str, hit: str) -> str:
@@ -788,7 +773,10 @@ time unit (``perf/tokens_per_sec``, ``train/samples_per_second_per_gpu``, ``it/s
 def read_rate(name: str) -> str:
     """The throughput meaning (``RATES``) a rate's name says, ``""`` if none: what the last segment
     counts per second (``perf/tokens_per_sec`` -> ``tokens_per_s``); a namespace of counts is read
-    too (``samples/s``). Environment frames and steps of RL (``fps``, ``SPS``) are no training rate."""
+    too (``samples/s``). Environment frames and steps of RL (``fps``, ``SPS``) are no training rate,
+    nor an evaluation's (``eval/steps_per_second``: HF's, at each evaluation)."""
+    if lemmas({w for seg in segments(name) for w in seg}) & EVAL_WORDS:
+        return ""
     segs = split_segments(name)
     for text in dict.fromkeys((segs[-1], "/".join(segs[-2:]), "/".join(segs[-3:]))):  # tokens/sec/gpu
         m = _PER_TIME.search(text)
