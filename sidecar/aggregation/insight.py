@@ -672,7 +672,14 @@ def _time_share(members: dict[str, _Worker], duration: float,
         out[UNATTRIBUTED] = sum(by_name.values())
     if other_told:
         out[OTHER] = totals[OTHER] / weight_sum
+    # a share read back from a percent (25.0 % of a 40 ms step: 0.24999999999999992) is the same
+    # share as one timed in ms: rounded, so that no threshold tells the two forms apart
+    out = {phase: round(value, SHARE_DIGITS) for phase, value in out.items()}
     return out, by_name, measured and OTHER in out
+
+
+SHARE_DIGITS = 12
+"""Decimal places a time share keeps: past them, floating-point error of the unit it was sent in."""
 
 
 def _with_shares(w: _Worker, means: dict[str, float], step: float | None,
