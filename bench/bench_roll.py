@@ -40,13 +40,14 @@ def sibling_chain(n: int, depth: int = 55) -> list[str]:
     return keys + [f"{'x_' * depth}b{i}_backward_ms" for i in range(n - len(keys))]
 
 
-COLLECTIVES = ("allgather", "reduce_scatter", "all_to_all", "broadcast")
+COLLECTIVE_NAMES = ("allgather", "reduce_scatter", "all_to_all", "broadcast")
+"""How ``--steps`` names its collectives' waits (four the insight sums as parts of one wait)."""
 
 
 def steps_and_collectives(j: int) -> dict[str, float]:
     """Profile ``j`` of ``--steps``: 100 step timings of different lengths, 100 collectives' waits."""
     steps = {f"m{j}/part{i}/iter_ms": 5.0 + i for i in range(100)}
-    return steps | {f"m{j}/part{i}/{COLLECTIVES[i % 4]}_ms": 1.0 + i % 7 for i in range(100)}
+    return steps | {f"m{j}/part{i}/{COLLECTIVE_NAMES[i % 4]}_ms": 1.0 + i % 7 for i in range(100)}
 
 
 def roll_ms(windows: int, read: bool = False, siblings: bool = False, steps: bool = False) -> tuple[float, float]:
@@ -54,7 +55,7 @@ def roll_ms(windows: int, read: bool = False, siblings: bool = False, steps: boo
     worker's series are grouped into its step's phases) over ``windows`` 10-second windows (the first
     ten left out);
     ``read``: the per-layer timings named as phases read from their names; ``siblings``: named as
-    the sibling chain (``sibling_chain``)."""
+    the sibling chain (``sibling_chain``); ``steps``: as ``steps_and_collectives``."""
     agg, mapper = Aggregator(), Mapper()
     name = "m{j}/part{i}/forward_ms" if read else "l{j}_layer{i}_fwd_ms"
     profiles = [{name.format(j=j, i=i): 1.0 + i % 7 for i in range(200)} for j in range(10)]

@@ -555,8 +555,12 @@ def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
     # or, where it times no compute, the time a step its own steps per second say where that is
     # longer (a loop timing only its data wait read it as the whole of its step: input-bound at 15 %
     # of it; one that times its micro-batches' compute under accumulation is paced by those)
-    cycle = max(step, covered) if step else covered + spare if set(means) & set(COMPUTE_PHASES) \
-        else max(covered + spare, _pace_ms(w))
+    if step:
+        cycle = max(step, covered)
+    elif set(means) & set(COMPUTE_PHASES):
+        cycle = covered + spare
+    else:
+        cycle = max(covered + spare, _pace_ms(w))
     if cycle <= 0:
         return None
     room = max(0.0, cycle - covered)
@@ -624,6 +628,10 @@ def _times_forward(w: _Worker, timed: set[str], unmapped: bool) -> bool:
     return bool(timed & set(FORWARD_PHASES) or w.substeps or ("backward" in timed and unmapped))
 
 
+SHARE_DIGITS = 12
+"""Decimal places a time share keeps: past them, floating-point error of the unit it was sent in."""
+
+
 def _time_share(members: dict[str, _Worker], duration: float,
                 alive: Mapping[str, tuple[float, bool]]) -> tuple[dict[str, float], dict[str, float], bool]:
     """(phase -> share of wall time, unmapped timing -> share, whether ``other`` is host time),
@@ -676,10 +684,6 @@ def _time_share(members: dict[str, _Worker], duration: float,
     # share as one timed in ms: rounded, so that no threshold tells the two forms apart
     out = {phase: round(value, SHARE_DIGITS) for phase, value in out.items()}
     return out, by_name, measured and OTHER in out
-
-
-SHARE_DIGITS = 12
-"""Decimal places a time share keeps: past them, floating-point error of the unit it was sent in."""
 
 
 def _with_shares(w: _Worker, means: dict[str, float], step: float | None,
