@@ -363,6 +363,10 @@ FSDP = {"FSDP/DataLoad_s": 0.004, "FSDP/Fwd_s": 0.020, "FSDP/Bwd_s": 0.024, "FSD
     ("a pipeline's sends and receives, 40 % together",
      {"pp/fwd_compute_s": 0.020, "pp/bwd_compute_s": 0.028, "pp/send_s": 0.020, "pp/recv_s": 0.020,
       "pp/opt_s": 0.012}, "communication-bound"),
+    ("an MoE loop's all-to-all beside its all-gather, 36 % together (a2a was read as communication,"
+     " not as a collective of its own)",
+     {"moe/data_s": 0.004, "moe/fwd_s": 0.020, "moe/bwd_s": 0.024, "moe/a2a_s": 0.016, "moe/allgather_s": 0.012,
+      "moe/opt_s": 0.002}, "communication-bound"),
 ])
 def test_a_wait_timed_under_different_collectives_counts_them_all(case: str, parts: dict[str, float],
                                                                  expected: str) -> None:

@@ -11,7 +11,7 @@ from sidecar.aggregation.insight import compute_insight
 from sidecar.aggregation.ledger.facts import window_facts
 from sidecar.core.pipeline import ingest_records
 from sidecar.model.insight import GpuFacts
-from sidecar.model.meanings import PHASES
+from sidecar.model.meanings import COLLECTIVES, PHASES, collectives
 from sidecar.model.names import split_segments
 from sidecar.model.window import GAUGE, PROFILE, TIMING
 from sidecar.processing.mapping import Mapper, parse_rules
@@ -213,6 +213,21 @@ def test_a_sync_of_nothing_moved_is_no_communication(name: str) -> None:
     or beside a device or a store it is as often the GPU's own work (a nanoGPT-style trainer logs its
     ``torch.cuda.synchronize()`` as ``cuda_sync_time`` on one GPU) or a copy outside the step."""
     assert read_name(name).meaning != "comm_wait", read_name(name)
+
+
+@pytest.mark.parametrize(("collective", "spelling"),
+                         [(c, s) for c, spellings in sorted(COLLECTIVES.items()) for s in sorted(spellings)])
+def test_every_spelling_of_a_collective_is_communication_and_that_collective(collective: str, spelling: str) -> None:
+    """One declaration (``model.meanings.COLLECTIVES``) feeds the reader and the insight, which sums a
+    wait timed under different collectives: each spelling, in the forms trainers write it, reads as
+    ``comm_wait`` and, by its stem, as its collective only (the insight's own list had drifted from
+    the reader's: ``a2a`` was communication, but no collective of its own)."""
+    parts = spelling.split("_")
+    camel = "".join(p.capitalize() for p in parts)
+    for name in (f"time/{spelling}_ms", f"perf/{camel}_s", f"{'-'.join(parts)}-time", f"moe/{camel}Time"):
+        r = read_name(name)
+        assert r.meaning == "comm_wait", (name, r)
+        assert collectives(stem(name).split("_")) == {collective}, (name, stem(name))
 
 
 @pytest.mark.parametrize(("name", "meaning"), [

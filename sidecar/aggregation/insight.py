@@ -30,7 +30,7 @@ from sidecar.aggregation.settings import InsightSettings
 from sidecar.aggregation.verdict import OTHER_SHARE, UNATTRIBUTED_SHARE, RoleFacts, decide
 from sidecar.model.insight import GpuFacts, PipelineInsight, RoleInsight, WorkerInsight
 from sidecar.model.mapped import READ
-from sidecar.model.meanings import BUSY_PHASES, PHASES, REPORTED, WAIT_PHASES  # noqa: F401 - re-exported
+from sidecar.model.meanings import BUSY_PHASES, PHASES, REPORTED, WAIT_PHASES, collectives  # noqa: F401 - re-exported
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, SenderView, SeriesView, WindowReport
 
 OTHER = OTHER_SHARE
@@ -173,14 +173,10 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
     return dict(roles)
 
 
-COLLECTIVES = ("allgather", "reducescatter", "alltoall", "broadcast", "send", "recv")
-"""Collectives that run one after another, never one inside the other: a communication wait timed
-under two of them (ZeRO-3's and FSDP's all-gather and reduce-scatter) is their sum (``_more_parts``)."""
-
-
 def _more_parts(w: _Worker, views: list[SeriesView]) -> None:
-    """A communication wait timed under names of different collectives (``COLLECTIVES``: an FSDP
-    loop's ``AllGather`` and ``ReduceScatter``): the series read for it (``_preferred``) and each
+    """A communication wait timed under names of different collectives (``model.meanings.COLLECTIVES``,
+    which run one after another, never one inside the other: an FSDP loop's ``AllGather`` and
+    ``ReduceScatter``, a pipeline's sends and receives): the series read for it (``_preferred``) and each
     other one of a collective none taken already names, summed; readings fall back to the one where
     the sum does not fit in the step (``_snapshot_reading``). Any other phase under two names is
     read under one: the same wait logged twice under other words (``train/data_time`` and
@@ -199,10 +195,9 @@ def _more_parts(w: _Worker, views: list[SeriesView]) -> None:
         w.more["comm_wait"] = more
 
 
-def _collectives(v: SeriesView) -> set[str]:
-    """The ``COLLECTIVES`` a timing's name names (its words joined, separators and case aside)."""
-    joined = (v.raw or v.name).lower().replace("_", "").replace("-", "")
-    return {c for c in COLLECTIVES if c in joined}
+def _collectives(v: SeriesView) -> frozenset[str]:
+    """The collectives (``model.meanings.COLLECTIVES``) a timing's words name."""
+    return collectives((v.stem or v.name).lower().split("_"))
 
 
 NOT_A_PART = frozenset({"avg", "average", "mean", "ema", "smoothed", "running", "micro", "microstep"})

@@ -21,6 +21,7 @@ meanings; their descriptions here are the exported families' HELP.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -81,6 +82,30 @@ PHASES = WAIT_PHASES + BUSY_PHASES
 """Timings that make up a worker's wall time (``step`` is their total, not one of them)."""
 THROUGHPUT = tuple(m for m, (c, _) in MEANINGS.items() if c == "throughput")
 EFFICIENCY = tuple(m for m, (c, _) in MEANINGS.items() if c == "efficiency")
+
+COLLECTIVES: dict[str, frozenset[str]] = {
+    "allreduce": frozenset({"allreduce", "all_reduce"}),
+    "allgather": frozenset({"allgather", "all_gather"}),
+    "reducescatter": frozenset({"reducescatter", "reduce_scatter"}),
+    "alltoall": frozenset({"alltoall", "all_to_all", "all2all", "a2a"}),
+    "broadcast": frozenset({"broadcast", "bcast"}),
+    "send": frozenset({"send"}),
+    "recv": frozenset({"recv"}),
+}
+"""A collective -> how trainers spell it, as words of a name split at separators and case changes
+(``AllGather`` -> ``all_gather``; ``all2all`` is one word): the reader reads each spelling as
+``comm_wait``, and the insight tells the collectives of one loop's communication waits apart by them
+(an FSDP loop's all-gather and reduce-scatter are two parts of its wait, summed)."""
+
+
+def collectives(words: Sequence[str]) -> frozenset[str]:
+    """The ``COLLECTIVES`` that ``words`` (a name's words, lower case, in order) name: a spelling is
+    a word or two or three neighbours joined by ``_``."""
+    spelt = set(words)
+    spelt.update(f"{a}_{b}" for a, b in zip(words, words[1:], strict=False))
+    spelt.update(f"{a}_{b}_{c}" for a, b, c in zip(words, words[1:], words[2:], strict=False))
+    return frozenset(c for c, spellings in COLLECTIVES.items() if spellings & spelt)
+
 
 UNITS: dict[str, str] = {
     "tokens_per_s": "per_second", "samples_per_s": "per_second", "steps_per_s": "per_second",

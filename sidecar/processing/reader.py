@@ -42,7 +42,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from sidecar.model.meanings import PHASES
+from sidecar.model.meanings import COLLECTIVES, PHASES
 from sidecar.model.names import split_segments
 from sidecar.processing.units import SECONDS, Unit
 
@@ -132,11 +132,9 @@ outside the step (``stats/rollout_queue_get_time``: a learner blocked on its rol
 batch generator, no text generation)."""
 
 PHASE_WORDS: dict[str, frozenset[str]] = {
-    "comm_wait": frozenset({"allreduce", "all_reduce", "reduce_scatter", "reducescatter", "allgather", "all_gather",
-                            "alltoall", "all_to_all", "all2all", "a2a", "comm", "comms", "communication", "nccl",
-                            "collective", "collectives", "barrier", "broadcast", "allreduce_wait", "p2p", "send",
-                            "recv", "gather", "scatter", "bcast", "data_parallel_sync", "bubble"})
-                           | _pairs(COMM_VERBS),
+    "comm_wait": frozenset({"comm", "comms", "communication", "nccl", "collective", "collectives", "barrier",
+                            "allreduce_wait", "p2p", "gather", "scatter", "data_parallel_sync", "bubble"})
+                 | frozenset().union(*COLLECTIVES.values()) | _pairs(COMM_VERBS),
     "queue_put_wait": frozenset({"put_wait", "queue_put", "put_blocked", "enqueue_wait"}),
     "queue_wait": frozenset({"queue_get", "queue_wait", "get_wait", "queue_empty", "dequeue_wait"}),
     "data_wait": frozenset({"data", "dataloader", "dataloading", "data_loader", "data_loading", "loader", "loading",
