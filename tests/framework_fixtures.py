@@ -91,9 +91,25 @@ def rllib(step_s: float, data: float, step: int) -> dict[str, float]:
             "info/learner/default_policy/learner_stats/cur_lr": 5e-5}
 
 
+def rllib_new_stack(step_s: float, data: float, step: int) -> dict[str, float]:
+    """RLlib's new-API-stack result as Ray Tune flattens it: the timers' means in seconds (a
+    synchronous PPO training_step: sample the env runners, update the learners, synch the weights;
+    the iteration one training_step), the env runners' and learners' figures, Tune's own times."""
+    rest = step_s * (1.0 - data)
+    return {"timers/training_iteration": step_s * 1.001, "timers/training_step": step_s,
+            "timers/env_runner_sampling_timer": step_s * data, "timers/learner_update_timer": rest * 0.9,
+            "timers/synch_weights": rest * 0.05, "timers/synch_env_connectors": rest * 0.01,
+            "time_this_iter_s": step_s * 1.002, "time_total_s": step_s * step, "training_iteration": float(step),
+            "env_runners/episode_return_mean": 120.0, "env_runners/episode_len_mean": 200.0,
+            "env_runners/num_env_steps_sampled_lifetime": 4000.0 * step,
+            "learners/default_policy/total_loss": 0.4, "learners/default_policy/entropy": 1.2,
+            "learners/default_policy/default_optimizer_learning_rate": 5e-5,
+            "learners/__all_modules__/num_env_steps_trained_lifetime": 4000.0 * step}
+
+
 FIXTURES: dict[str, Fixture] = {"torchtitan": torchtitan, "megatron": megatron, "hf": hf, "nanogpt": nanogpt,
                                 "mmengine": mmengine, "detectron2": detectron2, "accelerate": accelerate,
-                                "rllib": rllib}
-DATA_TIMED = ("torchtitan", "megatron", "mmengine", "detectron2", "rllib")
+                                "rllib": rllib, "rllib_new_stack": rllib_new_stack}
+DATA_TIMED = ("torchtitan", "megatron", "mmengine", "detectron2", "rllib", "rllib_new_stack")
 """Frameworks whose own dict reports data loading against the step; the others' (HF, nanoGPT,
 Accelerate) carry no data time, so their names alone cannot tell an input-bound run."""
