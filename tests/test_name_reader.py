@@ -38,6 +38,8 @@ from sidecar.processing.reader import read_name, read_rate, stem, words
     ("interval-time", "step", 1.0),                             # Megatron's timer of the logged interval
     ("Speed/Batch_processing_time_ms", "step", 1e-3),           # a batch's processing is the step
     ("timers/synch_weights_time_ms", "comm_wait", 1e-3),        # a sync verb beside what it moves
+    ("wait_sparse_data_dist_ms", "comm_wait", 1e-3),            # torchrec's input dist: an all-to-all, not the data
+    ("time/input_dist", "comm_wait", 1.0),
     ("time/push_params", "comm_wait", 1.0),
     ("perf/gradients_reduce_s", "comm_wait", 1.0),
     ("ddp_sync_time", "comm_wait", 1.0),

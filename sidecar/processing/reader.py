@@ -133,7 +133,8 @@ batch generator, no text generation)."""
 
 PHASE_WORDS: dict[str, frozenset[str]] = {
     "comm_wait": frozenset({"comm", "comms", "communication", "nccl", "collective", "collectives", "barrier",
-                            "allreduce_wait", "p2p", "gather", "scatter", "data_parallel_sync", "bubble"})
+                            "allreduce_wait", "p2p", "gather", "scatter", "data_parallel_sync", "bubble",
+                            "data_dist", "input_dist", "output_dist"})
                  | frozenset().union(*COLLECTIVES.values()) | _pairs(COMM_VERBS),
     "queue_put_wait": frozenset({"put_wait", "queue_put", "put_blocked", "enqueue_wait"}),
     "queue_wait": frozenset({"queue_get", "queue_wait", "get_wait", "queue_empty", "dequeue_wait"}),
@@ -158,7 +159,8 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
 """Phase -> the words (one word, or two joined by ``_``) that name it, tried in this order when a
 name holds words of several (``backward_allreduce``: communication, the part of the backward
 that waits; ``data`` beside ``step``: the data wait of a step; a queue's get or put: the DFlash
-hidden-state queue's meanings). docs/METRICS.md prints it."""
+hidden-state queue's meanings; ``sparse_data_dist``: torchrec's input distribution, an all-to-all of
+the sparse features, before the data). docs/METRICS.md prints it."""
 
 EVAL_WORDS = frozenset({"eval", "evaluate", "val", "valid", "validate", "test", "inference", "predict", "evaluator",
                         "validator"})
