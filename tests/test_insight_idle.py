@@ -184,6 +184,31 @@ def test_a_loop_timing_only_its_data_wait_is_paced_by_its_own_steps_per_second(
     assert set(verdicts[1:-1]) == {expected}, verdicts
 
 
+@pytest.mark.parametrize(("wait_ms", "stride", "expected"), [
+    (34.0, 1, "input-bound"),          # 42 % of the 80 ms step
+    (4.0, 1, "unexplained-idle"),      # 5 %: was input-bound, the wait the whole of the cycle
+    (4.0, 10, "unexplained-idle"),     # logged every tenth step on a step axis: the axis still paces it
+])
+def test_a_loop_timing_only_a_wait_is_paced_by_its_step_axis(wait_ms: float, stride: int, expected: str) -> None:
+    """A new user's probe: a loop logging one wait under its own name and nothing that times the
+    step (a DLRM loop's ``wait_for_batch`` to TensorBoard at each ``global_step``), GPUs 45 % busy:
+    the wait was the whole of the cycle, input-bound at 5 % of the step. How far the step axis moves
+    a window paces it, as a steps-per-second gauge does."""
+    events = [(1000.0 + 0.08 * (i + 1), 1, i, {"time/wait_for_batch_ms": wait_ms, "lifetime_ne": 0.8})
+              for i in range(1000) if i % stride == stride - 1]
+    _, verdicts = drive(events, "time/wait_for_batch_ms", busy=0.45)
+    assert set(verdicts[1:-1]) == {expected}, verdicts
+
+
+def test_an_axis_that_moves_faster_than_the_steps_leaves_the_timings_sum() -> None:
+    """A samples axis not known as such (a batch of 32 each step) or ``wandb.log`` without ``step=``
+    moves faster than the steps: its pace is shorter than the timings and the sum of them stands
+    (a 40 ms data wait of an 80 ms step, its only timing: input-bound, as before the pace was read)."""
+    events = [(1000.0 + 0.08 * (i + 1), 1, 32 * i, {"time/data_ms": 40.0}) for i in range(1000)]
+    _, verdicts = drive(events, "time/data_ms", busy=0.45)
+    assert set(verdicts[1:-1]) == {"input-bound"}, verdicts
+
+
 def test_a_loop_timing_its_micro_batches_compute_is_not_paced_by_its_optimizer_steps() -> None:
     """A review's case: no step timer, each micro-batch's data wait (40 %), forward and backward
     timed, four micro-batches an optimizer step, its optimizer steps per second logged: paced by

@@ -182,6 +182,8 @@ class Aggregator:
         """Which bare times read as the step are seconds since the start (``clocks``)."""
         self._first_steps: dict[int, int] = {}
         """sender id -> the step of its first profile the daemon had (the ledger counts from it)."""
+        self._rolled_steps: dict[int, int] = {}
+        """Sender id -> its step at the last roll (``_steps_moved``)."""
         self._allocator: dict[tuple[str, str, int], tuple[int, int, int]] = {}
         self.profile_entries_rejected: dict[tuple[str, str, str], int] = {}
         """(role, worker, reason) -> profile entries skipped."""
@@ -636,9 +638,24 @@ class Aggregator:
             if (live is None or sender in live) and step > steps.get((role, worker), -1):
                 steps[role, worker] = step
         settled = self._clocks.settle(settle(views), now_monotonic, self._moves())
+        counted = self._axes.counted(self._step_ms(settled))  # the step axes' pace by the settled step
         return WindowReport(end_unix_s, duration_s, settled, steps, dict(self._allocator),
                             {sender: step for sender, (_, _, step) in self._steps.items()}, dict(self._first_steps),
-                            self._axes.counted(self._step_ms(settled)))  # the step axes' pace by the settled step
+                            counted, self._steps_moved(counted, live))
+
+    def _steps_moved(self, counted: Mapping[int, int], live: set[int] | None) -> dict[tuple[str, str], int]:
+        """(role, worker) -> how far its live senders' steps moved since the last roll (the most of
+        them; ``counted``: the steps of a sender whose axis counts items), and each sender's step
+        kept for the next roll. A sender first seen in this window has no move yet."""
+        now = {sender: counted.get(sender, step) for sender, (_, _, step) in self._steps.items()}
+        moved: dict[tuple[str, str], int] = {}
+        for sender, step in now.items():
+            before = self._rolled_steps.get(sender)
+            role, worker, _ = self._steps[sender]
+            if before is not None and (live is None or sender in live) and step - before > moved.get((role, worker), 0):
+                moved[role, worker] = step - before
+        self._rolled_steps = now
+        return moved
 
     def _moves(self) -> dict[tuple[str, str], dict[int, int]]:
         """(role, worker) -> each of its senders' step moves so far (``StepAxes.moves``)."""

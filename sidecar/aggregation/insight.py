@@ -71,7 +71,7 @@ IDLE_REASONS = {"data": ("data_wait",), "queue": ("queue_wait", "queue_put_wait"
 class _Worker:
     """The series of one (role, worker) in a window, by (kind, name)."""
 
-    __slots__ = ("views", "stale", "unmapped", "substeps", "more")
+    __slots__ = ("views", "stale", "unmapped", "substeps", "more", "moved")
 
     def __init__(self) -> None:
         self.views: dict[tuple[int, str], SeriesView] = {}
@@ -83,6 +83,8 @@ class _Worker:
         """Timings read as the step beside a longer one: parts of it (``_substeps``)."""
         self.more: dict[str, list[SeriesView]] = {}
         """Phase -> its other parts beside the series read for it (``_more_parts``)."""
+        self.moved = 0
+        """How far its step moved this window (``WindowReport.steps_moved``; 0: not known)."""
 
     def snapshot(self, name: str) -> bool:
         view = self.views.get((TIMING, name)) or self.stale.get((TIMING, name))
@@ -130,7 +132,9 @@ class _Worker:
         return None if value is None or math.isnan(value) else float(value)
 
 
-def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
+def _group(series: Iterable[SeriesView],
+           moved: Mapping[tuple[str, str], int] | None = None) -> dict[str, dict[str, _Worker]]:
+    """Role -> worker -> its series this window (``moved``: how far each one's step moved)."""
     roles: dict[str, dict[str, _Worker]] = defaultdict(dict)
     stale: list[SeriesView] = []
     alike: dict[int, dict[str, list[SeriesView]]] = {}  # worker (by identity) -> its comm_wait and step series
@@ -170,6 +174,9 @@ def _group(series: Iterable[SeriesView]) -> dict[str, dict[str, _Worker]]:
             named = alike.get(id(w), {})
             _substeps(w, named.get("step", []))
             _more_parts(w, named.get("comm_wait", []))
+    for (role, worker), steps in (moved or {}).items():
+        if (w := roles.get(role, {}).get(worker)) is not None:
+            w.moved = steps
     return dict(roles)
 
 
@@ -284,7 +291,7 @@ def compute_insight(window: WindowReport, settings: InsightSettings | None = Non
     whole window."""
     settings = settings or InsightSettings()
     duration = window.duration_s
-    roles_data = _group(window.series)
+    roles_data = _group(window.series, window.steps_moved)
     alive = _alive_by_series_label(roles_data, senders, duration)
     roles: dict[str, RoleInsight] = {}
     workers: list[WorkerInsight] = []
@@ -524,10 +531,11 @@ def _step_beside_unmapped(w: _Worker) -> bool:
             and not any((TIMING, p) in w.views or (TIMING, p) in w.stale for p in PHASES))
 
 
-def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
+def _snapshot_reading(w: _Worker, max_age: float, alive_s: float) -> _Reading | None:
     """A worker read from its snapshots (weight 1): each phase's and each unmapped timing's
     per-batch mean over the cycle (the ``step`` mean, unmapped timings fitting in what the phases
-    leave of it; else the sum of them all); ``other`` only with a ``step`` mean. None: nothing to read."""
+    leave of it; else the sum of them all, or the step its pace says: ``_pace_ms`` over its
+    ``alive_s`` seconds of the window); ``other`` only with a ``step`` mean. None: nothing to read."""
     # A worker with a fresh snapshot this window is read from it alone (a phase missing
     # from it is not carried over); without one, its last snapshot stands while recent.
     fresh = any(w.window(TIMING, p) or w.window(GAUGE, p) for p in PHASES)
@@ -549,13 +557,13 @@ def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
     # them, two phases of a five-part step were the whole of it, and one of them a bottleneck),
     # or, where it times no compute, the time a step its own steps per second say where that is
     # longer (a loop timing only its data wait read it as the whole of its step: input-bound at 15 %
-    # of it; one that times its micro-batches' compute under accumulation is paced by those)
+    # of it, or at 5 %; one that times its micro-batches' compute under accumulation is paced by those)
     if step:
         cycle = max(step, covered)
     elif set(means) & set(COMPUTE_PHASES):
         cycle = covered + spare
     else:
-        cycle = max(covered + spare, _pace_ms(w))
+        cycle = max(covered + spare, _pace_ms(w, alive_s))
     if cycle <= 0:
         return None
     room = max(0.0, cycle - covered)
@@ -566,11 +574,20 @@ def _snapshot_reading(w: _Worker, max_age: float) -> _Reading | None:
                     _times_forward(w, {p for p, m in means.items() if m}, bool(extra)))
 
 
-def _pace_ms(w: _Worker) -> float:
+def _pace_ms(w: _Worker, alive_s: float) -> float:
     """Milliseconds a step from the steps per second the worker reports itself this window
-    (``steps_per_s``: ``throughput/batches_per_sec``, HF's ``train_steps_per_second``), 0 if none."""
+    (``steps_per_s``: ``throughput/batches_per_sec``, HF's ``train_steps_per_second``), else from
+    how far its step axis moved in its ``alive_s`` seconds (``PACE_MOVES`` or more); 0 if neither.
+    An axis that moves faster than the steps (``wandb.log`` without ``step=``, a count of samples
+    not known as such) gives a shorter pace than the timings' sum, which then stands."""
     rate = w.window(GAUGE, "steps_per_s")
-    return 1000.0 / float(rate["mean"]) if rate and float(rate["mean"]) > 0 else 0.0
+    if rate and float(rate["mean"]) > 0:
+        return 1000.0 / float(rate["mean"])
+    return 1000.0 * alive_s / w.moved if w.moved >= PACE_MOVES and alive_s > 0 else 0.0
+
+
+PACE_MOVES = 2
+"""Steps the axis must move in a window to pace it: one move may be an epoch logged as the step."""
 
 
 def _per_step(w: _Worker, means: dict[str, float], step: float | None) -> dict[str, float]:
@@ -652,7 +669,7 @@ def _time_share(members: dict[str, _Worker], duration: float,
     for name, w in members.items():
         alive_s, started = alive.get(name, (duration, False))
         if any(w.snapshot(p) or w.share(p, True) is not None for p in PHASES) or _step_beside_unmapped(w):
-            reading = _snapshot_reading(w, max_age)
+            reading = _snapshot_reading(w, max_age, min(duration, alive_s))
         else:
             reading = _occurrence_reading(w, min(duration, alive_s), started, duration)
         if reading is None:

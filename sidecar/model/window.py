@@ -90,6 +90,10 @@ class WindowReport:
     """Sender id -> its steps so far, counted as its step value changed, for a sender whose step
     counts samples or tokens rather than steps (``sidecar.aggregation.step_axis``): the run ledger
     reads these in place of its step numbers."""
+    steps_moved: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(role, worker) -> how far its step moved since the window before (the most of its live
+    senders', counted in steps where the axis counts items; a sender the window before did not know
+    is not counted): the pace of a worker that times no step (``sidecar.aggregation.insight``)."""
 
     def window_series(self, kind: int | None = None, name: str | None = None) -> Iterable[SeriesView]:
         """Series with data in this window, optionally of one kind and name."""
