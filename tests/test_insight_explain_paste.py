@@ -88,3 +88,73 @@ def test_pasting_explains_config_pins_or_overrules_the_reads(tmp_path: Path) -> 
         first.stop()
         if second is not None:
             second.stop()
+
+
+PROFILER_LOOP = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from trainer_shim import telemetry
+    endpoint, stop = sys.argv[1], Path(sys.argv[2])
+    telemetry.configure(endpoint=endpoint, role="trainer", worker="0", flush_interval_s=0.05)
+
+    def nap(s):
+        t0 = time.perf_counter(); time.sleep(s); return time.perf_counter() - t0
+
+    step = 0
+    while not stop.exists():  # a Lightning SimpleProfiler's last durations, in seconds, as it holds them
+        dn = nap(0.030)
+        t0 = time.perf_counter(); ts = nap(0.006); bw = nap(0.008); nap(0.002)
+        telemetry.publish(step, {"[_TrainingEpochLoop].train_dataloader_next": dn,
+                                 "run_training_batch": time.perf_counter() - t0,
+                                 "[Strategy]SingleDeviceStrategy.training_step": ts,
+                                 "[Strategy]SingleDeviceStrategy.backward": bw})
+        step += 1
+    telemetry.flush(); telemetry.close()
+""")
+
+
+@pytest.mark.timeout(90)
+def test_explain_offers_a_unit_for_durations_whose_names_say_none(tmp_path: Path) -> None:
+    """A new user's probe: a loop publishing its Lightning profiler's action durations (seconds,
+    no unit or duration word in the names) read ``unexplained-idle`` 10 of 10, every key a gauge,
+    and ``explain`` said nothing of them. It offers each gauge whose words name a phase as a
+    commented block with ``unit = "s"``; pasted, a second daemon reads the loop input-bound (its
+    loader 65 % of the step)."""
+    stop = tmp_path / "stop"
+    first = DaemonProc(tmp_path)
+    loop = subprocess.Popen([sys.executable, "-c", PROFILER_LOOP, first.endpoint, str(stop)], env=env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    second = None
+    try:
+        def offered() -> str | None:
+            config = str(explain_json(first).get("config"))
+            return config if "train_dataloader_next" in config else None
+
+        config = wait_for(offered, timeout_s=30, what="explain's block for the loader's gauge")
+        block = ('# [[mapping]]\n# match = "[_TrainingEpochLoop].train_dataloader_next"\n# phase = "data_wait"  '
+                 '# a gauge of role trainer whose words name data_wait: if it is a duration,\n# unit = "s"')
+        assert block in config, config
+        assert '# match = "[Strategy]SingleDeviceStrategy.backward"\n# phase = "backward"' in config, config
+        path = tmp_path / "sidecar.toml"
+        keys = ("# [[mapping]]", "# match = ", "# phase = ", "# unit = ")
+        path.write_text("\n".join(line[2:] if line.startswith(keys) else line for line in config.splitlines()) + "\n")
+        first.stop()
+        second = DaemonProc(tmp_path, "--config", str(path), endpoint=first.endpoint)
+
+        def verdict() -> str | None:
+            text = str(explain_json(second).get("verdict"))
+            return text if text.startswith("input-bound") else None
+
+        wait_for(verdict, timeout_s=30, what="input-bound once the pasted rules give the units")
+        shares = {lab["phase"]: v for lab, v in second.samples()["dflash_pipeline_time_share_ratio"]}
+        assert 0.5 <= shares["data_wait"] <= 0.8, shares
+    finally:
+        stop.touch()
+        try:
+            loop.wait(15)
+        except subprocess.TimeoutExpired:
+            loop.kill()
+            loop.wait()
+        first.stop()
+        if second is not None:
+            second.stop()

@@ -96,11 +96,32 @@ def test_user_rules_glob_and_regex_with_captures() -> None:
     ({"match": "a", "regex": "a", "phase": "forward"}, "exactly one of"),
     ({"match": "a"}, "maps to nothing"),
     ({"match": "a", "phase": "forward", "colour": "red"}, "unknown key(s) colour"),
+    ({"match": "a", "phase": "forward", "unit": "fortnights"}, "unit 'fortnights' is not in the units grammar"),
+    ({"match": "a", "phase": "forward", "unit": 1000}, "unit must be a string"),
+    ({"match": "a", "role": "loader", "unit": "s"}, "a unit needs the phase or meaning its values are of"),
+    ({"match": "a", "phase": "none", "unit": "s"}, "a unit needs the phase or meaning its values are of"),
 ])
 def test_bad_rules_are_refused_with_what_to_fix(table: dict, message: str) -> None:
     with pytest.raises(MappingError) as exc:
         parse_rules([table])
     assert message in str(exc.value) and "mapping rule 1" in str(exc.value)
+
+
+@pytest.mark.parametrize("kind", [PROFILE, GAUGE])
+def test_a_rules_unit_reads_a_name_that_says_none_in_it(kind: int) -> None:
+    """A key that says no unit, its values in seconds (a Lightning profiler action's duration
+    published as it is, a Python timer logged to W&B): a rule gives its phase and its unit, as a
+    framework preset states one; without the unit such a key is a timing in milliseconds. A name
+    that says its own unit keeps it, and a ``timing()`` record is in milliseconds, as its API says."""
+    rules = parse_rules([{"match": "[_TrainingEpochLoop].train_dataloader_next", "phase": "data_wait", "unit": "s"},
+                         {"regex": "fetch(?:_ms)?", "phase": "data_wait", "unit": "s"},
+                         {"match": "load", "phase": "data_wait"}])
+    m = Mapper(rules).resolve(kind, "[_TrainingEpochLoop].train_dataloader_next", "trainer", "0")
+    assert (m.meaning, m.kind, m.scale) == ("data_wait", TIMING, 1000.0) and "unit s (your rule)" in m.rule, m
+    assert Mapper(rules).resolve(kind, "fetch_ms", "trainer", "0").scale == 1.0  # its own unit
+    assert Mapper(rules).resolve(kind, "load", "trainer", "0").scale == 1.0      # no unit: milliseconds
+    assert Mapper(rules).resolve(TIMING, "fetch", "trainer", "0").scale == 1.0   # timing(): milliseconds
+    assert "(unit s)" in rules[0].source
 
 
 def test_a_rule_shadowed_by_an_earlier_one_can_never_match() -> None:

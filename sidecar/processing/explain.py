@@ -15,8 +15,9 @@ from typing import Any
 from sidecar.model.mapped import READ
 from sidecar.model.meanings import MEANINGS
 from sidecar.model.settings import RoleSettings
-from sidecar.model.window import KIND_NAMES, TIMING
+from sidecar.model.window import GAUGE, KIND_NAMES, TIMING, SeriesView
 from sidecar.processing.mapping import Mapper
+from sidecar.processing.reader import read_name
 from sidecar.processing.rules import NO_MEANING
 
 TARGET, DRAFTER, LOOP = "<target>", "<drafter>", "*"
@@ -54,12 +55,14 @@ def explain_data(report: Any, mapper: Mapper, roles: RoleSettings, gpu_missing: 
     ``roles``: the role names the insight reads the DFlash pipeline under (the
     ``insight_*_role`` settings), so its missing inputs are looked for and named as configured. Its
     ``config`` is TOML to paste into the config file: one ``[[mapping]]`` block per unmapped
-    timing, its phase guessed from the name (commented out where nothing in the name says)."""
+    timing, its phase guessed from the name (commented out where nothing in the name says), and a
+    commented one per gauge whose words name a phase (a duration whose name says no unit)."""
     series = []
     present: set[tuple[str, str]] = set()
     snapshot_roles: set[str] = set()
     workers: dict[str, set[str]] = {}
     unmapped: list[Any] = []
+    durations: list[tuple[SeriesView, str]] = []
     if report is not None:
         for v in report.window.series:
             kind = KIND_NAMES.get(v.kind, str(v.kind))
@@ -76,6 +79,8 @@ def explain_data(report: Any, mapper: Mapper, roles: RoleSettings, gpu_missing: 
             if v.kind == TIMING and (not v.meaning or READ in v.rule) and not v.counted_in \
                     and not (v.outside and not v.meaning):
                 unmapped.append(v)  # (a name outside the step, or overruled as none, needs no rule)
+            elif v.kind == GAUGE and not v.meaning and (phase := read_name(v.raw or v.name, record=True).meaning):
+                durations.append((v, phase))  # a gauge that would be a phase's timing, had its name a unit
     insight = report.insight if report is not None else None
     missing = missing_inputs(mapper, roles, present, snapshot_roles, workers, gpu_missing)
     return {
@@ -83,7 +88,7 @@ def explain_data(report: Any, mapper: Mapper, roles: RoleSettings, gpu_missing: 
         "series": sorted(series, key=lambda s: (s["role"], s["worker"], s["name"])),
         "missing": missing,
         "unused_rules": [r.source for r in mapper.unused_rules()],
-        "config": mapping_config(unmapped, mapper.known_roles),
+        "config": mapping_config(unmapped, mapper.known_roles, durations),
     }
 
 
@@ -123,12 +128,16 @@ def missing_inputs(mapper: Mapper, roles: RoleSettings, present: set[tuple[str, 
     return missing
 
 
-def mapping_config(unmapped: Iterable[Any], known_roles: Iterable[str]) -> str:
+def mapping_config(unmapped: Iterable[Any], known_roles: Iterable[str],
+                   durations: Iterable[tuple[SeriesView, str]] = ()) -> str:
     """TOML ``[[mapping]]`` blocks for the timings seen that no rule or preset maps: those whose
     phase was read from the name (pasted, the read is pinned; ``phase = "none"`` overrules it) and
-    the unmapped ones (commented out, a phase to choose). Each matches the name as the trainer
-    sends it (the dict key for ``publish()``, the name for ``timing()``); a name whose role came
-    from its key (``target.t_update_ms``) keeps that role."""
+    the unmapped ones (commented out, a phase to choose); then, commented out, one for each gauge
+    of ``durations`` (gauge, the phase its words name): a duration whose name says no unit (a
+    Lightning profiler's ``[_TrainingEpochLoop].train_dataloader_next``) is a timing once a rule
+    gives its phase and unit. Each matches the name as the trainer sends it (the dict key for
+    ``publish()``, the name for ``timing()``); a name whose role came from its key
+    (``target.t_update_ms``) keeps that role."""
     blocks: list[str] = []
     seen: set[str] = set()
     roles = set(known_roles)
@@ -148,6 +157,14 @@ def mapping_config(unmapped: Iterable[Any], known_roles: Iterable[str]) -> str:
             blocks.append("\n".join(lines))
         else:
             lines.append(f'phase = "<one of: {", ".join(TIMING_MEANINGS)}>"  # {form} of role {v.role}')
+            blocks.append("\n".join("# " + line for line in lines))
+    for v, phase in sorted(durations, key=lambda d: (d[0].role, d[0].raw or d[0].name)):
+        name = v.raw or v.name
+        if name not in seen:
+            seen.add(name)
+            lines = ["[[mapping]]", f"match = {json.dumps(name)}",
+                     f'phase = "{phase}"  # a gauge of role {v.role} whose words name {phase}: if it is a duration,',
+                     'unit = "s"  # the unit its values are in (its name says none)']
             blocks.append("\n".join("# " + line for line in lines))
     if not blocks:
         return ""

@@ -44,7 +44,7 @@ from sidecar.processing.reader import (
 )
 from sidecar.processing.rules import MappingError, Rule, parse_rules
 from sidecar.processing.settings import MappingSettings
-from sidecar.processing.units import PER_SECOND, RATIO, SECONDS, Unit, read_unit
+from sidecar.processing.units import PER_SECOND, RATIO, SECONDS, Unit, implied, read_unit
 
 __all__ = ["PRESETS", "Mapper", "MappingError", "Rule", "parse_rules", "preset_table"]
 _SEP = re.compile(r"[./]")
@@ -152,6 +152,9 @@ class Mapper:
             role, worker, name, how = self._key_grammar(raw, role, worker)
             meaning = ""
         unit = read_unit(name)
+        stated = self.rules[by_rule - 1].unit if by_rule is not None else ""
+        if stated and not unit.known and (entry or kind != TIMING):  # a timing() record is in ms, as its API says
+            unit = replace(implied(stated, unit.stem), written=f"{stated} (your rule)")
         reading: Reading | None = None
         if not meaning and not (by_rule is not None and self.rules[by_rule - 1].unread):
             found = presets.find(kind, name, unit, entry)

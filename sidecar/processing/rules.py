@@ -13,11 +13,12 @@ from sidecar.model.mapped import Mapped
 from sidecar.model.meanings import MEANINGS, accepts
 from sidecar.model.names import label_value
 from sidecar.processing import regex_example
+from sidecar.processing.units import implied
 from trainer_shim.wire import MAX_NAME_BYTES
 
 _CAPTURE_REF = re.compile(r"\$(\d+)|\$\{(\w+)\}")
 TARGET_FIELDS = ("role", "worker", "name")
-RULE_KEYS = frozenset({"match", "regex", "role", "worker", "name", "meaning", "phase"})
+RULE_KEYS = frozenset({"match", "regex", "role", "worker", "name", "meaning", "phase", "unit"})
 NO_MEANING = "none"
 """``phase = "none"`` (or ``meaning = "none"``): the names a rule matches mean nothing to the insight,
 whatever a preset or the name reader makes of them."""
@@ -42,6 +43,10 @@ class Rule:
     unread: bool = False
     """``phase = "none"``: the names it matches have no meaning, whatever a preset or the name
     reader would make of them (a user overruling a read)."""
+    unit: str = ""
+    """``unit = "s"``: the unit of the values of a name that says none (the units grammar's
+    spelling), as a framework preset states one: a ``publish()`` key or a gauge in seconds is a
+    timing. ``""``: none (such a key is a timing in milliseconds, a ``timing()`` record's unit)."""
 
     def apply(self, kind: int, raw: str, role: str, worker: str, unit: str = "") -> Mapped | None:
         """The rule's mapping of ``raw`` sent as ``kind`` (its name read as base ``unit``), or None."""
@@ -133,10 +138,29 @@ def parse_rules(tables: Sequence[Mapping[str, Any]]) -> tuple[Rule, ...]:
             raise MappingError(f"{where} ({source}): can never match: rule {seen[regex]} has the same pattern "
                                "and is tried first")
         seen[regex] = i + 1
+        unit = _unit(where, source, table.get("unit", ""), meaning)
         shown = f" -> {meaning}" if meaning else (f" -> {NO_MEANING}" if unread else "")
-        rules.append(Rule(i + 1, source + shown, pattern, fields.get("role"), fields.get("worker"),
-                          fields.get("name"), meaning, unread))
+        rules.append(Rule(i + 1, source + shown + (f" (unit {unit})" if unit else ""), pattern, fields.get("role"),
+                          fields.get("worker"), fields.get("name"), meaning, unread, unit))
     return tuple(rules)
+
+
+def _unit(where: str, source: str, unit: object, meaning: str) -> str:
+    """A rule's ``unit`` checked: a unit of the units grammar, given with a meaning.
+
+    Raises ``MappingError`` naming the rule and what to fix."""
+    if unit == "":
+        return ""
+    if not isinstance(unit, str):
+        raise MappingError(f"{where} ({source}): unit must be a string (\"s\", \"ms\", \"%\", ...)")
+    try:
+        implied(unit, "")
+    except ValueError:
+        raise MappingError(f"{where} ({source}): unit {unit!r} is not in the units grammar (\"s\", \"ms\", "
+                           "\"us\", \"min\", \"%\", \"MiB\", ...: docs/METRICS.md#units-read-from-the-name)") from None
+    if not meaning:
+        raise MappingError(f"{where} ({source}): a unit needs the phase or meaning its values are of")
+    return unit
 
 
 def _check_captures(where: str, source: str, pattern: re.Pattern[str], fields: Mapping[str, str]) -> None:
