@@ -418,6 +418,27 @@ def test_a_phase_under_two_names_of_one_thing_counts_once(case: str, twice: dict
     assert not {"input-bound", "communication-bound"} & set(verdicts), (case, verdicts)
 
 
+def test_a_collectives_launch_and_its_wait_read_the_wait() -> None:
+    """A new user's probe: two torchrec ranks time their pipeline stages under its labels, the input
+    dist's launch (``sparse_data_dist``, 3 ms) and its wait (``wait_sparse_data_dist``: 30 ms on the
+    rank that waits for the slower one's all-to-all). Both names read as communication, and the
+    insight read the first in order, the launch: the wait fell into the gap and the slow rank was no
+    straggler (balanced). Of a phase's two names the longer is read."""
+    from sidecar.aggregation.aggregator import Aggregator
+    from sidecar.core.pipeline import ingest_records
+    from sidecar.model.window import PROFILE, TIMING
+
+    agg, mapper = Aggregator(clock=lambda: 1010.0), Mapper()
+    for rank, (wait, fwd, bwd) in enumerate([(30.0, 17.0, 22.0), (2.0, 32.0, 36.0)]):
+        step = [[TIMING, "copy_batch_to_gpu", 2.0], [TIMING, "sparse_data_dist", 3.0],
+                [TIMING, "wait_sparse_data_dist", wait], [TIMING, "forward", fwd], [TIMING, "backward", bwd],
+                [TIMING, "optimizer", 5.0]]
+        records = [r for i in range(125) for r in (*step, [PROFILE, i, {"lifetime_ne": 0.81}])]
+        ingest_records(agg, "trainer", str(rank), records, mapper, sender_id=rank + 1)
+    v = compute_window(agg.roll(1010.0, 1010.0, 10.0), gpus=GpuFacts(busy={"0": 0.55, "1": 0.55})).verdict
+    assert v.name == "straggler" and "trainer/1" in v.detail, v
+
+
 def test_the_detail_names_the_step_the_insight_reads() -> None:
     """A JAX loop's ``jax/jit_step_ms`` (the compiled step: its compute) beside ``jax/loop_ms``: the
     loop is the step and the jitted step its part; the detail said "step read from the name:

@@ -240,11 +240,14 @@ def _substeps(w: _Worker, candidates: list[SeriesView]) -> None:
 
 
 def _preferred(view: SeriesView, known: SeriesView) -> bool:
-    """Of two series of one worker with one meaning (a phase logged under two names, a forward of
-    two models), the one the insight reads: a user's rule or a preset over a name read, then the
-    first name in order (deterministic, whatever order the series came in)."""
-    def rank(v: SeriesView) -> tuple[bool, str]:
-        return READ in v.rule, v.raw or v.name
+    """Of two series of one worker with one meaning (a phase logged under two names, a timer nested
+    in another, an asynchronous collective's launch and its wait, a forward of two models), the one
+    the insight reads: a user's rule or a preset over a name read, a certain reading over an
+    uncertain one, then the longer this window (a nested timer's outer one, a collective's wait
+    beside its launch: torchrec's ``wait_sparse_data_dist`` beside ``sparse_data_dist``; the same
+    wait logged twice is read either way), then the first name in order (deterministic)."""
+    def rank(v: SeriesView) -> tuple[bool, float, float, str]:
+        return READ in v.rule, -v.certainty, -_mean(v), v.raw or v.name
 
     return rank(view) < rank(known)
 
