@@ -107,9 +107,20 @@ def rllib_new_stack(step_s: float, data: float, step: int) -> dict[str, float]:
             "learners/__all_modules__/num_env_steps_trained_lifetime": 4000.0 * step}
 
 
+def torch_ddp(step_s: float, data: float, step: int) -> dict[str, float]:
+    """torch DDP's ``_get_ddp_logging_data()`` as a trainer logs it (its numbers; the strings left
+    out, as a tap leaves them): the sampled iteration's and the running averages' times in ns."""
+    ns = step_s * (1.0 - data) * 1e9
+    times = {"forward_compute_time": ns * 0.3, "backward_compute_time": ns * 0.5, "backward_comm_time": ns * 0.25,
+             "backward_compute_comm_overlap_time": ns * 0.2}
+    return {**times, **{f"avg_{k}": v for k, v in times.items()}, "rank": 0.0, "world_size": 8.0,
+            "iteration": float(step), "bucket_cap_bytes": 25 * 2**20, "num_buckets_reduced": 5.0,
+            "total_parameter_size_bytes": 4.9e8}
+
+
 FIXTURES: dict[str, Fixture] = {"torchtitan": torchtitan, "megatron": megatron, "hf": hf, "nanogpt": nanogpt,
                                 "mmengine": mmengine, "detectron2": detectron2, "accelerate": accelerate,
-                                "rllib": rllib, "rllib_new_stack": rllib_new_stack}
+                                "rllib": rllib, "rllib_new_stack": rllib_new_stack, "torch_ddp": torch_ddp}
 DATA_TIMED = ("torchtitan", "megatron", "mmengine", "detectron2", "rllib", "rllib_new_stack")
 """Frameworks whose own dict reports data loading against the step; the others' (HF, nanoGPT,
 Accelerate) carry no data time, so their names alone cannot tell an input-bound run."""
