@@ -40,6 +40,7 @@ from sidecar.processing.reader import read_name, read_rate, stem, words
     ("timers/synch_weights_time_ms", "comm_wait", 1e-3),        # a sync verb beside what it moves
     ("wait_sparse_data_dist_ms", "comm_wait", 1e-3),            # torchrec's input dist: an all-to-all, not the data
     ("time/input_dist", "comm_wait", 1.0),
+    ("time/ppo/optimize_step", "optimizer", 1.0),               # TRL's PPO update, a verb of the optimizer
     ("time/push_params", "comm_wait", 1.0),
     ("perf/gradients_reduce_s", "comm_wait", 1.0),
     ("ddp_sync_time", "comm_wait", 1.0),

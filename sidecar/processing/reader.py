@@ -150,7 +150,8 @@ PHASE_WORDS: dict[str, frozenset[str]] = {
     "forward": frozenset({"forward", "fwd", "fw", "fprop", "forward_pass", "logprobs", "logprob", "logp", "logits"}),
     "backward": frozenset({"backward", "bwd", "bw", "bprop", "backprop", "backward_pass", "grad", "grads",
                            "gradient", "gradients"}),
-    "optimizer": frozenset({"optimizer", "optim", "opt", "optimizer_step", "opt_step", "optim_step", "gradstep",
+    "optimizer": frozenset({"optimizer", "optim", "opt", "optimize", "optimization", "optimizer_step", "opt_step",
+                            "optim_step", "gradstep",
                             "grad_step", "adam", "adamw", "sgd", "zero_grad"})
                  | _grad_pairs("optimizer"),
     "step": frozenset({"step", "iter", "iteration", "it", "batch", "train_step", "step_time", "e2e",
