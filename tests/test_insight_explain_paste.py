@@ -118,8 +118,9 @@ def test_explain_offers_a_unit_for_durations_whose_names_say_none(tmp_path: Path
     """A new user's probe: a loop publishing its Lightning profiler's action durations (seconds,
     no unit or duration word in the names) read ``unexplained-idle`` 10 of 10, every key a gauge,
     and ``explain`` said nothing of them. It offers each gauge whose words name a phase as a
-    commented block with ``unit = "s"``; pasted, a second daemon reads the loop input-bound (its
-    loader 65 % of the step)."""
+    commented block with ``unit = "s"`` (not a name of the step: a gauge named so is most often a
+    step counter); pasted, a second daemon reads the loop input-bound (its loader 65 % of the step,
+    read as about 79 % of the loader's and the backward's time, the step's name left to the user)."""
     stop = tmp_path / "stop"
     first = DaemonProc(tmp_path)
     loop = subprocess.Popen([sys.executable, "-c", PROFILER_LOOP, first.endpoint, str(stop)], env=env(),
@@ -147,7 +148,8 @@ def test_explain_offers_a_unit_for_durations_whose_names_say_none(tmp_path: Path
 
         wait_for(verdict, timeout_s=30, what="input-bound once the pasted rules give the units")
         shares = {lab["phase"]: v for lab, v in second.samples()["dflash_pipeline_time_share_ratio"]}
-        assert 0.5 <= shares["data_wait"] <= 0.8, shares
+        assert 0.5 <= shares["data_wait"] <= 0.9, shares
+        assert "run_training_batch" not in config, config
     finally:
         stop.touch()
         try:

@@ -188,14 +188,16 @@ def test_a_loop_timing_only_its_data_wait_is_paced_by_its_own_steps_per_second(
     (34.0, 1, "input-bound"),          # 42 % of the 80 ms step
     (4.0, 1, "unexplained-idle"),      # 5 %: was input-bound, the wait the whole of the cycle
     (4.0, 10, "unexplained-idle"),     # logged every tenth step on a step axis: the axis still paces it
+    (34.0, -4, "input-bound"),         # a review's case: each of 4 micro-batches' wait published, the axis per 4
 ])
 def test_a_loop_timing_only_a_wait_is_paced_by_its_step_axis(wait_ms: float, stride: int, expected: str) -> None:
     """A new user's probe: a loop logging one wait under its own name and nothing that times the
     step (a DLRM loop's ``wait_for_batch`` to TensorBoard at each ``global_step``), GPUs 45 % busy:
     the wait was the whole of the cycle, input-bound at 5 % of the step. How far the step axis moves
     a window paces it, as a steps-per-second gauge does."""
-    events = [(1000.0 + 0.08 * (i + 1), 1, i, {"time/wait_for_batch_ms": wait_ms, "lifetime_ne": 0.8})
-              for i in range(1000) if i % stride == stride - 1]
+    events = [(1000.0 + 0.08 * (i + 1), 1, i // -stride if stride < 0 else i,
+               {"time/wait_for_batch_ms": wait_ms, "lifetime_ne": 0.8})
+              for i in range(1000) if stride < 0 or i % stride == stride - 1]
     _, verdicts = drive(events, "time/wait_for_batch_ms", busy=0.45)
     assert set(verdicts[1:-1]) == {expected}, verdicts
 
@@ -437,6 +439,17 @@ def test_a_collectives_launch_and_its_wait_read_the_wait() -> None:
         ingest_records(agg, "trainer", str(rank), records, mapper, sender_id=rank + 1)
     v = compute_window(agg.roll(1010.0, 1010.0, 10.0), gpus=GpuFacts(busy={"0": 0.55, "1": 0.55})).verdict
     assert v.name == "straggler" and "trainer/1" in v.detail, v
+
+
+def test_of_two_names_of_a_wait_timed_every_occurrence_the_one_that_took_longer_is_read() -> None:
+    """A review's case: a DDP comm hook times each of 25 buckets' all-reduce (2 ms) beside one
+    barrier a step (5 ms), ``timing()`` records: by their means the barrier was the longer, and half
+    the step in the all-reduces fell into the gap (host-bound). Every occurrence is read by its sum."""
+    step = {"fwd_ms": 20.0, "bwd_ms": 25.0, "optimizer_ms": 5.0, "comm/barrier": 5.0}
+    events = [e for i in range(400) for e in [(1000.0 + 0.1 * i, 1, None, step)]
+              + [(1000.0 + 0.1 * i + 0.001 * b, 1, None, {"comm/allreduce_bucket": 2.0}) for b in range(25)]]
+    _, verdicts = drive(events, "comm/barrier", busy=0.45, window_s=2.0)
+    assert set(verdicts[1:-1]) == {"communication-bound"}, verdicts
 
 
 def test_the_detail_names_the_step_the_insight_reads() -> None:

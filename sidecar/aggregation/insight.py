@@ -243,11 +243,14 @@ def _preferred(view: SeriesView, known: SeriesView) -> bool:
     """Of two series of one worker with one meaning (a phase logged under two names, a timer nested
     in another, an asynchronous collective's launch and its wait, a forward of two models), the one
     the insight reads: a user's rule or a preset over a name read, a certain reading over an
-    uncertain one, then the longer this window (a nested timer's outer one, a collective's wait
-    beside its launch: torchrec's ``wait_sparse_data_dist`` beside ``sparse_data_dist``; the same
-    wait logged twice is read either way), then the first name in order (deterministic)."""
+    uncertain one, then the one that took the longer this window (a nested timer's outer one, a
+    collective's wait beside its launch: torchrec's ``wait_sparse_data_dist`` beside
+    ``sparse_data_dist``; the same wait logged twice is read either way): a snapshot's per-batch
+    mean, every occurrence's sum (25 bucket all-reduces a step beside one barrier), then the first
+    name in order (deterministic)."""
     def rank(v: SeriesView) -> tuple[bool, float, float, str]:
-        return READ in v.rule, -v.certainty, -_mean(v), v.raw or v.name
+        took = float(v.window.get("sum", 0.0)) if v.window and not v.snapshot else _mean(v)
+        return READ in v.rule, -v.certainty, -took, v.raw or v.name
 
     return rank(view) < rank(known)
 
@@ -580,17 +583,23 @@ def _snapshot_reading(w: _Worker, max_age: float, alive_s: float) -> _Reading | 
 def _pace_ms(w: _Worker, alive_s: float) -> float:
     """Milliseconds a step from the steps per second the worker reports itself this window
     (``steps_per_s``: ``throughput/batches_per_sec``, HF's ``train_steps_per_second``), else from
-    how far its step axis moved in its ``alive_s`` seconds (``PACE_MOVES`` or more); 0 if neither.
-    An axis that moves faster than the steps (``wandb.log`` without ``step=``, a count of samples
-    not known as such) gives a shorter pace than the timings' sum, which then stands."""
+    its steps in its ``alive_s`` seconds: how far its step axis moved, or its records of a timing
+    where more (a micro-batch's wait published per micro-batch, the axis moved per optimizer step),
+    ``PACE_MOVES`` or more; 0 if neither. An axis that moves faster than the steps (several
+    ``wandb.log`` calls a step without ``step=``, a count of samples not known as such) gives a
+    shorter pace than the timings' sum, which then stands; one that moves once a record logged
+    every N steps (``wandb.log`` every N steps without ``step=``) reads each share N times short."""
     rate = w.window(GAUGE, "steps_per_s")
     if rate and float(rate["mean"]) > 0:
         return 1000.0 / float(rate["mean"])
-    return 1000.0 * alive_s / w.moved if w.moved >= PACE_MOVES and alive_s > 0 else 0.0
+    records = max((float(v.window.get("count", 0.0)) for (kind, _), v in w.views.items()
+                   if kind == TIMING and v.window), default=0.0)
+    steps = max(float(w.moved), records)
+    return 1000.0 * alive_s / steps if steps >= PACE_MOVES and alive_s > 0 else 0.0
 
 
 PACE_MOVES = 2
-"""Steps the axis must move in a window to pace it: one move may be an epoch logged as the step."""
+"""Steps a window must hold to pace it: one move may be an epoch logged as the step."""
 
 
 def _per_step(w: _Worker, means: dict[str, float], step: float | None) -> dict[str, float]:

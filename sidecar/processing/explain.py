@@ -17,8 +17,9 @@ from sidecar.model.meanings import MEANINGS
 from sidecar.model.settings import RoleSettings
 from sidecar.model.window import GAUGE, KIND_NAMES, TIMING, SeriesView
 from sidecar.processing.mapping import Mapper
-from sidecar.processing.reader import read_name
+from sidecar.processing.reader import NOT_A_DURATION, NOT_A_PHASE, read_name, words
 from sidecar.processing.rules import NO_MEANING
+from sidecar.processing.units import read_unit
 
 TARGET, DRAFTER, LOOP = "<target>", "<drafter>", "*"
 """Role placeholders of the inputs below: the configured target and drafter roles
@@ -79,7 +80,7 @@ def explain_data(report: Any, mapper: Mapper, roles: RoleSettings, gpu_missing: 
             if v.kind == TIMING and (not v.meaning or READ in v.rule) and not v.counted_in \
                     and not (v.outside and not v.meaning):
                 unmapped.append(v)  # (a name outside the step, or overruled as none, needs no rule)
-            elif v.kind == GAUGE and not v.meaning and (phase := read_name(v.raw or v.name, record=True).meaning):
+            elif v.kind == GAUGE and not v.meaning and (phase := _duration_phase(v)):
                 durations.append((v, phase))  # a gauge that would be a phase's timing, had its name a unit
     insight = report.insight if report is not None else None
     missing = missing_inputs(mapper, roles, present, snapshot_roles, workers, gpu_missing)
@@ -90,6 +91,19 @@ def explain_data(report: Any, mapper: Mapper, roles: RoleSettings, gpu_missing: 
         "unused_rules": [r.source for r in mapper.unused_rules()],
         "config": mapping_config(unmapped, mapper.known_roles, durations),
     }
+
+
+def _duration_phase(v: SeriesView) -> str:
+    """The phase a gauge would time were it a duration in seconds, ``""`` where it looks like
+    anything else: its name says a unit (bytes, %), names the step (a step counter: ``global_step``),
+    a count, size or index (``NOT_A_DURATION``), a key outside the step (``NOT_A_PHASE``: a loss), or
+    its values this window are whole numbers (a counter, a size, a queue's depth)."""
+    name = v.raw or v.name
+    if read_unit(name).known or set(words(name)) & (NOT_A_DURATION | NOT_A_PHASE):
+        return ""
+    phase = read_name(name, record=True).meaning
+    mean = float(v.window["mean"]) if v.window else 0.0
+    return phase if phase not in ("", "step") and not mean.is_integer() else ""
 
 
 def missing_inputs(mapper: Mapper, roles: RoleSettings, present: set[tuple[str, str]], snapshot_roles: set[str],
