@@ -44,6 +44,19 @@ def explain_json(d: DaemonProc) -> dict[str, object]:
     return json.loads(explain(d, "--json"))
 
 
+def _stop(stop: Path, loop: subprocess.Popen[bytes], *daemons: DaemonProc | None) -> None:
+    """The loop told to stop (killed if it does not within 15 s), then each daemon stopped."""
+    stop.touch()
+    try:
+        loop.wait(15)
+    except subprocess.TimeoutExpired:
+        loop.kill()
+        loop.wait()
+    for d in daemons:
+        if d is not None:
+            d.stop()
+
+
 @pytest.mark.timeout(90)
 def test_pasting_explains_config_pins_or_overrules_the_reads(tmp_path: Path) -> None:
     stop = tmp_path / "stop"
@@ -79,15 +92,7 @@ def test_pasting_explains_config_pins_or_overrules_the_reads(tmp_path: Path) -> 
         shares = {lab["phase"]: v for lab, v in second.samples()["dflash_pipeline_time_share_ratio"]}
         assert "data_wait" not in shares and shares["optimizer"] > 0 and shares["unattributed"] >= 0.25, shares
     finally:
-        stop.touch()
-        try:
-            loop.wait(15)
-        except subprocess.TimeoutExpired:
-            loop.kill()
-            loop.wait()
-        first.stop()
-        if second is not None:
-            second.stop()
+        _stop(stop, loop, first, second)
 
 
 PROFILER_LOOP = textwrap.dedent("""
@@ -151,12 +156,4 @@ def test_explain_offers_a_unit_for_durations_whose_names_say_none(tmp_path: Path
         assert 0.5 <= shares["data_wait"] <= 0.9, shares
         assert "run_training_batch" not in config, config
     finally:
-        stop.touch()
-        try:
-            loop.wait(15)
-        except subprocess.TimeoutExpired:
-            loop.kill()
-            loop.wait()
-        first.stop()
-        if second is not None:
-            second.stop()
+        _stop(stop, loop, first, second)
