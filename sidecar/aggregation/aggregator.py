@@ -647,11 +647,11 @@ class Aggregator:
         """(role, worker) -> how far its live senders' steps moved since the last roll (the most of
         them; ``counted``: the steps of a sender whose axis counts items), and each sender's step
         kept for the next roll. A sender first seen in this window has no move yet."""
-        now = {sender: counted.get(sender, step) for sender, (_, _, step) in self._steps.items()}
+        now: dict[int, int] = {}
         moved: dict[tuple[str, str], int] = {}
-        for sender, step in now.items():
+        for sender, (role, worker, step) in self._steps.items():
+            now[sender] = step = counted.get(sender, step)
             before = self._rolled_steps.get(sender)
-            role, worker, _ = self._steps[sender]
             if before is not None and (live is None or sender in live) and step - before > moved.get((role, worker), 0):
                 moved[role, worker] = step - before
         self._rolled_steps = now

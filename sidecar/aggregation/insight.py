@@ -202,9 +202,14 @@ def _more_parts(w: _Worker, views: list[SeriesView]) -> None:
         w.more["comm_wait"] = more
 
 
+def _words(v: SeriesView) -> list[str]:
+    """A timing's words, lower case, in order (its ``stem``, else its name split at ``_``)."""
+    return (v.stem or v.name).lower().split("_")
+
+
 def _collectives(v: SeriesView) -> frozenset[str]:
     """The collectives (``model.meanings.COLLECTIVES``) a timing's words name."""
-    return collectives((v.stem or v.name).lower().split("_"))
+    return collectives(_words(v))
 
 
 NOT_A_PART = frozenset({"avg", "average", "mean", "ema", "smoothed", "running", "micro", "microstep"})
@@ -227,7 +232,7 @@ def _substeps(w: _Worker, candidates: list[SeriesView]) -> None:
     ``SUBSTEP_RATIO`` of it is a part of it (its compute, of no phase: named, as an unmapped timing
     is); else the insight reads one of them (``_preferred``)."""
     steps = [v for v in candidates if v.certainty >= 1.0 and v.window and READ in v.rule
-             and not set((v.stem or v.name).lower().split("_")) & NOT_A_PART]
+             and not set(_words(v)) & NOT_A_PART]
     if len(steps) < 2 or any((TIMING, p) in w.views for p in COMPUTE_PHASES):
         return
     longest = max(steps, key=lambda v: (_mean(v), v.raw or v.name))

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from sidecar.model.names import phrases
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, SCALAR, TIMING
 
 MEANINGS: dict[str, tuple[str, str]] = {
@@ -100,10 +101,8 @@ COLLECTIVES: dict[str, frozenset[str]] = {
 
 def collectives(words: Sequence[str]) -> frozenset[str]:
     """The ``COLLECTIVES`` that ``words`` (a name's words, lower case, in order) name: a spelling is
-    a word or two or three neighbours joined by ``_``."""
-    spelt = set(words)
-    spelt.update(f"{a}_{b}" for a, b in zip(words, words[1:], strict=False))
-    spelt.update(f"{a}_{b}_{c}" for a, b, c in zip(words, words[1:], words[2:], strict=False))
+    one of their ``phrases``."""
+    spelt = phrases(words)
     return frozenset(c for c, spellings in COLLECTIVES.items() if spellings & spelt)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from sidecar.model.window import ALLOCATOR, CATEGORY, COUNT, GAUGE, PROFILE, SCALAR, TIMING
@@ -25,6 +26,15 @@ def split_segments(name: str) -> list[str]:
             out.append(name[start:m.start()])
             start = m.end()
     out.append(name[start:])
+    return out
+
+
+def phrases(words: Sequence[str]) -> set[str]:
+    """``words`` and their neighbour pairs and triples joined by ``_`` (``all_reduce``,
+    ``fwd_bwd_step``): how a name's words spell the phrases of a vocabulary."""
+    out = set(words)
+    out.update(f"{a}_{b}" for a, b in zip(words, words[1:], strict=False))
+    out.update(f"{a}_{b}_{c}" for a, b, c in zip(words, words[1:], words[2:], strict=False))
     return out
 
 

@@ -171,7 +171,7 @@ def mapping_config(unmapped: Iterable[Any], known_roles: Iterable[str],
             blocks.append("\n".join(lines))
         else:
             lines.append(f'phase = "<one of: {", ".join(TIMING_MEANINGS)}>"  # {form} of role {v.role}')
-            blocks.append("\n".join("# " + line for line in lines))
+            blocks.append(_commented(lines))
     for v, phase in sorted(durations, key=lambda d: (d[0].role, d[0].raw or d[0].name)):
         name = v.raw or v.name
         if name not in seen:
@@ -179,13 +179,18 @@ def mapping_config(unmapped: Iterable[Any], known_roles: Iterable[str],
             lines = ["[[mapping]]", f"match = {json.dumps(name)}",
                      f'phase = "{phase}"  # a gauge of role {v.role} whose words name {phase}: if it is a duration,',
                      'unit = "s"  # the unit its values are in (its name says none)']
-            blocks.append("\n".join("# " + line for line in lines))
+            blocks.append(_commented(lines))
     if not blocks:
         return ""
     head = ("# dflash-sidecar explain: rules for the timings sent under names no preset knows (their phase read\n"
             "# from the name, or to choose). Paste into the config file (--config FILE), check each phase, then\n"
             "# send the daemon SIGHUP (or restart it).")
     return head + "\n\n" + "\n\n".join(blocks) + "\n"
+
+
+def _commented(lines: Iterable[str]) -> str:
+    """A TOML block commented out, line by line (a rule for the user to check and paste)."""
+    return "\n".join("# " + line for line in lines)
 
 
 def supply_line(role: str, meaning: str, role_in_key: bool, snapshot: bool = False) -> str:

@@ -43,7 +43,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from sidecar.model.meanings import COLLECTIVES, PHASES
-from sidecar.model.names import split_segments
+from sidecar.model.names import phrases, split_segments
 from sidecar.processing.units import SECONDS, Unit
 
 _WORDS = re.compile(r"[A-Z]{2,}s(?![a-z])|[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+|µs")
@@ -466,9 +466,7 @@ def lemmas(ws: set[str]) -> set[str]:
 def _vocab(ws: list[str]) -> set[str]:
     """The words and the joined neighbour pairs and triples of ``ws`` (``all_reduce``, ``fwd_bwd_step``),
     and ``between`` joined to the word after next (``time_between_train_steps``: ``between_steps``)."""
-    out = set(ws)
-    out.update(f"{a}_{b}" for a, b in zip(ws, ws[1:], strict=False))
-    out.update(f"{a}_{b}_{c}" for a, b, c in zip(ws, ws[1:], ws[2:], strict=False))
+    out = phrases(ws)
     out.update(f"between_{c}" for a, b, c in zip(ws, ws[1:], ws[2:], strict=False)
                if a == "between" and not _phase({b})[0])  # between train steps; between optimizer steps: no gap
     return out
