@@ -3,7 +3,8 @@ on CPU, each publishing through the real shim the way its documentation says, it
 condition switched while it runs. Run as ``python -m tests.matrix_loops FRAMEWORK ENDPOINT
 CONTROL [RANK WORLD PORT]``.
 
-``CONTROL`` is a JSON file the matrix rewrites: ``{"condition": NAME}`` or ``{"stop": true}``.
+``CONTROL`` is a JSON file the matrix rewrites: ``{"condition": NAME}`` or ``{"stop": true}``; each
+rank acknowledges a new condition in ``CONTROL.ack<RANK>`` once it has read it.
 Conditions (``EFFECTS``, milliseconds per step): ``input`` a slow dataset; ``host`` host work
 between the timed phases (a user's callback, a loop's own bookkeeping); ``unmapped`` a phase of the
 step timed under a name no preset knows; ``comm`` a slow collective (a real gloo all-reduce, its
@@ -53,10 +54,21 @@ class Control:
         if now >= self._next:
             self._next = now + 0.05
             try:
-                self.state = json.loads(self.path.read_text())
+                state = json.loads(self.path.read_text())
             except (OSError, ValueError):
-                pass
+                return self.state
+            if state.get("condition") != self.state.get("condition"):
+                self._ack(str(state.get("condition")))
+            self.state = state
         return self.state
+
+    def _ack(self, condition: str) -> None:
+        """Tells the matrix this rank runs ``condition`` from now on (``CONTROL.ack<rank>``): a cell's
+        windows are counted from the moment every rank has it, however late a loaded CPU reads it."""
+        ack = self.path.with_name(f"{self.path.name}.ack{self.rank}")
+        tmp = ack.with_name(ack.name + ".tmp")
+        tmp.write_text(condition)
+        tmp.replace(ack)
 
     @property
     def stop(self) -> bool:

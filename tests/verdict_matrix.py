@@ -6,9 +6,11 @@ injected condition. ``tests/test_verdict_matrix.py`` runs it in CI, ``bench/benc
 
 One daemon and one trainer (two ranks for ``plain`` and ``ddp``) per framework; the conditions of
 a row run one after another in the same trainer (``ROWS``), each for ``windows`` windows, the
-fake GPU reading 97 % utilization in ``saturated`` and 30 % otherwise. A cell's first two
-windows are not scored (the condition changed inside the first; hysteresis may hold the
-previous verdict one more). Every window of the run, from the trainer's start to after its
+fake GPU reading 97 % utilization in ``saturated`` and 30 % otherwise. A cell is the windows
+that opened after every rank acknowledged its condition and closed before the next was written
+(by the log's clock), less the first of them (hysteresis may hold the previous verdict one
+window): a loaded CPU that reads the change late, or logs a window late, moves the cell, it does
+not put the last condition's windows in it. Every window of the run, from the trainer's start to after its
 exit, is also checked for ``host-bound`` where the condition is not host overhead: only the
 ``host`` cell and the two windows after it may say it."""
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -89,11 +92,53 @@ def _write(path: Path, state: dict[str, object]) -> None:
     tmp.replace(path)
 
 
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+"""The daemon log's ``asctime`` (local time, milliseconds after the comma)."""
+
+
+def _stamped(d: DaemonProc) -> list[tuple[float, float, str, str]]:
+    """(wall-clock seconds the line was logged, window seconds, verdict, evidence and
+    ``confidence=C``) of each console window line; a window is logged as it closes."""
+    out = []
+    for line in d.log().splitlines():
+        m, stamp = LINE.search(line), STAMP.match(line)
+        if m and stamp:
+            logged = time.mktime(time.strptime(stamp[1], "%Y-%m-%d %H:%M:%S")) + int(stamp[2]) / 1000
+            out.append((logged, float(m["dur"]), m["verdict"],
+                        (m["evidence"] or "") + (f" confidence={m['confidence']}" if m["confidence"] else "")))
+    return out
+
+
 def _lines(d: DaemonProc) -> list[tuple[float, str, str]]:
     """(window seconds, verdict, evidence and ``confidence=C``) of each console window line."""
-    return [(float(m["dur"]), m["verdict"],
-             (m["evidence"] or "") + (f" confidence={m['confidence']}" if m["confidence"] else ""))
-            for m in map(LINE.search, d.log().splitlines()) if m]
+    return [(dur, v, e) for _, dur, v, e in _stamped(d)]
+
+
+def _switch(control: Path, cond: str, procs: list[subprocess.Popen[bytes]], timeout_s: float = 60.0) -> float:
+    """Writes ``cond`` and waits until every rank has read it (``tests/matrix_loops.py`` acks);
+    returns the wall-clock time from which all of them run it.
+
+    Raises:
+        RuntimeError: a rank exited or did not read it within ``timeout_s``.
+    """
+    _write(control, {"condition": cond})
+    acks = [control.with_name(f"{control.name}.ack{rank}") for rank in range(len(procs))]
+    deadline = time.monotonic() + timeout_s
+    while not all(a.exists() and a.read_text() == cond for a in acks):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"{control.parent.name}: a rank did not take up {cond!r}")
+        time.sleep(0.02)
+    return time.time()
+
+
+def _cell(stamped: list[tuple[float, float, str, str]], start: float, end: float,
+          interval_s: float) -> list[tuple[str, str]]:
+    """The scored windows of a condition every rank ran from ``start`` until ``end`` (wall clock):
+    the whole windows between them, less the first (hysteresis may hold the last verdict one
+    window; on a loaded CPU the log line may also come late) and any cut short."""
+    whole = [(v, e) for logged, dur, v, e in stamped
+             if logged - dur >= start and logged <= end and dur >= 0.5 * interval_s]
+    return whole[1:]
 
 
 def run_row(framework: str, workdir: Path, windows: int = 7, interval_s: float = 0.5,
@@ -130,30 +175,29 @@ def run_row(framework: str, workdir: Path, windows: int = 7, interval_s: float =
                                    + (row_dir / "trainer0.log").read_text(errors="replace")[-3000:])
             time.sleep(0.2)
         time.sleep(2 * interval_s)  # the first steps' own costs (loader start, gloo's first collectives) pass
-        marks: list[tuple[str, int]] = []
+        marks: list[tuple[str, int, float]] = []  # condition, lines logged before it, all ranks run it from
         for cond in conditions:
             _set_gpu(nvml, _gpu_for(cond))
-            _write(control, {"condition": cond})
-            marks.append((cond, len(_lines(d))))
+            marks.append((cond, len(_lines(d)), _switch(control, cond, procs)))
             time.sleep(windows * interval_s)
-        end_mark = len(_lines(d))
+        end_mark, end_time = len(_lines(d)), time.time()
         _write(control, {"stop": True})
         for p in procs:
             p.wait(60)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and (not _lines(d) or _lines(d)[-1][1] != "idle"):
             time.sleep(0.25)
-        lines = _lines(d)
+        stamped = _stamped(d)
+        lines = [(dur, v, e) for _, dur, v, e in stamped]
         result.idle_after_exit = bool(lines) and lines[-1][1] == "idle"
         result.windows = [(v, e) for _, v, e in lines]
-        bounds = [m for _, m in marks] + [end_mark]
-        for i, (cond, start) in enumerate(marks):
-            cell = lines[start:bounds[i + 1]]
-            result.cells[cond] = [(v, e) for dur, v, e in cell[2:] if dur >= 0.5 * interval_s]
+        bounds = [(m, t) for _, m, t in marks[1:]] + [(end_mark, end_time)]
+        for (cond, _, start), (_, end) in zip(marks, bounds, strict=True):
+            result.cells[cond] = _cell(stamped, start, end, interval_s)
         host_ok: set[int] = set()
-        for i, (cond, start) in enumerate(marks):
+        for (cond, start_line, _), (end_line, _) in zip(marks, bounds, strict=True):
             if cond == "host":
-                host_ok |= set(range(start, bounds[i + 1] + 2))
+                host_ok |= set(range(start_line, end_line + 2))
         result.stray_host = [(i, "run", e) for i, (_, v, e) in enumerate(lines)
                              if v == "host-bound" and i not in host_ok]
         result.log_tail = "\n".join(d.log().splitlines()[-15:])
