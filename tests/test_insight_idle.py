@@ -452,6 +452,52 @@ def test_of_two_names_of_a_wait_timed_every_occurrence_the_one_that_took_longer_
     assert set(verdicts[1:-1]) == {"communication-bound"}, verdicts
 
 
+DDP_MS = {"forward_compute_time": 30.0, "backward_compute_time": 50.0}
+
+
+@pytest.mark.parametrize(("comm", "overlap", "expected"), [
+    (45.0, 40.0, "compute-bound"),  # the all-reduce under the backward: a 5 ms tail waited
+    (45.0, 5.0, "communication-bound"),  # a 40 ms tail after the backward: waited
+])
+@pytest.mark.parametrize("form", ["publish", "timing"])
+def test_a_ddp_all_reduce_under_the_backward_is_not_waited(comm: float, overlap: float, expected: str,
+                                                            form: str) -> None:
+    """torch DDP's logging data (``_get_ddp_logging_data()``: nanoseconds in a published dict, ms as
+    ``timing()`` records) times its all-reduce from the first bucket's launch, under the backward, to
+    the last one's end; the rank waits only for the tail after the backward (``comm_overlap`` taken
+    off ``comm_wait``). Read whole, a loop whose all-reduce ran 40 of its 45 ms under the backward
+    was communication-bound (36 % of the step; NVML's busy GPU counted the spinning kernels)."""
+    parts = DDP_MS | {"backward_comm_time": comm, "backward_compute_comm_overlap_time": overlap}
+    if form == "publish":
+        events = [(1000.0 + 0.1 * i, 1, i, {k: v * 1e6 for k, v in parts.items()}) for i in range(300)]
+    else:
+        events = [(1000.0 + 0.1 * i, 1, None, parts) for i in range(300)]
+    _, verdicts = drive(events, "backward_comm_time", busy=0.95, window_s=2.0)
+    assert set(verdicts[1:-1]) == {expected}, verdicts
+
+
+def test_an_overlap_leaves_a_stragglers_own_time_its_own() -> None:
+    """Two DDP ranks that time their step (140 ms), rank 1's backward 50 ms slower: rank 0's
+    all-reduce runs from its first bucket (40 ms) to rank 1's last (135 ms), 55 ms of it after its
+    own backward; rank 1's from 50 ms, 80 of its 85 ms under its own backward. The arrival rule
+    compares each one's time outside what it waited: the step less the whole all-reduce read them
+    45 and 55 ms (score 0.82, no straggler); less the exposed tail, 85 and 135 ms (0.63)."""
+    from sidecar.aggregation.aggregator import Aggregator
+    from sidecar.core.pipeline import ingest_records
+    from sidecar.model.window import PROFILE
+
+    agg, mapper = Aggregator(clock=lambda: 1010.0), Mapper()
+    for rank, (bwd, comm, overlap) in enumerate([(50.0, 95.0, 40.0), (100.0, 85.0, 80.0)]):
+        parts = {"time/step": 30.0 + bwd + comm - overlap + 5.0, "forward_compute_time": 30.0,
+                 "backward_compute_time": bwd, "backward_comm_time": comm,
+                 "backward_compute_comm_overlap_time": overlap}
+        records = [[PROFILE, i, {k: v / 1000.0 if k == "time/step" else v * 1e6 for k, v in parts.items()}]
+                   for i in range(80)]
+        ingest_records(agg, "trainer", str(rank), records, mapper, sender_id=rank + 1)
+    v = compute_window(agg.roll(1010.0, 1010.0, 10.0), gpus=GpuFacts(busy={"0": 0.55, "1": 0.55})).verdict
+    assert v.name == "straggler" and "trainer/1" in v.detail, v
+
+
 def test_the_detail_names_the_step_the_insight_reads() -> None:
     """A JAX loop's ``jax/jit_step_ms`` (the compiled step: its compute) beside ``jax/loop_ms``: the
     loop is the step and the jitted step its part; the detail said "step read from the name:

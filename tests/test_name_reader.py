@@ -653,6 +653,18 @@ def test_a2a_is_the_all_to_all_of_a_mixture_of_experts(name: str, meaning: str) 
     assert reading.meaning == meaning and reading.duration == bool(meaning), reading
 
 
+@pytest.mark.parametrize(("name", "meaning"), [
+    ("backward_compute_comm_overlap_time", "comm_overlap"), ("perf/allreduce_overlap_ms", "comm_overlap"),
+    ("comm/overlapped_ms", "comm_overlap"), ("non_overlapped_comm_ms", "comm_wait"), ("exposed_comm_ms", "comm_wait"),
+    ("comm/exposed_overlap_ms", "comm_wait"), ("train/overlap_time", ""), ("overlap_ratio", ""),
+])
+def test_a_communication_overlap_is_read_apart_from_the_wait(name: str, meaning: str) -> None:
+    """The part of a collective's time spent under the compute (``comm_overlap``) is taken off the
+    wait by the insight; read as the wait itself it counted the overlap as waited."""
+    reading = read_name(name)
+    assert reading.meaning == meaning, reading
+
+
 @pytest.mark.timeout(30)
 def test_segments_are_found_in_one_scan_of_any_name() -> None:
     """A long run of separators before a closing bracket: a bracket lookahead after each run

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from sidecar.aggregation.cluster import node_figures
@@ -31,7 +31,14 @@ from sidecar.aggregation.settings import InsightSettings
 from sidecar.aggregation.verdict import OTHER_SHARE, UNATTRIBUTED_SHARE, RoleFacts, decide
 from sidecar.model.insight import GpuFacts, PipelineInsight, RoleInsight, WorkerInsight
 from sidecar.model.mapped import READ
-from sidecar.model.meanings import BUSY_PHASES, PHASES, REPORTED, WAIT_PHASES, collectives  # noqa: F401 - re-exported
+from sidecar.model.meanings import (  # noqa: F401 - re-exported
+    BUSY_PHASES,
+    OVERLAP_OF,
+    PHASES,
+    REPORTED,
+    WAIT_PHASES,
+    collectives,
+)
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, SenderView, SeriesView, WindowReport
 
 OTHER = OTHER_SHARE
@@ -449,7 +456,8 @@ def _scores(members: dict[str, _Worker], rates: dict[str, float],
         return scores, set()
     if (arrivals := _arrivals(members)) is not None:
         return arrivals
-    comm = {name: float(win["p50"]) for name, w in members.items() if (win := w.window(TIMING, "comm_wait"))}
+    comm = {name: _exposed({"comm_wait": float(win["p50"])}, partial(_p50, w))["comm_wait"]
+            for name, w in members.items() if (win := w.window(TIMING, "comm_wait"))}
     negligible: set[str] = set()
     if all(b is not None and b > 0 for b in busy.values()):
         best = min(b for b in busy.values() if b is not None)
@@ -481,17 +489,24 @@ def _arrivals(members: dict[str, _Worker]) -> tuple[dict[str, float | None], set
     timed: dict[str, float] = {}
     for name, w in members.items():
         step, comm = w.window(TIMING, "step"), w.snapshot_mean("comm_wait", 0.0)
+        if comm is not None:
+            comm = _exposed({"comm_wait": comm}, partial(w.snapshot_mean, max_age_s=0.0))["comm_wait"]
         if not step or comm is None or (own_ms := float(step["mean"]) - comm) <= 0:
             return None
         own[name], steps[name], comms[name] = own_ms, float(step["mean"]), comm
         timed[name] = sum(float(v.window["mean"]) for (kind, meaning), v in w.views.items()
-                          if kind == TIMING and meaning not in ("step", "comm_wait") and v.window) \
+                          if kind == TIMING and meaning not in ("step", "comm_wait", *OVERLAP_OF) and v.window) \
             + sum(float(v.window["mean"]) for v in w.unmapped.values() if v.window)
     q = min(own, key=lambda n: own[n])
     return ({n: own[q] / t for n, t in own.items()},
             {n for n, t in own.items() if t - own[q] < STRAGGLER_MIN_STEP_SHARE * steps[n]
              or comms[q] - comms[n] < STRAGGLER_PEER_WAIT_SHARE * (t - own[q])
              or timed[n] - timed[q] < STRAGGLER_PEER_WAIT_SHARE * (t - own[q])})
+
+
+def _p50(w: _Worker, meaning: str) -> float | None:
+    win = w.window(TIMING, meaning)
+    return float(win["p50"]) if win else None
 
 
 def _worker_key(name: str) -> tuple[int, int | str]:
@@ -563,6 +578,7 @@ def _snapshot_reading(w: _Worker, max_age: float, alive_s: float) -> _Reading | 
     step = w.snapshot_mean("step", age, parts=False) if w.snapshot("step") else None
     if step and w.more and sum(means.values()) > PER_STEP_SLACK * step:
         means = {p: m for p in PHASES if (m := w.snapshot_mean(p, age, parts=False)) is not None}
+    means = _exposed(means, partial(w.snapshot_mean, max_age_s=age))
     means, step = _with_shares(w, means, step, fresh)
     means = _per_step(w, means, step)
     # an unmapped timing sent every occurrence beside the snapshots (a user's own timer
@@ -591,6 +607,17 @@ def _snapshot_reading(w: _Worker, max_age: float, alive_s: float) -> _Reading | 
                     {n: m * fit / cycle for n, m in extra.items()},
                     max(0.0, 1.0 - (covered + spare * fit) / cycle) if step else None,
                     _times_forward(w, {p for p, m in means.items() if m}, bool(extra)))
+
+
+def _exposed(times: dict[str, float], overlap_ms: Callable[[str], float | None]) -> dict[str, float]:
+    """``times`` (phase -> ms) with each wait less the part of it the worker spent computing
+    (``OVERLAP_OF``; ``overlap_ms``: an overlap meaning's ms, in the same form, or None): torch DDP's
+    all-reduce timed from its first launch, under the backward, to its end, waited only its tail."""
+    out = times
+    for overlap, wait in OVERLAP_OF.items():
+        if wait in times and (ms := overlap_ms(overlap)) is not None:
+            out = {**out, wait: max(0.0, times[wait] - ms)}
+    return out
 
 
 def _pace_ms(w: _Worker, alive_s: float) -> float:
@@ -644,6 +671,7 @@ def _occurrence_reading(w: _Worker, alive_s: float, started: bool, duration: flo
         return None
     sums = {p: s for p in PHASES if (s := w.timing_sum_ms(p)) is not None}
     sums.update((p, 0.0) for p in PHASES if p not in sums and (TIMING, p) in w.stale)
+    sums = _exposed(sums, w.timing_sum_ms)
     if not sums:
         return None
     wall_ms = alive_s * 1000.0

@@ -6,6 +6,7 @@ A meaning has a class, which fixes the record kinds it can come from:
 - ``wait``: a timing the worker spends waiting (data loader, hidden-state queue, collectives);
 - ``busy``: a timing of work (forward, backward, optimizer step, hidden-state packing);
 - ``cycle``: the whole step (``step``): the wall time of one batch, phases included;
+- ``overlap``: a timing inside a wait that the worker spent computing, not waiting (``OVERLAP_OF``);
 - ``counter``: a count (batches, tokens);
 - ``gauge``: a level (queue depth, capacity, fill, loss, learning rate);
 - ``category``: a categorical sample (the hidden-state bucket);
@@ -40,6 +41,8 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "optimizer": ("busy", "optimizer step"),
     "pack": ("busy", "packing / copying one batch's hidden states for the drafters"),
     "step": ("cycle", "the whole step of one batch (its phases and everything between them)"),
+    "comm_overlap": ("overlap", "the part of the communication wait spent while the backward still computed "
+                                "(torch DDP's compute-communication overlap): not waited, taken off comm_wait"),
     # counters
     "batches": ("counter", "batches processed"),
     "tokens": ("counter", "tokens processed"),
@@ -72,7 +75,8 @@ MEANINGS: dict[str, tuple[str, str]] = {
 
 KINDS_OF_CLASS: dict[str, frozenset[int]] = {
     "wait": frozenset({TIMING}), "busy": frozenset({TIMING}), "cycle": frozenset({TIMING}),
-    "counter": frozenset({COUNT}), "gauge": frozenset({GAUGE, SCALAR}), "category": frozenset({CATEGORY}),
+    "overlap": frozenset({TIMING}), "counter": frozenset({COUNT}), "gauge": frozenset({GAUGE, SCALAR}),
+    "category": frozenset({CATEGORY}),
     "throughput": frozenset({GAUGE, SCALAR}), "efficiency": frozenset({GAUGE, SCALAR}),
 }
 """Which record kinds may carry a meaning of each class (a rule never maps across kinds)."""
@@ -82,6 +86,11 @@ BUSY_PHASES = tuple(m for m, (c, _) in MEANINGS.items() if c == "busy")
 PHASES = WAIT_PHASES + BUSY_PHASES
 """Timings that make up a worker's wall time (``step`` is their total, not one of them)."""
 THROUGHPUT = tuple(m for m, (c, _) in MEANINGS.items() if c == "throughput")
+OVERLAP_OF: dict[str, str] = {"comm_overlap": "comm_wait"}
+"""An ``overlap`` meaning -> the wait it is timed inside. torch DDP times its gradient all-reduce
+from the first bucket's launch to the last one's end (``backward_comm_time``), most of it while the
+backward still computes (``backward_compute_comm_overlap_time``: launch to the backward's end); the
+worker waited only for the rest. The insight reads the wait less its overlap."""
 EFFICIENCY = tuple(m for m, (c, _) in MEANINGS.items() if c == "efficiency")
 
 COLLECTIVES: dict[str, frozenset[str]] = {

@@ -198,8 +198,8 @@ def supply_line(role: str, meaning: str, role_in_key: bool, snapshot: bool = Fal
     dict it publishes, or a ``timing()`` name; with the role in the key when the key grammar
     takes it there), or a ``[[mapping]]`` block for a name of its own."""
     cls = MEANINGS[meaning][0]
-    call = {"wait": "timing", "busy": "timing", "cycle": "timing", "counter": "count", "gauge": "gauge",
-            "category": "category", "throughput": "gauge", "efficiency": "gauge"}[cls]
+    call = {"wait": "timing", "busy": "timing", "cycle": "timing", "overlap": "timing", "counter": "count",
+            "gauge": "gauge", "category": "category", "throughput": "gauge", "efficiency": "gauge"}[cls]
     suffix = "_ms" if call == "timing" else ""
     prefix = f"{role}." if role_in_key else ""
     role_part = f' role = "{role}",' if prefix else ""

@@ -42,7 +42,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from sidecar.model.meanings import COLLECTIVES, PHASES
+from sidecar.model.meanings import COLLECTIVES, OVERLAP_OF, PHASES
 from sidecar.model.names import phrases, split_segments
 from sidecar.processing.units import SECONDS, Unit
 
@@ -570,6 +570,7 @@ def read_name(name: str, record: bool = False) -> Reading:
     meaning, hit = _phase(vocab)
     if not meaning:
         meaning, hit = _phase(space - DURATION_NAMESPACES)
+    meaning, hit = _overlap(meaning, hit, vocab)
     if not meaning or ((meaning in ("optimizer", "step", "data_wait") or hit in GRADS) and _parts(proper, vocab)):
         return _no_phase_word(name, proper, vocab, unit, meaning, set(namespace))
     why = f"'{hit}' -> {meaning}" + (f", unit {unit[0]}" if unit else ", unit not written: seconds")
@@ -584,6 +585,21 @@ def read_name(name: str, record: bool = False) -> Reading:
     if other is not None:
         return Reading(meaning, _unit(name, unit), why, AMBIGUOUS_CERTAINTY, other[1], sibling)
     return Reading(meaning, _unit(name, unit), why, 1.0, "", sibling)
+
+
+OVERLAP_WORDS = frozenset({"overlap", "overlapped", "overlapping"})
+EXPOSED_WORDS = frozenset({"exposed", "non", "not", "no", "unoverlapped", "nonoverlapped"})
+"""A wait's name that says ``overlap`` names the part of it spent computing (``OVERLAP_OF``:
+``backward_compute_comm_overlap_time``), unless it says the opposite (``non_overlapped_comm``,
+``exposed_comm_overlap``: what was waited)."""
+
+
+def _overlap(meaning: str, hit: str, vocab: set[str]) -> tuple[str, str]:
+    """(``meaning``, ``hit``), or the overlap inside that wait where the words say overlap."""
+    inside = next((o for o, wait in OVERLAP_OF.items() if wait == meaning), "")
+    if inside and vocab & OVERLAP_WORDS and not vocab & EXPOSED_WORDS:
+        return inside, f"{hit}+{_first(vocab & OVERLAP_WORDS)}"
+    return meaning, hit
 
 
 def _slip(name: str, hit: str) -> str:
@@ -820,6 +836,9 @@ def doc_table() -> list[str]:
              ("a part of the step of no phase (`update`: a learner's whole update)", words_of(OTHER_PARTS)),
              ("the next batch, even where another word would put the key outside the step", words_of(DATA_FIRST)),
              ("a wait for no named thing: `data_wait`, uncertain", words_of(WAIT_WORDS)),
+             ("with a communication wait's words: `comm_overlap`, the part of it spent computing (unless a word "
+              "of the next row)", words_of(OVERLAP_WORDS)),
+             ("with the above: the wait itself, exposed", words_of(EXPOSED_WORDS)),
              ("what the duration spans or leaves out follows: the phase is read before the first of them",
               words_of(SPAN_WORDS)),
              ("glued to each other in one word the reader does not know, split (`iotime`, `dataload`, `gradsync`)",
