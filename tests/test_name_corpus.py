@@ -502,6 +502,15 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
        for key in ("timing/data_wait_sec", "timing/forward_sec", "timing/backward_optim_sec")},
     **{("Marshall-mk/synthSR", key): EPOCH_SUM_LOGGED
        for key in ("timing/data_loading_time", "timing/forward_backward_time")},
+    # the thirty-second part, scored once with v21 (and comm_overlap)
+    ("aharley/simple_bev", "pooled/time_per_el"): "the step's time over its batch: a cost per item, no phase",
+    ("aharley/simple_bev", "rtime"): "printed; 'r' for read, no phase word",
+    ("aharley/simple_bev", "itime"): "printed; 'i' for iteration, no phase word",
+    ("Pratik-Doshi-99/time-series-fms", "time/loss_computation"): LOSS_TERM,
+    ("Pratik-Doshi-99/time-series-fms", "time/grad_sync"): "named a gradient sync, times the backward call and a "
+                                                            "synchronize",
+    ("soda-inria/tabicl", "prior_time"): "the next batch of a synthetic-data prior: 'prior' names no phase",
+    ("automl/nanoTabPFN", "time"): "printed; a running sum of step times under a bare 'time'",
 }
 """(repo, key) -> why the daemon does not read it as its code computes it."""
 
