@@ -17,7 +17,7 @@ import pytest
 
 from sidecar.aggregation.aggregator import Aggregator
 from sidecar.core.pipeline import ingest_records
-from sidecar.model.meanings import MEANINGS
+from sidecar.model.meanings import KINDS_OF_CLASS, MEANINGS
 from sidecar.model.settings import RoleSettings
 from sidecar.model.window import GAUGE, PROFILE, TIMING, IngestReport
 from sidecar.processing.explain import explain_data
@@ -36,7 +36,7 @@ def test_every_framework_name_maps_to_its_meaning_as_a_dict_key(row) -> None:  #
         assert m.meaning == row.meaning and row.preset in m.rule, (name, m)
         cls = MEANINGS[row.meaning][0]
         share = name.endswith("(%)") and cls in ("wait", "busy")
-        assert m.kind == (TIMING if cls in ("wait", "busy", "cycle") and not share else GAUGE), (name, m)
+        assert m.kind == (TIMING if TIMING in KINDS_OF_CLASS[cls] and not share else GAUGE), (name, m)
 
 
 _T = '[t]\nversion = "1"\n[t.meanings]\n'
