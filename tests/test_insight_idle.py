@@ -498,6 +498,76 @@ def test_an_overlap_leaves_a_stragglers_own_time_its_own() -> None:
     assert v.name == "straggler" and "trainer/1" in v.detail, v
 
 
+def _one_window(steps: list[dict[str, float]], busy: float) -> PipelineInsight:
+    """One 10 s window of a trainer publishing ``steps`` (one dict a step), its GPU ``busy``."""
+    from sidecar.aggregation.aggregator import Aggregator
+    from sidecar.core.pipeline import ingest_records
+    from sidecar.model.window import PROFILE
+
+    agg = Aggregator(clock=lambda: 1010.0)
+    ingest_records(agg, "trainer", "0", [[PROFILE, i, d] for i, d in enumerate(steps)], Mapper(), sender_id=1)
+    return compute_window(agg.roll(1010.0, 1010.0, 10.0), gpus=GpuFacts(busy={"0": busy}))
+
+
+@pytest.mark.parametrize("exposed", ["time/comm_exposed_ms", "time/comm_without_overlap_ms",
+                                     "time/non_overlapped_comm_ms"])
+def test_a_wait_named_exposed_keeps_its_time_beside_an_overlap(exposed: str) -> None:
+    """A profiler's exposed communication beside its overlap: the wait is what lies outside the
+    overlap already, and taking the overlap off it again read a loop 33 % in its collectives as
+    compute-bound (a review's case)."""
+    steps = [{"time/forward_ms": 30.0, "time/backward_ms": 50.0, exposed: 40.0, "time/comm_overlap_ms": 40.0}] * 80
+    insight = _one_window(steps, busy=0.95)
+    assert insight.roles["trainer"].time_share["comm_wait"] == pytest.approx(40 / 120)
+    assert insight.verdict.name == "communication-bound", insight.verdict
+
+
+def test_the_overlap_is_taken_off_before_the_collectives_are_fitted_in_the_step() -> None:
+    """Two collectives whose sum fits the step only without the overlap (a review's case): both
+    count, less the overlap (60 of 120 ms); fitted first, the all-gather was dropped as too much and
+    its time read as host time (host-bound)."""
+    step = {"time/step_ms": 120.0, "time/fwd_ms": 20.0, "time/bwd_ms": 40.0, "time/allreduce_ms": 50.0,
+            "time/allgather_ms": 45.0, "time/allreduce_overlap_ms": 35.0}
+    insight = _one_window([step] * 80, busy=0.3)
+    assert insight.roles["trainer"].time_share["comm_wait"] == pytest.approx(60 / 120)
+    assert insight.verdict.name == "communication-bound", insight.verdict
+
+
+def test_a_ddp_dicts_average_overlap_is_taken_off_its_average_wait() -> None:
+    """torch DDP's logging data holds the sampled iteration's times and their running averages: the
+    wait read is the longer (the average's 60 ms), and the overlap taken off it is the average's (30),
+    not the longer overlap (the sampled 44 ms: 16 ms left, neither iteration's)."""
+    ms = 1e6
+    times = {"forward_compute_time": 30 * ms, "backward_compute_time": 50 * ms, "backward_comm_time": 45 * ms,
+             "backward_compute_comm_overlap_time": 44 * ms}
+    averages = {"avg_forward_compute_time": 30 * ms, "avg_backward_compute_time": 50 * ms,
+                "avg_backward_comm_time": 60 * ms, "avg_backward_compute_comm_overlap_time": 30 * ms}
+    insight = _one_window([times | averages] * 80, busy=0.95)
+    assert insight.roles["trainer"].time_share["comm_wait"] == pytest.approx(30 / 110)
+
+
+def test_an_overlap_sent_less_often_than_its_wait_still_stands() -> None:
+    """An overlap published every 20th step beside a wait published every step: its last value
+    stands for the windows between (a review found the verdict alternating with the windows that
+    hold it)."""
+    wait = {"time/forward_ms": 30.0, "time/backward_ms": 50.0, "time/allreduce_ms": 45.0}
+    events = [(1000.0 + 0.1 * i, 1, i, wait | ({"time/allreduce_overlap_ms": 40.0} if i % 20 == 0 else {}))
+              for i in range(400)]
+    _, verdicts = drive(events, "time/allreduce_ms", busy=0.95, window_s=1.0)
+    assert set(verdicts[1:-1]) == {"compute-bound"}, verdicts
+
+
+def test_an_overlap_read_from_its_name_is_said_in_the_detail() -> None:
+    """An overlap read from a name changes the communication wait: the verdict says so, and the
+    name's misspelling lowers its confidence, as any phase read from a name does."""
+    steps = [{"time/forward_ms": 30.0, "time/backward_ms": 50.0, "time/comm_ms": 60.0,
+              "time/comm_overlap_ms": 10.0}] * 80
+    v = _one_window(steps, busy=0.95).verdict
+    assert v.name == "communication-bound" and "comm_overlap read from the name: time/comm_overlap_ms" in v.detail, v
+    slip = [{"time/forward_ms": 30.0, "time/backward_ms": 50.0, "time/comm_ms": 60.0,
+             "time/allreudce_overlap_ms": 10.0}] * 80
+    assert _one_window(slip, busy=0.95).verdict.confidence < v.confidence
+
+
 def test_the_detail_names_the_step_the_insight_reads() -> None:
     """A JAX loop's ``jax/jit_step_ms`` (the compiled step: its compute) beside ``jax/loop_ms``: the
     loop is the step and the jitted step its part; the detail said "step read from the name:

@@ -657,12 +657,22 @@ def test_a2a_is_the_all_to_all_of_a_mixture_of_experts(name: str, meaning: str) 
     ("backward_compute_comm_overlap_time", "comm_overlap"), ("perf/allreduce_overlap_ms", "comm_overlap"),
     ("comm/overlapped_ms", "comm_overlap"), ("non_overlapped_comm_ms", "comm_wait"), ("exposed_comm_ms", "comm_wait"),
     ("comm/exposed_overlap_ms", "comm_wait"), ("train/overlap_time", ""), ("overlap_ratio", ""),
+    ("comm_time_without_overlap", "comm_wait"), ("comm_wo_overlap_ms", "comm_wait"),
+    ("allreduce_minus_overlap_ms", "comm_wait"), ("comm_beyond_overlap_ms", "comm_wait"),
+    ("comm_outside_overlap_ms", "comm_wait"), ("comm_excluding_overlap_ms", "comm_wait"),
 ])
 def test_a_communication_overlap_is_read_apart_from_the_wait(name: str, meaning: str) -> None:
     """The part of a collective's time spent under the compute (``comm_overlap``) is taken off the
-    wait by the insight; read as the wait itself it counted the overlap as waited."""
+    wait by the insight; read as the wait itself it counted the overlap as waited. A name that says
+    what lies outside the overlap is the wait (a review's cases)."""
     reading = read_name(name)
     assert reading.meaning == meaning, reading
+
+
+def test_a_misspelt_collective_beside_overlap_is_read_as_meant_and_said() -> None:
+    """The overlap's word joined to the hit hid a misspelling from its lowered certainty."""
+    reading = read_name("allreudce_overlap_ms")
+    assert reading.meaning == "comm_overlap" and reading.certainty < 1.0 and "read as" in reading.why, reading
 
 
 @pytest.mark.timeout(30)

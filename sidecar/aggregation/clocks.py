@@ -62,7 +62,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 from sidecar.model.mapped import READ
-from sidecar.model.meanings import PHASES
+from sidecar.model.meanings import OVERLAP_OF, PHASES
 from sidecar.model.window import TIMING, SeriesView
 
 CLIMBS = 5
@@ -158,7 +158,7 @@ class _Total:
         return self.climbs >= CLIMBS
 
 
-WATCHED = (*PHASES, "step")
+WATCHED = (*PHASES, "step", *OVERLAP_OF)
 """The meanings whose timings, read from their names, are watched for running totals."""
 Key = tuple[str, str, str]
 """A series' (role, worker, name)."""

@@ -33,6 +33,7 @@ from sidecar.model.insight import GpuFacts, PipelineInsight, RoleInsight, Worker
 from sidecar.model.mapped import READ
 from sidecar.model.meanings import (  # noqa: F401 - re-exported
     BUSY_PHASES,
+    EXPOSED_WORDS,
     OVERLAP_OF,
     PHASES,
     REPORTED,
@@ -165,7 +166,7 @@ def _group(series: Iterable[SeriesView],
         known = w.views.get((view.kind, view.meaning))
         if known is None or _preferred(view, known):
             w.views[view.kind, view.meaning] = view
-        if view.kind == TIMING and view.meaning in ("comm_wait", "step"):
+        if view.kind == TIMING and view.meaning in ("comm_wait", "step", *OVERLAP_OF):
             alike.setdefault(id(w), {}).setdefault(view.meaning, []).append(view)
     for view in stale:
         w = roles.get(view.role, {}).get(view.worker)
@@ -182,6 +183,7 @@ def _group(series: Iterable[SeriesView],
             named = alike.get(id(w), {})
             _substeps(w, named.get("step", []))
             _more_parts(w, named.get("comm_wait", []))
+            _pair_overlaps(w, named)
     for (role, worker), steps in (moved or {}).items():
         if (w := roles.get(role, {}).get(worker)) is not None:
             w.moved = steps
@@ -208,6 +210,24 @@ def _more_parts(w: _Worker, views: list[SeriesView]) -> None:
             more.append(v)
     if more:
         w.more["comm_wait"] = more
+
+
+def _pair_overlaps(w: _Worker, named: Mapping[str, list[SeriesView]]) -> None:
+    """Of an overlap timed under several names (torch DDP's sampled iteration's and its running
+    average's), the one most like the wait read (``OVERLAP_OF``; the most words in common): the
+    average's overlap taken off the average's wait, never one's overlap off the other's wait."""
+    for overlap, wait in OVERLAP_OF.items():
+        chosen, candidates = w.views.get((TIMING, wait)), named.get(overlap, [])
+        if chosen is not None and len(candidates) > 1:
+            words, known = set(_words(chosen)), w.views.get((TIMING, overlap))
+            w.views[TIMING, overlap] = max(candidates, key=lambda v: (len(words & set(_words(v))), v is known))
+
+
+def _said_exposed(w: _Worker, wait: str) -> bool:
+    """Whether the name of the wait read says it is what lies outside any overlap already
+    (``EXPOSED_WORDS``: ``comm_exposed_us``, ``comm_time_without_overlap``)."""
+    view = w.views.get((TIMING, wait)) or w.stale.get((TIMING, wait))
+    return view is not None and not EXPOSED_WORDS.isdisjoint(_words(view))
 
 
 def _words(v: SeriesView) -> list[str]:
@@ -282,7 +302,7 @@ def _reads(roles: Mapping[str, Mapping[str, _Worker]]) -> dict[str, dict[str, tu
     used = (v for workers in roles.values() for w in workers.values()
             for v in (*w.views.values(), *(m for more in w.more.values() for m in more)))
     for v in used:
-        if v.kind == TIMING and v.meaning in PHASES + ("step",) and (READ in v.rule or v.certainty < 1.0):
+        if v.kind == TIMING and v.meaning in (*PHASES, "step", *OVERLAP_OF) and (READ in v.rule or v.certainty < 1.0):
             known = out[v.role].get(v.meaning)
             if known is None or v.certainty < known[1]:
                 out[v.role][v.meaning] = (v.raw or v.name, v.certainty)
@@ -456,7 +476,7 @@ def _scores(members: dict[str, _Worker], rates: dict[str, float],
         return scores, set()
     if (arrivals := _arrivals(members)) is not None:
         return arrivals
-    comm = {name: _exposed({"comm_wait": float(win["p50"])}, partial(_p50, w))["comm_wait"]
+    comm = {name: _exposed(w, {"comm_wait": float(win["p50"])}, partial(_p50, w))["comm_wait"]
             for name, w in members.items() if (win := w.window(TIMING, "comm_wait"))}
     negligible: set[str] = set()
     if all(b is not None and b > 0 for b in busy.values()):
@@ -490,7 +510,7 @@ def _arrivals(members: dict[str, _Worker]) -> tuple[dict[str, float | None], set
     for name, w in members.items():
         step, comm = w.window(TIMING, "step"), w.snapshot_mean("comm_wait", 0.0)
         if comm is not None:
-            comm = _exposed({"comm_wait": comm}, partial(w.snapshot_mean, max_age_s=0.0))["comm_wait"]
+            comm = _exposed(w, {"comm_wait": comm}, partial(w.snapshot_mean, max_age_s=0.0))["comm_wait"]
         if not step or comm is None or (own_ms := float(step["mean"]) - comm) <= 0:
             return None
         own[name], steps[name], comms[name] = own_ms, float(step["mean"]), comm
@@ -574,11 +594,12 @@ def _snapshot_reading(w: _Worker, max_age: float, alive_s: float) -> _Reading | 
     # from it is not carried over); without one, its last snapshot stands while recent.
     fresh = any(w.window(TIMING, p) or w.window(GAUGE, p) for p in PHASES)
     age = 0.0 if fresh else max_age
-    means = {p: m for p in PHASES if (m := w.snapshot_mean(p, age)) is not None}
+    overlaps = partial(w.snapshot_mean, max_age_s=max_age)  # one sent less often than its wait: its last stands
+    means = _exposed(w, {p: m for p in PHASES if (m := w.snapshot_mean(p, age)) is not None}, overlaps)
     step = w.snapshot_mean("step", age, parts=False) if w.snapshot("step") else None
     if step and w.more and sum(means.values()) > PER_STEP_SLACK * step:
-        means = {p: m for p in PHASES if (m := w.snapshot_mean(p, age, parts=False)) is not None}
-    means = _exposed(means, partial(w.snapshot_mean, max_age_s=age))
+        means = _exposed(w, {p: m for p in PHASES if (m := w.snapshot_mean(p, age, parts=False)) is not None},
+                         overlaps)
     means, step = _with_shares(w, means, step, fresh)
     means = _per_step(w, means, step)
     # an unmapped timing sent every occurrence beside the snapshots (a user's own timer
@@ -609,13 +630,14 @@ def _snapshot_reading(w: _Worker, max_age: float, alive_s: float) -> _Reading | 
                     _times_forward(w, {p for p, m in means.items() if m}, bool(extra)))
 
 
-def _exposed(times: dict[str, float], overlap_ms: Callable[[str], float | None]) -> dict[str, float]:
-    """``times`` (phase -> ms) with each wait less the part of it the worker spent computing
-    (``OVERLAP_OF``; ``overlap_ms``: an overlap meaning's ms, in the same form, or None): torch DDP's
-    all-reduce timed from its first launch, under the backward, to its end, waited only its tail."""
+def _exposed(w: _Worker, times: dict[str, float], overlap_ms: Callable[[str], float | None]) -> dict[str, float]:
+    """``times`` (phase -> ms) of ``w`` with each wait less the part of it the worker spent
+    computing (``OVERLAP_OF``; ``overlap_ms``: an overlap meaning's ms, in the same form, or None):
+    torch DDP's all-reduce timed from its first launch, under the backward, to its end, waited only
+    its tail. A wait whose name says it is exposed already keeps its time (``_said_exposed``)."""
     out = times
     for overlap, wait in OVERLAP_OF.items():
-        if wait in times and (ms := overlap_ms(overlap)) is not None:
+        if wait in times and not _said_exposed(w, wait) and (ms := overlap_ms(overlap)) is not None:
             out = {**out, wait: max(0.0, times[wait] - ms)}
     return out
 
@@ -671,7 +693,7 @@ def _occurrence_reading(w: _Worker, alive_s: float, started: bool, duration: flo
         return None
     sums = {p: s for p in PHASES if (s := w.timing_sum_ms(p)) is not None}
     sums.update((p, 0.0) for p in PHASES if p not in sums and (TIMING, p) in w.stale)
-    sums = _exposed(sums, w.timing_sum_ms)
+    sums = _exposed(w, sums, w.timing_sum_ms)
     if not sums:
         return None
     wall_ms = alive_s * 1000.0

@@ -78,7 +78,7 @@ from typing import Protocol
 from sidecar.aggregation.settings import InsightSettings
 from sidecar.model.insight import RENAMED_FROM_HOST_BOUND, Verdict
 from sidecar.model.mapped import READ
-from sidecar.model.meanings import BUSY_PHASES
+from sidecar.model.meanings import BUSY_PHASES, OVERLAP_OF
 
 OTHER_SHARE = "other"
 """The time-share key of the gap no timing covers (``sidecar.aggregation.insight.OTHER``)."""
@@ -366,9 +366,10 @@ def _input_wait(f: RoleFacts) -> tuple[str, float | None]:
 
 
 EVIDENCE_OF: dict[str, tuple[str, ...]] = {
-    **{p: ("busy",) for p in BUSY_PHASES}, "step": (OTHER_SHARE, "busy")}
+    **{p: ("busy",) for p in BUSY_PHASES}, "step": (OTHER_SHARE, "busy"), **{o: (w,) for o, w in OVERLAP_OF.items()}}
 """A phase -> the evidence keys (after ``<role>.``) besides its own that it decides: the busy
-phases make ``busy``, ``step`` the gap ``other`` (and the busy share's denominator)."""
+phases make ``busy``, ``step`` the gap ``other`` (and the busy share's denominator), an overlap
+the wait it is taken off."""
 
 
 def _read(v: Verdict, f: RoleFacts) -> Verdict:

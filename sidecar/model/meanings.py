@@ -91,6 +91,13 @@ OVERLAP_OF: dict[str, str] = {"comm_overlap": "comm_wait"}
 from the first bucket's launch to the last one's end (``backward_comm_time``), most of it while the
 backward still computes (``backward_compute_comm_overlap_time``: launch to the backward's end); the
 worker waited only for the rest. The insight reads the wait less its overlap."""
+OVERLAP_WORDS = frozenset({"overlap", "overlapped", "overlapping"})
+EXPOSED_WORDS = frozenset({"exposed", "non", "not", "no", "unoverlapped", "nonoverlapped", "without", "wo", "minus",
+                           "beyond", "outside", "less", "after", "tail", "unhidden"})
+"""Words of a wait's name: with one of ``OVERLAP_WORDS`` it names the overlap inside the wait
+(``backward_compute_comm_overlap_time``), unless one of ``EXPOSED_WORDS`` says it is what lies
+outside it (``comm_time_without_overlap``, ``non_overlapped_comm``); a wait whose name has one of
+``EXPOSED_WORDS`` is exposed already (``comm_exposed_us``): no overlap is taken off it."""
 EFFICIENCY = tuple(m for m, (c, _) in MEANINGS.items() if c == "efficiency")
 
 COLLECTIVES: dict[str, frozenset[str]] = {

@@ -42,7 +42,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from sidecar.model.meanings import COLLECTIVES, OVERLAP_OF, PHASES
+from sidecar.model.meanings import COLLECTIVES, EXPOSED_WORDS, OVERLAP_OF, OVERLAP_WORDS, PHASES
 from sidecar.model.names import phrases, split_segments
 from sidecar.processing.units import SECONDS, Unit
 
@@ -587,15 +587,9 @@ def read_name(name: str, record: bool = False) -> Reading:
     return Reading(meaning, _unit(name, unit), why, 1.0, "", sibling)
 
 
-OVERLAP_WORDS = frozenset({"overlap", "overlapped", "overlapping"})
-EXPOSED_WORDS = frozenset({"exposed", "non", "not", "no", "unoverlapped", "nonoverlapped"})
-"""A wait's name that says ``overlap`` names the part of it spent computing (``OVERLAP_OF``:
-``backward_compute_comm_overlap_time``), unless it says the opposite (``non_overlapped_comm``,
-``exposed_comm_overlap``: what was waited)."""
-
-
 def _overlap(meaning: str, hit: str, vocab: set[str]) -> tuple[str, str]:
-    """(``meaning``, ``hit``), or the overlap inside that wait where the words say overlap."""
+    """(``meaning``, ``hit``), or the overlap inside that wait where the words say overlap
+    (``OVERLAP_WORDS``, none of ``EXPOSED_WORDS``)."""
     inside = next((o for o, wait in OVERLAP_OF.items() if wait == meaning), "")
     if inside and vocab & OVERLAP_WORDS and not vocab & EXPOSED_WORDS:
         return inside, f"{hit}+{_first(vocab & OVERLAP_WORDS)}"
@@ -604,7 +598,7 @@ def _overlap(meaning: str, hit: str, vocab: set[str]) -> tuple[str, str]:
 
 def _slip(name: str, hit: str) -> str:
     """The misspelt word of ``name`` that ``hit`` (the phase words read) was read from, or ""."""
-    parts = hit.split("_")
+    parts = re.split(r"[_+]", hit)
     if not MISSPELT_WORDS.intersection(parts):
         return ""  # most names: no word of the hit is one the reader guesses from a slip
     return next((w for w in map(str.lower, _WORDS.findall(name)) if w in MISSPELT and MISSPELT[w] in parts), "")
