@@ -47,7 +47,7 @@ class Control:
         self.rank = rank
         self.scale = scale
         self._next = 0.0
-        self.state: dict[str, Any] = {"condition": "base"}
+        self.state: dict[str, Any] = {"condition": None}  # none read yet: the first read is acknowledged
 
     def poll(self) -> dict[str, Any]:
         now = time.monotonic()

@@ -133,12 +133,25 @@ def _switch(control: Path, cond: str, procs: list[subprocess.Popen[bytes]], time
 
 def _cell(stamped: list[tuple[float, float, str, str]], start: float, end: float,
           interval_s: float) -> list[tuple[str, str]]:
-    """The scored windows of a condition every rank ran from ``start`` until ``end`` (wall clock):
-    the whole windows between them, less the first (hysteresis may hold the last verdict one
-    window; on a loaded CPU the log line may also come late) and any cut short."""
+    """The scored windows of a condition every rank ran from ``start`` until ``end`` (wall clock,
+    the next condition's first change): the whole windows between them, less the first
+    (hysteresis may hold the last verdict one window) and any cut short. A window's start is read
+    as its log line's time less its length, later than it was by however late the line came: a
+    window counts from half a window after ``start``, so a line up to that late cannot bring in
+    one that began before it."""
     whole = [(v, e) for logged, dur, v, e in stamped
-             if logged - dur >= start and logged <= end and dur >= 0.5 * interval_s]
+             if logged - dur >= start + 0.5 * interval_s and logged <= end and dur >= 0.5 * interval_s]
     return whole[1:]
+
+
+def _stray_host(stamped: list[tuple[float, float, str, str]], host: list[tuple[float, float]],
+                interval_s: float) -> list[tuple[int, str, str]]:
+    """(index, "run", evidence) of each ``host-bound`` window outside host overhead: ``host`` holds
+    (when the host condition was written, when every rank had left it), and a window logged after
+    the first that began up to a window and a half after the second (hysteresis holds it one) is
+    inside it."""
+    return [(i, "run", e) for i, (logged, dur, v, e) in enumerate(stamped) if v == "host-bound"
+            and not any(on <= logged and logged - dur <= off + 1.5 * interval_s for on, off in host)]
 
 
 def run_row(framework: str, workdir: Path, windows: int = 7, interval_s: float = 0.5,
@@ -175,12 +188,13 @@ def run_row(framework: str, workdir: Path, windows: int = 7, interval_s: float =
                                    + (row_dir / "trainer0.log").read_text(errors="replace")[-3000:])
             time.sleep(0.2)
         time.sleep(2 * interval_s)  # the first steps' own costs (loader start, gloo's first collectives) pass
-        marks: list[tuple[str, int, float]] = []  # condition, lines logged before it, all ranks run it from
+        marks: list[tuple[str, float, float]] = []  # condition, when it was written, all ranks run it from
         for cond in conditions:
+            written = time.time()
             _set_gpu(nvml, _gpu_for(cond))
-            marks.append((cond, len(_lines(d)), _switch(control, cond, procs)))
+            marks.append((cond, written, _switch(control, cond, procs)))
             time.sleep(windows * interval_s)
-        end_mark, end_time = len(_lines(d)), time.time()
+        end_time = time.time()
         _write(control, {"stop": True})
         for p in procs:
             p.wait(60)
@@ -188,18 +202,13 @@ def run_row(framework: str, workdir: Path, windows: int = 7, interval_s: float =
         while time.monotonic() < deadline and (not _lines(d) or _lines(d)[-1][1] != "idle"):
             time.sleep(0.25)
         stamped = _stamped(d)
-        lines = [(dur, v, e) for _, dur, v, e in stamped]
-        result.idle_after_exit = bool(lines) and lines[-1][1] == "idle"
-        result.windows = [(v, e) for _, v, e in lines]
-        bounds = [(m, t) for _, m, t in marks[1:]] + [(end_mark, end_time)]
-        for (cond, _, start), (_, end) in zip(marks, bounds, strict=True):
+        result.idle_after_exit = bool(stamped) and stamped[-1][2] == "idle"
+        result.windows = [(v, e) for _, _, v, e in stamped]
+        nexts = [(written, ran) for _, written, ran in marks[1:]] + [(end_time, end_time)]
+        for (cond, _, start), (end, _) in zip(marks, nexts, strict=True):
             result.cells[cond] = _cell(stamped, start, end, interval_s)
-        host_ok: set[int] = set()
-        for (cond, start_line, _), (end_line, _) in zip(marks, bounds, strict=True):
-            if cond == "host":
-                host_ok |= set(range(start_line, end_line + 2))
-        result.stray_host = [(i, "run", e) for i, (_, v, e) in enumerate(lines)
-                             if v == "host-bound" and i not in host_ok]
+        host = [(written, left) for (cond, written, _), (_, left) in zip(marks, nexts, strict=True) if cond == "host"]
+        result.stray_host = _stray_host(stamped, host, interval_s)
         result.log_tail = "\n".join(d.log().splitlines()[-15:])
     finally:
         _write(control, {"stop": True})
