@@ -109,11 +109,14 @@ def rllib_new_stack(step_s: float, data: float, step: int) -> dict[str, float]:
 
 def torch_ddp(step_s: float, data: float, step: int) -> dict[str, float]:
     """torch DDP's ``_get_ddp_logging_data()`` as a trainer logs it (its numbers; the strings left
-    out, as a tap leaves them): the sampled iteration's and the running averages' times in ns."""
+    out, as a tap leaves them): the sampled iteration's and the running averages' times in ns, and
+    the moments each began and ended (ns since the epoch)."""
     ns = step_s * (1.0 - data) * 1e9
     times = {"forward_compute_time": ns * 0.3, "backward_compute_time": ns * 0.5, "backward_comm_time": ns * 0.25,
              "backward_compute_comm_overlap_time": ns * 0.2}
-    return {**times, **{f"avg_{k}": v for k, v in times.items()}, "rank": 0.0, "world_size": 8.0,
+    moments = {f"{k}_{end}": 1.8e18 + step * step_s * 1e9
+               for k in times if "overlap" not in k for end in ("start", "end")}
+    return {**times, **{f"avg_{k}": v for k, v in times.items()}, **moments, "rank": 0.0, "world_size": 8.0,
             "iteration": float(step), "bucket_cap_bytes": 25 * 2**20, "num_buckets_reduced": 5.0,
             "total_parameter_size_bytes": 4.9e8}
 

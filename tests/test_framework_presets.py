@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.aggregation.aggregator import Aggregator
+from sidecar.aggregation.insight import compute_insight
 from sidecar.core.pipeline import ingest_records
 from sidecar.model.meanings import KINDS_OF_CLASS, MEANINGS
 from sidecar.model.settings import RoleSettings
@@ -208,6 +209,55 @@ def run_framework(framework: str, workdir: Path, windows: int = 8, interval_s: f
             proc.wait()
         d.stop()
     return out
+
+
+def _real_ddp_logging_data(tmp_path: Path) -> dict[str, float]:
+    """The numbers of ``_get_ddp_logging_data()`` of torch's own DistributedDataParallel (gloo, one
+    rank, on CPU) after a few steps, as a trainer logs them (a tap leaves the strings out)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(
+            torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(6)]), bucket_cap_mb=0.1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(8):
+            model(torch.randn(32, 128)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        data = model._get_ddp_logging_data()
+    finally:
+        dist.destroy_process_group()
+    return {k: float(v) for k, v in data.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def test_a_real_ddp_logging_dict_reads_as_the_preset_says(tmp_path: Path) -> None:
+    """torch DDP's real dict: each time maps under the preset in nanoseconds, and the moments beside
+    them (``backward_comm_time_end``: nanoseconds since the epoch) are no duration (the reader read
+    two of them as the wait and the backward, 1.8e9 s each); the communication wait the insight
+    reads is the all-reduce less its overlap, each of the twin the insight takes (the longer; the
+    overlap of the wait's own twin)."""
+    data = _real_ddp_logging_data(tmp_path)
+    mapper = Mapper()
+    meanings = {k: mapper.resolve(PROFILE, k, "trainer", "0") for k in data}
+    for key, m in meanings.items():
+        if key.endswith(("_start", "_end")):
+            assert m.meaning == "" and m.kind == GAUGE, (key, m)
+        elif key.endswith("_time"):
+            assert "preset torch_ddp" in m.rule and m.kind == TIMING and m.scale == pytest.approx(1e-6), (key, m)
+    agg = Aggregator(clock=lambda: 1010.0)
+    ingest_records(agg, "trainer", "0", [[PROFILE, i, data] for i in range(50)], mapper, sender_id=1)
+    share = compute_insight(agg.roll(1010.0, 1010.0, 10.0)).roles["trainer"].time_share
+
+    def longer(name: str) -> tuple[str, float]:
+        return max(((k, data[k]) for k in (name, f"avg_{name}")), key=lambda kv: kv[1])
+
+    wait_key, wait = longer("backward_comm_time")
+    overlap = data[wait_key.replace("backward_comm_time", "backward_compute_comm_overlap_time")]
+    phases = longer("forward_compute_time")[1] + longer("backward_compute_time")[1] + max(0.0, wait - overlap)
+    assert share["comm_wait"] == pytest.approx(max(0.0, wait - overlap) / phases, rel=1e-6), (data, share)
 
 
 @pytest.mark.timeout(300)

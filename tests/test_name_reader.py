@@ -669,6 +669,16 @@ def test_a_communication_overlap_is_read_apart_from_the_wait(name: str, meaning:
     assert reading.meaning == meaning, reading
 
 
+@pytest.mark.parametrize(("name", "meaning"), [
+    ("backward_comm_time_end", ""), ("forward_compute_time_start", ""), ("train/step_time_begin", ""),
+    ("time_metrics/end_to_end(s)", "step"), ("time/epoch_end", ""), ("data_time", "data_wait"),
+])
+def test_a_moment_after_a_duration_word_is_no_duration(name: str, meaning: str) -> None:
+    """torch DDP's logging data holds the moments its timers began and ended (nanoseconds since the
+    epoch): ``backward_comm_time_end`` was read as the communication wait."""
+    assert read_name(name).meaning == meaning, read_name(name)
+
+
 def test_a_misspelt_collective_beside_overlap_is_read_as_meant_and_said() -> None:
     """The overlap's word joined to the hit hid a misspelling from its lowered certainty."""
     reading = read_name("allreudce_overlap_ms")

@@ -227,6 +227,9 @@ NOT_A_DURATION = _PLURALS | frozenset({
 (``time/iterations``, ``samples_per_sec``, ``data_ratio``): the plural of anything counted
 (``ITEMS``) and these."""
 FLAGS = frozenset({"flag", "flags", "indicator"})
+MOMENTS = frozenset({"start", "end", "begin", "stop", "started", "ended", "stopped", "finish", "finished"})
+"""After a duration word or a time unit, the last word: a moment, no duration (torch DDP's
+``backward_comm_time_end``, nanoseconds since the epoch beside ``backward_comm_time``)."""
 """The last word of a name that makes it a flag, no duration (``perf/data_stall_flag``: 1 when the
 data wait is over half the step); before a duration word it is what is timed (``flag_broadcast_time``)."""
 PER_ITEM = _DATA_ITEMS
@@ -613,6 +616,8 @@ def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str]
     counted = vocab & NOT_A_DURATION - {w[len("between_"):] for w in vocab if w.startswith("between_")}
     if proper[-1] in FLAGS:
         return Reading("", Unit(name), f"a flag: {proper[-1]}")
+    if len(proper) > 1 and proper[-1] in MOMENTS and proper[-2] in DURATION_WORDS | TIME_UNITS.keys():
+        return Reading("", Unit(name), f"a moment, no duration: {proper[-2]} {proper[-1]}")
     if unit is None and (counted or (proper[-1] in ("s", "sec") and "per" in proper)):
         return Reading("", Unit(name), f"a count, rate or statistic: {_first(counted)}")
     stats = vocab & STATISTICS
@@ -821,6 +826,7 @@ def doc_table() -> list[str]:
              ("no phase of the step, as a namespace segment of its own (a run's final figures)",
               words_of(SPACE_NOT_A_PHASE)),
              ("the last word: a flag, no duration", words_of(FLAGS)),
+             ("the last word, after a duration word or a time unit: a moment, no duration", words_of(MOMENTS)),
              ("a component's part of a phase, not the phase", words_of(COMPONENTS)),
              ("a statistic of many steps (`total` next to a word of one step excepted)", words_of(STATISTICS)),
              ("right after a duration word: a timer's last interval, no statistic (alone with it: the step, uncertain)",
