@@ -519,6 +519,7 @@ def test_a_wait_named_exposed_keeps_its_time_beside_an_overlap(exposed: str) -> 
     insight = _one_window(steps, busy=0.95)
     assert insight.roles["trainer"].time_share["comm_wait"] == pytest.approx(40 / 120)
     assert insight.verdict.name == "communication-bound", insight.verdict
+    assert "comm_overlap" not in insight.verdict.detail  # not taken off: not said to be read
 
 
 def test_the_overlap_is_taken_off_before_the_collectives_are_fitted_in_the_step() -> None:
@@ -532,17 +533,35 @@ def test_the_overlap_is_taken_off_before_the_collectives_are_fitted_in_the_step(
     assert insight.verdict.name == "communication-bound", insight.verdict
 
 
-def test_a_ddp_dicts_average_overlap_is_taken_off_its_average_wait() -> None:
+@pytest.mark.parametrize(("sampled", "average"), [((45.0, 44.0), (60.0, 30.0)), ((60.0, 30.0), (45.0, 44.0))])
+def test_a_ddp_dicts_overlap_is_taken_off_its_own_twins_wait(sampled: tuple[float, float],
+                                                            average: tuple[float, float]) -> None:
     """torch DDP's logging data holds the sampled iteration's times and their running averages: the
-    wait read is the longer (the average's 60 ms), and the overlap taken off it is the average's (30),
-    not the longer overlap (the sampled 44 ms: 16 ms left, neither iteration's)."""
+    wait read is the longer (60 ms), and the overlap taken off it is its own twin's (30), not the
+    longer overlap (44 ms: 16 ms left, neither iteration's), whichever twin it is (a second review
+    found the sampled wait paired with the average's overlap)."""
     ms = 1e6
-    times = {"forward_compute_time": 30 * ms, "backward_compute_time": 50 * ms, "backward_comm_time": 45 * ms,
-             "backward_compute_comm_overlap_time": 44 * ms}
+    times = {"forward_compute_time": 30 * ms, "backward_compute_time": 50 * ms,
+             "backward_comm_time": sampled[0] * ms, "backward_compute_comm_overlap_time": sampled[1] * ms}
     averages = {"avg_forward_compute_time": 30 * ms, "avg_backward_compute_time": 50 * ms,
-                "avg_backward_comm_time": 60 * ms, "avg_backward_compute_comm_overlap_time": 30 * ms}
+                "avg_backward_comm_time": average[0] * ms, "avg_backward_compute_comm_overlap_time": average[1] * ms}
     insight = _one_window([times | averages] * 80, busy=0.95)
     assert insight.roles["trainer"].time_share["comm_wait"] == pytest.approx(30 / 110)
+
+
+@pytest.mark.parametrize(("case", "parts", "share"), [
+    ("an FSDP loop's all-gather and reduce-scatter, each 30 of its 40 ms under the compute",
+     {"time/allgather_ms": 40.0, "time/reduce_scatter_ms": 40.0, "time/allgather_overlap_ms": 30.0,
+      "time/reduce_scatter_overlap_ms": 30.0}, 20 / 100),
+    ("a non-blocking all-reduce (non is no negation of the overlap here)",
+     {"time/allreduce_non_blocking_ms": 80.0, "time/allreduce_overlap_ms": 60.0}, 20 / 100),
+])
+def test_each_collectives_overlap_is_taken_off_its_own_wait(case: str, parts: dict[str, float], share: float) -> None:
+    """A second review's cases: of a wait summed from two collectives only one overlap was taken off
+    (communication-bound at 38 %), and a wait named non-blocking was read as exposed already."""
+    steps = [{"time/fwd_ms": 30.0, "time/bwd_ms": 50.0} | parts] * 80
+    insight = _one_window(steps, busy=0.95)
+    assert insight.roles["trainer"].time_share["comm_wait"] == pytest.approx(share), case
 
 
 def test_an_overlap_sent_less_often_than_its_wait_still_stands() -> None:

@@ -660,6 +660,7 @@ def test_a2a_is_the_all_to_all_of_a_mixture_of_experts(name: str, meaning: str) 
     ("comm_time_without_overlap", "comm_wait"), ("comm_wo_overlap_ms", "comm_wait"),
     ("allreduce_minus_overlap_ms", "comm_wait"), ("comm_beyond_overlap_ms", "comm_wait"),
     ("comm_outside_overlap_ms", "comm_wait"), ("comm_excluding_overlap_ms", "comm_wait"),
+    ("allreduce_non_blocking_ms", "comm_wait"),
 ])
 def test_a_communication_overlap_is_read_apart_from_the_wait(name: str, meaning: str) -> None:
     """The part of a collective's time spent under the compute (``comm_overlap``) is taken off the
@@ -672,6 +673,8 @@ def test_a_communication_overlap_is_read_apart_from_the_wait(name: str, meaning:
 @pytest.mark.parametrize(("name", "meaning"), [
     ("backward_comm_time_end", ""), ("forward_compute_time_start", ""), ("train/step_time_begin", ""),
     ("time_metrics/end_to_end(s)", "step"), ("time/epoch_end", ""), ("data_time", "data_wait"),
+    ("backward_comm_time_end_ms", ""), ("comm_end_time", ""), ("step_time_end_s", ""), ("step_end_time", ""),
+    ("train/step_time/end", ""), ("end_to_end_time", "step"), ("on_train_batch_end_time", "step"),
 ])
 def test_a_moment_after_a_duration_word_is_no_duration(name: str, meaning: str) -> None:
     """torch DDP's logging data holds the moments its timers began and ended (nanoseconds since the

@@ -33,12 +33,12 @@ from sidecar.model.insight import GpuFacts, PipelineInsight, RoleInsight, Worker
 from sidecar.model.mapped import READ
 from sidecar.model.meanings import (  # noqa: F401 - re-exported
     BUSY_PHASES,
-    EXPOSED_WORDS,
     OVERLAP_OF,
     PHASES,
     REPORTED,
     WAIT_PHASES,
     collectives,
+    said_exposed,
 )
 from sidecar.model.window import CATEGORY, COUNT, GAUGE, TIMING, SenderView, SeriesView, WindowReport
 
@@ -213,21 +213,38 @@ def _more_parts(w: _Worker, views: list[SeriesView]) -> None:
 
 
 def _pair_overlaps(w: _Worker, named: Mapping[str, list[SeriesView]]) -> None:
-    """Of an overlap timed under several names (torch DDP's sampled iteration's and its running
-    average's), the one most like the wait read (``OVERLAP_OF``; the most words in common): the
-    average's overlap taken off the average's wait, never one's overlap off the other's wait."""
+    """Of an overlap timed under several names, the one most like the wait read (``OVERLAP_OF``:
+    the most words in common, then the fewest of its own), and for each other collective summed
+    into the wait (``_more_parts``) the overlap most like it, summed too: torch DDP's average's
+    overlap off its average's wait, never one's overlap off the other's; an FSDP loop's all-gather
+    and reduce-scatter each less its own overlap."""
     for overlap, wait in OVERLAP_OF.items():
         chosen, candidates = w.views.get((TIMING, wait)), named.get(overlap, [])
-        if chosen is not None and len(candidates) > 1:
-            words, known = set(_words(chosen)), w.views.get((TIMING, overlap))
-            w.views[TIMING, overlap] = max(candidates, key=lambda v: (len(words & set(_words(v))), v is known))
+        if chosen is None or len(candidates) < 2:
+            continue
+        taken = _most_alike(chosen, candidates)
+        w.views[TIMING, overlap] = taken
+        more = []
+        for part in w.more.get(wait, ()):
+            rest = [v for v in candidates if v is not taken and v not in more and _collectives(v) & _collectives(part)]
+            if rest:
+                more.append(_most_alike(part, rest))
+        if more:
+            w.more[overlap] = more
+
+
+def _most_alike(wait: SeriesView, candidates: list[SeriesView]) -> SeriesView:
+    """The candidate whose words are most like ``wait``'s: the most in common, then the fewest
+    others, then the first by name."""
+    words = set(_words(wait))
+    return min(candidates, key=lambda v: (-len(words & set(_words(v))), len(set(_words(v)) - words), v.raw or v.name))
 
 
 def _said_exposed(w: _Worker, wait: str) -> bool:
     """Whether the name of the wait read says it is what lies outside any overlap already
-    (``EXPOSED_WORDS``: ``comm_exposed_us``, ``comm_time_without_overlap``)."""
+    (``model.meanings.said_exposed``: ``comm_exposed_us``, ``comm_time_without_overlap``)."""
     view = w.views.get((TIMING, wait)) or w.stale.get((TIMING, wait))
-    return view is not None and not EXPOSED_WORDS.isdisjoint(_words(view))
+    return view is not None and said_exposed(_words(view))
 
 
 def _words(v: SeriesView) -> list[str]:
@@ -300,7 +317,8 @@ def _reads(roles: Mapping[str, Mapping[str, _Worker]]) -> dict[str, dict[str, tu
     the name (``READ``) or is uncertain (a preset's bare ``time``), the least certain per phase."""
     out: dict[str, dict[str, tuple[str, float]]] = defaultdict(dict)
     used = (v for workers in roles.values() for w in workers.values()
-            for v in (*w.views.values(), *(m for more in w.more.values() for m in more)))
+            for v in (*w.views.values(), *(m for more in w.more.values() for m in more))
+            if v.meaning not in OVERLAP_OF or not _said_exposed(w, OVERLAP_OF[v.meaning]))  # an overlap not taken off
     for v in used:
         if v.kind == TIMING and v.meaning in (*PHASES, "step", *OVERLAP_OF) and (READ in v.rule or v.certainty < 1.0):
             known = out[v.role].get(v.meaning)
@@ -599,7 +617,7 @@ def _snapshot_reading(w: _Worker, max_age: float, alive_s: float) -> _Reading | 
     step = w.snapshot_mean("step", age, parts=False) if w.snapshot("step") else None
     if step and w.more and sum(means.values()) > PER_STEP_SLACK * step:
         means = _exposed(w, {p: m for p in PHASES if (m := w.snapshot_mean(p, age, parts=False)) is not None},
-                         overlaps)
+                         partial(w.snapshot_mean, max_age_s=max_age, parts=False))
     means, step = _with_shares(w, means, step, fresh)
     means = _per_step(w, means, step)
     # an unmapped timing sent every occurrence beside the snapshots (a user's own timer

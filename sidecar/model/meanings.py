@@ -22,7 +22,7 @@ meanings; their descriptions here are the exported families' HELP.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -92,12 +92,21 @@ from the first bucket's launch to the last one's end (``backward_comm_time``), m
 backward still computes (``backward_compute_comm_overlap_time``: launch to the backward's end); the
 worker waited only for the rest. The insight reads the wait less its overlap."""
 OVERLAP_WORDS = frozenset({"overlap", "overlapped", "overlapping"})
-EXPOSED_WORDS = frozenset({"exposed", "non", "not", "no", "unoverlapped", "nonoverlapped", "without", "wo", "minus",
-                           "beyond", "outside", "less", "after", "tail", "unhidden"})
+EXPOSED_WORDS = frozenset({"exposed", "unoverlapped", "nonoverlapped", "without", "wo", "minus", "beyond", "outside",
+                           "less", "after", "tail", "unhidden"})
+NEGATIONS = frozenset({"non", "not", "no"})
 """Words of a wait's name: with one of ``OVERLAP_WORDS`` it names the overlap inside the wait
-(``backward_compute_comm_overlap_time``), unless one of ``EXPOSED_WORDS`` says it is what lies
-outside it (``comm_time_without_overlap``, ``non_overlapped_comm``); a wait whose name has one of
-``EXPOSED_WORDS`` is exposed already (``comm_exposed_us``): no overlap is taken off it."""
+(``backward_compute_comm_overlap_time``), unless one of ``EXPOSED_WORDS`` or ``NEGATIONS`` says it
+is what lies outside it (``comm_time_without_overlap``, ``non_overlapped_comm``). A wait whose name
+has one of ``EXPOSED_WORDS``, or one of ``NEGATIONS`` beside an overlap word (not
+``allreduce_non_blocking``: a mode), is exposed already (``comm_exposed_us``): no overlap is
+taken off it (``said_exposed``)."""
+
+
+def said_exposed(words: Collection[str]) -> bool:
+    """Whether a wait's name (its words, lower case) says it lies outside any overlap."""
+    return not EXPOSED_WORDS.isdisjoint(words) or (not NEGATIONS.isdisjoint(words)
+                                                   and not OVERLAP_WORDS.isdisjoint(words))
 EFFICIENCY = tuple(m for m, (c, _) in MEANINGS.items() if c == "efficiency")
 
 COLLECTIVES: dict[str, frozenset[str]] = {

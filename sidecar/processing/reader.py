@@ -42,7 +42,15 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from sidecar.model.meanings import COLLECTIVES, EXPOSED_WORDS, OVERLAP_OF, OVERLAP_WORDS, PHASES
+from sidecar.model.meanings import (
+    COLLECTIVES,
+    EXPOSED_WORDS,
+    NEGATIONS,
+    OVERLAP_OF,
+    OVERLAP_WORDS,
+    PHASES,
+    said_exposed,
+)
 from sidecar.model.names import phrases, split_segments
 from sidecar.processing.units import SECONDS, Unit
 
@@ -227,11 +235,13 @@ NOT_A_DURATION = _PLURALS | frozenset({
 (``time/iterations``, ``samples_per_sec``, ``data_ratio``): the plural of anything counted
 (``ITEMS``) and these."""
 FLAGS = frozenset({"flag", "flags", "indicator"})
-MOMENTS = frozenset({"start", "end", "begin", "stop", "started", "ended", "stopped", "finish", "finished"})
-"""After a duration word or a time unit, the last word: a moment, no duration (torch DDP's
-``backward_comm_time_end``, nanoseconds since the epoch beside ``backward_comm_time``)."""
 """The last word of a name that makes it a flag, no duration (``perf/data_stall_flag``: 1 when the
 data wait is over half the step); before a duration word it is what is timed (``flag_broadcast_time``)."""
+MOMENTS = frozenset({"start", "end", "begin", "stop", "started", "ended", "stopped", "finish", "finished"})
+"""Beside a duration word, last (a time unit after them aside): a moment, no duration (torch DDP's
+``backward_comm_time_end``, nanoseconds since the epoch beside ``backward_comm_time``;
+``step_end_time``; ``step_time/end``), unless the name spans from one to another (``end_to_end``)
+or times a hook (``on_train_batch_end_time``)."""
 PER_ITEM = _DATA_ITEMS
 """After ``per``, words that make a duration a cost per item (``timing_per_token_ms``), not a
 phase of the step."""
@@ -592,9 +602,9 @@ def read_name(name: str, record: bool = False) -> Reading:
 
 def _overlap(meaning: str, hit: str, vocab: set[str]) -> tuple[str, str]:
     """(``meaning``, ``hit``), or the overlap inside that wait where the words say overlap
-    (``OVERLAP_WORDS``, none of ``EXPOSED_WORDS``)."""
+    (``OVERLAP_WORDS``, and nothing ``said_exposed``)."""
     inside = next((o for o, wait in OVERLAP_OF.items() if wait == meaning), "")
-    if inside and vocab & OVERLAP_WORDS and not vocab & EXPOSED_WORDS:
+    if inside and vocab & OVERLAP_WORDS and not said_exposed(vocab):
         return inside, f"{hit}+{_first(vocab & OVERLAP_WORDS)}"
     return meaning, hit
 
@@ -616,8 +626,8 @@ def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str]
     counted = vocab & NOT_A_DURATION - {w[len("between_"):] for w in vocab if w.startswith("between_")}
     if proper[-1] in FLAGS:
         return Reading("", Unit(name), f"a flag: {proper[-1]}")
-    if len(proper) > 1 and proper[-1] in MOMENTS and proper[-2] in DURATION_WORDS | TIME_UNITS.keys():
-        return Reading("", Unit(name), f"a moment, no duration: {proper[-2]} {proper[-1]}")
+    if (moment := _moment(proper, namespace)):
+        return Reading("", Unit(name), f"a moment, no duration: {moment}")
     if unit is None and (counted or (proper[-1] in ("s", "sec") and "per" in proper)):
         return Reading("", Unit(name), f"a count, rate or statistic: {_first(counted)}")
     stats = vocab & STATISTICS
@@ -650,6 +660,20 @@ def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str]
     if any(a == "per" and b in PER_ITEM for a, b in zip(words, words[1:], strict=False)):
         return Reading("", _unit(name, unit) if unit else Unit(name), "a cost per item, not per step", outside=True)
     return None
+
+
+def _moment(proper: list[str], namespace: list[str]) -> str:
+    """The words that make a name a moment (``MOMENTS``), or ""."""
+    core = proper[:-1] if len(proper) > 2 and proper[-1] in TIME_UNITS.keys() | END_UNITS.keys() else proper
+    if "to" in core or "on" in core:
+        return ""  # end_to_end: a span; on_train_batch_end_time: a hook's time
+    if len(core) == 1 and core[0] in MOMENTS and namespace and namespace[-1] in DURATION_WORDS:
+        return f"{namespace[-1]}/{core[0]}"
+    pair = core[-2:]
+    if len(pair) == 2 and {pair[0] in MOMENTS, pair[1] in MOMENTS} == {True, False} \
+            and (pair[0] if pair[1] in MOMENTS else pair[1]) in DURATION_WORDS | TIME_UNITS.keys():
+        return " ".join(pair)
+    return ""
 
 
 def _no_phase_word(name: str, proper: list[str], vocab: set[str], unit: tuple[str, float] | None,
@@ -838,7 +862,8 @@ def doc_table() -> list[str]:
              ("a wait for no named thing: `data_wait`, uncertain", words_of(WAIT_WORDS)),
              ("with a communication wait's words: `comm_overlap`, the part of it spent computing (unless a word "
               "of the next row)", words_of(OVERLAP_WORDS)),
-             ("with the above: the wait itself, exposed", words_of(EXPOSED_WORDS)),
+             ("with the above: not the overlap (a wait so named is exposed already, no overlap taken off it)",
+              words_of(EXPOSED_WORDS | NEGATIONS)),
              ("what the duration spans or leaves out follows: the phase is read before the first of them",
               words_of(SPAN_WORDS)),
              ("glued to each other in one word the reader does not know, split (`iotime`, `dataload`, `gradsync`)",
