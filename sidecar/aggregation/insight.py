@@ -141,6 +141,13 @@ class _Worker:
         return None if value is None or math.isnan(value) else float(value)
 
 
+_ALIKE = frozenset({"comm_wait", "step", *OVERLAP_OF})
+"""Timings a worker may send under several names that the insight pairs or sums (``_group``); none
+of them is time of a rank's own (``_arrivals``)."""
+_READ_TIMINGS = frozenset({*PHASES, "step", *OVERLAP_OF})
+"""Timings whose reading from a name the verdict says (``_reads``)."""
+
+
 def _group(series: Iterable[SeriesView],
            moved: Mapping[tuple[str, str], int] | None = None) -> dict[str, dict[str, _Worker]]:
     """Role -> worker -> its series this window (``moved``: how far each one's step moved)."""
@@ -166,7 +173,7 @@ def _group(series: Iterable[SeriesView],
         known = w.views.get((view.kind, view.meaning))
         if known is None or _preferred(view, known):
             w.views[view.kind, view.meaning] = view
-        if view.kind == TIMING and view.meaning in ("comm_wait", "step", *OVERLAP_OF):
+        if view.kind == TIMING and view.meaning in _ALIKE:
             alike.setdefault(id(w), {}).setdefault(view.meaning, []).append(view)
     for view in stale:
         w = roles.get(view.role, {}).get(view.worker)
@@ -320,7 +327,7 @@ def _reads(roles: Mapping[str, Mapping[str, _Worker]]) -> dict[str, dict[str, tu
             for v in (*w.views.values(), *(m for more in w.more.values() for m in more))
             if v.meaning not in OVERLAP_OF or not _said_exposed(w, OVERLAP_OF[v.meaning]))  # an overlap not taken off
     for v in used:
-        if v.kind == TIMING and v.meaning in (*PHASES, "step", *OVERLAP_OF) and (READ in v.rule or v.certainty < 1.0):
+        if v.kind == TIMING and v.meaning in _READ_TIMINGS and (READ in v.rule or v.certainty < 1.0):
             known = out[v.role].get(v.meaning)
             if known is None or v.certainty < known[1]:
                 out[v.role][v.meaning] = (v.raw or v.name, v.certainty)
@@ -533,7 +540,7 @@ def _arrivals(members: dict[str, _Worker]) -> tuple[dict[str, float | None], set
             return None
         own[name], steps[name], comms[name] = own_ms, float(step["mean"]), comm
         timed[name] = sum(float(v.window["mean"]) for (kind, meaning), v in w.views.items()
-                          if kind == TIMING and meaning not in ("step", "comm_wait", *OVERLAP_OF) and v.window) \
+                          if kind == TIMING and meaning not in _ALIKE and v.window) \
             + sum(float(v.window["mean"]) for v in w.unmapped.values() if v.window)
     q = min(own, key=lambda n: own[n])
     return ({n: own[q] / t for n, t in own.items()},
