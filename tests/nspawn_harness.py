@@ -143,6 +143,13 @@ def wheelhouse(cache: Path, project_wheel: Path, house: Path) -> Path:
     return house
 
 
+def _dirs_named(root: Path, name: str) -> list[Path]:
+    """The directories named ``name`` under ``root``. A cgroup the container's teardown removes
+    while the walk runs is gone, not an error (``Path.rglob`` raised FileNotFoundError on one in CI;
+    ``os.walk`` skips a directory it can no longer list)."""
+    return [Path(top) / d for top, dirs, _ in os.walk(root) for d in dirs if d == name]
+
+
 def leftovers(work: Path, cgroup: str) -> list[str]:
     """What a stopped container (booted with ``work`` and ``cgroup``) still has on this machine:
     its cgroups, processes (each holding the private mount namespace, so its mounts), its work
@@ -151,7 +158,7 @@ def leftovers(work: Path, cgroup: str) -> list[str]:
     for line in Path("/proc/self/mounts").read_text().splitlines():
         fields = line.split()
         if fields[2] in ("cgroup", "cgroup2"):
-            found += [f"cgroup {p}" for p in Path(fields[1]).rglob(cgroup) if p.is_dir()]
+            found += [f"cgroup {p}" for p in _dirs_named(Path(fields[1]), cgroup)]
         if str(work) in fields[1]:
             found.append(f"mount {fields[1]}")
     for proc in Path("/proc").iterdir():
