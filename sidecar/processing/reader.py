@@ -242,6 +242,8 @@ MOMENTS = frozenset({"start", "end", "begin", "stop", "started", "ended", "stopp
 ``backward_comm_time_end``, nanoseconds since the epoch beside ``backward_comm_time``;
 ``step_end_time``; ``step_time/end``), unless the name spans from one to another (``end_to_end``)
 or times a hook (``on_train_batch_end_time``)."""
+_MOMENT_UNITS = TIME_UNITS.keys() | END_UNITS.keys()
+_MOMENT_BESIDE = DURATION_WORDS | TIME_UNITS.keys()
 PER_ITEM = _DATA_ITEMS
 """After ``per``, words that make a duration a cost per item (``timing_per_token_ms``), not a
 phase of the step."""
@@ -600,10 +602,13 @@ def read_name(name: str, record: bool = False) -> Reading:
     return Reading(meaning, _unit(name, unit), why, 1.0, "", sibling)
 
 
+_OVERLAP_INSIDE = {wait: overlap for overlap, wait in OVERLAP_OF.items()}
+
+
 def _overlap(meaning: str, hit: str, vocab: set[str]) -> tuple[str, str]:
     """(``meaning``, ``hit``), or the overlap inside that wait where the words say overlap
     (``OVERLAP_WORDS``, and nothing ``said_exposed``)."""
-    inside = next((o for o, wait in OVERLAP_OF.items() if wait == meaning), "")
+    inside = _OVERLAP_INSIDE.get(meaning, "")
     if inside and vocab & OVERLAP_WORDS and not said_exposed(vocab):
         return inside, f"{hit}+{_first(vocab & OVERLAP_WORDS)}"
     return meaning, hit
@@ -664,16 +669,16 @@ def _refused(name: str, proper: list[str], namespace: list[str], vocab: set[str]
 
 def _moment(proper: list[str], namespace: list[str]) -> str:
     """The words that make a name a moment (``MOMENTS``), or ""."""
-    core = proper[:-1] if len(proper) > 2 and proper[-1] in TIME_UNITS.keys() | END_UNITS.keys() else proper
+    core = proper[:-1] if len(proper) > 2 and proper[-1] in _MOMENT_UNITS else proper
     if "to" in core or "on" in core:
         return ""  # end_to_end: a span; on_train_batch_end_time: a hook's time
     if len(core) == 1 and core[0] in MOMENTS and namespace and namespace[-1] in DURATION_WORDS:
         return f"{namespace[-1]}/{core[0]}"
-    pair = core[-2:]
-    if len(pair) == 2 and {pair[0] in MOMENTS, pair[1] in MOMENTS} == {True, False} \
-            and (pair[0] if pair[1] in MOMENTS else pair[1]) in DURATION_WORDS | TIME_UNITS.keys():
-        return " ".join(pair)
-    return ""
+    if len(core) < 2:
+        return ""
+    a, b = core[-2:]
+    moment, other = (b, a) if b in MOMENTS else (a, b)
+    return f"{a} {b}" if moment in MOMENTS and other not in MOMENTS and other in _MOMENT_BESIDE else ""
 
 
 def _no_phase_word(name: str, proper: list[str], vocab: set[str], unit: tuple[str, float] | None,
@@ -850,7 +855,8 @@ def doc_table() -> list[str]:
              ("no phase of the step, as a namespace segment of its own (a run's final figures)",
               words_of(SPACE_NOT_A_PHASE)),
              ("the last word: a flag, no duration", words_of(FLAGS)),
-             ("the last word, after a duration word or a time unit: a moment, no duration", words_of(MOMENTS)),
+             ("beside a duration word or a time unit, last (a unit after them aside; not in a span or a hook's "
+              "name: `end_to_end`, `on_..._end_time`): a moment, no duration", words_of(MOMENTS)),
              ("a component's part of a phase, not the phase", words_of(COMPONENTS)),
              ("a statistic of many steps (`total` next to a word of one step excepted)", words_of(STATISTICS)),
              ("right after a duration word: a timer's last interval, no statistic (alone with it: the step, uncertain)",
